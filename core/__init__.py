@@ -1,0 +1,1 @@
+"""The engine and its surfaces: requests, KV cache, scheduler, model runner, offline API, HTTP API, CLI."""

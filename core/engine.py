@@ -1,0 +1,261 @@
+"""The engine: a step is schedule, run, update. Owns all mutable engine state; not thread-safe by design."""
+
+import logging
+import time
+
+import torch
+
+from spyglass.core.block_pool import BlockPool
+from spyglass.core.checkpoint import Checkpoint, load_checkpoint
+from spyglass.core.config import EngineConfig
+from spyglass.core.detokenizer import IncrementalDetokenizer
+from spyglass.core.kv_cache_manager import KVCacheManager
+from spyglass.core.model_runner import ModelRunner, RunnerOutput
+from spyglass.core.models.llama import LlamaForCausalLM
+from spyglass.core.outputs import CompletionOutput, RequestOutput
+from spyglass.core.plugin_manager import SafeHookRelay, create_plugin_manager
+from spyglass.core.request import FinishReason, Request
+from spyglass.core.sampling_params import InvalidRequestError, SamplingParams
+from spyglass.core.scheduler import Scheduler, SchedulerOutput
+from spyglass.core.step_stats import EngineInfo, StepStats
+from spyglass.kernels.backend import select_backend
+
+log = logging.getLogger("spyglass.engine")
+
+
+class LLMEngine:
+    """Loads a model, owns the KV cache and the queues, and advances every request one step at a time."""
+
+    def __init__(self, config: EngineConfig, plugin_manager=None, checkpoint: Checkpoint | None = None):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        self.device = config.torch_device()
+        dtype = config.torch_dtype()
+        self.plugin_manager = plugin_manager or create_plugin_manager(config.plugins, config.disabled_plugins)
+        self.hooks = SafeHookRelay(self.plugin_manager)
+        checkpoint = checkpoint or load_checkpoint(config.model, dtype)
+        self.model_name = checkpoint.name
+        self.tokenizer = checkpoint.tokenizer
+        self.arch = checkpoint.arch
+        self.backend = select_backend(self.device, config.attention_backend)
+        model = LlamaForCausalLM(checkpoint.arch, checkpoint.weights, self.backend, self.device)
+        per_block = ModelRunner.bytes_per_block(checkpoint.arch, config.block_size, dtype)
+        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory // per_block)
+        self.max_model_len = min(
+            config.max_model_len or checkpoint.arch.max_position_embeddings,
+            checkpoint.arch.max_position_embeddings,
+            num_blocks * config.block_size,
+        )
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device)
+        self.kv = KVCacheManager(BlockPool(num_blocks), config.block_size, self.hooks)
+        policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
+        if policy is None:
+            raise ValueError(f"no plugin provides the scheduling policy {config.scheduling_policy!r}")
+        self.scheduler = Scheduler(config, self.kv, policy)
+        self.requests: dict[str, Request] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.info = EngineInfo(
+            model_name=self.model_name,
+            device=str(self.device),
+            dtype=str(dtype).removeprefix("torch."),
+            num_kv_blocks=num_blocks,
+            block_size=config.block_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            attention_backend=self.backend.name,
+        )
+        self.hooks.spyglass_engine_started(info=self.info)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        attributes: dict | None = None,
+    ) -> Request:
+        """Validate and queue a request; raises `InvalidRequestError` for one that can never run."""
+        if req_id in self.requests:
+            raise InvalidRequestError(f"request id {req_id!r} is already in use", "request_id")
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        if max(prompt_token_ids) >= self.arch.vocab_size or min(prompt_token_ids) < 0:
+            raise InvalidRequestError("the prompt has token ids outside the vocabulary", "prompt")
+        room = self.max_model_len - len(prompt_token_ids)
+        if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
+            raise InvalidRequestError(
+                f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
+                f"the model's context of {self.max_model_len} tokens",
+                "max_tokens",
+            )
+        request = Request(
+            req_id,
+            prompt_token_ids,
+            params,
+            prompt=prompt,
+            max_tokens=params.max_tokens or room,
+            eos_token_ids=() if params.ignore_eos else self.tokenizer.eos_token_ids,
+            attributes=attributes,
+        )
+        self.requests[req_id] = request
+        self.detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
+        self.scheduler.add(request)
+        self.hooks.spyglass_request_added(request=request)
+        return request
+
+    def abort(self, req_id: str) -> RequestOutput | None:
+        """Abort a request if it is still alive, freeing its blocks; returns its final output."""
+        request = self.requests.get(req_id)
+        if request is None:
+            return None
+        self._finish(request, FinishReason.ABORT)
+        return self._output(request)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return self.scheduler.has_work
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, update requests; returns outputs of requests that progressed or ended."""
+        start = time.perf_counter()
+        out = self.scheduler.schedule()
+        for request in out.preempted:
+            self.hooks.spyglass_request_preempted(request=request)
+        now = time.monotonic()
+        for request in out.admitted + out.resumed:
+            if not request.times.first_scheduled:
+                request.times.first_scheduled = now
+            self.hooks.spyglass_request_scheduled(request=request, resumed=request in out.resumed)
+        if out.is_empty:
+            return []
+        scheduled_time = time.perf_counter()
+        self.hooks.spyglass_step_started(step_id=out.step_id, scheduled=tuple(s.request for s in out.scheduled))
+        try:
+            runner_out = self.runner.execute(out, self.kv.block_tables)
+        except Exception as error:
+            log.exception("model step %d failed", out.step_id)
+            return self._fail_step(out, error)
+        outputs = self._update(out, runner_out)
+        self.hooks.spyglass_step_finished(stats=self._stats(out, runner_out, start, scheduled_time))
+        return outputs
+
+    def _update(self, out: SchedulerOutput, runner_out: RunnerOutput) -> list[RequestOutput]:
+        outputs = []
+        now = time.monotonic()
+        for scheduled, token_ids, logprobs in zip(out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs):
+            request = scheduled.request
+            request.num_computed_tokens += scheduled.num_new_tokens
+            if request.is_finished:
+                continue
+            self.kv.announce_full_blocks(request)
+            if not token_ids:
+                continue
+            for token_id, logprob in zip(token_ids, logprobs):
+                self._append_token(request, token_id, logprob, now)
+                if request.is_finished:
+                    break
+            outputs.append(self._output(request))
+        return outputs
+
+    def _append_token(self, request: Request, token_id: int, logprob, now: float) -> None:
+        request.output_token_ids.append(token_id)
+        if request.logprobs is not None:
+            request.logprobs.append(logprob)
+        request.times.last_token = now
+        if request.num_output_tokens == 1:
+            request.times.first_token = now
+            self.hooks.spyglass_request_first_token(request=request)
+        detokenizer = self.detokenizers[request.req_id]
+        detokenizer.add_token(token_id)
+        if token_id in request.eos_token_ids:
+            self._finish(request, FinishReason.STOP)
+        elif token_id in request.sampling_params.stop_token_ids:
+            request.stop_reason = token_id
+            self._finish(request, FinishReason.STOP)
+        elif detokenizer.matched_stop is not None:
+            request.stop_reason = detokenizer.matched_stop
+            self._finish(request, FinishReason.STOP)
+        elif request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            self._finish(request, FinishReason.LENGTH)
+
+    def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        if request.is_finished:
+            return
+        request.error = error
+        request.times.finished = time.monotonic()
+        self.scheduler.finish(request, reason)
+        self.requests.pop(request.req_id, None)
+        self.hooks.spyglass_request_finished(request=request, reason=reason)
+
+    def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
+        """A failed forward fails the requests it carried, not the engine."""
+        outputs = []
+        for scheduled in out.scheduled:
+            self._finish(scheduled.request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
+            outputs.append(self._output(scheduled.request))
+        return outputs
+
+    def _output(self, request: Request) -> RequestOutput:
+        detokenizer = self.detokenizers[request.req_id]
+        finished = request.is_finished
+        if finished:
+            self.detokenizers.pop(request.req_id)
+        completion = CompletionOutput(
+            index=0,
+            text=detokenizer.visible_text(finished),
+            token_ids=list(request.output_token_ids),
+            finish_reason=request.finish_reason.value if request.finish_reason else None,
+            stop_reason=request.stop_reason,
+            logprobs=request.logprobs,
+        )
+        return RequestOutput(
+            request_id=request.req_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            num_cached_tokens=request.num_cached_tokens,
+        )
+
+    def _stats(self, out: SchedulerOutput, runner_out: RunnerOutput, start: float, scheduled_time: float) -> StepStats:
+        end = time.perf_counter()
+        num_prefill = sum(1 for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens)
+        policy = self.scheduler.policy
+        classes: dict[str, int] = {}
+        for request in self.scheduler.waiting:
+            label = policy.waiting_class(request)
+            classes[label] = classes.get(label, 0) + 1
+        return StepStats(
+            step_id=out.step_id,
+            req_ids=tuple(s.request.req_id for s in out.scheduled),
+            num_prefill_reqs=num_prefill,
+            num_decode_reqs=len(out.scheduled) - num_prefill,
+            num_scheduled_tokens=out.num_scheduled_tokens,
+            num_prefill_tokens=sum(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens),
+            num_generated_tokens=sum(len(t) for t in runner_out.sampled_token_ids),
+            num_preempted=len(out.preempted),
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.kv.pool.usage,
+            num_free_blocks=self.kv.pool.num_free_blocks,
+            schedule_time=scheduled_time - start,
+            model_time=runner_out.model_time,
+            update_time=end - scheduled_time - runner_out.model_time,
+            start_time=start,
+            end_time=end,
+            waiting_by_class=tuple(sorted(classes.items())),
+        )
+
+    def shutdown(self) -> None:
+        """Abort whatever is left and announce the stop."""
+        for req_id in list(self.requests):
+            self.abort(req_id)
+        self.hooks.spyglass_engine_stopped(info=self.info)

@@ -1,0 +1,113 @@
+"""Every hook Spyglass offers plugins, grouped by phase.
+
+Events return nothing (results are ignored; an exception is logged and counted, never fatal).
+Decisions are ``firstresult``: the first implementation returning something other than None
+wins; plugins registered later are asked first, so a third-party plugin overrides a built-in.
+Request objects passed to hooks are the engine's live state: read them, never mutate them.
+Hooks run in the engine thread, per step or per request event, never inside the model.
+"""
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from spyglass.core.block_pool import BlockPool
+    from spyglass.core.config import EngineConfig
+    from spyglass.core.kv_cache_manager import PrefixMatch
+    from spyglass.core.request import FinishReason, Request
+    from spyglass.core.scheduler_policy import SchedulingPolicy
+    from spyglass.core.step_stats import EngineInfo, StepStats
+
+PROJECT = "spyglass"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# -- engine lifecycle -------------------------------------------------------------------------
+
+
+@hookspec
+def spyglass_engine_started(info: "EngineInfo") -> None:
+    """The engine has loaded its model and allocated its KV cache; ``info`` describes both."""
+
+
+@hookspec
+def spyglass_engine_stopped(info: "EngineInfo") -> None:
+    """The engine loop has stopped; no more hooks fire after this one."""
+
+
+# -- request lifecycle ------------------------------------------------------------------------
+
+
+@hookspec
+def spyglass_request_added(request: "Request") -> None:
+    """A request was accepted into the waiting queue (its ``times.arrival`` is set)."""
+
+
+@hookspec
+def spyglass_request_scheduled(request: "Request", resumed: bool) -> None:
+    """A waiting request got KV blocks and joined the running batch.
+
+    ``resumed`` is True when it returns after a preemption. ``request.num_cached_tokens``
+    holds the prefix-cache hit found at admission.
+    """
+
+
+@hookspec
+def spyglass_request_first_token(request: "Request") -> None:
+    """The request's first output token was sampled (``times.first_token`` is set)."""
+
+
+@hookspec
+def spyglass_request_preempted(request: "Request") -> None:
+    """The request lost its KV blocks to make room and went back to the waiting queue; it will be recomputed."""
+
+
+@hookspec
+def spyglass_request_finished(request: "Request", reason: "FinishReason") -> None:
+    """The request ended: ``reason`` is stop, length, abort or error (``request.error`` says why for error).
+
+    Its blocks are already back in the pool.
+    """
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+@hookspec
+def spyglass_step_started(step_id: int, scheduled: "tuple[Request, ...]") -> None:
+    """The engine scheduled step ``step_id`` and is about to run the model for ``scheduled``."""
+
+
+@hookspec
+def spyglass_step_finished(stats: "StepStats") -> None:
+    """Step ``stats.step_id`` finished: batch composition, tokens, timings and KV usage."""
+
+
+# -- decisions --------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def spyglass_scheduling_policy(name: str, config: "EngineConfig") -> "SchedulingPolicy | None":
+    """Return a `SchedulingPolicy` if this plugin implements the policy called ``name``, else None.
+
+    Called once at engine start; ``config.scheduling_policy`` is the requested name.
+    """
+
+
+@hookspec(firstresult=True)
+def spyglass_match_prefix(request: "Request", block_pool: "BlockPool", block_size: int) -> "PrefixMatch | None":
+    """Return cached full blocks holding the request's leading tokens, or None for no reuse.
+
+    Called when a request with nothing computed is about to be admitted. The engine takes
+    references on the returned blocks and never recomputes the last prompt token.
+    """
+
+
+@hookspec
+def spyglass_blocks_full(request: "Request", block_ids: "list[int]", num_new: int, block_pool: "BlockPool") -> None:
+    """The last ``num_new`` of ``block_ids`` (the request's full blocks, in token order) just filled.
+
+    A prefix cache registers them here with ``block_pool.cache_block(block_id, hash)``.
+    """

@@ -1,0 +1,120 @@
+"""The offline Python API, vLLM-compatible: ``LLM(...).generate(prompts, sampling_params)``."""
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from spyglass.core.config import EngineConfig
+from spyglass.core.engine import LLMEngine
+from spyglass.core.outputs import RequestOutput
+from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.tokenizer import Tokenizer
+
+PromptType = str | dict
+
+
+def parse_bytes(value: int | str) -> int:
+    """``2147483648``, ``"2GiB"``, ``"512MiB"`` or ``"1.5GB"`` as a number of bytes."""
+    if isinstance(value, int):
+        return value
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    text = value.strip().lower()
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
+
+
+class LLM:
+    """Generate completions for batches of prompts on one engine, in the caller's thread."""
+
+    def __init__(self, model: str | None = None, kv_cache_memory: int | str = 2 << 30, **engine_options):
+        config = EngineConfig(model=model, kv_cache_memory=parse_bytes(kv_cache_memory), **engine_options)
+        self.engine = LLMEngine(config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (``encode``, ``decode``, ``apply_chat_template``)."""
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order.
+
+        A prompt is a string or ``{"prompt_token_ids": [...]}``; ``sampling_params`` is one for
+        all prompts or one per prompt.
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError("give one SamplingParams, or one per prompt")
+        groups = [self._add(prompt, params) for prompt, params in zip(prompts, sampling_params)]
+        finished = self._run_to_completion(sum(len(g) for g in groups), use_tqdm)
+        return [self._merge([finished[req_id] for req_id in group]) for group in groups]
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation (or a list of them) and generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.engine.tokenizer
+        prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _add(self, prompt: PromptType, params: SamplingParams) -> list[str]:
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.engine.tokenizer.encode(prompt)
+        else:
+            text, token_ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        base_id = str(next(self._ids))
+        req_ids = []
+        for index in range(params.n):
+            req_id = base_id if params.n == 1 else f"{base_id}-{index}"
+            sub_params = params
+            if params.n > 1:
+                seed = None if params.seed is None else params.seed + index
+                sub_params = dataclasses.replace(params, n=1, seed=seed)
+            self.engine.add_request(req_id, token_ids, sub_params, prompt=text)
+            req_ids.append(req_id)
+        return req_ids
+
+    def _run_to_completion(self, total: int, use_tqdm: bool) -> dict[str, RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=total, desc="Generating", disable=not use_tqdm, unit="req") as bar:
+            while self.engine.has_unfinished_requests:
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update(1)
+        return finished
+
+    @staticmethod
+    def _merge(outputs: list[RequestOutput]) -> RequestOutput:
+        if len(outputs) == 1:
+            return outputs[0]
+        first = outputs[0]
+        completions = [o.outputs[0] for o in outputs]
+        for index, completion in enumerate(completions):
+            completion.index = index
+        return RequestOutput(
+            request_id=first.request_id.rsplit("-", 1)[0],
+            prompt=first.prompt,
+            prompt_token_ids=first.prompt_token_ids,
+            outputs=completions,
+            finished=True,
+            num_cached_tokens=first.num_cached_tokens,
+        )
+

@@ -1,0 +1,113 @@
+"""Runs one step: flattens the scheduled requests into model inputs, runs the model, samples."""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.llama import LlamaForCausalLM
+from spyglass.core.outputs import Logprob
+from spyglass.core.sampler import sample
+from spyglass.core.scheduler import SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOutput:
+    """Sampled tokens per scheduled request (same order; empty for a prefill chunk that ends mid-prompt)."""
+
+    sampled_token_ids: tuple[list[int], ...]
+    logprobs: tuple[list[Logprob | None], ...]
+    model_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """The flattened batch for one forward."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sampled_rows: tuple[bool, ...]
+
+
+class ModelRunner:
+    """Owns the model weights and the KV cache tensors; stateless between steps otherwise."""
+
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device):
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        arch = model.arch
+        shape = (num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+        self.kv_caches = [
+            (torch.empty(shape, dtype=model.dtype, device=device), torch.empty(shape, dtype=model.dtype, device=device))
+            for _ in range(arch.num_hidden_layers)
+        ]
+
+    @staticmethod
+    def bytes_per_block(arch, block_size: int, dtype: torch.dtype) -> int:
+        """KV cache bytes one block costs across all layers, keys and values."""
+        element_size = torch.empty((), dtype=dtype).element_size()
+        return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * element_size
+
+    def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
+        """Build input ids, positions, slot mapping and block tables for the scheduled requests."""
+        bs = self.block_size
+        tokens, positions, slots, logits_rows, sampled = [], [], [], [], []
+        tables = [block_tables[s.request.req_id] for s in out.scheduled]
+        table_array = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+        context_lens = np.empty(len(tables), dtype=np.int32)
+        query_start = np.zeros(len(tables) + 1, dtype=np.int32)
+        offset = 0
+        for i, (s, table) in enumerate(zip(out.scheduled, tables)):
+            request, start = s.request, s.request.num_computed_tokens
+            end = start + s.num_new_tokens
+            tokens.extend(request.token_ids_slice(start, end))
+            pos = np.arange(start, end)
+            table_array[i, : len(table)] = table
+            positions.append(pos)
+            slots.append(table_array[i, pos // bs].astype(np.int64) * bs + pos % bs)
+            context_lens[i] = end
+            offset += s.num_new_tokens
+            query_start[i + 1] = offset
+            is_sampled = end >= request.num_tokens_with_spec
+            sampled.append(is_sampled)
+            if is_sampled:
+                logits_rows.extend(range(offset - 1 - s.num_spec_tokens, offset))
+        to = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(to),
+            block_tables=torch.from_numpy(table_array).to(to),
+            context_lens=torch.from_numpy(context_lens).to(to),
+            query_start_loc=torch.from_numpy(query_start).to(to),
+            max_query_len=max(s.num_new_tokens for s in out.scheduled),
+            max_context_len=int(context_lens.max()),
+        )
+        return StepInputs(
+            input_ids=torch.tensor(tokens, dtype=torch.long, device=to),
+            positions=torch.from_numpy(np.concatenate(positions)).to(to),
+            meta=meta,
+            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=to),
+            sampled_rows=tuple(sampled),
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> RunnerOutput:
+        """Run the model on a non-empty step and sample the next token for each request that reached its end."""
+        start = time.perf_counter()
+        inputs = self.prepare(out, block_tables)
+        logits = self.model.forward(
+            inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
+        )
+        sampled_requests = [s.request for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
+        token_ids, logprobs = sample(logits, sampled_requests) if sampled_requests else ([], [])
+        per_request_tokens, per_request_logprobs = [], []
+        row = 0
+        for is_sampled in inputs.sampled_rows:
+            per_request_tokens.append([token_ids[row]] if is_sampled else [])
+            per_request_logprobs.append([logprobs[row]] if is_sampled else [])
+            row += is_sampled
+        return RunnerOutput(tuple(per_request_tokens), tuple(per_request_logprobs), time.perf_counter() - start)

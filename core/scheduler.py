@@ -1,0 +1,142 @@
+"""Continuous batching under a token budget: which requests run this step, and how many tokens each."""
+
+from dataclasses import dataclass
+
+from spyglass.core.config import EngineConfig
+from spyglass.core.kv_cache_manager import NO_MATCH, KVCacheManager
+from spyglass.core.request import FinishReason, Request, RequestStatus
+from spyglass.core.scheduler_policy import SchedulingPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """A request and the number of tokens it computes this step (the last ``num_spec_tokens`` are drafts)."""
+
+    request: Request
+    num_new_tokens: int
+    num_spec_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """One step's plan: the scheduled requests in batch order, the admitted and the preempted."""
+
+    step_id: int
+    scheduled: tuple[ScheduledRequest, ...]
+    admitted: tuple[Request, ...]
+    resumed: tuple[Request, ...]
+    preempted: tuple[Request, ...]
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Tokens the model computes this step."""
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when there is nothing to run."""
+        return not self.scheduled
+
+
+class Scheduler:
+    """Owns the waiting and running queues.
+
+    Running requests are served first, in order; each gets all its outstanding tokens up to
+    the budget (a long prompt is thus chunked across steps and mixed with decodes). When KV
+    blocks run out the policy picks a victim, which loses its blocks and is recomputed later.
+    Waiting requests are admitted in the policy's order while blocks, budget and seats last.
+    """
+
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, policy: SchedulingPolicy):
+        self.config = config
+        self.kv = kv
+        self.policy = policy
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._step_id = 0
+
+    def add(self, request: Request) -> None:
+        """Queue a new request."""
+        self.waiting.append(request)
+
+    @property
+    def has_work(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step."""
+        self._step_id += 1
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        for request in list(self.running):
+            if request.status != RequestStatus.RUNNING or budget == 0:
+                continue
+            num_new = min(request.num_tokens_with_spec - request.num_computed_tokens, budget)
+            if self._make_room(request, num_new, scheduled, preempted):
+                num_spec = max(0, request.num_computed_tokens + num_new - request.num_tokens)
+                scheduled.append(ScheduledRequest(request, num_new, num_spec))
+                budget -= num_new
+        admitted, resumed = [], []
+        if not preempted:
+            for request in list(self.policy.admission_order(self.waiting, self.running)):
+                if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+                    break
+                num_new = self._admit(request, budget)
+                if num_new == 0:
+                    break
+                scheduled.append(ScheduledRequest(request, num_new))
+                (resumed if request.num_preemptions else admitted).append(request)
+                budget -= num_new
+        return SchedulerOutput(self._step_id, tuple(scheduled), tuple(admitted), tuple(resumed), tuple(preempted))
+
+    def _make_room(self, request: Request, num_new: int, scheduled, preempted: list[Request]) -> bool:
+        """Allocate for a running request, preempting victims until it fits; False if it was preempted itself."""
+        while not self.kv.allocate_slots(request, num_new):
+            taken = {s.request.req_id for s in scheduled}
+            candidates = [r for r in self.running if r.req_id not in taken]
+            victim = self.policy.choose_victim(candidates, request)
+            if victim is None:
+                return False
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _admit(self, request: Request, budget: int) -> int:
+        """Give a waiting request blocks (reusing a cached prefix) and move it to running; 0 if it does not fit."""
+        prefix = self.kv.match_prefix(request) if request.num_computed_tokens == 0 else NO_MATCH
+        num_cached = prefix.num_tokens
+        num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, budget)
+        if not self.kv.allocate_slots(request, num_new, prefix):
+            return 0
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = num_cached
+        request.num_computed_tokens += num_cached
+        self.waiting.remove(request)
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        return num_new
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.num_preemptions += 1
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.insert(0, request)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """End a request wherever it is and return its blocks."""
+        if request.is_finished:
+            return
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason

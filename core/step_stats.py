@@ -1,0 +1,42 @@
+"""Frozen payloads the engine hands to hooks: what it runs, and what each step did."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """The engine's identity and capacity, announced at start and stop."""
+
+    model_name: str
+    device: str
+    dtype: str
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    attention_backend: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """One engine step: batch composition, tokens, timings (seconds) and the KV cache afterwards."""
+
+    step_id: int
+    req_ids: tuple[str, ...]
+    num_prefill_reqs: int
+    num_decode_reqs: int
+    num_scheduled_tokens: int
+    num_prefill_tokens: int
+    num_generated_tokens: int
+    num_preempted: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_free_blocks: int
+    schedule_time: float
+    model_time: float
+    update_time: float
+    start_time: float
+    end_time: float
+    waiting_by_class: tuple[tuple[str, int], ...] = ()

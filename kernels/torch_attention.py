@@ -1,0 +1,109 @@
+"""Pure-torch paged attention and KV store: the CPU path and the reference the Triton kernels are tested against.
+
+Cache layout (one tensor per layer for K and one for V): ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+A step's tokens are flattened: request ``r`` owns query rows ``query_start_loc[r]:query_start_loc[r+1]``;
+its cache holds ``context_lens[r]`` tokens *including* this step's new ones (they are stored first), so
+query row ``i`` of a request with ``q_len`` new tokens sits at position ``context_lens[r] - q_len + i``
+and attends causally to every cached position up to and including its own.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write each token's key and value rows into the cache slot ``slot_mapping[t]``; slot -1 means skip."""
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    k_cache.view(num_slots, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(num_slots, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_context_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each request's new query tokens over its paged context.
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]``, the step's flattened query rows.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_reqs, max_blocks]`` int32; entries past a request's context are ignored.
+        context_lens: ``[num_reqs]`` int32, cached tokens per request after this step's store.
+        query_start_loc: ``[num_reqs + 1]`` int32, cumulative new-token counts.
+        max_query_len, max_context_len: host-side maxima of the two lengths (no device sync needed).
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
+    """
+    num_reqs = block_tables.shape[0]
+    if max_query_len == 1 and query.shape[0] == num_reqs:
+        return _decode_attention(query, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    lens = context_lens.tolist()
+    tables = block_tables
+    for r in range(num_reqs):
+        q = query[starts[r] : starts[r + 1]]
+        out[starts[r] : starts[r + 1]] = _request_attention(q, k_cache, v_cache, tables[r], lens[r], scale)
+    return out
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """``[..., num_blocks * block_size, num_kv_heads, head_dim]`` view of the blocks a table names."""
+    blocks = cache[block_table[..., :num_blocks].long()]
+    return blocks.flatten(-4, -3)
+
+
+def _request_attention(q, k_cache, v_cache, block_table, context_len: int, scale: float) -> torch.Tensor:
+    block_size = k_cache.shape[1]
+    num_blocks = -(-context_len // block_size)
+    k = _gather(k_cache, block_table, num_blocks)[:context_len]
+    v = _gather(v_cache, block_table, num_blocks)[:context_len]
+    q_len = q.shape[0]
+    # Row i may see positions <= context_len - q_len + i (bottom-right aligned causal mask).
+    if q_len == context_len:
+        mask, causal = None, q_len > 1
+    else:
+        rows = torch.arange(q_len).unsqueeze(1) + (context_len - q_len)
+        mask, causal = torch.arange(context_len).unsqueeze(0) <= rows, False
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0).to(q.dtype),
+        v.transpose(0, 1).unsqueeze(0).to(q.dtype),
+        attn_mask=mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.squeeze(0).transpose(0, 1)
+
+
+def _decode_attention(query, k_cache, v_cache, block_tables, context_lens, max_context_len: int, scale: float):
+    """One new token per request: gather every context into one padded batch and attend once."""
+    block_size = k_cache.shape[1]
+    num_blocks = -(-max_context_len // block_size)
+    k = _gather(k_cache, block_tables, num_blocks).transpose(1, 2).to(query.dtype)
+    v = _gather(v_cache, block_tables, num_blocks).transpose(1, 2).to(query.dtype)
+    positions = torch.arange(k.shape[2]).unsqueeze(0)
+    mask = (positions < context_lens.unsqueeze(1)).view(-1, 1, 1, k.shape[2])
+    out = F.scaled_dot_product_attention(
+        query.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.squeeze(2)

@@ -1,0 +1,360 @@
+"""Triton paged attention: the CUDA twin of `torch_attention.paged_attention`, same signature and semantics.
+
+Two kernels share the work. `unified_attention` handles any mix of prefill chunks, drafts and decode: one
+program per (request, tile of query tokens, KV head), whose rows are every (token, query head) pair of the
+tile that shares that KV head, so each cached page is read once per group. `split_k_decode_attention`
+(flash-decoding) serves decode-only steps with few requests and long contexts, where the unified grid would
+leave most SMs idle: each request's context is cut into partitions attended in parallel, and a second kernel
+merges the partial results by their log-sum-exp. `paged_attention` picks between them with `num_kv_splits`.
+"""
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# Rows per program are (query tokens x grouped heads); tl.dot needs at least 16 of them.
+_MIN_ROWS = 16
+_MAX_ROWS = 64
+# A split-K partition shorter than this costs more in the reduce than it wins in parallelism.
+_MIN_TOKENS_PER_SPLIT = 256
+_MAX_SPLITS = 64
+
+
+@triton.jit
+def _attend_page(
+    q,
+    acc,
+    m_i,
+    l_i,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_id,
+    page_start,
+    kv_limit,
+    q_pos,
+    kv_head,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_cd,
+    head_dim,
+    qk_scale,
+    BLOCK_SIZE: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+):
+    """Fold one cache page into the online-softmax state (``acc``, running max ``m_i``, sum ``l_i``).
+
+    Positions at or past ``kv_limit`` are neither loaded (they may hold garbage) nor attended; row ``r``
+    attends position ``p`` only when ``p <= q_pos[r]``. Scores are in the log2 domain (``qk_scale``
+    already includes log2(e)) so the exponentials are exp2.
+    """
+    offs_n = tl.arange(0, BLOCK_SIZE)
+    dims = tl.arange(0, DIM_PAD)
+    kv_pos = page_start + offs_n
+    load_mask = (kv_pos[:, None] < kv_limit) & (dims[None, :] < head_dim)
+    off = block_id.to(tl.int64) * stride_cb + offs_n[:, None] * stride_cs + kv_head * stride_ch
+    off += dims[None, :] * stride_cd
+    k = tl.load(k_cache_ptr + off, mask=load_mask, other=0.0).to(q.dtype)
+    v = tl.load(v_cache_ptr + off, mask=load_mask, other=0.0).to(q.dtype)
+    # ieee keeps fp32 inputs out of TF32; it does not affect 16-bit inputs.
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    visible = (kv_pos[None, :] <= q_pos[:, None]) & (kv_pos[None, :] < kv_limit)
+    s = tl.where(visible, s, float("-inf"))
+    # Every row sees at least one position in its first page (position 0 or its own split's start),
+    # so m_new is finite from the first iteration on and exp2(-inf - m_new) is a clean 0.
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _unified_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    query_start_loc_ptr,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_cd,
+    stride_bt,
+    head_dim,
+    qk_scale,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+):
+    """One program: a tile of ``BLOCK_Q`` query tokens of one request x the ``GROUP`` heads of one KV head."""
+    req = tl.program_id(0)
+    tile = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    # The grid is sized by the longest request; shorter ones have nothing to do in their trailing tiles.
+    if tile * BLOCK_Q >= q_len:
+        return
+    context_len = tl.load(context_lens_ptr + req)
+
+    rows = tl.arange(0, BLOCK_Q * GROUP_PAD)
+    q_idx = tile * BLOCK_Q + rows // GROUP_PAD
+    head = kv_head * GROUP + rows % GROUP_PAD
+    row_mask = (q_idx < q_len) & (rows % GROUP_PAD < GROUP)
+    dims = tl.arange(0, DIM_PAD)
+    io_mask = row_mask[:, None] & (dims[None, :] < head_dim)
+    token = (q_start + q_idx).to(tl.int64)
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :] * stride_qd,
+                mask=io_mask, other=0.0)
+    # Bottom-right aligned causal mask: the new tokens are the last q_len of the context.
+    q_pos = context_len - q_len + q_idx
+    # The tile's last valid row bounds how much of the context any row needs.
+    kv_limit = context_len - q_len + tl.minimum((tile + 1) * BLOCK_Q, q_len)
+
+    acc = tl.zeros([BLOCK_Q * GROUP_PAD, DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)
+    table = block_tables_ptr + req.to(tl.int64) * stride_bt
+    for page in range(0, tl.cdiv(kv_limit, BLOCK_SIZE)):
+        block_id = tl.load(table + page)
+        acc, m_i, l_i = _attend_page(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_id, page * BLOCK_SIZE,
+                                     kv_limit, q_pos, kv_head, stride_cb, stride_cs, stride_ch, stride_cd,
+                                     head_dim, qk_scale, BLOCK_SIZE, DIM_PAD)
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :] * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit
+def _split_k_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_cd,
+    stride_bt,
+    head_dim,
+    qk_scale,
+    NUM_SPLITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+):
+    """One program: one partition of one decode request's context x the ``GROUP`` heads of one KV head.
+
+    Writes the partition's normalised output and its log2-sum-exp2 per head; an empty partition
+    (short context) writes lse = -inf so the reduce gives it zero weight.
+    """
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + req)
+    num_pages = tl.cdiv(context_len, BLOCK_SIZE)
+    pages_per_split = tl.cdiv(num_pages, NUM_SPLITS)
+    first_page = split * pages_per_split
+    last_page = tl.minimum(first_page + pages_per_split, num_pages)
+
+    rows = tl.arange(0, ROWS)
+    head = kv_head * GROUP + rows
+    dims = tl.arange(0, DIM_PAD)
+    io_mask = (rows[:, None] < GROUP) & (dims[None, :] < head_dim)
+    q = tl.load(q_ptr + req.to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :] * stride_qd,
+                mask=io_mask, other=0.0)
+    # Decode: the single new token is the context's last position and sees all of it.
+    q_pos = tl.full([ROWS], 0, dtype=tl.int32) + context_len - 1
+
+    acc = tl.zeros([ROWS, DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    table = block_tables_ptr + req.to(tl.int64) * stride_bt
+    for page in range(first_page, last_page):
+        block_id = tl.load(table + page)
+        acc, m_i, l_i = _attend_page(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_id, page * BLOCK_SIZE,
+                                     context_len, q_pos, kv_head, stride_cb, stride_cs, stride_ch, stride_cd,
+                                     head_dim, qk_scale, BLOCK_SIZE, DIM_PAD)
+    nonempty = l_i > 0
+    out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
+    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+    # Partials are [num_reqs, num_heads, NUM_SPLITS(, DIM_PAD)], contiguous.
+    slot = (req.to(tl.int64) * (tl.num_programs(1) * GROUP) + head) * NUM_SPLITS + split
+    tl.store(part_out_ptr + slot[:, None] * DIM_PAD + dims[None, :], out, mask=io_mask)
+    tl.store(part_lse_ptr + slot, lse, mask=rows < GROUP)
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    head_dim,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+):
+    """One program per (request, head): weight each partition by exp2(lse - max lse) and normalise."""
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    base = (req.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + base + splits, mask=splits < NUM_SPLITS, other=float("-inf"))
+    # Partition 0 is never empty (context_len >= 1), so the max is finite.
+    weight = tl.exp2(lse - tl.max(lse, axis=0))
+    part = tl.load(part_out_ptr + (base + splits[:, None]) * DIM_PAD + dims[None, :],
+                   mask=(splits[:, None] < NUM_SPLITS) & (dims[None, :] < head_dim), other=0.0)
+    out = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    tl.store(out_ptr + req.to(tl.int64) * stride_ot + head * stride_oh + dims * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors on ``device``; the interpreter (CPU) is treated as one small GPU."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_kv_splits(num_reqs: int, num_kv_heads: int, num_tokens: int, max_query_len: int,
+                  max_context_len: int, num_sms: int) -> int:
+    """How many partitions split-K decode should cut each context into; 1 means use the unified kernel.
+
+    Split only decode-only steps whose (request, KV head) programs cannot fill the GPU by themselves,
+    aiming at about two programs per SM while keeping each partition at least
+    ``_MIN_TOKENS_PER_SPLIT`` tokens long.
+    """
+    programs = num_reqs * num_kv_heads
+    if max_query_len != 1 or num_tokens != num_reqs or programs >= num_sms:
+        return 1
+    by_occupancy = triton.cdiv(2 * num_sms, programs)
+    by_length = max_context_len // _MIN_TOKENS_PER_SPLIT
+    return max(1, min(by_occupancy, by_length, _MAX_SPLITS))
+
+
+def _head_geometry(query: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int]:
+    """(query heads per KV head, head_dim padded to a power of two)."""
+    num_heads, head_dim = query.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    assert num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
+    return num_heads // num_kv_heads, triton.next_power_of_2(head_dim)
+
+
+def unified_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_context_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """`paged_attention` through the single-pass kernel, whatever the mix of prefill, draft and decode rows."""
+    assert k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share a layout"
+    out = torch.empty_like(query)
+    num_reqs = block_tables.shape[0]
+    if query.shape[0] == 0 or max_query_len == 0:
+        return out
+    group, dim_pad = _head_geometry(query, k_cache)
+    group_pad = triton.next_power_of_2(group)
+    # Enough query tokens per tile to feed tl.dot, no more than the longest request can use
+    # (beyond the 16-row minimum) and no more than fits comfortably in registers.
+    block_q = min(triton.next_power_of_2(max_query_len), max(1, _MAX_ROWS // group_pad))
+    block_q = max(block_q, triton.cdiv(_MIN_ROWS, group_pad))
+    grid = (num_reqs, triton.cdiv(max_query_len, block_q), k_cache.shape[2])
+    _unified_kernel[grid](
+        query, k_cache, v_cache, out, block_tables, context_lens, query_start_loc,
+        *query.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
+        query.shape[2], scale * math.log2(math.e),
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_SIZE=k_cache.shape[1], DIM_PAD=dim_pad,
+    )
+    return out
+
+
+def split_k_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+) -> torch.Tensor:
+    """Decode attention (query row ``r`` is request ``r``'s only new token) with each context cut into
+    ``num_splits`` partitions attended in parallel, then merged by log-sum-exp."""
+    assert k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share a layout"
+    num_reqs, num_heads, head_dim = query.shape
+    assert block_tables.shape[0] == num_reqs, "split-K decode needs exactly one query row per request"
+    out = torch.empty_like(query)
+    if num_reqs == 0:
+        return out
+    group, dim_pad = _head_geometry(query, k_cache)
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    part_out = torch.empty(num_reqs, num_heads, num_splits, dim_pad, dtype=torch.float32, device=query.device)
+    part_lse = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
+    _split_k_kernel[(num_reqs, num_kv_heads, num_splits)](
+        query, k_cache, v_cache, part_out, part_lse, block_tables, context_lens,
+        *query.stride(), *k_cache.stride(), block_tables.stride(0), head_dim, scale * math.log2(math.e),
+        NUM_SPLITS=num_splits, GROUP=group, ROWS=max(_MIN_ROWS, triton.next_power_of_2(group)),
+        BLOCK_SIZE=block_size, DIM_PAD=dim_pad,
+    )
+    _split_k_reduce_kernel[(num_reqs, num_heads)](
+        part_out, part_lse, out, *out.stride(), head_dim,
+        NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), DIM_PAD=dim_pad,
+    )
+    return out
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_context_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each request's new query tokens over its paged context.
+
+    Same arguments and result as `torch_attention.paged_attention`. Decode-only steps too small to fill
+    the GPU go through split-K (`num_kv_splits` decides, from host-side ints only); everything else
+    through the unified kernel.
+    """
+    num_reqs = block_tables.shape[0]
+    splits = num_kv_splits(num_reqs, k_cache.shape[2], query.shape[0], max_query_len, max_context_len,
+                           _num_sms(query.device))
+    if splits > 1:
+        return split_k_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, splits)
+    return unified_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc,
+                             max_query_len, max_context_len, scale)

@@ -1,0 +1,258 @@
+"""Triton attention kernels against the pure-torch versions, and the torch versions against a naive loop.
+
+Without CUDA the Triton kernels run under the interpreter, so shapes stay small. `make_batch` and
+`reference_attention` are shared with test_attention_gpu.py.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Must be set before triton is first imported: it decides at @triton.jit time.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from spyglass.kernels import backend, torch_attention
+
+try:
+    from spyglass.kernels import triton_attention, triton_store_kv
+except ImportError:
+    triton_attention = triton_store_kv = None
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+needs_triton = pytest.mark.skipif(triton_attention is None, reason="needs triton")
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+# (new tokens per request, cached tokens per request after the store); last blocks are mostly partial.
+SCENARIOS = {
+    "decode": ([1, 1, 1], [17, 40, 5]),
+    "mixed": ([7, 1, 12, 1], [7, 33, 45, 16]),
+    "drafts": ([3, 4, 4], [20, 9, 37]),
+}
+
+
+class Batch:
+    """One step's paged-attention inputs; ``args`` is the argument tuple of `paged_attention`."""
+
+    def __init__(self, query, k_cache, v_cache, block_tables, context_lens, q_lens):
+        self.query, self.k_cache, self.v_cache, self.block_tables = query, k_cache, v_cache, block_tables
+        self.context_lens = context_lens
+        starts = [0] + torch.tensor(q_lens).cumsum(0).tolist()
+        self.query_start_loc = torch.tensor(starts, dtype=torch.int32, device=query.device)
+        self.args = (query, k_cache, v_cache, block_tables, context_lens, self.query_start_loc,
+                     max(q_lens), int(context_lens.max()), query.shape[-1] ** -0.5)
+
+
+def make_batch(q_lens, ctx_lens, *, num_kv_heads, group, head_dim, block_size, dtype, device=DEVICE, seed=0):
+    """Random paged batch: shuffled block ids, NaN in every cache slot no request has written yet.
+
+    The query is a column slice of a fused qkv tensor, as the model produces it, so it is not contiguous.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    pages = [-(-c // block_size) for c in ctx_lens]
+    # Two spare blocks that no request owns; table entries past a context may point anywhere valid.
+    num_blocks = sum(pages) + 2
+    order = torch.randperm(num_blocks, generator=gen)
+    tables = torch.randint(0, num_blocks, (len(ctx_lens), max(pages)), generator=gen, dtype=torch.int32)
+    cache_shape = (num_blocks * block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.full(cache_shape, math.nan), torch.full(cache_shape, math.nan)
+    used = 0
+    for r, (n, c) in enumerate(zip(pages, ctx_lens)):
+        tables[r, :n] = order[used : used + n]
+        used += n
+        positions = torch.arange(c)
+        slots = tables[r, positions // block_size].long() * block_size + positions % block_size
+        k_cache[slots] = torch.randn(c, num_kv_heads, head_dim, generator=gen)
+        v_cache[slots] = torch.randn(c, num_kv_heads, head_dim, generator=gen)
+    num_heads = num_kv_heads * group
+    qkv = torch.randn(sum(q_lens), num_heads + 2 * num_kv_heads, head_dim, generator=gen)
+
+    def put(t):
+        return t.to(dtype=dtype, device=device)
+
+    paged = (num_blocks, block_size, num_kv_heads, head_dim)
+    return Batch(put(qkv)[:, :num_heads], put(k_cache).view(paged), put(v_cache).view(paged),
+                 tables.to(device), torch.tensor(ctx_lens, dtype=torch.int32, device=device), q_lens)
+
+
+def reference_attention(batch: Batch) -> torch.Tensor:
+    """`torch_attention.paged_attention` on the batch, with the NaN poison zeroed first.
+
+    The torch decode path gathers whole blocks and masks scores, so a NaN in an unwritten slot would
+    still leak through 0 * NaN; the Triton kernels must never load those slots at all.
+    """
+    q, k, v, *rest = batch.args
+    return torch_attention.paged_attention(q, k.nan_to_num(), v.nan_to_num(), *rest)
+
+
+def naive_attention(batch: Batch) -> torch.Tensor:
+    """Dense float64 softmax(QK^T)V per request with an explicit bottom-right causal mask."""
+    q, k_cache, v_cache, tables, ctx_lens, starts, _, _, scale = batch.args
+    block_size, group = k_cache.shape[1], q.shape[1] // k_cache.shape[2]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for r in range(tables.shape[0]):
+        ctx, s, e = int(ctx_lens[r]), int(starts[r]), int(starts[r + 1])
+        slots = [(int(tables[r, p // block_size]), p % block_size) for p in range(ctx)]
+        k = torch.stack([k_cache[b, i] for b, i in slots]).double().repeat_interleave(group, dim=1)
+        v = torch.stack([v_cache[b, i] for b, i in slots]).double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[s:e].double(), k) * scale
+        q_pos = torch.arange(e - s).unsqueeze(1) + ctx - (e - s)
+        scores = scores.masked_fill(torch.arange(ctx).unsqueeze(0) > q_pos, -math.inf)
+        out[s:e] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    return out
+
+
+def assert_close(actual, expected, dtype):
+    """Within the dtype's tolerance, relative to the reference's magnitude, and NaN-free."""
+    tol = TOLERANCE[dtype]
+    assert not actual.isnan().any()
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=tol, atol=tol)
+
+
+@pytest.fixture
+def poisoned_allocations(monkeypatch):
+    """Fill every float tensor from torch.empty / empty_like with NaN, so an unwritten output row shows."""
+
+    def poisoned(alloc):
+        def wrapper(*args, **kwargs):
+            t = alloc(*args, **kwargs)
+            return t.fill_(math.nan) if t.is_floating_point() else t
+
+        return wrapper
+
+    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_torch_attention_matches_naive(scenario, group, block_size):
+    q_lens, ctx_lens = SCENARIOS[scenario]
+    batch = make_batch(q_lens, ctx_lens, num_kv_heads=2, group=group, head_dim=64, block_size=block_size,
+                       dtype=torch.float32, device=torch.device("cpu"))
+    expected = naive_attention(batch)
+    torch.testing.assert_close(reference_attention(batch).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (128, 32)])
+def test_unified_attention_matches_torch(poisoned_allocations, dtype, scenario, group, head_dim, block_size):
+    q_lens, ctx_lens = SCENARIOS[scenario]
+    batch = make_batch(q_lens, ctx_lens, num_kv_heads=2, group=group, head_dim=head_dim,
+                       block_size=block_size, dtype=dtype)
+    assert_close(triton_attention.unified_attention(*batch.args), reference_attention(batch), dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("head_dim,block_size", [(64, 32), (128, 16)])
+def test_unified_attention_long_prefill_spans_tiles(head_dim, block_size):
+    # 70 new tokens need several query tiles per request; the first request is a fresh prompt.
+    batch = make_batch([70, 1, 33], [70, 20, 50], num_kv_heads=1, group=4, head_dim=head_dim,
+                       block_size=block_size, dtype=torch.float32)
+    assert_close(triton_attention.unified_attention(*batch.args), reference_attention(batch), torch.float32)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (128, 32)])
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_split_k_decode_matches_torch(poisoned_allocations, dtype, group, head_dim, block_size, num_splits):
+    # The 5-token context has a single page, so most of its partitions are empty.
+    batch = make_batch([1, 1, 1], [70, 5, 33], num_kv_heads=2, group=group, head_dim=head_dim,
+                       block_size=block_size, dtype=dtype)
+    q, k, v, tables, ctx_lens, *_, scale = batch.args
+    out = triton_attention.split_k_decode_attention(q, k, v, tables, ctx_lens, scale, num_splits)
+    assert_close(out, reference_attention(batch), dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("splits", [1, 4], ids=["split-k off", "split-k on"])
+def test_paged_attention_dispatch(monkeypatch, splits):
+    chosen = []
+
+    def forced(*args):
+        chosen.append(splits)
+        return splits
+
+    monkeypatch.setattr(triton_attention, "num_kv_splits", forced)
+    batch = make_batch([1, 1], [90, 41], num_kv_heads=2, group=3, head_dim=64, block_size=16,
+                       dtype=torch.float32)
+    assert_close(triton_attention.paged_attention(*batch.args), reference_attention(batch), torch.float32)
+    assert chosen == [splits]
+
+
+@needs_triton
+def test_num_kv_splits_heuristic():
+    split = triton_attention.num_kv_splits
+    # Few long decodes on a 132-SM GPU: split, bounded by the context length.
+    assert split(num_reqs=2, num_kv_heads=8, num_tokens=2, max_query_len=1, max_context_len=8192, num_sms=132) > 1
+    assert split(num_reqs=2, num_kv_heads=8, num_tokens=2, max_query_len=1, max_context_len=600, num_sms=132) == 2
+    # Short contexts, a full GPU, or any prefill row: no split.
+    assert split(num_reqs=2, num_kv_heads=8, num_tokens=2, max_query_len=1, max_context_len=300, num_sms=132) == 1
+    assert split(num_reqs=64, num_kv_heads=8, num_tokens=64, max_query_len=1, max_context_len=8192,
+                 num_sms=132) == 1
+    assert split(num_reqs=2, num_kv_heads=8, num_tokens=9, max_query_len=8, max_context_len=8192, num_sms=132) == 1
+
+
+STORE_DTYPES = [
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.float16),
+    (torch.float32, torch.bfloat16),
+    (torch.bfloat16, torch.float32),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("src_dtype,cache_dtype", STORE_DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_store_kv_matches_torch(src_dtype, cache_dtype, block_size):
+    gen = torch.Generator().manual_seed(1)
+    num_blocks, kv_heads, head_dim = 4, 3, 64
+    # Keys and values as column slices of a fused qkv tensor; tokens 1 and 4 are padding (slot -1).
+    qkv = torch.randn(6, 4 * kv_heads, head_dim, generator=gen).to(src_dtype)
+    key, value = qkv[:, 2 * kv_heads : 3 * kv_heads].to(DEVICE), qkv[:, 3 * kv_heads :].to(DEVICE)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:6]
+    slots[[1, 4]] = -1
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    caches = [torch.full(shape, math.nan, dtype=cache_dtype, device=DEVICE) for _ in range(4)]
+    torch_attention.store_kv(key, value, caches[0], caches[1], slots.to(DEVICE))
+    triton_store_kv.store_kv(key, value, caches[2], caches[3], slots.to(DEVICE))
+    # The interpreter truncates fp32 -> bf16 where CUDA rounds to nearest: allow one bf16 ulp there.
+    narrowing = cache_dtype.itemsize < src_dtype.itemsize and DEVICE.type == "cpu"
+    tol = 2**-7 if narrowing else 0.0
+    for ours, theirs in ((caches[2], caches[0]), (caches[3], caches[1])):
+        torch.testing.assert_close(ours.float(), theirs.float(), rtol=tol, atol=tol, equal_nan=True)
+    assert caches[2].isnan().sum() == (num_blocks * block_size - 4) * kv_heads * head_dim
+
+
+def test_select_backend_auto_and_forced():
+    assert backend.select_backend(torch.device("cpu")).name == "torch"
+    assert backend.select_backend(torch.device("cpu"), "auto").name == "torch"
+    assert backend.select_backend(torch.device("cuda"), "torch").name == "torch"
+    assert backend.select_backend(torch.device("cpu"), "torch").paged_attention is torch_attention.paged_attention
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        backend.select_backend(torch.device("cpu"), "flash")
+
+
+@needs_triton
+def test_select_backend_triton():
+    chosen = backend.select_backend(torch.device("cuda"))
+    assert chosen.name == "triton"
+    assert chosen.store_kv is triton_store_kv.store_kv
+    assert chosen.paged_attention is triton_attention.paged_attention
+    assert backend.select_backend(torch.device("cpu"), "triton").name == "triton"
+
+
+def test_select_backend_without_triton(monkeypatch):
+    find_spec = backend.importlib.util.find_spec
+    monkeypatch.setattr(backend.importlib.util, "find_spec", lambda name: None if name == "triton" else find_spec(name))
+    with pytest.raises(ImportError, match="needs the 'triton' package"):
+        backend.select_backend(torch.device("cpu"), "triton")
