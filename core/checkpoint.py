@@ -1,4 +1,4 @@
-"""A loaded model on the host: architecture, weights under HF names, tokenizer; and the one entry point that loads it."""
+"""A model loaded on the host (architecture, HF-named weights, tokenizer), and the entry point that loads one."""
 
 from dataclasses import dataclass
 from pathlib import Path

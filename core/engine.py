@@ -66,6 +66,8 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             attention_backend=self.backend.name,
+            tokenizer=self.tokenizer,
+            hook_errors=self.hooks.num_errors,
         )
         self.hooks.spyglass_engine_started(info=self.info)
 

@@ -69,7 +69,10 @@ def load_gguf(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     loading the same file with ``gguf_file=``.
     """
     path = Path(path)
-    reader = GGUFReader(path)
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"Cannot read {path} as a GGUF file: {exc}") from exc
     arch = _read_arch(reader)
     weights = _read_weights(reader, arch, dtype)
     return Checkpoint(path.stem, arch, weights, _read_tokenizer(reader, arch.eos_token_ids))
@@ -159,7 +162,8 @@ def _read_tokenizer(reader: GGUFReader, eos_token_ids: tuple[int, ...]) -> Token
             "Use the model's Hugging Face directory instead."
         )
     tokens = _field(reader, "tokenizer.ggml.tokens")
-    backend = _byte_level_bpe(tokens, _field(reader, "tokenizer.ggml.merges"), _field(reader, "tokenizer.ggml.pre", None))
+    merges = _field(reader, "tokenizer.ggml.merges")
+    backend = _byte_level_bpe(tokens, merges, _field(reader, "tokenizer.ggml.pre", None))
 
     bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
     named_specials = {

@@ -42,8 +42,9 @@ class ModelRunner:
         self.block_size = block_size
         arch = model.arch
         shape = (num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+        # Zeroed, not empty: a padded read of a never-written slot must not bring NaN into a masked sum.
         self.kv_caches = [
-            (torch.empty(shape, dtype=model.dtype, device=device), torch.empty(shape, dtype=model.dtype, device=device))
+            (torch.zeros(shape, dtype=model.dtype, device=device), torch.zeros(shape, dtype=model.dtype, device=device))
             for _ in range(arch.num_hidden_layers)
         ]
 

@@ -1,6 +1,10 @@
 """Frozen payloads the engine hands to hooks: what it runs, and what each step did."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spyglass.core.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +20,10 @@ class EngineInfo:
     max_num_seqs: int
     max_num_batched_tokens: int
     attention_backend: str
+    # Live views for plugins: the tokenizer (to decode output for traces) and the hook relay's
+    # error counts by "plugin.hook" (exported as a metric). Not part of equality or the repr.
+    tokenizer: "Tokenizer | None" = field(default=None, compare=False, repr=False)
+    hook_errors: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

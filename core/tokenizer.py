@@ -58,6 +58,11 @@ class Tokenizer:
         self._add_bos_token = add_bos_token
 
     @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The wrapped ``tokenizers.Tokenizer``."""
+        return self._backend
+
+    @property
     def chat_template(self) -> str | None:
         """The jinja source of the chat template, or None when the model ships none."""
         return self._chat_template_source
@@ -147,7 +152,10 @@ class Tokenizer:
             add_bos_token = bos_token_id is not None and backend.encode("").ids[:1] == [bos_token_id]
 
         template_file = path / "chat_template.jinja"
-        chat_template = template_file.read_text() if template_file.is_file() else _pick_template(config.get("chat_template"))
+        if template_file.is_file():
+            chat_template = template_file.read_text()
+        else:
+            chat_template = _pick_template(config.get("chat_template"))
         return cls(backend, chat_template, bos_token_id, eos_token_ids, bool(add_bos_token))
 
 

@@ -53,15 +53,24 @@ def paged_attention(
         ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
     """
     num_reqs = block_tables.shape[0]
-    if max_query_len == 1 and query.shape[0] == num_reqs:
+    if max_query_len == 1:
         return _decode_attention(query, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lens = context_lens.tolist()
-    tables = block_tables
+    # Single-token requests (decodes) are attended together in one padded batch; the rest one by one.
+    decodes = [r for r in range(num_reqs) if starts[r + 1] - starts[r] == 1]
+    if decodes:
+        rows = torch.tensor([starts[r] for r in decodes], device=query.device)
+        picked = torch.tensor(decodes, device=query.device)
+        out[rows] = _decode_attention(
+            query[rows], k_cache, v_cache, block_tables[picked], context_lens[picked],
+            max(lens[r] for r in decodes), scale,
+        )
     for r in range(num_reqs):
-        q = query[starts[r] : starts[r + 1]]
-        out[starts[r] : starts[r + 1]] = _request_attention(q, k_cache, v_cache, tables[r], lens[r], scale)
+        if starts[r + 1] - starts[r] > 1:
+            q = query[starts[r] : starts[r + 1]]
+            out[starts[r] : starts[r + 1]] = _request_attention(q, k_cache, v_cache, block_tables[r], lens[r], scale)
     return out
 
 
@@ -81,8 +90,8 @@ def _request_attention(q, k_cache, v_cache, block_table, context_len: int, scale
     if q_len == context_len:
         mask, causal = None, q_len > 1
     else:
-        rows = torch.arange(q_len).unsqueeze(1) + (context_len - q_len)
-        mask, causal = torch.arange(context_len).unsqueeze(0) <= rows, False
+        rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (context_len - q_len)
+        mask, causal = torch.arange(context_len, device=q.device).unsqueeze(0) <= rows, False
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         k.transpose(0, 1).unsqueeze(0).to(q.dtype),
@@ -96,14 +105,19 @@ def _request_attention(q, k_cache, v_cache, block_table, context_len: int, scale
 
 
 def _decode_attention(query, k_cache, v_cache, block_tables, context_lens, max_context_len: int, scale: float):
-    """One new token per request: gather every context into one padded batch and attend once."""
-    block_size = k_cache.shape[1]
-    num_blocks = -(-max_context_len // block_size)
+    """One new token per request: gather every context into one padded batch and attend with two matmuls.
+
+    Query heads are grouped by the KV head they share, so K and V are never repeated; scores
+    and softmax run in float32 (plain matmuls beat SDPA's CPU kernel here, several times over in bf16).
+    """
+    num_reqs, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    num_blocks = -(-max_context_len // k_cache.shape[1])
     k = _gather(k_cache, block_tables, num_blocks).transpose(1, 2).to(query.dtype)
     v = _gather(v_cache, block_tables, num_blocks).transpose(1, 2).to(query.dtype)
-    positions = torch.arange(k.shape[2]).unsqueeze(0)
-    mask = (positions < context_lens.unsqueeze(1)).view(-1, 1, 1, k.shape[2])
-    out = F.scaled_dot_product_attention(
-        query.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True
-    )
-    return out.squeeze(2)
+    q = query.view(num_reqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    beyond = torch.arange(k.shape[2], device=query.device) >= context_lens.unsqueeze(1)
+    scores.masked_fill_(beyond.view(num_reqs, 1, 1, -1), float("-inf"))
+    out = torch.matmul(scores.softmax(dim=-1).to(query.dtype), v)
+    return out.view(num_reqs, num_heads, head_dim)

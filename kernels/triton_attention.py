@@ -100,6 +100,7 @@ def _unified_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     """One program: a tile of ``BLOCK_Q`` query tokens of one request x the ``GROUP`` heads of one KV head."""
     req = tl.program_id(0)
@@ -121,6 +122,8 @@ def _unified_kernel(
     token = (q_start + q_idx).to(tl.int64)
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :] * stride_qd,
                 mask=io_mask, other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
     # Bottom-right aligned causal mask: the new tokens are the last q_len of the context.
     q_pos = context_len - q_len + q_idx
     # The tile's last valid row bounds how much of the context any row needs.
@@ -164,6 +167,7 @@ def _split_k_kernel(
     ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     """One program: one partition of one decode request's context x the ``GROUP`` heads of one KV head.
 
@@ -185,6 +189,8 @@ def _split_k_kernel(
     io_mask = (rows[:, None] < GROUP) & (dims[None, :] < head_dim)
     q = tl.load(q_ptr + req.to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :] * stride_qd,
                 mask=io_mask, other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
     # Decode: the single new token is the context's last position and sees all of it.
     q_pos = tl.full([ROWS], 0, dtype=tl.int32) + context_len - 1
 
@@ -259,6 +265,12 @@ def num_kv_splits(num_reqs: int, num_kv_heads: int, num_tokens: int, max_query_l
     return max(1, min(by_occupancy, by_length, _MAX_SPLITS))
 
 
+def _dot_in_fp32(dtype: torch.dtype) -> bool:
+    """Whether tl.dot must take fp32 operands: only for bf16 under the interpreter, whose tl.dot multiplies
+    bf16 bit patterns as integers. On a GPU the operands stay in the query dtype (tensor cores)."""
+    return dtype == torch.bfloat16 and triton.knobs.runtime.interpret
+
+
 def _head_geometry(query: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int]:
     """(query heads per KV head, head_dim padded to a power of two)."""
     num_heads, head_dim = query.shape[1:]
@@ -278,7 +290,10 @@ def unified_attention(
     max_context_len: int,
     scale: float,
 ) -> torch.Tensor:
-    """`paged_attention` through the single-pass kernel, whatever the mix of prefill, draft and decode rows."""
+    """`paged_attention` through the single-pass kernel, whatever the mix of prefill, draft and decode rows.
+
+    ``max_context_len`` is accepted for signature parity only: each program reads its own request's length.
+    """
     assert k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share a layout"
     out = torch.empty_like(query)
     num_reqs = block_tables.shape[0]
@@ -296,6 +311,7 @@ def unified_attention(
         *query.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
         query.shape[2], scale * math.log2(math.e),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_SIZE=k_cache.shape[1], DIM_PAD=dim_pad,
+        DOT_FP32=_dot_in_fp32(query.dtype),
     )
     return out
 
@@ -325,7 +341,7 @@ def split_k_decode_attention(
         query, k_cache, v_cache, part_out, part_lse, block_tables, context_lens,
         *query.stride(), *k_cache.stride(), block_tables.stride(0), head_dim, scale * math.log2(math.e),
         NUM_SPLITS=num_splits, GROUP=group, ROWS=max(_MIN_ROWS, triton.next_power_of_2(group)),
-        BLOCK_SIZE=block_size, DIM_PAD=dim_pad,
+        BLOCK_SIZE=block_size, DIM_PAD=dim_pad, DOT_FP32=_dot_in_fp32(query.dtype),
     )
     _split_k_reduce_kernel[(num_reqs, num_heads)](
         part_out, part_lse, out, *out.stride(), head_dim,

@@ -141,7 +141,8 @@ def test_torch_attention_matches_naive(scenario, group, block_size):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("group", [1, 3, 4])
-@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (128, 32)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
 def test_unified_attention_matches_torch(poisoned_allocations, dtype, scenario, group, head_dim, block_size):
     q_lens, ctx_lens = SCENARIOS[scenario]
     batch = make_batch(q_lens, ctx_lens, num_kv_heads=2, group=group, head_dim=head_dim,
@@ -161,7 +162,8 @@ def test_unified_attention_long_prefill_spans_tiles(head_dim, block_size):
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("group", [1, 3, 4])
-@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (128, 32)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("num_splits", [2, 5])
 def test_split_k_decode_matches_torch(poisoned_allocations, dtype, group, head_dim, block_size, num_splits):
     # The 5-token context has a single page, so most of its partitions are empty.

@@ -1,0 +1,71 @@
+"""The Litestar app: its lifespan owns the engine; handlers reach it through dependency injection."""
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+
+import spyglass
+from spyglass.core.api.chat import create_chat_completion
+from spyglass.core.api.completions import create_completion
+from spyglass.core.api.context import ServerOptions, ServingContext, api_key_guard, provide_serving
+from spyglass.core.api.errors import EXCEPTION_HANDLERS
+from spyglass.core.api.routes import ROUTES
+from spyglass.core.async_engine import AsyncEngine
+from spyglass.core.config import EngineConfig
+from spyglass.core.engine import LLMEngine
+
+log = logging.getLogger("spyglass.api")
+
+
+def create_app(engine_config: EngineConfig, server_options: ServerOptions | None = None) -> Litestar:
+    """An app that loads the engine on start-up, serves the OpenAI API, and stops the engine on shutdown."""
+    options = server_options or ServerOptions()
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        start = time.perf_counter()
+        engine = await asyncio.to_thread(LLMEngine, engine_config)
+        async_engine = AsyncEngine(engine)
+        async_engine.start()
+        app.state.serving = ServingContext(async_engine, options, engine_config.model)
+        log.info(
+            "Serving %s on http://%s:%d (engine loaded in %.1f s; OpenAPI at /schema)",
+            app.state.serving.model_name, options.host, options.port, time.perf_counter() - start,
+        )
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(async_engine.stop, options.shutdown_timeout)
+            log.info("engine stopped")
+
+    return Litestar(
+        route_handlers=[create_completion, create_chat_completion, *ROUTES],
+        dependencies={"serving": Provide(provide_serving, sync_to_thread=False)},
+        guards=[api_key_guard],
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=[lifespan],
+        request_max_body_size=options.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="Spyglass", version=spyglass.__version__),
+        debug=False,
+    )
+
+
+def begin_shutdown(app: Litestar, timeout: float) -> None:
+    """Stop admitting requests (503) and let the engine finish or abort in-flight ones within ``timeout``.
+
+    Returns at once; the engine drains in a background thread while the HTTP server lets open
+    responses complete.
+    """
+    serving: ServingContext | None = getattr(app.state, "serving", None)
+    if serving is None or serving.draining:
+        return
+    serving.draining = True
+    log.info("shutting down: finishing in-flight requests for up to %.0f s", timeout)
+    threading.Thread(target=serving.async_engine.stop, args=(timeout,), name="spyglass-drain", daemon=True).start()

@@ -1,0 +1,128 @@
+"""``POST /v1/chat/completions``: the model's chat template over the messages, streamed or not."""
+
+import time
+from collections.abc import AsyncIterator
+
+import jinja2
+from litestar import Request, Response, post
+
+from spyglass.core.api.context import ServingContext
+from spyglass.core.api.convert import (
+    DeltaTracker,
+    chat_logprobs,
+    check_finished,
+    make_usage,
+    new_id,
+    request_attributes,
+    sampling_params,
+)
+from spyglass.core.api.errors import APIError
+from spyglass.core.api.generation import RequestGroup, fan_out
+from spyglass.core.api.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatMessage,
+)
+from spyglass.core.api.streaming import event_stream
+from spyglass.core.tokenizer import Tokenizer
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def render_messages(messages: list[ChatMessage], tokenizer: Tokenizer) -> tuple[list[dict], str]:
+    """Plain ``{"role", "content"}`` dicts and the prompt text the chat template makes of them."""
+    if not messages:
+        raise APIError(400, "messages must not be empty", "messages")
+    plain = []
+    for message in messages:
+        role = _ROLES.get(message.role)
+        if role is None:
+            raise APIError(400, f"unsupported message role {message.role!r}", "messages")
+        content = message.content
+        if isinstance(content, list):
+            if any(part.type != "text" or part.text is None for part in content):
+                raise APIError(400, "only text content parts are supported", "messages")
+            content = "\n".join(part.text for part in content)
+        plain.append({"role": role, "content": content or ""})
+    try:
+        return plain, tokenizer.apply_chat_template(plain, add_generation_prompt=True)
+    except (ValueError, jinja2.TemplateError) as error:
+        raise APIError(400, f"cannot apply the chat template: {error}", "messages") from error
+
+
+@post("/v1/chat/completions", summary="Create a chat completion", tags=["openai"], status_code=200)
+async def create_chat_completion(data: ChatCompletionRequest, request: Request, serving: ServingContext) -> Response:
+    """OpenAI's chat completions endpoint; ``stream=true`` answers with server-sent events."""
+    serving.check_model(data.model)
+    serving.admit()
+    messages, prompt = render_messages(data.messages, serving.tokenizer)
+    max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
+    if data.top_logprobs is not None and not data.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+    params = sampling_params(data, max_tokens, (data.top_logprobs or 0) if data.logprobs else None)
+    response_id = new_id("chatcmpl")
+    attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
+    attributes["messages"] = messages
+    specs = fan_out([(serving.tokenizer.encode(prompt), prompt)], params)
+    group = RequestGroup(serving.async_engine, response_id, specs, attributes)
+    await group.start()
+    writer = _ChatWriter(serving, data, response_id)
+    if data.stream:
+        return event_stream(writer.chunks(group))
+    return Response(await writer.collect(group))
+
+
+class _ChatWriter:
+    """Builds the response or the stream of chunks for one chat call."""
+
+    def __init__(self, serving: ServingContext, body: ChatCompletionRequest, response_id: str):
+        self.serving = serving
+        self.body = body
+        self.id = response_id
+        self.created = int(time.time())
+
+    def _chunk(self, choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(self.id, self.created, self.serving.model_name, choices, usage=usage)
+
+    async def collect(self, group: RequestGroup) -> ChatCompletionResponse:
+        """Run every choice to the end and build the full response."""
+        finals = {}
+        async for index, output in group.outputs():
+            if output.finished:
+                finals[index] = output
+        ordered = [finals[i] for i in sorted(finals)]
+        choices = []
+        for index, output in enumerate(ordered):
+            completion = output.outputs[0]
+            check_finished(completion)
+            logprobs = chat_logprobs(self.serving.tokenizer, completion.logprobs or []) if self.body.logprobs else None
+            message = AssistantMessage(completion.text)
+            choices.append(ChatChoice(index, message, logprobs, completion.finish_reason, completion.stop_reason))
+        usage = make_usage(ordered, self.body.n)
+        return ChatCompletionResponse(self.id, self.created, self.serving.model_name, choices, usage)
+
+    async def chunks(self, group: RequestGroup) -> AsyncIterator[ChatCompletionChunk]:
+        """A role chunk per choice, content deltas, the finish reason, then usage when asked."""
+        for index in range(self.body.n):
+            yield self._chunk([ChatChunkChoice(index, ChatDelta(role="assistant", content=""))])
+        trackers: dict[int, DeltaTracker] = {}
+        finals = {}
+        async for index, output in group.outputs():
+            completion = output.outputs[0]
+            check_finished(completion)
+            delta = trackers.setdefault(index, DeltaTracker()).advance(completion)
+            if not (delta.text or delta.logprobs or output.finished):
+                continue
+            logprobs = chat_logprobs(self.serving.tokenizer, delta.logprobs) if self.body.logprobs else None
+            finish = completion.finish_reason if output.finished else None
+            yield self._chunk([ChatChunkChoice(index, ChatDelta(content=delta.text), logprobs, finish)])
+            if output.finished:
+                finals[index] = output
+        options = self.body.stream_options
+        if options is not None and options.include_usage:
+            yield self._chunk([], usage=make_usage([finals[i] for i in sorted(finals)], self.body.n))

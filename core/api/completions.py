@@ -1,0 +1,130 @@
+"""``POST /v1/completions``: text completions for one or more prompts, streamed or not."""
+
+import time
+from collections.abc import AsyncIterator
+
+from litestar import Request, Response, post
+
+from spyglass.core.api.context import ServingContext
+from spyglass.core.api.convert import (
+    DeltaTracker,
+    check_finished,
+    completion_logprobs,
+    make_usage,
+    new_id,
+    request_attributes,
+    sampling_params,
+)
+from spyglass.core.api.errors import APIError
+from spyglass.core.api.generation import RequestGroup, fan_out
+from spyglass.core.api.schemas import CompletionChoice, CompletionRequest, CompletionResponse
+from spyglass.core.api.streaming import event_stream
+from spyglass.core.tokenizer import Tokenizer
+
+DEFAULT_MAX_TOKENS = 16
+
+
+def parse_prompts(prompt, tokenizer: Tokenizer) -> list[tuple[list[int], str]]:
+    """``(token_ids, text)`` for each prompt: a string, a token list, or a non-empty list of either."""
+    if isinstance(prompt, str) or _is_token_list(prompt):
+        prompt = [prompt]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", "prompt")
+    prompts = []
+    for item in prompt:
+        if isinstance(item, str):
+            if not item:
+                raise APIError(400, "prompt must not be empty", "prompt")
+            prompts.append((tokenizer.encode(item), item))
+        elif _is_token_list(item):
+            prompts.append((list(item), tokenizer.decode(item, skip_special_tokens=False)))
+        else:
+            raise APIError(400, "prompt must be a string, a list of token ids, or a list of either", "prompt")
+    return prompts
+
+
+def _is_token_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(v) is int and v >= 0 for v in value)
+
+
+@post("/v1/completions", summary="Create a completion", tags=["openai"], status_code=200)
+async def create_completion(data: CompletionRequest, request: Request, serving: ServingContext) -> Response:
+    """OpenAI's completions endpoint; ``stream=true`` answers with server-sent events."""
+    serving.check_model(data.model)
+    serving.admit()
+    if data.echo and data.logprobs is not None:
+        raise APIError(400, "echo together with logprobs is not supported", "echo")
+    prompts = parse_prompts(data.prompt, serving.tokenizer)
+    max_tokens = DEFAULT_MAX_TOKENS if data.max_tokens is None else data.max_tokens
+    params = sampling_params(data, max_tokens, data.logprobs)
+    response_id = new_id("cmpl")
+    attributes = request_attributes(data, "text_completion", response_id, serving.model_name, request.headers)
+    group = RequestGroup(serving.async_engine, response_id, fan_out(prompts, params), attributes)
+    await group.start()
+    writer = _CompletionWriter(serving, data, response_id, [text for _, text in prompts])
+    if data.stream:
+        return event_stream(writer.chunks(group))
+    return Response(await writer.collect(group))
+
+
+class _CompletionWriter:
+    """Builds the response or the stream of chunks for one completions call."""
+
+    def __init__(self, serving: ServingContext, body: CompletionRequest, response_id: str, prompt_texts: list[str]):
+        self.serving = serving
+        self.body = body
+        self.id = response_id
+        self.created = int(time.time())
+        self.prompt_texts = prompt_texts
+
+    def _echo(self, index: int) -> str:
+        return self.prompt_texts[index // self.body.n] if self.body.echo else ""
+
+    async def collect(self, group: RequestGroup) -> CompletionResponse:
+        """Run every choice to the end and build the full response."""
+        finals = {}
+        async for index, output in group.outputs():
+            if output.finished:
+                finals[index] = output
+        ordered = [finals[i] for i in sorted(finals)]
+        choices = []
+        for index, output in enumerate(ordered):
+            completion = output.outputs[0]
+            check_finished(completion)
+            logprobs = None
+            if self.body.logprobs is not None:
+                logprobs = completion_logprobs(self.serving.tokenizer, completion.logprobs or [], 0)
+            choices.append(CompletionChoice(
+                index, self._echo(index) + completion.text, logprobs, completion.finish_reason, completion.stop_reason
+            ))
+        return CompletionResponse(
+            self.id, self.created, self.serving.model_name, choices, usage=make_usage(ordered, self.body.n)
+        )
+
+    async def chunks(self, group: RequestGroup) -> AsyncIterator[CompletionResponse]:
+        """One chunk per step that adds text, tokens or a finish reason; a usage chunk when asked."""
+        trackers: dict[int, DeltaTracker] = {}
+        finals = {}
+        async for index, output in group.outputs():
+            completion = output.outputs[0]
+            check_finished(completion)
+            tracker = trackers.setdefault(index, DeltaTracker())
+            first = tracker.num_tokens == 0
+            offset = tracker.num_chars
+            delta = tracker.advance(completion)
+            if not (delta.text or delta.logprobs or output.finished or (first and self.body.echo)):
+                continue
+            logprobs = None
+            if self.body.logprobs is not None:
+                logprobs = completion_logprobs(self.serving.tokenizer, delta.logprobs, offset)
+            text = (self._echo(index) if first else "") + delta.text
+            finish = completion.finish_reason if output.finished else None
+            stop_reason = completion.stop_reason if output.finished else None
+            choice = CompletionChoice(index, text, logprobs, finish, stop_reason)
+            yield CompletionResponse(self.id, self.created, self.serving.model_name, [choice])
+            if output.finished:
+                finals[index] = output
+        options = self.body.stream_options
+        if options is not None and options.include_usage:
+            usage = make_usage([finals[i] for i in sorted(finals)], self.body.n)
+            yield CompletionResponse(self.id, self.created, self.serving.model_name, [], usage=usage)

@@ -1,0 +1,90 @@
+"""What handlers share: the server's options, the running engine, and the checks done before any work."""
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass
+
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.handlers import BaseRouteHandler
+
+from spyglass.core.api.errors import APIError
+from spyglass.core.async_engine import AsyncEngine
+
+
+@dataclass(slots=True)
+class ServerOptions:
+    """HTTP-side settings of ``spyglass serve``.
+
+    ``api_key`` None means the API is open. ``max_queued_requests`` bounds the engine's waiting
+    queue before new requests get a 429. ``served_model_name`` None means the engine's model name.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    metrics_require_key: bool = False
+    max_body_bytes: int = 4 << 20
+    max_queued_requests: int = 1024
+    shutdown_timeout: float = 30.0
+    served_model_name: str | None = None
+
+
+class ServingContext:
+    """The running engine and what the API knows about it; lives on ``app.state.serving``."""
+
+    def __init__(self, async_engine: AsyncEngine, options: ServerOptions, model_path: str | None = None):
+        engine = async_engine.engine
+        self.async_engine = async_engine
+        self.options = options
+        self.tokenizer = engine.tokenizer
+        self.model_name = options.served_model_name or engine.model_name
+        self.model_aliases = {self.model_name, engine.model_name} | ({model_path} if model_path else set())
+        self.max_model_len = engine.max_model_len
+        self.created = int(time.time())
+        self.draining = False
+
+    def check_model(self, model: str | None) -> None:
+        """Raise a 404 unless ``model`` is omitted or names the served model."""
+        if model is not None and model not in self.model_aliases:
+            raise APIError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                           "model", "model_not_found")
+
+    def admit(self) -> None:
+        """Refuse new work while shutting down (503) or while the waiting queue is full (429)."""
+        if self.draining or not self.async_engine.is_alive:
+            raise APIError(503, "the server is shutting down or its engine has stopped", code="engine_unavailable")
+        if self.async_engine.num_waiting >= self.options.max_queued_requests:
+            raise APIError(
+                429,
+                f"too many queued requests ({self.async_engine.num_waiting}); retry later",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )
+
+    async def engine_call(self, function):
+        """Run ``function(engine)`` in the engine thread and await its result."""
+        return await asyncio.wrap_future(self.async_engine.call(function))
+
+
+def provide_serving(state: State) -> ServingContext:
+    """Dependency: the `ServingContext` the lifespan put on the app state."""
+    return state.serving
+
+
+def api_key_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    """Demand ``Authorization: Bearer <key>`` when a key is set, except on handlers marked public.
+
+    Handlers opt out with ``opt={"public": True}``; ``opt={"metrics": True}`` is public unless
+    ``--metrics-require-key`` was given.
+    """
+    serving: ServingContext | None = getattr(connection.app.state, "serving", None)
+    key = serving.options.api_key if serving else None
+    if key is None or handler.opt.get("public"):
+        return
+    if handler.opt.get("metrics") and not serving.options.metrics_require_key:
+        return
+    scheme, _, token = connection.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
+        raise APIError(401, "missing or invalid API key; send `Authorization: Bearer <key>`", code="invalid_api_key")

@@ -1,0 +1,138 @@
+"""Request bodies -> engine inputs, and engine outputs -> response pieces (usage, logprobs, deltas)."""
+
+import uuid
+from dataclasses import dataclass
+
+from opentelemetry import context as otel_context
+
+from spyglass.core.api.errors import APIError
+from spyglass.core.api.schemas import (
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    PromptTokensDetails,
+    SamplingFields,
+    TopLogprob,
+    Usage,
+)
+from spyglass.core.outputs import CompletionOutput, Logprob, RequestOutput
+from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.tokenizer import Tokenizer
+
+MAX_N = 128
+_SEED_LIMIT = 1 << 63
+
+
+def new_id(prefix: str) -> str:
+    """A response id such as ``cmpl-3f2a...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """Engine `SamplingParams` from the shared request fields; raises `InvalidRequestError` when out of range."""
+    if not 1 <= body.n <= MAX_N:
+        raise APIError(400, f"n must be between 1 and {MAX_N}", "n")
+    if body.seed is not None and not -_SEED_LIMIT <= body.seed < _SEED_LIMIT - body.n:
+        raise APIError(400, "seed must fit in a signed 64-bit integer", "seed")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return SamplingParams(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        seed=body.seed,
+        max_tokens=max_tokens,
+        stop=[s for s in stop if s],
+        ignore_eos=body.ignore_eos,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        logprobs=logprobs,
+        n=body.n,
+        priority=body.priority,
+    )
+
+
+def request_attributes(body: SamplingFields, operation: str, response_id: str, model_name: str, headers) -> dict:
+    """What the tracing plugin reads off each engine request (see `AsyncEngine.generate`)."""
+    return {
+        "operation": operation,
+        "stream": body.stream,
+        "user": body.user,
+        "request_model": body.model or model_name,
+        "otel_context": otel_context.get_current(),
+        "tenant": headers.get("x-spyglass-tenant") or body.user,
+        "api_request_id": response_id,
+    }
+
+
+def make_usage(finals: list[RequestOutput], n: int) -> Usage:
+    """Exact token counts; each prompt counts once however many choices it has."""
+    firsts = finals[::n]
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in firsts)
+    completion_tokens = sum(len(o.outputs[0].token_ids) for o in finals)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(o.num_cached_tokens for o in firsts)),
+    )
+
+
+def check_finished(completion: CompletionOutput) -> None:
+    """An engine-side failure of one request becomes an error (500), not a truncated answer."""
+    if completion.finish_reason == "error":
+        raise APIError(500, "the engine failed while generating this request", code="engine_error")
+
+
+@dataclass(slots=True)
+class Delta:
+    """What one choice gained since the last chunk."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[Logprob]
+
+
+@dataclass(slots=True)
+class DeltaTracker:
+    """Turns cumulative engine outputs (text so far) into per-chunk deltas for one choice."""
+
+    num_chars: int = 0
+    num_tokens: int = 0
+
+    def advance(self, completion: CompletionOutput) -> Delta:
+        """The text, tokens and logprobs added since the previous call."""
+        text = completion.text[self.num_chars :]
+        token_ids = completion.token_ids[self.num_tokens :]
+        logprobs = (completion.logprobs or [])[self.num_tokens :]
+        self.num_chars = len(completion.text)
+        self.num_tokens = len(completion.token_ids)
+        return Delta(text, token_ids, logprobs)
+
+
+def _token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def completion_logprobs(tokenizer: Tokenizer, logprobs: list[Logprob], text_offset: int) -> CompletionLogprobs:
+    """Legacy completions logprobs for ``logprobs``, offsets counted from ``text_offset``."""
+    result = CompletionLogprobs()
+    for entry in logprobs:
+        token = _token_text(tokenizer, entry.token_id)
+        result.tokens.append(token)
+        result.token_logprobs.append(entry.logprob)
+        result.top_logprobs.append({_token_text(tokenizer, t): lp for t, lp in entry.top.items()})
+        result.text_offset.append(text_offset)
+        text_offset += len(token)
+    return result
+
+
+def chat_logprobs(tokenizer: Tokenizer, logprobs: list[Logprob]) -> ChatLogprobs:
+    """Chat logprobs (``choices[i].logprobs.content``) for ``logprobs``."""
+    content = []
+    for entry in logprobs:
+        token = _token_text(tokenizer, entry.token_id)
+        top = [TopLogprob(t, lp, list(t.encode())) for t, lp in ((_token_text(tokenizer, i), v) for i, v in entry.top.items())]
+        content.append(ChatTokenLogprob(token, entry.logprob, list(token.encode()), top))
+    return ChatLogprobs(content)

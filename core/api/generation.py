@@ -1,0 +1,83 @@
+"""Fan one API call out into engine requests and merge their outputs back.
+
+A completions call with several prompts, or ``n > 1``, becomes one engine request per choice
+(ids ``{id}-{i}``; ``seed + i`` when seeded). The group is *started* before the HTTP response
+begins, so a request the engine rejects (e.g. prompt + max_tokens over the context) still gets
+a proper 400 instead of a broken stream.
+"""
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+
+from spyglass.core.async_engine import AsyncEngine
+from spyglass.core.outputs import RequestOutput
+from spyglass.core.sampling_params import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChoiceSpec:
+    """One engine request of a group: its prompt and sampling params."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+
+
+def fan_out(prompts: list[tuple[list[int], str | None]], params: SamplingParams) -> list[ChoiceSpec]:
+    """``n`` choices per prompt, choice ``i`` seeded with ``seed + i`` so choices differ yet reproduce."""
+    specs = []
+    for token_ids, text in prompts:
+        for index in range(params.n):
+            seed = None if params.seed is None else params.seed + index
+            specs.append(ChoiceSpec(token_ids, dataclasses.replace(params, n=1, seed=seed), text))
+    return specs
+
+
+class RequestGroup:
+    """The engine requests behind one API call; iterate `outputs` to get ``(choice_index, output)`` pairs."""
+
+    def __init__(self, async_engine: AsyncEngine, base_id: str, specs: list[ChoiceSpec], attributes: dict):
+        self.req_ids = [base_id] if len(specs) == 1 else [f"{base_id}-{i}" for i in range(len(specs))]
+        self._streams = [
+            async_engine.generate(req_id, spec.prompt_token_ids, spec.params, spec.prompt, attributes)
+            for req_id, spec in zip(self.req_ids, specs)
+        ]
+        self._pending: dict[asyncio.Future, int] = {}
+        self._first: list[RequestOutput] = []
+
+    async def start(self) -> None:
+        """Submit every request and wait for each one's first output; raises what the engine raised."""
+        results = await asyncio.gather(*(anext(s) for s in self._streams), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self.aclose()
+            raise errors[0]
+        self._first = list(results)
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Every output of every request, in arrival order, tagged with its choice index."""
+        try:
+            for index, output in enumerate(self._first):
+                yield index, output
+                if not output.finished:
+                    self._pending[asyncio.ensure_future(anext(self._streams[index]))] = index
+            while self._pending:
+                done, _ = await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    index = self._pending.pop(task)
+                    output = task.result()
+                    yield index, output
+                    if not output.finished:
+                        self._pending[asyncio.ensure_future(anext(self._streams[index]))] = index
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop listening; engine requests still running are aborted."""
+        pending, self._pending = list(self._pending), {}
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for stream in self._streams:
+            await stream.aclose()

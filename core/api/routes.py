@@ -1,0 +1,57 @@
+"""The small endpoints: models, health, version, Prometheus metrics and a KV-cache debug view."""
+
+from litestar import MediaType, Request, Response, get
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+
+import spyglass
+from spyglass.core.api.context import ServingContext
+from spyglass.core.api.schemas import ModelCard, ModelList
+
+
+@get("/v1/models", summary="List the served model", tags=["openai"])
+async def list_models(serving: ServingContext) -> ModelList:
+    """The one model this server serves."""
+    return ModelList([ModelCard(serving.model_name, serving.created, serving.max_model_len)])
+
+
+@get("/health", summary="Liveness", opt={"public": True}, media_type=MediaType.JSON)
+async def health(serving: ServingContext) -> Response:
+    """200 while the engine loop runs and the server admits requests, 503 otherwise."""
+    alive = serving.async_engine.is_alive and not serving.draining
+    return Response({"status": "ok" if alive else "unavailable"}, status_code=200 if alive else 503)
+
+
+@get("/version", summary="Spyglass version", opt={"public": True})
+async def version() -> dict:
+    """The server's version."""
+    return {"version": spyglass.__version__}
+
+
+@get("/metrics", summary="Prometheus metrics", opt={"metrics": True}, include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    """Prometheus text format, or OpenMetrics when the ``Accept`` header asks for it."""
+    if "application/openmetrics-text" in request.headers.get("accept", ""):
+        return Response(openmetrics.generate_latest(REGISTRY), media_type=openmetrics.CONTENT_TYPE_LATEST)
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+def _kv_stats(engine) -> dict:
+    pool = engine.kv.pool
+    scheduler = engine.scheduler
+    return {
+        "num_free_blocks": pool.num_free_blocks,
+        "num_blocks": pool.num_blocks,
+        "num_running": len(scheduler.running),
+        "num_waiting": len(scheduler.waiting),
+        "num_requests": len(engine.requests),
+    }
+
+
+@get("/debug/kv", summary="KV cache and queue sizes", tags=["debug"])
+async def debug_kv(serving: ServingContext) -> dict:
+    """Free and total KV blocks, running and waiting requests, read in the engine thread between steps."""
+    return await serving.engine_call(_kv_stats)
+
+
+ROUTES = [list_models, health, version, metrics, debug_kv]

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``spyglass bench``: each prints ratios measured within one run."""

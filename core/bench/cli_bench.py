@@ -1,0 +1,13 @@
+"""``spyglass bench <name>``: one subcommand per benchmark module."""
+
+from spyglass.core.bench import throughput
+
+BENCHMARKS = (throughput,)
+
+
+def add_parser(subparsers) -> None:
+    """Register ``bench`` and its benchmarks."""
+    parser = subparsers.add_parser("bench", help="run a benchmark")
+    benchmarks = parser.add_subparsers(dest="benchmark", required=True)
+    for benchmark in BENCHMARKS:
+        benchmark.add_parser(benchmarks)

@@ -1,0 +1,266 @@
+"""OpenTelemetry spans for every request, built only on the public hooks.
+
+Per request, a span ``{operation} {model}`` (parented on the HTTP server span captured in
+``request.attributes["otel_context"]``, else a new trace) with child spans for each phase it
+goes through: ``queue``, ``prefill`` (one event per chunk), ``decode``, and ``preempted`` (from
+losing its blocks until it is scheduled again, after which a resumed ``prefill`` recomputes
+them). With ``trace_steps``, one ``engine_step`` span per step links to the request spans it
+served. Content (prompt and completion text) is recorded only with ``trace_content``.
+"""
+
+import time
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+
+from spyglass.core.hookspecs import hookimpl
+from spyglass.core.request import FinishReason, Request
+from spyglass.core.step_stats import EngineInfo, StepStats
+from spyglass.plugins.tracing import attributes as attrs
+from spyglass.telemetry import settings as telemetry_settings
+from spyglass.telemetry import tracing
+from spyglass.telemetry.tracing import monotonic_to_epoch_ns as epoch_ns
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """A request's open span, the phase span under it, and what the phase started with."""
+
+    request: Request
+    span: Span
+    phase: Span | None = None
+    phase_name: str = ""
+    outputs_at_phase_start: int = 0
+    computed_before_step: int | None = None
+
+
+class RequestTracer:
+    """Owns the open spans of one engine's requests."""
+
+    def __init__(self, tracer: trace.Tracer, info: EngineInfo, settings: telemetry_settings.TelemetrySettings):
+        self.tracer = tracer
+        self.model = info.model_name
+        self.tokenizer = getattr(info, "tokenizer", None)
+        self.settings = settings
+        self.traces: dict[str, RequestTrace] = {}
+        self.step_links: list[Link] = []
+
+    # -- phases ---------------------------------------------------------------------------------
+
+    def _enter(self, rt: RequestTrace, name: str, start_ns: int, **attributes) -> None:
+        """End the current phase span at ``start_ns`` and open the next one there."""
+        self._leave(rt, start_ns)
+        context = trace.set_span_in_context(rt.span)
+        rt.phase = self.tracer.start_span(name, context=context, start_time=start_ns, attributes=attributes)
+        rt.phase_name = name
+        rt.outputs_at_phase_start = rt.request.num_output_tokens
+
+    def _leave(self, rt: RequestTrace, end_ns: int) -> None:
+        if rt.phase is not None:
+            rt.phase.end(end_time=end_ns)
+            rt.phase, rt.phase_name = None, ""
+
+    def _account_step(self, rt: RequestTrace, step_id: int | None) -> None:
+        """Close out the step that just ran for this request: a prefill chunk event, maybe the switch to decode."""
+        before, rt.computed_before_step = rt.computed_before_step, None
+        if before is None or rt.phase_name != "prefill":
+            return
+        request = rt.request
+        produced = request.num_output_tokens > rt.outputs_at_phase_start
+        when = epoch_ns(request.times.last_token) if produced else time.time_ns()
+        chunk = {"spyglass.num_tokens": request.num_computed_tokens - before,
+                 "spyglass.num_computed_tokens": request.num_computed_tokens}  # fmt: skip
+        if step_id is not None:
+            chunk["spyglass.step.id"] = step_id
+        rt.phase.add_event("prefill_chunk", chunk, timestamp=when)
+        if produced and not request.is_finished:
+            self._enter(rt, "decode", when)
+
+    # -- hook handlers ----------------------------------------------------------------------------
+
+    def added(self, request: Request) -> None:
+        parent = request.attributes.get("otel_context")
+        start = epoch_ns(request.times.arrival)
+        span = self.tracer.start_span(
+            f"{attrs.operation_name(request)} {self.model}",
+            context=parent if isinstance(parent, Context) else Context(),
+            kind=SpanKind.INTERNAL,
+            start_time=start,
+            attributes=attrs.request_attributes(request, self.model),
+        )
+        if self.settings.trace_content:
+            span.set_attributes(attrs.input_content_attributes(request, self._prompt_text(request)))
+        tracing.remember_request_span(request, span.get_span_context())
+        rt = RequestTrace(request, span)
+        self.traces[request.req_id] = rt
+        self._enter(rt, "queue", start)
+
+    def scheduled(self, request: Request, resumed: bool) -> None:
+        rt = self.traces.get(request.req_id)
+        if rt is None:
+            return
+        now = epoch_ns(time.monotonic()) if resumed else epoch_ns(request.times.first_scheduled)
+        if resumed:
+            rt.span.add_event("resumed", timestamp=now)
+        self._enter(rt, "prefill", now, **{"spyglass.resumed": resumed,
+                                          "spyglass.num_cached_tokens": request.num_cached_tokens})  # fmt: skip
+
+    def first_token(self, request: Request) -> None:
+        rt = self.traces.get(request.req_id)
+        if rt is None:
+            return
+        when = epoch_ns(request.times.first_token)
+        rt.span.add_event("first_token", timestamp=when)
+        rt.span.set_attribute("langfuse.observation.completion_start_time", attrs.iso_time(when))
+
+    def preempted(self, request: Request) -> None:
+        rt = self.traces.get(request.req_id)
+        if rt is None:
+            return
+        now = time.time_ns()
+        rt.span.add_event("preempted", {"spyglass.num_computed_tokens": request.num_computed_tokens}, timestamp=now)
+        self._enter(rt, "preempted", now, **{"spyglass.num_output_tokens": request.num_output_tokens})
+
+    def finished(self, request: Request, reason: FinishReason) -> None:
+        rt = self.traces.pop(request.req_id, None)
+        if rt is None:
+            return
+        self._account_step(rt, None)
+        end = epoch_ns(request.times.finished)
+        self._leave(rt, end)
+        span = rt.span
+        span.add_event("finished", {"gen_ai.response.finish_reasons": [reason.value]}, timestamp=end)
+        span.set_attributes(attrs.finish_attributes(request, reason))
+        if self.settings.trace_content and self.tokenizer is not None:
+            span.set_attributes(attrs.output_content_attributes(self.tokenizer.decode(request.output_token_ids), reason))
+        if reason is FinishReason.ERROR:
+            span.set_status(Status(StatusCode.ERROR, request.error))
+        span.end(end_time=end)
+
+    def step_started(self, step_id: int, scheduled: tuple[Request, ...]) -> None:
+        self.step_links = []
+        for request in scheduled:
+            rt = self.traces.get(request.req_id)
+            if rt is not None:
+                rt.computed_before_step = request.num_computed_tokens
+                self.step_links.append(Link(rt.span.get_span_context()))
+
+    def step_finished(self, stats: StepStats) -> None:
+        for req_id in stats.req_ids:
+            rt = self.traces.get(req_id)
+            if rt is not None:
+                self._account_step(rt, stats.step_id)
+        if self.settings.trace_steps:
+            self._step_span(stats)
+        self.step_links = []
+
+    def _step_span(self, stats: StepStats) -> None:
+        span = self.tracer.start_span(
+            "engine_step",
+            context=Context(),
+            start_time=tracing.perf_counter_to_epoch_ns(stats.start_time),
+            links=self.step_links,
+            attributes={
+                "spyglass.step.id": stats.step_id,
+                "spyglass.step.batch_size": len(stats.req_ids),
+                "spyglass.step.num_prefill_reqs": stats.num_prefill_reqs,
+                "spyglass.step.num_decode_reqs": stats.num_decode_reqs,
+                "spyglass.step.num_scheduled_tokens": stats.num_scheduled_tokens,
+                "spyglass.step.num_prefill_tokens": stats.num_prefill_tokens,
+                "spyglass.step.num_generated_tokens": stats.num_generated_tokens,
+                "spyglass.step.num_preempted": stats.num_preempted,
+                "spyglass.step.num_running": stats.num_running,
+                "spyglass.step.num_waiting": stats.num_waiting,
+                "spyglass.step.kv_cache_usage": stats.kv_cache_usage,
+                "spyglass.step.schedule_time": stats.schedule_time,
+                "spyglass.step.model_time": stats.model_time,
+                "spyglass.step.update_time": stats.update_time,
+                "llm.model_name": self.model,
+            },
+        )
+        span.end(end_time=tracing.perf_counter_to_epoch_ns(stats.end_time))
+
+    def stopped(self) -> None:
+        """End whatever is still open (the engine aborts live requests before this, so normally nothing)."""
+        now = time.time_ns()
+        for rt in self.traces.values():
+            self._leave(rt, now)
+            rt.span.end(end_time=now)
+        self.traces.clear()
+
+    def _prompt_text(self, request: Request) -> str:
+        if request.prompt is not None:
+            return request.prompt
+        return self.tokenizer.decode(request.prompt_token_ids) if self.tokenizer is not None else ""
+
+
+_tracer: RequestTracer | None = None
+
+
+@hookimpl
+def spyglass_engine_started(info):
+    """Start tracing this engine's requests if tracing is on and spans have somewhere to go."""
+    global _tracer
+    settings = telemetry_settings.current()
+    tracer = tracing.get_tracer() if settings.tracing else None
+    _tracer = RequestTracer(tracer, info, settings) if tracer is not None else None
+
+
+@hookimpl
+def spyglass_engine_stopped(info):
+    """Close any span left open."""
+    global _tracer
+    if _tracer is not None and _tracer.model == info.model_name:
+        _tracer.stopped()
+        _tracer = None
+
+
+@hookimpl(tryfirst=True)
+def spyglass_request_added(request):
+    """Open the request span and its queue span (first, so other plugins can log its trace id)."""
+    if _tracer is not None:
+        _tracer.added(request)
+
+
+@hookimpl
+def spyglass_request_scheduled(request, resumed):
+    """End the queue (or preempted) span; open a prefill span."""
+    if _tracer is not None:
+        _tracer.scheduled(request, resumed)
+
+
+@hookimpl
+def spyglass_request_first_token(request):
+    """Mark the first token."""
+    if _tracer is not None:
+        _tracer.first_token(request)
+
+
+@hookimpl
+def spyglass_request_preempted(request):
+    """End the running phase; open a preempted span."""
+    if _tracer is not None:
+        _tracer.preempted(request)
+
+
+@hookimpl(tryfirst=True)
+def spyglass_request_finished(request, reason):
+    """Set usage, timings and finish reason; end the request's spans."""
+    if _tracer is not None:
+        _tracer.finished(request, reason)
+
+
+@hookimpl
+def spyglass_step_started(step_id, scheduled):
+    """Note what each scheduled request had computed, and the links for the step span."""
+    if _tracer is not None:
+        _tracer.step_started(step_id, scheduled)
+
+
+@hookimpl
+def spyglass_step_finished(stats):
+    """Prefill chunk events, prefill-to-decode switches, and the optional step span."""
+    if _tracer is not None:
+        _tracer.step_finished(stats)

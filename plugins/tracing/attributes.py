@@ -1,0 +1,139 @@
+"""Span attributes for a request, in the GenAI, OpenInference and Langfuse conventions at once."""
+
+import json
+from datetime import datetime, timezone
+
+from spyglass.core.request import FinishReason, Request
+
+PROVIDER = "spyglass"
+
+
+def operation_name(request: Request) -> str:
+    """``chat`` or ``text_completion`` (what the HTTP handler put in ``request.attributes["operation"]``)."""
+    return request.attributes.get("operation", "text_completion")
+
+
+def invocation_parameters(request: Request) -> dict:
+    """The sampling parameters a reader of the trace needs, without defaults that say nothing."""
+    p = request.sampling_params
+    params = {"max_tokens": request.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
+    optional = {
+        "top_k": p.top_k or None,
+        "min_p": p.min_p or None,
+        "seed": p.seed,
+        "frequency_penalty": p.frequency_penalty or None,
+        "presence_penalty": p.presence_penalty or None,
+        "repetition_penalty": p.repetition_penalty if p.repetition_penalty != 1.0 else None,
+        "stop": list(p.stop) or None,
+        "n": p.n if p.n != 1 else None,
+        "logprobs": p.logprobs,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    return params
+
+
+def request_attributes(request: Request, model: str) -> dict:
+    """What is known when the request arrives."""
+    p = request.sampling_params
+    operation = operation_name(request)
+    attrs = {
+        "gen_ai.operation.name": operation,
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.request.model": model,
+        "gen_ai.response.model": model,
+        "gen_ai.response.id": request.req_id,
+        "gen_ai.request.max_tokens": request.max_tokens,
+        "gen_ai.request.temperature": p.temperature,
+        "gen_ai.request.top_p": p.top_p,
+        "gen_ai.usage.input_tokens": request.num_prompt_tokens,
+        "openinference.span.kind": "LLM",
+        "llm.model_name": model,
+        "llm.provider": PROVIDER,
+        "llm.invocation_parameters": json.dumps(invocation_parameters(request)),
+        "llm.token_count.prompt": request.num_prompt_tokens,
+        "spyglass.request.id": request.req_id,
+    }
+    optional = {
+        "gen_ai.request.top_k": p.top_k or None,
+        "gen_ai.request.seed": p.seed,
+        "gen_ai.request.frequency_penalty": p.frequency_penalty or None,
+        "gen_ai.request.presence_penalty": p.presence_penalty or None,
+        "gen_ai.request.stop_sequences": list(p.stop) or None,
+        "gen_ai.request.choice.count": p.n if p.n != 1 else None,
+        "gen_ai.request.stream": request.attributes.get("stream"),
+        "server.address": request.attributes.get("server.address"),
+        "server.port": request.attributes.get("server.port"),
+        "session.id": request.attributes.get("session_id"),
+        "user.id": request.attributes.get("user"),
+    }
+    attrs.update({k: v for k, v in optional.items() if v is not None})
+    return attrs
+
+
+def input_content_attributes(request: Request, prompt_text: str) -> dict:
+    """Prompt content (only when content tracing is on): chat messages if the API passed them, else the prompt."""
+    attrs = {"input.value": prompt_text, "input.mime_type": "text/plain"}
+    messages = request.attributes.get("messages")
+    if messages:
+        attrs["input.value"] = json.dumps(messages)
+        attrs["input.mime_type"] = "application/json"
+        for i, message in enumerate(messages):
+            attrs[f"llm.input_messages.{i}.message.role"] = str(message.get("role", ""))
+            attrs[f"llm.input_messages.{i}.message.content"] = _text(message.get("content"))
+        genai = [{"role": m.get("role"), "parts": [{"type": "text", "content": _text(m.get("content"))}]} for m in messages]
+    else:
+        genai = [{"role": "user", "parts": [{"type": "text", "content": prompt_text}]}]
+    attrs["gen_ai.input.messages"] = json.dumps(genai)
+    return attrs
+
+
+def output_content_attributes(text: str, reason: FinishReason) -> dict:
+    """Completion content (only when content tracing is on)."""
+    message = {"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": reason.value}
+    return {
+        "output.value": text,
+        "output.mime_type": "text/plain",
+        "llm.output_messages.0.message.role": "assistant",
+        "llm.output_messages.0.message.content": text,
+        "gen_ai.output.messages": json.dumps([message]),
+    }
+
+
+def _text(content) -> str:
+    """A message's content as text: OpenAI content parts are joined."""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+def finish_attributes(request: Request, reason: FinishReason) -> dict:
+    """Usage and timings, known when the request ends; latencies in seconds (vLLM's attribute names)."""
+    times = request.times
+    output_tokens = request.num_output_tokens
+    attrs = {
+        "gen_ai.response.finish_reasons": [reason.value],
+        "gen_ai.usage.output_tokens": output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": request.num_cached_tokens,
+        "llm.token_count.completion": output_tokens,
+        "llm.token_count.total": request.num_prompt_tokens + output_tokens,
+        "llm.token_count.prompt_details.cache_read": request.num_cached_tokens,
+        "spyglass.num_preemptions": request.num_preemptions,
+        "gen_ai.latency.e2e": times.finished - times.arrival,
+    }
+    if times.first_scheduled:
+        attrs["gen_ai.latency.time_in_queue"] = times.first_scheduled - times.arrival
+    if times.first_token:
+        attrs["gen_ai.latency.time_to_first_token"] = times.first_token - times.arrival
+        attrs["gen_ai.response.time_to_first_chunk"] = times.first_token - times.arrival
+        attrs["gen_ai.latency.time_in_model_prefill"] = times.first_token - times.first_scheduled
+        attrs["gen_ai.latency.time_in_model_decode"] = times.last_token - times.first_token
+        if output_tokens > 1:
+            attrs["gen_ai.latency.time_per_output_token"] = (times.last_token - times.first_token) / (output_tokens - 1)
+    if reason is FinishReason.ERROR:
+        attrs["error.type"] = (request.error or "error").split(":", 1)[0]
+    return attrs
+
+
+def iso_time(epoch_ns: int) -> str:
+    """Epoch nanoseconds as an ISO 8601 UTC timestamp (Langfuse's completion start time)."""
+    return datetime.fromtimestamp(epoch_ns / 1e9, tz=timezone.utc).isoformat()

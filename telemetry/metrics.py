@@ -1,0 +1,220 @@
+"""Every Prometheus metric Spyglass exports, defined once, in the default registry.
+
+Names follow vLLM's (``vllm:`` becomes ``spyglass:``) so existing dashboards and alerts carry
+over; every engine metric has a ``model_name`` label. The ``gen_ai_server_*`` histograms are the
+OpenTelemetry GenAI server metrics in Prometheus naming, with the convention's buckets. The
+plugins in ``plugins/metrics`` (and the prefix-cache and speculative-decoding plugins) record
+them from hook events; ``telemetry/http.py`` records the HTTP ones. Nothing here runs inside
+the model step.
+"""
+
+import os
+import time
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# The ``*_created`` series double the scrape size and no dashboard reads them (vLLM drops them too).
+disable_created_metrics()
+
+M = ["model_name"]
+
+# vLLM's buckets, with a few sub-10 ms ones added for per-token latencies on fast hardware.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                         1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+TOKEN_COUNT_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5))
+STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+STEP_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# OpenTelemetry GenAI semantic conventions: the buckets they specify for the server histograms.
+GEN_AI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+GEN_AI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+GEN_AI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+
+# -- scheduler state (set every step) ----------------------------------------------------------
+NUM_REQUESTS_RUNNING = Gauge("spyglass:num_requests_running", "Requests in the running batch.", M)
+NUM_REQUESTS_WAITING = Gauge("spyglass:num_requests_waiting", "Requests waiting to be scheduled.", M)
+NUM_REQUESTS_WAITING_BY_CLASS = Gauge(
+    "spyglass:num_requests_waiting_by_class",
+    "Waiting requests by the scheduling policy's class.",
+    M + ["scheduling_class"],
+)
+KV_CACHE_USAGE = Gauge("spyglass:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", M)
+
+# -- counters ----------------------------------------------------------------------------------
+PROMPT_TOKENS = Counter("spyglass:prompt_tokens", "Prefill tokens processed (prefix-cache hits included).", M)
+GENERATION_TOKENS = Counter("spyglass:generation_tokens", "Tokens generated.", M)
+NUM_PREEMPTIONS = Counter("spyglass:num_preemptions", "Requests preempted to free KV cache.", M)
+REQUEST_SUCCESS = Counter(
+    "spyglass:request_success", "Finished requests by finish reason (stop, length, abort, error).",
+    M + ["finished_reason"],
+)  # fmt: skip
+PREFIX_CACHE_QUERIES = Counter("spyglass:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", M)
+PREFIX_CACHE_HITS = Counter("spyglass:prefix_cache_hits", "Prompt tokens found in the prefix cache.", M)
+SPEC_DECODE_NUM_DRAFTS = Counter("spyglass:spec_decode_num_drafts", "Draft proposals verified.", M)
+SPEC_DECODE_NUM_DRAFT_TOKENS = Counter("spyglass:spec_decode_num_draft_tokens", "Draft tokens proposed.", M)
+SPEC_DECODE_NUM_ACCEPTED_TOKENS = Counter("spyglass:spec_decode_num_accepted_tokens", "Draft tokens accepted.", M)
+SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = Counter(
+    "spyglass:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the draft.",
+    M + ["position"],
+)  # fmt: skip
+PLUGIN_HOOK_ERRORS = Counter(
+    "spyglass:plugin_hook_errors", "Exceptions raised by plugin event hooks (logged, never fatal).",
+    M + ["plugin", "hook"],
+)  # fmt: skip
+
+# -- per-request histograms (observed when a request finishes; latencies carry trace exemplars) --
+TIME_TO_FIRST_TOKEN = Histogram(
+    "spyglass:time_to_first_token_seconds", "Arrival to first output token.", M, buckets=TTFT_BUCKETS
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "spyglass:inter_token_latency_seconds", "Time between consecutive output tokens.", M,
+    buckets=TOKEN_LATENCY_BUCKETS,
+)  # fmt: skip
+TIME_PER_OUTPUT_TOKEN = Histogram(
+    "spyglass:request_time_per_output_token_seconds", "Mean decode time per output token after the first.", M,
+    buckets=TOKEN_LATENCY_BUCKETS,
+)  # fmt: skip
+E2E_REQUEST_LATENCY = Histogram(
+    "spyglass:e2e_request_latency_seconds", "Arrival to finish.", M, buckets=REQUEST_LATENCY_BUCKETS
+)
+REQUEST_QUEUE_TIME = Histogram(
+    "spyglass:request_queue_time_seconds", "Arrival to first scheduled.", M, buckets=REQUEST_LATENCY_BUCKETS
+)
+REQUEST_PREFILL_TIME = Histogram(
+    "spyglass:request_prefill_time_seconds", "First scheduled to first token.", M, buckets=REQUEST_LATENCY_BUCKETS
+)
+REQUEST_DECODE_TIME = Histogram(
+    "spyglass:request_decode_time_seconds", "First token to last token.", M, buckets=REQUEST_LATENCY_BUCKETS
+)
+REQUEST_PROMPT_TOKENS = Histogram(
+    "spyglass:request_prompt_tokens", "Prompt length of finished requests.", M, buckets=TOKEN_COUNT_BUCKETS
+)
+REQUEST_GENERATION_TOKENS = Histogram(
+    "spyglass:request_generation_tokens", "Output length of finished requests.", M, buckets=TOKEN_COUNT_BUCKETS
+)
+REQUEST_NUM_PREEMPTIONS = Histogram(
+    "spyglass:request_num_preemptions", "Preemptions per finished request.", M, buckets=(0, 1, 2, 4, 8, 16)
+)
+
+# -- per-step histograms -----------------------------------------------------------------------
+ITERATION_TOKENS = Histogram(
+    "spyglass:iteration_tokens_total", "Tokens scheduled per engine step.", M, buckets=STEP_TOKEN_BUCKETS
+)
+ENGINE_STEP_DURATION = Histogram(
+    "spyglass:engine_step_duration_seconds", "Wall time of one engine step (schedule, model, update).", M,
+    buckets=STEP_DURATION_BUCKETS,
+)  # fmt: skip
+ENGINE_STEP_PHASE_DURATION = Histogram(
+    "spyglass:engine_step_phase_duration_seconds", "Wall time of each step phase (schedule, model, update).",
+    M + ["phase"], buckets=STEP_DURATION_BUCKETS,
+)  # fmt: skip
+ENGINE_STEP_BATCH_SIZE = Histogram(
+    "spyglass:engine_step_batch_size", "Requests in each step's batch.", M, buckets=BATCH_SIZE_BUCKETS
+)
+
+# -- service-level objectives ------------------------------------------------------------------
+SLO_TTFT_TARGET = Gauge("spyglass:slo_ttft_target_seconds", "The time-to-first-token target.", M)
+SLO_TPOT_TARGET = Gauge("spyglass:slo_tpot_target_seconds", "The time-per-output-token target.", M)
+SLO_REQUESTS = Counter("spyglass:slo_requests", "Finished requests judged against the SLOs (aborts excluded).", M)
+SLO_TTFT_MET = Counter("spyglass:slo_ttft_met_requests", "Requests whose TTFT met its target.", M)
+SLO_TPOT_MET = Counter("spyglass:slo_tpot_met_requests", "Requests whose TPOT met its target.", M)
+SLO_MET = Counter("spyglass:slo_met_requests", "Requests that met both targets (goodput).", M)
+
+# -- OpenTelemetry GenAI server metrics --------------------------------------------------------
+GEN_AI = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"]
+GEN_AI_TIME_TO_FIRST_TOKEN = Histogram(
+    "gen_ai_server_time_to_first_token_seconds", "gen_ai.server.time_to_first_token", GEN_AI,
+    buckets=GEN_AI_TTFT_BUCKETS,
+)  # fmt: skip
+GEN_AI_TIME_PER_OUTPUT_TOKEN = Histogram(
+    "gen_ai_server_time_per_output_token_seconds", "gen_ai.server.time_per_output_token", GEN_AI,
+    buckets=GEN_AI_TPOT_BUCKETS,
+)  # fmt: skip
+GEN_AI_REQUEST_DURATION = Histogram(
+    "gen_ai_server_request_duration_seconds", "gen_ai.server.request.duration", GEN_AI + ["error_type"],
+    buckets=GEN_AI_DURATION_BUCKETS,
+)  # fmt: skip
+
+# -- HTTP ------------------------------------------------------------------------------------
+HTTP_REQUESTS = Counter("spyglass:http_requests", "HTTP requests by route template and status.", ["route", "status"])
+HTTP_REQUEST_DURATION = Histogram(
+    "spyglass:http_request_duration_seconds", "HTTP request handling time (until the response ends).", ["route"],
+    buckets=REQUEST_LATENCY_BUCKETS,
+)  # fmt: skip
+
+
+class DeviceCollector(Collector):
+    """Device utilisation read at scrape time: GPUs through NVML when available, else this process's CPU.
+
+    ``spyglass:device_utilization_perc`` is 0..1 (for the CPU: process CPU time over wall time,
+    divided by the usable cores, since the previous scrape); ``spyglass:device_memory_used_bytes``
+    is GPU memory in use, or the process's resident memory.
+    """
+
+    def __init__(self) -> None:
+        self._nvml_handles: list | None = None
+        self._last_cpu: tuple[float, float] | None = None
+
+    def _gpus(self) -> list:
+        if self._nvml_handles is None:
+            self._nvml_handles = []
+            try:
+                import pynvml
+                import torch
+
+                if torch.cuda.is_available():
+                    pynvml.nvmlInit()
+                    count = pynvml.nvmlDeviceGetCount()
+                    self._nvml_handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            except Exception:  # no NVML, no driver, no CUDA: fall back to the CPU
+                self._nvml_handles = []
+        return self._nvml_handles
+
+    def collect(self):
+        util = GaugeMetricFamily("spyglass:device_utilization_perc", "Device utilisation (0..1).", labels=["device"])
+        memory = GaugeMetricFamily("spyglass:device_memory_used_bytes", "Device memory in use.", labels=["device"])
+        gpus = self._gpus()
+        if gpus:
+            import pynvml
+
+            for index, handle in enumerate(gpus):
+                util.add_metric([f"cuda:{index}"], pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
+                memory.add_metric([f"cuda:{index}"], pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        else:
+            util.add_metric(["cpu"], self._cpu_utilization())
+            memory.add_metric(["cpu"], _resident_bytes())
+        yield util
+        yield memory
+
+    def _cpu_utilization(self) -> float:
+        times = os.times()
+        sample = (times.user + times.system, time.monotonic())
+        last, self._last_cpu = self._last_cpu, sample
+        if last is None or sample[1] <= last[1]:
+            return 0.0
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return min(1.0, (sample[0] - last[0]) / (sample[1] - last[1]) / cores)
+
+    def describe(self):
+        return []
+
+
+def _resident_bytes() -> float:
+    try:
+        import psutil
+
+        return float(psutil.Process().memory_info().rss)
+    except ImportError:
+        import resource
+
+        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # peak, in KiB on Linux
+
+
+DEVICE = DeviceCollector()
+REGISTRY.register(DEVICE)

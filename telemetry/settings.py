@@ -1,0 +1,49 @@
+"""What telemetry the process emits: one dataclass, set once by the CLI before the engine starts.
+
+The telemetry plugins are module-level hook implementations, so they read their options from
+here (`current()`) when the engine starts rather than through constructor arguments.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySettings:
+    """Switches and targets for metrics, traces and request logs.
+
+    ``tracing`` only produces spans when an exporter is configured (``otlp_traces_endpoint``, the
+    standard ``OTEL_EXPORTER_OTLP_*`` variables, or a tracer provider installed by the caller).
+    ``trace_content`` and ``log_content`` put prompt and completion text into spans and logs;
+    they are off by default because prompts may be private. ``slo_*`` are the per-request
+    targets that the SLO attainment counters compare against.
+    """
+
+    metrics: bool = True
+    tracing: bool = True
+    trace_content: bool = False
+    trace_steps: bool = False
+    otlp_traces_endpoint: str | None = None
+    otlp_protocol: str | None = None
+    slo_ttft_s: float = 0.5
+    slo_tpot_s: float = 0.05
+    log_content: bool = False
+
+    def __post_init__(self) -> None:
+        if self.otlp_protocol not in (None, "grpc", "http/protobuf"):
+            raise ValueError(f"otlp_protocol must be grpc or http/protobuf, got {self.otlp_protocol!r}")
+        if self.slo_ttft_s <= 0 or self.slo_tpot_s <= 0:
+            raise ValueError("SLO targets must be positive")
+
+
+_current = TelemetrySettings()
+
+
+def configure(settings: TelemetrySettings) -> None:
+    """Make ``settings`` the process's telemetry settings; engines started afterwards use them."""
+    global _current
+    _current = settings
+
+
+def current() -> TelemetrySettings:
+    """The settings in force (defaults until `configure` is called)."""
+    return _current

@@ -1,0 +1,74 @@
+"""Many clients at once, and clients that leave mid-stream: every request ends and frees its KV blocks."""
+
+import asyncio
+import json
+
+import httpx
+import openai
+
+
+def _kv(server) -> dict:
+    return httpx.get(f"{server.base_url}/debug/kv", timeout=10).json()
+
+
+def _all_free(server) -> bool:
+    stats = _kv(server)
+    return stats["num_requests"] == 0 and stats["num_free_blocks"] == stats["num_blocks"]
+
+
+def test_32_concurrent_streaming_clients(tiny_server, wait_for):
+    client = openai.AsyncOpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+    async def one(i: int):
+        stream = await client.completions.create(
+            model="tiny", prompt=f"Request number {i}", max_tokens=8 + i, temperature=0.9, seed=i, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+        text, usage, finish = "", None, None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+                finish = chunk.choices[0].finish_reason or finish
+            usage = chunk.usage or usage
+        return i, text, usage, finish
+
+    async def run_all():
+        try:
+            return await asyncio.gather(*(one(i) for i in range(32)))
+        finally:
+            await client.close()
+
+    results = asyncio.run(run_all())
+    for i, text, usage, finish in results:
+        assert finish == "length" and text
+        assert usage.completion_tokens == 8 + i
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    wait_for(lambda: _all_free(tiny_server))
+
+
+def test_disconnect_mid_stream_aborts_the_request(tiny_server, wait_for):
+    body = {"model": "tiny", "prompt": "Tell me everything", "max_tokens": 12000, "stream": True,
+            "ignore_eos": True, "n": 2}
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", f"{tiny_server.base_url}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            events = 0
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    assert "error" not in json.loads(line[6:])
+                    events += 1
+                if events == 5:
+                    assert _kv(tiny_server)["num_requests"] == 2
+                    break
+    # Closing the connection must abort both engine requests long before 12000 tokens.
+    wait_for(lambda: _all_free(tiny_server), timeout=10)
+    assert httpx.post(f"{tiny_server.base_url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_disconnect_of_a_chat_stream(tiny_server, wait_for):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 12000, "stream": True, "ignore_eos": True}
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", f"{tiny_server.base_url}/v1/chat/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+    wait_for(lambda: _all_free(tiny_server), timeout=10)

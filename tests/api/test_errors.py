@@ -1,0 +1,81 @@
+"""Bad input gets an OpenAI-shaped 4xx, never a 500 or a hang, and the server keeps serving."""
+
+import httpx
+import pytest
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+USER = [{"role": "user", "content": "hi"}]
+
+# (path, raw body or JSON object, status, param)
+BAD_INPUTS = [
+    (COMPLETIONS, b'{"prompt": "hi", ', 400, None),
+    (COMPLETIONS, b"not json at all", 400, None),
+    (COMPLETIONS, [1, 2], 400, None),
+    (COMPLETIONS, {}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    (COMPLETIONS, {"prompt": 42}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": -5}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "hi", "temperature": -0.1}, 400, "temperature"),
+    (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    (COMPLETIONS, {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n"),
+    (COMPLETIONS, {"prompt": "hi", "seed": 2**70}, 400, "seed"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 10**6}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 10**6, "stream": True}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": ""}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": []}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": [[]]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": [10**9]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": [True, 2]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
+    (CHAT, {"messages": []}, 400, "messages"),
+    (CHAT, {}, 400, "messages"),
+    (CHAT, {"messages": "hi"}, 400, "messages"),
+    (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages"),
+    (CHAT, {"messages": USER, "model": "nope"}, 404, "model"),
+    (CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, "max_tokens"),
+    (CHAT, {"messages": USER, "temperature": -1, "stream": True}, 400, "temperature"),
+    (CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs"),
+    (CHAT, {"messages": USER, "max_tokens": 10**6}, 400, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param"), BAD_INPUTS)
+def test_bad_input_gets_openai_error(tiny_server, path, body, status, param):
+    url = tiny_server.base_url + path
+    with httpx.Client(timeout=30) as client:
+        if isinstance(body, bytes):
+            response = client.post(url, content=body, headers={"content-type": "application/json"})
+        else:
+            response = client.post(url, json=body)
+        assert response.status_code == status, response.text
+        assert response.headers["content-type"].startswith("application/json")
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        assert error["param"] == param
+        # The server is still fine.
+        assert client.get(f"{tiny_server.base_url}/health").status_code == 200
+
+
+def test_oversized_body_gets_413(tiny_server):
+    body = b'{"prompt": "' + b"a" * (2 << 20) + b'"}'
+    response = httpx.post(f"{tiny_server.base_url}{COMPLETIONS}", content=body,
+                          headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_unknown_route_and_method_are_openai_shaped(tiny_server):
+    assert httpx.get(f"{tiny_server.base_url}/v1/nothing").json()["error"]["message"]
+    response = httpx.get(f"{tiny_server.base_url}{COMPLETIONS}")
+    assert response.status_code == 405 and "error" in response.json()
+
+
+def test_model_may_be_omitted(tiny_server):
+    response = httpx.post(f"{tiny_server.base_url}{COMPLETIONS}", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+    assert response.status_code == 200 and response.json()["model"] == "tiny"

@@ -1,0 +1,149 @@
+"""The metrics plugin: values in the default registry after a run, exemplars, hook errors, devices."""
+
+import re
+
+import pytest
+from prometheus_client import REGISTRY
+
+from spyglass.core.hookspecs import hookimpl
+from spyglass.core.plugin_manager import create_plugin_manager
+from spyglass.core.sampling_params import SamplingParams
+from spyglass.telemetry.exposition import render_metrics
+
+
+class Registry:
+    """Read samples by metric name and labels; ``delta`` is the change since construction."""
+
+    def __init__(self, model: str):
+        self.model = model
+        self.before = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in REGISTRY.collect() for s in m.samples}
+
+    def value(self, name: str, **labels) -> float:
+        labels.setdefault("model_name", self.model)
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    def delta(self, name: str, **labels) -> float:
+        labels.setdefault("model_name", self.model)
+        return self.value(name, **labels) - self.before.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture
+def engine_and_registry(use_settings, make_engine):
+    def make(settings=None, **engine_options):
+        use_settings(**(settings or {}))
+        engine = make_engine(**engine_options)
+        return engine, Registry(engine.model_name)
+
+    return make
+
+
+def test_request_and_step_metrics_after_a_run(engine_and_registry, run_to_completion):
+    engine, reg = engine_and_registry({"slo_ttft_s": 1000.0, "slo_tpot_s": 1000.0}, max_num_batched_tokens=8)
+    prompts = [list(range(10, 22)), list(range(30, 35)), list(range(40, 43))]
+    max_tokens = [6, 4, 1]
+    for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
+        attributes = {"operation": "chat"} if i == 0 else None
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n, ignore_eos=True), attributes=attributes)
+    run_to_completion(engine)
+
+    assert reg.delta("spyglass:request_success_total", finished_reason="length") == 3
+    assert reg.delta("spyglass:prompt_tokens_total") == sum(map(len, prompts))
+    assert reg.delta("spyglass:generation_tokens_total") == sum(max_tokens)
+    for name in ("time_to_first_token", "e2e_request_latency", "request_queue_time", "request_prefill_time",
+                 "request_decode_time"):  # fmt: skip
+        assert reg.delta(f"spyglass:{name}_seconds_count") == 3, name
+    assert reg.delta("spyglass:request_time_per_output_token_seconds_count") == 2  # one-token requests have none
+    assert reg.delta("spyglass:inter_token_latency_seconds_count") == sum(n - 1 for n in max_tokens)
+    assert reg.delta("spyglass:request_prompt_tokens_sum") == sum(map(len, prompts))
+    assert reg.delta("spyglass:request_generation_tokens_sum") == sum(max_tokens)
+    computed = sum(len(p) + n - 1 for p, n in zip(prompts, max_tokens))
+    assert reg.delta("spyglass:iteration_tokens_total_sum") == computed
+    steps = reg.delta("spyglass:engine_step_duration_seconds_count")
+    assert steps >= computed / 8
+    assert reg.delta("spyglass:engine_step_batch_size_count") == steps
+    assert reg.delta("spyglass:engine_step_phase_duration_seconds_count", phase="model") == steps
+    assert reg.value("spyglass:num_requests_running") == reg.value("spyglass:num_requests_waiting") == 0
+    assert reg.value("spyglass:num_requests_waiting_by_class", scheduling_class="default") == 0
+    assert reg.value("spyglass:kv_cache_usage_perc") == 0
+    assert reg.delta("spyglass:slo_requests_total") == reg.delta("spyglass:slo_met_requests_total") == 3
+    assert reg.value("spyglass:slo_ttft_target_seconds") == 1000.0
+
+    gen_ai = {"gen_ai_provider_name": "spyglass", "gen_ai_request_model": engine.model_name, "model_name": None}
+    chat = {**gen_ai, "gen_ai_operation_name": "chat"}
+    chat = {k: v for k, v in chat.items() if v is not None}
+    text = {**chat, "gen_ai_operation_name": "text_completion"}
+    assert REGISTRY.get_sample_value("gen_ai_server_time_to_first_token_seconds_count", chat) >= 1
+    assert REGISTRY.get_sample_value("gen_ai_server_time_per_output_token_seconds_count", text) >= 1
+    assert REGISTRY.get_sample_value("gen_ai_server_request_duration_seconds_count", {**text, "error_type": ""}) >= 2
+
+
+def test_gauges_mid_run_slo_misses_preemptions_and_aborts(engine_and_registry):
+    engine, reg = engine_and_registry({"slo_ttft_s": 1e-9, "slo_tpot_s": 1e-9}, num_kv_blocks=4, block_size=16)
+    for req_id in ("a", "b"):
+        engine.add_request(req_id, list(range(1, 21)), SamplingParams(max_tokens=30, ignore_eos=True))
+    engine.step()
+    assert reg.value("spyglass:num_requests_running") == 2
+    assert 0 < reg.value("spyglass:kv_cache_usage_perc") <= 1
+    while engine.has_unfinished_requests:
+        engine.step()
+    assert reg.delta("spyglass:num_preemptions_total") >= 1
+    assert reg.delta("spyglass:request_num_preemptions_sum") == reg.delta("spyglass:num_preemptions_total")
+    assert reg.delta("spyglass:slo_requests_total") == 2
+    assert reg.delta("spyglass:slo_ttft_met_requests_total") == reg.delta("spyglass:slo_met_requests_total") == 0
+
+    engine.add_request("c", [5, 6, 7], SamplingParams(max_tokens=20))
+    engine.step()
+    engine.abort("c")
+    assert reg.delta("spyglass:request_success_total", finished_reason="abort") == 1
+    assert reg.delta("spyglass:slo_requests_total") == 2  # aborts are not judged
+
+
+def test_exemplars_link_latency_buckets_to_traces(engine_and_registry, span_exporter, run_to_completion):
+    engine, reg = engine_and_registry({})
+    engine.add_request("ex", [1, 2, 3, 4], SamplingParams(max_tokens=3, ignore_eos=True))
+    run_to_completion(engine)
+    (span,) = [s for s in span_exporter.get_finished_spans() if s.name.startswith("text_completion")]
+    trace_id = format(span.context.trace_id, "032x")
+    body, content_type = render_metrics("application/openmetrics-text; version=1.0.0")
+    text = body.decode()
+    assert content_type.startswith("application/openmetrics-text")
+    assert text.rstrip().endswith("# EOF")
+    assert "spyglass_" not in text  # prometheus/client_python#1177 would mangle the colon
+    for name in ("time_to_first_token", "e2e_request_latency", "request_time_per_output_token"):
+        pattern = rf'^spyglass:{name}_seconds_bucket\{{.*\}} \S+ # \{{trace_id="{trace_id}"\}}'
+        assert re.search(pattern, text, re.M), name
+    plain, plain_type = render_metrics("text/plain")
+    assert plain_type.startswith("text/plain") and b"# {trace_id" not in plain
+
+
+class FailingPlugin:
+    @hookimpl
+    def spyglass_step_finished(self, stats):
+        raise RuntimeError("boom")
+
+
+def test_plugin_hook_errors_are_counted(use_settings, tiny_llama_dir, run_to_completion):
+    from spyglass.core.config import EngineConfig
+    from spyglass.core.engine import LLMEngine
+
+    use_settings()
+    pm = create_plugin_manager()
+    pm.register(FailingPlugin(), name="failing")
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32"), plugin_manager=pm)
+    reg = Registry(engine.model_name)
+    engine.add_request("e", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+    run_to_completion(engine)
+    engine.shutdown()
+    errors = reg.delta("spyglass:plugin_hook_errors_total", plugin="failing", hook="spyglass_step_finished")
+    assert errors == engine.hooks.num_errors["failing.spyglass_step_finished"] == 3
+
+
+def test_device_utilisation_and_metrics_off(engine_and_registry, run_to_completion):
+    utilisation = REGISTRY.get_sample_value("spyglass:device_utilization_perc", {"device": "cpu"})
+    assert utilisation is not None and 0 <= utilisation <= 1
+    assert REGISTRY.get_sample_value("spyglass:device_memory_used_bytes", {"device": "cpu"}) > 0
+
+    engine, reg = engine_and_registry({"metrics": False})
+    engine.add_request("off", [1, 2, 3], SamplingParams(max_tokens=2))
+    run_to_completion(engine)
+    assert reg.delta("spyglass:request_success_total", finished_reason="length") == 0

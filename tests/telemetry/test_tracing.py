@@ -1,0 +1,140 @@
+"""The tracing plugin: request span trees, GenAI/OpenInference attributes, content opt-in, step spans."""
+
+import json
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from spyglass.core.sampling_params import SamplingParams
+
+PROMPT = "The quick brown fox jumps over the lazy dog, again and again and again"
+CONTENT_KEYS = ("input.value", "output.value", "gen_ai.input.messages", "gen_ai.output.messages")
+
+
+def by_name(spans, name):
+    return [s for s in spans if s.name == name]
+
+
+def children(spans, parent):
+    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+def test_request_span_tree_attributes_and_step_links(use_settings, span_exporter, make_engine, run_to_completion):
+    use_settings(trace_steps=True)
+    engine = make_engine(max_num_batched_tokens=8)  # forces chunked prefill
+    model = engine.model_name
+    prompt_ids = engine.tokenizer.encode(PROMPT)
+    assert len(prompt_ids) > 8
+    http_span = TracerProvider().get_tracer("test").start_span("POST /v1/chat/completions")
+    http_context = trace.set_span_in_context(http_span)
+    params = SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, top_k=40, seed=7, ignore_eos=True)
+    engine.add_request("chat-1", prompt_ids, params, prompt=PROMPT,
+                       attributes={"operation": "chat", "otel_context": http_context, "stream": True})  # fmt: skip
+    engine.add_request("cmpl-2", prompt_ids[:3], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    run_to_completion(engine)
+    spans = span_exporter.get_finished_spans()
+
+    (chat,) = by_name(spans, f"chat {model}")
+    (completion,) = by_name(spans, f"text_completion {model}")
+    assert chat.parent.span_id == http_span.get_span_context().span_id
+    assert chat.context.trace_id == http_span.get_span_context().trace_id
+    assert completion.parent is None  # offline use: a trace of its own
+
+    a = chat.attributes
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "spyglass"
+    assert a["gen_ai.request.model"] == model and a["llm.model_name"] == model
+    assert (a["gen_ai.request.max_tokens"], a["gen_ai.request.temperature"]) == (5, 0.7)
+    assert (a["gen_ai.request.top_p"], a["gen_ai.request.top_k"], a["gen_ai.request.seed"]) == (0.9, 40, 7)
+    assert a["gen_ai.request.stream"] is True and a["gen_ai.response.id"] == "chat-1"
+    assert a["gen_ai.usage.input_tokens"] == a["llm.token_count.prompt"] == len(prompt_ids)
+    assert a["gen_ai.usage.output_tokens"] == a["llm.token_count.completion"] == 5
+    assert a["llm.token_count.total"] == len(prompt_ids) + 5
+    assert a["gen_ai.usage.cache_read.input_tokens"] == a["llm.token_count.prompt_details.cache_read"] == 0
+    assert tuple(a["gen_ai.response.finish_reasons"]) == ("length",)
+    assert a["openinference.span.kind"] == "LLM"
+    assert json.loads(a["llm.invocation_parameters"])["seed"] == 7
+    assert a["langfuse.observation.completion_start_time"].endswith("+00:00")
+    for key in ("time_in_queue", "time_to_first_token", "time_in_model_prefill", "time_in_model_decode", "e2e"):
+        assert a[f"gen_ai.latency.{key}"] >= 0
+    assert not any(key in a for key in CONTENT_KEYS) and not any(k.startswith("llm.input_messages") for k in a)
+    assert [e.name for e in chat.events] == ["first_token", "finished"]
+
+    phases = sorted(children(spans, chat), key=lambda s: s.start_time)
+    assert [s.name for s in phases] == ["queue", "prefill", "decode"]
+    assert chat.start_time == phases[0].start_time and phases[-1].end_time == chat.end_time
+    for earlier, later in zip(phases, phases[1:]):
+        assert earlier.end_time == later.start_time
+    chunks = [e for e in phases[1].events if e.name == "prefill_chunk"]
+    assert len(chunks) >= 2
+    assert sum(e.attributes["spyglass.num_tokens"] for e in chunks) == len(prompt_ids)
+    first_token_event = next(e for e in chat.events if e.name == "first_token")
+    assert phases[1].end_time == first_token_event.timestamp
+
+    steps = by_name(spans, "engine_step")
+    step_ids = sorted(s.attributes["spyglass.step.id"] for s in steps)
+    assert step_ids == list(range(step_ids[0], step_ids[0] + len(steps)))
+    # Every token but each request's last sampled one went through a step.
+    assert sum(s.attributes["spyglass.step.num_scheduled_tokens"] for s in steps) == len(prompt_ids) + 4 + 3 + 2
+    request_contexts = {(s.context.trace_id, s.context.span_id) for s in (chat, completion)}
+    linked = {(link.context.trace_id, link.context.span_id) for step in steps for link in step.links}
+    assert linked == request_contexts
+    for step in steps:
+        assert step.parent is None
+        assert step.attributes["spyglass.step.batch_size"] == len(step.links)
+        assert step.attributes["spyglass.step.num_scheduled_tokens"] <= 8
+    assert sum(s.attributes["spyglass.step.num_generated_tokens"] for s in steps) == 5 + 3
+
+
+def test_content_only_when_opted_in(use_settings, span_exporter, make_engine, run_to_completion):
+    use_settings(trace_content=True)
+    engine = make_engine()
+    messages = [{"role": "user", "content": "Say hi"}]
+    engine.add_request("c", engine.tokenizer.encode(PROMPT), SamplingParams(max_tokens=4, temperature=0),
+                       prompt=PROMPT, attributes={"operation": "chat", "messages": messages})  # fmt: skip
+    engine.add_request("t", engine.tokenizer.encode(PROMPT), SamplingParams(max_tokens=4, temperature=0), prompt=PROMPT)
+    outputs = run_to_completion(engine)
+    spans = {s.attributes.get("gen_ai.response.id"): s for s in span_exporter.get_finished_spans()}
+    chat, text = spans["c"].attributes, spans["t"].attributes
+    assert text["input.value"] == PROMPT
+    assert text["output.value"] == engine.tokenizer.decode(outputs["t"].outputs[0].token_ids)
+    assert text["llm.output_messages.0.message.role"] == "assistant"
+    assert json.loads(text["gen_ai.output.messages"])[0]["parts"][0]["content"] == text["output.value"]
+    assert chat["llm.input_messages.0.message.content"] == "Say hi"
+    assert json.loads(chat["gen_ai.input.messages"]) == [{"role": "user", "parts": [{"type": "text", "content": "Say hi"}]}]
+
+
+def test_preemption_and_resumption_spans(use_settings, span_exporter, make_engine, run_to_completion):
+    use_settings()
+    engine = make_engine(num_kv_blocks=4, block_size=16)  # 64 token slots for two requests of 50
+    prompt_ids = engine.tokenizer.encode(PROMPT)[:20]
+    for req_id in ("a", "b"):
+        engine.add_request(req_id, prompt_ids, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    run_to_completion(engine)
+    spans = span_exporter.get_finished_spans()
+    requests = [s for s in spans if s.name.startswith("text_completion")]
+    victim = next(s for s in requests if s.attributes["spyglass.num_preemptions"] > 0)
+    phases = sorted(children(spans, victim), key=lambda s: s.start_time)
+    names = [s.name for s in phases]
+    assert names[:3] == ["queue", "prefill", "decode"] and "preempted" in names
+    after = names[names.index("preempted") + 1 :]
+    assert after[:2] == ["prefill", "decode"]
+    assert phases[names.index("preempted") + 1].attributes["spyglass.resumed"] is True
+    assert {"preempted", "resumed"} <= {e.name for e in victim.events}
+    assert victim.attributes["gen_ai.usage.output_tokens"] == 30
+
+
+def test_abort_and_no_spans_when_tracing_is_off(use_settings, span_exporter, make_engine, run_to_completion):
+    use_settings(tracing=False)
+    engine = make_engine()
+    engine.add_request("x", [1, 2, 3], SamplingParams(max_tokens=3))
+    run_to_completion(engine)
+    assert span_exporter.get_finished_spans() == ()
+
+    use_settings()
+    engine = make_engine()
+    engine.add_request("y", [1, 2, 3], SamplingParams(max_tokens=50))
+    engine.step()
+    engine.abort("y")
+    (span,) = [s for s in span_exporter.get_finished_spans() if s.name.startswith("text_completion")]
+    assert tuple(span.attributes["gen_ai.response.finish_reasons"]) == ("abort",)
+    assert all(s.end_time is not None for s in span_exporter.get_finished_spans())
