@@ -14,6 +14,8 @@ class EngineConfig:
     ``model`` is a GGUF file, an HF directory, or None for the default model. ``dtype`` "auto"
     picks bfloat16 (AMX makes it several times faster than float32 on CPU; tensor cores on GPU).
     ``kv_cache_memory`` is the KV budget in bytes; ``num_kv_blocks`` overrides it exactly.
+    ``speculative`` names a draft proposer plugin (ngram, draft, self); it is asked for up to
+    ``num_speculative_tokens`` drafts per decoding request each step.
     """
 
     model: str | None = None
@@ -31,6 +33,8 @@ class EngineConfig:
     disabled_plugins: list[str] = field(default_factory=list)
     num_threads: int | None = None
     seed: int = 0
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:

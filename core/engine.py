@@ -128,6 +128,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model, update requests; returns outputs of requests that progressed or ended."""
         start = time.perf_counter()
+        if self.config.speculative:
+            self._propose_drafts()
         out = self.scheduler.schedule()
         for request in out.preempted:
             self.hooks.spyglass_request_preempted(request=request)
@@ -157,6 +159,8 @@ class LLMEngine:
             request.num_computed_tokens += scheduled.num_new_tokens
             if request.is_finished:
                 continue
+            if scheduled.num_spec_tokens:
+                self._settle_drafts(request, scheduled.num_spec_tokens, len(token_ids) - 1)
             self.kv.announce_full_blocks(request)
             if not token_ids:
                 continue
@@ -166,6 +170,45 @@ class LLMEngine:
                     break
             outputs.append(self._output(request))
         return outputs
+
+    def _propose_drafts(self) -> None:
+        """Ask proposer plugins for drafts for the decoding requests that allow speculation."""
+        candidates = tuple(
+            r
+            for r in self.scheduler.running
+            if r.num_computed_tokens == r.num_tokens - 1
+            and r.sampling_params.speculative
+            and not r.sampling_params.has_penalties
+            and r.logprobs is None
+        )
+        if not candidates:
+            return
+        k = self.config.num_speculative_tokens
+        try:
+            proposals = (
+                self.hooks.spyglass_propose_drafts(
+                    method=self.config.speculative, requests=candidates, num_speculative_tokens=k
+                )
+                or {}
+            )
+        except Exception as error:
+            log.exception("draft proposer failed")
+            for request in candidates:
+                self._finish(request, FinishReason.ERROR, f"draft proposer failed: {type(error).__name__}: {error}")
+            return
+        for request in candidates:
+            room = min(k, request.max_tokens - request.num_output_tokens - 1, self.max_model_len - request.num_tokens - 1)
+            request.spec_token_ids = list(proposals.get(request.req_id, ()))[: max(room, 0)]
+
+    def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """Roll the computed count back past rejected drafts (their KV slots are simply overwritten later)."""
+        request.num_computed_tokens -= num_drafts - num_accepted
+        request.spec_token_ids = []
+        request.num_draft_tokens += num_drafts
+        request.num_accepted_tokens += num_accepted
+        self.hooks.spyglass_drafts_verified(
+            request=request, num_draft_tokens=num_drafts, num_accepted_tokens=num_accepted
+        )
 
     def _append_token(self, request: Request, token_id: int, logprob, now: float) -> None:
         request.output_token_ids.append(token_id)

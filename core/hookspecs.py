@@ -111,3 +111,26 @@ def spyglass_blocks_full(request: "Request", block_ids: "list[int]", num_new: in
 
     A prefix cache registers them here with ``block_pool.cache_block(block_id, hash)``.
     """
+
+
+@hookspec(firstresult=True)
+def spyglass_propose_drafts(
+    method: str, requests: "tuple[Request, ...]", num_speculative_tokens: int
+) -> "dict[str, list[int]] | None":
+    """Propose draft tokens to verify in the next step, keyed by ``req_id``; None to propose nothing.
+
+    ``method`` is the configured proposer (``--speculative NAME``): answer only to your own name.
+    Called once per step with the running requests that are decoding and have not opted out.
+    Each request's drafts follow its last token; the engine trims them to at most
+    ``num_speculative_tokens`` and to the request's remaining length, verifies them all in one
+    forward and keeps the output distribution unchanged whatever is proposed.
+    """
+
+
+@hookspec
+def spyglass_drafts_verified(request: "Request", num_draft_tokens: int, num_accepted_tokens: int) -> None:
+    """The request's ``num_draft_tokens`` drafts were verified this step and ``num_accepted_tokens`` accepted.
+
+    Accepted drafts are the leading ones; ``num_accepted_tokens`` per position can be derived
+    as positions ``0 .. num_accepted_tokens - 1``.
+    """

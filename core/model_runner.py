@@ -11,6 +11,7 @@ from spyglass.core.models.llama import LlamaForCausalLM
 from spyglass.core.outputs import Logprob
 from spyglass.core.sampler import sample
 from spyglass.core.scheduler import SchedulerOutput
+from spyglass.core.spec_verify import verify_drafts
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +104,36 @@ class ModelRunner:
         logits = self.model.forward(
             inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
         )
-        sampled_requests = [s.request for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
-        token_ids, logprobs = sample(logits, sampled_requests) if sampled_requests else ([], [])
-        per_request_tokens, per_request_logprobs = [], []
+        tokens, logprobs = self._sample(out, inputs.sampled_rows, logits)
+        return RunnerOutput(tokens, logprobs, time.perf_counter() - start)
+
+    @staticmethod
+    def _sample(out: SchedulerOutput, sampled_rows: tuple[bool, ...], logits: torch.Tensor):
+        """Per scheduled request: sampled tokens (drafts verified first) and their logprobs."""
+        plain_rows, plain_requests, spans = [], [], []
         row = 0
-        for is_sampled in inputs.sampled_rows:
-            per_request_tokens.append([token_ids[row]] if is_sampled else [])
-            per_request_logprobs.append([logprobs[row]] if is_sampled else [])
-            row += is_sampled
-        return RunnerOutput(tuple(per_request_tokens), tuple(per_request_logprobs), time.perf_counter() - start)
+        for scheduled, is_sampled in zip(out.scheduled, sampled_rows):
+            num_rows = scheduled.num_spec_tokens + 1 if is_sampled else 0
+            if num_rows == 1:
+                plain_rows.append(row)
+                plain_requests.append(scheduled.request)
+            spans.append((row, num_rows))
+            row += num_rows
+        plain_tokens, plain_logprobs = (
+            sample(logits[plain_rows], plain_requests) if plain_requests else ([], [])
+        )
+        plain = {r: (t, lp) for r, t, lp in zip(plain_rows, plain_tokens, plain_logprobs)}
+        tokens, logprobs = [], []
+        for scheduled, (first, num_rows) in zip(out.scheduled, spans):
+            if num_rows == 0:
+                tokens.append([])
+                logprobs.append([])
+            elif num_rows == 1:
+                tokens.append([plain[first][0]])
+                logprobs.append([plain[first][1]])
+            else:
+                drafts = scheduled.request.spec_token_ids[: scheduled.num_spec_tokens]
+                verified = verify_drafts(logits[first : first + num_rows], scheduled.request, drafts)
+                tokens.append(verified)
+                logprobs.append([None] * len(verified))
+        return tuple(tokens), tuple(logprobs)

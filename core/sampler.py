@@ -44,6 +44,15 @@ def _filter(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+def target_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """The distribution each row samples from: temperature, then top-k, top-p and min-p (greedy rows at T=1)."""
+    temperature = torch.tensor(
+        [r.sampling_params.temperature if not r.sampling_params.greedy else 1.0 for r in requests],
+        device=logits.device,
+    )
+    return _filter(logits / temperature.unsqueeze(1), requests).softmax(dim=-1)
+
+
 def _draw(probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     """Sample one token per row by the exponential race (argmax p/q, q ~ Exp(1)), using each request's seed."""
     noise = torch.empty_like(probs).exponential_()
@@ -66,13 +75,8 @@ def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], li
     if all(greedy):
         tokens = logits.argmax(dim=-1)
     else:
-        temperature = torch.tensor(
-            [r.sampling_params.temperature if not g else 1.0 for r, g in zip(requests, greedy)],
-            device=logits.device,
-        )
-        probs = _filter(logits / temperature.unsqueeze(1), requests).softmax(dim=-1)
         tokens = torch.where(
-            torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1), _draw(probs, requests)
+            torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1), _draw(target_probs(logits, requests), requests)
         )
     token_ids = tokens.tolist()
     return token_ids, _logprobs(raw, token_ids, requests)

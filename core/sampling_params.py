@@ -13,7 +13,11 @@ class InvalidRequestError(ValueError):
 
 @dataclass(slots=True)
 class SamplingParams:
-    """How to sample one completion; ``temperature == 0`` means greedy."""
+    """How to sample one completion; ``temperature == 0`` means greedy.
+
+    ``speculative=False`` opts this request out of speculative decoding; ``priority`` (lower runs
+    first) is read by the priority scheduling policy.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -30,6 +34,7 @@ class SamplingParams:
     logprobs: int | None = None
     n: int = 1
     priority: int = 0
+    speculative: bool = True
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

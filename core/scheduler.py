@@ -26,6 +26,8 @@ class SchedulerOutput:
     admitted: tuple[Request, ...]
     resumed: tuple[Request, ...]
     preempted: tuple[Request, ...]
+    # Requests a policy or prefix-cache decision failed on, with the error; already out of the queues.
+    failed: tuple[tuple[Request, str], ...] = ()
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -44,7 +46,10 @@ class Scheduler:
     Running requests are served first, in order; each gets all its outstanding tokens up to
     the budget (a long prompt is thus chunked across steps and mixed with decodes). When KV
     blocks run out the policy picks a victim, which loses its blocks and is recomputed later.
-    Waiting requests are admitted in the policy's order while blocks, budget and seats last.
+    Waiting requests are admitted in the policy's order while blocks, budget and seats last; a
+    `PreemptingPolicy` may preempt running work for a waiting request that does not fit.
+    A policy or prefix-cache plugin that raises fails the request it was deciding about (listed
+    in ``SchedulerOutput.failed``), never the engine.
     """
 
     def __init__(self, config: EngineConfig, kv: KVCacheManager, policy: SchedulingPolicy):
@@ -54,6 +59,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self._step_id = 0
+        self._failed: list[tuple[Request, str]] = []
 
     def add(self, request: Request) -> None:
         """Queue a new request."""
@@ -67,6 +73,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan the next step."""
         self._step_id += 1
+        self._failed = []
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -78,25 +85,53 @@ class Scheduler:
                 num_spec = max(0, request.num_computed_tokens + num_new - request.num_tokens)
                 scheduled.append(ScheduledRequest(request, num_new, num_spec))
                 budget -= num_new
-        admitted, resumed = [], []
+        admitted: list[Request] = []
+        resumed: list[Request] = []
         if not preempted:
-            for request in list(self.policy.admission_order(self.waiting, self.running)):
-                if budget == 0 or len(self.running) >= self.config.max_num_seqs:
-                    break
+            self._admit_waiting(scheduled, admitted, resumed, preempted)
+        return SchedulerOutput(
+            self._step_id, tuple(scheduled), tuple(admitted), tuple(resumed), tuple(preempted), tuple(self._failed)
+        )
+
+    def _admit_waiting(self, scheduled: list[ScheduledRequest], admitted: list, resumed: list, preempted: list) -> None:
+        """Admit waiting requests in the policy's order while budget, seats and blocks last."""
+        try:
+            order = list(self.policy.admission_order(self.waiting, self.running))
+        except Exception as error:
+            # Without an order nobody waiting can be admitted; fail them rather than spin forever.
+            for request in list(self.waiting):
+                self._fail(request, self._policy_error("admission_order", error))
+            return
+        admitted_now = admitted  # resumed requests are appended here too, then split below
+        for request in order:
+            budget = self.config.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            if request not in self.waiting:
+                continue
+            num_new = self._admit(request, budget)
+            while num_new == 0 and request in self.waiting and self._preempt_for(request, scheduled, preempted, admitted):
+                budget = self.config.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
                 num_new = self._admit(request, budget)
-                if num_new == 0:
+            if num_new == 0:
+                if request in self.waiting:
                     break
-                scheduled.append(ScheduledRequest(request, num_new))
-                (resumed if request.num_preemptions else admitted).append(request)
-                budget -= num_new
-        return SchedulerOutput(self._step_id, tuple(scheduled), tuple(admitted), tuple(resumed), tuple(preempted))
+                continue  # the request failed; try the next
+            scheduled.append(ScheduledRequest(request, num_new))
+            (resumed if request.num_preemptions else admitted).append(request)
 
     def _make_room(self, request: Request, num_new: int, scheduled, preempted: list[Request]) -> bool:
         """Allocate for a running request, preempting victims until it fits; False if it was preempted itself."""
         while not self.kv.allocate_slots(request, num_new):
             taken = {s.request.req_id for s in scheduled}
             candidates = [r for r in self.running if r.req_id not in taken]
-            victim = self.policy.choose_victim(candidates, request)
+            try:
+                victim = self.policy.choose_victim(candidates, request)
+                if victim is not None and victim not in candidates:
+                    raise ValueError(f"returned {victim!r}, which is not one of the candidates")
+            except Exception as error:
+                self._fail(request, self._policy_error("choose_victim", error))
+                return False
             if victim is None:
                 return False
             self._preempt(victim)
@@ -105,9 +140,38 @@ class Scheduler:
                 return False
         return True
 
+    def _preempt_for(self, request: Request, scheduled: list[ScheduledRequest], preempted: list, just_admitted: list) -> bool:
+        """Ask a `PreemptingPolicy` for a running victim to make room for a waiting request; True if one went.
+
+        Requests admitted this very step are not offered: they have not run yet.
+        """
+        should_preempt_for = getattr(self.policy, "should_preempt_for", None)
+        if should_preempt_for is None:
+            return False
+        try:
+            candidates = [r for r in self.running if r not in just_admitted]
+            victim = should_preempt_for(request, candidates)
+            if victim is not None and victim not in candidates:
+                raise ValueError(f"returned {victim!r}, which is not running")
+        except Exception as error:
+            self._fail(request, self._policy_error("should_preempt_for", error))
+            return False
+        if victim is None:
+            return False
+        scheduled[:] = [s for s in scheduled if s.request is not victim]
+        self._preempt(victim)
+        preempted.append(victim)
+        return True
+
     def _admit(self, request: Request, budget: int) -> int:
         """Give a waiting request blocks (reusing a cached prefix) and move it to running; 0 if it does not fit."""
-        prefix = self.kv.match_prefix(request) if request.num_computed_tokens == 0 else NO_MATCH
+        prefix = NO_MATCH
+        if request.num_computed_tokens == 0:
+            try:
+                prefix = self.kv.match_prefix(request)
+            except Exception as error:
+                self._fail(request, f"prefix cache lookup (spyglass_match_prefix) failed: {type(error).__name__}: {error}")
+                return 0
         num_cached = prefix.num_tokens
         num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, budget)
         if not self.kv.allocate_slots(request, num_new, prefix):
@@ -119,6 +183,19 @@ class Scheduler:
         self.running.append(request)
         request.status = RequestStatus.RUNNING
         return num_new
+
+    def _policy_error(self, method: str, error: Exception) -> str:
+        name = getattr(self.policy, "name", type(self.policy).__name__)
+        return f"scheduling policy {name!r} failed in {method}: {type(error).__name__}: {error}"
+
+    def _fail(self, request: Request, message: str) -> None:
+        """Take a request a decision failed on out of the queues; the engine finishes it with an error."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        self._failed.append((request, message))
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

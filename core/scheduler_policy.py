@@ -34,3 +34,20 @@ class SchedulingPolicy(Protocol):
     def waiting_class(self, request: Request) -> str:
         """A short label grouping waiting requests for metrics (priority level, tenant, ...)."""
         ...
+
+
+@runtime_checkable
+class PreemptingPolicy(SchedulingPolicy, Protocol):
+    """A policy that may also preempt running work for a waiting request (optional extension).
+
+    The scheduler calls `should_preempt_for` when a waiting request it is admitting does not get
+    KV blocks; a policy without the method never preempts for admissions (as FCFS).
+    """
+
+    def should_preempt_for(self, waiting_request: Request, running: Sequence[Request]) -> Request | None:
+        """Which of ``running`` to preempt so that ``waiting_request`` fits, or None to let it wait.
+
+        Asked again after each preemption until the request fits or None comes back, so return a
+        victim only while it is worth it (e.g. strictly lower priority), or the batch drains.
+        """
+        ...

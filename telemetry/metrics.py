@@ -149,6 +149,10 @@ HTTP_REQUEST_DURATION = Histogram(
 )  # fmt: skip
 
 
+DEVICE_UTILIZATION = "spyglass:device_utilization_perc"
+DEVICE_MEMORY_USED = "spyglass:device_memory_used_bytes"
+
+
 class DeviceCollector(Collector):
     """Device utilisation read at scrape time: GPUs through NVML when available, else this process's CPU.
 
@@ -177,8 +181,8 @@ class DeviceCollector(Collector):
         return self._nvml_handles
 
     def collect(self):
-        util = GaugeMetricFamily("spyglass:device_utilization_perc", "Device utilisation (0..1).", labels=["device"])
-        memory = GaugeMetricFamily("spyglass:device_memory_used_bytes", "Device memory in use.", labels=["device"])
+        util = GaugeMetricFamily(DEVICE_UTILIZATION, "Device utilisation (0..1).", labels=["device"])
+        memory = GaugeMetricFamily(DEVICE_MEMORY_USED, "Device memory in use.", labels=["device"])
         gpus = self._gpus()
         if gpus:
             import pynvml

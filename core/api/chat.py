@@ -5,6 +5,8 @@ from collections.abc import AsyncIterator
 
 import jinja2
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
@@ -56,7 +58,9 @@ def render_messages(messages: list[ChatMessage], tokenizer: Tokenizer) -> tuple[
 
 
 @post("/v1/chat/completions", summary="Create a chat completion", tags=["openai"], status_code=200)
-async def create_chat_completion(data: ChatCompletionRequest, request: Request, serving: ServingContext) -> Response:
+async def create_chat_completion(
+    data: JSONBody[ChatCompletionRequest], request: Request, serving: NamedDependency[ServingContext]
+) -> Response:
     """OpenAI's chat completions endpoint; ``stream=true`` answers with server-sent events."""
     serving.check_model(data.model)
     serving.admit()

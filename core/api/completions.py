@@ -4,6 +4,8 @@ import time
 from collections.abc import AsyncIterator
 
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
@@ -48,7 +50,9 @@ def _is_token_list(value) -> bool:
 
 
 @post("/v1/completions", summary="Create a completion", tags=["openai"], status_code=200)
-async def create_completion(data: CompletionRequest, request: Request, serving: ServingContext) -> Response:
+async def create_completion(
+    data: JSONBody[CompletionRequest], request: Request, serving: NamedDependency[ServingContext]
+) -> Response:
     """OpenAI's completions endpoint; ``stream=true`` answers with server-sent events."""
     serving.check_model(data.model)
     serving.admit()

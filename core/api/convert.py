@@ -133,6 +133,9 @@ def chat_logprobs(tokenizer: Tokenizer, logprobs: list[Logprob]) -> ChatLogprobs
     content = []
     for entry in logprobs:
         token = _token_text(tokenizer, entry.token_id)
-        top = [TopLogprob(t, lp, list(t.encode())) for t, lp in ((_token_text(tokenizer, i), v) for i, v in entry.top.items())]
+        top = []
+        for top_id, top_logprob in entry.top.items():
+            top_token = _token_text(tokenizer, top_id)
+            top.append(TopLogprob(top_token, top_logprob, list(top_token.encode())))
         content.append(ChatTokenLogprob(token, entry.logprob, list(token.encode()), top))
     return ChatLogprobs(content)

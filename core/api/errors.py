@@ -10,6 +10,7 @@ import re
 
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 
+from spyglass.core.async_engine import EngineDeadError
 from spyglass.core.sampling_params import InvalidRequestError
 
 log = logging.getLogger("spyglass.api")
@@ -64,6 +65,10 @@ def _invalid_request(_: Request, exc: InvalidRequestError) -> Response:
     return _respond(400, str(exc), exc.param)
 
 
+def _engine_dead(_: Request, exc: EngineDeadError) -> Response:
+    return _respond(503, str(exc), code="engine_unavailable")
+
+
 def _validation(_: Request, exc: ValidationException) -> Response:
     # Litestar lists msgspec's findings in ``extra``; the first one names the offending field.
     param, message = None, exc.detail
@@ -98,6 +103,7 @@ def _internal(request: Request, exc: Exception) -> Response:
 EXCEPTION_HANDLERS = {
     APIError: _api_error,
     InvalidRequestError: _invalid_request,
+    EngineDeadError: _engine_dead,
     ValidationException: _validation,
     HTTPException: _http,
     Exception: _internal,

@@ -1,6 +1,7 @@
 """The small endpoints: models, health, version, Prometheus metrics and a KV-cache debug view."""
 
 from litestar import MediaType, Request, Response, get
+from litestar.di import NamedDependency
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
@@ -10,13 +11,13 @@ from spyglass.core.api.schemas import ModelCard, ModelList
 
 
 @get("/v1/models", summary="List the served model", tags=["openai"])
-async def list_models(serving: ServingContext) -> ModelList:
+async def list_models(serving: NamedDependency[ServingContext]) -> ModelList:
     """The one model this server serves."""
     return ModelList([ModelCard(serving.model_name, serving.created, serving.max_model_len)])
 
 
 @get("/health", summary="Liveness", opt={"public": True}, media_type=MediaType.JSON)
-async def health(serving: ServingContext) -> Response:
+async def health(serving: NamedDependency[ServingContext]) -> Response:
     """200 while the engine loop runs and the server admits requests, 503 otherwise."""
     alive = serving.async_engine.is_alive and not serving.draining
     return Response({"status": "ok" if alive else "unavailable"}, status_code=200 if alive else 503)
@@ -49,7 +50,7 @@ def _kv_stats(engine) -> dict:
 
 
 @get("/debug/kv", summary="KV cache and queue sizes", tags=["debug"])
-async def debug_kv(serving: ServingContext) -> dict:
+async def debug_kv(serving: NamedDependency[ServingContext]) -> dict:
     """Free and total KV blocks, running and waiting requests, read in the engine thread between steps."""
     return await serving.engine_call(_kv_stats)
 

@@ -15,12 +15,16 @@ from spyglass.core.llm import parse_bytes
 def add_parser(subparsers) -> None:
     """Register the command."""
     parser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
-    parser.add_argument("model_positional", nargs="?", metavar="MODEL", help="GGUF file or HF directory (overrides --model)")
+    parser.add_argument(
+        "model_positional", nargs="?", metavar="MODEL", help="GGUF file or HF directory (overrides --model)"
+    )
     defaults = ServerOptions()
     group = parser.add_argument_group("server")
     group.add_argument("--host", default=defaults.host)
     group.add_argument("--port", type=int, default=defaults.port)
-    group.add_argument("--api-key", default=os.environ.get("SPYGLASS_API_KEY"), help="require this bearer key (env SPYGLASS_API_KEY)")
+    group.add_argument(
+        "--api-key", default=os.environ.get("SPYGLASS_API_KEY"), help="require this bearer key (env SPYGLASS_API_KEY)"
+    )
     group.add_argument("--metrics-require-key", action="store_true", help="put /metrics behind the API key too")
     group.add_argument("--max-body-bytes", default="4MiB", help="largest request body; bigger ones get a 413")
     group.add_argument("--max-queued-requests", type=int, default=defaults.max_queued_requests,
@@ -28,6 +32,7 @@ def add_parser(subparsers) -> None:
     group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
                        help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     group.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
+    group.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
     add_engine_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -68,6 +73,7 @@ def run(args) -> int:
         port=options.port,
         log_level="info",
         log_config=None,
+        access_log=not args.disable_access_log,
         timeout_graceful_shutdown=int(options.shutdown_timeout) + 5,
     )
     logging.getLogger("spyglass.api").info("starting on http://%s:%d", options.host, options.port)

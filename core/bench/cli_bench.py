@@ -1,8 +1,8 @@
 """``spyglass bench <name>``: one subcommand per benchmark module."""
 
-from spyglass.core.bench import throughput
+from spyglass.core.bench import serve, throughput
 
-BENCHMARKS = (throughput,)
+BENCHMARKS = (throughput, serve)
 
 
 def add_parser(subparsers) -> None:

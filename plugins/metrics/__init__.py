@@ -4,6 +4,8 @@ Every metric is defined in `spyglass.telemetry.metrics`; this plugin only record
 `MetricsRecorder` for the engine that started last (one engine per process is the serving case).
 """
 
+from prometheus_client.metrics import MetricWrapperBase
+
 from spyglass.core.hookspecs import hookimpl
 from spyglass.core.request import FinishReason, Request
 from spyglass.core.step_stats import EngineInfo, StepStats
@@ -59,6 +61,19 @@ class MetricsRecorder:
         self.slo_met = m.SLO_MET.labels(model)
         m.SLO_TTFT_TARGET.labels(model).set(settings.slo_ttft_s)
         m.SLO_TPOT_TARGET.labels(model).set(settings.slo_tpot_s)
+        self._export_zeros()
+
+    def _export_zeros(self) -> None:
+        """Create every label set known up front, so dashboards show 0 (not "no data") before the first event."""
+        for metric in vars(m).values():
+            if isinstance(metric, MetricWrapperBase) and metric._labelnames == ("model_name",):
+                metric.labels(self.model)
+        for reason in FinishReason:
+            m.REQUEST_SUCCESS.labels(self.model, reason.value)
+        for operation in ("chat", "text_completion"):
+            m.GEN_AI_TIME_TO_FIRST_TOKEN.labels(operation, PROVIDER, self.model)
+            m.GEN_AI_TIME_PER_OUTPUT_TOKEN.labels(operation, PROVIDER, self.model)
+            m.GEN_AI_REQUEST_DURATION.labels(operation, PROVIDER, self.model, "")
 
     def _gen_ai(self, request: Request) -> tuple[str, str, str]:
         return (request.attributes.get("operation", "text_completion"), PROVIDER, self.model)

@@ -33,15 +33,20 @@ def invocation_parameters(request: Request) -> dict:
 
 
 def request_attributes(request: Request, model: str) -> dict:
-    """What is known when the request arrives."""
+    """What is known when the request arrives.
+
+    Besides the sampling parameters it reads the keys the HTTP API puts in ``request.attributes``:
+    ``operation``, ``stream``, ``user``, ``request_model`` (the model the client named),
+    ``api_request_id`` (the response id the client sees), ``tenant`` and ``session_id``.
+    """
     p = request.sampling_params
-    operation = operation_name(request)
+    extra = request.attributes
     attrs = {
-        "gen_ai.operation.name": operation,
+        "gen_ai.operation.name": operation_name(request),
         "gen_ai.provider.name": PROVIDER,
-        "gen_ai.request.model": model,
+        "gen_ai.request.model": extra.get("request_model") or model,
         "gen_ai.response.model": model,
-        "gen_ai.response.id": request.req_id,
+        "gen_ai.response.id": extra.get("api_request_id") or request.req_id,
         "gen_ai.request.max_tokens": request.max_tokens,
         "gen_ai.request.temperature": p.temperature,
         "gen_ai.request.top_p": p.top_p,
@@ -60,11 +65,12 @@ def request_attributes(request: Request, model: str) -> dict:
         "gen_ai.request.presence_penalty": p.presence_penalty or None,
         "gen_ai.request.stop_sequences": list(p.stop) or None,
         "gen_ai.request.choice.count": p.n if p.n != 1 else None,
-        "gen_ai.request.stream": request.attributes.get("stream"),
-        "server.address": request.attributes.get("server.address"),
-        "server.port": request.attributes.get("server.port"),
-        "session.id": request.attributes.get("session_id"),
-        "user.id": request.attributes.get("user"),
+        "gen_ai.request.stream": extra.get("stream"),
+        "server.address": extra.get("server.address"),
+        "server.port": extra.get("server.port"),
+        "session.id": extra.get("session_id"),
+        "user.id": extra.get("user"),
+        "spyglass.tenant": extra.get("tenant"),
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     return attrs

@@ -13,7 +13,9 @@ import httpx
 import openai
 import pytest
 
-TINY_ARGS = ["--served-model-name", "tiny", "--kv-cache-memory", "64MiB", "--max-body-bytes", "1MiB", "--num-threads", "1"]
+TINY_ARGS = [
+    "--served-model-name", "tiny", "--kv-cache-memory", "64MiB", "--max-body-bytes", "1MiB", "--num-threads", "1"
+]
 
 
 @dataclass

@@ -1,0 +1,30 @@
+"""``spyglass bench serve`` against the tiny server: every request completes with the workload's lengths."""
+
+import json
+import subprocess
+import sys
+
+from spyglass.core.bench.workloads import w3_workload
+
+
+def test_bench_serve_reports_latencies(tiny_server, tmp_path):
+    out = tmp_path / "serve.json"
+    command = [sys.executable, "-m", "spyglass.core.cli", "bench", "serve", "--base-url", tiny_server.base_url,
+               "--num-prompts", "4", "--concurrency", "2", "--json", str(out)]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "Mean TTFT (ms):" in finished.stdout and "P99 ITL (ms):" in finished.stdout
+    record = json.loads(out.read_text())
+    workload = w3_workload(49152, 4, 3)
+    assert record["completed"] == 4 and record["failed"] == 0
+    assert record["total_output_tokens"] == sum(r.output_len for r in workload)
+    assert record["total_input_tokens"] == sum(len(r.prompt_token_ids) for r in workload)
+    assert record["ttft_ms"]["mean"] > 0 and record["e2e_ms"]["p99"] >= record["e2e_ms"]["median"]
+
+
+def test_bench_serve_with_a_rate(tiny_server):
+    command = [sys.executable, "-m", "spyglass.core.cli", "bench", "serve", "--base-url", tiny_server.base_url,
+               "--num-prompts", "3", "--rate", "20"]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "Successful requests:                    3" in finished.stdout

@@ -1,0 +1,112 @@
+"""Engine-test fixtures: engines built on shared checkpoints, a driver that runs them to completion, a preemption counter."""
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+
+from spyglass.core.checkpoint import Checkpoint, load_checkpoint
+from spyglass.core.config import EngineConfig
+from spyglass.core.engine import LLMEngine
+from spyglass.core.hookspecs import hookimpl
+from spyglass.core.outputs import RequestOutput
+from spyglass.core.sampling_params import SamplingParams
+
+_req_ids = itertools.count()
+
+
+class PreemptionCounter:
+    """A plugin that records every preemption the engine announces."""
+
+    def __init__(self):
+        self.req_ids: list[str] = []
+
+    @hookimpl
+    def spyglass_request_preempted(self, request):
+        """Record the preempted request's id."""
+        self.req_ids.append(request.req_id)
+
+
+def run_to_completion(
+    engine: LLMEngine,
+    prompts: Sequence[list[int]],
+    params: SamplingParams | Sequence[SamplingParams],
+    check_integrity: bool = True,
+    max_steps: int = 5000,
+) -> list[RequestOutput]:
+    """Add every prompt at once, step until all finish (checking the KV bookkeeping each step); outputs in order."""
+    if isinstance(params, SamplingParams):
+        params = [params] * len(prompts)
+    req_ids = [f"req-{next(_req_ids)}" for _ in prompts]
+    for req_id, prompt, p in zip(req_ids, prompts, params, strict=True):
+        engine.add_request(req_id, list(prompt), p)
+    finished: dict[str, RequestOutput] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests:
+            break
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output
+        if check_integrity:
+            engine.kv.check_integrity()
+    assert not engine.has_unfinished_requests, f"not done after {max_steps} steps"
+    assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
+    return [finished[req_id] for req_id in req_ids]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_checkpoint(tiny_llama_dir) -> Checkpoint:
+    """The tiny random Llama, loaded once through the real HF-directory loader in float32."""
+    return load_checkpoint(str(tiny_llama_dir), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def make_tiny_engine(tiny_llama_dir, tiny_llama_checkpoint) -> Callable[..., LLMEngine]:
+    """Build an engine on the tiny Llama (float32, CPU, only the fcfs plugin); keyword arguments go to EngineConfig."""
+
+    def make(**options) -> LLMEngine:
+        options = {"dtype": "float32", "device": "cpu", "plugins": ["fcfs"], "num_kv_blocks": 256, **options}
+        return LLMEngine(EngineConfig(model=str(tiny_llama_dir), **options), checkpoint=tiny_llama_checkpoint)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_default_engine(default_model_path, default_checkpoint) -> Callable[..., LLMEngine]:
+    """Build an engine on the real default model (float32, CPU, only the fcfs plugin), reusing its loaded weights."""
+
+    def make(**options) -> LLMEngine:
+        options = {"dtype": "float32", "device": "cpu", "plugins": ["fcfs"], "num_kv_blocks": 128, **options}
+        return LLMEngine(EngineConfig(model=str(default_model_path), **options), checkpoint=default_checkpoint)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def hf_default_model(default_model_path):
+    """transformers' own model for the default GGUF, in float32: the reference for parity tests."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        default_model_path.parent, gguf_file=default_model_path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def run_engine() -> Callable[..., list[RequestOutput]]:
+    """`run_to_completion`: add prompts, step to the end checking integrity, return outputs in order."""
+    return run_to_completion
+
+
+@pytest.fixture(scope="session")
+def count_preemptions() -> Callable[[LLMEngine], PreemptionCounter]:
+    """Register a fresh `PreemptionCounter` on an engine's plugin manager and return it."""
+
+    def attach(engine: LLMEngine) -> PreemptionCounter:
+        counter = PreemptionCounter()
+        engine.plugin_manager.register(counter)
+        return counter
+
+    return attach

@@ -1,0 +1,235 @@
+"""The generated Grafana dashboard: current, schema-valid, and every query parses and finds data in a live Prometheus."""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.metrics import MetricWrapperBase
+
+from spyglass.core.sampling_params import SamplingParams
+from spyglass.telemetry import metrics
+from spyglass.telemetry.exposition import render_metrics
+
+DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
+# Metrics that only get a sample when their event happens (a hook error, an HTTP request, a
+# draft accepted at some position); their queries must still parse, but may return nothing here.
+EVENT_ONLY = {"spyglass:plugin_hook_errors", "spyglass:http_requests", "spyglass:spec_decode_num_accepted_tokens_per_pos"}
+NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of their own
+    "spyglass:http_request_duration_seconds",
+    "spyglass:slo_ttft_target_seconds",
+    "spyglass:slo_tpot_target_seconds",
+    "spyglass:request_num_preemptions",
+}
+GRAFANA_SCHEMA_PACKAGES = ["@grafana/schema@13.2.3", "typescript@7.0.2"]
+
+
+def require_tool(name: str) -> None:
+    """Skip without the tool on a developer machine; in CI (CI set) its absence is a failure."""
+    if shutil.which(name) is None:
+        message = f"{name} is not installed (apt-get install prometheus / nodejs npm)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def generate():
+    spec = importlib.util.spec_from_file_location("spyglass_dashboards_generate", DASHBOARDS / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def expressions(dashboard: dict) -> list[str]:
+    """Every panel query (PromQL)."""
+    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def variable_query(dashboard: dict) -> str:
+    """The ``model_name`` variable's Grafana query, ``label_values(metric, model_name)``."""
+    return next(v["query"]["query"] for v in dashboard["templating"]["list"] if v["name"] == "model_name")
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b(?:spyglass:[a-z0-9_:]+|gen_ai_server_[a-z0-9_]+)", expr))
+
+
+def family(sample_name: str) -> str:
+    for suffix in ("_total", "_bucket", "_sum", "_count"):
+        if sample_name.endswith(suffix) and not sample_name.endswith("iteration_tokens_total"):
+            return sample_name[: -len(suffix)]
+    return sample_name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+
+
+def test_committed_dashboard_is_current_and_charts_every_metric(generate):
+    assert (DASHBOARDS / "spyglass.json").read_text() == generate.render(), "run python dashboards/generate.py"
+    dashboard = json.loads(generate.render())
+    charted = {family(n) for expr in expressions(dashboard) + [variable_query(dashboard)] for n in metric_names(expr)}
+    defined = {v._name for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)}
+    defined |= {metrics.DEVICE_UTILIZATION, metrics.DEVICE_MEMORY_USED}
+    assert defined - NOT_CHARTED - charted == set()
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert any(t.get("exemplar") for p in dashboard["panels"] for t in p.get("targets", []))
+    assert all(t["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"] for t in p.get("targets", []))
+
+
+def test_provisioning_points_at_the_dashboard_and_prometheus():
+    datasources = yaml.safe_load((DASHBOARDS / "grafana/provisioning/datasources/datasources.yaml").read_text())
+    (prometheus,) = [d for d in datasources["datasources"] if d["type"] == "prometheus"]
+    dashboard = json.loads((DASHBOARDS / "spyglass.json").read_text())
+    default = next(v for v in dashboard["templating"]["list"] if v["name"] == "datasource")
+    assert prometheus["uid"] == default["current"]["value"]
+    assert prometheus["jsonData"]["exemplarTraceIdDestinations"][0]["name"] == "trace_id"
+    scrape = yaml.safe_load((DASHBOARDS / "prometheus.yml").read_text())
+    assert scrape["scrape_configs"][0]["static_configs"][0]["targets"] == ["127.0.0.1:8000"]
+    compose = yaml.safe_load((DASHBOARDS / "compose.yaml").read_text())
+    assert {"prometheus", "grafana", "phoenix"} <= compose["services"].keys()
+    for service in compose["services"].values():
+        for volume in service.get("volumes", []):
+            assert (DASHBOARDS / volume.split(":")[0]).exists(), volume
+    provider = yaml.safe_load((DASHBOARDS / "grafana/provisioning/dashboards/dashboards.yaml").read_text())
+    mounted = [v.split(":")[1] for v in compose["services"]["grafana"]["volumes"] if v.startswith("./spyglass.json")]
+    assert Path(mounted[0]).parent == Path(provider["providers"][0]["options"]["path"])
+
+
+def test_dashboard_type_checks_against_grafana_schema(generate, tmp_path):
+    require_tool("npm")
+    cache = Path(os.environ.get("SPYGLASS_CACHE_DIR") or Path.home() / ".cache" / "spyglass") / "grafana-schema"
+    tsc = cache / "node_modules" / ".bin" / "tsc"
+    if not tsc.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund", *GRAFANA_SCHEMA_PACKAGES],
+                       check=True, capture_output=True, timeout=300)  # fmt: skip
+
+    def check(dashboard_json: str) -> subprocess.CompletedProcess:
+        source = cache / f"check_{os.getpid()}.ts"
+        source.write_text(f'import type {{ Dashboard }} from "@grafana/schema";\n'
+                          f"const dashboard: Dashboard = {dashboard_json};\nexport default dashboard;\n")  # fmt: skip
+        try:
+            return subprocess.run([str(tsc), "--noEmit", "--strict", "--moduleResolution", "bundler", "--module",
+                                   "esnext", "--target", "es2020", "--skipLibCheck", str(source)],
+                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+        finally:
+            source.unlink()
+
+    result = check(generate.render())
+    assert result.returncode == 0, result.stdout + result.stderr
+    broken = json.loads(generate.render())
+    broken["panels"][1]["gridPos"]["w"] = "wide"  # the check must be able to fail
+    assert check(json.dumps(broken)).returncode != 0
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body, content_type = render_metrics(self.headers.get("Accept"))
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _api(base: str, path: str, **params) -> dict:
+    url = f"{base}{path}?{urllib.parse.urlencode(params)}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as error:
+        return json.load(error)
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    """A Prometheus (exemplar storage on) scraping this process's registry every second; yields its URL."""
+    require_tool("prometheus")
+    exporter = ThreadingHTTPServer(("127.0.0.1", 0), _MetricsHandler)
+    threading.Thread(target=exporter.serve_forever, daemon=True).start()
+    config = {"global": {"scrape_interval": "1s"},
+              "scrape_configs": [{"job_name": "spyglass",
+                                  "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_port}"]}]}]}  # fmt: skip
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    with ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler) as probe:
+        port = probe.server_port
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--web.listen-address=127.0.0.1:{port}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", "--enable-feature=exemplar-storage"],
+        stdout=log, stderr=log,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while _ready(base) is False:
+        assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
+        time.sleep(0.2)
+    yield base
+    process.terminate()
+    process.wait(timeout=20)
+    exporter.shutdown()
+    log.close()
+
+
+def _ready(base: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200
+    except OSError:
+        return False
+
+
+def _wait_for_scrapes(base: str, count: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = _api(base, "/api/v1/query", query="count_over_time(up[1m])")["data"]["result"]
+        if result and float(result[0]["value"][1]) >= count:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"Prometheus did not scrape {count} times")
+
+
+def test_every_query_parses_and_finds_data_in_prometheus(
+    generate, prometheus, use_settings, span_exporter, make_engine, run_to_completion
+):
+    use_settings()
+    engine = make_engine(max_num_seqs=2)  # the third request waits: waiting_by_class gets a sample
+    _wait_for_scrapes(prometheus, 1)
+    for i in range(3):
+        engine.add_request(f"d{i}", [1, 2, 3, 4 + i], SamplingParams(max_tokens=4, ignore_eos=True),
+                           attributes={"operation": "chat" if i else "text_completion"})  # fmt: skip
+    run_to_completion(engine)
+    start = time.time()
+    _wait_for_scrapes(prometheus, 4)
+    time.sleep(2.5)  # two more scrapes after the run, so every rate() has points on both sides
+
+    model = re.escape(engine.model_name)
+    dashboard = json.loads(generate.render())
+    (variable_metric,) = metric_names(variable_query(dashboard))
+    values = _api(prometheus, "/api/v1/label/model_name/values", **{"match[]": variable_metric})["data"]
+    assert engine.model_name in values
+    for expr in expressions(dashboard):
+        query = expr.replace("$__rate_interval", "1m").replace("$model_name", model)
+        parsed = _api(prometheus, "/api/v1/format_query", query=query)
+        assert parsed["status"] == "success", (expr, parsed)
+        result = _api(prometheus, "/api/v1/query", query=query)
+        assert result["status"] == "success", (expr, result)
+        if not {family(n) for n in metric_names(expr)} & EVENT_ONLY:
+            assert result["data"]["result"], f"no data for {expr}"
+
+    traced = {format(s.context.trace_id, "032x") for s in span_exporter.get_finished_spans() if s.parent is None}
+    exemplars = _api(prometheus, "/api/v1/query_exemplars", query=f"{metrics.TIME_TO_FIRST_TOKEN._name}_bucket",
+                     start=start - 120, end=time.time() + 10)["data"]  # fmt: skip
+    stored = {e["labels"]["trace_id"] for series in exemplars for e in series["exemplars"]}
+    assert stored & traced

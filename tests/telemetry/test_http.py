@@ -1,0 +1,84 @@
+"""The ASGI telemetry middleware: W3C context in, a SERVER span around the handler, request counts."""
+
+import asyncio
+
+import httpx
+from litestar import Litestar, get
+from litestar.params import FromPath
+from opentelemetry import context, trace
+from prometheus_client import REGISTRY
+
+from spyglass.telemetry.http import TelemetryMiddleware
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+@get("/v1/items/{item_id:int}")
+async def item(item_id: FromPath[int]) -> dict:
+    span_context = trace.get_current_span(context.get_current()).get_span_context()
+    return {"trace_id": format(span_context.trace_id, "032x"), "span_id": format(span_context.span_id, "016x")}
+
+
+@get("/metrics")
+async def metrics() -> str:
+    return "ok"
+
+
+@get("/boom")
+async def boom() -> None:
+    raise RuntimeError("boom")
+
+
+def count(route: str, status: str) -> float:
+    return REGISTRY.get_sample_value("spyglass:http_requests_total", {"route": route, "status": status}) or 0.0
+
+
+async def _requests(app):
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        traced = await client.get("/v1/items/3", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"})
+        fresh = await client.get("/v1/items/4")
+        missing = await client.get("/nope")
+        scrape = await client.get("/metrics")
+        failed = await client.get("/boom")
+    return traced, fresh, missing, scrape, failed
+
+
+def test_server_spans_parent_on_traceparent_and_requests_are_counted(span_exporter):
+    app = TelemetryMiddleware(Litestar([item, metrics, boom], debug=False))
+    route = "/v1/items/{item_id}"  # the template, not the path: bounded label values
+    before = {key: count(*key) for key in [(route, "200"), ("unmatched", "404"), ("/metrics", "200"), ("/boom", "500")]}
+    traced, fresh, missing, scrape, failed = asyncio.run(_requests(app))
+    assert (traced.status_code, fresh.status_code, missing.status_code, failed.status_code) == (200, 200, 404, 500)
+
+    spans = {s.context.span_id: s for s in span_exporter.get_finished_spans()}
+    server = spans[int(traced.json()["span_id"], 16)]  # the handler saw the server span as current
+    assert server.name == f"GET {route}" and server.kind == trace.SpanKind.SERVER
+    assert format(server.context.trace_id, "032x") == TRACE_ID == traced.json()["trace_id"]
+    assert server.parent.span_id == int(PARENT_ID, 16) and server.parent.is_remote
+    assert server.attributes["http.route"] == route and server.attributes["http.response.status_code"] == 200
+    assert server.attributes["url.path"] == "/v1/items/3"
+
+    own = spans[int(fresh.json()["span_id"], 16)]
+    assert own.parent is None and format(own.context.trace_id, "032x") != TRACE_ID
+    names = sorted(s.name for s in spans.values())
+    assert names == ["GET", "GET /boom", f"GET {route}", f"GET {route}"]  # no span for the scrape
+    (error_span,) = [s for s in spans.values() if s.name == "GET /boom"]
+    assert error_span.status.status_code == trace.StatusCode.ERROR
+
+    assert count(route, "200") - before[(route, "200")] == 2
+    assert count("unmatched", "404") - before[("unmatched", "404")] == 1
+    assert count("/metrics", "200") - before[("/metrics", "200")] == 1
+    assert count("/boom", "500") - before[("/boom", "500")] == 1
+    assert REGISTRY.get_sample_value("spyglass:http_request_duration_seconds_count", {"route": route}) >= 2
+
+
+def test_lifespan_passes_through():
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["type"])
+
+    asyncio.run(TelemetryMiddleware(app)({"type": "lifespan"}, None, None))
+    assert seen == ["lifespan"]

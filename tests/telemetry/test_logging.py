@@ -1,0 +1,68 @@
+"""Structured request logs: one JSON line per finished request, joined to its trace, content opt-in."""
+
+import io
+import json
+import logging
+
+import pytest
+
+from spyglass.core.sampling_params import SamplingParams
+from spyglass.telemetry.logging import setup_logging
+
+PROMPT = "a secret prompt"
+
+
+@pytest.fixture
+def log_stream():
+    """Route every log record through `setup_logging` into a buffer (JSON lines); restore logging afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    stream = io.StringIO()
+    setup_logging(logging.INFO, json=True, stream=stream)
+    yield stream
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def lines(stream, event):
+    return [r for r in map(json.loads, stream.getvalue().splitlines()) if r["event"] == event]
+
+
+@pytest.mark.parametrize("log_content", [False, True])
+def test_one_summary_line_per_request_with_trace_ids(
+    log_stream, use_settings, span_exporter, make_engine, run_to_completion, log_content
+):
+    use_settings(log_content=log_content)
+    engine = make_engine()
+    prompt_ids = engine.tokenizer.encode(PROMPT)
+    engine.add_request("r1", prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True), PROMPT)
+    outputs = run_to_completion(engine)
+    (record,) = lines(log_stream, "request finished")
+    (span,) = [s for s in span_exporter.get_finished_spans() if s.name.startswith("text_completion")]
+    assert record["req_id"] == "r1" and record["level"] == "info" and record["logger"] == "spyglass.requests"
+    assert record["trace_id"] == format(span.context.trace_id, "032x")
+    assert record["span_id"] == format(span.context.span_id, "016x")
+    assert (record["finish_reason"], record["prompt_tokens"], record["output_tokens"]) == ("length", len(prompt_ids), 4)
+    assert 0 <= record["queue_s"] <= record["ttft_s"] <= record["e2e_s"] and record["tpot_s"] > 0
+    assert record["prefill_s"] >= 0 and record["decode_s"] >= 0
+    if log_content:
+        assert record["prompt"] == PROMPT and record["output"] == outputs["r1"].outputs[0].text
+    else:
+        assert PROMPT not in log_stream.getvalue() and "prompt" not in record and "output" not in record
+
+
+def test_console_rendering_and_lines_without_a_trace(use_settings, make_engine, run_to_completion):
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    stream = io.StringIO()
+    try:
+        setup_logging(logging.INFO, json=False, stream=stream)
+        use_settings(tracing=False)
+        engine = make_engine()
+        engine.add_request("r2", [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+        run_to_completion(engine)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    text = stream.getvalue()
+    assert "request finished" in text and "req_id" in text and not text.lstrip().startswith("{")
