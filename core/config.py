@@ -29,6 +29,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     scheduling_policy: str = "fcfs"
     attention_backend: str = "auto"
+    cuda_graphs: bool = True
     plugins: list[str] | None = None
     disabled_plugins: list[str] = field(default_factory=list)
     num_threads: int | None = None

@@ -49,6 +49,9 @@ class LLMEngine:
             num_blocks * config.block_size,
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device)
+        if config.cuda_graphs and self.device.type == "cuda":
+            seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
+            log.info("CUDA graph capture took %.2f s", seconds)
         self.kv = KVCacheManager(BlockPool(num_blocks), config.block_size, self.hooks)
         policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
         if policy is None:
@@ -131,6 +134,7 @@ class LLMEngine:
         if self.config.speculative:
             self._propose_drafts()
         out = self.scheduler.schedule()
+        failed = [self._fail_request(request, error) for request, error in out.failed]
         for request in out.preempted:
             self.hooks.spyglass_request_preempted(request=request)
         now = time.monotonic()
@@ -139,17 +143,17 @@ class LLMEngine:
                 request.times.first_scheduled = now
             self.hooks.spyglass_request_scheduled(request=request, resumed=request in out.resumed)
         if out.is_empty:
-            return []
+            return failed
         scheduled_time = time.perf_counter()
         self.hooks.spyglass_step_started(step_id=out.step_id, scheduled=tuple(s.request for s in out.scheduled))
         try:
             runner_out = self.runner.execute(out, self.kv.block_tables)
         except Exception as error:
             log.exception("model step %d failed", out.step_id)
-            return self._fail_step(out, error)
+            return failed + self._fail_step(out, error)
         outputs = self._update(out, runner_out)
         self.hooks.spyglass_step_finished(stats=self._stats(out, runner_out, start, scheduled_time))
-        return outputs
+        return failed + outputs
 
     def _update(self, out: SchedulerOutput, runner_out: RunnerOutput) -> list[RequestOutput]:
         outputs = []
@@ -240,6 +244,12 @@ class LLMEngine:
         self.requests.pop(request.req_id, None)
         self.hooks.spyglass_request_finished(request=request, reason=reason)
 
+    def _fail_request(self, request: Request, error: str) -> RequestOutput:
+        """A plugin's decision about this request failed: end it with an error, keep serving the rest."""
+        log.error("request %s failed: %s", request.req_id, error)
+        self._finish(request, FinishReason.ERROR, error)
+        return self._output(request)
+
     def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
         """A failed forward fails the requests it carried, not the engine."""
         outputs = []
@@ -276,7 +286,12 @@ class LLMEngine:
         policy = self.scheduler.policy
         classes: dict[str, int] = {}
         for request in self.scheduler.waiting:
-            label = policy.waiting_class(request)
+            try:
+                label = policy.waiting_class(request)
+            except Exception:  # only a metrics label: count it as a hook error, never fail a step for it
+                key = f"{policy.name}.waiting_class"
+                self.hooks.num_errors[key] = self.hooks.num_errors.get(key, 0) + 1
+                label = "unknown"
             classes[label] = classes.get(label, 0) + 1
         return StepStats(
             step_id=out.step_id,

@@ -22,6 +22,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--attention-backend", default=defaults.attention_backend, choices=["auto", "torch", "triton"])
     group.add_argument("--plugins", default=None, help="comma-separated plugin names to enable (default: all)")
     group.add_argument("--disable-plugins", default="", help="comma-separated plugin names to disable")
+    group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run decode eagerly")
     group.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     group.add_argument("--speculative", default=None, help="draft proposer plugin: ngram, draft or self")
     group.add_argument("--num-speculative-tokens", type=int, default=defaults.num_speculative_tokens)
@@ -43,6 +44,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         plugins=[p for p in args.plugins.split(",") if p] if args.plugins is not None else None,
         disabled_plugins=[p for p in args.disable_plugins.split(",") if p],
         num_threads=args.num_threads,
+        cuda_graphs=args.cuda_graphs,
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
     )

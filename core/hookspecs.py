@@ -106,10 +106,13 @@ def spyglass_match_prefix(request: "Request", block_pool: "BlockPool", block_siz
 
 
 @hookspec
-def spyglass_blocks_full(request: "Request", block_ids: "list[int]", num_new: int, block_pool: "BlockPool") -> None:
+def spyglass_blocks_full(
+    request: "Request", block_ids: "list[int]", num_new: int, block_pool: "BlockPool", block_size: int
+) -> None:
     """The last ``num_new`` of ``block_ids`` (the request's full blocks, in token order) just filled.
 
-    A prefix cache registers them here with ``block_pool.cache_block(block_id, hash)``.
+    Block ``i`` holds the KV of tokens ``[i * block_size, (i + 1) * block_size)``. A prefix cache
+    registers them here with ``block_pool.cache_block(block_id, hash)``.
     """
 
 

@@ -33,10 +33,18 @@ class KVCacheManager:
         self._num_announced_full: dict[str, int] = {}
 
     def match_prefix(self, request: Request) -> PrefixMatch:
-        """Ask plugins for cached blocks covering the start of a request with nothing computed yet."""
+        """Ask plugins for cached blocks covering the start of a request with nothing computed yet.
+
+        Raises (the plugin's error, or ValueError for a malformed match); the scheduler then fails
+        the request.
+        """
         match = self.hooks.spyglass_match_prefix(request=request, block_pool=self.pool, block_size=self.block_size)
         if match is None:
             return NO_MATCH
+        if match.num_tokens != len(match.block_ids) * self.block_size or not all(
+            0 <= b < self.pool.num_blocks for b in match.block_ids
+        ):
+            raise ValueError(f"invalid PrefixMatch from a plugin: {match}")
         # The last prompt token is always computed, so the step has logits to sample from.
         max_blocks = (request.num_tokens - 1) // self.block_size
         if len(match.block_ids) > max_blocks:
@@ -73,7 +81,11 @@ class KVCacheManager:
         if num_full > num_announced:
             table = self.block_tables[request.req_id]
             self.hooks.spyglass_blocks_full(
-                request=request, block_ids=table[:num_full], num_new=num_full - num_announced, block_pool=self.pool
+                request=request,
+                block_ids=table[:num_full],
+                num_new=num_full - num_announced,
+                block_pool=self.pool,
+                block_size=self.block_size,
             )
             self._num_announced_full[request.req_id] = num_full
 

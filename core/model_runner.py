@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from spyglass.core.cuda_graphs import CudaGraphDecoder
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.llama import LlamaForCausalLM
 from spyglass.core.outputs import Logprob
@@ -48,6 +49,14 @@ class ModelRunner:
             (torch.zeros(shape, dtype=model.dtype, device=device), torch.zeros(shape, dtype=model.dtype, device=device))
             for _ in range(arch.num_hidden_layers)
         ]
+        # Set by `enable_cuda_graphs`; None means every step runs eagerly.
+        self.graphs: CudaGraphDecoder | None = None
+
+    def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> float:
+        """Capture decode graphs for every batch bucket; returns the capture time in seconds."""
+        self.graphs = CudaGraphDecoder(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size)
+        self.graphs.capture()
+        return self.graphs.capture_seconds
 
     @staticmethod
     def bytes_per_block(arch, block_size: int, dtype: torch.dtype) -> int:
@@ -101,9 +110,13 @@ class ModelRunner:
         """Run the model on a non-empty step and sample the next token for each request that reached its end."""
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables)
-        logits = self.model.forward(
-            inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
-        )
+        num_reqs = len(out.scheduled)
+        if self.graphs and self.graphs.can_run(num_reqs, inputs.input_ids.shape[0], inputs.meta.max_query_len):
+            logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            logits = self.model.forward(
+                inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
+            )
         tokens, logprobs = self._sample(out, inputs.sampled_rows, logits)
         return RunnerOutput(tokens, logprobs, time.perf_counter() - start)
 

@@ -102,7 +102,7 @@ class Scheduler:
             for request in list(self.waiting):
                 self._fail(request, self._policy_error("admission_order", error))
             return
-        admitted_now = admitted  # resumed requests are appended here too, then split below
+        newcomers: list[Request] = []
         for request in order:
             budget = self.config.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
@@ -110,15 +110,18 @@ class Scheduler:
             if request not in self.waiting:
                 continue
             num_new = self._admit(request, budget)
-            while num_new == 0 and request in self.waiting and self._preempt_for(request, scheduled, preempted, admitted):
+            while num_new == 0 and request in self.waiting:
+                if not self._preempt_for(request, scheduled, preempted, newcomers):
+                    break
                 budget = self.config.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
                 num_new = self._admit(request, budget)
             if num_new == 0:
                 if request in self.waiting:
                     break
-                continue  # the request failed; try the next
+                continue  # a decision about it failed; try the next
             scheduled.append(ScheduledRequest(request, num_new))
             (resumed if request.num_preemptions else admitted).append(request)
+            newcomers.append(request)
 
     def _make_room(self, request: Request, num_new: int, scheduled, preempted: list[Request]) -> bool:
         """Allocate for a running request, preempting victims until it fits; False if it was preempted itself."""
@@ -140,7 +143,7 @@ class Scheduler:
                 return False
         return True
 
-    def _preempt_for(self, request: Request, scheduled: list[ScheduledRequest], preempted: list, just_admitted: list) -> bool:
+    def _preempt_for(self, request: Request, scheduled: list, preempted: list, just_admitted: list) -> bool:
         """Ask a `PreemptingPolicy` for a running victim to make room for a waiting request; True if one went.
 
         Requests admitted this very step are not offered: they have not run yet.
@@ -170,7 +173,7 @@ class Scheduler:
             try:
                 prefix = self.kv.match_prefix(request)
             except Exception as error:
-                self._fail(request, f"prefix cache lookup (spyglass_match_prefix) failed: {type(error).__name__}: {error}")
+                self._fail(request, f"the prefix cache lookup (spyglass_match_prefix) failed: {_describe(error)}")
                 return 0
         num_cached = prefix.num_tokens
         num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, budget)
@@ -186,7 +189,7 @@ class Scheduler:
 
     def _policy_error(self, method: str, error: Exception) -> str:
         name = getattr(self.policy, "name", type(self.policy).__name__)
-        return f"scheduling policy {name!r} failed in {method}: {type(error).__name__}: {error}"
+        return f"scheduling policy {name!r} failed in {method}: {_describe(error)}"
 
     def _fail(self, request: Request, message: str) -> None:
         """Take a request a decision failed on out of the queues; the engine finishes it with an error."""
@@ -217,3 +220,7 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+
+
+def _describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"

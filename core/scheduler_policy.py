@@ -51,3 +51,23 @@ class PreemptingPolicy(SchedulingPolicy, Protocol):
         victim only while it is worth it (e.g. strictly lower priority), or the batch drains.
         """
         ...
+
+
+def tenant_of(request: Request) -> str:
+    """The tenant a request belongs to: ``attributes["tenant"]``, else ``attributes["user"]``, else "default".
+
+    The HTTP API fills them from the ``X-Spyglass-Tenant`` header and the body's ``user``.
+    """
+    return request.attributes.get("tenant") or request.attributes.get("user") or "default"
+
+
+def parse_tenant_values(text: str | None) -> dict[str, float]:
+    """``"gold=4,free=1"`` -> ``{"gold": 4.0, "free": 1.0}``; for per-tenant policy settings."""
+    values = {}
+    for item in (text or "").split(","):
+        if item.strip():
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"expected tenant=value, got {item!r}")
+            values[name.strip()] = float(value)
+    return values

@@ -81,7 +81,7 @@ def api_key_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None
     """
     serving: ServingContext | None = getattr(connection.app.state, "serving", None)
     key = serving.options.api_key if serving else None
-    if key is None or handler.opt.get("public"):
+    if serving is None or key is None or handler.opt.get("public"):
         return
     if handler.opt.get("metrics") and not serving.options.metrics_require_key:
         return

@@ -100,7 +100,7 @@ def _internal(request: Request, exc: Exception) -> Response:
     return _respond(500, f"internal error: {type(exc).__name__}")
 
 
-EXCEPTION_HANDLERS = {
+EXCEPTION_HANDLERS: dict = {
     APIError: _api_error,
     InvalidRequestError: _invalid_request,
     EngineDeadError: _engine_dead,

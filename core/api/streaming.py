@@ -1,7 +1,7 @@
 """Server-sent events: ``data: {json}`` per chunk, an error event if generation fails, then ``data: [DONE]``."""
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
 from litestar.response import Stream
@@ -18,7 +18,7 @@ def sse_event(payload) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
-async def _events(chunks: AsyncIterator) -> AsyncIterator[bytes]:
+async def _events(chunks: AsyncGenerator) -> AsyncIterator[bytes]:
     # Closing `chunks` in `finally` is what aborts the engine requests when the client goes away:
     # Litestar cancels the stream on disconnect, and this generator is closed with it.
     try:
@@ -34,7 +34,7 @@ async def _events(chunks: AsyncIterator) -> AsyncIterator[bytes]:
     yield DONE
 
 
-def event_stream(chunks: AsyncIterator) -> Stream:
+def event_stream(chunks: AsyncGenerator) -> Stream:
     """A ``text/event-stream`` response that frames ``chunks`` (response Structs) as SSE."""
     return Stream(
         _events(chunks),

@@ -35,9 +35,9 @@ def test_completion_stop_string_and_prompt_count(real_client, hf_gguf_tokenizer)
 
 
 def test_seeded_chat_stream_equals_non_stream(real_client):
-    kwargs = dict(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Write a short poem about the sea."}],
-                  max_tokens=32,
-                  temperature=0.9, top_p=0.95, seed=1234)
+    messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+    kwargs = dict(model="SmolLM2-135M-Instruct", messages=messages, max_tokens=32, temperature=0.9, top_p=0.95,
+                  seed=1234)
     full = real_client.chat.completions.create(**kwargs)
     again = real_client.chat.completions.create(**kwargs)
     assert full.choices[0].message.content == again.choices[0].message.content

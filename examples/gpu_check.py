@@ -1,0 +1,156 @@
+"""One-shot GPU check: kernels and model parity on the device, then attention bandwidth and CUDA-graph timings.
+
+    python examples/gpu_check.py [--quick]
+
+Runs in well under 8 minutes on an H200 and prints its tables last. Without CUDA it says so and exits 1.
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from spyglass.core.config import EngineConfig
+from spyglass.core.engine import LLMEngine
+from spyglass.core.sampling_params import SamplingParams
+from spyglass.kernels import torch_attention, triton_attention
+
+
+def timed(function, repeats: int = 20) -> float:
+    """Median seconds of ``function()`` on the GPU, after a warm-up."""
+    function()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(samples)
+
+
+def copy_bandwidth() -> float:
+    """Measured device-to-device copy bandwidth in bytes/s (read + write), on 1 GiB."""
+    source = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    return 2 * source.numel() / timed(lambda: target.copy_(source))
+
+
+def attention_table(bandwidth: float, quick: bool) -> list[str]:
+    """Decode paged attention at bf16, 32 query / 8 KV heads of 128, block 16: time and bandwidth fraction."""
+    rows = ["| context | batch | ms | GB/s | of copy bw |", "|---|---|---|---|---|"]
+    heads, kv_heads, dim, block = 32, 8, 128, 16
+    contexts = (512, 2048, 8192, 32768) if not quick else (512, 8192)
+    for context in contexts:
+        for batch in (1, 8, 64, 256):
+            blocks_per_seq = context // block
+            if batch * blocks_per_seq * block * kv_heads * dim * 2 * 2 > 40e9:
+                continue
+            num_blocks = batch * blocks_per_seq
+            k_cache = torch.randn(num_blocks, block, kv_heads, dim, dtype=torch.bfloat16, device="cuda")
+            v_cache = torch.randn_like(k_cache)
+            tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, blocks_per_seq)
+            lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+            starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+            query = torch.randn(batch, heads, dim, dtype=torch.bfloat16, device="cuda")
+            seconds = timed(lambda: triton_attention.paged_attention(
+                query, k_cache, v_cache, tables, lens, starts, 1, context, dim**-0.5))
+            moved = 2 * k_cache.numel() * k_cache.element_size()
+            rows.append(f"| {context} | {batch} | {seconds * 1e3:.3f} | {moved / seconds / 1e9:.0f} | "
+                        f"{moved / seconds / bandwidth:.0%} |")
+            del k_cache, v_cache
+    return rows
+
+
+def check_kernels_against_torch() -> None:
+    """Decode and mixed batches on the GPU: Triton vs the torch reference."""
+    torch.manual_seed(0)
+    k_cache = torch.randn(512, 16, 3, 64, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(512, device="cuda", dtype=torch.int32).view(8, 64)
+    lens = torch.tensor([1000, 17, 300, 1024, 5, 64, 700, 129], dtype=torch.int32, device="cuda")
+    q_lens = [1, 17, 4, 1, 5, 1, 30, 2]
+    starts = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    query = torch.randn(sum(q_lens), 9, 64, device="cuda")
+    args = (query, k_cache, v_cache, tables, lens, starts, max(q_lens), 1024, 0.125)
+    error = (triton_attention.paged_attention(*args) - torch_attention.paged_attention(*args)).abs().max().item()
+    print(f"triton vs torch paged attention, fp32 max abs error {error:.2e}")
+    assert error < 1e-4
+
+
+def engine_tokens(dtype: str, graphs: bool, device: str, prompts: list[str]) -> tuple[LLMEngine, list[list[int]]]:
+    """Greedy tokens of the default model for ``prompts``."""
+    engine = LLMEngine(EngineConfig(dtype=dtype, device=device, cuda_graphs=graphs, max_num_seqs=256))
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    for index, prompt in enumerate(prompts):
+        engine.add_request(str(index), engine.tokenizer.encode(prompt), params)
+    results: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests:
+        for output in engine.step():
+            if output.finished:
+                results[output.request_id] = output.outputs[0].token_ids
+    return engine, [results[str(i)] for i in range(len(prompts))]
+
+
+def decode_step_table(engines: dict[str, LLMEngine], quick: bool) -> list[str]:
+    """Decode step time at each batch size, eager vs CUDA graphs, bf16 default model, context ~256."""
+    rows = ["| batch | eager ms | graphs ms | speed-up |", "|---|---|---|---|"]
+    for batch in (1, 2, 4, 8, 16, 32, 64, 128, 256) if not quick else (1, 64):
+        times = {}
+        for label, engine in engines.items():
+            params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+            for index in range(batch):
+                engine.add_request(f"{label}-{batch}-{index}", list(range(100, 356)), params)
+            for _ in range(3):  # prefill and the first decodes
+                engine.step()
+            samples = []
+            while engine.has_unfinished_requests:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                engine.step()
+                torch.cuda.synchronize()
+                samples.append(time.perf_counter() - start)
+            times[label] = statistics.median(samples[:-1])
+        rows.append(f"| {batch} | {times['eager'] * 1e3:.2f} | {times['graphs'] * 1e3:.2f} | "
+                    f"{times['eager'] / times['graphs']:.2f}x |")
+    return rows
+
+
+def main() -> int:
+    """Run every check, then print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer shapes")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to check")
+        return 1
+    started = time.perf_counter()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/kernels", "tests/core"], check=False)
+    check_kernels_against_torch()
+    prompts = ["The capital of France is", "def quicksort(xs):", "写一首关于秋天的诗", "Explain CUDA graphs."]
+    _, cpu_tokens = engine_tokens("float32", False, "cpu", prompts)
+    eager, eager_tokens = engine_tokens("float32", False, "cuda", prompts)
+    graphs, graph_tokens = engine_tokens("float32", True, "cuda", prompts)
+    print("parity fp32: cpu == cuda eager:", cpu_tokens == eager_tokens, "| eager == graphs:", eager_tokens == graph_tokens)
+    engines = {
+        "eager": LLMEngine(EngineConfig(dtype="bfloat16", cuda_graphs=False, max_num_seqs=256)),
+        "graphs": LLMEngine(EngineConfig(dtype="bfloat16", cuda_graphs=True, max_num_seqs=256)),
+    }
+    bandwidth = copy_bandwidth()
+    print(f"\nmeasured copy bandwidth {bandwidth / 1e9:.0f} GB/s\n")
+    print("\n".join(attention_table(bandwidth, args.quick)))
+    print()
+    print("\n".join(decode_step_table(engines, args.quick)))
+    print(f"\ncapture time {engines['graphs'].runner.graphs.capture_seconds:.2f} s; total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
