@@ -15,7 +15,8 @@ class EngineConfig:
     picks bfloat16 (AMX makes it several times faster than float32 on CPU; tensor cores on GPU).
     ``kv_cache_memory`` is the KV budget in bytes; ``num_kv_blocks`` overrides it exactly.
     ``speculative`` names a draft proposer plugin (ngram, draft, self); it is asked for up to
-    ``num_speculative_tokens`` drafts per decoding request each step.
+    ``num_speculative_tokens`` drafts per decoding request each step. ``plugin_options`` holds
+    plugins' own settings (``--plugin-option draft_model=PATH``), read by the plugins at start.
     """
 
     model: str | None = None
@@ -36,6 +37,7 @@ class EngineConfig:
     seed: int = 0
     speculative: str | None = None
     num_speculative_tokens: int = 4
+    plugin_options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:

@@ -31,6 +31,8 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
+        # Softmax tails underflow to denormals, which are up to 100x slower on x86 matmuls.
+        torch.set_flush_denormal(True)
         self.device = config.torch_device()
         dtype = config.torch_dtype()
         self.plugin_manager = plugin_manager or create_plugin_manager(config.plugins, config.disabled_plugins)
@@ -72,7 +74,7 @@ class LLMEngine:
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
         )
-        self.hooks.spyglass_engine_started(info=self.info)
+        self.hooks.spyglass_engine_started(info=self.info, config=config)
 
     # -- requests -------------------------------------------------------------------------------
 

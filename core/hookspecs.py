@@ -28,8 +28,11 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def spyglass_engine_started(info: "EngineInfo") -> None:
-    """The engine has loaded its model and allocated its KV cache; ``info`` describes both."""
+def spyglass_engine_started(info: "EngineInfo", config: "EngineConfig") -> None:
+    """The engine has loaded its model and allocated its KV cache; ``info`` describes both.
+
+    ``config`` is the engine's configuration, including ``plugin_options`` for plugins' own settings.
+    """
 
 
 @hookspec

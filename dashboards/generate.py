@@ -35,10 +35,13 @@ def rate(metric, suffix: str = "", selector: str = MODEL, by: str = "") -> str:
 def quantile_targets(histogram, selector: str = MODEL, quantiles=(0.5, 0.9, 0.99)) -> list[dict]:
     """P50/P90/P99 and the mean of a latency histogram, with exemplars."""
     targets = [
-        target(f"histogram_quantile({q}, {rate(histogram, '_bucket', selector, 'le')})", f"P{round(q * 100)}",
-               exemplar=True)
+        target(
+            f"histogram_quantile({q}, {rate(histogram, '_bucket', selector, 'le')})",
+            f"P{round(q * 100)}",
+            exemplar=True,
+        )
         for q in quantiles
-    ]  # fmt: skip
+    ]
     targets.append(target(f"{rate(histogram, '_sum', selector)} / {rate(histogram, '_count', selector)}", "mean"))
     return targets
 
@@ -62,8 +65,20 @@ def panel(title: str, unit: str, targets: list[dict], description: str = "", kin
     field_config = {"defaults": {"unit": unit}, "overrides": []}
     if unit == "percentunit":
         field_config["defaults"].update(min=0, max=1)
-    return {"type": kind, "title": title, "description": description, "datasource": DATASOURCE,
-            "targets": targets, "fieldConfig": field_config, "options": {}}  # fmt: skip
+    return {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": targets,
+        "fieldConfig": field_config,
+        "options": {},
+    }
+
+
+def latency_panel(title: str, histogram) -> dict:
+    """Percentiles and mean of a latency histogram, described by the metric's own help text."""
+    return panel(title, "s", quantile_targets(histogram), histogram._documentation)
 
 
 def heatmap(title: str, histogram) -> dict:
@@ -78,65 +93,138 @@ def heatmap(title: str, histogram) -> dict:
 def sections() -> list[tuple[str, list[dict]]]:
     """(row title, panels) in display order."""
     latency = [
-        panel("Time to first token", "s", quantile_targets(m.TIME_TO_FIRST_TOKEN), m.TIME_TO_FIRST_TOKEN._documentation),
-        panel("Time per output token", "s", quantile_targets(m.TIME_PER_OUTPUT_TOKEN), m.TIME_PER_OUTPUT_TOKEN._documentation),
-        panel("Inter-token latency", "s", quantile_targets(m.INTER_TOKEN_LATENCY), m.INTER_TOKEN_LATENCY._documentation),
-        panel("End-to-end request latency", "s", quantile_targets(m.E2E_REQUEST_LATENCY), m.E2E_REQUEST_LATENCY._documentation),
-        panel("Queue time", "s", quantile_targets(m.REQUEST_QUEUE_TIME), m.REQUEST_QUEUE_TIME._documentation),
-        panel("Prefill vs decode time (mean)", "s", [
-            target(f"{rate(h, '_sum')} / {rate(h, '_count')}", legend)
-            for h, legend in ((m.REQUEST_PREFILL_TIME, "prefill"), (m.REQUEST_DECODE_TIME, "decode"))
-        ], "Per request: first scheduled to first token, first to last token."),
-    ]  # fmt: skip
+        latency_panel("Time to first token", m.TIME_TO_FIRST_TOKEN),
+        latency_panel("Time per output token", m.TIME_PER_OUTPUT_TOKEN),
+        latency_panel("Inter-token latency", m.INTER_TOKEN_LATENCY),
+        latency_panel("End-to-end request latency", m.E2E_REQUEST_LATENCY),
+        latency_panel("Queue time", m.REQUEST_QUEUE_TIME),
+        panel(
+            "Prefill vs decode time (mean)",
+            "s",
+            [
+                target(f"{rate(h, '_sum')} / {rate(h, '_count')}", legend)
+                for h, legend in ((m.REQUEST_PREFILL_TIME, "prefill"), (m.REQUEST_DECODE_TIME, "decode"))
+            ],
+            "Per request: first scheduled to first token, first to last token.",
+        ),
+    ]
     load = [
-        panel("Token throughput", "tps", [target(rate(m.PROMPT_TOKENS), "prompt"),
-                                          target(rate(m.GENERATION_TOKENS), "generation")]),
-        panel("Scheduler state", "short", [gauge(m.NUM_REQUESTS_RUNNING, "running"),
-                                           gauge(m.NUM_REQUESTS_WAITING, "waiting"),
-                                           gauge(m.NUM_REQUESTS_WAITING_BY_CLASS, "waiting: {{scheduling_class}}",
-                                                 "scheduling_class")]),
+        panel(
+            "Token throughput",
+            "tps",
+            [target(rate(m.PROMPT_TOKENS), "prompt"), target(rate(m.GENERATION_TOKENS), "generation")],
+        ),
+        panel(
+            "Scheduler state",
+            "short",
+            [
+                gauge(m.NUM_REQUESTS_RUNNING, "running"),
+                gauge(m.NUM_REQUESTS_WAITING, "waiting"),
+                gauge(m.NUM_REQUESTS_WAITING_BY_CLASS, "waiting: {{scheduling_class}}", "scheduling_class"),
+            ],
+        ),
         panel("KV cache usage", "percentunit", [gauge(m.KV_CACHE_USAGE, "used")], m.KV_CACHE_USAGE._documentation),
-        panel("Preemptions", "ops", [target(rate(m.NUM_PREEMPTIONS), "preemptions/s")], m.NUM_PREEMPTIONS._documentation),
-        panel("Finished requests by reason", "reqps",
-              [target(rate(m.REQUEST_SUCCESS, by="finished_reason"), "{{finished_reason}}")]),
-        panel("HTTP requests", "reqps", [target(f"sum by (route, status) (rate({series(m.HTTP_REQUESTS)}{WINDOW}))",
-                                                "{{route}} {{status}}")]),
+        panel(
+            "Preemptions", "ops", [target(rate(m.NUM_PREEMPTIONS), "preemptions/s")], m.NUM_PREEMPTIONS._documentation
+        ),
+        panel(
+            "Finished requests by reason",
+            "reqps",
+            [target(rate(m.REQUEST_SUCCESS, by="finished_reason"), "{{finished_reason}}")],
+        ),
+        panel(
+            "HTTP requests",
+            "reqps",
+            [target(f"sum by (route, status) (rate({series(m.HTTP_REQUESTS)}{WINDOW}))", "{{route}} {{status}}")],
+        ),
         heatmap("Prompt length", m.REQUEST_PROMPT_TOKENS),
         heatmap("Generation length", m.REQUEST_GENERATION_TOKENS),
-    ]  # fmt: skip
+    ]
     engine = [
         panel("Engine step duration", "s", quantile_targets(m.ENGINE_STEP_DURATION, quantiles=(0.5, 0.99))),
-        panel("Step phases (mean)", "s", [target(
-            f"{rate(m.ENGINE_STEP_PHASE_DURATION, '_sum', by='phase')} / "
-            f"{rate(m.ENGINE_STEP_PHASE_DURATION, '_count', by='phase')}", "{{phase}}")]),
-        panel("Batch size and tokens per step", "short", [
-            target(f"histogram_quantile(0.5, {rate(m.ENGINE_STEP_BATCH_SIZE, '_bucket', by='le')})", "batch size P50"),
-            target(f"{rate(m.ITERATION_TOKENS, '_sum')} / {rate(m.ITERATION_TOKENS, '_count')}", "tokens/step mean"),
-        ]),
+        panel(
+            "Step phases (mean)",
+            "s",
+            [
+                target(
+                    f"{rate(m.ENGINE_STEP_PHASE_DURATION, '_sum', by='phase')} / "
+                    f"{rate(m.ENGINE_STEP_PHASE_DURATION, '_count', by='phase')}",
+                    "{{phase}}",
+                )
+            ],
+        ),
+        panel(
+            "Batch size and tokens per step",
+            "short",
+            [
+                target(
+                    f"histogram_quantile(0.5, {rate(m.ENGINE_STEP_BATCH_SIZE, '_bucket', by='le')})", "batch size P50"
+                ),
+                target(
+                    f"{rate(m.ITERATION_TOKENS, '_sum')} / {rate(m.ITERATION_TOKENS, '_count')}", "tokens/step mean"
+                ),
+            ],
+        ),
         panel("Device utilisation", "percentunit", [target(f"max by (device) ({m.DEVICE_UTILIZATION})", "{{device}}")]),
         panel("Device memory", "bytes", [target(f"max by (device) ({m.DEVICE_MEMORY_USED})", "{{device}}")]),
-        panel("Plugin hook errors", "ops", [target(rate(m.PLUGIN_HOOK_ERRORS, by="plugin, hook"), "{{plugin}}.{{hook}}")]),
-    ]  # fmt: skip
+        panel(
+            "Plugin hook errors", "ops", [target(rate(m.PLUGIN_HOOK_ERRORS, by="plugin, hook"), "{{plugin}}.{{hook}}")]
+        ),
+    ]
     quality = [
-        panel("SLO attainment", "percentunit", [
-            ratio(m.SLO_TTFT_MET, m.SLO_REQUESTS, "TTFT met"),
-            ratio(m.SLO_TPOT_MET, m.SLO_REQUESTS, "TPOT met"),
-            ratio(m.SLO_MET, m.SLO_REQUESTS, "both met (goodput)"),
-        ], "Share of finished requests meeting the TTFT and TPOT targets (spyglass --slo-ttft/--slo-tpot)."),
-        panel("Prefix cache hit rate", "percentunit", [ratio(m.PREFIX_CACHE_HITS, m.PREFIX_CACHE_QUERIES, "hit rate")],
-              "Prompt tokens served from the prefix cache over prompt tokens looked up."),
-        panel("Speculative decoding acceptance", "percentunit", [
-            ratio(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS, m.SPEC_DECODE_NUM_DRAFT_TOKENS, "acceptance rate"),
-            target(f"{rate(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS, by='position')} / "
-                   f"scalar({rate(m.SPEC_DECODE_NUM_DRAFTS)})", "position {{position}}"),
-        ], "Accepted over proposed draft tokens; per position, accepted over drafts."),
-        panel("GenAI semantic-convention latencies (P90)", "s", [
-            target(f"histogram_quantile(0.9, {rate(h, '_bucket', GEN_AI_MODEL, 'le, gen_ai_operation_name')})",
-                   f"{legend} {{{{gen_ai_operation_name}}}}", exemplar=True)
-            for h, legend in ((m.GEN_AI_TIME_TO_FIRST_TOKEN, "TTFT"), (m.GEN_AI_TIME_PER_OUTPUT_TOKEN, "TPOT"),
-                              (m.GEN_AI_REQUEST_DURATION, "duration"))
-        ], "OpenTelemetry gen_ai.server.* histograms, by operation."),
-    ]  # fmt: skip
+        panel(
+            "SLO attainment",
+            "percentunit",
+            [
+                ratio(m.SLO_TTFT_MET, m.SLO_REQUESTS, "TTFT met"),
+                ratio(m.SLO_TPOT_MET, m.SLO_REQUESTS, "TPOT met"),
+                ratio(m.SLO_MET, m.SLO_REQUESTS, "both met (goodput)"),
+            ],
+            "Share of finished requests meeting the TTFT and TPOT targets (spyglass --slo-ttft/--slo-tpot).",
+        ),
+        panel(
+            "SLO deadline misses",
+            "ops",
+            [target(rate(m.SLO_DEADLINE_MISSES), "misses/s")],
+            m.SLO_DEADLINE_MISSES._documentation,
+        ),
+        panel(
+            "Prefix cache hit rate",
+            "percentunit",
+            [ratio(m.PREFIX_CACHE_HITS, m.PREFIX_CACHE_QUERIES, "hit rate")],
+            "Prompt tokens served from the prefix cache over prompt tokens looked up.",
+        ),
+        panel(
+            "Speculative decoding acceptance",
+            "percentunit",
+            [
+                ratio(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS, m.SPEC_DECODE_NUM_DRAFT_TOKENS, "acceptance rate"),
+                target(
+                    f"{rate(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS, by='position')} / "
+                    f"scalar({rate(m.SPEC_DECODE_NUM_DRAFTS)})",
+                    "position {{position}}",
+                ),
+            ],
+            "Accepted over proposed draft tokens; per position, accepted over drafts.",
+        ),
+        panel(
+            "GenAI semantic-convention latencies (P90)",
+            "s",
+            [
+                target(
+                    f"histogram_quantile(0.9, {rate(h, '_bucket', GEN_AI_MODEL, 'le, gen_ai_operation_name')})",
+                    f"{legend} {{{{gen_ai_operation_name}}}}",
+                    exemplar=True,
+                )
+                for h, legend in (
+                    (m.GEN_AI_TIME_TO_FIRST_TOKEN, "TTFT"),
+                    (m.GEN_AI_TIME_PER_OUTPUT_TOKEN, "TPOT"),
+                    (m.GEN_AI_REQUEST_DURATION, "duration"),
+                )
+            ],
+            "OpenTelemetry gen_ai.server.* histograms, by operation.",
+        ),
+    ]
     return [("Latency", latency), ("Load and throughput", load), ("Engine", engine), ("Quality", quality)]
 
 
@@ -144,8 +232,16 @@ def layout(rows: list[tuple[str, list[dict]]]) -> list[dict]:
     """Rows of three panels, each 8 wide and 8 high, with ids in order."""
     panels, y, next_id = [], 0, 1
     for title, row_panels in rows:
-        panels.append({"type": "row", "title": title, "id": next_id, "collapsed": False, "panels": [],
-                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}})  # fmt: skip
+        panels.append(
+            {
+                "type": "row",
+                "title": title,
+                "id": next_id,
+                "collapsed": False,
+                "panels": [],
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+            }
+        )
         next_id, y = next_id + 1, y + 1
         for i, p in enumerate(row_panels):
             p["id"], next_id = next_id, next_id + 1
@@ -156,14 +252,31 @@ def layout(rows: list[tuple[str, list[dict]]]) -> list[dict]:
 
 
 def templating() -> dict:
-    return {"list": [
-        {"type": "datasource", "name": "datasource", "label": "Prometheus", "query": "prometheus",
-         "current": {"text": "Prometheus", "value": "prometheus"}, "hide": 0},
-        {"type": "query", "name": "model_name", "label": "Model", "datasource": DATASOURCE,
-         "query": {"query": f"label_values({m.NUM_REQUESTS_RUNNING._name}, model_name)", "refId": "model_name"},
-         "refresh": 2, "multi": True, "includeAll": True, "current": {"text": "All", "value": "$__all"},
-         "hide": 0, "sort": 1},
-    ]}  # fmt: skip
+    return {
+        "list": [
+            {
+                "type": "datasource",
+                "name": "datasource",
+                "label": "Prometheus",
+                "query": "prometheus",
+                "current": {"text": "Prometheus", "value": "prometheus"},
+                "hide": 0,
+            },
+            {
+                "type": "query",
+                "name": "model_name",
+                "label": "Model",
+                "datasource": DATASOURCE,
+                "query": {"query": f"label_values({m.NUM_REQUESTS_RUNNING._name}, model_name)", "refId": "model_name"},
+                "refresh": 2,
+                "multi": True,
+                "includeAll": True,
+                "current": {"text": "All", "value": "$__all"},
+                "hide": 0,
+                "sort": 1,
+            },
+        ]
+    }
 
 
 def dashboard() -> dict:

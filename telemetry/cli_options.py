@@ -11,18 +11,23 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--telemetry``, the OTLP options, content and step tracing, and the SLO targets."""
     group = parser.add_argument_group("telemetry")
     group.add_argument(
-        "--telemetry", choices=TELEMETRY_LEVELS, default="full",
+        "--telemetry",
+        choices=TELEMETRY_LEVELS,
+        default="full",
         help="off: no metrics or spans; metrics: Prometheus only; full: metrics and traces (default).",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--otlp-traces-endpoint", default=None,
+        "--otlp-traces-endpoint",
+        default=None,
         help="Where to export spans over OTLP, e.g. http://127.0.0.1:6006/v1/traces (Phoenix) or "
         "http://127.0.0.1:4317 (gRPC). Default: the OTEL_EXPORTER_OTLP_* variables; none set, no spans.",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--otlp-protocol", choices=("grpc", "http/protobuf"), default=None,
+        "--otlp-protocol",
+        choices=("grpc", "http/protobuf"),
+        default=None,
         help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else gRPC for port 4317, else http/protobuf).",
-    )  # fmt: skip
+    )
     group.add_argument("--trace-content", action="store_true", help="Record prompts and completions in spans.")
     group.add_argument("--trace-steps", action="store_true", help="One span per engine step, linked to its requests.")
     group.add_argument("--log-content", action="store_true", help="Put prompts and completions in request logs.")

@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY
 from prometheus_client import exposition as text_format
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import CollectorRegistry
+from spyglass.telemetry import metrics  # noqa: F401  (registers every definition before the first scrape)
 
 OPENMETRICS = "application/openmetrics-text"
 

@@ -11,7 +11,6 @@ import time
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
 from spyglass.telemetry import metrics, tracing
 
 UNMATCHED_ROUTE = "unmatched"
@@ -48,14 +47,19 @@ class TelemetryMiddleware:
         tracer = tracing.get_tracer() if scope.get("path") not in self.untraced_paths else None
         span = trace.INVALID_SPAN
         if tracer is not None:
-            span = tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes={
-                "http.request.method": method,
-                "url.path": scope.get("path", ""),
-                "url.scheme": scope.get("scheme", "http"),
-                "network.protocol.version": scope.get("http_version", ""),
-                "user_agent.original": headers.get("user-agent", ""),
-                "client.address": (scope.get("client") or ("",))[0],
-            })  # fmt: skip
+            span = tracer.start_span(
+                method,
+                context=parent,
+                kind=SpanKind.SERVER,
+                attributes={
+                    "http.request.method": method,
+                    "url.path": scope.get("path", ""),
+                    "url.scheme": scope.get("scheme", "http"),
+                    "network.protocol.version": scope.get("http_version", ""),
+                    "user_agent.original": headers.get("user-agent", ""),
+                    "client.address": (scope.get("client") or ("",))[0],
+                },
+            )
         token = context.attach(trace.set_span_in_context(span, parent))
         status = 500
         start = time.perf_counter()

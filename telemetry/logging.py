@@ -11,7 +11,6 @@ import logging
 import sys
 
 import structlog
-
 from spyglass.telemetry.tracing import trace_ids
 
 # Shared by structlog events and foreign (plain logging) records before rendering.

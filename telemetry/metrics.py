@@ -21,12 +21,80 @@ disable_created_metrics()
 M = ["model_name"]
 
 # vLLM's buckets, with a few sub-10 ms ones added for per-token latencies on fast hardware.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
-TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-                         1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
-REQUEST_LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TOKEN_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.01,
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 TOKEN_COUNT_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5))
 STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 STEP_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -51,35 +119,42 @@ PROMPT_TOKENS = Counter("spyglass:prompt_tokens", "Prefill tokens processed (pre
 GENERATION_TOKENS = Counter("spyglass:generation_tokens", "Tokens generated.", M)
 NUM_PREEMPTIONS = Counter("spyglass:num_preemptions", "Requests preempted to free KV cache.", M)
 REQUEST_SUCCESS = Counter(
-    "spyglass:request_success", "Finished requests by finish reason (stop, length, abort, error).",
+    "spyglass:request_success",
+    "Finished requests by finish reason (stop, length, abort, error).",
     M + ["finished_reason"],
-)  # fmt: skip
+)
 PREFIX_CACHE_QUERIES = Counter("spyglass:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", M)
 PREFIX_CACHE_HITS = Counter("spyglass:prefix_cache_hits", "Prompt tokens found in the prefix cache.", M)
 SPEC_DECODE_NUM_DRAFTS = Counter("spyglass:spec_decode_num_drafts", "Draft proposals verified.", M)
 SPEC_DECODE_NUM_DRAFT_TOKENS = Counter("spyglass:spec_decode_num_draft_tokens", "Draft tokens proposed.", M)
 SPEC_DECODE_NUM_ACCEPTED_TOKENS = Counter("spyglass:spec_decode_num_accepted_tokens", "Draft tokens accepted.", M)
 SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = Counter(
-    "spyglass:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the draft.",
+    "spyglass:spec_decode_num_accepted_tokens_per_pos",
+    "Draft tokens accepted, by position in the draft.",
     M + ["position"],
-)  # fmt: skip
+)
 PLUGIN_HOOK_ERRORS = Counter(
-    "spyglass:plugin_hook_errors", "Exceptions raised by plugin event hooks (logged, never fatal).",
+    "spyglass:plugin_hook_errors",
+    "Exceptions raised by plugin event hooks (logged, never fatal).",
     M + ["plugin", "hook"],
-)  # fmt: skip
+)
 
 # -- per-request histograms (observed when a request finishes; latencies carry trace exemplars) --
 TIME_TO_FIRST_TOKEN = Histogram(
     "spyglass:time_to_first_token_seconds", "Arrival to first output token.", M, buckets=TTFT_BUCKETS
 )
 INTER_TOKEN_LATENCY = Histogram(
-    "spyglass:inter_token_latency_seconds", "Time between consecutive output tokens.", M,
+    "spyglass:inter_token_latency_seconds",
+    "Time between consecutive output tokens.",
+    M,
     buckets=TOKEN_LATENCY_BUCKETS,
-)  # fmt: skip
+)
 TIME_PER_OUTPUT_TOKEN = Histogram(
-    "spyglass:request_time_per_output_token_seconds", "Mean decode time per output token after the first.", M,
+    "spyglass:request_time_per_output_token_seconds",
+    "Mean decode time per output token after the first.",
+    M,
     buckets=TOKEN_LATENCY_BUCKETS,
-)  # fmt: skip
+)
 E2E_REQUEST_LATENCY = Histogram(
     "spyglass:e2e_request_latency_seconds", "Arrival to finish.", M, buckets=REQUEST_LATENCY_BUCKETS
 )
@@ -107,13 +182,17 @@ ITERATION_TOKENS = Histogram(
     "spyglass:iteration_tokens_total", "Tokens scheduled per engine step.", M, buckets=STEP_TOKEN_BUCKETS
 )
 ENGINE_STEP_DURATION = Histogram(
-    "spyglass:engine_step_duration_seconds", "Wall time of one engine step (schedule, model, update).", M,
+    "spyglass:engine_step_duration_seconds",
+    "Wall time of one engine step (schedule, model, update).",
+    M,
     buckets=STEP_DURATION_BUCKETS,
-)  # fmt: skip
+)
 ENGINE_STEP_PHASE_DURATION = Histogram(
-    "spyglass:engine_step_phase_duration_seconds", "Wall time of each step phase (schedule, model, update).",
-    M + ["phase"], buckets=STEP_DURATION_BUCKETS,
-)  # fmt: skip
+    "spyglass:engine_step_phase_duration_seconds",
+    "Wall time of each step phase (schedule, model, update).",
+    M + ["phase"],
+    buckets=STEP_DURATION_BUCKETS,
+)
 ENGINE_STEP_BATCH_SIZE = Histogram(
     "spyglass:engine_step_batch_size", "Requests in each step's batch.", M, buckets=BATCH_SIZE_BUCKETS
 )
@@ -125,28 +204,39 @@ SLO_REQUESTS = Counter("spyglass:slo_requests", "Finished requests judged agains
 SLO_TTFT_MET = Counter("spyglass:slo_ttft_met_requests", "Requests whose TTFT met its target.", M)
 SLO_TPOT_MET = Counter("spyglass:slo_tpot_met_requests", "Requests whose TPOT met its target.", M)
 SLO_MET = Counter("spyglass:slo_met_requests", "Requests that met both targets (goodput).", M)
+SLO_DEADLINE_MISSES = Counter(
+    "spyglass:slo_deadline_misses", "Requests whose first token missed its deadline under the slo scheduling policy.", M
+)
 
 # -- OpenTelemetry GenAI server metrics --------------------------------------------------------
 GEN_AI = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"]
 GEN_AI_TIME_TO_FIRST_TOKEN = Histogram(
-    "gen_ai_server_time_to_first_token_seconds", "gen_ai.server.time_to_first_token", GEN_AI,
+    "gen_ai_server_time_to_first_token_seconds",
+    "gen_ai.server.time_to_first_token",
+    GEN_AI,
     buckets=GEN_AI_TTFT_BUCKETS,
-)  # fmt: skip
+)
 GEN_AI_TIME_PER_OUTPUT_TOKEN = Histogram(
-    "gen_ai_server_time_per_output_token_seconds", "gen_ai.server.time_per_output_token", GEN_AI,
+    "gen_ai_server_time_per_output_token_seconds",
+    "gen_ai.server.time_per_output_token",
+    GEN_AI,
     buckets=GEN_AI_TPOT_BUCKETS,
-)  # fmt: skip
+)
 GEN_AI_REQUEST_DURATION = Histogram(
-    "gen_ai_server_request_duration_seconds", "gen_ai.server.request.duration", GEN_AI + ["error_type"],
+    "gen_ai_server_request_duration_seconds",
+    "gen_ai.server.request.duration",
+    GEN_AI + ["error_type"],
     buckets=GEN_AI_DURATION_BUCKETS,
-)  # fmt: skip
+)
 
 # -- HTTP ------------------------------------------------------------------------------------
 HTTP_REQUESTS = Counter("spyglass:http_requests", "HTTP requests by route template and status.", ["route", "status"])
 HTTP_REQUEST_DURATION = Histogram(
-    "spyglass:http_request_duration_seconds", "HTTP request handling time (until the response ends).", ["route"],
+    "spyglass:http_request_duration_seconds",
+    "HTTP request handling time (until the response ends).",
+    ["route"],
     buckets=REQUEST_LATENCY_BUCKETS,
-)  # fmt: skip
+)
 
 
 DEVICE_UTILIZATION = "spyglass:device_utilization_perc"
@@ -163,7 +253,7 @@ class DeviceCollector(Collector):
 
     def __init__(self) -> None:
         self._nvml_handles: list | None = None
-        self._last_cpu: tuple[float, float] | None = None
+        self._last_cpu = self._cpu_sample()  # the first scrape reports the average since start-up
 
     def _gpus(self) -> list:
         if self._nvml_handles is None:
@@ -176,7 +266,7 @@ class DeviceCollector(Collector):
                     pynvml.nvmlInit()
                     count = pynvml.nvmlDeviceGetCount()
                     self._nvml_handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            except Exception:  # no NVML, no driver, no CUDA: fall back to the CPU
+            except Exception:  # noqa: BLE001  (no NVML, no driver, no CUDA: fall back to the CPU)
                 self._nvml_handles = []
         return self._nvml_handles
 
@@ -196,11 +286,15 @@ class DeviceCollector(Collector):
         yield util
         yield memory
 
-    def _cpu_utilization(self) -> float:
+    @staticmethod
+    def _cpu_sample() -> tuple[float, float]:
         times = os.times()
-        sample = (times.user + times.system, time.monotonic())
+        return times.user + times.system, time.monotonic()
+
+    def _cpu_utilization(self) -> float:
+        sample = self._cpu_sample()
         last, self._last_cpu = self._last_cpu, sample
-        if last is None or sample[1] <= last[1]:
+        if sample[1] <= last[1]:
             return 0.0
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         return min(1.0, (sample[0] - last[0]) / (sample[1] - last[1]) / cores)

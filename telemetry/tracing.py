@@ -21,7 +21,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanContext
-
 from spyglass.telemetry import settings as telemetry_settings
 
 TRACER_NAME = "spyglass"

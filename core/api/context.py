@@ -63,9 +63,14 @@ class ServingContext:
                 headers={"Retry-After": "1"},
             )
 
-    async def engine_call(self, function):
-        """Run ``function(engine)`` in the engine thread and await its result."""
-        return await asyncio.wrap_future(self.async_engine.call(function))
+    async def engine_call(self, function, timeout: float = 10.0):
+        """Run ``function(engine)`` in the engine thread and await its result; 503 if the loop is gone."""
+        if not self.async_engine.is_alive:
+            raise APIError(503, "the engine is not running", code="engine_unavailable")
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self.async_engine.call(function)), timeout)
+        except TimeoutError:
+            raise APIError(503, "the engine did not answer in time", code="engine_unavailable") from None
 
 
 def provide_serving(state: State) -> ServingContext:

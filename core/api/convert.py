@@ -50,6 +50,7 @@ def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int 
         logprobs=logprobs,
         n=body.n,
         priority=body.priority,
+        extra={} if body.ttft_slo_s is None else {"ttft_slo_s": body.ttft_slo_s},
     )
 
 

@@ -35,6 +35,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     user: str | None = None
     priority: int = 0
+    ttft_slo_s: float | None = None  # time-to-first-token target, read by the slo scheduling policy
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

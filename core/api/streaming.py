@@ -3,6 +3,7 @@
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
+import anyio
 import msgspec
 from litestar.response import Stream
 
@@ -30,7 +31,9 @@ async def _events(chunks: AsyncGenerator) -> AsyncIterator[bytes]:
         log.exception("streamed generation failed")
         yield sse_event(error_body(500, f"generation failed: {type(error).__name__}: {error}", code="engine_error"))
     finally:
-        await chunks.aclose()
+        # Shielded: on disconnect the surrounding cancel scope would interrupt the cleanup itself.
+        with anyio.CancelScope(shield=True):
+            await chunks.aclose()
     yield DONE
 
 

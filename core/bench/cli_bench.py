@@ -1,8 +1,8 @@
 """``spyglass bench <name>``: one subcommand per benchmark module."""
 
-from spyglass.core.bench import serve, throughput
+from spyglass.core.bench import latency, serve, throughput
 
-BENCHMARKS = (throughput, serve)
+BENCHMARKS = (throughput, serve, latency)
 
 
 def add_parser(subparsers) -> None:

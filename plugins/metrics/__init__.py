@@ -5,7 +5,6 @@ Every metric is defined in `spyglass.telemetry.metrics`; this plugin only record
 """
 
 from prometheus_client.metrics import MetricWrapperBase
-
 from spyglass.core.hookspecs import hookimpl
 from spyglass.core.request import FinishReason, Request
 from spyglass.core.step_stats import EngineInfo, StepStats

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
-
 from spyglass.core.hookspecs import hookimpl
 from spyglass.core.request import FinishReason, Request
 from spyglass.core.step_stats import EngineInfo, StepStats
@@ -70,8 +69,10 @@ class RequestTracer:
         request = rt.request
         produced = request.num_output_tokens > rt.outputs_at_phase_start
         when = epoch_ns(request.times.last_token) if produced else time.time_ns()
-        chunk = {"spyglass.num_tokens": request.num_computed_tokens - before,
-                 "spyglass.num_computed_tokens": request.num_computed_tokens}  # fmt: skip
+        chunk = {
+            "spyglass.num_tokens": request.num_computed_tokens - before,
+            "spyglass.num_computed_tokens": request.num_computed_tokens,
+        }
         if step_id is not None:
             chunk["spyglass.step.id"] = step_id
         rt.phase.add_event("prefill_chunk", chunk, timestamp=when)
@@ -104,8 +105,9 @@ class RequestTracer:
         now = epoch_ns(time.monotonic()) if resumed else epoch_ns(request.times.first_scheduled)
         if resumed:
             rt.span.add_event("resumed", timestamp=now)
-        self._enter(rt, "prefill", now, **{"spyglass.resumed": resumed,
-                                          "spyglass.num_cached_tokens": request.num_cached_tokens})  # fmt: skip
+        self._enter(
+            rt, "prefill", now, **{"spyglass.resumed": resumed, "spyglass.num_cached_tokens": request.num_cached_tokens}
+        )
 
     def first_token(self, request: Request) -> None:
         rt = self.traces.get(request.req_id)
@@ -134,7 +136,9 @@ class RequestTracer:
         span.add_event("finished", {"gen_ai.response.finish_reasons": [reason.value]}, timestamp=end)
         span.set_attributes(attrs.finish_attributes(request, reason))
         if self.settings.trace_content and self.tokenizer is not None:
-            span.set_attributes(attrs.output_content_attributes(self.tokenizer.decode(request.output_token_ids), reason))
+            span.set_attributes(
+                attrs.output_content_attributes(self.tokenizer.decode(request.output_token_ids), reason)
+            )
         if reason is FinishReason.ERROR:
             span.set_status(Status(StatusCode.ERROR, request.error))
         span.end(end_time=end)

@@ -1,7 +1,7 @@
 """Span attributes for a request, in the GenAI, OpenInference and Langfuse conventions at once."""
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from spyglass.core.request import FinishReason, Request
 
@@ -86,7 +86,9 @@ def input_content_attributes(request: Request, prompt_text: str) -> dict:
         for i, message in enumerate(messages):
             attrs[f"llm.input_messages.{i}.message.role"] = str(message.get("role", ""))
             attrs[f"llm.input_messages.{i}.message.content"] = _text(message.get("content"))
-        genai = [{"role": m.get("role"), "parts": [{"type": "text", "content": _text(m.get("content"))}]} for m in messages]
+        genai = [
+            {"role": m.get("role"), "parts": [{"type": "text", "content": _text(m.get("content"))}]} for m in messages
+        ]
     else:
         genai = [{"role": "user", "parts": [{"type": "text", "content": prompt_text}]}]
     attrs["gen_ai.input.messages"] = json.dumps(genai)
@@ -142,4 +144,4 @@ def finish_attributes(request: Request, reason: FinishReason) -> dict:
 
 def iso_time(epoch_ns: int) -> str:
     """Epoch nanoseconds as an ISO 8601 UTC timestamp (Langfuse's completion start time)."""
-    return datetime.fromtimestamp(epoch_ns / 1e9, tz=timezone.utc).isoformat()
+    return datetime.fromtimestamp(epoch_ns / 1e9, tz=UTC).isoformat()

@@ -123,3 +123,13 @@ def test_chat_text_parts_n_and_logprobs(tiny_client):
     chunks = list(tiny_client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, n=2,
                                                       stream=True, extra_body={"ignore_eos": True}))
     assert {c.choices[0].index for c in chunks} == {0, 1}
+
+
+def test_cached_tokens_count_prefix_cache_hits(tiny_client):
+    prompt = "A repeated prefix. " * 20
+    first = tiny_client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    second = tiny_client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    assert second.usage.prompt_tokens == first.usage.prompt_tokens
+    # Every full block of the prompt is a hit the second time (block size 16).
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= (first.usage.prompt_tokens - 1) // 16 * 16 > 0

@@ -12,7 +12,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from spyglass.core.config import EngineConfig
 from spyglass.core.engine import LLMEngine
 from spyglass.telemetry import settings as telemetry_settings
@@ -117,4 +116,3 @@ def phoenix(tmp_path_factory):
     except subprocess.TimeoutExpired:
         process.kill()
     log_file.close()
-

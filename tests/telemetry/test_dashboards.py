@@ -1,4 +1,4 @@
-"""The generated Grafana dashboard: current, schema-valid, and every query parses and finds data in a live Prometheus."""
+"""The generated Grafana dashboard: current, schema-valid, its queries parse and find data in a live Prometheus."""
 
 import importlib.util
 import json
@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
-
 from spyglass.core.sampling_params import SamplingParams
 from spyglass.telemetry import metrics
 from spyglass.telemetry.exposition import render_metrics
@@ -24,7 +23,11 @@ from spyglass.telemetry.exposition import render_metrics
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 # Metrics that only get a sample when their event happens (a hook error, an HTTP request, a
 # draft accepted at some position); their queries must still parse, but may return nothing here.
-EVENT_ONLY = {"spyglass:plugin_hook_errors", "spyglass:http_requests", "spyglass:spec_decode_num_accepted_tokens_per_pos"}
+EVENT_ONLY = {
+    "spyglass:plugin_hook_errors",
+    "spyglass:http_requests",
+    "spyglass:spec_decode_num_accepted_tokens_per_pos",
+}
 NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of their own
     "spyglass:http_request_duration_seconds",
     "spyglass:slo_ttft_target_seconds",
@@ -110,17 +113,39 @@ def test_dashboard_type_checks_against_grafana_schema(generate, tmp_path):
     tsc = cache / "node_modules" / ".bin" / "tsc"
     if not tsc.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund", *GRAFANA_SCHEMA_PACKAGES],
-                       check=True, capture_output=True, timeout=300)  # fmt: skip
+        subprocess.run(
+            ["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund", *GRAFANA_SCHEMA_PACKAGES],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
 
     def check(dashboard_json: str) -> subprocess.CompletedProcess:
         source = cache / f"check_{os.getpid()}.ts"
-        source.write_text(f'import type {{ Dashboard }} from "@grafana/schema";\n'
-                          f"const dashboard: Dashboard = {dashboard_json};\nexport default dashboard;\n")  # fmt: skip
+        source.write_text(
+            f'import type {{ Dashboard }} from "@grafana/schema";\n'
+            f"const dashboard: Dashboard = {dashboard_json};\nexport default dashboard;\n"
+        )
         try:
-            return subprocess.run([str(tsc), "--noEmit", "--strict", "--moduleResolution", "bundler", "--module",
-                                   "esnext", "--target", "es2020", "--skipLibCheck", str(source)],
-                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+            return subprocess.run(
+                [
+                    str(tsc),
+                    "--noEmit",
+                    "--strict",
+                    "--moduleResolution",
+                    "bundler",
+                    "--module",
+                    "esnext",
+                    "--target",
+                    "es2020",
+                    "--skipLibCheck",
+                    str(source),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
         finally:
             source.unlink()
 
@@ -159,18 +184,27 @@ def prometheus(tmp_path):
     require_tool("prometheus")
     exporter = ThreadingHTTPServer(("127.0.0.1", 0), _MetricsHandler)
     threading.Thread(target=exporter.serve_forever, daemon=True).start()
-    config = {"global": {"scrape_interval": "1s"},
-              "scrape_configs": [{"job_name": "spyglass",
-                                  "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_port}"]}]}]}  # fmt: skip
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "spyglass", "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_port}"]}]}
+        ],
+    }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     with ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler) as probe:
         port = probe.server_port
     log = (tmp_path / "prometheus.log").open("wb")
     process = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--web.listen-address=127.0.0.1:{port}",
-         f"--storage.tsdb.path={tmp_path / 'data'}", "--enable-feature=exemplar-storage"],
-        stdout=log, stderr=log,
-    )  # fmt: skip
+        [
+            "prometheus",
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            "--enable-feature=exemplar-storage",
+        ],
+        stdout=log,
+        stderr=log,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while _ready(base) is False:
@@ -207,8 +241,12 @@ def test_every_query_parses_and_finds_data_in_prometheus(
     engine = make_engine(max_num_seqs=2)  # the third request waits: waiting_by_class gets a sample
     _wait_for_scrapes(prometheus, 1)
     for i in range(3):
-        engine.add_request(f"d{i}", [1, 2, 3, 4 + i], SamplingParams(max_tokens=4, ignore_eos=True),
-                           attributes={"operation": "chat" if i else "text_completion"})  # fmt: skip
+        engine.add_request(
+            f"d{i}",
+            [1, 2, 3, 4 + i],
+            SamplingParams(max_tokens=4, ignore_eos=True),
+            attributes={"operation": "chat" if i else "text_completion"},
+        )
     run_to_completion(engine)
     start = time.time()
     _wait_for_scrapes(prometheus, 4)
@@ -229,7 +267,12 @@ def test_every_query_parses_and_finds_data_in_prometheus(
             assert result["data"]["result"], f"no data for {expr}"
 
     traced = {format(s.context.trace_id, "032x") for s in span_exporter.get_finished_spans() if s.parent is None}
-    exemplars = _api(prometheus, "/api/v1/query_exemplars", query=f"{metrics.TIME_TO_FIRST_TOKEN._name}_bucket",
-                     start=start - 120, end=time.time() + 10)["data"]  # fmt: skip
+    exemplars = _api(
+        prometheus,
+        "/api/v1/query_exemplars",
+        query=f"{metrics.TIME_TO_FIRST_TOKEN._name}_bucket",
+        start=start - 120,
+        end=time.time() + 10,
+    )["data"]
     stored = {e["labels"]["trace_id"] for series in exemplars for e in series["exemplars"]}
     assert stored & traced

@@ -5,7 +5,6 @@ import json
 import logging
 
 import pytest
-
 from spyglass.core.sampling_params import SamplingParams
 from spyglass.telemetry.logging import setup_logging
 

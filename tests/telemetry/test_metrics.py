@@ -4,10 +4,10 @@ import re
 
 import pytest
 from prometheus_client import REGISTRY
-
 from spyglass.core.hookspecs import hookimpl
 from spyglass.core.plugin_manager import create_plugin_manager
 from spyglass.core.sampling_params import SamplingParams
+from spyglass.telemetry import metrics
 from spyglass.telemetry.exposition import render_metrics
 
 
@@ -16,7 +16,9 @@ class Registry:
 
     def __init__(self, model: str):
         self.model = model
-        self.before = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in REGISTRY.collect() for s in m.samples}
+        self.before = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value for m in REGISTRY.collect() for s in m.samples
+        }
 
     def value(self, name: str, **labels) -> float:
         labels.setdefault("model_name", self.model)
@@ -49,8 +51,13 @@ def test_request_and_step_metrics_after_a_run(engine_and_registry, run_to_comple
     assert reg.delta("spyglass:request_success_total", finished_reason="length") == 3
     assert reg.delta("spyglass:prompt_tokens_total") == sum(map(len, prompts))
     assert reg.delta("spyglass:generation_tokens_total") == sum(max_tokens)
-    for name in ("time_to_first_token", "e2e_request_latency", "request_queue_time", "request_prefill_time",
-                 "request_decode_time"):  # fmt: skip
+    for name in (
+        "time_to_first_token",
+        "e2e_request_latency",
+        "request_queue_time",
+        "request_prefill_time",
+        "request_decode_time",
+    ):
         assert reg.delta(f"spyglass:{name}_seconds_count") == 3, name
     assert reg.delta("spyglass:request_time_per_output_token_seconds_count") == 2  # one-token requests have none
     assert reg.delta("spyglass:inter_token_latency_seconds_count") == sum(n - 1 for n in max_tokens)
@@ -99,7 +106,7 @@ def test_gauges_mid_run_slo_misses_preemptions_and_aborts(engine_and_registry):
 
 
 def test_exemplars_link_latency_buckets_to_traces(engine_and_registry, span_exporter, run_to_completion):
-    engine, reg = engine_and_registry({})
+    engine, _ = engine_and_registry({})
     engine.add_request("ex", [1, 2, 3, 4], SamplingParams(max_tokens=3, ignore_eos=True))
     run_to_completion(engine)
     (span,) = [s for s in span_exporter.get_finished_spans() if s.name.startswith("text_completion")]
@@ -111,7 +118,7 @@ def test_exemplars_link_latency_buckets_to_traces(engine_and_registry, span_expo
     assert "spyglass_" not in text  # prometheus/client_python#1177 would mangle the colon
     for name in ("time_to_first_token", "e2e_request_latency", "request_time_per_output_token"):
         pattern = rf'^spyglass:{name}_seconds_bucket\{{.*\}} \S+ # \{{trace_id="{trace_id}"\}}'
-        assert re.search(pattern, text, re.M), name
+        assert re.search(pattern, text, re.MULTILINE), name
     plain, plain_type = render_metrics("text/plain")
     assert plain_type.startswith("text/plain") and b"# {trace_id" not in plain
 
@@ -139,9 +146,10 @@ def test_plugin_hook_errors_are_counted(use_settings, tiny_llama_dir, run_to_com
 
 
 def test_device_utilisation_and_metrics_off(engine_and_registry, run_to_completion):
-    utilisation = REGISTRY.get_sample_value("spyglass:device_utilization_perc", {"device": "cpu"})
-    assert utilisation is not None and 0 <= utilisation <= 1
-    assert REGISTRY.get_sample_value("spyglass:device_memory_used_bytes", {"device": "cpu"}) > 0
+    sum(range(3_000_000))  # some CPU time between two readings
+    utilisation = REGISTRY.get_sample_value(metrics.DEVICE_UTILIZATION, {"device": "cpu"})
+    assert utilisation is not None and 0 < utilisation <= 1
+    assert REGISTRY.get_sample_value(metrics.DEVICE_MEMORY_USED, {"device": "cpu"}) > 0
 
     engine, reg = engine_and_registry({"metrics": False})
     engine.add_request("off", [1, 2, 3], SamplingParams(max_tokens=2))

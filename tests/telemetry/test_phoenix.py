@@ -7,7 +7,6 @@ import urllib.request
 import uuid
 
 import pytest
-
 from spyglass.core.sampling_params import SamplingParams
 from spyglass.telemetry import tracing
 from spyglass.telemetry.settings import TelemetrySettings
@@ -57,8 +56,9 @@ def test_request_spans_reach_phoenix(phoenix, protocol, monkeypatch, use_setting
         use_settings(otlp_traces_endpoint=endpoint, otlp_protocol=protocol, trace_content=True)
         engine = make_engine()
         prompt_ids = engine.tokenizer.encode(PROMPT)
-        engine.add_request("p1", prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True), PROMPT,
-                           attributes={"operation": "chat"})  # fmt: skip
+        engine.add_request(
+            "p1", prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True), PROMPT, attributes={"operation": "chat"}
+        )
         run_to_completion(engine)
         assert provider.force_flush(30_000)
     finally:

@@ -1,10 +1,10 @@
 """The tracing plugin: request span trees, GenAI/OpenInference attributes, content opt-in, step spans."""
 
+import itertools
 import json
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-
 from spyglass.core.sampling_params import SamplingParams
 
 PROMPT = "The quick brown fox jumps over the lazy dog, again and again and again"
@@ -28,8 +28,13 @@ def test_request_span_tree_attributes_and_step_links(use_settings, span_exporter
     http_span = TracerProvider().get_tracer("test").start_span("POST /v1/chat/completions")
     http_context = trace.set_span_in_context(http_span)
     params = SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, top_k=40, seed=7, ignore_eos=True)
-    engine.add_request("chat-1", prompt_ids, params, prompt=PROMPT,
-                       attributes={"operation": "chat", "otel_context": http_context, "stream": True})  # fmt: skip
+    engine.add_request(
+        "chat-1",
+        prompt_ids,
+        params,
+        prompt=PROMPT,
+        attributes={"operation": "chat", "otel_context": http_context, "stream": True},
+    )
     engine.add_request("cmpl-2", prompt_ids[:3], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     run_to_completion(engine)
     spans = span_exporter.get_finished_spans()
@@ -62,7 +67,7 @@ def test_request_span_tree_attributes_and_step_links(use_settings, span_exporter
     phases = sorted(children(spans, chat), key=lambda s: s.start_time)
     assert [s.name for s in phases] == ["queue", "prefill", "decode"]
     assert chat.start_time == phases[0].start_time and phases[-1].end_time == chat.end_time
-    for earlier, later in zip(phases, phases[1:]):
+    for earlier, later in itertools.pairwise(phases):
         assert earlier.end_time == later.start_time
     chunks = [e for e in phases[1].events if e.name == "prefill_chunk"]
     assert len(chunks) >= 2
@@ -89,8 +94,13 @@ def test_content_only_when_opted_in(use_settings, span_exporter, make_engine, ru
     use_settings(trace_content=True)
     engine = make_engine()
     messages = [{"role": "user", "content": "Say hi"}]
-    engine.add_request("c", engine.tokenizer.encode(PROMPT), SamplingParams(max_tokens=4, temperature=0),
-                       prompt=PROMPT, attributes={"operation": "chat", "messages": messages})  # fmt: skip
+    engine.add_request(
+        "c",
+        engine.tokenizer.encode(PROMPT),
+        SamplingParams(max_tokens=4, temperature=0),
+        prompt=PROMPT,
+        attributes={"operation": "chat", "messages": messages},
+    )
     engine.add_request("t", engine.tokenizer.encode(PROMPT), SamplingParams(max_tokens=4, temperature=0), prompt=PROMPT)
     outputs = run_to_completion(engine)
     spans = {s.attributes.get("gen_ai.response.id"): s for s in span_exporter.get_finished_spans()}
@@ -100,7 +110,9 @@ def test_content_only_when_opted_in(use_settings, span_exporter, make_engine, ru
     assert text["llm.output_messages.0.message.role"] == "assistant"
     assert json.loads(text["gen_ai.output.messages"])[0]["parts"][0]["content"] == text["output.value"]
     assert chat["llm.input_messages.0.message.content"] == "Say hi"
-    assert json.loads(chat["gen_ai.input.messages"]) == [{"role": "user", "parts": [{"type": "text", "content": "Say hi"}]}]
+    assert json.loads(chat["gen_ai.input.messages"]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "Say hi"}]}
+    ]
 
 
 def test_preemption_and_resumption_spans(use_settings, span_exporter, make_engine, run_to_completion):

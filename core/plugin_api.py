@@ -1,0 +1,67 @@
+"""The typed surface for plugin authors: import everything a plugin needs from here, and check it with mypy.
+
+``hookimpl`` marks a hook implementation (pluggy checks parameter names when the plugin is
+registered); `implements` does the same and also lets mypy check the whole signature against
+the hookspec. The payload types are the engine's own: hooks receive live objects, to be read
+and never mutated (a policy keeps its own state).
+
+    from spyglass.core.plugin_api import FinishReason, Request, hookspecs, implements
+
+    @implements(hookspecs.spyglass_request_finished)
+    def spyglass_request_finished(request: Request, reason: FinishReason) -> None:
+        ...
+"""
+
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from spyglass.core import hookspecs
+from spyglass.core.block_pool import BlockPool
+from spyglass.core.config import EngineConfig
+from spyglass.core.hookspecs import hookimpl
+from spyglass.core.kv_cache_manager import NO_MATCH, PrefixMatch
+from spyglass.core.request import FinishReason, Request, RequestStatus, RequestTimes
+from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.scheduler_policy import PreemptingPolicy, SchedulingPolicy, parse_tenant_values, tenant_of
+from spyglass.core.step_stats import EngineInfo, StepStats
+
+__all__ = [
+    "NO_MATCH",
+    "BlockPool",
+    "EngineConfig",
+    "EngineInfo",
+    "FinishReason",
+    "PrefixMatch",
+    "PreemptingPolicy",
+    "Request",
+    "RequestStatus",
+    "RequestTimes",
+    "SamplingParams",
+    "SchedulingPolicy",
+    "StepStats",
+    "hookimpl",
+    "hookspecs",
+    "implements",
+    "parse_tenant_values",
+    "tenant_of",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def implements(spec: Callable[P, R], **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """``hookimpl(**options)`` for a function that must take exactly the parameters of hookspec ``spec``.
+
+    mypy then reports a parameter of the wrong type or a wrong return type; at runtime the
+    function's name must be the hookspec's. ``options`` are pluggy's (``tryfirst``, ``trylast``, ...).
+    """
+    if getattr(hookspecs, spec.__name__, None) is not spec:
+        raise TypeError(f"{spec.__name__} is not a Spyglass hookspec")
+
+    def mark(function: Callable[P, R]) -> Callable[P, R]:
+        if function.__name__ != spec.__name__:
+            raise TypeError(f"{function.__name__} implements {spec.__name__}: the names must match")
+        return hookimpl(**options)(function)
+
+    return mark

@@ -1,0 +1,124 @@
+"""Greedy float32 outputs do not depend on how the engine batches, chunks, pages or preempts (tiny random Llama)."""
+
+import pytest
+
+from spyglass.core.hookspecs import hookimpl
+from spyglass.core.sampling_params import SamplingParams
+
+TEXTS = [
+    "Hi",
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
+    "你好，世界！今天天气很好，我们去公园散步吧。",
+    "Once upon a time, in a land far away, there lived a king who loved numbers. " * 3,
+    "1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144,",
+    "Q: What is the capital of France?\nA:",
+    "import numpy as np\n\nx = np.arange(10)\nfor i in range(len(x)):\n    print(x[i] ** 2)\n" * 2,
+]
+
+# logprobs=2 lets a mismatch be checked against the top-two gap (see assert_same_greedy).
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+
+
+class StepRecorder:
+    """A plugin that keeps every step's stats."""
+
+    def __init__(self):
+        self.steps = []
+
+    @hookimpl
+    def spyglass_step_finished(self, stats):
+        """Keep the stats."""
+        self.steps.append(stats)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_llama_checkpoint) -> list[list[int]]:
+    tokenizer = tiny_llama_checkpoint.tokenizer
+    token_ids = [tokenizer.encode(text) for text in TEXTS]
+    assert min(map(len, token_ids)) <= 3 and max(map(len, token_ids)) >= 64
+    return token_ids
+
+
+@pytest.fixture(scope="module")
+def reference(make_tiny_engine, run_engine, prompts):
+    """All prompts in one batch with the defaults: block size 16, a budget that fits every prompt at once."""
+    return run_engine(make_tiny_engine(), prompts, GREEDY)
+
+
+def test_reference_is_sane(reference, prompts):
+    for output, prompt in zip(reference, prompts):
+        completion = output.outputs[0]
+        assert output.prompt_token_ids == prompt
+        assert len(completion.token_ids) == 16 and completion.finish_reason == "length"
+        assert len(completion.logprobs) == 16
+    # Different prompts lead somewhere different: the comparisons below are not trivially equal.
+    assert len({tuple(o.outputs[0].token_ids) for o in reference}) == len(reference)
+
+
+def test_alone_equals_batched(make_tiny_engine, run_engine, prompts, reference, same_greedy):
+    # One engine, one prompt at a time: also checks that reused (dirty) blocks do not leak into a new request.
+    engine = make_tiny_engine(num_kv_blocks=16)
+    for prompt, expected in zip(prompts, reference):
+        [alone] = run_engine(engine, [prompt], GREEDY)
+        same_greedy(expected, alone)
+
+
+def test_other_companions_and_order(make_tiny_engine, run_engine, prompts, reference, same_greedy):
+    # Reversed order, and seeded sampled requests of other lengths riding along in the same batches.
+    sampled = SamplingParams(temperature=1.0, seed=7, max_tokens=5, ignore_eos=True)
+    companions = [prompt[: max(1, len(prompt) // 2)] for prompt in prompts[:4]]
+    mixed = prompts[::-1] + companions
+    params = [GREEDY] * len(prompts) + [sampled] * len(companions)
+    outputs = run_engine(make_tiny_engine(), mixed, params)
+    for expected, actual in zip(reference, outputs[: len(prompts)][::-1]):
+        same_greedy(expected, actual)
+
+
+def test_staggered_arrivals(make_tiny_engine, prompts, reference, same_greedy):
+    # A new request every other step: prefills land in batches full of decodes at every stage.
+    engine = make_tiny_engine()
+    pending = list(enumerate(prompts))
+    finished = {}
+    while pending or engine.has_unfinished_requests:
+        if pending:
+            index, prompt = pending.pop(0)
+            engine.add_request(f"late-{index}", prompt, GREEDY)
+        for _ in range(2):
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+            engine.kv.check_integrity()
+    for index, expected in enumerate(reference):
+        same_greedy(expected, finished[f"late-{index}"])
+
+
+@pytest.mark.parametrize("max_num_batched_tokens", [32, 64])
+def test_chunked_prefill_mixed_with_decodes(make_tiny_engine, run_engine, prompts, reference, same_greedy, max_num_batched_tokens):
+    engine = make_tiny_engine(max_num_batched_tokens=max_num_batched_tokens)
+    recorder = StepRecorder()
+    engine.plugin_manager.register(recorder)
+    outputs = run_engine(engine, prompts, GREEDY)
+    assert max(map(len, prompts)) > max_num_batched_tokens  # so at least one prompt is chunked
+    assert all(s.num_scheduled_tokens <= max_num_batched_tokens for s in recorder.steps)
+    assert any(s.num_prefill_reqs and s.num_decode_reqs for s in recorder.steps), "no step mixed prefill and decode"
+    for expected, actual in zip(reference, outputs):
+        same_greedy(expected, actual)
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_block_size(make_tiny_engine, run_engine, prompts, reference, same_greedy, block_size):
+    engine = make_tiny_engine(block_size=block_size, num_kv_blocks=4096 // block_size)
+    for expected, actual in zip(reference, run_engine(engine, prompts, GREEDY)):
+        same_greedy(expected, actual)
+
+
+def test_forced_preemption(make_tiny_engine, run_engine, count_preemptions, prompts, reference, same_greedy):
+    # 20 blocks of 8 = 160 token slots for ~450 tokens of work: requests must lose their blocks and recompute.
+    engine = make_tiny_engine(block_size=8, num_kv_blocks=20, max_num_batched_tokens=64)
+    preemptions = count_preemptions(engine)
+    outputs = run_engine(engine, prompts, GREEDY)
+    assert len(preemptions.req_ids) >= 3
+    assert sum(1 for o in outputs if o.request_id in preemptions.req_ids) >= 2
+    for expected, actual in zip(reference, outputs):
+        same_greedy(expected, actual)
