@@ -50,4 +50,5 @@ class IncrementalDetokenizer:
         """The text safe to show now: all of it once finished, else without a possible stop-string start."""
         if finished or not self.stop or self.matched_stop is not None:
             return self.text
-        return self.text[: len(self.text) - self.holdback] if self.holdback else self.text
+        # Clamped: while the text is shorter than the holdback a negative end would slice from the back.
+        return self.text[: max(0, len(self.text) - self.holdback)]

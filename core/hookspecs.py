@@ -3,6 +3,8 @@
 Events return nothing (results are ignored; an exception is logged and counted, never fatal).
 Decisions are ``firstresult``: the first implementation returning something other than None
 wins; plugins registered later are asked first, so a third-party plugin overrides a built-in.
+A decision that raises (here or in a policy's methods) fails only the request it was about,
+with finish reason ``error`` and ``request.error`` naming the failure; the engine carries on.
 Request objects passed to hooks are the engine's live state: read them, never mutate them.
 Hooks run in the engine thread, per step or per request event, never inside the model.
 """
@@ -95,7 +97,9 @@ def spyglass_step_finished(stats: "StepStats") -> None:
 def spyglass_scheduling_policy(name: str, config: "EngineConfig") -> "SchedulingPolicy | None":
     """Return a `SchedulingPolicy` if this plugin implements the policy called ``name``, else None.
 
-    Called once at engine start; ``config.scheduling_policy`` is the requested name.
+    Called once at engine start; ``config.scheduling_policy`` is the requested name. A policy
+    that also has ``should_preempt_for`` (`PreemptingPolicy`) may preempt running requests for
+    a waiting one that does not get KV blocks.
     """
 
 

@@ -58,7 +58,15 @@ class LLM:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
-        groups = [self._add(prompt, params) for prompt, params in zip(prompts, sampling_params)]
+        groups: list[list[str]] = []
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                groups.append(self._add(prompt, params))
+        except Exception:
+            # A rejected prompt rejects the call: drop what was queued, or the next call would run it.
+            for req_id in itertools.chain.from_iterable(groups):
+                self.engine.abort(req_id)
+            raise
         finished = self._run_to_completion(sum(len(g) for g in groups), use_tqdm)
         return [self._merge([finished[req_id] for req_id in group]) for group in groups]
 

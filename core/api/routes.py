@@ -2,12 +2,11 @@
 
 from litestar import MediaType, Request, Response, get
 from litestar.di import NamedDependency
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from prometheus_client.openmetrics import exposition as openmetrics
 
 import spyglass
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.schemas import ModelCard, ModelList
+from spyglass.telemetry.exposition import render_metrics
 
 
 @get("/v1/models", summary="List the served model", tags=["openai"])
@@ -32,9 +31,8 @@ async def version() -> dict:
 @get("/metrics", summary="Prometheus metrics", opt={"metrics": True}, include_in_schema=False)
 async def metrics(request: Request) -> Response:
     """Prometheus text format, or OpenMetrics when the ``Accept`` header asks for it."""
-    if "application/openmetrics-text" in request.headers.get("accept", ""):
-        return Response(openmetrics.generate_latest(REGISTRY), media_type=openmetrics.CONTENT_TYPE_LATEST)
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    body, content_type = render_metrics(request.headers.get("accept"))
+    return Response(body, media_type=content_type)
 
 
 def _kv_stats(engine) -> dict:

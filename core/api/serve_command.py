@@ -10,6 +10,10 @@ from spyglass.core.api.app import begin_shutdown, create_app
 from spyglass.core.api.context import ServerOptions
 from spyglass.core.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.llm import parse_bytes
+from spyglass.telemetry import settings as telemetry_settings
+from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
+from spyglass.telemetry.http import TelemetryMiddleware
+from spyglass.telemetry.logging import setup_logging
 
 
 def add_parser(subparsers) -> None:
@@ -34,18 +38,20 @@ def add_parser(subparsers) -> None:
     group.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
     group.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
     add_engine_arguments(parser)
+    add_telemetry_arguments(parser)
     parser.set_defaults(run=run)
 
 
 class _Server(uvicorn.Server):
     """uvicorn, plus: a signal first stops admission and drains the engine, and SIGTERM ends with exit code 0."""
 
-    def __init__(self, config: uvicorn.Config, shutdown_timeout: float):
+    def __init__(self, config: uvicorn.Config, app, shutdown_timeout: float):
         super().__init__(config)
+        self.app = app
         self.shutdown_timeout = shutdown_timeout
 
     def handle_exit(self, sig, frame) -> None:
-        begin_shutdown(self.config.app, self.shutdown_timeout)
+        begin_shutdown(self.app, self.shutdown_timeout)
         super().handle_exit(sig, frame)
         # uvicorn re-raises captured signals after shutdown; a drained SIGTERM is a clean exit.
         if sig == signal.SIGTERM:
@@ -66,9 +72,12 @@ def run(args) -> int:
         shutdown_timeout=args.shutdown_timeout,
         served_model_name=args.served_model_name,
     )
+    setup_logging()
+    telemetry_settings.configure(settings_from_args(args))
     app = create_app(engine_config_from_args(args), options)
     config = uvicorn.Config(
-        app,
+        # Outermost, so every HTTP request (a 404 too) gets its span and its count.
+        TelemetryMiddleware(app),
         host=options.host,
         port=options.port,
         log_level="info",
@@ -77,5 +86,5 @@ def run(args) -> int:
         timeout_graceful_shutdown=int(options.shutdown_timeout) + 5,
     )
     logging.getLogger("spyglass.api").info("starting on http://%s:%d", options.host, options.port)
-    _Server(config, options.shutdown_timeout).run()
+    _Server(config, app, options.shutdown_timeout).run()
     return 0

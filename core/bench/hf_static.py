@@ -15,13 +15,13 @@ from spyglass.core.default_model import ensure_default_model
 class HFStaticBatching:
     """One padded batch through ``model.generate``, greedy, every request forced to its output length."""
 
-    def __init__(self, model: str | None, dtype: str):
+    def __init__(self, model: str | None, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM
 
         path = ensure_default_model() if model is None else model
         kwargs = {"gguf_file": str(path)} if str(path).endswith(".gguf") else {}
         directory = str(path.parent) if kwargs else str(path)
-        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype), **kwargs).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs).eval()
 
     @torch.inference_mode()
     def run(self, workload: list[BenchRequest]):

@@ -4,12 +4,15 @@ Lines go to the ``spyglass.requests`` logger with ``req_id``, ``trace_id`` and `
 prompt and completion text appear only with ``TelemetrySettings.log_content``.
 """
 
+import logging
+
 from spyglass.core.hookspecs import hookimpl
 from spyglass.core.request import FinishReason, Request
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry.logging import get_logger, request_fields
 
-log = get_logger("spyglass.requests")
+LOGGER_NAME = "spyglass.requests"
+log = get_logger(LOGGER_NAME)
 _tokenizer = None
 
 
@@ -61,6 +64,7 @@ def spyglass_request_preempted(request):
 
 @hookimpl
 def spyglass_request_finished(request, reason):
-    """The summary line; errors at warning level."""
-    level = log.warning if reason is FinishReason.ERROR else log.info
-    level("request finished", **summary(request, reason))
+    """The summary line; errors at warning level. Nothing is computed when the logger is off."""
+    level = logging.WARNING if reason is FinishReason.ERROR else logging.INFO
+    if logging.getLogger(LOGGER_NAME).isEnabledFor(level):
+        log.log(level, "request finished", **summary(request, reason))

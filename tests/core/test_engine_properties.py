@@ -77,18 +77,12 @@ def prompt_for(plan: RequestPlan, vocab_size: int) -> list[int]:
     return [rng.randrange(3, vocab_size) for _ in range(plan.prompt_len)]
 
 
-def run_workload(engine, workload: Workload, max_steps: int = 2000) -> Counter:
-    """Drive the engine through the workload, checking invariants as it goes; returns what happened."""
+def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000) -> Counter:
+    """Drive the engine through the workload, checking invariants as it goes; returns what happened.
+
+    ``preemptions`` is the `PreemptionCounter` registered on ``engine``.
+    """
     stats = Counter()
-    preempted = set()
-    original_preempt = engine.scheduler._preempt
-
-    def counting_preempt(request):
-        preempted.add(request.req_id)
-        stats["preemptions"] += 1
-        original_preempt(request)
-
-    engine.scheduler._preempt = counting_preempt
     plans = {f"w{i}": plan for i, plan in enumerate(workload.requests)}
     last: dict[str, object] = {}
     final: dict[str, object] = {}
@@ -152,11 +146,12 @@ def run_workload(engine, workload: Workload, max_steps: int = 2000) -> Counter:
             assert plan.stop and completion.stop_reason not in completion.text
         if plan.logprobs is not None and reason != "abort":
             assert len(completion.logprobs) == len(completion.token_ids)
-    stats["preempted_requests"] += len(preempted)
+    stats["preemptions"] += len(preemptions.req_ids)
+    stats["preempted_requests"] += len(set(preemptions.req_ids))
     return stats
 
 
-def test_random_workloads(make_tiny_engine):
+def test_random_workloads(make_tiny_engine, count_preemptions):
     totals = Counter()
 
     @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -168,7 +163,7 @@ def test_random_workloads(make_tiny_engine):
             max_num_batched_tokens=workload.max_num_batched_tokens,
             max_num_seqs=workload.max_num_seqs,
         )
-        totals.update(run_workload(engine, workload))
+        totals.update(run_workload(engine, workload, count_preemptions(engine)))
 
     check()
     print(f"\nrandom workloads: {dict(totals)}")
@@ -177,7 +172,7 @@ def test_random_workloads(make_tiny_engine):
     assert totals["length"] and totals["stop"] and totals["abort"]
 
 
-def test_fixed_workload_preempts_and_aborts(make_tiny_engine):
+def test_fixed_workload_preempts_and_aborts(make_tiny_engine, count_preemptions):
     # Six requests of 40 tokens in 12 blocks of 8: preemption is certain; aborts hit waiting and running requests.
     plans = tuple(
         RequestPlan(
@@ -194,6 +189,7 @@ def test_fixed_workload_preempts_and_aborts(make_tiny_engine):
         for i in range(6)
     )
     workload = Workload(block_size=8, num_kv_blocks=12, max_num_batched_tokens=32, max_num_seqs=6, requests=plans)
-    stats = run_workload(make_tiny_engine(block_size=8, num_kv_blocks=12, max_num_batched_tokens=32), workload)
+    engine = make_tiny_engine(block_size=8, num_kv_blocks=12, max_num_batched_tokens=32)
+    stats = run_workload(engine, workload, count_preemptions(engine))
     assert stats["preemptions"] >= 1 and stats["aborts"] == 2
     assert stats["length"] == 4 and stats["abort"] == 2

@@ -1,0 +1,94 @@
+"""IncrementalDetokenizer with the real SmolLM2 tokenizer: no broken characters while streaming, stop strings held back."""
+
+import pytest
+
+from spyglass.core.detokenizer import IncrementalDetokenizer
+
+TEXTS = [
+    "中文测试：你好，世界！今天天气很好，我们去公园散步吧。",
+    "emoji 😀🎉 family 👩‍👩‍👧 flags 🇫🇷🇯🇵 and 🧑🏽‍💻 at work",
+    "日本語とカタカナ、한국어도 있어요 — Ünïcödé façade naïve",
+    "混合 mixed 文本 with 🚀 rockets, 数字 12345 and code `print('你好')`",
+]
+PROMPTS = ["", "Translate:", "上一句是中文"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_checkpoint):
+    # The tiny model directory carries the default model's tokenizer (test_tokenizer checks they agree).
+    return tiny_llama_checkpoint.tokenizer
+
+
+def stream(tokenizer, prompt: str, token_ids: list[int], stop: list[str]):
+    """Feed tokens one at a time; yields (detokenizer, visible text) after each."""
+    detokenizer = IncrementalDetokenizer(tokenizer, tokenizer.encode(prompt), stop)
+    for token_id in token_ids:
+        detokenizer.add_token(token_id)
+        yield detokenizer, detokenizer.visible_text(False)
+        if detokenizer.matched_stop is not None:
+            return
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("text", TEXTS)
+def test_streaming_never_shows_a_broken_character(tokenizer, prompt, text):
+    token_ids = tokenizer.encode(text, add_special_tokens=False)
+    # The test means something only if some tokens end inside a character.
+    assert any("\ufffd" in tokenizer.decode([t]) for t in token_ids)
+    shown = ""
+    for detokenizer, visible in stream(tokenizer, prompt, token_ids, stop=[]):
+        assert "\ufffd" not in visible
+        assert visible.startswith(shown)
+        shown = visible
+    assert detokenizer.text == detokenizer.visible_text(True) == tokenizer.decode(token_ids) == text
+
+
+def test_special_tokens_are_skipped_in_the_stream(tokenizer):
+    token_ids = tokenizer.encode("<|im_start|>assistant\n你好<|im_end|> more", add_special_tokens=False)
+    *_, (detokenizer, _) = stream(tokenizer, "", token_ids, stop=[])
+    assert detokenizer.text == tokenizer.decode(token_ids) == "assistant\n你好 more"
+
+
+def stop_cases(text: str, lengths=(1, 2, 3, 5)):
+    """Every substring of the given lengths, as (stop string, text before its first occurrence)."""
+    cases = {}
+    for length in lengths:
+        for start in range(len(text) - length + 1):
+            stop = text[start : start + length]
+            cases.setdefault(stop, text[: text.index(stop)])
+    return cases
+
+
+@pytest.mark.parametrize("text", TEXTS[:3] + ["The quick brown fox jumps over the lazy dog; the end."])
+def test_stop_strings_are_held_back_and_cut(tokenizer, text):
+    token_ids = tokenizer.encode(text, add_special_tokens=False)
+    for stop, before in stop_cases(text).items():
+        for detokenizer, visible in stream(tokenizer, "Say:", token_ids, stop=["never there", stop]):
+            # Nothing beyond the stop string's start is ever shown, not even a prefix of it.
+            assert before.startswith(visible), (stop, visible)
+        assert detokenizer.matched_stop == stop
+        assert detokenizer.text == detokenizer.visible_text(True) == before
+
+
+def test_held_back_prefix_is_released_at_the_end(tokenizer):
+    token_ids = tokenizer.encode("hello wor", add_special_tokens=False)
+    *_, (detokenizer, visible) = stream(tokenizer, "", token_ids, stop=["world"])
+    assert detokenizer.matched_stop is None
+    assert visible == "hello"  # four characters held back: "world" is five long
+    assert detokenizer.visible_text(True) == "hello wor"
+
+
+def test_earliest_of_several_stop_strings_wins(tokenizer):
+    token_ids = tokenizer.encode("one two three four", add_special_tokens=False)
+    *_, (detokenizer, _) = stream(tokenizer, "", token_ids, stop=["four", "two", "three"])
+    assert detokenizer.matched_stop == "two"
+    assert detokenizer.text == "one "
+
+
+def test_stop_longer_than_the_text_so_far_hides_everything(tokenizer):
+    # Regression: the holdback was sliced as text[:len(text) - holdback], which goes negative while the
+    # text is still shorter than the holdback and then showed all but the last few characters.
+    token_ids = tokenizer.encode("hi there", add_special_tokens=False)
+    for detokenizer, visible in stream(tokenizer, "", token_ids, stop=["a much longer stop string"]):
+        assert visible == ""
+    assert detokenizer.visible_text(True) == "hi there"

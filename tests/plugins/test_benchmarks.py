@@ -1,0 +1,30 @@
+"""``spyglass bench policies`` and ``spyglass bench prefix-cache`` run end to end at toy scale on the tiny model."""
+
+from spyglass.core.cli import build_parser
+
+TINY = ["--dtype", "float32", "--device", "cpu", "--kv-cache-memory", "16MiB", "--num-threads", "1"]
+
+
+def run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+def test_bench_policies_prints_a_row_per_policy_and_class(tiny_llama_dir, capsys):
+    argv = ["bench", "policies", "--model", str(tiny_llama_dir), *TINY, "--num-interactive", "3", "--num-batch", "2",
+            "--batch-prompt-len", "24", "--batch-output-len", "6", "--interactive-output-len", "2"]  # fmt: skip
+    assert run(argv) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(row[0], row[1]) for row in rows] == [
+        (policy, cls) for policy in ("fcfs", "static", "priority", "fair", "slo") for cls in ("batch", "interactive")
+    ]
+
+
+def test_bench_prefix_cache_reports_hits_only_with_the_cache(tiny_llama_dir, capsys):
+    argv = ["bench", "prefix-cache", "--model", str(tiny_llama_dir), *TINY, "--system-len", "64",
+            "--num-questions", "4", "--question-len", "4", "--output-len", "2", "--plugins", "fcfs"]  # fmt: skip
+    assert run(argv) == 0
+    out = capsys.readouterr().out
+    rows = {line[:14].strip(): line.split() for line in out.splitlines() if line.startswith(("no cache", "prefix cache"))}
+    assert rows["no cache"][-1] == "0%" and rows["prefix cache"][-1] != "0%"
+    assert "median TTFT speed-up" in out
