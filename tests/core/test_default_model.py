@@ -79,14 +79,6 @@ class JobQueue:
             heapq.heappush(self._heap, Job(priority, next(self._counter), func, args))
             self._ready.notify()
 
-    def stop(self) -> None:
-        """Let the workers finish the job at hand and exit."""
-        with self._ready:
-            self._stopped = True
-            self._ready.notify_all()
-        for worker in self._workers:
-            worker.join()
-
     def _work(self) -> None:
         while True:
             with self._ready:
@@ -106,17 +98,6 @@ class JobQueue:
                         heapq.heappush(self._heap, job)
                         self._ready.notify()
 
-
-def main() -> None:
-    queue = JobQueue(num_workers=2)
-    for i in range(10):
-        queue.submit(print, f"job {i}", priority=i % 3)
-    time.sleep(1.0)
-    queue.stop()
-
-
-if __name__ == "__main__":
-    main()
 '''
 
 CHAT = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
