@@ -78,9 +78,10 @@ def run(args) -> int:
         ttft = np.array([r.times.first_token - r.times.arrival for r in later])
         hit = sum(r.num_cached_tokens for r in later) / max(1, sum(r.num_prompt_tokens for r in later))
         output = sum(r.num_output_tokens for r in finished)
-        rows.append((label, np.median(ttft), np.percentile(ttft, 99), len(finished) / seconds, output / seconds, hit))
-    print(f"{args.num_questions} questions of {args.question_len} tokens after a {args.system_len}-token system prompt, "
-          f"{args.output_len} output tokens, concurrency {args.concurrency}")  # fmt: skip
+        rate = len(finished) / seconds
+        rows.append((label, np.median(ttft), np.percentile(ttft, 99), rate, output / seconds, hit))
+    print(f"{args.num_questions} questions of {args.question_len} tokens after a {args.system_len}-token system "
+          f"prompt, {args.output_len} output tokens, concurrency {args.concurrency}")  # fmt: skip
     print(f"{'config':<14}{'TTFT P50 s':>12}{'TTFT P99 s':>12}{'req/s':>8}{'out tok/s':>11}{'cached':>8}")
     for label, p50, p99, rps, tps, hit in rows:
         print(f"{label:<14}{p50:>12.3f}{p99:>12.3f}{rps:>8.2f}{tps:>11.1f}{hit:>8.0%}")

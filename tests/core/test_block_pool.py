@@ -164,6 +164,13 @@ def test_integrity_detects_lost_free_block(busy_pool):
         pool.check_integrity(references)
 
 
+def test_integrity_detects_unknown_block_in_free_queue(busy_pool):
+    pool, references = busy_pool
+    pool._free[99] = None
+    with pytest.raises(BlockPoolIntegrityError, match="free queue"):
+        pool.check_integrity(references)
+
+
 def test_integrity_detects_hash_missing_from_map(busy_pool):
     pool, references = busy_pool
     del pool._cached[200]

@@ -169,7 +169,7 @@ def first_tie(logprobs: torch.Tensor) -> int:
     return int(ties[0]) if len(ties) else NUM_TOKENS
 
 
-def test_greedy_parity_with_transformers(ours, reference):
+def test_greedy_parity_with_transformers(ours, reference, record_property):
     num_ties, num_compared = 0, 0
     for index, (output, (want, logprobs)) in enumerate(zip(ours, reference)):
         got = output.outputs[0].token_ids
@@ -182,6 +182,8 @@ def test_greedy_parity_with_transformers(ours, reference):
             assert got[end] in logprobs[end].topk(2).indices.tolist()
         num_compared += end
     print(f"\nparity: {num_ties} of {len(ours)} prompts reached a near-tie (<{TIE}); {num_compared} tokens compared")
+    record_property("near_ties", num_ties)
+    record_property("tokens_compared", num_compared)
     assert num_compared >= len(ours) * NUM_TOKENS // 2
 
 

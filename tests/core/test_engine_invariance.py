@@ -122,3 +122,21 @@ def test_forced_preemption(make_tiny_engine, run_engine, count_preemptions, prom
     assert sum(1 for o in outputs if o.request_id in preemptions.req_ids) >= 2
     for expected, actual in zip(reference, outputs):
         same_greedy(expected, actual)
+
+
+def test_prefix_cache_hits(make_tiny_engine, run_engine, prompts, reference, same_greedy):
+    # With the prefix-cache plugin a second pass over the same prompts reuses their full blocks,
+    # and a prompt extending a cached one reuses its leading blocks; outputs stay the same.
+    engine = make_tiny_engine(plugins=["fcfs", "prefix_cache"], block_size=8)
+    first = run_engine(engine, prompts, GREEDY)
+    second = run_engine(engine, prompts, GREEDY)
+    assert all(o.num_cached_tokens == 0 for o in first)
+    assert [o.num_cached_tokens for o in second] == [(len(p) - 1) // 8 * 8 for p in prompts]
+    for expected, a, b in zip(reference, first, second):
+        same_greedy(expected, a)
+        same_greedy(expected, b)
+    extended = prompts[4] + prompts[1]
+    [alone] = run_engine(make_tiny_engine(block_size=8), [extended], GREEDY)
+    [hit] = run_engine(engine, [extended], GREEDY)
+    assert hit.num_cached_tokens >= len(prompts[4]) // 8 * 8
+    same_greedy(alone, hit)

@@ -29,6 +29,7 @@ class RequestPlan:
     seed: int | None
     stop: tuple[str, ...]
     logprobs: int | None
+    shares_prefix: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class Workload:
     max_num_batched_tokens: int
     max_num_seqs: int
     requests: tuple[RequestPlan, ...]
+    prefix_caching: bool = False
+    shared_prefix_len: int = 0
 
 
 @st.composite
@@ -47,9 +50,13 @@ def workloads(draw) -> Workload:
     block_size = draw(st.sampled_from([4, 8, 16]))
     num_kv_blocks = draw(st.integers(4, 12))
     capacity = block_size * num_kv_blocks
+    prefix_caching = draw(st.booleans())
+    shared_prefix_len = draw(st.integers(0, 3)) * block_size
     plans = []
     for _ in range(draw(st.integers(1, 8))):
-        prompt_len = min(draw(st.integers(1, 40)), capacity - 1)
+        shares_prefix = draw(st.booleans())
+        prompt_len = draw(st.integers(1, 40)) + (shared_prefix_len if shares_prefix else 0)
+        prompt_len = min(prompt_len, capacity - 1)
         plans.append(
             RequestPlan(
                 arrival_step=draw(st.integers(0, 8)),
@@ -61,6 +68,7 @@ def workloads(draw) -> Workload:
                 seed=draw(st.none() | st.integers(0, 100)),
                 stop=tuple(draw(st.sampled_from(STOP_CHOICES))),
                 logprobs=draw(st.none() | st.integers(0, 3)),
+                shares_prefix=shares_prefix,
             )
         )
     return Workload(
@@ -69,12 +77,20 @@ def workloads(draw) -> Workload:
         max_num_batched_tokens=draw(st.sampled_from([8, 16, 32, 128])),
         max_num_seqs=draw(st.integers(2, 8)),
         requests=tuple(plans),
+        prefix_caching=prefix_caching,
+        shared_prefix_len=shared_prefix_len,
     )
 
 
-def prompt_for(plan: RequestPlan, vocab_size: int) -> list[int]:
+def prompt_for(plan: RequestPlan, workload: Workload, vocab_size: int) -> list[int]:
+    """Random token ids; requests that share a prefix start with the workload's common blocks."""
     rng = random.Random(plan.prompt_seed)
-    return [rng.randrange(3, vocab_size) for _ in range(plan.prompt_len)]
+    own = [rng.randrange(3, vocab_size) for _ in range(plan.prompt_len)]
+    if not plan.shares_prefix:
+        return own
+    shared = random.Random(-1)
+    prefix = [shared.randrange(3, vocab_size) for _ in range(workload.shared_prefix_len)]
+    return (prefix + own)[: plan.prompt_len]
 
 
 def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000) -> Counter:
@@ -84,6 +100,7 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
     """
     stats = Counter()
     plans = {f"w{i}": plan for i, plan in enumerate(workload.requests)}
+    requests = {}
     last: dict[str, object] = {}
     final: dict[str, object] = {}
 
@@ -111,7 +128,7 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
                     logprobs=plan.logprobs,
                     ignore_eos=True,
                 )
-                engine.add_request(req_id, prompt_for(plan, engine.arch.vocab_size), params)
+                requests[req_id] = engine.add_request(req_id, prompt_for(plan, workload, engine.arch.vocab_size), params)
             if plan.abort_step == step and req_id in engine.requests:
                 output = engine.abort(req_id)
                 assert output.finished and output.outputs[0].finish_reason == "abort"
@@ -137,6 +154,8 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
         plan, completion = plans[req_id], output.outputs[0]
         reason = completion.finish_reason
         stats[reason] += 1
+        stats["cached_tokens"] += output.num_cached_tokens
+        assert output.num_cached_tokens == 0 or workload.prefix_caching
         assert reason in ("length", "stop", "abort"), (req_id, reason)
         assert len(completion.token_ids) <= plan.max_tokens
         if reason == "length":
@@ -146,6 +165,8 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
             assert plan.stop and completion.stop_reason not in completion.text
         if plan.logprobs is not None and reason != "abort":
             assert len(completion.logprobs) == len(completion.token_ids)
+    preempted = Counter(preemptions.req_ids)
+    assert {req_id: r.num_preemptions for req_id, r in requests.items() if r.num_preemptions} == preempted
     stats["preemptions"] += len(preemptions.req_ids)
     stats["preempted_requests"] += len(set(preemptions.req_ids))
     return stats
@@ -154,10 +175,11 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
 def test_random_workloads(make_tiny_engine, count_preemptions):
     totals = Counter()
 
-    @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
     @given(workloads())
     def check(workload: Workload):
         engine = make_tiny_engine(
+            plugins=["fcfs", "prefix_cache"] if workload.prefix_caching else ["fcfs"],
             block_size=workload.block_size,
             num_kv_blocks=workload.num_kv_blocks,
             max_num_batched_tokens=workload.max_num_batched_tokens,
@@ -169,7 +191,7 @@ def test_random_workloads(make_tiny_engine, count_preemptions):
     print(f"\nrandom workloads: {dict(totals)}")
     # The strategy must actually reach the interesting paths, not only pass vacuously.
     assert totals["preemptions"] >= 10 and totals["aborts"] >= 10
-    assert totals["length"] and totals["stop"] and totals["abort"]
+    assert totals["length"] and totals["stop"] and totals["abort"] and totals["cached_tokens"]
 
 
 def test_fixed_workload_preempts_and_aborts(make_tiny_engine, count_preemptions):

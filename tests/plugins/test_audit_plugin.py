@@ -1,4 +1,4 @@
-"""The example third-party plugin (examples/plugins/spyglass-audit), installed with pip, used by the engine and the server."""
+"""The example third-party plugin (examples/plugins/spyglass-audit), pip-installed, used by engine and server."""
 
 import importlib.metadata
 import json

@@ -140,7 +140,8 @@ class FaultyPreempt(PriorityPolicy):
 
 
 def test_should_preempt_for_error_fails_the_waiting_request(make_engine, driver):
-    engine = make_engine(plugins=[], extra=[PolicyPlugin(FaultyPreempt())], scheduling_policy="faulty", num_kv_blocks=10)
+    plugin = PolicyPlugin(FaultyPreempt())
+    engine = make_engine(plugins=[], extra=[plugin], scheduling_policy="faulty", num_kv_blocks=10)
     low = driver.add(engine, list(range(100, 120)), greedy(16, priority=5))
     for _ in range(3):
         engine.step()

@@ -69,7 +69,8 @@ def test_fair_weights_from_plugin_options(make_engine, driver):
     )
     requests = [driver.add(engine, [30 + i] * 5, greedy(1), user=t) for i, t in enumerate("AAAABB")]
     driver.drain(engine)
-    assert "".join(r.attributes["user"] for r in admission_order(requests)) == "ABAABA"  # A ranks at 0, .5, 1, 1.5; B at 0, 1
+    # A's requests rank at 0, .5, 1, 1.5 and B's at 0, 1 (ties by arrival).
+    assert "".join(r.attributes["user"] for r in admission_order(requests)) == "ABAABA"
 
 
 def test_slo_runs_earliest_deadline_first_and_counts_misses(make_engine, driver):

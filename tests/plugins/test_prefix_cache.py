@@ -118,3 +118,13 @@ def test_integrity_under_random_shared_prefix_load(make_engine, driver, seed, nu
     assert not engine.has_unfinished_requests
     assert all(r.finish_reason is not None and r.finish_reason.value in ("length", "abort") for r in live)
     assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
+
+
+def test_random_load_really_preempts_and_hits(make_engine, driver):
+    """The random workload above is not vacuous: at its tightest it preempts and reuses prefixes."""
+    engine = make_engine(num_kv_blocks=6, max_num_batched_tokens=16, max_num_seqs=8)
+    prefix = list(range(100, 108))
+    requests = [driver.add(engine, prefix + [200 + i, 201 + i], greedy(8)) for i in range(6)]
+    driver.drain(engine)
+    assert sum(r.num_preemptions for r in requests) > 0
+    assert sum(r.num_cached_tokens for r in requests) > 0
