@@ -69,19 +69,20 @@ class LlamaForCausalLM:
         eps = self.arch.rms_norm_eps
         hidden = self.embed[input_ids]
         width = (hidden.shape[-1],)
+        angles = self.rope.angles(positions)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = F.rms_norm(hidden, width, layer.input_norm, eps)
-            hidden = hidden + self._attention(layer, x, positions, meta, k_cache, v_cache)
+            hidden = hidden + self._attention(layer, x, angles, meta, k_cache, v_cache)
             x = F.rms_norm(hidden, width, layer.post_norm, eps)
             gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
         return hidden
 
-    def _attention(self, layer, x, positions, meta: AttentionMetadata, k_cache, v_cache) -> torch.Tensor:
+    def _attention(self, layer, x, angles, meta: AttentionMetadata, k_cache, v_cache) -> torch.Tensor:
         num_tokens, head_dim = x.shape[0], self.arch.head_dim
         qkv = F.linear(x, layer.qkv, layer.qkv_bias)
         # Rotate q and k heads together: one set of rope ops instead of two.
-        qk = self.rope(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, head_dim), positions)
+        qk = self.rope.rotate(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, head_dim), angles)
         q = qk[:, : self.arch.num_attention_heads]
         k = qk[:, self.arch.num_attention_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, -1, head_dim)

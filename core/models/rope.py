@@ -38,9 +38,12 @@ class RotaryEmbedding:
         self.sin = angles.sin().to(dtype=dtype, device=device)
         self.half = head_dim // 2
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` of shape ``[num_tokens, num_heads, head_dim]`` by each token's position."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+    def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for each token, shaped ``[num_tokens, 1, head_dim]``; computed once per step, used by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def rotate(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Rotate ``x`` of shape ``[num_tokens, num_heads, head_dim]`` by the given angles."""
+        cos, sin = angles
         x1, x2 = x[..., : self.half], x[..., self.half :]
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
