@@ -271,7 +271,7 @@ class LLMEngine:
             token_ids=list(request.output_token_ids),
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             stop_reason=request.stop_reason,
-            logprobs=request.logprobs,
+            logprobs=None if request.logprobs is None else list(request.logprobs),  # a snapshot, like token_ids
         )
         return RequestOutput(
             request_id=request.req_id,

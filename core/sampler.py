@@ -33,7 +33,7 @@ def _filter(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     if all(p.top_p == 1.0 and p.min_p == 0.0 and p.top_k > 0 for p in params):
         # Top-k alone needs each row's k-th largest value, not a full sort of the vocabulary.
         ks = torch.tensor([p.top_k for p in params], device=device)
-        top_values = logits.topk(int(ks.max()), dim=-1).values
+        top_values = logits.topk(min(int(ks.max()), vocab), dim=-1).values  # top_k may exceed the vocabulary
         threshold = top_values.gather(1, (ks - 1).clamp(max=top_values.shape[1] - 1).unsqueeze(1))
         return logits.masked_fill(logits < threshold, float("-inf"))
     top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)

@@ -58,6 +58,7 @@ class SamplingParams:
             (self.repetition_penalty > 0, "repetition_penalty", "repetition_penalty must be > 0"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "logprobs must be in [0, 20]"),
             (self.n >= 1, "n", "n must be at least 1"),
+            (all(self.stop), "stop", "stop strings must not be empty"),
         ]
         for ok, param, message in checks:
             if not ok:

@@ -145,7 +145,7 @@ def test_integrity_detects_refcount_mismatch(busy_pool):
 
 
 def test_integrity_detects_missing_reference(busy_pool):
-    pool, references = busy_pool
+    pool, _ = busy_pool
     with pytest.raises(BlockPoolIntegrityError, match="block 0"):
         pool.check_integrity({1: 2})
 

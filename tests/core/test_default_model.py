@@ -116,7 +116,7 @@ PROMPTS = [
     CHAT.format("用一句话解释什么是机器学习。"),
     '{"name": "Alice", "age": 30, "languages": ["English", "French"], "address": {"city": "Paris", "zip":',
     ESSAY[:700],
-    "fn main() {\n    let numbers: Vec<i32> = (1..=10).collect();\n    let evens: Vec<i32> = numbers\n        .iter()\n        .filter(|n| *n % 2 == 0)\n        .cloned()\n        .collect();\n    println!(\"{:?}\", evens);\n    let total: i32 =",
+    'fn main() {\n    let numbers: Vec<i32> = (1..=10).collect();\n    let evens: Vec<i32> = numbers\n        .iter()\n        .filter(|n| *n % 2 == 0)\n        .cloned()\n        .collect();\n    println!("{:?}", evens);\n    let total: i32 =',
     ESSAY + "\n\nIn one sentence, the main point of this essay is that",
     SOURCE,
 ]
@@ -211,7 +211,8 @@ def test_batching_chunking_paging_and_preemption_leave_outputs_unchanged(
     outputs = run_engine(engine, [ours[i].prompt_token_ids for i in chosen], GREEDY)
     assert preemptions.req_ids, "the KV budget was meant to force preemptions"
     for index, output in zip(chosen, outputs):
-        same_greedy(ours[index], output, tie=TIE)
+        # Logprobs drift ~2e-5 here from float32 sums in another order; a real bug moves them much more.
+        same_greedy(ours[index], output, tie=TIE, logprob_tol=1e-3)
 
 
 def test_eos_ends_generation_unless_ignored(llm, ours):
@@ -219,7 +220,8 @@ def test_eos_ends_generation_unless_ignored(llm, ours):
     ending = [o for o in ours if eos in o.outputs[0].token_ids]
     assert ending, "expected some greedy output to reach EOS within 32 tokens"
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS)
-    for before, after in zip(ending, llm.generate([{"prompt_token_ids": o.prompt_token_ids} for o in ending], params, use_tqdm=False)):
+    reruns = llm.generate([{"prompt_token_ids": o.prompt_token_ids} for o in ending], params, use_tqdm=False)
+    for before, after in zip(ending, reruns):
         full = before.outputs[0].token_ids
         completion = after.outputs[0]
         assert completion.token_ids == full[: full.index(eos) + 1]

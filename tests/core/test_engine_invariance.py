@@ -94,7 +94,9 @@ def test_staggered_arrivals(make_tiny_engine, prompts, reference, same_greedy):
 
 
 @pytest.mark.parametrize("max_num_batched_tokens", [32, 64])
-def test_chunked_prefill_mixed_with_decodes(make_tiny_engine, run_engine, prompts, reference, same_greedy, max_num_batched_tokens):
+def test_chunked_prefill_mixed_with_decodes(
+    make_tiny_engine, run_engine, prompts, reference, same_greedy, max_num_batched_tokens
+):
     engine = make_tiny_engine(max_num_batched_tokens=max_num_batched_tokens)
     recorder = StepRecorder()
     engine.plugin_manager.register(recorder)

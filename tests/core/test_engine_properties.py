@@ -101,6 +101,7 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
     stats = Counter()
     plans = {f"w{i}": plan for i, plan in enumerate(workload.requests)}
     requests = {}
+    history = []
     last: dict[str, object] = {}
     final: dict[str, object] = {}
 
@@ -113,6 +114,7 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
             assert now.token_ids[: len(before.token_ids)] == before.token_ids
             assert now.text.startswith(before.text)
         last[req_id] = output
+        history.append(output)
         if output.finished:
             final[req_id] = output
 
@@ -128,7 +130,9 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
                     logprobs=plan.logprobs,
                     ignore_eos=True,
                 )
-                requests[req_id] = engine.add_request(req_id, prompt_for(plan, workload, engine.arch.vocab_size), params)
+                requests[req_id] = engine.add_request(
+                    req_id, prompt_for(plan, workload, engine.arch.vocab_size), params
+                )
             if plan.abort_step == step and req_id in engine.requests:
                 output = engine.abort(req_id)
                 assert output.finished and output.outputs[0].finish_reason == "abort"
@@ -165,6 +169,10 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
             assert plan.stop and completion.stop_reason not in completion.text
         if plan.logprobs is not None and reason != "abort":
             assert len(completion.logprobs) == len(completion.token_ids)
+    for output in history:  # outputs are snapshots: later steps do not change them
+        completion = output.outputs[0]
+        if completion.logprobs is not None:
+            assert len(completion.logprobs) == len(completion.token_ids)
     preempted = Counter(preemptions.req_ids)
     assert {req_id: r.num_preemptions for req_id, r in requests.items() if r.num_preemptions} == preempted
     stats["preemptions"] += len(preemptions.req_ids)
@@ -175,7 +183,9 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
 def test_random_workloads(make_tiny_engine, count_preemptions):
     totals = Counter()
 
-    @settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=100, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+    )
     @given(workloads())
     def check(workload: Workload):
         engine = make_tiny_engine(

@@ -69,7 +69,8 @@ def test_prompt_token_ids(llm):
 
 def test_one_sampling_params_per_prompt(llm):
     short, long = llm.generate(
-        ["a", "b"], [SamplingParams(max_tokens=2, ignore_eos=True), SamplingParams(max_tokens=5, ignore_eos=True)],
+        ["a", "b"],
+        [SamplingParams(max_tokens=2, ignore_eos=True), SamplingParams(max_tokens=5, ignore_eos=True)],
         use_tqdm=False,
     )
     assert (len(short.outputs[0].token_ids), len(long.outputs[0].token_ids)) == (2, 5)
@@ -87,7 +88,9 @@ def test_n_completions(llm):
     assert [c.token_ids for c in again.outputs] == [c.token_ids for c in output.outputs]
     # A plain request with the n-th derived seed is the n-th completion.
     single = SamplingParams(temperature=1.0, seed=6, max_tokens=6, ignore_eos=True)
-    assert llm.generate("Tell me a story", single, use_tqdm=False)[0].outputs[0].token_ids == output.outputs[1].token_ids
+    assert (
+        llm.generate("Tell me a story", single, use_tqdm=False)[0].outputs[0].token_ids == output.outputs[1].token_ids
+    )
     [greedy] = llm.generate("Tell me a story", SamplingParams(n=2, temperature=0, max_tokens=6), use_tqdm=False)
     assert greedy.outputs[0].token_ids == greedy.outputs[1].token_ids
 
@@ -126,6 +129,7 @@ def test_tokenizer_round_trip(llm):
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"logprobs": 21}, "logprobs"),
         ({"n": 0}, "n"),
+        ({"stop": ["ok", ""]}, "stop"),
     ],
 )
 def test_invalid_sampling_params(options, param):
@@ -137,7 +141,9 @@ def test_invalid_sampling_params(options, param):
 
 def test_invalid_prompts(llm):
     too_long = {"prompt_token_ids": [5] * 100}
-    with pytest.raises(InvalidRequestError, match=r"prompt \(100 tokens\) plus max_tokens \(40\) exceeds .* 128") as error:
+    with pytest.raises(
+        InvalidRequestError, match=r"prompt \(100 tokens\) plus max_tokens \(40\) exceeds .* 128"
+    ) as error:
         llm.generate(too_long, SamplingParams(max_tokens=40), use_tqdm=False)
     assert error.value.param == "max_tokens"
     with pytest.raises(InvalidRequestError, match="exceeds"):

@@ -69,8 +69,18 @@ def test_filters_keep_exactly_the_allowed_tokens(params, allowed):
     assert set(draw_many(params)) == allowed
 
 
+def test_top_k_beyond_the_vocabulary_keeps_every_token():
+    # Regression: the top-k-only path asked torch.topk for more values than the vocabulary has and raised,
+    # failing every request in the step.
+    params = [SamplingParams(top_k=100), SamplingParams(top_k=1000)]
+    assert set(draw_many(params[0])) == {0, 1, 2, 3}
+    token_ids, _ = sample(LOGITS.expand(2, -1).clone(), [make_request(p) for p in params])
+    assert all(t in (0, 1, 2, 3) for t in token_ids)
+
+
 @pytest.mark.parametrize(
-    "params", [SamplingParams(top_k=1), SamplingParams(top_p=1e-6), SamplingParams(min_p=1.0), SamplingParams(temperature=0)]
+    "params",
+    [SamplingParams(top_k=1), SamplingParams(top_p=1e-6), SamplingParams(min_p=1.0), SamplingParams(temperature=0)],
 )
 def test_degenerate_filters_are_greedy(params):
     logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(3))
@@ -170,7 +180,10 @@ def tokens(outputs):
 def test_seeded_output_independent_of_batch(engine, run_engine, prompts):
     seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
     [alone] = tokens(run_engine(engine, [prompts[0]], seeded))
-    others = [SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True), SamplingParams(temperature=0, max_tokens=8)]
+    others = [
+        SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=8),
+    ]
     batch = run_engine(engine, [prompts[1], prompts[0], prompts[2]], [others[0], seeded, others[1]])
     assert tokens(batch)[1] == alone
     # Same seed on another batch position, next to a copy of itself with another seed.
@@ -197,13 +210,22 @@ def test_unseeded_samples_differ(engine, run_engine, prompts):
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=1.0, top_p=1e-6), SamplingParams(temperature=0.8, min_p=1.0)],
+    [
+        SamplingParams(temperature=1.0, top_k=1),
+        SamplingParams(temperature=1.0, top_p=1e-6),
+        SamplingParams(temperature=0.8, min_p=1.0),
+    ],
     ids=["top_k=1", "tiny top_p", "min_p=1"],
 )
 def test_degenerate_sampling_equals_greedy(engine, run_engine, prompts, params):
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     params = dataclasses.replace(params, max_tokens=12, ignore_eos=True, seed=5)
     assert tokens(run_engine(engine, prompts, params)) == tokens(run_engine(engine, prompts, greedy))
+
+
+def test_huge_top_k_runs(engine, run_engine, prompts):
+    [output] = run_engine(engine, prompts[:1], SamplingParams(top_k=10**6, seed=0, max_tokens=3, ignore_eos=True))
+    assert output.outputs[0].finish_reason == "length"
 
 
 def test_top_k_limits_choices_to_the_top_k(engine, run_engine, prompts):
@@ -219,7 +241,9 @@ def repeats(outputs) -> int:
 
 
 @pytest.mark.parametrize(
-    "penalty", [{"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"repetition_penalty": 2.0}], ids=lambda p: next(iter(p))
+    "penalty",
+    [{"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"repetition_penalty": 2.0}],
+    ids=lambda p: next(iter(p)),
 )
 def test_strong_penalties_stop_repeats(engine, run_engine, prompts, penalty):
     base = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -230,7 +254,9 @@ def test_strong_penalties_stop_repeats(engine, run_engine, prompts, penalty):
 
 
 def test_engine_logprobs(engine, run_engine, prompts):
-    greedy, sampled = (SamplingParams(temperature=t, seed=3, max_tokens=10, ignore_eos=True, logprobs=4) for t in (0, 1.0))
+    greedy, sampled = (
+        SamplingParams(temperature=t, seed=3, max_tokens=10, ignore_eos=True, logprobs=4) for t in (0, 1.0)
+    )
     for output in run_engine(engine, prompts[:3], greedy) + run_engine(engine, prompts[:3], sampled):
         completion = output.outputs[0]
         assert len(completion.logprobs) == len(completion.token_ids) == 10
@@ -246,3 +272,14 @@ def test_engine_logprobs(engine, run_engine, prompts):
     for output in run_engine(engine, prompts[:3], greedy):
         for token_id, logprob in zip(output.outputs[0].token_ids, output.outputs[0].logprobs):
             assert token_id == next(iter(logprob.top))
+
+
+def test_streamed_outputs_are_snapshots(engine, prompts):
+    # Each output is what the request had at that step: its logprobs must not keep growing afterwards
+    # (a streaming consumer on another thread slices them by its count of tokens).
+    engine.add_request("snap", prompts[0], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1))
+    outputs = []
+    while engine.has_unfinished_requests:
+        outputs.extend(engine.step())
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [1, 2, 3, 4, 5, 6]
+    assert [len(o.outputs[0].logprobs) for o in outputs] == [1, 2, 3, 4, 5, 6]

@@ -109,7 +109,7 @@ def test_without_max_tokens_generation_stops_at_the_context_length(make_tiny_eng
 
 
 def test_stop_string_in_a_batch_does_not_stop_the_others(engine, run_engine, tokenizer, greedy_runs):
-    stop, num_tokens, before = spanning_stop(tokenizer, greedy_runs[0][1])
+    stop, _, before = spanning_stop(tokenizer, greedy_runs[0][1])
     params = [
         SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, stop=[stop]),
         SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
