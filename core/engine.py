@@ -9,6 +9,7 @@ from spyglass.core.block_pool import BlockPool
 from spyglass.core.checkpoint import Checkpoint, load_checkpoint
 from spyglass.core.config import EngineConfig
 from spyglass.core.detokenizer import IncrementalDetokenizer
+from spyglass.core.host_memory import keep_freed_memory_mapped
 from spyglass.core.kv_cache_manager import KVCacheManager
 from spyglass.core.model_runner import ModelRunner, RunnerOutput
 from spyglass.core.models.llama import LlamaForCausalLM
@@ -33,6 +34,7 @@ class LLMEngine:
         torch.manual_seed(config.seed)
         # Softmax tails underflow to denormals, which are up to 100x slower on x86 matmuls.
         torch.set_flush_denormal(True)
+        keep_freed_memory_mapped()
         self.device = config.torch_device()
         dtype = config.torch_dtype()
         self.plugin_manager = plugin_manager or create_plugin_manager(config.plugins, config.disabled_plugins)

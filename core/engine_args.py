@@ -19,7 +19,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     group.add_argument("--kv-cache-memory", default="2GiB", help="KV cache budget, e.g. 2GiB or 512MiB")
     group.add_argument("--policy", dest="scheduling_policy", default=defaults.scheduling_policy)
-    group.add_argument("--attention-backend", default=defaults.attention_backend, choices=["auto", "torch", "triton"])
+    group.add_argument("--attention-backend", default=defaults.attention_backend, choices=["auto", "cpu", "torch", "triton"])
     group.add_argument("--plugins", default=None, help="comma-separated plugin names to enable (default: all)")
     group.add_argument("--disable-plugins", default="", help="comma-separated plugin names to disable")
     group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run decode eagerly")

@@ -43,7 +43,7 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         arch = model.arch
-        shape = (num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+        shape = model.backend.cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         # Zeroed, not empty: a padded read of a never-written slot must not bring NaN into a masked sum.
         self.kv_caches = [
             (torch.zeros(shape, dtype=model.dtype, device=device), torch.zeros(shape, dtype=model.dtype, device=device))

@@ -10,9 +10,9 @@ from typing import Callable
 
 import torch
 
-from spyglass.kernels import torch_attention
+from spyglass.kernels import cpu_attention, torch_attention
 
-_CHOICES = ("auto", "torch", "triton")
+_CHOICES = ("auto", "cpu", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -22,11 +22,17 @@ class AttentionBackend:
     name: str
     store_kv: Callable
     paged_attention: Callable
+    cache_shape: Callable[[int, int, int, int], tuple[int, ...]] = torch_attention.cache_shape
 
 
 def _torch_backend() -> AttentionBackend:
     """The pure-torch implementations."""
     return AttentionBackend("torch", torch_attention.store_kv, torch_attention.paged_attention)
+
+
+def _cpu_backend() -> AttentionBackend:
+    """The CPU fast path over a head-major cache (tested against the torch reference)."""
+    return AttentionBackend("cpu", cpu_attention.store_kv, cpu_attention.paged_attention, cpu_attention.cache_shape)
 
 
 def _triton_backend() -> AttentionBackend:
@@ -41,12 +47,12 @@ def _triton_backend() -> AttentionBackend:
 def select_backend(device: torch.device, force: str | None = None) -> AttentionBackend:
     """Pick the attention backend for ``device``.
 
-    ``force`` None or "auto" means triton on CUDA and torch otherwise; "torch" and "triton" override
-    that (forcing triton without CUDA only makes sense under ``TRITON_INTERPRET=1``).
+    ``force`` None or "auto" means triton on CUDA and the CPU fast path otherwise; "cpu", "torch"
+    (the reference) and "triton" override that (triton without CUDA only under ``TRITON_INTERPRET=1``).
     """
     choice = force or "auto"
     if choice not in _CHOICES:
         raise ValueError(f"unknown attention backend {force!r}; expected one of {', '.join(_CHOICES)}")
     if choice == "auto":
-        choice = "triton" if torch.device(device).type == "cuda" else "torch"
-    return _triton_backend() if choice == "triton" else _torch_backend()
+        choice = "triton" if torch.device(device).type == "cuda" else "cpu"
+    return {"triton": _triton_backend, "cpu": _cpu_backend, "torch": _torch_backend}[choice]()

@@ -11,6 +11,11 @@ import torch
 import torch.nn.functional as F
 
 
+def cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+    """The shape of one layer's K (or V) cache in this layout (the Triton kernels share it)."""
+    return (num_blocks, block_size, num_kv_heads, head_dim)
+
+
 def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -107,24 +112,17 @@ def _request_attention(q, k_cache, v_cache, block_table, context_len: int, scale
 def _decode_attention(query, k_cache, v_cache, block_tables, context_lens, max_context_len: int, scale: float):
     """One new token per request: gather every context into one padded batch and attend with two matmuls.
 
-    Contexts are gathered slot by slot straight into a ``[num_kv_heads, num_reqs, length, head_dim]``
-    layout, so the matmuls read them without another copy; query heads are grouped by the KV head they
-    share, so K and V are never repeated. Scores and softmax run in float32 (plain matmuls beat SDPA's
-    CPU kernel here, several times over in bf16).
+    Query heads are grouped by the KV head they share, so K and V are never repeated; scores
+    and softmax run in float32 (plain matmuls beat SDPA's CPU kernel here, several times over in bf16).
     """
     num_reqs, num_heads, head_dim = query.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    num_blocks = -(-max_context_len // block_size)
-    length = num_blocks * block_size
-    offsets = torch.arange(block_size, device=query.device)
-    slots = (block_tables[:, :num_blocks].long().unsqueeze(-1) * block_size + offsets).view(-1)
-    k = k_cache.view(-1, num_kv_heads, head_dim).transpose(0, 1).index_select(1, slots)
-    v = v_cache.view(-1, num_kv_heads, head_dim).transpose(0, 1).index_select(1, slots)
-    k = k.view(num_kv_heads, num_reqs, length, head_dim).to(query.dtype)
-    v = v.view(num_kv_heads, num_reqs, length, head_dim).to(query.dtype)
-    q = query.view(num_reqs, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
+    num_kv_heads = k_cache.shape[2]
+    num_blocks = -(-max_context_len // k_cache.shape[1])
+    k = _gather(k_cache, block_tables, num_blocks).transpose(1, 2).to(query.dtype)
+    v = _gather(v_cache, block_tables, num_blocks).transpose(1, 2).to(query.dtype)
+    q = query.view(num_reqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-    beyond = torch.arange(length, device=query.device) >= context_lens.unsqueeze(1)
-    scores.masked_fill_(beyond.view(1, num_reqs, 1, length), float("-inf"))
+    beyond = torch.arange(k.shape[2], device=query.device) >= context_lens.unsqueeze(1)
+    scores.masked_fill_(beyond.view(num_reqs, 1, 1, -1), float("-inf"))
     out = torch.matmul(scores.softmax(dim=-1).to(query.dtype), v)
-    return out.transpose(0, 1).reshape(num_reqs, num_heads, head_dim)
+    return out.view(num_reqs, num_heads, head_dim)

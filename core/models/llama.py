@@ -5,6 +5,7 @@ import torch.nn.functional as F
 
 from spyglass.core.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.linear import Linear
 from spyglass.core.models.rope import RotaryEmbedding
 from spyglass.kernels.backend import AttentionBackend
 
@@ -12,18 +13,18 @@ from spyglass.kernels.backend import AttentionBackend
 class LlamaLayerWeights:
     """One decoder layer's weights, with q/k/v and gate/up fused so each is a single matmul."""
 
-    __slots__ = ("input_norm", "qkv", "qkv_bias", "o_proj", "post_norm", "gate_up", "down")
+    __slots__ = ("input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down")
 
     def __init__(self, weights: dict[str, torch.Tensor], prefix: str, bias: bool):
         attn = f"{prefix}.self_attn"
         self.input_norm = weights[f"{prefix}.input_layernorm.weight"]
-        self.qkv = torch.cat([weights[f"{attn}.{p}_proj.weight"] for p in "qkv"])
-        self.qkv_bias = torch.cat([weights[f"{attn}.{p}_proj.bias"] for p in "qkv"]) if bias else None
-        self.o_proj = weights[f"{attn}.o_proj.weight"]
+        qkv_bias = torch.cat([weights[f"{attn}.{p}_proj.bias"] for p in "qkv"]) if bias else None
+        self.qkv = Linear(torch.cat([weights[f"{attn}.{p}_proj.weight"] for p in "qkv"]), qkv_bias)
+        self.o_proj = Linear(weights[f"{attn}.o_proj.weight"])
         self.post_norm = weights[f"{prefix}.post_attention_layernorm.weight"]
         mlp = f"{prefix}.mlp"
-        self.gate_up = torch.cat([weights[f"{mlp}.gate_proj.weight"], weights[f"{mlp}.up_proj.weight"]])
-        self.down = weights[f"{mlp}.down_proj.weight"]
+        self.gate_up = Linear(torch.cat([weights[f"{mlp}.gate_proj.weight"], weights[f"{mlp}.up_proj.weight"]]))
+        self.down = Linear(weights[f"{mlp}.down_proj.weight"])
 
 
 class LlamaForCausalLM:
@@ -38,7 +39,7 @@ class LlamaForCausalLM:
             LlamaLayerWeights(w, f"model.layers.{i}", arch.attention_bias) for i in range(arch.num_hidden_layers)
         ]
         self.final_norm = w["model.norm.weight"]
-        self.lm_head = self.embed if arch.tie_word_embeddings else w["lm_head.weight"]
+        self.lm_head = Linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
         self.rope = RotaryEmbedding(
             arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling, self.embed.dtype, device
         )
@@ -62,7 +63,7 @@ class LlamaForCausalLM:
         """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened batch."""
         hidden = self.hidden_states(input_ids, positions, meta, kv_caches)
         hidden = F.rms_norm(hidden[logits_indices], (hidden.shape[-1],), self.final_norm, self.arch.rms_norm_eps)
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
 
     def hidden_states(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         """The last layer's output for every token, before the final norm."""
@@ -74,13 +75,13 @@ class LlamaForCausalLM:
             x = F.rms_norm(hidden, width, layer.input_norm, eps)
             hidden = hidden + self._attention(layer, x, angles, meta, k_cache, v_cache)
             x = F.rms_norm(hidden, width, layer.post_norm, eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            hidden = hidden + layer.down(F.silu(gate) * up)
         return hidden
 
     def _attention(self, layer, x, angles, meta: AttentionMetadata, k_cache, v_cache) -> torch.Tensor:
         num_tokens, head_dim = x.shape[0], self.arch.head_dim
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        qkv = layer.qkv(x)
         # Rotate q and k heads together: one set of rope ops instead of two.
         qk = self.rope.rotate(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, head_dim), angles)
         q = qk[:, : self.arch.num_attention_heads]
@@ -98,4 +99,4 @@ class LlamaForCausalLM:
             meta.max_context_len,
             self.scale,
         )
-        return F.linear(out.reshape(num_tokens, self.q_size), layer.o_proj)
+        return layer.o_proj(out.reshape(num_tokens, self.q_size))

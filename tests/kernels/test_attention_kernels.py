@@ -236,8 +236,8 @@ def test_store_kv_matches_torch(src_dtype, cache_dtype, block_size):
 
 
 def test_select_backend_auto_and_forced():
-    assert backend.select_backend(torch.device("cpu")).name == "torch"
-    assert backend.select_backend(torch.device("cpu"), "auto").name == "torch"
+    assert backend.select_backend(torch.device("cpu")).name == "cpu"
+    assert backend.select_backend(torch.device("cpu"), "auto").name == "cpu"
     assert backend.select_backend(torch.device("cuda"), "torch").name == "torch"
     assert backend.select_backend(torch.device("cpu"), "torch").paged_attention is torch_attention.paged_attention
     with pytest.raises(ValueError, match="unknown attention backend"):

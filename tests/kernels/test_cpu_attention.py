@@ -1,0 +1,45 @@
+"""The CPU fast path (head-major cache) against the torch reference, on the same data in both layouts."""
+
+import pytest
+import torch
+
+from spyglass.kernels import cpu_attention, torch_attention
+
+
+def _to_head_major(cache: torch.Tensor) -> torch.Tensor:
+    return cache.permute(2, 0, 1, 3).contiguous()
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("q_lens", [[1, 1, 1, 1], [7, 1, 16, 1, 3], [40]])
+@pytest.mark.parametrize("num_heads, num_kv_heads, block_size", [(9, 3, 16), (4, 4, 8), (8, 2, 32)])
+def test_cpu_attention_matches_reference(dtype, tolerance, q_lens, num_heads, num_kv_heads, block_size):
+    generator = torch.Generator().manual_seed(len(q_lens) * 100 + num_heads)
+    head_dim, num_blocks = 64, 64
+    context_lens = [q + 5 * i + (3 if q == 1 else 0) for i, q in enumerate(q_lens)]
+    max_blocks = max(-(-c // block_size) for c in context_lens)
+    block_tables = torch.randperm(num_blocks, generator=generator)[: len(q_lens) * max_blocks]
+    block_tables = block_tables.view(len(q_lens), max_blocks).to(torch.int32)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=generator).to(dtype)
+    v_cache = torch.randn(shape, generator=generator).to(dtype)
+    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=generator).to(dtype)
+    starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    args = (block_tables, lens, starts, max(q_lens), max(context_lens), head_dim**-0.5)
+    expected = torch_attention.paged_attention(query, k_cache, v_cache, *args)
+    actual = cpu_attention.paged_attention(query, _to_head_major(k_cache), _to_head_major(v_cache), *args)
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=tolerance, atol=tolerance)
+
+
+def test_cpu_store_kv_writes_the_same_slots_as_the_reference():
+    generator = torch.Generator().manual_seed(0)
+    shape = (6, 4, 2, 8)
+    key, value = torch.randn(5, 2, 8, generator=generator), torch.randn(5, 2, 8, generator=generator)
+    slots = torch.tensor([3, -1, 17, 0, 23])
+    k_ref, v_ref = torch.zeros(shape), torch.zeros(shape)
+    torch_attention.store_kv(key, value, k_ref, v_ref, slots)
+    k_fast = torch.zeros(cpu_attention.cache_shape(*shape))
+    v_fast = torch.zeros(cpu_attention.cache_shape(*shape))
+    cpu_attention.store_kv(key, value, k_fast, v_fast, slots)
+    assert torch.equal(k_fast, _to_head_major(k_ref)) and torch.equal(v_fast, _to_head_major(v_ref))
