@@ -212,6 +212,7 @@ class LLMEngine:
         """Roll the computed count back past rejected drafts (their KV slots are simply overwritten later)."""
         request.num_computed_tokens -= num_drafts - num_accepted
         request.spec_token_ids = []
+        request.num_spec_steps += 1
         request.num_draft_tokens += num_drafts
         request.num_accepted_tokens += num_accepted
         self.hooks.spyglass_drafts_verified(

@@ -71,6 +71,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.num_preemptions = 0
+        self.num_spec_steps = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.status = RequestStatus.WAITING

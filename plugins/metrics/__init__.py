@@ -58,6 +58,17 @@ class MetricsRecorder:
         self.slo_ttft_met = m.SLO_TTFT_MET.labels(model)
         self.slo_tpot_met = m.SLO_TPOT_MET.labels(model)
         self.slo_met = m.SLO_MET.labels(model)
+        self.spec_drafts = m.SPEC_DECODE_NUM_DRAFTS.labels(model)
+        self.spec_draft_tokens = m.SPEC_DECODE_NUM_DRAFT_TOKENS.labels(model)
+        self.spec_accepted_tokens = m.SPEC_DECODE_NUM_ACCEPTED_TOKENS.labels(model)
+
+    def drafts_verified(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Count one verified proposal."""
+        self.spec_drafts.inc()
+        self.spec_draft_tokens.inc(num_draft_tokens)
+        self.spec_accepted_tokens.inc(num_accepted_tokens)
+        for position in range(num_accepted_tokens):
+            m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS.labels(self.model, str(position)).inc()
         m.SLO_TTFT_TARGET.labels(model).set(settings.slo_ttft_s)
         m.SLO_TPOT_TARGET.labels(model).set(settings.slo_tpot_s)
         self._export_zeros()
@@ -225,6 +236,13 @@ def spyglass_request_finished(request, reason):
     """Finish reason, per-request latencies and lengths, SLO attainment (after the tracing plugin ran)."""
     if _recorder is not None:
         _recorder.request_finished(request, reason)
+
+
+@hookimpl
+def spyglass_drafts_verified(request, num_draft_tokens, num_accepted_tokens):
+    """Speculative decoding: proposals, draft tokens, accepted tokens and acceptance by position."""
+    if _recorder is not None:
+        _recorder.drafts_verified(num_draft_tokens, num_accepted_tokens)
 
 
 @hookimpl

@@ -128,6 +128,11 @@ def finish_attributes(request: Request, reason: FinishReason) -> dict:
         "spyglass.num_preemptions": request.num_preemptions,
         "gen_ai.latency.e2e": times.finished - times.arrival,
     }
+    if request.num_draft_tokens:
+        attrs["spyglass.spec.num_draft_tokens"] = request.num_draft_tokens
+        attrs["spyglass.spec.num_accepted_tokens"] = request.num_accepted_tokens
+        attrs["spyglass.spec.acceptance_rate"] = request.num_accepted_tokens / request.num_draft_tokens
+        attrs["spyglass.spec.mean_accepted_length"] = request.num_accepted_tokens / request.num_spec_steps
     if times.first_scheduled:
         attrs["gen_ai.latency.time_in_queue"] = times.first_scheduled - times.arrival
     if times.first_token:

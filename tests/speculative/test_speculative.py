@@ -163,3 +163,37 @@ CHI2_CRITICAL_0_001 = {
     14: 36.12, 15: 37.70, 16: 39.25, 17: 40.79, 18: 42.31, 19: 43.82, 20: 45.31, 21: 46.80, 22: 48.27,
     23: 49.73, 24: 51.18, 25: 52.62, 26: 54.05,
 }
+
+
+class ConstantProposer:
+    """Always proposes the same drafts."""
+
+    def __init__(self, drafts: list[int]):
+        self.drafts = drafts
+
+    @hookimpl
+    def spyglass_propose_drafts(self, method, requests, num_speculative_tokens):
+        """The fixed drafts for every request."""
+        return {r.req_id: self.drafts for r in requests}
+
+
+def test_speculation_is_counted_in_metrics(tiny_llama_dir):
+    from prometheus_client import REGISTRY
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", speculative="test"))
+    engine.plugin_manager.register(ConstantProposer([5, 6, 7]))
+    labels = {"model_name": engine.model_name}
+    before = {
+        name: REGISTRY.get_sample_value(f"spyglass:spec_decode_{name}_total", labels) or 0.0
+        for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    }
+    counter = Acceptance()
+    engine.plugin_manager.register(counter)
+    engine.add_request("r", [5, 6, 7, 8] * 12, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    while engine.has_unfinished_requests:
+        engine.step()
+    after = {name: REGISTRY.get_sample_value(f"spyglass:spec_decode_{name}_total", labels) for name in before}
+    assert counter.drafts > 0
+    assert after["num_draft_tokens"] - before["num_draft_tokens"] == counter.drafts
+    assert after["num_accepted_tokens"] - before["num_accepted_tokens"] == counter.accepted
+    assert after["num_drafts"] > before["num_drafts"]
