@@ -7,6 +7,7 @@ a Poisson process at ``--rate`` requests/s, or ``--concurrency`` clients send ba
 
 import asyncio
 import json
+import logging
 import math
 import os
 import time
@@ -173,6 +174,8 @@ def _print(summary: dict, load: str) -> None:
 
 def run(args) -> int:
     """Send the workload, print the summary, optionally write it as JSON; exit 1 if any request failed."""
+    # One INFO line per HTTP request would bury the report.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     workload = w3_workload(args.vocab_size, args.num_prompts, args.seed)
     results, duration = asyncio.run(_run_load(args, workload))
     summary = summarize(results, duration)
