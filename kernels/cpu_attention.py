@@ -9,6 +9,8 @@ neither K nor V is copied a second time to transpose it.
 import torch
 import torch.nn.functional as F
 
+from spyglass.kernels import torch_attention
+
 
 def cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
     """The shape of one layer's K (or V) cache in this layout."""
@@ -41,28 +43,19 @@ def paged_attention(
     max_context_len: int, scale: float,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its paged context (see `torch_attention`)."""
-    num_reqs = block_tables.shape[0]
-    if max_query_len == 1:
-        return _decode(query, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
-    out = torch.empty_like(query)
-    starts = query_start_loc.tolist()
-    lens = context_lens.tolist()
-    decodes = [r for r in range(num_reqs) if starts[r + 1] - starts[r] == 1]
-    if decodes:
-        rows = torch.tensor([starts[r] for r in decodes], device=query.device)
-        picked = torch.tensor(decodes, device=query.device)
-        out[rows] = _decode(
-            query[rows], k_cache, v_cache, block_tables[picked], context_lens[picked],
-            max(lens[r] for r in decodes), scale,
-        )
-    block_size = k_cache.shape[2]
-    for r in range(num_reqs):
-        if starts[r + 1] - starts[r] > 1:
-            num_blocks = -(-lens[r] // block_size)
-            k = _gather(k_cache, block_tables[r, :num_blocks])[:, : lens[r]]
-            v = _gather(v_cache, block_tables[r, :num_blocks])[:, : lens[r]]
-            out[starts[r] : starts[r + 1]] = _prefill(query[starts[r] : starts[r + 1]], k, v, scale)
-    return out
+    return torch_attention.attend_by_request_kind(
+        query, block_tables, context_lens, query_start_loc, max_query_len, max_context_len,
+        decode=lambda q, tables, lens, longest: _decode(q, k_cache, v_cache, tables, lens, longest, scale),
+        single=lambda q, table, length: _request(q, k_cache, v_cache, table, length, scale),
+    )
+
+
+def _request(q, k_cache, v_cache, block_table, context_len: int, scale: float) -> torch.Tensor:
+    """One request's several new tokens over its gathered context."""
+    num_blocks = -(-context_len // k_cache.shape[2])
+    k = _gather(k_cache, block_table[:num_blocks])[:, :context_len]
+    v = _gather(v_cache, block_table[:num_blocks])[:, :context_len]
+    return _prefill(q, k, v, scale)
 
 
 def _prefill(q, k, v, scale: float) -> torch.Tensor:

@@ -57,25 +57,36 @@ def paged_attention(
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
     """
-    num_reqs = block_tables.shape[0]
+    return attend_by_request_kind(
+        query, block_tables, context_lens, query_start_loc, max_query_len, max_context_len,
+        decode=lambda q, tables, lens, longest: _decode_attention(q, k_cache, v_cache, tables, lens, longest, scale),
+        single=lambda q, table, length: _request_attention(q, k_cache, v_cache, table, length, scale),
+    )
+
+
+def attend_by_request_kind(
+    query, block_tables, context_lens, query_start_loc, max_query_len: int, max_context_len: int, decode, single
+) -> torch.Tensor:
+    """Route a step's requests: one-token requests (decodes) together, the others one by one.
+
+    ``decode(query_rows, block_tables, context_lens, max_context_len)`` attends a padded batch of
+    single-token requests; ``single(query_rows, block_table, context_len)`` attends one request
+    with several new tokens. Shared by the torch reference and the CPU fast path.
+    """
     if max_query_len == 1:
-        return _decode_attention(query, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
+        return decode(query, block_tables, context_lens, max_context_len)
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lens = context_lens.tolist()
-    # Single-token requests (decodes) are attended together in one padded batch; the rest one by one.
+    num_reqs = block_tables.shape[0]
     decodes = [r for r in range(num_reqs) if starts[r + 1] - starts[r] == 1]
     if decodes:
         rows = torch.tensor([starts[r] for r in decodes], device=query.device)
         picked = torch.tensor(decodes, device=query.device)
-        out[rows] = _decode_attention(
-            query[rows], k_cache, v_cache, block_tables[picked], context_lens[picked],
-            max(lens[r] for r in decodes), scale,
-        )
+        out[rows] = decode(query[rows], block_tables[picked], context_lens[picked], max(lens[r] for r in decodes))
     for r in range(num_reqs):
         if starts[r + 1] - starts[r] > 1:
-            q = query[starts[r] : starts[r + 1]]
-            out[starts[r] : starts[r + 1]] = _request_attention(q, k_cache, v_cache, block_tables[r], lens[r], scale)
+            out[starts[r] : starts[r + 1]] = single(query[starts[r] : starts[r + 1]], block_tables[r], lens[r])
     return out
 
 

@@ -61,6 +61,9 @@ class MetricsRecorder:
         self.spec_drafts = m.SPEC_DECODE_NUM_DRAFTS.labels(model)
         self.spec_draft_tokens = m.SPEC_DECODE_NUM_DRAFT_TOKENS.labels(model)
         self.spec_accepted_tokens = m.SPEC_DECODE_NUM_ACCEPTED_TOKENS.labels(model)
+        m.SLO_TTFT_TARGET.labels(model).set(settings.slo_ttft_s)
+        m.SLO_TPOT_TARGET.labels(model).set(settings.slo_tpot_s)
+        self._export_zeros()
 
     def drafts_verified(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Count one verified proposal."""
@@ -69,9 +72,6 @@ class MetricsRecorder:
         self.spec_accepted_tokens.inc(num_accepted_tokens)
         for position in range(num_accepted_tokens):
             m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS.labels(self.model, str(position)).inc()
-        m.SLO_TTFT_TARGET.labels(model).set(settings.slo_ttft_s)
-        m.SLO_TPOT_TARGET.labels(model).set(settings.slo_tpot_s)
-        self._export_zeros()
 
     def _export_zeros(self) -> None:
         """Create every label set known up front, so dashboards show 0 (not "no data") before the first event."""
