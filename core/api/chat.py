@@ -95,11 +95,7 @@ class _ChatWriter:
 
     async def collect(self, group: RequestGroup) -> ChatCompletionResponse:
         """Run every choice to the end and build the full response."""
-        finals = {}
-        async for index, output in group.outputs():
-            if output.finished:
-                finals[index] = output
-        ordered = [finals[i] for i in sorted(finals)]
+        ordered = await group.final_outputs()
         choices = []
         for index, output in enumerate(ordered):
             completion = output.outputs[0]

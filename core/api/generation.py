@@ -73,6 +73,14 @@ class RequestGroup:
         finally:
             await self.aclose()
 
+    async def final_outputs(self) -> list[RequestOutput]:
+        """Run every choice to the end; the last output of each, in choice order."""
+        finals = {}
+        async for index, output in self.outputs():
+            if output.finished:
+                finals[index] = output
+        return [finals[i] for i in sorted(finals)]
+
     async def aclose(self) -> None:
         """Stop listening; engine requests still running are aborted."""
         pending, self._pending = list(self._pending), {}
