@@ -1,5 +1,6 @@
-"""Attention and KV-cache kernels: Triton for CUDA beside pure-torch versions with the same signatures.
+"""Model kernels: Triton for CUDA, compiled C++ for the CPU, and pure-torch references with the same signatures.
 
-`select_backend` picks one implementation set per engine; the model calls `backend.store_kv` and
-`backend.paged_attention` and never cares which it got.
+`select_backend` picks one kernel set per engine; the model calls `backend.store_kv`,
+`backend.paged_attention` and the layer ops (`add_rms_norm`, `rotary_embedding_`, `silu_and_mul`)
+and never cares which it got.
 """

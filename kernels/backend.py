@@ -1,4 +1,4 @@
-"""Choice of attention implementation: Triton kernels on CUDA, pure torch elsewhere.
+"""Choice of kernel set: Triton on CUDA, compiled C++ kernels on the CPU, pure torch as the reference.
 
 Triton is imported only when its backend is selected, so CPU installs without triton keep working.
 """
@@ -10,19 +10,23 @@ from typing import Callable
 
 import torch
 
-from spyglass.kernels import cpu_attention, torch_attention
+from spyglass.kernels import cpu_attention, cpu_layer_ops, torch_attention, torch_norm_rope
 
 _CHOICES = ("auto", "cpu", "torch", "triton")
 
 
 @dataclass(frozen=True)
 class AttentionBackend:
-    """One consistent pair of KV-store and paged-attention functions (see `torch_attention` for their contract)."""
+    """One consistent set of kernels: KV store and paged attention (contract: `torch_attention`),
+    and the elementwise layer ops (contract: `torch_norm_rope`)."""
 
     name: str
     store_kv: Callable
     paged_attention: Callable
     cache_shape: Callable[[int, int, int, int], tuple[int, ...]] = torch_attention.cache_shape
+    add_rms_norm: Callable = torch_norm_rope.add_rms_norm
+    rotary_embedding_: Callable = torch_norm_rope.rotary_embedding_
+    silu_and_mul: Callable = torch_norm_rope.silu_and_mul
 
 
 def _torch_backend() -> AttentionBackend:
@@ -31,8 +35,11 @@ def _torch_backend() -> AttentionBackend:
 
 
 def _cpu_backend() -> AttentionBackend:
-    """The CPU fast path over a head-major cache (tested against the torch reference)."""
-    return AttentionBackend("cpu", cpu_attention.store_kv, cpu_attention.paged_attention, cpu_attention.cache_shape)
+    """The CPU fast path: compiled kernels over a head-major cache (tested against the torch references)."""
+    return AttentionBackend(
+        "cpu", cpu_attention.store_kv, cpu_attention.paged_attention, cpu_attention.cache_shape,
+        cpu_layer_ops.add_rms_norm, cpu_layer_ops.rotary_embedding_, cpu_layer_ops.silu_and_mul,
+    )
 
 
 def _triton_backend() -> AttentionBackend:
@@ -41,7 +48,11 @@ def _triton_backend() -> AttentionBackend:
         raise ImportError("the triton attention backend needs the 'triton' package (pip install 'spyglass[gpu]')")
     store = importlib.import_module("spyglass.kernels.triton_store_kv")
     attention = importlib.import_module("spyglass.kernels.triton_attention")
-    return AttentionBackend("triton", store.store_kv, attention.paged_attention)
+    norm_rope = importlib.import_module("spyglass.kernels.triton_norm_rope")
+    return AttentionBackend(
+        "triton", store.store_kv, attention.paged_attention,
+        add_rms_norm=norm_rope.add_rms_norm, rotary_embedding_=norm_rope.rotary_embedding_,
+    )
 
 
 def select_backend(device: torch.device, force: str | None = None) -> AttentionBackend:

@@ -9,7 +9,10 @@ neither K nor V is copied a second time to transpose it.
 import torch
 import torch.nn.functional as F
 
-from spyglass.kernels import torch_attention
+from spyglass.kernels import cpu_native, torch_attention
+
+# Queries up to this many tokens use the native kernel; longer ones (prompts) are faster through SDPA.
+NATIVE_MAX_QUERY_LEN = 16
 
 
 def cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -19,6 +22,16 @@ def cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: i
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Write each token's key and value into slot ``slot_mapping[t]``; slot -1 means skip."""
+    native = (
+        key.dtype == value.dtype == k_cache.dtype
+        and cpu_native.available(key.dtype)
+        and key.stride() == value.stride()
+        and key.stride(2) == 1
+        and key.stride(1) == key.shape[2]
+    )
+    if native:
+        cpu_native.store_kv(key, value, k_cache, v_cache, slot_mapping)
+        return
     keep = slot_mapping >= 0
     if not bool(keep.all()):
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
@@ -42,7 +55,23 @@ def paged_attention(
     query, k_cache, v_cache, block_tables, context_lens, query_start_loc, max_query_len: int,
     max_context_len: int, scale: float,
 ) -> torch.Tensor:
-    """Causal attention of each request's new tokens over its paged context (see `torch_attention`)."""
+    """Causal attention of each request's new tokens over its paged context (see `torch_attention`).
+
+    With the compiled kernel, every request of at most `NATIVE_MAX_QUERY_LEN` new tokens (decodes,
+    draft verification, short chunks) is attended in one native call straight from the cache; longer
+    prompts go through SDPA one by one. Without it, the gather-and-matmul torch path runs.
+    """
+    if k_cache.dtype == query.dtype and cpu_native.available(query.dtype):
+        out = torch.empty(query.shape, dtype=query.dtype)
+        cpu_native.paged_attention(
+            query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, NATIVE_MAX_QUERY_LEN, out
+        )
+        if max_query_len > NATIVE_MAX_QUERY_LEN:
+            starts, lens = query_start_loc.tolist(), context_lens.tolist()
+            for r, (start, end) in enumerate(zip(starts, starts[1:])):
+                if end - start > NATIVE_MAX_QUERY_LEN:
+                    out[start:end] = _request(query[start:end], k_cache, v_cache, block_tables[r], lens[r], scale)
+        return out
     return torch_attention.attend_by_request_kind(
         query, block_tables, context_lens, query_start_loc, max_query_len, max_context_len,
         decode=lambda q, tables, lens, longest: _decode(q, k_cache, v_cache, tables, lens, longest, scale),

@@ -1,4 +1,4 @@
-"""Pure-torch RMSNorm-with-residual and in-place rotary embedding: the CPU path and the Triton kernels' reference."""
+"""Pure-torch layer ops (RMSNorm with residual, in-place rotary, SiLU-and-mul): the kernels' references."""
 
 import torch
 import torch.nn.functional as F
@@ -34,3 +34,9 @@ def rotary_embedding_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tenso
     xf = x.float()
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
     x.copy_(xf * c + rotated * s)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape ``[num_tokens, 2 * width]``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -1,7 +1,6 @@
 """Llama-family decoder (Llama, Qwen2) over a flattened batch of new tokens with a paged KV cache."""
 
 import torch
-import torch.nn.functional as F
 
 from spyglass.core.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
@@ -61,29 +60,29 @@ class LlamaForCausalLM:
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened batch."""
-        hidden = self.hidden_states(input_ids, positions, meta, kv_caches)
-        hidden = F.rms_norm(hidden[logits_indices], (hidden.shape[-1],), self.final_norm, self.arch.rms_norm_eps)
-        return self.lm_head(hidden).float()
+        hidden, residual = self.hidden_states(input_ids, positions, meta, kv_caches)
+        normed, _ = self.backend.add_rms_norm(
+            hidden[logits_indices], residual[logits_indices], self.final_norm, self.arch.rms_norm_eps
+        )
+        return self.lm_head(normed).float()
 
-    def hidden_states(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
-        """The last layer's output for every token, before the final norm."""
-        eps = self.arch.rms_norm_eps
-        hidden = self.embed[input_ids]
-        width = (hidden.shape[-1],)
-        angles = self.rope.angles(positions)
+    def hidden_states(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
+        """The last layer's output and the residual stream it adds to, for every token, before the final norm."""
+        eps, ops = self.arch.rms_norm_eps, self.backend
+        hidden, residual = self.embed[input_ids], None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = F.rms_norm(hidden, width, layer.input_norm, eps)
-            hidden = hidden + self._attention(layer, x, angles, meta, k_cache, v_cache)
-            x = F.rms_norm(hidden, width, layer.post_norm, eps)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            hidden = hidden + layer.down(F.silu(gate) * up)
-        return hidden
+            x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
+            hidden = self._attention(layer, x, positions, meta, k_cache, v_cache)
+            x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, eps)
+            hidden = layer.down(ops.silu_and_mul(layer.gate_up(x)))
+        return hidden, residual
 
-    def _attention(self, layer, x, angles, meta: AttentionMetadata, k_cache, v_cache) -> torch.Tensor:
+    def _attention(self, layer, x, positions, meta: AttentionMetadata, k_cache, v_cache) -> torch.Tensor:
         num_tokens, head_dim = x.shape[0], self.arch.head_dim
         qkv = layer.qkv(x)
-        # Rotate q and k heads together: one set of rope ops instead of two.
-        qk = self.rope.rotate(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, head_dim), angles)
+        # Rotate q and k heads together, in place: one rope call instead of two.
+        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, head_dim)
+        self.backend.rotary_embedding_(qk, positions, self.rope.cos, self.rope.sin)
         q = qk[:, : self.arch.num_attention_heads]
         k = qk[:, self.arch.num_attention_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, -1, head_dim)

@@ -28,7 +28,10 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables applied to query and key heads (HF's rotate-half layout)."""
+    """Precomputed cos/sin tables ``[max_positions, head_dim]`` (HF's rotate-half layout, both halves equal).
+
+    The backend's ``rotary_embedding_`` applies them to the query and key heads.
+    """
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None, dtype, device):
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
@@ -36,14 +39,3 @@ class RotaryEmbedding:
         angles = torch.cat([angles, angles], dim=-1)
         self.cos = angles.cos().to(dtype=dtype, device=device)
         self.sin = angles.sin().to(dtype=dtype, device=device)
-        self.half = head_dim // 2
-
-    def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for each token, shaped ``[num_tokens, 1, head_dim]``; computed once per step, used by every layer."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-    def rotate(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Rotate ``x`` of shape ``[num_tokens, num_heads, head_dim]`` by the given angles."""
-        cos, sin = angles
-        x1, x2 = x[..., : self.half], x[..., self.half :]
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin

@@ -1,9 +1,13 @@
-"""The CPU fast path (head-major cache) against the torch reference, on the same data in both layouts."""
+"""The CPU fast path (head-major cache) against the torch reference, on the same data in both layouts.
+
+Both CPU paths are checked: the compiled kernel (with SDPA for long queries) and the pure-torch
+fallback that runs where no compiler is found.
+"""
 
 import pytest
 import torch
 
-from spyglass.kernels import cpu_attention, torch_attention
+from spyglass.kernels import cpu_attention, cpu_native, torch_attention
 
 
 def _to_head_major(cache: torch.Tensor) -> torch.Tensor:
@@ -11,13 +15,22 @@ def _to_head_major(cache: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("q_lens", [[1, 1, 1, 1], [7, 1, 16, 1, 3], [40]])
-@pytest.mark.parametrize("num_heads, num_kv_heads, block_size", [(9, 3, 16), (4, 4, 8), (8, 2, 32)])
-def test_cpu_attention_matches_reference(dtype, tolerance, q_lens, num_heads, num_kv_heads, block_size):
+@pytest.mark.parametrize("q_lens", [[1, 1, 1, 1], [7, 1, 16, 1, 3], [40], [1, 17, 1, 2], [1] * 9])
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, block_size, head_dim", [(9, 3, 16, 64), (4, 4, 8, 128), (8, 2, 32, 64), (6, 2, 16, 48)]
+)
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_cpu_attention_matches_reference(dtype, tolerance, q_lens, num_heads, num_kv_heads, block_size, head_dim,
+                                         native, monkeypatch):
+    if native:
+        assert cpu_native.available(dtype), "the native CPU kernel did not build (is g++ installed?)"
+    else:
+        monkeypatch.setattr(cpu_native, "available", lambda dtype: False)
     generator = torch.Generator().manual_seed(len(q_lens) * 100 + num_heads)
-    head_dim, num_blocks = 64, 64
-    context_lens = [q + 5 * i + (3 if q == 1 else 0) for i, q in enumerate(q_lens)]
+    # Up to 300 keys: contexts span many blocks, odd and even lengths, partial last blocks.
+    context_lens = [q + 37 * i + (3 if q == 1 else 0) for i, q in enumerate(q_lens)]
     max_blocks = max(-(-c // block_size) for c in context_lens)
+    num_blocks = len(q_lens) * max_blocks + 3
     block_tables = torch.randperm(num_blocks, generator=generator)[: len(q_lens) * max_blocks]
     block_tables = block_tables.view(len(q_lens), max_blocks).to(torch.int32)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)

@@ -40,16 +40,14 @@ def test_add_rms_norm_matches_torch(dtype, with_residual, hidden):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_rotary_matches_torch_and_model_rope(dtype, head_dim):
+def test_rotary_matches_torch(dtype, head_dim):
     rope = RotaryEmbedding(head_dim, 64, 10000.0, None, dtype, DEVICE)
     positions = torch.tensor([0, 5, 63, 17], device=DEVICE)
     qkv = _randn(4, 7, head_dim, dtype=dtype, seed=3)
     # Rotate the q and k heads of a fused qkv tensor in place; v (last head) must stay untouched.
-    expected_model = rope.rotate(qkv[:, :6], rope.angles(positions))
     ours, theirs = qkv.clone(), qkv.clone()
     torch_norm_rope.rotary_embedding_(theirs[:, :6], positions, rope.cos, rope.sin)
     triton_norm_rope.rotary_embedding_(ours[:, :6], positions, rope.cos, rope.sin)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=tol, atol=tol)
-    torch.testing.assert_close(theirs[:, :6].float(), expected_model.float(), rtol=tol, atol=tol)
     assert torch.equal(ours[:, 6], qkv[:, 6])

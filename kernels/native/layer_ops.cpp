@@ -1,0 +1,129 @@
+// The per-layer elementwise ops of a decoder step, fused for the CPU: residual add + RMSNorm,
+// in-place rotary embedding, SiLU-and-multiply, and the KV store into the head-major paged cache.
+//
+// Contracts: spyglass.kernels.torch_norm_rope (norm, rope, silu_and_mul) and
+// cpu_attention.store_kv, which are the references these are tested against. Each op is one pass
+// over its rows, computing in float32; rows are split across OpenMP threads only when there are
+// enough of them to pay for it.
+
+#include <cmath>
+#include <cstdint>
+
+#include "scalar.h"
+
+namespace {
+
+using spyglass::store;
+using spyglass::to_float;
+
+// Below this many elements an op runs on the calling thread: a parallel region costs more.
+constexpr int64_t kParallelElements = 1 << 16;
+
+template <typename T>
+void add_rms_norm(const T* x, int64_t x_stride, const T* residual, int64_t residual_stride, const T* weight,
+                  float eps, int64_t num_tokens, int64_t width, int64_t num_threads, T* out, T* summed) {
+#pragma omp parallel for num_threads(num_threads) if (num_tokens * width >= kParallelElements)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const T* xr = x + t * x_stride;
+        T* sr = summed + t * width;
+        float squares = 0.f;
+        for (int64_t i = 0; i < width; ++i) {
+            float v = to_float(xr[i]);
+            if (residual) v += to_float(residual[t * residual_stride + i]);
+            store(sr + i, v);
+            const float rounded = to_float(sr[i]);  // normalise the stored (rounded) sum, as torch does
+            squares += rounded * rounded;
+        }
+        const float inverse_rms = 1.f / std::sqrt(squares / static_cast<float>(width) + eps);
+        T* outr = out + t * width;
+        for (int64_t i = 0; i < width; ++i) store(outr + i, to_float(sr[i]) * inverse_rms * to_float(weight[i]));
+    }
+}
+
+template <typename T>
+void rotary_embedding(T* x, int64_t token_stride, int64_t head_stride, int64_t num_tokens, int64_t num_heads,
+                      int64_t head_dim, const int64_t* positions, const T* cos, const T* sin, int64_t table_stride,
+                      int64_t num_threads) {
+    const int64_t half = head_dim / 2;
+#pragma omp parallel for num_threads(num_threads) if (num_tokens * num_heads * head_dim >= kParallelElements)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const T* c = cos + positions[t] * table_stride;
+        const T* s = sin + positions[t] * table_stride;
+        for (int64_t h = 0; h < num_heads; ++h) {
+            T* lo = x + t * token_stride + h * head_stride;
+            T* hi = lo + half;
+            for (int64_t i = 0; i < half; ++i) {
+                const float a = to_float(lo[i]), b = to_float(hi[i]);
+                store(lo + i, a * to_float(c[i]) - b * to_float(s[i]));
+                store(hi + i, b * to_float(c[half + i]) + a * to_float(s[half + i]));
+            }
+        }
+    }
+}
+
+template <typename T>
+void silu_and_mul(const T* gate_up, int64_t num_tokens, int64_t width, int64_t num_threads, T* out) {
+#pragma omp parallel for num_threads(num_threads) if (num_tokens * width >= kParallelElements)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const T* gate = gate_up + t * 2 * width;
+        const T* up = gate + width;
+        T* o = out + t * width;
+        for (int64_t i = 0; i < width; ++i) {
+            // Round silu(gate) before the product, as the unfused torch ops do.
+            T activated;
+            const float g = to_float(gate[i]);
+            store(&activated, g / (1.f + std::exp(-g)));
+            store(o + i, to_float(activated) * to_float(up[i]));
+        }
+    }
+}
+
+template <typename T>
+void store_kv(const T* key, const T* value, int64_t token_stride, const int64_t* slots, int64_t num_tokens,
+              int64_t num_kv_heads, int64_t head_dim, int64_t slots_per_head, T* k_cache, T* v_cache) {
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        if (slots[t] < 0) continue;
+        for (int64_t h = 0; h < num_kv_heads; ++h) {
+            const int64_t src = t * token_stride + h * head_dim, dst = (h * slots_per_head + slots[t]) * head_dim;
+            for (int64_t i = 0; i < head_dim; ++i) {
+                k_cache[dst + i] = key[src + i];
+                v_cache[dst + i] = value[src + i];
+            }
+        }
+    }
+}
+
+}  // namespace
+
+#define SPYGLASS_LAYER_OPS(SUFFIX, T)                                                                           \
+    extern "C" void spyglass_add_rms_norm_##SUFFIX(const void* x, int64_t x_stride, const void* residual,        \
+                                                   int64_t residual_stride, const void* weight, float eps,       \
+                                                   int64_t num_tokens, int64_t width, int64_t num_threads,      \
+                                                   void* out, void* summed) {                                   \
+        add_rms_norm(static_cast<const T*>(x), x_stride, static_cast<const T*>(residual), residual_stride,       \
+                     static_cast<const T*>(weight), eps, num_tokens, width, num_threads, static_cast<T*>(out),  \
+                     static_cast<T*>(summed));                                                                  \
+    }                                                                                                           \
+    extern "C" void spyglass_rotary_embedding_##SUFFIX(void* x, int64_t token_stride, int64_t head_stride,       \
+                                                       int64_t num_tokens, int64_t num_heads, int64_t head_dim,  \
+                                                       const int64_t* positions, const void* cos,               \
+                                                       const void* sin, int64_t table_stride,                   \
+                                                       int64_t num_threads) {                                   \
+        rotary_embedding(static_cast<T*>(x), token_stride, head_stride, num_tokens, num_heads, head_dim,         \
+                         positions, static_cast<const T*>(cos), static_cast<const T*>(sin), table_stride,       \
+                         num_threads);                                                                          \
+    }                                                                                                           \
+    extern "C" void spyglass_silu_and_mul_##SUFFIX(const void* gate_up, int64_t num_tokens, int64_t width,       \
+                                                   int64_t num_threads, void* out) {                            \
+        silu_and_mul(static_cast<const T*>(gate_up), num_tokens, width, num_threads, static_cast<T*>(out));      \
+    }                                                                                                           \
+    extern "C" void spyglass_store_kv_##SUFFIX(const void* key, const void* value, int64_t token_stride,         \
+                                               const int64_t* slots, int64_t num_tokens, int64_t num_kv_heads,  \
+                                               int64_t head_dim, int64_t slots_per_head, void* k_cache,         \
+                                               void* v_cache) {                                                 \
+        store_kv(static_cast<const T*>(key), static_cast<const T*>(value), token_stride, slots, num_tokens,      \
+                 num_kv_heads, head_dim, slots_per_head, static_cast<T*>(k_cache), static_cast<T*>(v_cache));   \
+    }
+
+SPYGLASS_LAYER_OPS(f32, float)
+SPYGLASS_LAYER_OPS(bf16, uint16_t)
