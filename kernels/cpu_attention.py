@@ -1,18 +1,16 @@
 """The CPU fast path: paged attention and KV store over a head-major cache layout.
 
 Same arguments and results as `torch_attention` (the reference), but each layer's cache is
-``[num_kv_heads, num_blocks, block_size, head_dim]``. Gathering a request's blocks along dim 1
-then yields ``[num_kv_heads, tokens, head_dim]`` directly, the layout the matmuls read, so
-neither K nor V is copied a second time to transpose it.
+``[num_kv_heads, num_blocks, block_size, head_dim]``: a block holds one head's keys contiguously,
+which is what the compiled kernel (native/paged_attention.cpp) streams. The pure-torch fallback,
+for machines where the kernel does not build, gathers blocks along dim 1 into
+``[num_kv_heads, tokens, head_dim]``, the layout its matmuls read.
 """
 
 import torch
 import torch.nn.functional as F
 
 from spyglass.kernels import cpu_native, torch_attention
-
-# Queries up to this many tokens use the native kernel; longer ones (prompts) are faster through SDPA.
-NATIVE_MAX_QUERY_LEN = 16
 
 
 def cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -57,21 +55,11 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its paged context (see `torch_attention`).
 
-    With the compiled kernel, every request of at most `NATIVE_MAX_QUERY_LEN` new tokens (decodes,
-    draft verification, short chunks) is attended in one native call straight from the cache; longer
-    prompts go through SDPA one by one. Without it, the gather-and-matmul torch path runs.
+    The compiled kernel reads K and V straight from the cache for every request in one call; where
+    it did not build, decodes are gathered into one padded batch and other requests go through SDPA.
     """
     if k_cache.dtype == query.dtype and cpu_native.available(query.dtype):
-        out = torch.empty(query.shape, dtype=query.dtype)
-        cpu_native.paged_attention(
-            query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, NATIVE_MAX_QUERY_LEN, out
-        )
-        if max_query_len > NATIVE_MAX_QUERY_LEN:
-            starts, lens = query_start_loc.tolist(), context_lens.tolist()
-            for r, (start, end) in enumerate(zip(starts, starts[1:])):
-                if end - start > NATIVE_MAX_QUERY_LEN:
-                    out[start:end] = _request(query[start:end], k_cache, v_cache, block_tables[r], lens[r], scale)
-        return out
+        return cpu_native.paged_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
     return torch_attention.attend_by_request_kind(
         query, block_tables, context_lens, query_start_loc, max_query_len, max_context_len,
         decode=lambda q, tables, lens, longest: _decode(q, k_cache, v_cache, tables, lens, longest, scale),

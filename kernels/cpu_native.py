@@ -14,7 +14,7 @@ from spyglass.kernels import native_build
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
-    ("paged_attention", "paged_attention"): [_P] * 6 + [_I] * 8 + [_F, _I, _I, _P],
+    ("paged_attention", "paged_attention"): [_P] * 6 + [_I] * 8 + [_F, _I, _P],
     ("layer_ops", "add_rms_norm"): [_P, _I, _P, _I, _P, _F, _I, _I, _I, _P, _P],
     ("layer_ops", "rotary_embedding"): [_P] + [_I] * 5 + [_P, _P, _P, _I, _I],
     ("layer_ops", "silu_and_mul"): [_P, _I, _I, _I, _P],
@@ -39,11 +39,8 @@ def available(dtype: torch.dtype) -> bool:
     return all(_kernel(library, name, dtype) is not None for library, name in _SIGNATURES)
 
 
-def paged_attention(
-    query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale: float, max_query_len: int,
-    out: torch.Tensor,
-) -> None:
-    """Fill ``out`` rows of every request with at most ``max_query_len`` new tokens; others are left untouched.
+def paged_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale: float) -> torch.Tensor:
+    """Causal attention of every request's new tokens over its paged context, ``[tokens, heads, dim]``.
 
     Shapes as `torch_attention.paged_attention`, caches head-major ``[kv_heads, blocks, block_size, dim]``;
     query rows may be strided but each row's heads must be contiguous.
@@ -54,12 +51,13 @@ def paged_attention(
     context_lens = context_lens.to(torch.int32).contiguous()
     query_start_loc = query_start_loc.to(torch.int32).contiguous()
     num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    out = torch.empty(query.shape, dtype=query.dtype)
     _kernel("paged_attention", "paged_attention", query.dtype)(
         query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
         query_start_loc.data_ptr(), block_tables.shape[0], query.shape[1], num_kv_heads, head_dim, num_blocks,
-        block_size, block_tables.stride(0), query.stride(0), scale, max_query_len, torch.get_num_threads(),
-        out.data_ptr(),
+        block_size, block_tables.stride(0), query.stride(0), scale, torch.get_num_threads(), out.data_ptr(),
     )
+    return out
 
 
 def add_rms_norm(x, residual, weight, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

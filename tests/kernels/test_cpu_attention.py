@@ -1,7 +1,7 @@
 """The CPU fast path (head-major cache) against the torch reference, on the same data in both layouts.
 
-Both CPU paths are checked: the compiled kernel (with SDPA for long queries) and the pure-torch
-fallback that runs where no compiler is found.
+Both CPU paths are checked: the compiled kernel and the pure-torch fallback that runs where no
+compiler is found.
 """
 
 import pytest
