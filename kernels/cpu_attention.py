@@ -23,9 +23,9 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     native = (
         key.dtype == value.dtype == k_cache.dtype
         and cpu_native.available(key.dtype)
-        and key.stride() == value.stride()
-        and key.stride(2) == 1
-        and key.stride(1) == key.shape[2]
+        and _rows_of_contiguous_heads(key)
+        and _rows_of_contiguous_heads(value)
+        and (key.shape[0] == 1 or key.stride(0) == value.stride(0))
     )
     if native:
         cpu_native.store_kv(key, value, k_cache, v_cache, slot_mapping)
@@ -36,6 +36,11 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
     k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1).to(k_cache.dtype))
     v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1).to(v_cache.dtype))
+
+
+def _rows_of_contiguous_heads(x: torch.Tensor) -> bool:
+    """Whether each token's ``[heads, dim]`` block of ``x`` is contiguous (size-1 dims may have any stride)."""
+    return (x.shape[2] == 1 or x.stride(2) == 1) and (x.shape[1] == 1 or x.stride(1) == x.shape[2])
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
