@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from spyglass.core.cuda_graphs import CudaGraphDecoder
+from spyglass.core.host_memory import zeros_on_huge_pages
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.llama import LlamaForCausalLM
 from spyglass.core.outputs import Logprob
@@ -46,8 +47,7 @@ class ModelRunner:
         shape = model.backend.cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
         # Zeroed, not empty: a padded read of a never-written slot must not bring NaN into a masked sum.
         self.kv_caches = [
-            (torch.zeros(shape, dtype=model.dtype, device=device), torch.zeros(shape, dtype=model.dtype, device=device))
-            for _ in range(arch.num_hidden_layers)
+            (self._zeros(shape, model.dtype), self._zeros(shape, model.dtype)) for _ in range(arch.num_hidden_layers)
         ]
         # Set by `enable_cuda_graphs`; None means every step runs eagerly.
         self.graphs: CudaGraphDecoder | None = None
@@ -57,6 +57,11 @@ class ModelRunner:
         self.graphs = CudaGraphDecoder(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size)
         self.graphs.capture()
         return self.graphs.capture_seconds
+
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return zeros_on_huge_pages(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
 
     @staticmethod
     def bytes_per_block(arch, block_size: int, dtype: torch.dtype) -> int:

@@ -12,10 +12,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-@pytest.fixture(autouse=True)
-def _native_kernels_built():
-    for dtype in DTYPES:
-        assert cpu_native.available(dtype), "the native CPU kernels did not build (is g++ installed?)"
+pytestmark = pytest.mark.usefixtures("native_kernels")
 
 
 def _randn(*shape, dtype, seed):
