@@ -137,9 +137,9 @@ class ModelRunner:
                 plain_requests.append(scheduled.request)
             spans.append((row, num_rows))
             row += num_rows
-        plain_tokens, plain_logprobs = (
-            sample(logits[plain_rows], plain_requests) if plain_requests else ([], [])
-        )
+        # Every row plain (no drafts) is the common case: sample the logits as they are, without a copy.
+        plain_logits = logits if len(plain_rows) == logits.shape[0] else logits[plain_rows]
+        plain_tokens, plain_logprobs = sample(plain_logits, plain_requests) if plain_requests else ([], [])
         plain = {r: (t, lp) for r, t, lp in zip(plain_rows, plain_tokens, plain_logprobs)}
         tokens, logprobs = [], []
         for scheduled, (first, num_rows) in zip(out.scheduled, spans):
