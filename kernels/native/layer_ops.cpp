@@ -13,6 +13,7 @@
 
 namespace {
 
+using spyglass::round_as;
 using spyglass::store;
 using spyglass::to_float;
 
@@ -25,17 +26,28 @@ void add_rms_norm(const T* x, int64_t x_stride, const T* residual, int64_t resid
 #pragma omp parallel for num_threads(num_threads) if (num_tokens * width >= kParallelElements)
     for (int64_t t = 0; t < num_tokens; ++t) {
         const T* xr = x + t * x_stride;
+        const T* rr = residual ? residual + t * residual_stride : nullptr;
         T* sr = summed + t * width;
+        // Normalise the sum as stored (rounded to T), as the unfused torch ops do.
         float squares = 0.f;
-        for (int64_t i = 0; i < width; ++i) {
-            float v = to_float(xr[i]);
-            if (residual) v += to_float(residual[t * residual_stride + i]);
-            store(sr + i, v);
-            const float rounded = to_float(sr[i]);  // normalise the stored (rounded) sum, as torch does
-            squares += rounded * rounded;
+        if (rr) {
+#pragma omp simd reduction(+ : squares)
+            for (int64_t i = 0; i < width; ++i) {
+                const float v = round_as<T>(to_float(xr[i]) + to_float(rr[i]));
+                store(sr + i, v);
+                squares += v * v;
+            }
+        } else {
+#pragma omp simd reduction(+ : squares)
+            for (int64_t i = 0; i < width; ++i) {
+                const float v = to_float(xr[i]);
+                sr[i] = xr[i];
+                squares += v * v;
+            }
         }
         const float inverse_rms = 1.f / std::sqrt(squares / static_cast<float>(width) + eps);
         T* outr = out + t * width;
+#pragma omp simd
         for (int64_t i = 0; i < width; ++i) store(outr + i, to_float(sr[i]) * inverse_rms * to_float(weight[i]));
     }
 }
@@ -52,6 +64,7 @@ void rotary_embedding(T* x, int64_t token_stride, int64_t head_stride, int64_t n
         for (int64_t h = 0; h < num_heads; ++h) {
             T* lo = x + t * token_stride + h * head_stride;
             T* hi = lo + half;
+#pragma omp simd
             for (int64_t i = 0; i < half; ++i) {
                 const float a = to_float(lo[i]), b = to_float(hi[i]);
                 store(lo + i, a * to_float(c[i]) - b * to_float(s[i]));
@@ -68,12 +81,11 @@ void silu_and_mul(const T* gate_up, int64_t num_tokens, int64_t width, int64_t n
         const T* gate = gate_up + t * 2 * width;
         const T* up = gate + width;
         T* o = out + t * width;
+        // Round silu(gate) before the product, as the unfused torch ops do.
+#pragma omp simd
         for (int64_t i = 0; i < width; ++i) {
-            // Round silu(gate) before the product, as the unfused torch ops do.
-            T activated;
             const float g = to_float(gate[i]);
-            store(&activated, g / (1.f + std::exp(-g)));
-            store(o + i, to_float(activated) * to_float(up[i]));
+            store(o + i, round_as<T>(g / (1.f + std::exp(-g))) * to_float(up[i]));
         }
     }
 }

@@ -25,4 +25,22 @@ inline void store(uint16_t* dst, float x) {
     *dst = static_cast<uint16_t>(bits >> 16);
 }
 
+// x rounded to T's precision, kept as float: what storing to T and loading back gives (vectorisable).
+template <typename T>
+inline float round_as(float x);
+
+template <>
+inline float round_as<float>(float x) {
+    return x;
+}
+
+template <>
+inline float round_as<uint16_t>(float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+    std::memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
 }  // namespace spyglass
