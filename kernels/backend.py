@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from spyglass.kernels import cpu_attention, cpu_layer_ops, torch_attention, torch_norm_rope
+from spyglass.kernels import cpu_attention, cpu_layer_ops, cpu_native, torch_attention, torch_norm_rope
 
 _CHOICES = ("auto", "cpu", "torch", "triton")
 
@@ -35,7 +35,11 @@ def _torch_backend() -> AttentionBackend:
 
 
 def _cpu_backend() -> AttentionBackend:
-    """The CPU fast path: compiled kernels over a head-major cache (tested against the torch references)."""
+    """The CPU fast path: compiled kernels over a head-major cache (tested against the torch references).
+
+    The kernels are built here, when the engine starts, rather than inside its first step.
+    """
+    cpu_native.build()
     return AttentionBackend(
         "cpu", cpu_attention.store_kv, cpu_attention.paged_attention, cpu_attention.cache_shape,
         cpu_layer_ops.add_rms_norm, cpu_layer_ops.rotary_embedding_, cpu_layer_ops.silu_and_mul,

@@ -33,6 +33,11 @@ def _kernel(library_name: str, name: str, dtype: torch.dtype):
     return function
 
 
+def build() -> bool:
+    """Compile (or load from the cache) every native kernel now; whether they all loaded."""
+    return all(native_build.load(library) is not None for library, _ in _SIGNATURES)
+
+
 @functools.cache
 def available(dtype: torch.dtype) -> bool:
     """Whether the native kernels run for ``dtype`` on this machine (builds them on first call)."""

@@ -4,7 +4,9 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# Asked this way, the first answer token leads by ~1.5 nats in float32 and bf16 alike. The bare
+# question is a near-tie (0.08 nats), which bf16 rounding can tip either way on any kernel change.
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
 
 def test_default_model_is_served(real_client):
