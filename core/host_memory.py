@@ -2,6 +2,8 @@
 
 import ctypes
 import logging
+import math
+import mmap
 import sys
 
 import torch
@@ -30,25 +32,20 @@ def keep_freed_memory_mapped() -> None:
     libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1)
 
 
-_MADV_HUGEPAGE = 14
-_HUGE_PAGE = 2 << 20
-
-
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed CPU tensor whose pages the kernel is asked to back with 2 MiB huge pages.
+    """A zeroed CPU tensor in its own anonymous mapping, which the kernel is asked to back with huge pages.
 
     The paged KV cache is read in scattered 2 KiB pieces (one block of one head); on 4 KiB pages
-    nearly every piece is a TLB miss. The advice is given before the memory is first touched, so
-    the zeroing faults in huge pages directly; where it is refused, the tensor is simply zeroed.
+    nearly every piece is a TLB miss. A fresh mapping, not the malloc heap: memory the heap hands
+    back was often faulted in already as small pages (by a previous engine, say), and advice given
+    afterwards does not change those. The zeroing faults every page in now, so the first steps do
+    not pay for it. Where huge pages are unavailable the advice is ignored and this is plain zeros.
     """
-    tensor = torch.empty(shape, dtype=dtype)
-    if sys.platform.startswith("linux") and tensor.numel():
-        start = tensor.data_ptr()
-        end = start + tensor.numel() * tensor.element_size()
-        aligned_start = -(-start // _HUGE_PAGE) * _HUGE_PAGE
-        aligned_end = end // _HUGE_PAGE * _HUGE_PAGE
-        if aligned_end > aligned_start:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            libc.madvise(aligned_start, aligned_end - aligned_start, _MADV_HUGEPAGE)
-    return tensor.zero_()
+    element_size = torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * element_size
+    if not sys.platform.startswith("linux") or nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    region.madvise(mmap.MADV_HUGEPAGE)
+    # The tensor holds a reference to the mapping, which lives as long as the tensor does.
+    return torch.frombuffer(region, dtype=dtype).view(shape).zero_()
