@@ -3,7 +3,7 @@
 import pytest
 
 from spyglass.core.block_pool import BlockPool, BlockPoolIntegrityError
-from spyglass.core.kv_cache_manager import NO_MATCH, KVCacheManager, PrefixMatch
+from spyglass.core.kv_cache_manager import EXTENT_BLOCKS, NO_MATCH, KVCacheManager, PrefixMatch
 from spyglass.core.request import Request
 from spyglass.core.sampling_params import SamplingParams
 
@@ -223,6 +223,26 @@ def test_allocate_slots_rounds_up_to_blocks_and_grows():
     assert len(kv.block_table("a")) == 2
     assert kv.allocate_slots(request, 3)
     assert len(kv.block_table("a")) == 3
+    kv.check_integrity()
+
+
+def test_tables_grow_in_contiguous_extents_while_the_pool_is_roomy():
+    kv = KVCacheManager(BlockPool(4 * EXTENT_BLOCKS), block_size=4, hooks=NoPrefixHooks())
+    first, second = make_request("a", 6), make_request("b", 6)
+    assert kv.allocate_slots(first, 6) and kv.allocate_slots(second, 6)
+    assert kv.block_table("a") == list(range(EXTENT_BLOCKS))
+    assert kv.block_table("b") == list(range(EXTENT_BLOCKS, 2 * EXTENT_BLOCKS))
+    first.num_computed_tokens = 6
+    assert kv.allocate_slots(first, 4 * EXTENT_BLOCKS - 6)  # fills its extent: nothing new
+    assert len(kv.block_table("a")) == EXTENT_BLOCKS
+    # Half the pool is in use now: a third request takes exactly what it needs.
+    third = make_request("c", 6)
+    assert kv.allocate_slots(third, 6)
+    assert len(kv.block_table("c")) == 2
+    kv.check_integrity()
+    for request in (first, second, third):
+        kv.free(request)
+    assert kv.pool.num_free_blocks == kv.pool.num_blocks
     kv.check_integrity()
 
 
