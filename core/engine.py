@@ -76,6 +76,10 @@ class LLMEngine:
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
         )
+        log.info(
+            "engine started: %s on %s, %s, kernels %s, %d KV blocks of %d tokens", self.model_name, self.info.device,
+            self.info.dtype, self.backend.name, num_blocks, config.block_size,
+        )
         self.hooks.spyglass_engine_started(info=self.info, config=config)
 
     # -- requests -------------------------------------------------------------------------------

@@ -37,11 +37,12 @@ def _torch_backend() -> AttentionBackend:
 def _cpu_backend() -> AttentionBackend:
     """The CPU fast path: compiled kernels over a head-major cache (tested against the torch references).
 
-    The kernels are built here, when the engine starts, rather than inside its first step.
+    The kernels are built here, when the engine starts, rather than inside its first step. Where
+    they cannot be built the name says so ("cpu-torch"): it reaches the engine-started hook and log.
     """
-    cpu_native.build()
+    name = "cpu" if cpu_native.build() else "cpu-torch"
     return AttentionBackend(
-        "cpu", cpu_attention.store_kv, cpu_attention.paged_attention, cpu_attention.cache_shape,
+        name, cpu_attention.store_kv, cpu_attention.paged_attention, cpu_attention.cache_shape,
         cpu_layer_ops.add_rms_norm, cpu_layer_ops.rotary_embedding_, cpu_layer_ops.silu_and_mul,
     )
 

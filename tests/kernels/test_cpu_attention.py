@@ -7,7 +7,7 @@ compiler is found.
 import pytest
 import torch
 
-from spyglass.kernels import cpu_attention, cpu_native, torch_attention
+from spyglass.kernels import backend, cpu_attention, cpu_native, torch_attention
 
 
 def _to_head_major(cache: torch.Tensor) -> torch.Tensor:
@@ -57,3 +57,9 @@ def test_cpu_store_kv_writes_the_same_slots_as_the_reference():
     v_fast = torch.zeros(cpu_attention.cache_shape(*shape))
     cpu_attention.store_kv(key, value, k_fast, v_fast, slots)
     assert torch.equal(k_fast, _to_head_major(k_ref)) and torch.equal(v_fast, _to_head_major(v_ref))
+
+
+def test_cpu_backend_name_says_which_kernels_run(monkeypatch):
+    assert backend.select_backend(torch.device("cpu")).name == "cpu"
+    monkeypatch.setattr(cpu_native, "build", lambda: False)
+    assert backend.select_backend(torch.device("cpu")).name == "cpu-torch"
