@@ -4,8 +4,10 @@
 // tested against), over the CPU backend's cache layout [num_kv_heads, num_blocks, block_size, head_dim].
 // Query rows may be strided (a view of the fused qkv output); heads within a row are contiguous.
 //
-// One work item is (request, query row, kv head): its group of query heads shares one pass over the
-// keys and one over the values, so K and V are read once per group and never gathered or repeated.
+// One work item is (request, up to kTileRows query rows, kv head): in bfloat16 every query vector of
+// the item (its rows times the kv head's group of query heads) meets a block of keys while it is in
+// L1, so K and V are streamed from memory once per item and never gathered or repeated. Keys are
+// walked block by block through pointers computed once per item.
 // Scores, softmax and sums are float32. In bfloat16 on AVX512-BF16 CPUs, products take bf16 inputs
 // (vdpbf16ps) and the probabilities are rounded to bf16 for the weighted sum, as the torch path
 // rounds them before its matmul. Every query length runs here: for prompts it matches or beats
@@ -29,11 +31,22 @@ namespace {
 using spyglass::store;
 using spyglass::to_float;
 
+// Query rows handled together by one work item: they share every pass over their keys.
+constexpr int64_t kTileRows = 4;
+
 struct WorkItem {
     int64_t request;
-    int64_t row;       // flattened query row
+    int64_t row;       // first flattened query row
+    int64_t num_rows;  // up to kTileRows consecutive rows of the request
     int64_t kv_head;
-    int64_t num_keys;  // causal limit for this row
+    int64_t num_keys;  // causal limit for the first row; row i sees num_keys + i keys
+};
+
+// Per-thread buffers, grown as needed and reused across work items.
+struct Scratch {
+    std::vector<float> scores;
+    std::vector<uint16_t> probs;
+    std::vector<const uint16_t*> k_blocks, v_blocks;
 };
 
 struct Shapes {
@@ -87,8 +100,49 @@ void weighted_values(const float* probs, const T* v_cache, const Keys& keys, int
     }
 }
 
+// scores[0, n) = softmax(scores[0, n)).
+void softmax(float* scores, int64_t n) {
+    float top = scores[0];
+    for (int64_t j = 1; j < n; ++j) top = std::max(top, scores[j]);
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < n; ++j) {
+        scores[j] = std::exp(scores[j] - top);
+        total += scores[j];
+    }
+    const float inverse = 1.f / total;
+    for (int64_t j = 0; j < n; ++j) scores[j] *= inverse;
+}
+
+template <typename T>
+void attend_row(const WorkItem& item, int64_t row_in_item, const T* query, const T* k_cache, const T* v_cache,
+                const int32_t* block_tables, const Shapes& s, float scale, std::vector<float>& scratch, T* out) {
+    const int64_t group = s.num_heads / s.num_kv_heads, dim = s.head_dim, n = item.num_keys + row_in_item;
+    scratch.resize(static_cast<size_t>(group * (n + 2 * dim)));
+    float* scores = scratch.data();  // [group, n]
+    float* q = scores + group * n;   // [group, dim]
+    float* acc = q + group * dim;    // [group, dim]
+    const Keys keys{block_tables + item.request * s.table_stride, item.kv_head * s.num_blocks, s.block_size, dim, n};
+    const int64_t row_index = item.row + row_in_item;
+    const T* q_row = query + row_index * s.query_row_stride + item.kv_head * group * dim;
+    scores_into(q_row, k_cache, keys, group, scale, q, scores);
+    for (int64_t g = 0; g < group; ++g) softmax(scores + g * n, n);
+    weighted_values(scores, v_cache, keys, group, acc);
+    T* out_row = out + (row_index * s.num_heads + item.kv_head * group) * dim;
+    for (int64_t i = 0; i < group * dim; ++i) store(out_row + i, acc[i]);
+}
+
+// Any dtype, any shape: one query row at a time.
+template <typename T>
+void attend(const WorkItem& item, const T* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+            const Shapes& s, float scale, Scratch& scratch, T* out) {
+    for (int64_t i = 0; i < item.num_rows; ++i)
+        attend_row(item, i, query, k_cache, v_cache, block_tables, s, scale, scratch.scores, out);
+}
+
 #if defined(__AVX512BF16__)
-// bfloat16 with AVX512-BF16: pairs of bf16 products accumulate in float32 (vdpbf16ps).
+// bfloat16 with AVX512-BF16: pairs of bf16 products accumulate in float32 (vdpbf16ps). Every query
+// vector of the item (its rows times the kv head's group) meets each key block while it is in L1.
 
 // Lane j of the result is the sum of all 16 lanes of v[j] (a transpose folded into the adds).
 inline __m512 sum_each(const __m512 v[16]) {
@@ -109,114 +163,155 @@ inline __m512 sum_each(const __m512 v[16]) {
 
 inline __m512bh load_bf16(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
 
-void scores_into(const uint16_t* q_row, const uint16_t* k_cache, const Keys& keys, int64_t group, float scale,
-                 float* q, float* scores) {
-    const int64_t dim = keys.dim, n = keys.count, chunks = dim / 32;
-    if (dim % 32 != 0 || chunks > 8) return scores_into<uint16_t>(q_row, k_cache, keys, group, scale, q, scores);
-    for (int64_t g = 0; g < group; ++g) {
-        __m512bh qg[8];
-        for (int64_t c = 0; c < chunks; ++c) qg[c] = load_bf16(q_row + g * dim + 32 * c);
-        // 16 keys at a time, each run of them contiguous within one block.
-        for (int64_t start = 0; start < n;) {
-            const int64_t count = std::min<int64_t>({16, n - start, keys.block_size - start % keys.block_size});
-            const uint16_t* first = row(k_cache, keys, start);
+// The item's blocks of one cache, as pointers to their first key (no division per key).
+void block_starts(const uint16_t* cache, const Keys& keys, std::vector<const uint16_t*>& starts) {
+    const int64_t count = (keys.count + keys.block_size - 1) / keys.block_size;
+    starts.resize(static_cast<size_t>(count));
+    for (int64_t b = 0; b < count; ++b)
+        starts[b] = cache + (keys.head_offset + keys.table[b]) * keys.block_size * keys.dim;
+}
+
+// The loops below are templates on CHUNKS (head_dim / 32) and COUNT (query vectors per pass) so that
+// every accumulator stays in a register.
+
+// scores[j] = scale * q . k_j for the first n keys.
+template <int CHUNKS>
+void scores_bf16(const uint16_t* q, const std::vector<const uint16_t*>& blocks, int64_t block_size, int64_t n,
+                 float scale, float* scores) {
+    constexpr int64_t dim = 32 * CHUNKS;
+    __m512bh qc[CHUNKS];
+    for (int c = 0; c < CHUNKS; ++c) qc[c] = load_bf16(q + 32 * c);
+    for (int64_t start = 0, b = 0; start < n; start += block_size, ++b) {
+        const int64_t in_block = std::min(block_size, n - start);
+        for (int64_t sub = 0; sub < in_block; sub += 16) {
+            const int64_t count = std::min<int64_t>(16, in_block - sub);
+            const uint16_t* first = blocks[b] + sub * dim;
             __m512 acc[16];
             for (int64_t j = 0; j < 16; ++j) {
+                // Past the block's last key, recompute its first one (masked out below) rather than read on.
+                const uint16_t* key = first + (j < count ? j : 0) * dim;
                 acc[j] = _mm512_setzero_ps();
-                if (j < count)
-                    for (int64_t c = 0; c < chunks; ++c)
-                        acc[j] = _mm512_dpbf16_ps(acc[j], qg[c], load_bf16(first + j * dim + 32 * c));
+                for (int c = 0; c < CHUNKS; ++c) acc[j] = _mm512_dpbf16_ps(acc[j], qc[c], load_bf16(key + 32 * c));
             }
             const __m512 dots = _mm512_mul_ps(sum_each(acc), _mm512_set1_ps(scale));
-            _mm512_mask_storeu_ps(scores + g * n + start, static_cast<__mmask16>((1u << count) - 1), dots);
-            start += count;
+            _mm512_mask_storeu_ps(scores + start + sub, static_cast<__mmask16>((1u << count) - 1), dots);
         }
     }
 }
 
-void weighted_values(const float* probs, const uint16_t* v_cache, const Keys& keys, int64_t group, float* acc) {
-    const int64_t dim = keys.dim, n = keys.count, chunks = dim / 32;
-    if (dim % 32 != 0 || chunks > 8) return weighted_values<uint16_t>(probs, v_cache, keys, group, acc);
-    // Keys go in pairs: rows j and j+1 interleaved element-wise meet (p_j, p_j+1) in one vdpbf16ps.
-    // Within each 128-bit lane, unpacklo covers dims 8l..8l+3 and unpackhi 8l+4..8l+7 of a 32-dim chunk.
-    const int64_t heads_per_pass = std::max<int64_t>(1, 24 / (2 * chunks));
-    const __m512i zero = _mm512_setzero_si512();
-    for (int64_t g0 = 0; g0 < group; g0 += heads_per_pass) {
-        const int64_t heads = std::min(heads_per_pass, group - g0);
-        __m512 sums[24];
-        for (int64_t i = 0; i < 2 * chunks * heads; ++i) sums[i] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < n; j += 2) {
-            const bool pair = j + 1 < n;
-            const uint16_t* first = row(v_cache, keys, j);
-            const uint16_t* second = pair ? row(v_cache, keys, j + 1) : nullptr;
-            __m512i lo[8], hi[8];
-            for (int64_t c = 0; c < chunks; ++c) {
-                const __m512i a = _mm512_loadu_si512(first + 32 * c);
-                const __m512i b = pair ? _mm512_loadu_si512(second + 32 * c) : zero;
-                lo[c] = _mm512_unpacklo_epi16(a, b);
-                hi[c] = _mm512_unpackhi_epi16(a, b);
+// probs[0, padded) = bf16(softmax(scores[0, n))), zero past n.
+void probabilities_bf16(float* scores, int64_t n, int64_t padded, uint16_t* probs) {
+    softmax(scores, n);
+    auto first_lanes = [](int64_t lanes) {
+        return static_cast<__mmask16>(lanes <= 0 ? 0 : lanes >= 16 ? 0xFFFF : (1u << lanes) - 1);
+    };
+    for (int64_t j = 0; j < padded; j += 32) {
+        const __m512 a = _mm512_maskz_loadu_ps(first_lanes(n - j), scores + j);
+        const __m512 b = _mm512_maskz_loadu_ps(first_lanes(n - j - 16), scores + j + 16);
+        _mm512_storeu_si512(probs + j, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+}
+
+// acc[v] = sum_j probs[v][j] * v_j for COUNT query vectors over the first n keys (block_size even).
+// Keys go in pairs: rows j and j+1 interleaved element-wise meet (p_j, p_j+1) in one vdpbf16ps.
+// Within each 128-bit lane, unpacklo covers dims 8l..8l+3 and unpackhi 8l+4..8l+7 of a 32-dim chunk.
+template <int CHUNKS, int COUNT>
+void values_bf16(const uint16_t* probs, int64_t probs_stride, const std::vector<const uint16_t*>& blocks,
+                 int64_t block_size, int64_t n, float* acc) {
+    constexpr int64_t dim = 32 * CHUNKS;
+    __m512 sums[COUNT][CHUNKS][2];
+    for (int v = 0; v < COUNT; ++v)
+        for (int c = 0; c < CHUNKS; ++c) sums[v][c][0] = sums[v][c][1] = _mm512_setzero_ps();
+    for (int64_t start = 0, b = 0; start < n; start += block_size, ++b) {
+        const int64_t in_block = std::min(block_size, n - start);
+        for (int64_t j = 0; j < in_block; j += 2) {
+            const uint16_t* first = blocks[b] + j * dim;
+            // An odd last key pairs with itself; its partner's probability is zero.
+            const uint16_t* second = j + 1 < in_block ? first + dim : first;
+            __m512i lo[CHUNKS], hi[CHUNKS];
+            for (int c = 0; c < CHUNKS; ++c) {
+                const __m512i x = _mm512_loadu_si512(first + 32 * c), y = _mm512_loadu_si512(second + 32 * c);
+                lo[c] = _mm512_unpacklo_epi16(x, y);
+                hi[c] = _mm512_unpackhi_epi16(x, y);
             }
-            for (int64_t h = 0; h < heads; ++h) {
-                const float* p = probs + (g0 + h) * n + j;
-                uint16_t both[2];
-                store(both, p[0]);
-                store(both + 1, pair ? p[1] : 0.f);
-                uint32_t packed;
-                std::memcpy(&packed, both, sizeof packed);
-                const __m512bh weights = (__m512bh)_mm512_set1_epi32(static_cast<int>(packed));
-                for (int64_t c = 0; c < chunks; ++c) {
-                    __m512* s = sums + (h * chunks + c) * 2;
-                    s[0] = _mm512_dpbf16_ps(s[0], weights, (__m512bh)lo[c]);
-                    s[1] = _mm512_dpbf16_ps(s[1], weights, (__m512bh)hi[c]);
+            for (int v = 0; v < COUNT; ++v) {
+                int32_t pair;
+                std::memcpy(&pair, probs + v * probs_stride + start + j, sizeof pair);
+                const __m512bh weights = (__m512bh)_mm512_set1_epi32(pair);
+                for (int c = 0; c < CHUNKS; ++c) {
+                    sums[v][c][0] = _mm512_dpbf16_ps(sums[v][c][0], weights, (__m512bh)lo[c]);
+                    sums[v][c][1] = _mm512_dpbf16_ps(sums[v][c][1], weights, (__m512bh)hi[c]);
                 }
             }
         }
-        for (int64_t h = 0; h < heads; ++h)
-            for (int64_t c = 0; c < chunks; ++c) {
-                alignas(64) float parts[2][16];
-                _mm512_store_ps(parts[0], sums[(h * chunks + c) * 2]);
-                _mm512_store_ps(parts[1], sums[(h * chunks + c) * 2 + 1]);
-                float* out = acc + (g0 + h) * dim + 32 * c;
-                for (int lane = 0; lane < 4; ++lane)
-                    for (int i = 0; i < 4; ++i) {
-                        out[8 * lane + i] = parts[0][4 * lane + i];
-                        out[8 * lane + 4 + i] = parts[1][4 * lane + i];
-                    }
-            }
     }
+    for (int v = 0; v < COUNT; ++v)
+        for (int c = 0; c < CHUNKS; ++c) {
+            alignas(64) float parts[2][16];
+            _mm512_store_ps(parts[0], sums[v][c][0]);
+            _mm512_store_ps(parts[1], sums[v][c][1]);
+            float* out = acc + v * dim + 32 * c;
+            for (int lane = 0; lane < 4; ++lane)
+                for (int i = 0; i < 4; ++i) {
+                    out[8 * lane + i] = parts[0][4 * lane + i];
+                    out[8 * lane + 4 + i] = parts[1][4 * lane + i];
+                }
+        }
+}
+
+// Query vectors per values pass: 2 * CHUNKS * COUNT accumulators, at most 24 of the 32 registers.
+template <int CHUNKS>
+constexpr int kVectorsPerPass = 12 / CHUNKS;
+
+template <int CHUNKS, int COUNT = kVectorsPerPass<CHUNKS>>
+void values_bf16(const uint16_t* probs, int64_t probs_stride, int64_t count, const std::vector<const uint16_t*>& blocks,
+                 int64_t block_size, int64_t n, float* acc) {
+    if constexpr (COUNT > 1)
+        if (count < COUNT) return values_bf16<CHUNKS, COUNT - 1>(probs, probs_stride, count, blocks, block_size, n, acc);
+    values_bf16<CHUNKS, COUNT>(probs, probs_stride, blocks, block_size, n, acc);
+}
+
+template <int CHUNKS>
+void attend_bf16(const WorkItem& item, const uint16_t* query, const uint16_t* k_cache, const uint16_t* v_cache,
+                 const int32_t* block_tables, const Shapes& s, float scale, Scratch& scratch, uint16_t* out) {
+    constexpr int64_t dim = 32 * CHUNKS;
+    const int64_t group = s.num_heads / s.num_kv_heads;
+    const int64_t vectors = item.num_rows * group, n_max = item.num_keys + item.num_rows - 1;
+    const int64_t padded = (n_max + 31) / 32 * 32;
+    scratch.scores.resize(static_cast<size_t>(padded + vectors * dim));
+    scratch.probs.resize(static_cast<size_t>(vectors * padded));
+    float* acc = scratch.scores.data() + padded;
+    const Keys keys{block_tables + item.request * s.table_stride, item.kv_head * s.num_blocks, s.block_size, dim, n_max};
+    block_starts(k_cache, keys, scratch.k_blocks);
+    block_starts(v_cache, keys, scratch.v_blocks);
+    for (int64_t v = 0; v < vectors; ++v) {
+        const int64_t i = v / group, g = v % group, n = item.num_keys + i;
+        const uint16_t* q = query + (item.row + i) * s.query_row_stride + (item.kv_head * group + g) * dim;
+        scores_bf16<CHUNKS>(q, scratch.k_blocks, s.block_size, n, scale, scratch.scores.data());
+        probabilities_bf16(scratch.scores.data(), n, padded, scratch.probs.data() + v * padded);
+    }
+    constexpr int64_t per_pass = kVectorsPerPass<CHUNKS>;
+    for (int64_t v0 = 0; v0 < vectors; v0 += per_pass)
+        values_bf16<CHUNKS>(scratch.probs.data() + v0 * padded, padded, std::min(per_pass, vectors - v0),
+                            scratch.v_blocks, s.block_size, n_max, acc + v0 * dim);
+    for (int64_t v = 0; v < vectors; ++v) {
+        const int64_t i = v / group, g = v % group;
+        uint16_t* out_row = out + ((item.row + i) * s.num_heads + item.kv_head * group + g) * dim;
+        for (int64_t d = 0; d < dim; ++d) store(out_row + d, acc[v * dim + d]);
+    }
+}
+
+// Head dims 32, 64 and 128 with an even block size take the AVX512-BF16 path; others the generic one.
+void attend(const WorkItem& item, const uint16_t* query, const uint16_t* k_cache, const uint16_t* v_cache,
+            const int32_t* block_tables, const Shapes& s, float scale, Scratch& scratch, uint16_t* out) {
+    if (s.block_size % 2 == 0) switch (s.head_dim) {
+            case 32: return attend_bf16<1>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
+            case 64: return attend_bf16<2>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
+            case 128: return attend_bf16<4>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
+        }
+    attend<uint16_t>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
 }
 #endif
-
-template <typename T>
-void attend_one(const WorkItem& item, const T* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
-                const Shapes& s, float scale, std::vector<float>& scratch, T* out) {
-    const int64_t group = s.num_heads / s.num_kv_heads, dim = s.head_dim, n = item.num_keys;
-    scratch.resize(static_cast<size_t>(group * (n + 2 * dim)));
-    float* scores = scratch.data();  // [group, n]
-    float* q = scores + group * n;   // [group, dim]
-    float* acc = q + group * dim;    // [group, dim]
-    const Keys keys{block_tables + item.request * s.table_stride, item.kv_head * s.num_blocks, s.block_size, dim, n};
-    const T* q_row = query + item.row * s.query_row_stride + item.kv_head * group * dim;
-    scores_into(q_row, k_cache, keys, group, scale, q, scores);
-
-    for (int64_t g = 0; g < group; ++g) {
-        float* scores_g = scores + g * n;
-        float top = scores_g[0];
-        for (int64_t j = 1; j < n; ++j) top = std::max(top, scores_g[j]);
-        float total = 0.f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t j = 0; j < n; ++j) {
-            scores_g[j] = std::exp(scores_g[j] - top);
-            total += scores_g[j];
-        }
-        const float inverse = 1.f / total;
-        for (int64_t j = 0; j < n; ++j) scores_g[j] *= inverse;
-    }
-
-    weighted_values(scores, v_cache, keys, group, acc);
-    T* out_row = out + (item.row * s.num_heads + item.kv_head * group) * dim;
-    for (int64_t i = 0; i < group * dim; ++i) store(out_row + i, acc[i]);
-}
 
 template <typename T>
 void paged_attention(const T* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
@@ -225,17 +320,18 @@ void paged_attention(const T* query, const T* k_cache, const T* v_cache, const i
     std::vector<WorkItem> items;
     for (int64_t r = 0; r < num_reqs; ++r) {
         const int64_t q_len = query_start_loc[r + 1] - query_start_loc[r];
-        for (int64_t i = 0; i < q_len; ++i)
+        for (int64_t i = 0; i < q_len; i += kTileRows)
             for (int64_t h = 0; h < shapes.num_kv_heads; ++h)
-                items.push_back({r, query_start_loc[r] + i, h, context_lens[r] - q_len + i + 1});
+                items.push_back({r, query_start_loc[r] + i, std::min(kTileRows, q_len - i), h,
+                                 context_lens[r] - q_len + i + 1});
     }
     const int64_t num_items = static_cast<int64_t>(items.size());
 #pragma omp parallel num_threads(num_threads)
     {
-        std::vector<float> scratch;
-#pragma omp for schedule(dynamic, 4)
+        Scratch scratch;
+#pragma omp for schedule(dynamic, 1)
         for (int64_t w = 0; w < num_items; ++w)
-            attend_one(items[w], query, k_cache, v_cache, block_tables, shapes, scale, scratch, out);
+            attend(items[w], query, k_cache, v_cache, block_tables, shapes, scale, scratch, out);
     }
 }
 
