@@ -12,7 +12,7 @@ class EngineConfig:
     """Everything the engine needs to start.
 
     ``model`` is a GGUF file, an HF directory, or None for the default model. ``dtype`` "auto"
-    picks bfloat16 (AMX makes it several times faster than float32 on CPU; tensor cores on GPU).
+    picks bfloat16 (several times faster than float32 on CPUs with AVX512-BF16 or AMX; tensor cores on GPU).
     ``kv_cache_memory`` is the KV budget in bytes; ``num_kv_blocks`` overrides it exactly.
     ``speculative`` names a draft proposer plugin (ngram, draft, self); it is asked for up to
     ``num_speculative_tokens`` drafts per decoding request each step. ``plugin_options`` holds

@@ -5,6 +5,7 @@ machine-wide slowdown hits all configurations alike and the printed ratios stay 
 """
 
 import dataclasses
+import gc
 import resource
 import time
 
@@ -71,6 +72,16 @@ def _configurations(args) -> list[tuple[str, str, str]]:
     return configurations
 
 
+def _rotated(configurations: list, repeat: int) -> list:
+    """The configurations in the order of one repeat: each repeat starts one further along.
+
+    Later runs within a repeat measured up to 8% slower on the development machine whatever they
+    ran, so no configuration may always go first.
+    """
+    shift = repeat % len(configurations)
+    return configurations[shift:] + configurations[:shift]
+
+
 def _fresh_engine(args, policy: str, level: str) -> LLMEngine:
     """An engine whose telemetry plugins follow ``level``; full tracing exports into an encoding sink."""
     telemetry_settings.configure(dataclasses.replace(settings_from_args(args), metrics=level != "off",
@@ -83,7 +94,8 @@ def run(args) -> int:
     """Run every configuration on each workload, interleaved over the repeats; print medians and ratios.
 
     Each run gets a fresh engine (telemetry plugins follow the engine that started last), so
-    load time is outside the timed region and every configuration starts from an empty cache.
+    load time is outside the timed region and every configuration starts from an empty cache;
+    the order rotates from one repeat to the next.
     """
     configurations = _configurations(args)
     probe = _fresh_engine(args, *configurations[0][1:])
@@ -97,8 +109,9 @@ def run(args) -> int:
         runs: dict[str, list[RunResult]] = {label: [] for label, _, _ in configurations}
         if hf and name == "w1":
             runs["hf-static"] = []
-        for _ in range(args.repeats):
-            for label, policy, level in configurations:
+        for repeat in range(args.repeats):
+            for label, policy, level in _rotated(configurations, repeat):
+                gc.collect()  # the previous run's engine and its KV cache go before this one starts
                 runs[label].append(run_engine(_fresh_engine(args, policy, level), workload))
             if "hf-static" in runs:
                 runs["hf-static"].append(hf.run(workload))

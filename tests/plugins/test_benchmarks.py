@@ -28,3 +28,22 @@ def test_bench_prefix_cache_reports_hits_only_with_the_cache(tiny_llama_dir, cap
     rows = {line[:14].strip(): line.split() for line in out.splitlines() if line.startswith(("no cache", "prefix"))}
     assert rows["no cache"][-1] == "0%" and rows["prefix cache"][-1] != "0%"
     assert "median TTFT speed-up" in out
+
+
+def test_bench_throughput_reports_every_telemetry_level_at_toy_scale(tiny_llama_dir, capsys):
+    argv = ["bench", "throughput", "--model", str(tiny_llama_dir), *TINY, "--workloads", "w1", "--num-requests", "3",
+            "--repeats", "2", "--telemetry", "off", "--compare-telemetry", "metrics,full"]  # fmt: skip
+    assert run(argv) == 0
+    out = capsys.readouterr().out
+    assert "w1: 3 requests, 384 prompt tokens, 384 output tokens" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("telemetry-")}
+    assert set(rows) == {"telemetry-off", "telemetry-metrics", "telemetry-full"}
+    assert rows["telemetry-off"][-1] == "1.00x"
+
+
+def test_bench_throughput_rotates_which_configuration_runs_first():
+    from spyglass.core.bench.throughput import _rotated
+
+    configurations = ["off", "metrics", "full"]
+    assert [_rotated(configurations, repeat)[0] for repeat in range(4)] == ["off", "metrics", "full", "off"]
+    assert all(sorted(_rotated(configurations, repeat)) == sorted(configurations) for repeat in range(3))
