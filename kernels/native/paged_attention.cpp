@@ -4,15 +4,15 @@
 // tested against), over the CPU backend's cache layout [num_kv_heads, num_blocks, block_size, head_dim].
 // Query rows may be strided (a view of the fused qkv output); heads within a row are contiguous.
 //
-// One work item is (request, up to kTileRows query rows, kv head): in bfloat16 every query vector of
-// the item (its rows times the kv head's group of query heads) meets a block of keys while it is in
-// L1, so K and V are streamed from memory once per item and never gathered or repeated. Keys are
-// walked block by block through pointers computed once per item.
-// Scores, softmax and sums are float32. In bfloat16 on AVX512-BF16 CPUs, products take bf16 inputs
-// (vdpbf16ps) and the probabilities are rounded to bf16 for the weighted sum, as the torch path
-// rounds them before its matmul. Every query length runs here: for prompts it matches or beats
-// SDPA's CPU kernel on this workload's sizes (measured up to 1,024 tokens). Plain C ABI, loaded with ctypes; OpenMP from
-// the runtime torch already loaded (same soname), with the thread count torch uses.
+// One work item is (request, up to kTileRows query rows, kv head). In bfloat16 on AVX512-BF16 CPUs
+// (head dims 32, 64, 128; even block sizes) every query vector of the item, its rows times the kv
+// head's group of query heads, meets a block of keys while it is in L1, so K and V are streamed from
+// memory once per item and never gathered or repeated; keys are walked through block pointers
+// computed once per item. Products take bf16 inputs (vdpbf16ps) and the probabilities are rounded to
+// bf16 for the weighted sum, as the torch path rounds them before its matmul. Other dtypes and shapes
+// go one row at a time through a generic path. Scores, softmax and sums are float32 throughout.
+// Every query length runs here (prompts included). Plain C ABI, loaded with ctypes; OpenMP from the
+// runtime torch already loaded (same soname), with the thread count torch uses.
 
 #include <algorithm>
 #include <cmath>
