@@ -95,9 +95,20 @@ def run(args) -> int:
 
     Each run gets a fresh engine (telemetry plugins follow the engine that started last), so
     load time is outside the timed region and every configuration starts from an empty cache;
-    the order rotates from one repeat to the next.
+    the order rotates from one repeat to the next. The process's telemetry settings are restored
+    at the end.
     """
-    configurations = _configurations(args)
+    settings_before = telemetry_settings.current()
+    try:
+        _run_all(args, _configurations(args))
+    finally:
+        telemetry_settings.configure(settings_before)
+        tracing.set_tracer_provider(None)
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    return 0
+
+
+def _run_all(args, configurations: list[tuple[str, str, str]]) -> None:
     probe = _fresh_engine(args, *configurations[0][1:])
     print(f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
           f"kv blocks {probe.info.num_kv_blocks} threads {torch.get_num_threads()}")
@@ -116,8 +127,6 @@ def run(args) -> int:
             if "hf-static" in runs:
                 runs["hf-static"].append(hf.run(workload))
         _report(name, workload, {label: _median(r) for label, r in runs.items()}, configurations[0][0])
-    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-    return 0
 
 
 def _report(name: str, workload: list[BenchRequest], medians: dict[str, RunResult], baseline: str) -> None:

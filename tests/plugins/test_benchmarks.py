@@ -31,6 +31,9 @@ def test_bench_prefix_cache_reports_hits_only_with_the_cache(tiny_llama_dir, cap
 
 
 def test_bench_throughput_reports_every_telemetry_level_at_toy_scale(tiny_llama_dir, capsys):
+    from spyglass.telemetry import settings as telemetry_settings
+
+    settings_before = telemetry_settings.current()
     argv = ["bench", "throughput", "--model", str(tiny_llama_dir), *TINY, "--workloads", "w1", "--num-requests", "3",
             "--repeats", "2", "--telemetry", "off", "--compare-telemetry", "metrics,full"]  # fmt: skip
     assert run(argv) == 0
@@ -39,6 +42,8 @@ def test_bench_throughput_reports_every_telemetry_level_at_toy_scale(tiny_llama_
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("telemetry-")}
     assert set(rows) == {"telemetry-off", "telemetry-metrics", "telemetry-full"}
     assert rows["telemetry-off"][-1] == "1.00x"
+    # Later engines in the process (other tests, a server) get the telemetry they had before.
+    assert telemetry_settings.current() == settings_before
 
 
 def test_bench_throughput_rotates_which_configuration_runs_first():
