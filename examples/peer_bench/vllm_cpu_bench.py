@@ -49,11 +49,11 @@ def throughput(llm: LLM, workload: list[dict], repeats: int) -> None:
     prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in workload]
     params_list = [params(r["output_len"]) for r in workload]
     num_prompt = sum(len(r["prompt_token_ids"]) for r in workload)
+    expected = sum(r["output_len"] for r in workload)
     timed_generate(llm, prompts[:4], [params(16)] * 4)  # warm-up
     runs = []
     for i in range(repeats):
         seconds, num_output = timed_generate(llm, prompts, params_list)
-        expected = sum(r["output_len"] for r in workload)
         assert num_output == expected, f"generated {num_output} tokens, expected {expected}"
         out_tps, total_tps = num_output / seconds, (num_prompt + num_output) / seconds
         runs.append((seconds, out_tps, total_tps))

@@ -216,8 +216,8 @@ void probabilities_bf16(float* scores, int64_t n, int64_t padded, uint16_t* prob
 // Keys go in pairs: rows j and j+1 interleaved element-wise meet (p_j, p_j+1) in one vdpbf16ps.
 // Within each 128-bit lane, unpacklo covers dims 8l..8l+3 and unpackhi 8l+4..8l+7 of a 32-dim chunk.
 template <int CHUNKS, int COUNT>
-void values_bf16(const uint16_t* probs, int64_t probs_stride, const std::vector<const uint16_t*>& blocks,
-                 int64_t block_size, int64_t n, float* acc) {
+void values_bf16_fixed(const uint16_t* probs, int64_t probs_stride, const std::vector<const uint16_t*>& blocks,
+                       int64_t block_size, int64_t n, float* acc) {
     constexpr int64_t dim = 32 * CHUNKS;
     __m512 sums[COUNT][CHUNKS][2];
     for (int v = 0; v < COUNT; ++v)
@@ -263,12 +263,13 @@ void values_bf16(const uint16_t* probs, int64_t probs_stride, const std::vector<
 template <int CHUNKS>
 constexpr int kVectorsPerPass = 12 / CHUNKS;
 
+// `values_bf16_fixed` for ``count`` (1..kVectorsPerPass) vectors, chosen at run time.
 template <int CHUNKS, int COUNT = kVectorsPerPass<CHUNKS>>
 void values_bf16(const uint16_t* probs, int64_t probs_stride, int64_t count, const std::vector<const uint16_t*>& blocks,
                  int64_t block_size, int64_t n, float* acc) {
     if constexpr (COUNT > 1)
         if (count < COUNT) return values_bf16<CHUNKS, COUNT - 1>(probs, probs_stride, count, blocks, block_size, n, acc);
-    values_bf16<CHUNKS, COUNT>(probs, probs_stride, blocks, block_size, n, acc);
+    values_bf16_fixed<CHUNKS, COUNT>(probs, probs_stride, blocks, block_size, n, acc);
 }
 
 template <int CHUNKS>
