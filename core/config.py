@@ -4,6 +4,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spyglass.kernels import cpu_isa
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -12,7 +14,8 @@ class EngineConfig:
     """Everything the engine needs to start.
 
     ``model`` is a GGUF file, an HF directory, or None for the default model. ``dtype`` "auto"
-    picks bfloat16 (several times faster than float32 on CPUs with AVX512-BF16 or AMX; tensor cores on GPU).
+    picks bfloat16 on CUDA and on CPUs with native bf16 arithmetic (AMX, AVX512-BF16, AVX-NE-CONVERT),
+    float32 on every other CPU (where bf16 is emulated and several times slower).
     ``kv_cache_memory`` is the KV budget in bytes; ``num_kv_blocks`` overrides it exactly.
     ``speculative`` names a draft proposer plugin (ngram, draft, self); it is asked for up to
     ``num_speculative_tokens`` drafts per decoding request each step. ``plugin_options`` holds
@@ -53,4 +56,14 @@ class EngineConfig:
 
     def torch_dtype(self) -> torch.dtype:
         """The model and KV cache dtype."""
-        return torch.bfloat16 if self.dtype == "auto" else DTYPES[self.dtype]
+        return self.dtype_choice()[0]
+
+    def dtype_choice(self) -> tuple[torch.dtype, str]:
+        """The model and KV cache dtype, and why it was chosen (for the engine's start line)."""
+        if self.dtype != "auto":
+            return DTYPES[self.dtype], "asked for"
+        if self.torch_device().type == "cuda":
+            return torch.bfloat16, "auto on CUDA"
+        if cpu_isa.has_native_bf16():
+            return torch.bfloat16, "auto: the CPU has native bf16"
+        return torch.float32, "auto: the CPU has no native bf16"

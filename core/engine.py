@@ -19,6 +19,7 @@ from spyglass.core.request import FinishReason, Request
 from spyglass.core.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.step_stats import EngineInfo, StepStats
+from spyglass.kernels import cpu_isa
 from spyglass.kernels.backend import select_backend
 
 log = logging.getLogger("spyglass.engine")
@@ -36,7 +37,12 @@ class LLMEngine:
         torch.set_flush_denormal(True)
         keep_freed_memory_mapped()
         self.device = config.torch_device()
-        dtype = config.torch_dtype()
+        dtype, dtype_reason = config.dtype_choice()
+        if self.device.type == "cpu" and dtype == torch.bfloat16 and not cpu_isa.has_native_bf16():
+            log.warning(
+                "bfloat16 asked for, but this CPU (%s) has no native bf16 arithmetic: it is emulated and several "
+                "times slower than --dtype float32", cpu_isa.describe(),
+            )
         self.plugin_manager = plugin_manager or create_plugin_manager(config.plugins, config.disabled_plugins)
         self.hooks = SafeHookRelay(self.plugin_manager)
         checkpoint = checkpoint or load_checkpoint(config.model, dtype)
@@ -77,8 +83,9 @@ class LLMEngine:
             hook_errors=self.hooks.num_errors,
         )
         log.info(
-            "engine started: %s on %s, %s, kernels %s, %d KV blocks of %d tokens", self.model_name, self.info.device,
-            self.info.dtype, self.backend.name, num_blocks, config.block_size,
+            "engine started: %s on %s (%s), %s (%s), kernels %s, %d KV blocks of %d tokens", self.model_name,
+            self.info.device, cpu_isa.describe() if self.device.type == "cpu" else "cuda", self.info.dtype,
+            dtype_reason, self.backend.name, num_blocks, config.block_size,
         )
         self.hooks.spyglass_engine_started(info=self.info, config=config)
 

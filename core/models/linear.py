@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from spyglass.kernels import cpu_isa
+
 
 def _can_pack(weight: torch.Tensor) -> bool:
     return (
@@ -10,6 +12,7 @@ def _can_pack(weight: torch.Tensor) -> bool:
         and weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and cpu_isa.can_prepack_bf16()
     )
 
 
@@ -18,8 +21,8 @@ class Linear:
 
     On CPU in bf16 the weight is reordered once into oneDNN's blocked layout (for AMX or
     AVX512-BF16), which skips the per-call reorder F.linear pays: 10-30% faster at decode batch
-    sizes on the machines measured. Other devices and dtypes (float32 parity runs included) use
-    F.linear unchanged.
+    sizes on the machines measured. Only where oneDNN supports it (`cpu_isa.can_prepack_bf16`);
+    other CPUs, devices and dtypes use F.linear unchanged.
     """
 
     __slots__ = ("weight", "bias", "packed")

@@ -1,13 +1,33 @@
-"""Shared fixtures for the kernel tests."""
+"""Shared fixtures for the kernel tests: every kernel variant this CPU can execute is tested, whatever it is."""
 
 import pytest
 import torch
 
-from spyglass.kernels import cpu_native
+from spyglass.kernels import cpu_isa, cpu_native
+
+RUNNABLE_VARIANTS = [variant.name for variant in cpu_isa.runnable_variants()]
 
 
-@pytest.fixture
-def native_kernels():
-    """Fail (never skip) when the compiled CPU kernels did not build: a silent fallback would test nothing."""
+def use_variant(monkeypatch, name: str) -> None:
+    """Route the module-level native kernels to variant ``name``; fail (never skip) when it did not build."""
+    kernels = cpu_native.for_variant(name)
     for dtype in (torch.float32, torch.bfloat16):
-        assert cpu_native.available(dtype), "the native CPU kernels did not build (is g++ installed?)"
+        assert kernels.available(dtype), f"the {name} CPU kernels did not build (is g++ installed?)"
+    monkeypatch.setattr(cpu_native, "default", lambda: kernels)
+
+
+@pytest.fixture(params=RUNNABLE_VARIANTS)
+def native_kernels(request, monkeypatch):
+    """Each runnable variant of the compiled CPU kernels in turn (AVX2 and portable on any x86-64 host)."""
+    use_variant(monkeypatch, request.param)
+    return request.param
+
+
+@pytest.fixture(params=[*RUNNABLE_VARIANTS, "torch"])
+def cpu_kernels(request, monkeypatch):
+    """Each runnable compiled variant, then the pure-torch fallback used where no compiler is found."""
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_native, "available", lambda dtype: False)
+    else:
+        use_variant(monkeypatch, request.param)
+    return request.param

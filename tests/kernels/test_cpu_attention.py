@@ -22,13 +22,8 @@ def _to_head_major(cache: torch.Tensor) -> torch.Tensor:
     # 16-key step included); 48 and odd block sizes take the generic one.
     [(9, 3, 16, 64), (4, 4, 8, 128), (8, 2, 32, 64), (6, 2, 16, 48), (4, 1, 6, 32), (2, 2, 5, 64)],
 )
-@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 def test_cpu_attention_matches_reference(dtype, tolerance, q_lens, num_heads, num_kv_heads, block_size, head_dim,
-                                         native, monkeypatch, request):
-    if native:
-        request.getfixturevalue("native_kernels")
-    else:
-        monkeypatch.setattr(cpu_native, "available", lambda dtype: False)
+                                         cpu_kernels):
     generator = torch.Generator().manual_seed(len(q_lens) * 100 + num_heads)
     # Up to 300 keys: contexts span many blocks, odd and even lengths, partial last blocks.
     context_lens = [q + 37 * i + (3 if q == 1 else 0) for i, q in enumerate(q_lens)]
