@@ -1,8 +1,23 @@
-"""Spyglass: an observability-first LLM serving engine."""
+"""Spyglass: an observability-first LLM serving engine.
 
-from spyglass.core.llm import LLM
-from spyglass.core.outputs import CompletionOutput, RequestOutput
-from spyglass.core.sampling_params import SamplingParams
+``LLM``, ``SamplingParams`` and the output classes are imported on first use, so that the
+``spyglass`` command answers ``--help`` without loading torch.
+"""
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+import importlib
+
+_EXPORTS = {
+    "LLM": "spyglass.core.llm",
+    "SamplingParams": "spyglass.core.sampling_params",
+    "RequestOutput": "spyglass.core.outputs",
+    "CompletionOutput": "spyglass.core.outputs",
+}
+
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'spyglass' has no attribute {name!r}")

@@ -26,24 +26,34 @@ class Checkpoint:
 def load_checkpoint(model: str | None, dtype: torch.dtype) -> Checkpoint:
     """Load ``model``: None for the default model, a ``.gguf`` file, or a Hugging Face model directory.
 
-    Weights are converted to ``dtype``. Raises ``ValueError`` for anything else.
+    Weights are converted to ``dtype``; a converted checkpoint is cached on disk and memory-mapped
+    by the next load of the same files (`weight_cache`). Raises ``ValueError`` for anything else.
     """
-    # Imported here because the loaders build Checkpoint objects and so import this module.
-    from spyglass.core.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+    # Imported here because the loaders and the cache build Checkpoint objects and so import this module.
+    from spyglass.core import weight_cache
+    from spyglass.core.default_model import DEFAULT_MODEL_NAME, cache_dir, ensure_default_model
     from spyglass.core.gguf_loader import load_gguf
     from spyglass.core.hf_loader import load_hf_dir
 
     if model is None:
-        checkpoint = load_gguf(ensure_default_model(), dtype)
-        return Checkpoint(DEFAULT_MODEL_NAME, checkpoint.arch, checkpoint.weights, checkpoint.tokenizer)
-    path = Path(model).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ValueError(f"GGUF file not found: {model}")
-        return load_gguf(path, dtype)
-    if path.is_dir():
-        return load_hf_dir(path, dtype)
-    raise ValueError(
-        f"Cannot load model {model!r}: expected a .gguf file or a local Hugging Face model directory "
-        "(with config.json and *.safetensors). Hub model ids are not downloaded; fetch the files first."
-    )
+        source = ensure_default_model()
+
+        def convert() -> Checkpoint:
+            checkpoint = load_gguf(source, dtype)
+            return Checkpoint(DEFAULT_MODEL_NAME, checkpoint.arch, checkpoint.weights, checkpoint.tokenizer)
+    else:
+        source = Path(model).expanduser()
+        if source.suffix == ".gguf":
+            if not source.is_file():
+                raise ValueError(f"GGUF file not found: {model}")
+            convert = lambda: load_gguf(source, dtype)  # noqa: E731
+        elif source.is_dir():
+            convert = lambda: load_hf_dir(source, dtype)  # noqa: E731
+        else:
+            raise ValueError(
+                f"Cannot load model {model!r}: expected a .gguf file or a local Hugging Face model directory "
+                "(with config.json and *.safetensors). Hub model ids are not downloaded; fetch the files first."
+            )
+    if not weight_cache.enabled():
+        return convert()
+    return weight_cache.cached_checkpoint(cache_dir(), source, str(dtype), convert)

@@ -1,28 +1,50 @@
-"""The ``spyglass`` command: each subcommand lives in its own module and registers itself here."""
+"""The ``spyglass`` command: each subcommand lives in its own module, imported only when it is run.
+
+``spyglass --help`` imports no command module; ``spyglass serve --help`` imports only the serve
+command's parser, which keeps its heavy imports (torch, the engine, the HTTP stack) inside ``run``.
+"""
 
 import argparse
+import importlib
 import logging
+import sys
+from collections.abc import Sequence
 
-from spyglass.core import cli_generate, cli_plugins
-from spyglass.core.api import serve_command
-from spyglass.core.bench import cli_bench
+# name -> (module with add_parser(subparsers), one-line help)
+COMMANDS = {
+    "generate": ("spyglass.core.cli_generate", "stream a chat answer to one prompt"),
+    "serve": ("spyglass.core.api.serve_command", "serve the OpenAI-compatible HTTP API"),
+    "bench": ("spyglass.core.bench.cli_bench", "run a benchmark"),
+    "plugins": ("spyglass.core.cli_plugins", "list loaded plugins and their hooks"),
+}
 
-COMMANDS = (cli_generate, serve_command, cli_bench, cli_plugins)
+
+def add_subcommands(subparsers, commands: dict[str, tuple[str, str]], argv: Sequence[str]) -> None:
+    """A subparser per entry of ``commands``; only the one ``argv`` names is imported and built in full.
+
+    Its module's ``add_parser(subparsers, argv)`` gets the arguments after its name, for commands
+    with subcommands of their own (``bench``); the others are listed with their help alone.
+    """
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    for name, (module, help_text) in commands.items():
+        if name == chosen:
+            importlib.import_module(module).add_parser(subparsers, argv[list(argv).index(name) + 1 :])
+        else:
+            subparsers.add_parser(name, help=help_text, add_help=False)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with one subparser per command module."""
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The top-level parser, with the full subparser of the command ``argv`` names."""
     parser = argparse.ArgumentParser(prog="spyglass", description="An observability-first LLM serving engine.")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
-        command.add_parser(subparsers)
+    add_subcommands(parser.add_subparsers(dest="command", required=True), COMMANDS, argv)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
     return args.run(args) or 0
 
 

@@ -2,12 +2,10 @@
 
 import sys
 
-from spyglass.core.engine import LLMEngine
 from spyglass.core.engine_args import add_engine_arguments, engine_config_from_args
-from spyglass.core.sampling_params import SamplingParams
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers, argv) -> None:
     """Register the command."""
     parser = subparsers.add_parser("generate", help="stream a chat answer to one prompt")
     parser.add_argument("prompt")
@@ -21,6 +19,10 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     """Load the engine and print tokens as they are generated."""
+    # Imported here, not at the top, so ``spyglass generate --help`` does not load torch.
+    from spyglass.core.engine import LLMEngine
+    from spyglass.core.sampling_params import SamplingParams
+
     engine = LLMEngine(engine_config_from_args(args))
     tokenizer = engine.tokenizer
     prompt = args.prompt

@@ -3,7 +3,7 @@
 from spyglass.core.plugin_manager import create_plugin_manager, describe_plugins
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers, argv) -> None:
     """Register the command."""
     parser = subparsers.add_parser("plugins", help="list loaded plugins and their hooks")
     parser.add_argument("--plugins", default=None, help="comma-separated plugin names to enable (default: all)")

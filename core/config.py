@@ -2,11 +2,35 @@
 
 from dataclasses import dataclass, field
 
-import torch
+from typing import TYPE_CHECKING
 
 from spyglass.kernels import cpu_isa
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:  # torch is imported when a dtype or device is asked for, so the CLI starts without it
+    import torch
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def dtype_named(name: str) -> "torch.dtype":
+    """The torch dtype called ``name`` (one of `DTYPE_NAMES`)."""
+    import torch
+
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {name!r}")
+    return getattr(torch, name)
+
+
+def parse_bytes(value: int | str) -> int:
+    """``2147483648``, ``"2GiB"``, ``"512MiB"`` or ``"1.5GB"`` as a number of bytes."""
+    if isinstance(value, int):
+        return value
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    text = value.strip().lower()
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
 
 
 @dataclass(slots=True)
@@ -43,25 +67,29 @@ class EngineConfig:
     plugin_options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be auto or one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
 
-    def torch_device(self) -> torch.device:
+    def torch_device(self) -> "torch.device":
         """The device to run on: CUDA when available unless told otherwise."""
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
-    def torch_dtype(self) -> torch.dtype:
+    def torch_dtype(self) -> "torch.dtype":
         """The model and KV cache dtype."""
         return self.dtype_choice()[0]
 
-    def dtype_choice(self) -> tuple[torch.dtype, str]:
+    def dtype_choice(self) -> tuple["torch.dtype", str]:
         """The model and KV cache dtype, and why it was chosen (for the engine's start line)."""
+        import torch
+
         if self.dtype != "auto":
-            return DTYPES[self.dtype], "asked for"
+            return dtype_named(self.dtype), "asked for"
         if self.torch_device().type == "cuda":
             return torch.bfloat16, "auto on CUDA"
         if cpu_isa.has_native_bf16():

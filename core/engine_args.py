@@ -3,7 +3,7 @@
 import argparse
 
 from spyglass.core.config import EngineConfig
-from spyglass.core.llm import parse_bytes
+from spyglass.core.config import parse_bytes
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

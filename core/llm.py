@@ -6,25 +6,13 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from spyglass.core.config import EngineConfig
+from spyglass.core.config import EngineConfig, parse_bytes
 from spyglass.core.engine import LLMEngine
 from spyglass.core.outputs import RequestOutput
 from spyglass.core.sampling_params import SamplingParams
 from spyglass.core.tokenizer import Tokenizer
 
 PromptType = str | dict
-
-
-def parse_bytes(value: int | str) -> int:
-    """``2147483648``, ``"2GiB"``, ``"512MiB"`` or ``"1.5GB"`` as a number of bytes."""
-    if isinstance(value, int):
-        return value
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
-    text = value.strip().lower()
-    for suffix, factor in units.items():
-        if text.endswith(suffix):
-            return int(float(text[: -len(suffix)]) * factor)
-    return int(text)
 
 
 class LLM:

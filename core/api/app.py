@@ -14,7 +14,8 @@ from litestar.openapi import OpenAPIConfig
 import spyglass
 from spyglass.core.api.chat import create_chat_completion
 from spyglass.core.api.completions import create_completion
-from spyglass.core.api.context import ServerOptions, ServingContext, api_key_guard, provide_serving
+from spyglass.core.api.server_options import ServerOptions
+from spyglass.core.api.context import ServingContext, api_key_guard, provide_serving
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.routes import ROUTES
 from spyglass.core.async_engine import AsyncEngine

@@ -3,32 +3,14 @@
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass
 
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.errors import APIError
+from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.async_engine import AsyncEngine
-
-
-@dataclass(slots=True)
-class ServerOptions:
-    """HTTP-side settings of ``spyglass serve``.
-
-    ``api_key`` None means the API is open. ``max_queued_requests`` bounds the engine's waiting
-    queue before new requests get a 429. ``served_model_name`` None means the engine's model name.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    metrics_require_key: bool = False
-    max_body_bytes: int = 4 << 20
-    max_queued_requests: int = 1024
-    shutdown_timeout: float = 30.0
-    served_model_name: str | None = None
 
 
 class ServingContext:

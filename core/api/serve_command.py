@@ -1,22 +1,14 @@
 """``spyglass serve [MODEL]``: the OpenAI-compatible HTTP server."""
 
-import logging
 import os
-import signal
 
-import uvicorn
-
-from spyglass.core.api.app import begin_shutdown, create_app
-from spyglass.core.api.context import ServerOptions
+from spyglass.core.api.server_options import ServerOptions
+from spyglass.core.config import parse_bytes
 from spyglass.core.engine_args import add_engine_arguments, engine_config_from_args
-from spyglass.core.llm import parse_bytes
-from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
-from spyglass.telemetry.http import TelemetryMiddleware
-from spyglass.telemetry.logging import setup_logging
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers, argv) -> None:
     """Register the command."""
     parser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     parser.add_argument(
@@ -42,24 +34,11 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn, plus: a signal first stops admission and drains the engine, and SIGTERM ends with exit code 0."""
-
-    def __init__(self, config: uvicorn.Config, app, shutdown_timeout: float):
-        super().__init__(config)
-        self.app = app
-        self.shutdown_timeout = shutdown_timeout
-
-    def handle_exit(self, sig, frame) -> None:
-        begin_shutdown(self.app, self.shutdown_timeout)
-        super().handle_exit(sig, frame)
-        # uvicorn re-raises captured signals after shutdown; a drained SIGTERM is a clean exit.
-        if sig == signal.SIGTERM:
-            self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
-
-
 def run(args) -> int:
     """Build the app and serve it until a signal arrives."""
+    # The HTTP stack and the engine load here, not at import, so ``spyglass serve --help`` is quick.
+    from spyglass.core.api.server import serve
+
     if args.model_positional:
         args.model = args.model_positional
     options = ServerOptions(
@@ -72,19 +51,4 @@ def run(args) -> int:
         shutdown_timeout=args.shutdown_timeout,
         served_model_name=args.served_model_name,
     )
-    setup_logging()
-    telemetry_settings.configure(settings_from_args(args))
-    app = create_app(engine_config_from_args(args), options)
-    config = uvicorn.Config(
-        # Outermost, so every HTTP request (a 404 too) gets its span and its count.
-        TelemetryMiddleware(app),
-        host=options.host,
-        port=options.port,
-        log_level="info",
-        log_config=None,
-        access_log=not args.disable_access_log,
-        timeout_graceful_shutdown=int(options.shutdown_timeout) + 5,
-    )
-    logging.getLogger("spyglass.api").info("starting on http://%s:%d", options.host, options.port)
-    _Server(config, app, options.shutdown_timeout).run()
-    return 0
+    return serve(args, options)

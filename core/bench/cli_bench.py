@@ -1,13 +1,19 @@
-"""``spyglass bench <name>``: one subcommand per benchmark module."""
+"""``spyglass bench <name>``: one subcommand per benchmark module, imported only when it runs."""
 
-from spyglass.core.bench import latency, policies, prefix_cache, serve, throughput
+from collections.abc import Sequence
 
-BENCHMARKS = (throughput, serve, latency, policies, prefix_cache)
+from spyglass.core.cli import add_subcommands
+
+BENCHMARKS = {
+    "throughput": ("spyglass.core.bench.throughput", "offline throughput on W1 / W3"),
+    "serve": ("spyglass.core.bench.serve", "online serving latency and throughput against a running server"),
+    "latency": ("spyglass.core.bench.latency", "batch-1 decode latency, with and without speculation"),
+    "policies": ("spyglass.core.bench.policies", "mixed interactive + batch workload under each scheduling policy"),
+    "prefix-cache": ("spyglass.core.bench.prefix_cache", "shared system prompt: TTFT with and without the prefix cache"),
+}
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers, argv: Sequence[str]) -> None:
     """Register ``bench`` and its benchmarks."""
     parser = subparsers.add_parser("bench", help="run a benchmark")
-    benchmarks = parser.add_subparsers(dest="benchmark", required=True)
-    for benchmark in BENCHMARKS:
-        benchmark.add_parser(benchmarks)
+    add_subcommands(parser.add_subparsers(dest="benchmark", required=True), BENCHMARKS, argv)

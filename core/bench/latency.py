@@ -43,7 +43,7 @@ class SpecCounter:
         self.num_accepted_tokens += request.num_accepted_tokens
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers, argv) -> None:
     """Register ``bench latency``."""
     parser = subparsers.add_parser("latency", help="batch-1 decode latency, with and without speculation")
     parser.add_argument("--max-tokens", type=int, default=96)

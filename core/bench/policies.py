@@ -32,7 +32,7 @@ class RequestClass:
     ttft_slo_s: float
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers, argv) -> None:
     """Register ``bench policies``."""
     parser = subparsers.add_parser("policies", help="mixed interactive + batch workload under each scheduling policy")
     parser.add_argument("--policies", default=POLICIES, help=f"comma-separated (default {POLICIES})")

@@ -17,7 +17,7 @@ from spyglass.core.request import Request
 from spyglass.core.sampling_params import SamplingParams
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers, argv) -> None:
     """Register ``bench prefix-cache``."""
     parser = subparsers.add_parser("prefix-cache", help="shared system prompt: TTFT with and without the prefix cache")
     parser.add_argument("--system-len", type=int, default=1024, help="shared system prompt tokens")

@@ -32,7 +32,7 @@ class RequestResult:
     error: str = ""
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers, argv) -> None:
     """Register ``bench serve``."""
     parser = subparsers.add_parser("serve", help="online serving latency and throughput against a running server")
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")

@@ -23,7 +23,7 @@ from spyglass.telemetry import tracing
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers, argv) -> None:
     """Register ``bench throughput``."""
     parser = subparsers.add_parser("throughput", help="offline throughput on W1 / W3")
     parser.add_argument("--workloads", default="w1,w3", help="comma-separated: w1, w3")

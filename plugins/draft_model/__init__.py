@@ -5,7 +5,7 @@ with ``draft_dtype`` (default: the target's).
 """
 
 from spyglass.core.checkpoint import load_checkpoint
-from spyglass.core.config import DTYPES
+from spyglass.core.config import dtype_named
 from spyglass.core.hookspecs import hookimpl
 from spyglass.plugins.draft_model.drafter import EngineDrafter
 
@@ -20,7 +20,7 @@ def spyglass_engine_started(info, config):
     path = config.plugin_options.get("draft_model")
     if not path:
         raise ValueError("--speculative draft needs --plugin-option draft_model=PATH")
-    dtype = DTYPES[config.plugin_options.get("draft_dtype", info.dtype)]
+    dtype = dtype_named(config.plugin_options.get("draft_dtype", info.dtype))
     checkpoint = load_checkpoint(path, dtype)
     _state["drafter"] = EngineDrafter(checkpoint, config)
 

@@ -7,7 +7,7 @@ and head: layer skip); ``self_draft_dtype=bfloat16`` drafts in a faster dtype. B
 import dataclasses
 
 from spyglass.core.checkpoint import Checkpoint, load_checkpoint
-from spyglass.core.config import DTYPES
+from spyglass.core.config import dtype_named
 from spyglass.core.hookspecs import hookimpl
 from spyglass.plugins.draft_model.drafter import EngineDrafter
 
@@ -28,7 +28,7 @@ def spyglass_engine_started(info, config):
     if config.speculative != "self":
         return
     options = config.plugin_options
-    checkpoint = load_checkpoint(config.model, DTYPES[options.get("self_draft_dtype", info.dtype)])
+    checkpoint = load_checkpoint(config.model, dtype_named(options.get("self_draft_dtype", info.dtype)))
     if "self_draft_layers" in options:
         checkpoint = truncate_layers(checkpoint, int(options["self_draft_layers"]))
     _state["drafter"] = EngineDrafter(checkpoint, config)

@@ -6,7 +6,7 @@ import pytest
 from litestar.testing import TestClient
 
 from spyglass.core.api.app import create_app
-from spyglass.core.api.context import ServerOptions
+from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.config import EngineConfig
 
 

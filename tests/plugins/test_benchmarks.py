@@ -6,7 +6,7 @@ TINY = ["--dtype", "float32", "--device", "cpu", "--kv-cache-memory", "16MiB", "
 
 
 def run(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     return args.run(args)
 
 

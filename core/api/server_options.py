@@ -1,0 +1,21 @@
+"""The HTTP-side settings of ``spyglass serve``, importable without the HTTP stack or the engine."""
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class ServerOptions:
+    """HTTP-side settings of ``spyglass serve``.
+
+    ``api_key`` None means the API is open. ``max_queued_requests`` bounds the engine's waiting
+    queue before new requests get a 429. ``served_model_name`` None means the engine's model name.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    metrics_require_key: bool = False
+    max_body_bytes: int = 4 << 20
+    max_queued_requests: int = 1024
+    shutdown_timeout: float = 30.0
+    served_model_name: str | None = None

@@ -1,0 +1,35 @@
+"""The CLI answers ``--help`` without importing torch or the engine (importing torch alone takes seconds)."""
+
+import subprocess
+import sys
+
+import pytest
+
+_PROBE = """
+import sys
+from spyglass.core.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+heavy = sorted(name for name in ("torch", "litestar", "uvicorn", "spyglass.core.engine") if name in sys.modules)
+print("HEAVY:" + ",".join(heavy))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["serve", "--help"], ["generate", "--help"], ["bench", "--help"], ["plugins", "--help"]],
+    ids=" ".join,
+)
+def test_help_loads_no_heavy_module(argv):
+    result = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=60)
+    assert "usage: spyglass" in result.stdout
+    assert result.stdout.strip().endswith("HEAVY:"), result.stdout[-300:]
+
+
+def test_serve_help_lists_its_options():
+    result = subprocess.run([sys.executable, "-m", "spyglass.core.cli", "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for option in ("--port", "--dtype", "--api-key", "--telemetry"):
+        assert option in result.stdout
