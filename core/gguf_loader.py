@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from gguf import GGUFReader, TokenType
 from gguf.quants import dequantize
+from tqdm import tqdm
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
@@ -140,7 +141,8 @@ def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _read_weights(reader: GGUFReader, arch: ModelArchConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     weights = {}
-    for tensor in reader.tensors:
+    # A progress bar on a terminal only (the conversion runs once per model; later starts use the cache).
+    for tensor in tqdm(reader.tensors, desc="converting weights", unit="tensor", disable=None):
         name = _hf_name(tensor.name)
         if name is None:
             raise ValueError(f"Unexpected tensor {tensor.name!r} in GGUF file; it is not a llama-architecture tensor.")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from tqdm import tqdm
 
 from spyglass.core.checkpoint import Checkpoint
 from spyglass.core.model_config import ModelArchConfig
@@ -82,7 +83,8 @@ def _shard_files(path: Path) -> list[Path]:
 
 def _read_weights(path: Path, arch: ModelArchConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     weights = {}
-    for shard in _shard_files(path):
+    # A progress bar on a terminal only (the conversion runs once per model; later starts use the cache).
+    for shard in tqdm(_shard_files(path), desc=f"converting {path.name}", unit="shard", disable=None):
         weights.update((name, tensor.to(dtype)) for name, tensor in load_file(shard).items())
     if arch.tie_word_embeddings:
         # Tied models may still store a copy of the embedding as lm_head; the model reuses the embedding.
