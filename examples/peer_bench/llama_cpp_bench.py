@@ -22,7 +22,6 @@ import time
 from llama_cpp import Llama
 
 
-
 def decode_ms_per_token(llm: Llama, prompt: str, max_tokens: int) -> float:
     """Greedy chat completion of ``prompt``; ms per token after the first."""
     times = []
