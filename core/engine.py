@@ -16,9 +16,10 @@ from spyglass.core.models.llama import LlamaForCausalLM
 from spyglass.core.outputs import CompletionOutput, RequestOutput
 from spyglass.core.plugin_manager import SafeHookRelay, create_plugin_manager
 from spyglass.core.request import FinishReason, Request
-from spyglass.core.sampling_params import InvalidRequestError, SamplingParams
+from spyglass.core.sampling_params import InvalidRequestError, SamplingParams, StructuredOutput
 from spyglass.core.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.step_stats import EngineInfo, StepStats
+from spyglass.core.token_constraint import TokenConstraint
 from spyglass.kernels import cpu_isa
 from spyglass.kernels.backend import select_backend
 
@@ -79,6 +80,7 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             attention_backend=self.backend.name,
+            vocab_size=checkpoint.arch.vocab_size,
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
         )
@@ -106,6 +108,8 @@ class LLMEngine:
             raise InvalidRequestError("the prompt is empty", "prompt")
         if max(prompt_token_ids) >= self.arch.vocab_size or min(prompt_token_ids) < 0:
             raise InvalidRequestError("the prompt has token ids outside the vocabulary", "prompt")
+        if params.logit_bias and not all(0 <= token < self.arch.vocab_size for token in params.logit_bias):
+            raise InvalidRequestError("logit_bias names token ids outside the vocabulary", "logit_bias")
         room = self.max_model_len - len(prompt_token_ids)
         if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
             raise InvalidRequestError(
@@ -122,11 +126,27 @@ class LLMEngine:
             eos_token_ids=() if params.ignore_eos else self.tokenizer.eos_token_ids,
             attributes=attributes,
         )
+        if params.structured_output is not None:
+            request.constraint = self._token_constraint(params.structured_output)
         self.requests[req_id] = request
         self.detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
         self.scheduler.add(request)
         self.hooks.spyglass_request_added(request=request)
         return request
+
+    def _token_constraint(self, spec: StructuredOutput) -> TokenConstraint:
+        """A fresh grammar matcher for ``spec`` from the plugins; `InvalidRequestError` when none can enforce it."""
+        try:
+            constraint = self.hooks.spyglass_token_constraint(
+                spec=spec, tokenizer=self.tokenizer, vocab_size=self.arch.vocab_size
+            )
+        except ValueError as error:
+            raise InvalidRequestError(f"invalid {spec.kind}: {error}", "response_format") from error
+        if constraint is None:
+            raise InvalidRequestError(
+                "structured output needs a token-constraint plugin, and none is enabled", "response_format"
+            )
+        return constraint
 
     def abort(self, req_id: str) -> RequestOutput | None:
         """Abort a request if it is still alive, freeing its blocks; returns its final output."""
@@ -217,7 +237,11 @@ class LLMEngine:
             return
         for request in candidates:
             room = min(k, request.max_tokens - request.num_output_tokens - 1, self.max_model_len - request.num_tokens - 1)
-            request.spec_token_ids = list(proposals.get(request.req_id, ()))[: max(room, 0)]
+            drafts = list(proposals.get(request.req_id, ()))[: max(room, 0)]
+            if request.constraint is not None:
+                # Only drafts the grammar allows are verified: the verifier masks by grammar position.
+                drafts = drafts[: request.constraint.num_valid(drafts)]
+            request.spec_token_ids = drafts
 
     def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
         """Roll the computed count back past rejected drafts (their KV slots are simply overwritten later)."""
@@ -231,6 +255,9 @@ class LLMEngine:
         )
 
     def _append_token(self, request: Request, token_id: int, logprob, now: float) -> None:
+        if request.constraint is not None and not request.constraint.accept(token_id):
+            self._finish(request, FinishReason.ERROR, f"the grammar rejected sampled token {token_id}")
+            return
         request.output_token_ids.append(token_id)
         if request.logprobs is not None:
             request.logprobs.append(logprob)

@@ -19,7 +19,10 @@ if TYPE_CHECKING:
     from spyglass.core.kv_cache_manager import PrefixMatch
     from spyglass.core.request import FinishReason, Request
     from spyglass.core.scheduler_policy import SchedulingPolicy
+    from spyglass.core.sampling_params import StructuredOutput
     from spyglass.core.step_stats import EngineInfo, StepStats
+    from spyglass.core.token_constraint import TokenConstraint
+    from spyglass.core.tokenizer import Tokenizer
 
 PROJECT = "spyglass"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -143,4 +146,18 @@ def spyglass_drafts_verified(request: "Request", num_draft_tokens: int, num_acce
 
     Accepted drafts are the leading ones; ``num_accepted_tokens`` per position can be derived
     as positions ``0 .. num_accepted_tokens - 1``.
+    """
+
+
+@hookspec(firstresult=True)
+def spyglass_token_constraint(
+    spec: "StructuredOutput", tokenizer: "Tokenizer", vocab_size: int
+) -> "TokenConstraint | None":
+    """Return a fresh `TokenConstraint` (a grammar matcher) enforcing ``spec`` on one request, or None.
+
+    Called when a request whose ``sampling_params.structured_output`` is set is added. ``tokenizer``
+    is the engine's; ``vocab_size`` is the width of the model's logits (bitmask rows cover it).
+    Raise ``ValueError`` naming the problem for an invalid schema or grammar: the request is
+    rejected (HTTP 400). When no plugin returns a constraint the request is rejected too.
+    Compile grammars once per distinct spec and cache them: this runs on the engine's thread.
     """

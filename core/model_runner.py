@@ -11,9 +11,11 @@ from spyglass.core.host_memory import zeros_on_huge_pages
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.llama import LlamaForCausalLM
 from spyglass.core.outputs import Logprob
-from spyglass.core.sampler import sample
+from spyglass.core.request import Request
+from spyglass.core.sampler import adjust_logits, sample
 from spyglass.core.scheduler import SchedulerOutput
 from spyglass.core.spec_verify import verify_drafts
+from spyglass.core.token_constraint import TokenConstraint, bitmask_words, fill_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,7 @@ class ModelRunner:
             row += num_rows
         # Every row plain (no drafts) is the common case: sample the logits as they are, without a copy.
         plain_logits = logits if len(plain_rows) == logits.shape[0] else logits[plain_rows]
-        plain_tokens, plain_logprobs = sample(plain_logits, plain_requests) if plain_requests else ([], [])
+        plain_tokens, plain_logprobs = _sample_plain(plain_logits, plain_requests) if plain_requests else ([], [])
         plain = {r: (t, lp) for r, t, lp in zip(plain_rows, plain_tokens, plain_logprobs)}
         tokens, logprobs = [], []
         for scheduled, (first, num_rows) in zip(out.scheduled, spans):
@@ -150,8 +152,31 @@ class ModelRunner:
                 tokens.append([plain[first][0]])
                 logprobs.append([plain[first][1]])
             else:
-                drafts = scheduled.request.spec_token_ids[: scheduled.num_spec_tokens]
-                verified = verify_drafts(logits[first : first + num_rows], scheduled.request, drafts)
+                request = scheduled.request
+                drafts = request.spec_token_ids[: scheduled.num_spec_tokens]
+                rows = logits[first : first + num_rows]
+                bitmask = _draft_bitmask(request.constraint, drafts, logits.shape[-1]) if request.constraint else None
+                rows = adjust_logits(rows, [request] * num_rows, bitmask, range(num_rows))
+                verified = verify_drafts(rows, request, drafts)
                 tokens.append(verified)
                 logprobs.append([None] * len(verified))
         return tuple(tokens), tuple(logprobs)
+
+
+def _sample_plain(logits: torch.Tensor, requests: list[Request]):
+    """`sample` after each row's logit bias and grammar mask (the batch's masks filled in one call)."""
+    constrained = [row for row, request in enumerate(requests) if request.constraint is not None]
+    bitmask = fill_rows([requests[row].constraint for row in constrained], logits.shape[-1]) if constrained else None
+    adjusted = adjust_logits(logits, requests, bitmask, constrained)
+    return sample(adjusted, requests, raw=logits)
+
+
+def _draft_bitmask(constraint: TokenConstraint, drafts: list[int], vocab_size: int) -> torch.Tensor:
+    """Masks for the positions after each prefix of ``drafts``: tentatively accepted, then rolled back."""
+    bitmask = torch.full((len(drafts) + 1, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+    for position, draft in enumerate(drafts):
+        constraint.fill_bitmask(bitmask, position)
+        constraint.accept(draft)  # the engine trimmed drafts to what the grammar allows
+    constraint.fill_bitmask(bitmask, len(drafts))
+    constraint.rollback(len(drafts))
+    return bitmask

@@ -21,9 +21,11 @@ from spyglass.core.config import EngineConfig
 from spyglass.core.hookspecs import hookimpl
 from spyglass.core.kv_cache_manager import NO_MATCH, PrefixMatch
 from spyglass.core.request import FinishReason, Request, RequestStatus, RequestTimes
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.sampling_params import SamplingParams, StructuredOutput
 from spyglass.core.scheduler_policy import PreemptingPolicy, SchedulingPolicy, parse_tenant_values, tenant_of
 from spyglass.core.step_stats import EngineInfo, StepStats
+from spyglass.core.token_constraint import TokenConstraint
+from spyglass.core.tokenizer import Tokenizer
 
 __all__ = [
     "NO_MATCH",
@@ -39,6 +41,9 @@ __all__ = [
     "SamplingParams",
     "SchedulingPolicy",
     "StepStats",
+    "StructuredOutput",
+    "TokenConstraint",
+    "Tokenizer",
     "hookimpl",
     "hookspecs",
     "implements",

@@ -43,7 +43,9 @@ def create_plugin_manager(enabled: list[str] | None = None, disabled: list[str] 
     """A plugin manager with every plugin of the ``spyglass`` entry-point group registered by name.
 
     ``enabled`` (if given) keeps only those names; ``disabled`` drops names. Built-in plugins
-    come through the same entry points as third-party ones.
+    come through the same entry points as third-party ones. An entry point naming a module
+    registers the module; one naming a class registers a new instance of it, so each engine (each
+    plugin manager) has its own plugin object and state.
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
@@ -54,7 +56,8 @@ def create_plugin_manager(enabled: list[str] | None = None, disabled: list[str] 
     for name, entry_point in sorted(available.items()):
         if (enabled is not None and name not in enabled) or name in (disabled or []):
             continue
-        pm.register(entry_point.load(), name=name)
+        plugin = entry_point.load()
+        pm.register(plugin() if isinstance(plugin, type) else plugin, name=name)
     return pm
 
 

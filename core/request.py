@@ -8,6 +8,7 @@ import torch
 
 from spyglass.core.outputs import Logprob
 from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.token_constraint import TokenConstraint
 
 
 class RequestStatus(enum.Enum):
@@ -80,6 +81,8 @@ class Request:
         self.error: str | None = None
         self.times = RequestTimes(arrival=time.monotonic() if arrival_time is None else arrival_time)
         self.generator: torch.Generator | None = None
+        # Set by the engine for a request with structured output: the grammar matcher of its output.
+        self.constraint: TokenConstraint | None = None
         if sampling_params.seed is not None:
             self.generator = torch.Generator().manual_seed(sampling_params.seed)
 

@@ -1,9 +1,35 @@
-"""Turning a batch of logits into tokens: penalties, temperature, top-k/top-p/min-p, seeds, logprobs."""
+"""Turning a batch of logits into tokens: logit bias, grammar masks, penalties, temperature, top-k/top-p/min-p,
+seeds, logprobs."""
+
+from collections.abc import Sequence
 
 import torch
 
 from spyglass.core.outputs import Logprob
 from spyglass.core.request import Request
+from spyglass.core.token_constraint import allowed_tokens
+
+
+def adjust_logits(
+    logits: torch.Tensor, requests: Sequence[Request], bitmask: torch.Tensor | None = None, masked_rows: Sequence[int] = ()
+) -> torch.Tensor:
+    """Each row's ``logit_bias`` added, then ``bitmask`` row ``i`` applied to row ``masked_rows[i]``.
+
+    Returns a new tensor when anything applies and ``logits`` itself otherwise (the raw logits
+    stay untouched for logprobs). Disallowed tokens get -inf.
+    """
+    biased = [(row, r.sampling_params.logit_bias) for row, r in enumerate(requests) if r.sampling_params.logit_bias]
+    if not biased and bitmask is None:
+        return logits
+    logits = logits.clone()
+    for row, bias in biased:
+        ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
+        logits[row, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+    if bitmask is not None:
+        rows = torch.tensor(list(masked_rows), dtype=torch.long, device=logits.device)
+        allowed = allowed_tokens(bitmask, logits.shape[-1]).to(logits.device)
+        logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
@@ -68,12 +94,15 @@ def _draw(probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     return (probs / noise).argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], list[Logprob | None]]:
+def sample(
+    logits: torch.Tensor, requests: list[Request], raw: torch.Tensor | None = None
+) -> tuple[list[int], list[Logprob | None]]:
     """One token per row of float32 ``logits`` (row i belongs to ``requests[i]``), and logprobs where asked.
 
-    Logprobs are those of the model's raw distribution, as vLLM reports them.
+    ``logits`` may be `adjust_logits`'s result; logprobs are those of the model's raw distribution
+    (``raw``, else ``logits``), as vLLM reports them.
     """
-    raw = logits
+    raw = logits if raw is None else raw
     if any(r.sampling_params.has_penalties for r in requests):
         logits = logits.clone()
         apply_penalties(logits, requests)

@@ -2,6 +2,25 @@
 
 from dataclasses import dataclass, field
 
+STRUCTURED_OUTPUT_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on a request's output text.
+
+    ``kind`` is one of `STRUCTURED_OUTPUT_KINDS`; ``value`` is the JSON schema (a dict) for
+    ``json_schema``, None for ``json_object``, the pattern for ``regex``, the list of strings for
+    ``choice``, and the grammar text (Lark or GBNF) for ``grammar``.
+    """
+
+    kind: str
+    value: object = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_OUTPUT_KINDS:
+            raise ValueError(f"structured output kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}")
+
 
 class InvalidRequestError(ValueError):
     """A request's parameters are out of range; the HTTP API answers it with a 400."""
@@ -16,7 +35,9 @@ class SamplingParams:
     """How to sample one completion; ``temperature == 0`` means greedy.
 
     ``speculative=False`` opts this request out of speculative decoding; ``priority`` (lower runs
-    first) is read by the priority scheduling policy.
+    first) is read by the priority scheduling policy. ``structured_output`` constrains the output
+    (a plugin on ``spyglass_token_constraint`` enforces it); ``logit_bias`` maps token ids to values
+    in [-100, 100] added to their logits before sampling, as OpenAI's parameter does.
     """
 
     temperature: float = 1.0
@@ -35,6 +56,8 @@ class SamplingParams:
     n: int = 1
     priority: int = 0
     speculative: bool = True
+    structured_output: StructuredOutput | None = None
+    logit_bias: dict[int, float] | None = None
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -59,6 +82,11 @@ class SamplingParams:
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "logprobs must be in [0, 20]"),
             (self.n >= 1, "n", "n must be at least 1"),
             (all(self.stop), "stop", "stop strings must not be empty"),
+            (
+                all(-100 <= bias <= 100 for bias in (self.logit_bias or {}).values()),
+                "logit_bias",
+                "logit_bias values must be in [-100, 100]",
+            ),
         ]
         for ok, param, message in checks:
             if not ok:

@@ -1,0 +1,158 @@
+"""Structured outputs through the llguidance plugin: every output matches its constraint, whatever the model.
+
+The tiny model has random weights, so its unconstrained output is noise: constrained output that
+still matches shows the mask, not the model, did the work. The default model shows real JSON.
+"""
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from spyglass.core.sampling_params import InvalidRequestError, SamplingParams, StructuredOutput
+
+PLUGINS = ("fcfs", "structured_output")
+PROMPT = list(range(100, 120))
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "kind": {"enum": ["capital", "town", "village"]},
+        "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+        "area_km2": {"type": "number", "minimum": 0, "maximum": 10000},
+        "landmarks": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},
+        "mayor": {"type": "string", "maxLength": 20},
+    },
+    "required": ["city", "kind", "population", "landmarks"],
+    "additionalProperties": False,
+}
+
+
+def _params(spec: StructuredOutput, seed: int, temperature: float = 1.0, max_tokens: int = 200) -> SamplingParams:
+    return SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens, structured_output=spec)
+
+
+@pytest.mark.parametrize(
+    "spec, matches",
+    [
+        (StructuredOutput("regex", r"[0-9]{3}-[a-z]{2,4}"), lambda text: re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", text)),
+        (StructuredOutput("choice", ["red", "green", "blue"]), lambda text: text in ("red", "green", "blue")),
+        (
+            StructuredOutput("grammar", 'start: "(" NUMBER ("+" NUMBER)* ")"\nNUMBER: /[1-9]/'),
+            lambda text: re.fullmatch(r"\([1-9](\+[1-9])*\)", text),
+        ),
+    ],
+    ids=["regex", "choice", "lark"],
+)
+def test_random_model_output_always_matches(make_engine, driver, spec, matches):
+    engine = make_engine(plugins=PLUGINS)
+    requests = [driver.add(engine, PROMPT, _params(spec, seed)) for seed in range(20)]
+    outputs = driver.drain(engine)
+    for request in requests:
+        output = outputs[request.req_id].outputs[0]
+        if output.finish_reason == "stop":
+            assert matches(output.text), output.text
+    assert sum(outputs[r.req_id].outputs[0].finish_reason == "stop" for r in requests) >= 15
+    assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
+
+
+def test_default_model_json_schema_is_valid_twenty_times_of_twenty(make_default_engine, driver):
+    engine = make_default_engine(plugins=PLUGINS)
+    tokenizer = engine.tokenizer
+    prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "Describe Lyon as JSON."}]))
+    spec = StructuredOutput("json_schema", CITY_SCHEMA)
+    requests = [driver.add(engine, prompt, _params(spec, seed, temperature=0.0 if seed < 2 else 0.8)) for seed in range(20)]
+    outputs = driver.drain(engine)
+    for request in requests:
+        output = outputs[request.req_id].outputs[0]
+        assert output.finish_reason == "stop", output.text
+        jsonschema.validate(json.loads(output.text), CITY_SCHEMA)
+
+
+def test_json_object_always_parses(make_default_engine, driver):
+    engine = make_default_engine(plugins=PLUGINS)
+    tokenizer = engine.tokenizer
+    question = "Give a person with a name and an age as a small JSON object."
+    prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": question}]))
+    spec = StructuredOutput("json_object")
+    requests = [
+        driver.add(engine, prompt, _params(spec, seed, temperature=0.0 if seed < 2 else 0.5, max_tokens=400))
+        for seed in range(6)
+    ]
+    outputs = driver.drain(engine)
+    for request in requests:
+        assert outputs[request.req_id].outputs[0].finish_reason == "stop"
+        assert isinstance(json.loads(outputs[request.req_id].outputs[0].text), dict)
+
+
+def test_speculative_decoding_with_a_schema_gives_the_same_output(make_default_engine, driver):
+    # Greedy, float32: drafts are trimmed to the grammar and verified under its masks, so the output
+    # is exactly the non-speculative one.
+    spec = StructuredOutput("json_schema", CITY_SCHEMA)
+    texts = {}
+    for method in (None, "ngram"):
+        engine = make_default_engine(plugins=(*PLUGINS, "ngram"), speculative=method)
+        tokenizer = engine.tokenizer
+        question = 'Repeat exactly: {"city": "Lyon", "kind": "town", "population": 500000, "landmarks": ["Fourviere"]}'
+        prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": question}]))
+        request = driver.add(engine, prompt, _params(spec, 0, temperature=0.0))
+        texts[method] = driver.drain(engine)[request.req_id].outputs[0].text
+        if method:
+            assert request.num_draft_tokens > 0 and request.num_accepted_tokens > 0
+    assert texts["ngram"] == texts[None]
+    jsonschema.validate(json.loads(texts[None]), CITY_SCHEMA)
+
+
+def test_preemption_keeps_the_constrained_output(make_engine, driver):
+    spec = StructuredOutput("regex", r"(ab|cd|ef){5,8}")
+    baseline = make_engine(plugins=PLUGINS, num_kv_blocks=256)
+    expected = [driver.add(baseline, PROMPT[: 8 + i], _params(spec, i, temperature=0.0)) for i in range(6)]
+    outputs = driver.drain(baseline)
+    want = [outputs[r.req_id].outputs[0].text for r in expected]
+    tight = make_engine(plugins=PLUGINS, num_kv_blocks=14)
+    requests = [driver.add(tight, PROMPT[: 8 + i], _params(spec, i, temperature=0.0)) for i in range(6)]
+    outputs = driver.drain(tight)
+    assert sum(r.num_preemptions for r in requests) > 0
+    assert [outputs[r.req_id].outputs[0].text for r in requests] == want
+    assert all(re.fullmatch(r"(ab|cd|ef){5,8}", text) for text in want)
+
+
+def test_logit_bias_forces_and_forbids_tokens(make_engine, driver):
+    engine = make_engine(plugins=("fcfs",))
+    plain = driver.add(engine, PROMPT, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    forced = driver.add(engine, PROMPT, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={7: 100}))
+    outputs = driver.drain(engine)
+    greedy = outputs[plain.req_id].outputs[0].token_ids
+    assert outputs[forced.req_id].outputs[0].token_ids == [7, 7, 7, 7]
+    banned = driver.add(
+        engine, PROMPT, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={greedy[0]: -100})
+    )
+    assert driver.drain(engine)[banned.req_id].outputs[0].token_ids[0] != greedy[0]
+    with pytest.raises(InvalidRequestError, match="logit_bias"):
+        driver.add(engine, PROMPT, SamplingParams(logit_bias={10**9: 1.0}))
+    with pytest.raises(InvalidRequestError, match="logit_bias"):
+        SamplingParams(logit_bias={7: 101.0})
+
+
+def test_invalid_specs_and_missing_backend_are_request_errors(make_engine, driver):
+    engine = make_engine(plugins=PLUGINS)
+    for spec in (
+        StructuredOutput("regex", "(unclosed"),
+        StructuredOutput("json_schema", {"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
+        StructuredOutput("choice", []),
+        StructuredOutput("grammar", "start: undefined_rule"),
+    ):
+        with pytest.raises(InvalidRequestError) as error:
+            driver.add(engine, PROMPT, _params(spec, 0))
+        assert error.value.param == "response_format"
+    without = make_engine(plugins=("fcfs",))
+    with pytest.raises(InvalidRequestError, match="no"):
+        driver.add(without, PROMPT, _params(StructuredOutput("json_object"), 0))
+    assert not engine.requests and not without.requests
+
+
+def test_each_engine_has_its_own_backend_instance(make_engine):
+    first, second = make_engine(plugins=PLUGINS), make_engine(plugins=PLUGINS)
+    assert first.plugin_manager.get_plugin("structured_output") is not second.plugin_manager.get_plugin("structured_output")
