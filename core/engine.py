@@ -18,6 +18,7 @@ from spyglass.core.plugin_manager import SafeHookRelay, create_plugin_manager
 from spyglass.core.request import FinishReason, Request
 from spyglass.core.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.scheduler import Scheduler, SchedulerOutput
+from spyglass.core.scheduler_policy import check_policy
 from spyglass.core.step_stats import EngineInfo, StepStats
 from spyglass.kernels import cpu_isa
 from spyglass.kernels.backend import select_backend
@@ -66,7 +67,7 @@ class LLMEngine:
         policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
         if policy is None:
             raise ValueError(f"no plugin provides the scheduling policy {config.scheduling_policy!r}")
-        self.scheduler = Scheduler(config, self.kv, policy)
+        self.scheduler = Scheduler(config, self.kv, check_policy(policy, config.scheduling_policy), self.hooks.count_error)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.info = EngineInfo(
@@ -88,6 +89,10 @@ class LLMEngine:
             dtype_reason, self.backend.name, num_blocks, config.block_size,
         )
         self.hooks.spyglass_engine_started(info=self.info, config=config)
+        if config.speculative and self.hooks.spyglass_propose_drafts(
+            method=config.speculative, requests=(), num_speculative_tokens=config.num_speculative_tokens
+        ) is None:
+            raise ValueError(f"no plugin provides the draft proposer {config.speculative!r} (--speculative)")
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -211,13 +216,25 @@ class LLMEngine:
                 or {}
             )
         except Exception as error:
-            log.exception("draft proposer failed")
-            for request in candidates:
-                self._finish(request, FinishReason.ERROR, f"draft proposer failed: {type(error).__name__}: {error}")
+            # Drafts are an optimisation: without them every request simply decodes one token.
+            self.hooks.count_error(self.config.speculative, "spyglass_propose_drafts")
+            log.exception("draft proposer %r failed; decoding without drafts this step", self.config.speculative)
             return
         for request in candidates:
             room = min(k, request.max_tokens - request.num_output_tokens - 1, self.max_model_len - request.num_tokens - 1)
-            request.spec_token_ids = list(proposals.get(request.req_id, ()))[: max(room, 0)]
+            request.spec_token_ids = self._valid_drafts(proposals.get(request.req_id, ()))[: max(room, 0)]
+
+    def _valid_drafts(self, drafts) -> list[int]:
+        """The drafts up to the first one that is not a token id of this vocabulary (counted as a hook error)."""
+        valid = []
+        for token_id in drafts:
+            if type(token_id) is not int or not 0 <= token_id < self.arch.vocab_size:
+                self.hooks.count_error(self.config.speculative, "spyglass_propose_drafts")
+                log.warning("draft proposer %r proposed %r, not a token id; drafts cut there",
+                            self.config.speculative, token_id)
+                break
+            valid.append(token_id)
+        return valid
 
     def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
         """Roll the computed count back past rejected drafts (their KV slots are simply overwritten later)."""
@@ -305,8 +322,7 @@ class LLMEngine:
             try:
                 label = policy.waiting_class(request)
             except Exception:  # only a metrics label: count it as a hook error, never fail a step for it
-                key = f"{policy.name}.waiting_class"
-                self.hooks.num_errors[key] = self.hooks.num_errors.get(key, 0) + 1
+                self.hooks.count_error(self.scheduler.policy_name, "waiting_class")
                 label = "unknown"
             classes[label] = classes.get(label, 0) + 1
         return StepStats(

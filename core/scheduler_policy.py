@@ -53,6 +53,25 @@ class PreemptingPolicy(SchedulingPolicy, Protocol):
         ...
 
 
+def check_policy(policy: object, requested: str) -> SchedulingPolicy:
+    """``policy`` if it fulfils `SchedulingPolicy` (a string ``name`` and the three methods); TypeError otherwise.
+
+    Run when the engine starts, so a broken policy fails the start rather than every request.
+    """
+    missing = [
+        member for member in ("admission_order", "choose_victim", "waiting_class")
+        if not callable(getattr(policy, member, None))
+    ]
+    if not isinstance(getattr(policy, "name", None), str):
+        missing.insert(0, "name (a str)")
+    if missing:
+        raise TypeError(
+            f"the scheduling policy plugin for {requested!r} returned {policy!r}, which lacks {', '.join(missing)} "
+            "of the SchedulingPolicy protocol"
+        )
+    return policy  # type: ignore[return-value]
+
+
 def tenant_of(request: Request) -> str:
     """The tenant a request belongs to: ``attributes["tenant"]``, else ``attributes["user"]``, else "default".
 

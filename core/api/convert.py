@@ -19,7 +19,6 @@ from spyglass.core.outputs import CompletionOutput, Logprob, RequestOutput
 from spyglass.core.sampling_params import SamplingParams
 from spyglass.core.tokenizer import Tokenizer
 
-MAX_N = 128
 _SEED_LIMIT = 1 << 63
 
 
@@ -29,9 +28,10 @@ def new_id(prefix: str) -> str:
 
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    """Engine `SamplingParams` from the shared request fields; raises `InvalidRequestError` when out of range."""
-    if not 1 <= body.n <= MAX_N:
-        raise APIError(400, f"n must be between 1 and {MAX_N}", "n")
+    """Engine `SamplingParams` from the shared request fields (ranges already checked by the schema).
+
+    Raises `InvalidRequestError` for what the schema cannot express.
+    """
     if body.seed is not None and not -_SEED_LIMIT <= body.seed < _SEED_LIMIT - body.n:
         raise APIError(400, "seed must fit in a signed 64-bit integer", "seed")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])

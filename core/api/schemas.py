@@ -1,12 +1,26 @@
 """Request and response bodies of the OpenAI-compatible API, as msgspec Structs.
 
 Requests keep OpenAI's field names and defaults; anything the client sends that we do not know
-is ignored, as OpenAI clients add fields over time. Responses follow vLLM's shapes.
+is ignored, as OpenAI clients add fields over time, except the fields listed in `UNSUPPORTED`,
+which would change the answer and so are refused until implemented. Numeric ranges follow vLLM's
+limits and are part of the published OpenAPI schema. Responses follow vLLM's shapes.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
+
+MAX_N = 128
+MAX_STOP = 16  # stop sequences per request
+MAX_LOGPROBS = 20
+INT32 = (1 << 31) - 1
+INT64 = (1 << 63) - 1
+
+PositiveInt = Annotated[int, Meta(ge=1, le=INT32)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+NumLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
+StopText = Annotated[str, Meta(max_length=1024)]
 
 
 class StreamOptions(msgspec.Struct):
@@ -19,31 +33,42 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     """Sampling settings shared by completions and chat; vLLM's extras included."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    n: int = 1
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=100.0)] = 1.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Meta(ge=-1, le=INT32)] = 0
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    n: Annotated[int, Meta(ge=1, le=MAX_N)] = 1
+    stop: StopText | Annotated[list[StopText], Meta(max_length=MAX_STOP)] | None = None
+    seed: Annotated[int, Meta(ge=-INT64 - 1, le=INT64)] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=100.0)] = 1.0
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    priority: int = 0
-    ttft_slo_s: float | None = None  # time-to-first-token target, read by the slo scheduling policy
+    priority: Annotated[int, Meta(ge=-INT32 - 1, le=INT32)] = 0
+    # Time-to-first-token target, read by the slo scheduling policy.
+    ttft_slo_s: Annotated[float, Meta(gt=0.0, le=86400.0)] | None = None
+    # Refused unless absent or neutral (see `UNSUPPORTED`): accepting them would pretend to honour them.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: Any = None
+    logit_bias: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
     """``POST /v1/completions``: ``prompt`` is a string, a token list, or a list of either."""
 
     prompt: str | list[Any]
-    logprobs: int | None = None
+    logprobs: NumLogprobs | None = None
     echo: bool = False
+    best_of: Any = None  # refused unless 1 (see `UNSUPPORTED`)
+    suffix: Any = None  # refused unless empty
 
 
 class TextPart(msgspec.Struct):
@@ -65,9 +90,36 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: NumLogprobs | None = None
+
+
+def _neutral_format(value) -> bool:
+    return isinstance(value, dict) and value.get("type") == "text"
+
+
+# Fields that would change the answer, with the values that mean "not used"; anything else is a 400.
+UNSUPPORTED = {
+    "tools": lambda v: not v,
+    "tool_choice": lambda v: v == "none",
+    "parallel_tool_calls": lambda v: False,
+    "functions": lambda v: not v,
+    "function_call": lambda v: v == "none",
+    "response_format": _neutral_format,
+    "logit_bias": lambda v: not v,
+    "best_of": lambda v: v == 1,
+    "suffix": lambda v: v == "",
+}
+
+
+def unsupported_field(body: msgspec.Struct) -> str | None:
+    """The first field of ``body`` set to something this server does not implement, or None."""
+    for name, neutral in UNSUPPORTED.items():
+        value = getattr(body, name, None)
+        if value is not None and not neutral(value):
+            return name
+    return None
 
 
 # -- responses ------------------------------------------------------------------------------------

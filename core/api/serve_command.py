@@ -3,6 +3,7 @@
 import logging
 import os
 import signal
+import threading
 
 import uvicorn
 
@@ -37,25 +38,44 @@ def add_parser(subparsers) -> None:
                        help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     group.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
     group.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
+    group.add_argument("--allowed-origins", default="",
+                       help="comma-separated origins allowed by CORS, or * (default: CORS off)")
     add_engine_arguments(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(run=run)
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, plus: a signal first stops admission and drains the engine, and SIGTERM ends with exit code 0."""
+    """uvicorn, plus: SIGTERM or SIGINT first drains the engine while still listening, then stops the server.
+
+    While draining, ``/ready`` answers 503 and new requests get a 503; once the engine has finished
+    or aborted what was in flight, uvicorn closes the listener and exits 0. A second signal stops
+    the listener at once. If the engine loop crashes, the server stops and `run` returns 1.
+    """
 
     def __init__(self, config: uvicorn.Config, app, shutdown_timeout: float):
         super().__init__(config)
         self.app = app
         self.shutdown_timeout = shutdown_timeout
+        self.engine_crashed = False
 
     def handle_exit(self, sig, frame) -> None:
-        begin_shutdown(self.app, self.shutdown_timeout)
-        super().handle_exit(sig, frame)
-        # uvicorn re-raises captured signals after shutdown; a drained SIGTERM is a clean exit.
-        if sig == signal.SIGTERM:
-            self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+        drain = begin_shutdown(self.app, self.shutdown_timeout)
+        if drain is None:
+            super().handle_exit(sig, frame)
+        else:
+            threading.Thread(target=self._exit_after, args=(drain,), name="spyglass-exit", daemon=True).start()
+        # uvicorn re-raises captured signals after shutdown; a drained stop is a clean exit, not a traceback.
+        self._captured_signals = [s for s in self._captured_signals if s not in (signal.SIGTERM, signal.SIGINT)]
+
+    def _exit_after(self, drain: threading.Thread) -> None:
+        drain.join()
+        self.should_exit = True
+
+    def engine_crash(self, error: BaseException) -> None:
+        """The engine loop failed: stop serving so that the process exits non-zero."""
+        self.engine_crashed = True
+        self.should_exit = True
 
 
 def run(args) -> int:
@@ -71,10 +91,12 @@ def run(args) -> int:
         max_queued_requests=args.max_queued_requests,
         shutdown_timeout=args.shutdown_timeout,
         served_model_name=args.served_model_name,
+        allowed_origins=[origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()],
     )
     setup_logging()
     telemetry_settings.configure(settings_from_args(args))
-    app = create_app(engine_config_from_args(args), options)
+    # ``server`` is bound below, before the engine (started by the server's lifespan) can crash.
+    app = create_app(engine_config_from_args(args), options, lambda error: server.engine_crash(error))
     config = uvicorn.Config(
         # Outermost, so every HTTP request (a 404 too) gets its span and its count.
         TelemetryMiddleware(app),
@@ -86,5 +108,9 @@ def run(args) -> int:
         timeout_graceful_shutdown=int(options.shutdown_timeout) + 5,
     )
     logging.getLogger("spyglass.api").info("starting on http://%s:%d", options.host, options.port)
-    _Server(config, app, options.shutdown_timeout).run()
+    server = _Server(config, app, options.shutdown_timeout)
+    server.run()
+    if server.engine_crashed:
+        logging.getLogger("spyglass.api").error("exiting because the engine loop crashed")
+        return 1
     return 0

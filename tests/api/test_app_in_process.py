@@ -53,9 +53,11 @@ def test_draining_server_refuses_work_with_503(client):
     serving = client.app.state.serving
     serving.draining = True
     try:
-        assert client.get("/health").status_code == 503
+        assert client.get("/ready").status_code == 503
+        health = client.get("/health")  # liveness: the process is fine while it drains
+        assert health.status_code == 200 and health.json()["status"] == "draining"
         response = client.post("/v1/completions", json={"prompt": "hi"})
         assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
     finally:
         serving.draining = False
-    assert client.get("/health").status_code == 200
+    assert client.get("/health").status_code == 200 and client.get("/ready").status_code == 200
