@@ -1,5 +1,6 @@
 """The engine: a step is schedule, run, update. Owns all mutable engine state; not thread-safe by design."""
 
+import dataclasses
 import logging
 import time
 
@@ -169,8 +170,7 @@ class LLMEngine:
         try:
             runner_out = self.runner.execute(out, self.kv.block_tables)
         except Exception as error:
-            log.exception("model step %d failed", out.step_id)
-            return failed + self._fail_step(out, error)
+            return failed + self._isolate_failure(out, error)
         outputs = self._update(out, runner_out)
         self.hooks.spyglass_step_finished(stats=self._stats(out, runner_out, start, scheduled_time))
         return failed + outputs
@@ -283,12 +283,35 @@ class LLMEngine:
         self._finish(request, FinishReason.ERROR, error)
         return self._output(request)
 
-    def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
-        """A failed forward fails the requests it carried, not the engine."""
+    def _isolate_failure(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
+        """A failed step is rerun one request at a time, so that only the requests that fail alone fail.
+
+        Nothing was committed by the failed step (computed counts advance in `_update`), so the
+        reruns recompute the same tokens; one poisoned request thus cannot take its batch with it.
+        """
+        log.warning("model step %d failed with %d requests", out.step_id, len(out.scheduled), exc_info=error)
+        if len(out.scheduled) == 1:
+            return self._fail_step(out, error)
         outputs = []
         for scheduled in out.scheduled:
-            self._finish(scheduled.request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
-            outputs.append(self._output(scheduled.request))
+            solo = dataclasses.replace(out, scheduled=(scheduled,))
+            try:
+                runner_out = self.runner.execute(solo, self.kv.block_tables)
+            except Exception as solo_error:
+                outputs += self._fail_step(solo, solo_error)
+                continue
+            outputs += self._update(solo, runner_out)
+        return outputs
+
+    def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
+        """A failed forward fails the requests it carried, not the engine; logged once per request."""
+        outputs = []
+        for scheduled in out.scheduled:
+            request = scheduled.request
+            log.error("request %s failed in model step %d: %s: %s", request.req_id, out.step_id,
+                      type(error).__name__, error)
+            self._finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
+            outputs.append(self._output(request))
         return outputs
 
     def _output(self, request: Request) -> RequestOutput:

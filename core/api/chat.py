@@ -45,15 +45,11 @@ def render_messages(messages: list[ChatMessage], tokenizer: Tokenizer) -> tuple[
         raise APIError(400, "messages must not be empty", "messages")
     plain = []
     for message in messages:
-        role = _ROLES.get(message.role)
-        if role is None:
-            raise APIError(400, f"unsupported message role {message.role!r}", "messages")
+        # Roles and part types are checked by the schema; developer messages are system messages here.
         content = message.content
         if isinstance(content, list):
-            if any(part.type != "text" or part.text is None for part in content):
-                raise APIError(400, "only text content parts are supported", "messages")
             content = "\n".join(part.text for part in content)
-        plain.append({"role": role, "content": content or ""})
+        plain.append({"role": _ROLES[message.role], "content": content or ""})
     try:
         return plain, tokenizer.apply_chat_template(plain, add_generation_prompt=True)
     except (ValueError, jinja2.TemplateError) as error:

@@ -2,7 +2,7 @@
 
 Requests keep OpenAI's field names and defaults; anything the client sends that we do not know
 is ignored, as OpenAI clients add fields over time, except the fields listed in `UNSUPPORTED`,
-which would change the answer and so are refused until implemented. Numeric ranges follow vLLM's
+which would change the answer and so admit only their neutral values until implemented. Numeric ranges follow vLLM's
 limits and are part of the published OpenAPI schema. Responses follow vLLM's shapes.
 """
 
@@ -29,6 +29,12 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
+class TextResponseFormat(msgspec.Struct):
+    """``response_format`` as plain text, the only format served (JSON modes are not implemented)."""
+
+    type: Literal["text"]
+
+
 class SamplingFields(msgspec.Struct, kw_only=True):
     """Sampling settings shared by completions and chat; vLLM's extras included."""
 
@@ -51,15 +57,14 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     priority: Annotated[int, Meta(ge=-INT32 - 1, le=INT32)] = 0
     # Time-to-first-token target, read by the slo scheduling policy.
     ttft_slo_s: Annotated[float, Meta(gt=0.0, le=86400.0)] | None = None
-    # Refused unless absent or neutral (see `UNSUPPORTED`): accepting them would pretend to honour them.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
-    response_format: Any = None
-    logit_bias: dict[str, Any] | None = None
-
+    # Not implemented: the schema admits only their absent or neutral values, so anything else is a 400.
+    tools: Annotated[list[Any], Meta(max_length=0)] | None = None
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: None = None
+    functions: Annotated[list[Any], Meta(max_length=0)] | None = None
+    function_call: Literal["none"] | None = None
+    response_format: TextResponseFormat | None = None
+    logit_bias: Annotated[dict[str, float], Meta(max_length=0)] | None = None
 
 class CompletionRequest(SamplingFields, kw_only=True):
     """``POST /v1/completions``: ``prompt`` is a string, a token list, or a list of either."""
@@ -67,21 +72,21 @@ class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | list[Any]
     logprobs: NumLogprobs | None = None
     echo: bool = False
-    best_of: Any = None  # refused unless 1 (see `UNSUPPORTED`)
-    suffix: Any = None  # refused unless empty
+    best_of: Literal[1] | None = None  # not implemented beyond its neutral value
+    suffix: Literal[""] | None = None
 
 
 class TextPart(msgspec.Struct):
     """One part of a message's content list; only ``{"type": "text", "text": ...}`` is supported."""
 
-    type: str
-    text: str | None = None
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(msgspec.Struct):
     """One conversation turn."""
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
 
@@ -95,31 +100,11 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     top_logprobs: NumLogprobs | None = None
 
 
-def _neutral_format(value) -> bool:
-    return isinstance(value, dict) and value.get("type") == "text"
-
-
-# Fields that would change the answer, with the values that mean "not used"; anything else is a 400.
-UNSUPPORTED = {
-    "tools": lambda v: not v,
-    "tool_choice": lambda v: v == "none",
-    "parallel_tool_calls": lambda v: False,
-    "functions": lambda v: not v,
-    "function_call": lambda v: v == "none",
-    "response_format": _neutral_format,
-    "logit_bias": lambda v: not v,
-    "best_of": lambda v: v == 1,
-    "suffix": lambda v: v == "",
-}
-
-
-def unsupported_field(body: msgspec.Struct) -> str | None:
-    """The first field of ``body`` set to something this server does not implement, or None."""
-    for name, neutral in UNSUPPORTED.items():
-        value = getattr(body, name, None)
-        if value is not None and not neutral(value):
-            return name
-    return None
+# Fields that would change the answer and are not implemented: only their neutral values are accepted.
+UNSUPPORTED = frozenset(
+    {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "response_format", "logit_bias",
+     "best_of", "suffix"}
+)
 
 
 # -- responses ------------------------------------------------------------------------------------

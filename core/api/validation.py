@@ -11,7 +11,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.schemas import unsupported_field
+from spyglass.core.api.schemas import UNSUPPORTED
 
 _JSON_TYPES = ("application/json",)
 _FIELD = re.compile(r"missing required field `([^`]+)`|at `\$\.([A-Za-z_]+)")
@@ -27,18 +27,17 @@ def decode_body(body: bytes, body_type: type[msgspec.Struct]) -> msgspec.Struct:
     if not body.strip():
         raise APIError(400, "the request body is empty; send a JSON object")
     try:
-        decoded = msgspec.json.decode(body, type=body_type)
+        return msgspec.json.decode(body, type=body_type)
     except RecursionError:
         raise APIError(400, "the request body is nested too deeply") from None
     except msgspec.ValidationError as error:
         match = _FIELD.search(str(error))
-        raise APIError(400, str(error), next(filter(None, match.groups())) if match else None) from None
+        param = next(filter(None, match.groups())) if match else None
+        if param in UNSUPPORTED:
+            raise APIError(400, f"`{param}` is not supported by this server", param, "unsupported_parameter") from None
+        raise APIError(400, str(error), param) from None
     except msgspec.DecodeError as error:
         raise APIError(400, f"the request body is not valid JSON: {error}") from None
-    refused = unsupported_field(decoded)
-    if refused is not None:
-        raise APIError(400, f"`{refused}` is not supported by this server", refused, "unsupported_parameter")
-    return decoded
 
 
 async def json_body_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
