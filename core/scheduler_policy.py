@@ -58,16 +58,18 @@ def check_policy(policy: object, requested: str) -> SchedulingPolicy:
 
     Run when the engine starts, so a broken policy fails the start rather than every request.
     """
-    missing = [
-        member for member in ("admission_order", "choose_victim", "waiting_class")
+    problems = [
+        f"no {member}() method" for member in ("admission_order", "choose_victim", "waiting_class")
         if not callable(getattr(policy, member, None))
     ]
     if not isinstance(getattr(policy, "name", None), str):
-        missing.insert(0, "name (a str)")
-    if missing:
+        problems.insert(0, "no str name")
+    if isinstance(policy, type):
+        problems.insert(0, "a class where an instance is expected")
+    if problems:
         raise TypeError(
-            f"the scheduling policy plugin for {requested!r} returned {policy!r}, which lacks {', '.join(missing)} "
-            "of the SchedulingPolicy protocol"
+            f"the plugin providing the scheduling policy {requested!r} returned {policy!r}, which does not fulfil "
+            f"the SchedulingPolicy protocol: {'; '.join(problems)}"
         )
     return policy  # type: ignore[return-value]
 
