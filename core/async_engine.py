@@ -125,9 +125,10 @@ class AsyncEngine:
             self._drain()
         except Exception as error:
             log.exception("engine loop crashed")
-            self._fail_all(EngineDeadError(f"engine loop crashed: {error}"))
+            self._stopping.set()
             if self._on_crash is not None:
                 self._on_crash(error)
+            self._fail_all(EngineDeadError(f"engine loop crashed: {error}"))
         finally:
             self._stopping.set()
             self.engine.shutdown()
