@@ -1,8 +1,8 @@
 """``spyglass bench <name>``: one subcommand per benchmark module."""
 
-from spyglass.core.bench import latency, policies, prefix_cache, serve, throughput
+from spyglass.core.bench import latency, policies, prefix_cache, serve, soak, throughput
 
-BENCHMARKS = (throughput, serve, latency, policies, prefix_cache)
+BENCHMARKS = (throughput, serve, soak, latency, policies, prefix_cache)
 
 
 def add_parser(subparsers) -> None:
