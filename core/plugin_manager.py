@@ -16,7 +16,7 @@ class SafeHookRelay:
     """The plugin manager's ``hook`` relay, except that an event hook that raises is logged and counted.
 
     Decision hooks (``firstresult``) go straight through: their errors reach the caller, which
-    fails the affected request rather than the engine.
+    fails the affected request rather than the engine and counts the failure with `count_error`.
     """
 
     def __init__(self, pm: pluggy.PluginManager):
