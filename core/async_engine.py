@@ -26,8 +26,10 @@ class EngineDeadError(RuntimeError):
 class AsyncEngine:
     """Runs `LLMEngine.step` in a loop thread while asyncio tasks submit requests and stream outputs."""
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, on_crash: Callable[[BaseException], None] | None = None):
+        """``on_crash`` is called (in the loop thread) if the loop itself fails; the server exits on it."""
         self.engine = engine
+        self._on_crash = on_crash
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
@@ -40,6 +42,11 @@ class AsyncEngine:
     def start(self) -> None:
         """Start the loop thread."""
         self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        """True while the loop thread runs, draining after `stop` included."""
+        return self._thread.is_alive()
 
     @property
     def is_alive(self) -> bool:
@@ -73,11 +80,7 @@ class AsyncEngine:
         added: Future = Future()
 
         def add() -> None:
-            try:
-                self.engine.add_request(req_id, prompt_token_ids, params, prompt, attributes)
-                added.set_result(None)
-            except Exception as error:
-                added.set_exception(error)
+            _settle(added, lambda: self.engine.add_request(req_id, prompt_token_ids, params, prompt, attributes))
 
         finished = False
         try:
@@ -102,13 +105,7 @@ class AsyncEngine:
         """Run ``function(engine)`` in the loop thread between steps; for reading engine state safely."""
         result: Future = Future()
 
-        def run() -> None:
-            try:
-                result.set_result(function(self.engine))
-            except Exception as error:
-                result.set_exception(error)
-
-        self._submit(run)
+        self._submit(lambda: _settle(result, lambda: function(self.engine)))
         return result
 
     def _submit(self, command: Callable[[], None]) -> None:
@@ -128,6 +125,9 @@ class AsyncEngine:
             self._drain()
         except Exception as error:
             log.exception("engine loop crashed")
+            self._stopping.set()
+            if self._on_crash is not None:
+                self._on_crash(error)
             self._fail_all(EngineDeadError(f"engine loop crashed: {error}"))
         finally:
             self._stopping.set()
@@ -150,20 +150,40 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            command()
+            try:
+                command()
+            except Exception:  # a command answers through its own future; none may take the loop down
+                log.exception("engine command failed")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
             target = self._streams.get(output.request_id)
             if target is not None:
-                loop, stream = target
-                loop.call_soon_threadsafe(stream.put_nowait, output)
+                _put(*target, output)
 
     def _fail_all(self, error: Exception) -> None:
         for loop, stream in list(self._streams.values()):
-            loop.call_soon_threadsafe(stream.put_nowait, error)
+            _put(loop, stream, error)
 
     def _publish_queue_sizes(self) -> None:
         self.num_waiting = len(self.engine.scheduler.waiting)
         self.num_running = len(self.engine.scheduler.running)
 
+
+
+def _put(loop: asyncio.AbstractEventLoop, stream: asyncio.Queue, item: object) -> None:
+    """Hand ``item`` to a listener's event loop; a loop that has closed has no listener left to tell."""
+    try:
+        loop.call_soon_threadsafe(stream.put_nowait, item)
+    except RuntimeError:
+        pass
+
+
+def _settle(future: Future, function: Callable[[], object]) -> None:
+    """Resolve ``future`` with ``function()`` or its exception, unless its caller gave up on it already."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(function())
+    except Exception as error:
+        future.set_exception(error)

@@ -1,5 +1,6 @@
 """The engine: a step is schedule, run, update. Owns all mutable engine state; not thread-safe by design."""
 
+import dataclasses
 import logging
 import time
 
@@ -18,6 +19,7 @@ from spyglass.core.plugin_manager import SafeHookRelay, create_plugin_manager
 from spyglass.core.request import FinishReason, Request
 from spyglass.core.sampling_params import InvalidRequestError, SamplingParams, StructuredOutput
 from spyglass.core.scheduler import Scheduler, SchedulerOutput
+from spyglass.core.scheduler_policy import check_policy
 from spyglass.core.step_stats import EngineInfo, StepStats
 from spyglass.core.token_constraint import TokenConstraint
 from spyglass.kernels import cpu_isa
@@ -67,7 +69,7 @@ class LLMEngine:
         policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
         if policy is None:
             raise ValueError(f"no plugin provides the scheduling policy {config.scheduling_policy!r}")
-        self.scheduler = Scheduler(config, self.kv, policy)
+        self.scheduler = Scheduler(config, self.kv, check_policy(policy, config.scheduling_policy), self.hooks.count_error)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.info = EngineInfo(
@@ -90,6 +92,10 @@ class LLMEngine:
             dtype_reason, self.backend.name, num_blocks, config.block_size,
         )
         self.hooks.spyglass_engine_started(info=self.info, config=config)
+        if config.speculative and self.hooks.spyglass_propose_drafts(
+            method=config.speculative, requests=(), num_speculative_tokens=config.num_speculative_tokens
+        ) is None:
+            raise ValueError(f"no plugin provides the draft proposer {config.speculative!r} (--speculative)")
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -184,8 +190,7 @@ class LLMEngine:
         try:
             runner_out = self.runner.execute(out, self.kv.block_tables)
         except Exception as error:
-            log.exception("model step %d failed", out.step_id)
-            return failed + self._fail_step(out, error)
+            return failed + self._isolate_failure(out, error)
         outputs = self._update(out, runner_out)
         self.hooks.spyglass_step_finished(stats=self._stats(out, runner_out, start, scheduled_time))
         return failed + outputs
@@ -231,17 +236,29 @@ class LLMEngine:
                 or {}
             )
         except Exception as error:
-            log.exception("draft proposer failed")
-            for request in candidates:
-                self._finish(request, FinishReason.ERROR, f"draft proposer failed: {type(error).__name__}: {error}")
+            # Drafts are an optimisation: without them every request simply decodes one token.
+            self.hooks.count_error(self.config.speculative, "spyglass_propose_drafts")
+            log.exception("draft proposer %r failed; decoding without drafts this step", self.config.speculative)
             return
         for request in candidates:
             room = min(k, request.max_tokens - request.num_output_tokens - 1, self.max_model_len - request.num_tokens - 1)
-            drafts = list(proposals.get(request.req_id, ()))[: max(room, 0)]
+            drafts = self._valid_drafts(proposals.get(request.req_id, ()))[: max(room, 0)]
             if request.constraint is not None:
                 # Only drafts the grammar allows are verified: the verifier masks by grammar position.
                 drafts = drafts[: request.constraint.num_valid(drafts)]
             request.spec_token_ids = drafts
+
+    def _valid_drafts(self, drafts) -> list[int]:
+        """The drafts up to the first one that is not a token id of this vocabulary (counted as a hook error)."""
+        valid = []
+        for token_id in drafts:
+            if type(token_id) is not int or not 0 <= token_id < self.arch.vocab_size:
+                self.hooks.count_error(self.config.speculative, "spyglass_propose_drafts")
+                log.warning("draft proposer %r proposed %r, not a token id; drafts cut there",
+                            self.config.speculative, token_id)
+                break
+            valid.append(token_id)
+        return valid
 
     def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
         """Roll the computed count back past rejected drafts (their KV slots are simply overwritten later)."""
@@ -293,12 +310,35 @@ class LLMEngine:
         self._finish(request, FinishReason.ERROR, error)
         return self._output(request)
 
-    def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
-        """A failed forward fails the requests it carried, not the engine."""
+    def _isolate_failure(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
+        """A failed step is rerun one request at a time, so that only the requests that fail alone fail.
+
+        Nothing was committed by the failed step (computed counts advance in `_update`), so the
+        reruns recompute the same tokens; one poisoned request thus cannot take its batch with it.
+        """
+        log.warning("model step %d failed with %d requests", out.step_id, len(out.scheduled), exc_info=error)
+        if len(out.scheduled) == 1:
+            return self._fail_step(out, error)
         outputs = []
         for scheduled in out.scheduled:
-            self._finish(scheduled.request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
-            outputs.append(self._output(scheduled.request))
+            solo = dataclasses.replace(out, scheduled=(scheduled,))
+            try:
+                runner_out = self.runner.execute(solo, self.kv.block_tables)
+            except Exception as solo_error:
+                outputs += self._fail_step(solo, solo_error)
+                continue
+            outputs += self._update(solo, runner_out)
+        return outputs
+
+    def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
+        """A failed forward fails the requests it carried, not the engine; logged once per request."""
+        outputs = []
+        for scheduled in out.scheduled:
+            request = scheduled.request
+            log.error("request %s failed in model step %d: %s: %s", request.req_id, out.step_id,
+                      type(error).__name__, error)
+            self._finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
+            outputs.append(self._output(request))
         return outputs
 
     def _output(self, request: Request) -> RequestOutput:
@@ -332,8 +372,7 @@ class LLMEngine:
             try:
                 label = policy.waiting_class(request)
             except Exception:  # only a metrics label: count it as a hook error, never fail a step for it
-                key = f"{policy.name}.waiting_class"
-                self.hooks.num_errors[key] = self.hooks.num_errors.get(key, 0) + 1
+                self.hooks.count_error(self.scheduler.policy_name, "waiting_class")
                 label = "unknown"
             classes[label] = classes.get(label, 0) + 1
         return StepStats(

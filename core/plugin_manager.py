@@ -16,7 +16,7 @@ class SafeHookRelay:
     """The plugin manager's ``hook`` relay, except that an event hook that raises is logged and counted.
 
     Decision hooks (``firstresult``) go straight through: their errors reach the caller, which
-    fails the affected request rather than the engine.
+    fails the affected request rather than the engine and counts the failure with `count_error`.
     """
 
     def __init__(self, pm: pluggy.PluginManager):
@@ -29,14 +29,18 @@ class SafeHookRelay:
             return caller
         return lambda **kwargs: self._announce(name, caller, kwargs)
 
+    def count_error(self, plugin: str, hook: str) -> None:
+        """Count one failure of ``plugin``'s ``hook`` (exported as ``spyglass:plugin_hook_errors_total``)."""
+        key = f"{plugin}.{hook}"
+        self.num_errors[key] = self.num_errors.get(key, 0) + 1
+
     def _announce(self, name: str, caller, kwargs) -> None:
         for impl in reversed(caller.get_hookimpls()):
             try:
                 impl.function(*[kwargs[arg] for arg in impl.argnames])
             except Exception:
-                key = f"{impl.plugin_name}.{name}"
-                self.num_errors[key] = self.num_errors.get(key, 0) + 1
-                log.exception("plugin hook %s raised; the engine carries on", key)
+                self.count_error(impl.plugin_name, name)
+                log.exception("plugin hook %s.%s raised; the engine carries on", impl.plugin_name, name)
 
 
 def create_plugin_manager(enabled: list[str] | None = None, disabled: list[str] | None = None) -> pluggy.PluginManager:

@@ -1,5 +1,6 @@
 """Per-request generation settings, with vLLM's names and defaults."""
 
+import math
 from dataclasses import dataclass, field
 
 STRUCTURED_OUTPUT_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
@@ -21,6 +22,10 @@ class StructuredOutput:
         if self.kind not in STRUCTURED_OUTPUT_KINDS:
             raise ValueError(f"structured output kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}")
 
+# Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): dividing logits by 1e-40 gives inf and NaN.
+GREEDY_TEMPERATURE = 1e-5
+MAX_TOP_K = (1 << 31) - 1  # the sampler builds int64 tensors of these; anything above is "the whole vocabulary"
+
 
 class InvalidRequestError(ValueError):
     """A request's parameters are out of range; the HTTP API answers it with a 400."""
@@ -32,7 +37,7 @@ class InvalidRequestError(ValueError):
 
 @dataclass(slots=True)
 class SamplingParams:
-    """How to sample one completion; ``temperature == 0`` means greedy.
+    """How to sample one completion; ``temperature`` below `GREEDY_TEMPERATURE` (0 included) means greedy.
 
     ``speculative=False`` opts this request out of speculative decoding; ``priority`` (lower runs
     first) is read by the priority scheduling policy. ``structured_output`` constrains the output
@@ -65,14 +70,15 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.top_k is None or self.top_k < 0:
+        if self.top_k is None or self.top_k == -1:
             self.top_k = 0
         self.validate()
 
     def validate(self) -> None:
         """Raise `InvalidRequestError` naming the first parameter that is out of range."""
         checks = [
-            (self.temperature >= 0, "temperature", "temperature must be >= 0"),
+            (math.isfinite(self.temperature) and self.temperature >= 0, "temperature", "temperature must be >= 0"),
+            (0 <= self.top_k <= MAX_TOP_K, "top_k", f"top_k must be -1 (off) or in [0, {MAX_TOP_K}]"),
             (0 < self.top_p <= 1, "top_p", "top_p must be in (0, 1]"),
             (0 <= self.min_p <= 1, "min_p", "min_p must be in [0, 1]"),
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "max_tokens must be at least 1"),
@@ -95,7 +101,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         """True when sampling reduces to argmax."""
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

@@ -1,11 +1,15 @@
 """Continuous batching under a token budget: which requests run this step, and how many tokens each."""
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from spyglass.core.config import EngineConfig
 from spyglass.core.kv_cache_manager import NO_MATCH, KVCacheManager
 from spyglass.core.request import FinishReason, Request, RequestStatus
 from spyglass.core.scheduler_policy import SchedulingPolicy
+
+log = logging.getLogger("spyglass.scheduler")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +53,23 @@ class Scheduler:
     Waiting requests are admitted in the policy's order while blocks, budget and seats last; a
     `PreemptingPolicy` may preempt running work for a waiting request that does not fit.
     A policy or prefix-cache plugin that raises fails the request it was deciding about (listed
-    in ``SchedulerOutput.failed``), never the engine.
+    in ``SchedulerOutput.failed``), never the engine; every such failure is counted through
+    ``count_error(plugin, hook)``. An admission order that names requests not waiting, or an
+    empty one while nothing runs (which would wait for ever), is replaced by FCFS for that step.
     """
 
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, policy: SchedulingPolicy):
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv: KVCacheManager,
+        policy: SchedulingPolicy,
+        count_error: Callable[[str, str], None] = lambda plugin, hook: None,
+    ):
         self.config = config
         self.kv = kv
         self.policy = policy
+        self.count_error = count_error
+        self._warned_order = False
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self._step_id = 0
@@ -99,9 +113,11 @@ class Scheduler:
             order = list(self.policy.admission_order(self.waiting, self.running))
         except Exception as error:
             # Without an order nobody waiting can be admitted; fail them rather than spin forever.
+            message = self._policy_error("admission_order", error)
             for request in list(self.waiting):
-                self._fail(request, self._policy_error("admission_order", error))
+                self._fail(request, message)
             return
+        order = self._checked_order(order)
         newcomers: list[Request] = []
         for request in order:
             budget = self.config.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
@@ -122,6 +138,26 @@ class Scheduler:
             scheduled.append(ScheduledRequest(request, num_new))
             (resumed if request.num_preemptions else admitted).append(request)
             newcomers.append(request)
+
+    def _checked_order(self, order: list) -> list[Request]:
+        """The policy's order, or FCFS when it names strangers or leaves everyone waiting with nothing running."""
+        waiting_ids = {id(r) for r in self.waiting}
+        invalid = any(id(r) not in waiting_ids for r in order) or len({id(r) for r in order}) < len(order)
+        stalled = not order and self.waiting and not self.running
+        if not (invalid or stalled):
+            return order
+        self.count_error(self.policy_name, "admission_order")
+        problem = "named requests that are not waiting" if invalid else "was empty while nothing runs"
+        (log.debug if self._warned_order else log.warning)(
+            "scheduling policy %r: admission_order %s; admitting in arrival order this step", self.policy_name, problem
+        )
+        self._warned_order = True
+        return list(self.waiting)
+
+    @property
+    def policy_name(self) -> str:
+        """The policy's name, for messages and error counts."""
+        return str(getattr(self.policy, "name", type(self.policy).__name__))
 
     def _make_room(self, request: Request, num_new: int, scheduled, preempted: list[Request]) -> bool:
         """Allocate for a running request, preempting victims until it fits; False if it was preempted itself."""
@@ -173,6 +209,7 @@ class Scheduler:
             try:
                 prefix = self.kv.match_prefix(request)
             except Exception as error:
+                self.count_error("prefix_cache", "spyglass_match_prefix")
                 self._fail(request, f"the prefix cache lookup (spyglass_match_prefix) failed: {_describe(error)}")
                 return 0
         num_cached = prefix.num_tokens
@@ -188,8 +225,8 @@ class Scheduler:
         return num_new
 
     def _policy_error(self, method: str, error: Exception) -> str:
-        name = getattr(self.policy, "name", type(self.policy).__name__)
-        return f"scheduling policy {name!r} failed in {method}: {_describe(error)}"
+        self.count_error(self.policy_name, method)
+        return f"scheduling policy {self.policy_name!r} failed in {method}: {_describe(error)}"
 
     def _fail(self, request: Request, message: str) -> None:
         """Take a request a decision failed on out of the queues; the engine finishes it with an error."""

@@ -53,6 +53,27 @@ class PreemptingPolicy(SchedulingPolicy, Protocol):
         ...
 
 
+def check_policy(policy: object, requested: str) -> SchedulingPolicy:
+    """``policy`` if it fulfils `SchedulingPolicy` (a string ``name`` and the three methods); TypeError otherwise.
+
+    Run when the engine starts, so a broken policy fails the start rather than every request.
+    """
+    problems = [
+        f"no {member}() method" for member in ("admission_order", "choose_victim", "waiting_class")
+        if not callable(getattr(policy, member, None))
+    ]
+    if not isinstance(getattr(policy, "name", None), str):
+        problems.insert(0, "no str name")
+    if isinstance(policy, type):
+        problems.insert(0, "a class where an instance is expected")
+    if problems:
+        raise TypeError(
+            f"the plugin providing the scheduling policy {requested!r} returned {policy!r}, which does not fulfil "
+            f"the SchedulingPolicy protocol: {'; '.join(problems)}"
+        )
+    return policy  # type: ignore[return-value]
+
+
 def tenant_of(request: Request) -> str:
     """The tenant a request belongs to: ``attributes["tenant"]``, else ``attributes["user"]``, else "default".
 

@@ -4,10 +4,11 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
+from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
@@ -25,15 +26,23 @@ from spyglass.core.engine import LLMEngine
 log = logging.getLogger("spyglass.api")
 
 
-def create_app(engine_config: EngineConfig, server_options: ServerOptions | None = None) -> Litestar:
-    """An app that loads the engine on start-up, serves the OpenAI API, and stops the engine on shutdown."""
+def create_app(
+    engine_config: EngineConfig,
+    server_options: ServerOptions | None = None,
+    on_engine_crash: Callable[[BaseException], None] | None = None,
+) -> Litestar:
+    """An app that loads the engine on start-up, serves the OpenAI API, and stops the engine on shutdown.
+
+    ``on_engine_crash`` is called if the engine loop itself fails: the server must then exit
+    (non-zero, for a supervisor to restart it) rather than answer 503 for ever.
+    """
     options = server_options or ServerOptions()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         start = time.perf_counter()
         engine = await asyncio.to_thread(LLMEngine, engine_config)
-        async_engine = AsyncEngine(engine)
+        async_engine = AsyncEngine(engine, on_engine_crash)
         async_engine.start()
         app.state.serving = ServingContext(async_engine, options, engine_config.model)
         log.info(
@@ -53,20 +62,23 @@ def create_app(engine_config: EngineConfig, server_options: ServerOptions | None
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],
         request_max_body_size=options.max_body_bytes,
+        cors_config=CORSConfig(allow_origins=options.allowed_origins) if options.allowed_origins else None,
         openapi_config=OpenAPIConfig(title="Spyglass", version=spyglass.__version__),
         debug=False,
     )
 
 
-def begin_shutdown(app: Litestar, timeout: float) -> None:
+def begin_shutdown(app: Litestar, timeout: float) -> threading.Thread | None:
     """Stop admitting requests (503) and let the engine finish or abort in-flight ones within ``timeout``.
 
-    Returns at once; the engine drains in a background thread while the HTTP server lets open
-    responses complete.
+    Returns at once with the thread the engine drains in (None if there is no engine or it already
+    drains), while the HTTP server keeps listening and lets open responses complete.
     """
     serving: ServingContext | None = getattr(app.state, "serving", None)
     if serving is None or serving.draining:
-        return
+        return None
     serving.draining = True
     log.info("shutting down: finishing in-flight requests for up to %.0f s", timeout)
-    threading.Thread(target=serving.async_engine.stop, args=(timeout,), name="spyglass-drain", daemon=True).start()
+    thread = threading.Thread(target=serving.async_engine.stop, args=(timeout,), name="spyglass-drain", daemon=True)
+    thread.start()
+    return thread

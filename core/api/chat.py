@@ -1,5 +1,6 @@
 """``POST /v1/chat/completions``: the model's chat template over the messages, streamed or not."""
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -19,7 +20,8 @@ from spyglass.core.api.convert import (
     sampling_params,
 )
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.generation import RequestGroup, fan_out
+from spyglass.core.api.generation import RequestGroup, fan_out, unless_disconnected
+from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -31,6 +33,7 @@ from spyglass.core.api.schemas import (
     ChatMessage,
 )
 from spyglass.core.api.streaming import event_stream
+from spyglass.core.api.validation import json_body_guard
 from spyglass.core.tokenizer import Tokenizer
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -42,43 +45,44 @@ def render_messages(messages: list[ChatMessage], tokenizer: Tokenizer) -> tuple[
         raise APIError(400, "messages must not be empty", "messages")
     plain = []
     for message in messages:
-        role = _ROLES.get(message.role)
-        if role is None:
-            raise APIError(400, f"unsupported message role {message.role!r}", "messages")
+        # Roles and part types are checked by the schema; developer messages are system messages here.
         content = message.content
         if isinstance(content, list):
-            if any(part.type != "text" or part.text is None for part in content):
-                raise APIError(400, "only text content parts are supported", "messages")
             content = "\n".join(part.text for part in content)
-        plain.append({"role": role, "content": content or ""})
+        plain.append({"role": _ROLES[message.role], "content": content or ""})
     try:
         return plain, tokenizer.apply_chat_template(plain, add_generation_prompt=True)
     except (ValueError, jinja2.TemplateError) as error:
         raise APIError(400, f"cannot apply the chat template: {error}", "messages") from error
 
 
-@post("/v1/chat/completions", summary="Create a chat completion", tags=["openai"], status_code=200)
+@post(
+    "/v1/chat/completions", summary="Create a chat completion", tags=["openai"], status_code=200,
+    guards=[json_body_guard], opt={"body": ChatCompletionRequest},
+)
 async def create_chat_completion(
     data: JSONBody[ChatCompletionRequest], request: Request, serving: NamedDependency[ServingContext]
 ) -> Response:
     """OpenAI's chat completions endpoint; ``stream=true`` answers with server-sent events."""
     serving.check_model(data.model)
     serving.admit()
-    messages, prompt = render_messages(data.messages, serving.tokenizer)
     max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
     if data.top_logprobs is not None and not data.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     params = sampling_params(data, max_tokens, (data.top_logprobs or 0) if data.logprobs else None)
     response_id = new_id("chatcmpl")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
-    attributes["messages"] = messages
-    specs = fan_out([(serving.tokenizer.encode(prompt), prompt)], params)
-    group = RequestGroup(serving.async_engine, response_id, specs, attributes)
-    await group.start()
+    with serving.queue_slots(data.n):
+        # Rendering and tokenizing a large conversation take a while: off the event loop, like tokenizing.
+        messages, prompt = await asyncio.to_thread(render_messages, data.messages, serving.tokenizer)
+        attributes["messages"] = messages
+        specs = fan_out([(await encode_text(serving, prompt, "messages"), prompt)], params)
+        group = RequestGroup(serving.async_engine, response_id, specs, attributes)
+        await unless_disconnected(request, group.start())
     writer = _ChatWriter(serving, data, response_id)
     if data.stream:
         return event_stream(writer.chunks(group))
-    return Response(await writer.collect(group))
+    return Response(await unless_disconnected(request, writer.collect(group)))
 
 
 class _ChatWriter:

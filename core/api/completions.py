@@ -18,38 +18,19 @@ from spyglass.core.api.convert import (
     sampling_params,
 )
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.generation import RequestGroup, fan_out
+from spyglass.core.api.generation import RequestGroup, fan_out, unless_disconnected
+from spyglass.core.api.prompts import count_prompts, parse_prompts
 from spyglass.core.api.schemas import CompletionChoice, CompletionRequest, CompletionResponse
 from spyglass.core.api.streaming import event_stream
-from spyglass.core.tokenizer import Tokenizer
+from spyglass.core.api.validation import json_body_guard
 
 DEFAULT_MAX_TOKENS = 16
 
 
-def parse_prompts(prompt, tokenizer: Tokenizer) -> list[tuple[list[int], str]]:
-    """``(token_ids, text)`` for each prompt: a string, a token list, or a non-empty list of either."""
-    if isinstance(prompt, str) or _is_token_list(prompt):
-        prompt = [prompt]
-    if not prompt:
-        raise APIError(400, "prompt must not be empty", "prompt")
-    prompts = []
-    for item in prompt:
-        if isinstance(item, str):
-            if not item:
-                raise APIError(400, "prompt must not be empty", "prompt")
-            prompts.append((tokenizer.encode(item), item))
-        elif _is_token_list(item):
-            prompts.append((list(item), tokenizer.decode(item, skip_special_tokens=False)))
-        else:
-            raise APIError(400, "prompt must be a string, a list of token ids, or a list of either", "prompt")
-    return prompts
-
-
-def _is_token_list(value) -> bool:
-    return isinstance(value, list) and bool(value) and all(type(v) is int and v >= 0 for v in value)
-
-
-@post("/v1/completions", summary="Create a completion", tags=["openai"], status_code=200)
+@post(
+    "/v1/completions", summary="Create a completion", tags=["openai"], status_code=200,
+    guards=[json_body_guard], opt={"body": CompletionRequest},
+)
 async def create_completion(
     data: JSONBody[CompletionRequest], request: Request, serving: NamedDependency[ServingContext]
 ) -> Response:
@@ -58,17 +39,18 @@ async def create_completion(
     serving.admit()
     if data.echo and data.logprobs is not None:
         raise APIError(400, "echo together with logprobs is not supported", "echo")
-    prompts = parse_prompts(data.prompt, serving.tokenizer)
     max_tokens = DEFAULT_MAX_TOKENS if data.max_tokens is None else data.max_tokens
     params = sampling_params(data, max_tokens, data.logprobs)
     response_id = new_id("cmpl")
     attributes = request_attributes(data, "text_completion", response_id, serving.model_name, request.headers)
-    group = RequestGroup(serving.async_engine, response_id, fan_out(prompts, params), attributes)
-    await group.start()
+    with serving.queue_slots(count_prompts(data.prompt) * data.n):
+        prompts = await parse_prompts(serving, data.prompt)
+        group = RequestGroup(serving.async_engine, response_id, fan_out(prompts, params), attributes)
+        await unless_disconnected(request, group.start())
     writer = _CompletionWriter(serving, data, response_id, [text for _, text in prompts])
     if data.stream:
         return event_stream(writer.chunks(group))
-    return Response(await writer.collect(group))
+    return Response(await unless_disconnected(request, writer.collect(group)))
 
 
 class _CompletionWriter:

@@ -3,6 +3,8 @@
 import asyncio
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
@@ -24,8 +26,12 @@ class ServingContext:
         self.model_name = options.served_model_name or engine.model_name
         self.model_aliases = {self.model_name, engine.model_name} | ({model_path} if model_path else set())
         self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.arch.vocab_size
+        # No text longer than this can fit the context: each token covers at most the longest token's bytes.
+        self.max_prompt_bytes = engine.max_model_len * _longest_token_bytes(engine.tokenizer)
         self.created = int(time.time())
         self.draining = False
+        self.num_queued = 0
 
     def check_model(self, model: str | None) -> None:
         """Raise a 404 unless ``model`` is omitted or names the served model."""
@@ -34,16 +40,29 @@ class ServingContext:
                            "model", "model_not_found")
 
     def admit(self) -> None:
-        """Refuse new work while shutting down (503) or while the waiting queue is full (429)."""
+        """Refuse new work while shutting down or after the engine stopped (503)."""
         if self.draining or not self.async_engine.is_alive:
             raise APIError(503, "the server is shutting down or its engine has stopped", code="engine_unavailable")
-        if self.async_engine.num_waiting >= self.options.max_queued_requests:
-            raise APIError(
-                429,
-                f"too many queued requests ({self.async_engine.num_waiting}); retry later",
-                code="queue_full",
-                headers={"Retry-After": "1"},
-            )
+
+    @contextmanager
+    def queue_slots(self, num_requests: int) -> Iterator[None]:
+        """Hold ``num_requests`` places of the queue (until the call's requests have started); 429 when full.
+
+        Every engine request counts, so one call with many prompts or a large ``n`` weighs what it costs.
+        """
+        limit = self.options.max_queued_requests
+        if num_requests > limit:
+            raise APIError(400, f"this call makes {num_requests} engine requests (prompts x n); the limit is {limit}",
+                           "n")
+        queued = max(self.num_queued, self.async_engine.num_waiting)
+        if queued + num_requests > limit:
+            raise APIError(429, f"too many queued requests ({queued} of {limit}); retry later", code="queue_full",
+                           headers={"Retry-After": "1"})
+        self.num_queued += num_requests
+        try:
+            yield
+        finally:
+            self.num_queued -= num_requests
 
     async def engine_call(self, function, timeout: float = 10.0):
         """Run ``function(engine)`` in the engine thread and await its result; 503 if the loop is gone."""
@@ -53,6 +72,10 @@ class ServingContext:
             return await asyncio.wait_for(asyncio.wrap_future(self.async_engine.call(function)), timeout)
         except TimeoutError:
             raise APIError(503, "the engine did not answer in time", code="engine_unavailable") from None
+
+
+def _longest_token_bytes(tokenizer) -> int:
+    return max(len(token.encode()) for token in tokenizer.backend.get_vocab(with_added_tokens=True))
 
 
 def provide_serving(state: State) -> ServingContext:

@@ -10,16 +10,17 @@ from spyglass.core.api.schemas import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
+    JsonObjectResponseFormat,
+    JsonSchemaResponseFormat,
     PromptTokensDetails,
     SamplingFields,
     TopLogprob,
     Usage,
 )
 from spyglass.core.outputs import CompletionOutput, Logprob, RequestOutput
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.sampling_params import SamplingParams, StructuredOutput
 from spyglass.core.tokenizer import Tokenizer
 
-MAX_N = 128
 _SEED_LIMIT = 1 << 63
 
 
@@ -29,9 +30,10 @@ def new_id(prefix: str) -> str:
 
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    """Engine `SamplingParams` from the shared request fields; raises `InvalidRequestError` when out of range."""
-    if not 1 <= body.n <= MAX_N:
-        raise APIError(400, f"n must be between 1 and {MAX_N}", "n")
+    """Engine `SamplingParams` from the shared request fields (ranges already checked by the schema).
+
+    Raises `InvalidRequestError` for what the schema cannot express.
+    """
     if body.seed is not None and not -_SEED_LIMIT <= body.seed < _SEED_LIMIT - body.n:
         raise APIError(400, "seed must fit in a signed 64-bit integer", "seed")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -50,8 +52,37 @@ def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int 
         logprobs=logprobs,
         n=body.n,
         priority=body.priority,
+        structured_output=structured_output(body),
+        logit_bias=_logit_bias(body.logit_bias),
         extra={} if body.ttft_slo_s is None else {"ttft_slo_s": body.ttft_slo_s},
     )
+
+
+def structured_output(body: SamplingFields) -> StructuredOutput | None:
+    """The one output constraint the body asks for (``response_format`` or a vLLM ``guided_*`` field), if any."""
+    asked = []
+    if isinstance(body.response_format, JsonSchemaResponseFormat):
+        asked.append(("response_format", StructuredOutput("json_schema", body.response_format.json_schema.schema_)))
+    elif isinstance(body.response_format, JsonObjectResponseFormat):
+        asked.append(("response_format", StructuredOutput("json_object")))
+    extras = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+    for field, kind in extras.items():
+        value = getattr(body, field)
+        if value is not None:
+            asked.append((field, StructuredOutput(kind, value)))
+    if len(asked) > 1:
+        raise APIError(400, f"only one output constraint per request, got {', '.join(f for f, _ in asked)}", asked[1][0])
+    return asked[0][1] if asked else None
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys) with integer keys."""
+    if not bias:
+        return None
+    try:
+        return {int(token): value for token, value in bias.items()}
+    except ValueError:
+        raise APIError(400, "logit_bias keys must be token ids (integers as strings)", "logit_bias") from None
 
 
 def request_attributes(body: SamplingFields, operation: str, response_id: str, model_name: str, headers) -> dict:

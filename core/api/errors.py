@@ -4,10 +4,9 @@ Every failure the API can meet ends here, so bad input never becomes a bare 500 
 """
 
 import logging
-
-from litestar import Request, Response
 import re
 
+from litestar import Request, Response
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 
 from spyglass.core.async_engine import EngineDeadError
@@ -22,6 +21,7 @@ _TYPES = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
@@ -95,6 +95,10 @@ def _http(_: Request, exc: HTTPException) -> Response:
     return _respond(exc.status_code, str(message), headers=headers or None)
 
 
+def _too_deep(_: Request, exc: RecursionError) -> Response:
+    return _respond(400, "the request body is nested too deeply")
+
+
 def _internal(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error serving %s %s", request.method, request.url.path)
     return _respond(500, f"internal error: {type(exc).__name__}")
@@ -106,5 +110,6 @@ EXCEPTION_HANDLERS: dict = {
     EngineDeadError: _engine_dead,
     ValidationException: _validation,
     HTTPException: _http,
+    RecursionError: _too_deep,
     Exception: _internal,
 }

@@ -8,8 +8,12 @@ a proper 400 instead of a broken stream.
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
+from litestar import Request
+
+from spyglass.core.api.errors import APIError
 from spyglass.core.async_engine import AsyncEngine
 from spyglass.core.outputs import RequestOutput
 from spyglass.core.sampling_params import SamplingParams
@@ -48,7 +52,11 @@ class RequestGroup:
 
     async def start(self) -> None:
         """Submit every request and wait for each one's first output; raises what the engine raised."""
-        results = await asyncio.gather(*(anext(s) for s in self._streams), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(anext(s) for s in self._streams), return_exceptions=True)
+        except asyncio.CancelledError:
+            await self.aclose()
+            raise
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             await self.aclose()
@@ -89,3 +97,31 @@ class RequestGroup:
         await asyncio.gather(*pending, return_exceptions=True)
         for stream in self._streams:
             await stream.aclose()
+
+
+T = TypeVar("T")
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone: after the body, the next ASGI message is ``http.disconnect``."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it (which aborts its engine requests) as soon as the client disconnects.
+
+    Streams get this from Litestar; a non-streamed call would otherwise compute on for nobody.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled():
+        raise APIError(499, "the client closed the connection", code="client_disconnected")
+    return task.result()

@@ -17,9 +17,17 @@ async def list_models(serving: NamedDependency[ServingContext]) -> ModelList:
 
 @get("/health", summary="Liveness", opt={"public": True}, media_type=MediaType.JSON)
 async def health(serving: NamedDependency[ServingContext]) -> Response:
-    """200 while the engine loop runs and the server admits requests, 503 otherwise."""
-    alive = serving.async_engine.is_alive and not serving.draining
-    return Response({"status": "ok" if alive else "unavailable"}, status_code=200 if alive else 503)
+    """200 while the engine loop runs (draining included: the process is fine), 503 once it stopped."""
+    if not serving.async_engine.is_running:
+        return Response({"status": "unavailable"}, status_code=503)
+    return Response({"status": "draining" if serving.draining else "ok"}, status_code=200)
+
+
+@get("/ready", summary="Readiness", opt={"public": True}, media_type=MediaType.JSON)
+async def ready(serving: NamedDependency[ServingContext]) -> Response:
+    """200 while the model is loaded and new requests are admitted; 503 while draining or stopped."""
+    admitting = serving.async_engine.is_alive and not serving.draining
+    return Response({"status": "ready" if admitting else "unavailable"}, status_code=200 if admitting else 503)
 
 
 @get("/version", summary="Spyglass version", opt={"public": True})
@@ -53,4 +61,4 @@ async def debug_kv(serving: NamedDependency[ServingContext]) -> dict:
     return await serving.engine_call(_kv_stats)
 
 
-ROUTES = [list_models, health, version, metrics, debug_kv]
+ROUTES = [list_models, health, ready, version, metrics, debug_kv]

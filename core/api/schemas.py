@@ -1,12 +1,26 @@
 """Request and response bodies of the OpenAI-compatible API, as msgspec Structs.
 
 Requests keep OpenAI's field names and defaults; anything the client sends that we do not know
-is ignored, as OpenAI clients add fields over time. Responses follow vLLM's shapes.
+is ignored, as OpenAI clients add fields over time, except the fields listed in `UNSUPPORTED`,
+which would change the answer and so admit only their neutral values until implemented. Numeric ranges follow vLLM's
+limits and are part of the published OpenAPI schema. Responses follow vLLM's shapes.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
+
+MAX_N = 128
+MAX_STOP = 16  # stop sequences per request
+MAX_LOGPROBS = 20
+INT32 = (1 << 31) - 1
+INT64 = (1 << 63) - 1
+
+PositiveInt = Annotated[int, Meta(ge=1, le=INT32)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+NumLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
+StopText = Annotated[str, Meta(max_length=1024)]
 
 
 class StreamOptions(msgspec.Struct):
@@ -15,48 +29,90 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
+class TextResponseFormat(msgspec.Struct, tag_field="type", tag="text"):
+    """``response_format: {"type": "text"}``: no constraint."""
+
+
+class JsonObjectResponseFormat(msgspec.Struct, tag_field="type", tag="json_object"):
+    """``response_format: {"type": "json_object"}``: any JSON object."""
+
+
+class JsonSchemaSpec(msgspec.Struct, kw_only=True):
+    """``response_format.json_schema``: OpenAI's named schema (output is always held to it, strict or not)."""
+
+    name: Annotated[str, Meta(max_length=64)] = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = msgspec.field(name="schema", default_factory=dict)
+    strict: bool | None = None
+
+
+class JsonSchemaResponseFormat(msgspec.Struct, tag_field="type", tag="json_schema"):
+    """``response_format: {"type": "json_schema", "json_schema": {...}}``."""
+
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = TextResponseFormat | JsonObjectResponseFormat | JsonSchemaResponseFormat
+LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
+
+
 class SamplingFields(msgspec.Struct, kw_only=True):
     """Sampling settings shared by completions and chat; vLLM's extras included."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    n: int = 1
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=100.0)] = 1.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Meta(ge=-1, le=INT32)] = 0
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    n: Annotated[int, Meta(ge=1, le=MAX_N)] = 1
+    stop: StopText | Annotated[list[StopText], Meta(max_length=MAX_STOP)] | None = None
+    seed: Annotated[int, Meta(ge=-INT64 - 1, le=INT64)] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=100.0)] = 1.0
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    priority: int = 0
-    ttft_slo_s: float | None = None  # time-to-first-token target, read by the slo scheduling policy
-
+    priority: Annotated[int, Meta(ge=-INT32 - 1, le=INT32)] = 0
+    # Time-to-first-token target, read by the slo scheduling policy.
+    ttft_slo_s: Annotated[float, Meta(gt=0.0, le=86400.0)] | None = None
+    response_format: ResponseFormat | None = None
+    logit_bias: LogitBias | None = None
+    # vLLM's structured-output extras; at most one constraint per request, response_format included.
+    guided_json: dict[str, Any] | None = None
+    guided_regex: Annotated[str, Meta(max_length=4096)] | None = None
+    guided_choice: Annotated[list[str], Meta(min_length=1, max_length=1024)] | None = None
+    guided_grammar: Annotated[str, Meta(max_length=65536)] | None = None
+    # Not implemented: the schema admits only their absent or neutral values, so anything else is a 400.
+    tools: Annotated[list[Any], Meta(max_length=0)] | None = None
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: None = None
+    functions: Annotated[list[Any], Meta(max_length=0)] | None = None
+    function_call: Literal["none"] | None = None
 
 class CompletionRequest(SamplingFields, kw_only=True):
     """``POST /v1/completions``: ``prompt`` is a string, a token list, or a list of either."""
 
     prompt: str | list[Any]
-    logprobs: int | None = None
+    logprobs: NumLogprobs | None = None
     echo: bool = False
+    best_of: Literal[1] | None = None  # not implemented beyond its neutral value
+    suffix: Literal[""] | None = None
 
 
 class TextPart(msgspec.Struct):
     """One part of a message's content list; only ``{"type": "text", "text": ...}`` is supported."""
 
-    type: str
-    text: str | None = None
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(msgspec.Struct):
     """One conversation turn."""
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
 
@@ -65,9 +121,15 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: NumLogprobs | None = None
+
+
+# Fields that would change the answer and are not implemented: only their neutral values are accepted.
+UNSUPPORTED = frozenset(
+    {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "best_of", "suffix"}
+)
 
 
 # -- responses ------------------------------------------------------------------------------------

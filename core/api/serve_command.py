@@ -29,6 +29,8 @@ def add_parser(subparsers, argv) -> None:
                        help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     group.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
     group.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
+    group.add_argument("--allowed-origins", default="",
+                       help="comma-separated origins allowed by CORS, or * (default: CORS off)")
     add_engine_arguments(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(run=run)
@@ -50,5 +52,6 @@ def run(args) -> int:
         max_queued_requests=args.max_queued_requests,
         shutdown_timeout=args.shutdown_timeout,
         served_model_name=args.served_model_name,
+        allowed_origins=[origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()],
     )
     return serve(args, options)

@@ -1,14 +1,16 @@
 """The HTTP-side settings of ``spyglass serve``, importable without the HTTP stack or the engine."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
 class ServerOptions:
     """HTTP-side settings of ``spyglass serve``.
 
-    ``api_key`` None means the API is open. ``max_queued_requests`` bounds the engine's waiting
-    queue before new requests get a 429. ``served_model_name`` None means the engine's model name.
+    ``api_key`` None means the API is open. ``max_queued_requests`` bounds the engine requests
+    (prompts x ``n`` of every call) that wait for their first token before new calls get a 429.
+    ``served_model_name`` None means the engine's model name. ``allowed_origins`` enables CORS for
+    those origins (``*`` for any); empty means no CORS headers at all.
     """
 
     host: str = "127.0.0.1"
@@ -19,3 +21,4 @@ class ServerOptions:
     max_queued_requests: int = 1024
     shutdown_timeout: float = 30.0
     served_model_name: str | None = None
+    allowed_origins: list[str] = field(default_factory=list)

@@ -7,6 +7,7 @@ from spyglass.core.cli import add_subcommands
 BENCHMARKS = {
     "throughput": ("spyglass.core.bench.throughput", "offline throughput on W1 / W3"),
     "serve": ("spyglass.core.bench.serve", "online serving latency and throughput against a running server"),
+    "soak": ("spyglass.core.bench.soak", "many requests with random client disconnects against a running server"),
     "latency": ("spyglass.core.bench.latency", "batch-1 decode latency, with and without speculation"),
     "policies": ("spyglass.core.bench.policies", "mixed interactive + batch workload under each scheduling policy"),
     "prefix-cache": ("spyglass.core.bench.prefix_cache", "shared system prompt: TTFT with and without the prefix cache"),

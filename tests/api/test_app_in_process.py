@@ -1,6 +1,7 @@
 """The app in-process (Litestar's TestClient): failure paths that a subprocess cannot easily provoke."""
 
 import json
+import threading
 
 import pytest
 from litestar.testing import TestClient
@@ -53,9 +54,59 @@ def test_draining_server_refuses_work_with_503(client):
     serving = client.app.state.serving
     serving.draining = True
     try:
-        assert client.get("/health").status_code == 503
+        assert client.get("/ready").status_code == 503
+        health = client.get("/health")  # liveness: the process is fine while it drains
+        assert health.status_code == 200 and health.json()["status"] == "draining"
         response = client.post("/v1/completions", json={"prompt": "hi"})
         assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
     finally:
         serving.draining = False
+    assert client.get("/health").status_code == 200 and client.get("/ready").status_code == 200
+
+
+def test_a_command_whose_caller_gave_up_does_not_kill_the_loop(client):
+    # What `GET /debug/kv` did during a long prefill: time out, cancel its future, and later the
+    # loop ran the command and crashed setting a result on the cancelled future.
+    async_engine = client.app.state.serving.async_engine
+    gate = threading.Event()
+    busy = async_engine.call(lambda engine: gate.wait(30))  # holds the loop between steps
+    abandoned = async_engine.call(lambda engine: engine.kv.pool.num_blocks)
+    assert abandoned.cancel()
+    gate.set()
+    assert busy.result(30) is True
+    assert async_engine.call(lambda engine: "still here").result(30) == "still here"
     assert client.get("/health").status_code == 200
+    assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_too_long_text_is_refused_before_tokenizing(client):
+    serving = client.app.state.serving
+    response = client.post("/v1/completions", json={"prompt": "a" * (serving.max_prompt_bytes + 1)})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "prompt" and "too long" in response.json()["error"]["message"]
+
+
+def test_a_crashed_engine_loop_is_reported_for_the_process_to_exit(tiny_llama_dir, monkeypatch, wait_for):
+    crashes = []
+    config = EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1)
+    app = create_app(config, ServerOptions(shutdown_timeout=1), on_engine_crash=crashes.append)
+    with TestClient(app) as client:
+        engine = client.app.state.serving.async_engine.engine
+        monkeypatch.setattr(engine, "step", lambda: 1 / 0)  # a bug in the loop itself, not in one request
+        response = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unavailable"
+        assert [type(error) for error in crashes] == [ZeroDivisionError]
+        wait_for(lambda: client.get("/health").status_code == 503)
+
+
+def test_cors_is_off_unless_origins_are_allowed(client, tiny_llama_dir):
+    preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+    assert "access-control-allow-origin" not in client.options("/v1/completions", headers=preflight).headers
+    config = EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1)
+    options = ServerOptions(allowed_origins=["https://app.example"], shutdown_timeout=1)
+    with TestClient(create_app(config, options)) as cors_client:
+        allowed = {**preflight, "Origin": "https://app.example"}
+        response = cors_client.options("/v1/completions", headers=allowed)
+        assert response.headers["access-control-allow-origin"] == "https://app.example"
+        refused = cors_client.options("/v1/completions", headers=preflight)
+        assert "access-control-allow-origin" not in refused.headers

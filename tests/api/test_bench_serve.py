@@ -28,3 +28,16 @@ def test_bench_serve_with_a_rate(tiny_server):
     finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "Successful requests:                    3" in finished.stdout
+
+
+def test_bench_soak_loses_nothing_and_leaks_no_blocks(tiny_server, tmp_path):
+    out = tmp_path / "soak.json"
+    command = [sys.executable, "-m", "spyglass.core.cli", "bench", "soak", "--base-url", tiny_server.base_url,
+               "--num-requests", "60", "--disconnect-share", "0.3", "--concurrency", "6", "--max-tokens", "24",
+               "--json", str(out)]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    report = json.loads(out.read_text())
+    assert report["lost"] == 0 and report["errors"] == {}
+    assert report["completed"] + report["aborted"] == 60 and report["aborted"] > 0
+    assert report["kv_blocks_in_use"] == 0 and report["rss_end_mib"] > 0

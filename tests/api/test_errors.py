@@ -38,7 +38,7 @@ BAD_INPUTS = [
     (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages"),
     (CHAT, {"messages": USER, "model": "nope"}, 404, "model"),
-    (CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, "max_tokens"),
+    (CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
     (CHAT, {"messages": USER, "temperature": -1, "stream": True}, 400, "temperature"),
     (CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs"),
     (CHAT, {"messages": USER, "max_tokens": 10**6}, 400, "max_tokens"),

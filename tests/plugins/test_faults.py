@@ -1,4 +1,6 @@
-"""A faulty plugin costs at most the requests it was deciding about, never the engine."""
+"""A faulty plugin or a poisoned request costs at most the requests concerned, never the engine."""
+
+import pytest
 
 from spyglass.core.hookspecs import hookimpl
 from spyglass.core.sampling_params import SamplingParams
@@ -112,6 +114,7 @@ def test_admission_order_error_fails_the_waiting_requests_only(make_engine, driv
     assert outputs[running.req_id].outputs[0].finish_reason == "length"
     assert poisoned.finish_reason.value == "error"
     assert "scheduling policy 'faulty' failed in admission_order: ValueError: bad ordering" == poisoned.error
+    assert engine.hooks.num_errors["faulty.admission_order"] == 1  # exported as plugin_hook_errors_total
 
 
 class FaultyVictim(FcfsPolicy):
@@ -149,3 +152,96 @@ def test_should_preempt_for_error_fails_the_waiting_request(make_engine, driver)
     outputs = driver.drain(engine)
     assert outputs[low.req_id].outputs[0].finish_reason == "length"
     assert high.finish_reason.value == "error" and "should_preempt_for" in high.error
+
+
+def test_a_poisoned_request_fails_alone_and_its_batch_is_unchanged(make_engine, driver):
+    prompts = [[20 + i] * 6 for i in range(3)]
+
+    def run(poison: bool) -> dict[str, list[int]]:
+        engine = make_engine(plugins=["fcfs"])
+        healthy = [driver.add(engine, prompt, greedy(6)) for prompt in prompts]
+        if poison:
+            # A request whose parameters slipped past validation: the sampler overflows on it.
+            sampled = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=0)
+            poisoned = driver.add(engine, [POISON] * 6, sampled)
+            poisoned.sampling_params.top_k = 2**63
+        outputs = driver.drain(engine)
+        if poison:
+            assert poisoned.finish_reason.value == "error" and "Overflow" in poisoned.error
+        assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
+        return [outputs[r.req_id].outputs[0].token_ids for r in healthy]
+
+    assert run(poison=True) == run(poison=False)
+
+
+class EmptyOrder(FcfsPolicy):
+    name = "faulty"
+
+    def admission_order(self, waiting, running):
+        return []
+
+
+class StrangerOrder(FcfsPolicy):
+    name = "faulty"
+
+    def admission_order(self, waiting, running):
+        return ["not a request", *waiting]
+
+
+@pytest.mark.parametrize("policy", [EmptyOrder(), StrangerOrder()], ids=["empty", "stranger"])
+def test_an_unusable_admission_order_falls_back_to_fcfs(make_engine, driver, policy, caplog):
+    engine = make_engine(plugins=[], extra=[PolicyPlugin(policy)], scheduling_policy="faulty")
+    requests = [driver.add(engine, [20 + i] * 6, greedy()) for i in range(2)]
+    outputs = driver.drain(engine, max_steps=50)  # before, an empty order waited for ever
+    assert all(outputs[r.req_id].outputs[0].finish_reason == "length" for r in requests)
+    assert engine.hooks.num_errors["faulty.admission_order"] >= 1
+    assert "admitting in arrival order" in caplog.text
+
+
+class Nameless:
+    def admission_order(self, waiting, running):
+        return waiting
+
+    def choose_victim(self, candidates, needy):
+        return candidates[-1]
+
+    def waiting_class(self, request):
+        raise RuntimeError("no label")
+
+
+@pytest.mark.parametrize("policy", [Nameless(), "fcfs", FcfsPolicy], ids=["nameless", "a-string", "a-class"])
+def test_a_policy_that_breaks_the_protocol_fails_the_start(make_engine, policy):
+    with pytest.raises(TypeError, match="SchedulingPolicy protocol"):
+        make_engine(plugins=[], extra=[PolicyPlugin(policy)], scheduling_policy="faulty")
+
+
+class Proposer:
+    """Drafts ``drafts`` for every request, or raises when ``drafts`` is an exception."""
+
+    def __init__(self, drafts):
+        self.drafts = drafts
+
+    @hookimpl
+    def spyglass_propose_drafts(self, method, requests, num_speculative_tokens):
+        if isinstance(self.drafts, Exception) and requests:
+            raise self.drafts
+        return {r.req_id: self.drafts for r in requests}
+
+
+@pytest.mark.parametrize("drafts", [[5, 10**9, 6], [5, -1], ["x"], RuntimeError("drafter down")],
+                         ids=["out-of-vocab", "negative", "not-an-int", "raises"])
+def test_a_bad_proposer_costs_speculation_not_requests(make_engine, driver, drafts):
+    prompt = [5, 6, 7, 8] * 3
+    plain = make_engine(plugins=["fcfs"])
+    request = driver.add(plain, prompt, greedy(8))
+    expected = driver.drain(plain)[request.req_id].outputs[0].token_ids
+    engine = make_engine(plugins=["fcfs"], extra=[Proposer(drafts)], speculative="test")
+    request = driver.add(engine, prompt, greedy(8))
+    output = driver.drain(engine)[request.req_id].outputs[0]
+    assert output.finish_reason == "length" and output.token_ids == expected
+    assert engine.hooks.num_errors["test.spyglass_propose_drafts"] >= 1
+
+
+def test_an_unknown_draft_proposer_fails_the_start(make_engine):
+    with pytest.raises(ValueError, match="no plugin provides the draft proposer 'nosuch'"):
+        make_engine(plugins=["fcfs", "ngram"], speculative="nosuch")

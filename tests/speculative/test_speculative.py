@@ -8,6 +8,7 @@ from spyglass.core.checkpoint import load_checkpoint
 from spyglass.core.config import EngineConfig
 from spyglass.core.engine import LLMEngine
 from spyglass.core.hookspecs import hookimpl
+from spyglass.core.plugin_manager import create_plugin_manager
 from spyglass.core.sampling_params import SamplingParams
 from spyglass.plugins.ngram import propose
 
@@ -44,6 +45,14 @@ class Acceptance:
         """Add one step's counts."""
         self.drafts += num_draft_tokens
         self.accepted += num_accepted_tokens
+
+
+def _with_plugins(config: EngineConfig, *plugins) -> LLMEngine:
+    """An engine with ``plugins`` registered before it starts (a proposer is checked at start)."""
+    pm = create_plugin_manager(config.plugins, config.disabled_plugins)
+    for plugin in plugins:
+        pm.register(plugin)
+    return LLMEngine(config, plugin_manager=pm)
 
 
 def _engine(model, speculative=None, checkpoint=None, **options) -> LLMEngine:
@@ -142,10 +151,10 @@ def test_sampled_distribution_is_unchanged(tiny_llama_dir):
     num_samples = 1200
     options = dict(model=str(tiny_llama_dir), dtype="float32", max_num_seqs=256, num_kv_blocks=2048, block_size=16)
     reference = _sample(LLMEngine(EngineConfig(**options)), num_samples)
-    engine = LLMEngine(EngineConfig(**options, speculative="test", num_speculative_tokens=2))
-    engine.plugin_manager.register(BigramProposer(reference))
     counter = Acceptance()
-    engine.plugin_manager.register(counter)
+    engine = _with_plugins(
+        EngineConfig(**options, speculative="test", num_speculative_tokens=2), BigramProposer(reference), counter
+    )
     speculative = collections.Counter(tuple(s[1:3]) for s in _sample(engine, num_samples))
     # Whatever the proposer learnt from the reference, correct verification leaves the distribution as it was.
     plain = collections.Counter(tuple(s[1:3]) for s in reference)
@@ -180,15 +189,14 @@ class ConstantProposer:
 def test_speculation_is_counted_in_metrics(tiny_llama_dir):
     from prometheus_client import REGISTRY
 
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", speculative="test"))
-    engine.plugin_manager.register(ConstantProposer([5, 6, 7]))
+    counter = Acceptance()
+    config = EngineConfig(model=str(tiny_llama_dir), dtype="float32", speculative="test")
+    engine = _with_plugins(config, ConstantProposer([5, 6, 7]), counter)
     labels = {"model_name": engine.model_name}
     before = {
         name: REGISTRY.get_sample_value(f"spyglass:spec_decode_{name}_total", labels) or 0.0
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
     }
-    counter = Acceptance()
-    engine.plugin_manager.register(counter)
     engine.add_request("r", [5, 6, 7, 8] * 12, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     while engine.has_unfinished_requests:
         engine.step()

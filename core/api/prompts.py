@@ -1,0 +1,58 @@
+"""Prompts from request bodies to token ids: checked for size and vocabulary first, tokenized off the event loop."""
+
+import asyncio
+
+from spyglass.core.api.context import ServingContext
+from spyglass.core.api.errors import APIError
+
+MAX_PROMPTS = 256  # prompts in one completions call
+
+
+async def encode_text(serving: ServingContext, text: str, param: str = "prompt") -> list[int]:
+    """``text``'s token ids; a 400 before tokenizing when its bytes could not fit the context anyway.
+
+    Tokenizing runs in a worker thread: a few megabytes take seconds, which must not stall the server.
+    """
+    if len(text.encode()) > serving.max_prompt_bytes:
+        raise APIError(400, f"the prompt is too long for the model's context of {serving.max_model_len} tokens",
+                       param)
+    return await asyncio.to_thread(serving.tokenizer.encode, text)
+
+
+def _is_token_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
+
+
+def _check_ids(serving: ServingContext, token_ids: list[int]) -> list[int]:
+    # Checked as integers before anything else uses them: the tokenizer overflows on ids >= 2**32.
+    if not all(0 <= t < serving.vocab_size for t in token_ids):
+        raise APIError(400, f"the prompt has token ids outside the vocabulary (0 to {serving.vocab_size - 1})",
+                       "prompt")
+    return token_ids
+
+
+def count_prompts(prompt) -> int:
+    """How many prompts a completions ``prompt`` field holds (before any is tokenized)."""
+    return 1 if isinstance(prompt, str) or _is_token_list(prompt) else len(prompt)
+
+
+async def parse_prompts(serving: ServingContext, prompt) -> list[tuple[list[int], str]]:
+    """``(token_ids, text)`` for each prompt: a string, a token list, or a non-empty list of either."""
+    if isinstance(prompt, str) or _is_token_list(prompt):
+        prompt = [prompt]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", "prompt")
+    if len(prompt) > MAX_PROMPTS:
+        raise APIError(400, f"at most {MAX_PROMPTS} prompts per request", "prompt")
+    prompts = []
+    for item in prompt:
+        if isinstance(item, str):
+            if not item:
+                raise APIError(400, "prompt must not be empty", "prompt")
+            prompts.append((await encode_text(serving, item), item))
+        elif _is_token_list(item):
+            token_ids = _check_ids(serving, list(item))
+            prompts.append((token_ids, serving.tokenizer.decode(token_ids, skip_special_tokens=False)))
+        else:
+            raise APIError(400, "prompt must be a string, a list of token ids, or a list of either", "prompt")
+    return prompts

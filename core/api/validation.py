@@ -1,0 +1,55 @@
+"""Checks on a request body before any handler sees it: media type, size, nesting, strict types, refused fields.
+
+Litestar converts bodies leniently (``"10"`` becomes 10, ``"true"`` becomes True); the API must
+not guess, so `json_body_guard` decodes each body strictly first and answers a precise 4xx.
+"""
+
+import re
+
+import msgspec
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+
+from spyglass.core.api.errors import APIError
+from spyglass.core.api.schemas import UNSUPPORTED
+
+_JSON_TYPES = ("application/json",)
+_FIELD = re.compile(r"missing required field `([^`]+)`|at `\$\.([A-Za-z_]+)")
+
+
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type in _JSON_TYPES or (media_type.startswith("application/") and media_type.endswith("+json"))
+
+
+def decode_body(body: bytes, body_type: type[msgspec.Struct]) -> msgspec.Struct:
+    """``body`` strictly decoded as ``body_type``; an `APIError` (400) naming the field otherwise."""
+    if not body.strip():
+        raise APIError(400, "the request body is empty; send a JSON object")
+    try:
+        return msgspec.json.decode(body, type=body_type)
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
+    except msgspec.ValidationError as error:
+        match = _FIELD.search(str(error))
+        param = next(filter(None, match.groups())) if match else None
+        if param in UNSUPPORTED:
+            raise APIError(400, f"`{param}` is not supported by this server", param, "unsupported_parameter") from None
+        raise APIError(400, str(error), param) from None
+    except msgspec.DecodeError as error:
+        raise APIError(400, f"the request body is not valid JSON: {error}") from None
+
+
+async def json_body_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    """For handlers with ``opt={"body": StructType}``: demand ``application/json`` (415) and a strictly valid body.
+
+    Requiring the JSON media type also means a web page cannot post to a keyless local server
+    without a CORS preflight (``text/plain`` is a "simple" request that browsers send unasked).
+    """
+    body_type = handler.opt.get("body")
+    if body_type is None:
+        return
+    if not _is_json(connection.headers.get("content-type", "")):
+        raise APIError(415, "the request body must be JSON: send `Content-Type: application/json`",
+                       code="unsupported_media_type")
+    decode_body(await connection.body(), body_type)  # type: ignore[attr-defined]
