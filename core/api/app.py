@@ -19,6 +19,7 @@ from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.context import ServingContext, api_key_guard, provide_serving
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.routes import ROUTES
+from spyglass.core.api.tokenize import detokenize, tokenize
 from spyglass.core.async_engine import AsyncEngine
 from spyglass.core.config import EngineConfig
 from spyglass.core.engine import LLMEngine
@@ -56,7 +57,7 @@ def create_app(
             log.info("engine stopped")
 
     return Litestar(
-        route_handlers=[create_completion, create_chat_completion, *ROUTES],
+        route_handlers=[create_completion, create_chat_completion, tokenize, detokenize, *ROUTES],
         dependencies={"serving": Provide(provide_serving, sync_to_thread=False)},
         guards=[api_key_guard],
         exception_handlers=EXCEPTION_HANDLERS,

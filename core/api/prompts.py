@@ -23,11 +23,12 @@ def _is_token_list(value) -> bool:
     return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
 
 
-def _check_ids(serving: ServingContext, token_ids: list[int]) -> list[int]:
+def check_token_ids(serving: ServingContext, token_ids: list[int], param: str = "prompt") -> list[int]:
+    """``token_ids`` when each is an id of the vocabulary; a 400 naming ``param`` otherwise."""
     # Checked as integers before anything else uses them: the tokenizer overflows on ids >= 2**32.
     if not all(0 <= t < serving.vocab_size for t in token_ids):
-        raise APIError(400, f"the prompt has token ids outside the vocabulary (0 to {serving.vocab_size - 1})",
-                       "prompt")
+        raise APIError(400, f"the {param} has token ids outside the vocabulary (0 to {serving.vocab_size - 1})",
+                       param)
     return token_ids
 
 
@@ -51,7 +52,7 @@ async def parse_prompts(serving: ServingContext, prompt) -> list[tuple[list[int]
                 raise APIError(400, "prompt must not be empty", "prompt")
             prompts.append((await encode_text(serving, item), item))
         elif _is_token_list(item):
-            token_ids = _check_ids(serving, list(item))
+            token_ids = check_token_ids(serving, list(item))
             prompts.append((token_ids, serving.tokenizer.decode(token_ids, skip_special_tokens=False)))
         else:
             raise APIError(400, "prompt must be a string, a list of token ids, or a list of either", "prompt")

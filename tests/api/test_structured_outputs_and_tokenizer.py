@@ -104,3 +104,23 @@ def test_invalid_constraints_are_400s_naming_the_field(tiny_client, extra, param
         tiny_client.completions.create(model="tiny", prompt="x", max_tokens=3, extra_body=extra)
     assert error.value.status_code == 400
     assert param in str(error.value.body), error.value.body
+
+
+def test_tokenize_and_detokenize_round_trip(tiny_server, tiny_llama_dir):
+    import httpx
+
+    from spyglass.core.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_hf_dir(tiny_llama_dir)
+    text = "Hello, tokenizer! <|im_start|>"
+    body = httpx.post(f"{tiny_server.base_url}/tokenize", json={"prompt": text}).json()
+    assert body["tokens"] == tokenizer.encode(text) and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] > 0
+    back = httpx.post(f"{tiny_server.base_url}/detokenize", json={"tokens": body["tokens"]}).json()
+    assert back["prompt"] == tokenizer.decode(body["tokens"], skip_special_tokens=False)
+    chat = httpx.post(f"{tiny_server.base_url}/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert chat["tokens"] == tokenizer.encode(rendered)
+    for path, payload in (("/detokenize", {"tokens": [10**9]}), ("/tokenize", {}), ("/tokenize", {"prompt": 5})):
+        response = httpx.post(f"{tiny_server.base_url}{path}", json=payload)
+        assert response.status_code == 400, (path, payload, response.text)

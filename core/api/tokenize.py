@@ -1,0 +1,75 @@
+"""``POST /tokenize`` and ``POST /detokenize``: the served model's tokenizer, as vLLM's server exposes it."""
+
+import asyncio
+from typing import Annotated
+
+import msgspec
+from litestar import post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
+from msgspec import Meta
+
+from spyglass.core.api.chat import render_messages
+from spyglass.core.api.context import ServingContext
+from spyglass.core.api.errors import APIError
+from spyglass.core.api.prompts import check_token_ids, encode_text
+from spyglass.core.api.schemas import INT32, ChatMessage
+from spyglass.core.api.validation import json_body_guard
+
+TokenId = Annotated[int, Meta(ge=0, le=INT32)]
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """Either ``prompt`` (text) or ``messages`` (rendered with the chat template first)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+
+class TokenizeResponse(msgspec.Struct):
+    """The token ids, how many, and the context they must fit in."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    """Token ids to turn back into text."""
+
+    tokens: Annotated[list[TokenId], Meta(max_length=1 << 20)]
+    model: str | None = None
+
+
+class DetokenizeResponse(msgspec.Struct):
+    """The text of the token ids, special tokens included."""
+
+    prompt: str
+
+
+@post("/tokenize", summary="Tokenize a prompt or chat messages", tags=["tokenizer"], status_code=200,
+      guards=[json_body_guard], opt={"body": TokenizeRequest})
+async def tokenize(data: JSONBody[TokenizeRequest], serving: NamedDependency[ServingContext]) -> TokenizeResponse:
+    """The ids the engine would see for ``prompt`` or for ``messages`` after the chat template."""
+    serving.check_model(data.model)
+    if (data.prompt is None) == (data.messages is None):
+        raise APIError(400, "send exactly one of prompt and messages", "prompt")
+    if data.messages is not None:
+        _, text = await asyncio.to_thread(render_messages, data.messages, serving.tokenizer)
+    else:
+        text = data.prompt
+    tokens = await encode_text(serving, text, "prompt" if data.messages is None else "messages")
+    if not data.add_special_tokens and tokens[:1] == [serving.tokenizer.bos_token_id]:
+        tokens = tokens[1:]
+    return TokenizeResponse(len(tokens), serving.max_model_len, tokens)
+
+
+@post("/detokenize", summary="Detokenize token ids", tags=["tokenizer"], status_code=200,
+      guards=[json_body_guard], opt={"body": DetokenizeRequest})
+async def detokenize(data: JSONBody[DetokenizeRequest], serving: NamedDependency[ServingContext]) -> DetokenizeResponse:
+    """The text of ``tokens``."""
+    serving.check_model(data.model)
+    token_ids = check_token_ids(serving, data.tokens, "tokens")
+    return DetokenizeResponse(await asyncio.to_thread(serving.tokenizer.decode, token_ids, False))
