@@ -1,7 +1,8 @@
 """Structured outputs on llguidance: JSON schemas, any JSON object, regular expressions, choices and grammars.
 
 Registered per engine (the entry point names the class): each engine's instance builds llguidance's
-view of its tokenizer once, in the background from engine start, and keeps every distinct spec's
+view of its tokenizer once, when its first constrained request arrives (about a second for a
+50k-token vocabulary; engines that never see one never pay it), and keeps every distinct spec's
 grammar, validated, in a cache, so a schema is compiled once however many requests use it.
 Masks of a step's constrained requests are computed in parallel by llguidance's executor, in Rust,
 without a Python loop over requests. Why llguidance rather than xgrammar: docs/structured_outputs.md.
@@ -9,14 +10,13 @@ without a Python loop over requests. Why llguidance rather than xgrammar: docs/s
 
 import json
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 
 import llguidance
 import llguidance.torch
 import torch
 
-from spyglass.core.plugin_api import EngineConfig, EngineInfo, StructuredOutput, TokenConstraint, Tokenizer, hookimpl
+from spyglass.core.plugin_api import StructuredOutput, TokenConstraint, Tokenizer, hookimpl
 
 _GRAMMAR_CACHE_SIZE = 256
 
@@ -69,26 +69,13 @@ class StructuredOutputPlugin:
     """The built-in structured-output backend of one engine."""
 
     def __init__(self) -> None:
-        self._tokenizer: Future[llguidance.LLTokenizer] | None = None
-        self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spyglass-llguidance")
-        self._executor = llguidance.LLExecutor(num_threads=2)
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._executor: llguidance.LLExecutor | None = None
         self._compile = lru_cache(maxsize=_GRAMMAR_CACHE_SIZE)(self._compile_uncached)
-
-    @hookimpl
-    def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
-        """Start building llguidance's tokenizer (a second or two) so the first constrained request need not wait."""
-        self._start_tokenizer(info.tokenizer, info.vocab_size)
-
-    def _start_tokenizer(self, tokenizer: Tokenizer, vocab_size: int) -> None:
-        self._tokenizer = self._builder.submit(
-            llguidance.LLTokenizer, tokenizer.backend.to_str(), n_vocab=vocab_size,
-            eos_token=list(tokenizer.eos_token_ids),
-        )
-        self._builder.shutdown(wait=False)
 
     def _compile_uncached(self, kind: str, value_json: str) -> str:
         grammar = grammar_text(StructuredOutput(kind, json.loads(value_json)))
-        error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer.result())
+        error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if error and not error.startswith("WARNING"):
             raise ValueError(error)
         return grammar
@@ -99,9 +86,12 @@ class StructuredOutputPlugin:
     ) -> TokenConstraint | None:
         """A fresh matcher for ``spec``, from the cached grammar."""
         if self._tokenizer is None:
-            self._start_tokenizer(tokenizer, vocab_size)
+            self._tokenizer = llguidance.LLTokenizer(
+                tokenizer.backend.to_str(), n_vocab=vocab_size, eos_token=list(tokenizer.eos_token_ids)
+            )
+            self._executor = llguidance.LLExecutor(num_threads=2)
         grammar = self._compile(spec.kind, json.dumps(spec.value, sort_keys=True))
-        matcher = llguidance.LLMatcher(self._tokenizer.result(), grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(matcher.get_error())
         return LLGuidanceConstraint(matcher, self._executor)

@@ -27,15 +27,16 @@ class City(pydantic.BaseModel):
     mayor: str | None = pydantic.Field(default=None, max_length=30)
 
 
+MODEL = "SmolLM2-135M-Instruct"
 MESSAGES = [{"role": "user", "content": "Describe the city of Lyon in JSON."}]
 
 
 def test_parse_returns_a_valid_instance_twenty_times_of_twenty(real_client):
     greedy = real_client.chat.completions.parse(
-        model="x", messages=MESSAGES, response_format=City, temperature=0, max_tokens=300
+        model=MODEL, messages=MESSAGES, response_format=City, temperature=0, max_tokens=300
     )
     sampled = real_client.chat.completions.parse(
-        model="x", messages=MESSAGES, response_format=City, temperature=0.8, seed=3, n=19, max_tokens=300
+        model=MODEL, messages=MESSAGES, response_format=City, temperature=0.8, seed=3, n=19, max_tokens=300
     )
     choices = greedy.choices + sampled.choices
     assert len(choices) == 20
@@ -47,7 +48,7 @@ def test_parse_returns_a_valid_instance_twenty_times_of_twenty(real_client):
 
 def test_json_object_always_parses(real_client):
     response = real_client.chat.completions.create(
-        model="x", messages=[{"role": "user", "content": "A person with name and age, as JSON."}],
+        model=MODEL, messages=[{"role": "user", "content": "A person with name and age, as JSON."}],
         response_format={"type": "json_object"}, temperature=0.5, seed=1, n=4, max_tokens=300,
     )
     for choice in response.choices:
