@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from spyglass.core.sampling_params import StructuredOutput
     from spyglass.core.step_stats import EngineInfo, StepStats
     from spyglass.core.token_constraint import TokenConstraint
+    from spyglass.core.tool_calls import ToolCallParser
     from spyglass.core.tokenizer import Tokenizer
 
 PROJECT = "spyglass"
@@ -160,4 +161,13 @@ def spyglass_token_constraint(
     Raise ``ValueError`` naming the problem for an invalid schema or grammar: the request is
     rejected (HTTP 400). When no plugin returns a constraint the request is rejected too.
     Compile grammars once per distinct spec and cache them: this runs on the engine's thread.
+    """
+
+
+@hookspec(firstresult=True)
+def spyglass_tool_call_parser(name: str) -> "ToolCallParser | None":
+    """Return the parser of the tool-call format called ``name`` (``hermes``: ``<tool_call>{...}</tool_call>``), or None.
+
+    Asked by the HTTP API when a chat request offers tools and leaves the choice to the model
+    (``tool_choice`` auto): the parser splits the generated text into content and calls.
     """

@@ -26,6 +26,7 @@ from spyglass.core.scheduler_policy import PreemptingPolicy, SchedulingPolicy, p
 from spyglass.core.step_stats import EngineInfo, StepStats
 from spyglass.core.token_constraint import TokenConstraint
 from spyglass.core.tokenizer import Tokenizer
+from spyglass.core.tool_calls import ParsedToolCall, ToolCallParser
 
 __all__ = [
     "NO_MATCH",
@@ -44,6 +45,8 @@ __all__ = [
     "StructuredOutput",
     "TokenConstraint",
     "Tokenizer",
+    "ParsedToolCall",
+    "ToolCallParser",
     "hookimpl",
     "hookspecs",
     "implements",

@@ -109,10 +109,18 @@ class Tokenizer:
             return None
         return _compile_chat_template(self._chat_template_source)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template renders tool definitions (HF's ``tools`` variable) itself."""
+        return self._chat_template_source is not None and "tools" in self._chat_template_source
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
         """Render ``messages`` (``[{"role": ..., "content": ...}, ...]``) into prompt text with the model's template.
 
-        Raises ``ValueError`` when the model ships no chat template.
+        ``tools`` (HF's format, ``[{"type": "function", "function": {...}}]``) is passed to templates
+        that take it. Raises ``ValueError`` when the model ships no chat template.
         """
         template = self._chat_template
         if template is None:
@@ -123,6 +131,7 @@ class Tokenizer:
         return template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
             bos_token=self._token_text(self._bos_token_id),
             eos_token=self._token_text(self._eos_token_ids[0] if self._eos_token_ids else None),
         )

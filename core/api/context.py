@@ -29,6 +29,8 @@ class ServingContext:
         self.vocab_size = engine.arch.vocab_size
         # No text longer than this can fit the context: each token covers at most the longest token's bytes.
         self.max_prompt_bytes = engine.max_model_len * _longest_token_bytes(engine.tokenizer)
+        # Splits text into content and tool calls for chat requests that leave the choice to the model.
+        self.tool_parser = engine.hooks.spyglass_tool_call_parser(name="hermes")
         self.created = int(time.time())
         self.draining = False
         self.num_queued = 0

@@ -6,7 +6,7 @@ which would change the answer and so admit only their neutral values until imple
 limits and are part of the published OpenAPI schema. Responses follow vLLM's shapes.
 """
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
@@ -85,10 +85,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     guided_regex: Annotated[str, Meta(max_length=4096)] | None = None
     guided_choice: Annotated[list[str], Meta(min_length=1, max_length=1024)] | None = None
     guided_grammar: Annotated[str, Meta(max_length=65536)] | None = None
-    # Not implemented: the schema admits only their absent or neutral values, so anything else is a 400.
-    tools: Annotated[list[Any], Meta(max_length=0)] | None = None
-    tool_choice: Literal["none"] | None = None
-    parallel_tool_calls: None = None
+    # Not implemented (OpenAI's deprecated spelling of tools): only absent or neutral values pass, else a 400.
     functions: Annotated[list[Any], Meta(max_length=0)] | None = None
     function_call: Literal["none"] | None = None
 
@@ -98,8 +95,60 @@ class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | list[Any]
     logprobs: NumLogprobs | None = None
     echo: bool = False
-    best_of: Literal[1] | None = None  # not implemented beyond its neutral value
+    # Not implemented for completions: only absent or neutral values pass, else a 400.
+    best_of: Literal[1] | None = None
     suffix: Literal[""] | None = None
+    tools: Annotated[list[Any], Meta(max_length=0)] | None = None
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: None = None
+
+    unsupported: ClassVar[frozenset[str]] = frozenset(
+        {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "best_of", "suffix"}
+    )
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    """A function the model may call: its name, what it does, and a JSON schema of its arguments."""
+
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(msgspec.Struct):
+    """``{"type": "function", "function": {...}}``."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(msgspec.Struct):
+    """The function a named ``tool_choice`` forces."""
+
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionCall(msgspec.Struct):
+    """A call's function name and its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """One call the assistant made (in a response, or in the history a client sends back)."""
+
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
 
 
 class TextPart(msgspec.Struct):
@@ -112,9 +161,11 @@ class TextPart(msgspec.Struct):
 class ChatMessage(msgspec.Struct):
     """One conversation turn."""
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool turns: which call this is the result of
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -124,12 +175,11 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: NumLogprobs | None = None
+    tools: Annotated[list[ToolDefinition], Meta(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
-
-# Fields that would change the answer and are not implemented: only their neutral values are accepted.
-UNSUPPORTED = frozenset(
-    {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "best_of", "suffix"}
-)
+    unsupported: ClassVar[frozenset[str]] = frozenset({"functions", "function_call"})
 
 
 # -- responses ------------------------------------------------------------------------------------
@@ -204,10 +254,11 @@ class ChatLogprobs(msgspec.Struct):
 
 
 class AssistantMessage(msgspec.Struct):
-    """The generated message."""
+    """The generated message: text, or the tool calls the model made (content then None or what came before)."""
 
-    content: str
+    content: str | None
     role: Literal["assistant"] = "assistant"
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
 
 
 class ChatChoice(msgspec.Struct):
@@ -231,11 +282,28 @@ class ChatCompletionResponse(msgspec.Struct):
     object: str = "chat.completion"
 
 
+class FunctionCallDelta(msgspec.Struct, omit_defaults=True):
+    """A streamed piece of a call's function: the name comes once, arguments are concatenated."""
+
+    name: str | None = None
+    arguments: str = ""
+
+
+class ToolCallDelta(msgspec.Struct, omit_defaults=True):
+    """A streamed piece of tool call ``index``: its id and type come with its first piece."""
+
+    index: int
+    function: FunctionCallDelta
+    id: str | None = None
+    type: str | None = None
+
+
 class ChatDelta(msgspec.Struct, omit_defaults=True):
     """What a streamed chunk adds to a message; absent fields are left out."""
 
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):

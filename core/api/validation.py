@@ -11,7 +11,6 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.schemas import UNSUPPORTED
 
 _JSON_TYPES = ("application/json",)
 _FIELD = re.compile(r"missing required field `([^`]+)`|at `\$\.([A-Za-z_]+)")
@@ -33,7 +32,7 @@ def decode_body(body: bytes, body_type: type[msgspec.Struct]) -> msgspec.Struct:
     except msgspec.ValidationError as error:
         match = _FIELD.search(str(error))
         param = next(filter(None, match.groups())) if match else None
-        if param in UNSUPPORTED:
+        if param in getattr(body_type, "unsupported", ()):
             raise APIError(400, f"`{param}` is not supported by this server", param, "unsupported_parameter") from None
         raise APIError(400, str(error), param) from None
     except msgspec.DecodeError as error:

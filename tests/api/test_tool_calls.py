@@ -1,0 +1,118 @@
+"""Tool calling through the official OpenAI client: forced calls always validate, streams match, round trips work."""
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from spyglass.core.api.chat import render_messages
+from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
+from spyglass.core.api.tools import ToolUse
+from spyglass.plugins.hermes_tool_parser import HermesToolCallParser
+
+MODEL = "SmolLM2-135M-Instruct"
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
+                                      "parameters": WEATHER_PARAMETERS}},
+    {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                                                     "required": ["city"], "additionalProperties": False}}},
+]
+ASK = [{"role": "user", "content": "What will the weather be in Paris tomorrow?"}]
+
+
+def test_required_calls_parse_and_validate_twenty_times_of_twenty(real_client):
+    response = real_client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+        temperature=0.8, seed=5, n=20, max_tokens=200,
+    )
+    for choice in response.choices:
+        assert choice.finish_reason == "tool_calls", choice.message
+        (call,) = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == call.function.name)
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
+def test_streamed_tool_call_deltas_concatenate_to_the_whole_call(real_client):
+    options = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=200,
+                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    whole = real_client.chat.completions.create(**options).choices[0]
+    names, arguments, finish = {}, {}, None
+    for chunk in real_client.chat.completions.create(stream=True, **options):
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                if delta.function.name:
+                    names[delta.index] = delta.function.name
+                arguments[delta.index] = arguments.get(delta.index, "") + (delta.function.arguments or "")
+            finish = choice.finish_reason or finish
+    assert finish == whole.finish_reason == "tool_calls"
+    assert [names[0], arguments[0]] == [whole.message.tool_calls[0].function.name, whole.message.tool_calls[0].function.arguments]
+    jsonschema.validate(json.loads(arguments[0]), WEATHER_PARAMETERS)
+
+
+def test_round_trip_call_result_answer(real_client):
+    first = real_client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0,
+        max_tokens=200,
+    ).choices[0].message
+    history = [*ASK, first.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": '{"forecast": "sunny, 24 C"}'}]
+    final = real_client.chat.completions.create(
+        model=MODEL, messages=history, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=60,
+    ).choices[0]
+    assert final.finish_reason in ("stop", "length") and final.message.content and not final.message.tool_calls
+
+
+def test_fallback_prompt_lists_tools_and_writes_calls_and_results(default_checkpoint):
+    tokenizer = default_checkpoint.tokenizer
+    assert not tokenizer.template_takes_tools
+    messages = [
+        ChatMessage("user", "Weather in Oslo?"),
+        ChatMessage("assistant", None, tool_calls=[ToolCall(id="call_1", function=FunctionCall("get_weather", '{"city": "Oslo"}'))]),
+        ChatMessage("tool", "rain", tool_call_id="call_1"),
+    ]
+    _, prompt = render_messages(messages, tokenizer, ToolUse(TOOLS, "auto"))
+    assert "<tools>" in prompt and '"get_weather"' in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in prompt
+    assert "<|im_start|>user\n<tool_response>\nrain\n</tool_response>" in prompt
+
+
+def test_hermes_parser_keeps_what_it_cannot_parse():
+    text = 'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>not json</tool_call>' \
+           '<tool_call>{"name": "b", "arguments": {}}'
+    content, calls = HermesToolCallParser().parse(text)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("a", {"x": 1}), ("b", {})]
+    assert content == "Let me check.\n\n<tool_call>not json</tool_call>"
+    assert HermesToolCallParser().parse("no calls here") == ("no calls here", [])
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools"),
+    ],
+)
+def test_bad_tool_requests_are_400s(tiny_client, extra, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        tiny_client.chat.completions.create(model="tiny", messages=ASK, max_tokens=3, **extra)
+    assert param in str(error.value.body)
+
+
+def test_completions_refuse_tools(tiny_client):
+    with pytest.raises(openai.BadRequestError, match="tools"):
+        tiny_client.completions.create(model="tiny", prompt="x", max_tokens=3, extra_body={"tools": TOOLS})
