@@ -1,0 +1,108 @@
+"""Request and response bodies of Anthropic's Messages API (``POST /v1/messages``), as msgspec Structs."""
+
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+from msgspec import Meta
+
+from spyglass.core.api.schemas import INT32, StopText
+
+MAX_STOP_SEQUENCES = 16
+
+
+class TextBlock(msgspec.Struct, tag_field="type", tag="text"):
+    """A block of text."""
+
+    text: str
+
+
+class ToolUseBlock(msgspec.Struct, tag_field="type", tag="tool_use"):
+    """A call the assistant made: its id, the tool's name and its input object."""
+
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(msgspec.Struct, tag_field="type", tag="tool_result", kw_only=True):
+    """What a tool returned for call ``tool_use_id`` (text, or text blocks)."""
+
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock
+
+
+class InputMessage(msgspec.Struct):
+    """One turn: a user or an assistant, with text or blocks."""
+
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Tool(msgspec.Struct, kw_only=True):
+    """A tool the model may use, with a JSON schema of its input."""
+
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+
+class ToolChoice(msgspec.Struct, kw_only=True):
+    """``auto`` (the model decides), ``any`` (some tool), ``tool`` (the one ``name``d) or ``none``."""
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class Metadata(msgspec.Struct):
+    """``metadata.user_id``, passed to plugins as the request's user."""
+
+    user_id: str | None = None
+
+
+class MessagesRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/messages``."""
+
+    model: str
+    max_tokens: Annotated[int, Meta(ge=1, le=INT32)]
+    messages: Annotated[list[InputMessage], Meta(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    stop_sequences: Annotated[list[StopText], Meta(max_length=MAX_STOP_SEQUENCES)] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Meta(ge=0, le=INT32)] = 0
+    stream: bool = False
+    tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
+    tool_choice: ToolChoice | None = None
+    metadata: Metadata | None = None
+
+    unsupported: ClassVar[frozenset[str]] = frozenset()
+
+    @property
+    def user(self) -> str | None:
+        """``metadata.user_id``: the request's user, as plugins see it."""
+        return self.metadata.user_id if self.metadata else None
+
+
+class Usage(msgspec.Struct):
+    """Token counts."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+class MessageResponse(msgspec.Struct, kw_only=True):
+    """The assistant's message: text and tool-use blocks, and why it stopped."""
+
+    id: str
+    model: str
+    content: list[TextBlock | ToolUseBlock]
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
+    stop_sequence: str | None
+    usage: Usage
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
