@@ -25,7 +25,7 @@ def client(real_server):
 
 def test_message_with_system_and_usage(client):
     message = client.messages.create(
-        model=MODEL, max_tokens=24, system="Answer in one short sentence.", temperature=0,
+        model=MODEL, max_tokens=24, system="Answer in one short sentence.", extra_body={"temperature": 0},
         messages=[{"role": "user", "content": "What is the capital of France?"}],
     )
     assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg")
@@ -35,7 +35,7 @@ def test_message_with_system_and_usage(client):
 
 
 def test_stream_text_equals_the_whole_message(client):
-    options = dict(model=MODEL, max_tokens=20, temperature=0, messages=[{"role": "user", "content": "Count to five."}])
+    options = dict(model=MODEL, max_tokens=20, extra_body={"temperature": 0}, messages=[{"role": "user", "content": "Count to five."}])
     whole = client.messages.create(**options)
     with client.messages.stream(**options) as stream:
         streamed = "".join(stream.text_stream)
@@ -46,7 +46,7 @@ def test_stream_text_equals_the_whole_message(client):
 
 def test_stop_sequences_report_the_sequence(client):
     message = client.messages.create(
-        model=MODEL, max_tokens=40, temperature=0, stop_sequences=["2"],
+        model=MODEL, max_tokens=40, extra_body={"temperature": 0}, stop_sequences=["2"],
         messages=[{"role": "user", "content": "Count from 1 to 5, digits separated by spaces."}],
     )
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == "2"
@@ -54,14 +54,14 @@ def test_stop_sequences_report_the_sequence(client):
 
 
 def test_tool_use_round_trip(client):
-    first = client.messages.create(model=MODEL, max_tokens=120, temperature=0, tools=[WEATHER],
+    first = client.messages.create(model=MODEL, max_tokens=120, extra_body={"temperature": 0}, tools=[WEATHER],
                                    tool_choice={"type": "any", "disable_parallel_tool_use": True}, messages=ASK)
     assert first.stop_reason == "tool_use"
     (use,) = [block for block in first.content if block.type == "tool_use"]
     assert use.name == "get_weather" and use.id.startswith("toolu_")
     jsonschema.validate(use.input, WEATHER["input_schema"])
     final = client.messages.create(
-        model=MODEL, max_tokens=40, temperature=0, tools=[WEATHER], tool_choice={"type": "none"},
+        model=MODEL, max_tokens=40, extra_body={"temperature": 0}, tools=[WEATHER], tool_choice={"type": "none"},
         messages=[*ASK, {"role": "assistant", "content": first.content},
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 28 C"}]}],
     )
@@ -70,7 +70,7 @@ def test_tool_use_round_trip(client):
 
 
 def test_streamed_tool_use_matches(client):
-    options = dict(model=MODEL, max_tokens=120, temperature=0, tools=[WEATHER],
+    options = dict(model=MODEL, max_tokens=120, extra_body={"temperature": 0}, tools=[WEATHER],
                    tool_choice={"type": "tool", "name": "get_weather"}, messages=ASK)
     whole = client.messages.create(**options)
     with client.messages.stream(**options) as stream:
