@@ -1,11 +1,12 @@
 """The ``spyglass`` command: each subcommand lives in its own module and registers itself here."""
 
 import argparse
-import logging
+import sys
 
 from spyglass.core import cli_generate, cli_plugins
 from spyglass.core.api import serve_command
 from spyglass.core.bench import cli_bench
+from spyglass.telemetry.logging import setup_logging
 
 COMMANDS = (cli_generate, serve_command, cli_bench, cli_plugins)
 
@@ -21,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One log schema for every command (JSON lines unless stderr is a terminal); stdout stays the command's.
+    setup_logging(stream=sys.stderr)
     args = build_parser().parse_args(argv)
     return args.run(args) or 0
 

@@ -54,6 +54,7 @@ def create_app(engine_config: EngineConfig, server_options: ServerOptions | None
         request_max_body_size=options.max_body_bytes,
         openapi_config=OpenAPIConfig(title="Spyglass", version=spyglass.__version__),
         debug=False,
+        logging_config=None,  # keep the handler `setup_logging` installed (Litestar's would replace it)
     )
 
 

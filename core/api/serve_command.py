@@ -13,7 +13,6 @@ from spyglass.core.llm import parse_bytes
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
 from spyglass.telemetry.http import TelemetryMiddleware
-from spyglass.telemetry.logging import setup_logging
 
 
 def add_parser(subparsers) -> None:
@@ -72,17 +71,16 @@ def run(args) -> int:
         shutdown_timeout=args.shutdown_timeout,
         served_model_name=args.served_model_name,
     )
-    setup_logging()
     telemetry_settings.configure(settings_from_args(args))
     app = create_app(engine_config_from_args(args), options)
     config = uvicorn.Config(
-        # Outermost, so every HTTP request (a 404 too) gets its span and its count.
-        TelemetryMiddleware(app),
+        # Outermost, so every HTTP request (a 404 too) gets its span, its count and its access-log line.
+        TelemetryMiddleware(app, access_log=not args.disable_access_log),
         host=options.host,
         port=options.port,
         log_level="info",
         log_config=None,
-        access_log=not args.disable_access_log,
+        access_log=False,  # TelemetryMiddleware writes the access log, with request and trace ids
         timeout_graceful_shutdown=int(options.shutdown_timeout) + 5,
     )
     logging.getLogger("spyglass.api").info("starting on http://%s:%d", options.host, options.port)

@@ -83,8 +83,12 @@ def test_request_span_tree_attributes_and_step_links(use_settings, span_exporter
     request_contexts = {(s.context.trace_id, s.context.span_id) for s in (chat, completion)}
     linked = {(link.context.trace_id, link.context.span_id) for step in steps for link in step.links}
     assert linked == request_contexts
+    # One engine_steps trace for the busy period (it ended idle), not a trace per step.
+    (group,) = by_name(spans, "engine_steps")
+    assert group.parent is None and group.attributes["spyglass.steps.num_steps"] == len(steps)
+    assert group.start_time == min(s.start_time for s in steps) and group.end_time == max(s.end_time for s in steps)
     for step in steps:
-        assert step.parent is None
+        assert step.parent.span_id == group.context.span_id
         assert step.attributes["spyglass.step.batch_size"] == len(step.links)
         assert step.attributes["spyglass.step.num_scheduled_tokens"] <= 8
     assert sum(s.attributes["spyglass.step.num_generated_tokens"] for s in steps) == 5 + 3
