@@ -21,10 +21,10 @@ from spyglass.telemetry import metrics
 from spyglass.telemetry.exposition import render_metrics
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
-# Metrics that only get a sample when their event happens (a hook error, an HTTP request, a
-# draft accepted at some position); their queries must still parse, but may return nothing here.
+# Metrics that only get a sample when their event happens (an HTTP request, a draft accepted at
+# some position without speculation configured); their queries must still parse, but may return
+# nothing here.
 EVENT_ONLY = {
-    "spyglass:plugin_hook_errors",
     "spyglass:http_requests",
     "spyglass:spec_decode_num_accepted_tokens_per_pos",
 }
@@ -33,6 +33,7 @@ NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of 
     "spyglass:slo_ttft_target_seconds",
     "spyglass:slo_tpot_target_seconds",
     "spyglass:request_num_preemptions",
+    "spyglass:cache_config_info",
 }
 GRAFANA_SCHEMA_PACKAGES = ["@grafana/schema@13.2.3", "typescript@7.0.2"]
 
@@ -70,7 +71,7 @@ def metric_names(expr: str) -> set[str]:
 
 def family(sample_name: str) -> str:
     for suffix in ("_total", "_bucket", "_sum", "_count"):
-        if sample_name.endswith(suffix) and not sample_name.endswith("iteration_tokens_total"):
+        if sample_name.endswith(suffix):
             return sample_name[: -len(suffix)]
     return sample_name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
 
