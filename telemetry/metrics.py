@@ -106,6 +106,7 @@ GEN_AI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 
 GEN_AI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 
 # -- scheduler state (set every step) ----------------------------------------------------------
+ENGINE_READY = Gauge("spyglass:engine_ready", "1 while the engine runs, 0 once it has stopped.", M)
 NUM_REQUESTS_RUNNING = Gauge("spyglass:num_requests_running", "Requests in the running batch.", M)
 NUM_REQUESTS_WAITING = Gauge("spyglass:num_requests_waiting", "Requests waiting to be scheduled.", M)
 NUM_REQUESTS_WAITING_BY_CLASS = Gauge(

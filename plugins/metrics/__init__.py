@@ -77,6 +77,8 @@ class MetricsRecorder:
             str(info.max_num_seqs),
         ).set(1)
         self._export_zeros(config)
+        self.ready = m.ENGINE_READY.labels(model)
+        self.ready.set(1)
 
     def drafts_verified(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Count one verified proposal."""
@@ -220,6 +222,7 @@ class MetricsRecorder:
 
     def stopped(self) -> None:
         self.sync_hook_errors()
+        self.ready.set(0)
         self.running.set(0)
         self.waiting.set(0)
         self.kv_usage.set(0)
