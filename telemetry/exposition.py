@@ -7,8 +7,9 @@ which the ``allow-utf-8`` escaping writes them unchanged; we use it and advertis
 OpenMetrics 1.0.0.
 
 With the ``vllm`` metrics namespace, every ``spyglass:`` name is exported as vLLM's: the prefix
-becomes ``vllm:``, and the few names that differ are mapped (`VLLM_NAMES`). The renaming happens
-at scrape time, so the engine records each metric once whatever the namespace.
+becomes ``vllm:``, the few names that differ are mapped (`VLLM_NAMES`), and the older names that
+vLLM dashboards still chart are exported too (`VLLM_ALIASES`). The renaming happens at scrape
+time, so the engine records each metric once whatever the namespace.
 """
 
 from prometheus_client import REGISTRY
@@ -26,6 +27,11 @@ VLLM_NAMES = {
     # A histogram named like a counter in vLLM; Spyglass's own name drops the ``_total``.
     metrics.ITERATION_TOKENS._name: "vllm:iteration_tokens_total",
 }
+# Older vLLM names that dashboards still query, exported as copies beside the current ones.
+VLLM_ALIASES = {
+    "vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds",
+    "vllm:kv_cache_usage_perc": "vllm:gpu_cache_usage_perc",
+}
 
 
 def vllm_name(name: str) -> str:
@@ -38,19 +44,23 @@ def vllm_name(name: str) -> str:
 class RenamedRegistry(Collector):
     """A view of ``registry`` whose metric families (and their samples) are renamed by ``rename``."""
 
-    def __init__(self, registry: Collector, rename):
+    def __init__(self, registry: Collector, rename, aliases: dict[str, str] | None = None):
         self.registry = registry
         self.rename = rename
+        self.aliases = aliases or {}
 
     def collect(self):
         for family in self.registry.collect():
             name = self.rename(family.name)
-            if name == family.name:
-                yield family
-                continue
-            renamed = Metric(name, family.documentation, family.type, family.unit)
-            renamed.samples = [s._replace(name=name + s.name[len(family.name) :]) for s in family.samples]
-            yield renamed
+            yield family if name == family.name else _renamed(family, name)
+            if name in self.aliases:
+                yield _renamed(family, self.aliases[name])
+
+
+def _renamed(family: Metric, name: str) -> Metric:
+    renamed = Metric(name, family.documentation, family.type, family.unit)
+    renamed.samples = [s._replace(name=name + s.name[len(family.name) :]) for s in family.samples]
+    return renamed
 
 
 def render_metrics(accept: str | None = None, registry: Collector = REGISTRY, namespace: str | None = None):
@@ -59,7 +69,7 @@ def render_metrics(accept: str | None = None, registry: Collector = REGISTRY, na
     ``namespace`` (default: the telemetry settings') ``vllm`` exports vLLM's metric names.
     """
     if (namespace or telemetry_settings.current().metrics_namespace) == "vllm":
-        registry = RenamedRegistry(registry, vllm_name)
+        registry = RenamedRegistry(registry, vllm_name, VLLM_ALIASES)
     if accept and any(part.split(";")[0].strip() == OPENMETRICS for part in accept.split(",")):
         return openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8), openmetrics.CONTENT_TYPE_LATEST
     return text_format.generate_latest(registry), text_format.CONTENT_TYPE_LATEST

@@ -60,6 +60,7 @@ def setup_logging(level: int | str = logging.INFO, json: bool | None = None, str
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    logging.captureWarnings(True)  # Python warnings become log records too, in the same schema
     return handler
 
 
