@@ -8,7 +8,8 @@ are counted and logged too. Per request it
 - opens a SERVER span parented on the incoming W3C context; inside a handler,
   ``opentelemetry.context.get_current()`` carries that span and an `HttpRequestInfo`, which the
   API stores in ``request.attributes["otel_context"]`` so the engine's spans and logs join it;
-- sets ``error.type`` on 4xx and 5xx, and ERROR status on 5xx (OpenTelemetry's HTTP conventions);
+- sets ``error.type`` on 4xx and 5xx, and ERROR status on 5xx (OpenTelemetry's HTTP conventions),
+  with the exception that caused a 5xx (`remember_exception`);
 - logs one ``spyglass.access`` line with the request id, trace id, status, duration and, for an
   error response, the reason from its OpenAI error body.
 """
@@ -32,6 +33,7 @@ from spyglass.telemetry.request_context import (
 
 UNMATCHED_ROUTE = "unmatched"
 ACCESS_LOGGER = "spyglass.access"
+EXCEPTION_KEY = "spyglass.exception"
 MAX_ERROR_BODY = 8192
 _propagator = TraceContextTextMapPropagator()
 access_log = get_logger(ACCESS_LOGGER)
@@ -61,6 +63,15 @@ def _response_headers(request_id: str, span: trace.Span) -> list[tuple[bytes, by
     _propagator.inject(carrier, trace.set_span_in_context(span))
     headers += [(name.encode(), value.encode()) for name, value in carrier.items()]
     return headers
+
+
+def remember_exception(exception: BaseException, scope) -> None:
+    """An ``after_exception`` hook for the framework: keep the exception for the span, if it ends in a 5xx.
+
+    The framework turns exceptions into error responses, so the middleware never sees them raised;
+    with this, a 5xx span records the exception that caused it.
+    """
+    scope[EXCEPTION_KEY] = exception
 
 
 class TelemetryMiddleware:
@@ -121,6 +132,9 @@ class TelemetryMiddleware:
             reason = _error_message(bytes(error_body)) if error_body else None
             if exception is not None:
                 reason = f"{type(exception).__name__}: {exception}"
+            handled = scope.get(EXCEPTION_KEY)
+            if handled is not None and status >= 500 and span.is_recording():
+                span.record_exception(handled)
             self._end_span(span, method, route, status, reason)
             context.detach(token)
             duration = time.perf_counter() - start

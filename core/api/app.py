@@ -20,6 +20,7 @@ from spyglass.core.api.routes import ROUTES
 from spyglass.core.async_engine import AsyncEngine
 from spyglass.core.config import EngineConfig
 from spyglass.core.engine import LLMEngine
+from spyglass.telemetry.http import remember_exception
 
 log = logging.getLogger("spyglass.api")
 
@@ -50,6 +51,7 @@ def create_app(engine_config: EngineConfig, server_options: ServerOptions | None
         dependencies={"serving": Provide(provide_serving, sync_to_thread=False)},
         guards=[api_key_guard],
         exception_handlers=EXCEPTION_HANDLERS,
+        after_exception=[remember_exception],  # a 5xx's span records its exception
         lifespan=[lifespan],
         request_max_body_size=options.max_body_bytes,
         openapi_config=OpenAPIConfig(title="Spyglass", version=spyglass.__version__),

@@ -34,6 +34,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    metadata: dict[str, str] | None = None  # OpenAI's; ``session_id`` names the trace's session
     priority: int = 0
     ttft_slo_s: float | None = None  # time-to-first-token target, read by the slo scheduling policy
 
