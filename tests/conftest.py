@@ -200,9 +200,46 @@ def start_prometheus(tmp_path, require_tool):
         process.wait(timeout=20)
 
 
+def _flatten(attributes: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in attributes.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+@dataclass
+class Phoenix:
+    """A running Phoenix: its URL, its OTLP endpoints, and the spans it stored."""
+
+    base_url: str
+    http_traces: str
+    grpc: str
+
+    def spans(self, project: str, expected: int, timeout: float = 60) -> list[dict]:
+        """The project's spans once at least ``expected`` have arrived; attribute names flat (Phoenix nests them)."""
+        deadline = time.monotonic() + timeout
+        spans: list[dict] = []
+        while time.monotonic() < deadline:
+            try:
+                url = f"{self.base_url}/v1/projects/{project}/spans?limit=1000"
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    spans = json.load(response)["data"]
+            except urllib.error.HTTPError as error:
+                if error.code != 404:  # the project appears with its first span
+                    raise
+            if len(spans) >= expected:
+                return [{**span, "attributes": _flatten(span["attributes"])} for span in spans]
+            time.sleep(0.5)
+        raise AssertionError(f"Phoenix has {len(spans)} spans in {project!r}, expected {expected}")
+
+
 @pytest.fixture(scope="session")
 def phoenix(tmp_path_factory):
-    """A Phoenix server on loopback (tests/services/start_phoenix.sh): yields its base URL and OTLP endpoints.
+    """A `Phoenix` server on loopback (tests/services/start_phoenix.sh).
 
     Set SPYGLASS_SKIP_PHOENIX=1 to skip the tests that need it (the install takes minutes).
     """
@@ -226,7 +263,7 @@ def phoenix(tmp_path_factory):
                 output = log_path.read_text(errors="replace")[-4000:]
                 pytest.fail(f"Phoenix did not start (exit code {process.poll()}):\n{output}")
             time.sleep(0.5)
-    yield {"base_url": base_url, "http_traces": f"{base_url}/v1/traces", "grpc": f"http://127.0.0.1:{grpc_port}"}
+    yield Phoenix(base_url, f"{base_url}/v1/traces", f"http://127.0.0.1:{grpc_port}")
     process.terminate()
     try:
         process.wait(timeout=20)

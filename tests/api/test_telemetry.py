@@ -1,8 +1,10 @@
-"""``spyglass serve`` telemetry end to end: JSON logs with request ids, and a vLLM dashboard's PromQL on
-a real Prometheus scraping the server with ``--metrics-namespace vllm``."""
+"""``spyglass serve`` telemetry end to end: JSON logs with request ids, a vLLM dashboard's PromQL on a
+real Prometheus scraping the server with ``--metrics-namespace vllm``, and traces in a real Phoenix."""
 
 import json
 import time
+import uuid
+from datetime import datetime
 
 import httpx
 
@@ -95,3 +97,52 @@ def test_vllm_dashboard_queries_find_data_and_logs_are_json(tiny_llama_dir, serv
     chat_lines = [r for r in finished if r["request_id"] == "client-request-1"]
     assert sorted(r["req_id"] for r in chat_lines) == [f"{chat.json()['id']}-{i}" for i in range(2)]
     assert all({"trace_id", "span_id"} <= r.keys() for r in finished)
+
+
+def test_traces_in_phoenix_show_root_spans_errors_and_aborts(tiny_llama_dir, server_factory, phoenix, wait_for):
+    project = f"spyglass-serve-{uuid.uuid4().hex[:8]}"
+    server = server_factory(
+        str(tiny_llama_dir), *SERVE_ARGS, "--otlp-traces-endpoint", phoenix.http_traces, "--trace-content",
+        env={"OTEL_SERVICE_NAME": project},
+    )
+    messages = [{"role": "user", "content": "Tell me about lighthouses"}]
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        chat = client.post(
+            "/v1/chat/completions",
+            json={"messages": messages, "max_tokens": 4, "user": "alice"},
+            headers={"X-Request-Id": "phoenix-1", "X-Session-Id": "session-1"},
+        )
+        missing = client.post("/v1/chat/completions", json={"model": "nope", "messages": messages})
+        body = {"prompt": "Once upon a time", "max_tokens": 5000, "ignore_eos": True, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body) as stream:
+            next(stream.iter_lines())  # the first chunk, then the client goes away
+        aborted = 'spyglass:request_success_total{finished_reason="abort",model_name="tiny"} 1.0'
+        wait_for(lambda: aborted in client.get("/metrics").text, timeout=60)
+    assert (chat.status_code, missing.status_code) == (200, 404)
+    assert server.stop() == 0  # flushes the spans
+
+    spans = phoenix.spans(project, expected=11)  # 5 per generation (root, LLM, queue, prefill, decode), the 404
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    roots = {s["attributes"].get("spyglass.request_id"): s for s in spans if not s["parent_id"]}
+    root = roots["phoenix-1"]
+    _, trace_id, span_id, _ = chat.headers["traceparent"].split("-")
+    assert (root["context"]["trace_id"], root["context"]["span_id"]) == (trace_id, span_id)
+    assert root["name"] == "POST /v1/chat/completions" and root["span_kind"] == "CHAIN"
+    a = root["attributes"]
+    assert json.loads(a["input.value"]) == messages
+    assert a["output.value"] == chat.json()["choices"][0]["message"]["content"]
+    assert (a["user.id"], a["session.id"], a["server.port"]) == ("alice", "session-1", int(server.base_url.split(":")[-1]))
+    assert root["status_code"] != "ERROR" and "error.type" not in a
+    (llm,) = [s for s in spans if s["parent_id"] == span_id and s["span_kind"] == "LLM"]
+    assert llm["name"] == "chat tiny"
+
+    not_found = roots[missing.headers["x-request-id"]]
+    assert not_found["attributes"]["error.type"] == "404" and not_found["status_code"] == "UNSET"
+
+    (abort,) = [s for s in spans if s["attributes"].get("error.type") == "abort"]
+    assert abort["span_kind"] == "LLM" and abort["status_code"] == "UNSET"
+    parent = by_id[abort["parent_id"]]
+    assert datetime.fromisoformat(abort["end_time"]) <= datetime.fromisoformat(parent["end_time"])
+
+    (line,) = [r for r in log_records(server) if r["event"] == "request finished" and r["request_id"] == "phoenix-1"]
+    assert (line["trace_id"], line["span_id"]) == (trace_id, llm["context"]["span_id"])
