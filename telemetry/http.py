@@ -106,7 +106,8 @@ class TelemetryMiddleware:
         tracer = tracing.get_tracer() if not quiet else None
         span = trace.INVALID_SPAN
         if tracer is not None:
-            span = tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes=self._attributes(scope, headers, info))
+            attributes = self._attributes(scope, headers, info)
+            span = tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
         token = context.attach(with_info(info, trace.set_span_in_context(span, parent)))
         status, error_body = 500, bytearray()
         start = time.perf_counter()
@@ -115,7 +116,8 @@ class TelemetryMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message = {**message, "headers": [*message.get("headers", []), *_response_headers(info.request_id, span)]}
+                extended = [*message.get("headers", []), *_response_headers(info.request_id, span)]
+                message = {**message, "headers": extended}
             elif message["type"] == "http.response.body" and status >= 400 and len(error_body) < MAX_ERROR_BODY:
                 error_body.extend(message.get("body", b"")[: MAX_ERROR_BODY - len(error_body)])
             await send(message)
@@ -154,7 +156,11 @@ class TelemetryMiddleware:
             "client.address": (scope.get("client") or ("",))[0],
             "spyglass.request_id": info.request_id,
         }
-        optional = {"server.address": info.server_address, "server.port": info.server_port, "session.id": info.session_id}
+        optional = {
+            "server.address": info.server_address,
+            "server.port": info.server_port,
+            "session.id": info.session_id,
+        }
         attributes.update({k: v for k, v in optional.items() if v is not None})
         return attributes
 

@@ -17,7 +17,8 @@ SELECTOR = f'{{model_name="{MODEL}"}}'
 def _quantiles(histogram: str) -> list[str]:
     """A vLLM dashboard latency panel: P50/P90/P95/P99 and the mean."""
     queries = [
-        f"histogram_quantile({q}, sum by(le) (rate({histogram}_bucket{SELECTOR}{RATE})))" for q in (0.5, 0.9, 0.95, 0.99)
+        f"histogram_quantile({q}, sum by(le) (rate({histogram}_bucket{SELECTOR}{RATE})))"
+        for q in (0.5, 0.9, 0.95, 0.99)
     ]
     return queries + [f"rate({histogram}_sum{SELECTOR}{RATE}) / rate({histogram}_count{SELECTOR}{RATE})"]
 
@@ -131,7 +132,8 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(tiny_llama_dir, ser
     a = root["attributes"]
     assert json.loads(a["input.value"]) == messages
     assert a["output.value"] == chat.json()["choices"][0]["message"]["content"]
-    assert (a["user.id"], a["session.id"], a["server.port"]) == ("alice", "session-1", int(server.base_url.split(":")[-1]))
+    port = int(server.base_url.split(":")[-1])
+    assert (a["user.id"], a["session.id"], a["server.port"]) == ("alice", "session-1", port)
     assert root["status_code"] != "ERROR" and "error.type" not in a
     (llm,) = [s for s in spans if s["parent_id"] == span_id and s["span_kind"] == "LLM"]
     assert llm["name"] == "chat tiny"

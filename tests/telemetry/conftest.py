@@ -1,4 +1,7 @@
-"""Fixtures for telemetry tests: settings, an in-memory span exporter, a tiny engine (Prometheus and Phoenix: tests/conftest.py)."""
+"""Fixtures for telemetry tests: settings, an in-memory span exporter, a tiny engine.
+
+Prometheus and Phoenix, which the API tests use too, are in tests/conftest.py.
+"""
 
 import pytest
 from opentelemetry.sdk.resources import Resource

@@ -45,7 +45,9 @@ def test_rules_read_only_metrics_spyglass_defines():
 
 
 @pytest.mark.parametrize("namespace", ["spyglass", "vllm"])
-def test_exposition_passes_promtool_check_metrics(namespace, require_tool, use_settings, make_engine, run_to_completion):
+def test_exposition_passes_promtool_check_metrics(
+    namespace, require_tool, use_settings, make_engine, run_to_completion
+):
     require_tool("promtool")
     use_settings(metrics_namespace=namespace)
     engine = make_engine()
