@@ -28,6 +28,7 @@ from spyglass.telemetry.request_context import (
     SESSION_ID_HEADER,
     HttpRequestInfo,
     request_id_from,
+    session_id_from,
     with_info,
 )
 
@@ -98,7 +99,7 @@ class TelemetryMiddleware:
         server = scope.get("server") or (None, None)
         info = HttpRequestInfo(
             request_id=request_id_from(headers.get(REQUEST_ID_HEADER)),
-            session_id=headers.get(SESSION_ID_HEADER) or None,
+            session_id=session_id_from(headers.get(SESSION_ID_HEADER)),
             server_address=server[0],
             server_port=server[1],
         )

@@ -36,6 +36,11 @@ def request_id_from(header: str | None) -> str:
     return uuid.uuid4().hex
 
 
+def session_id_from(header: str | None) -> str | None:
+    """The client's ``X-Session-Id``, at most 256 characters (it becomes a span attribute), or None."""
+    return (header.strip()[:256] or None) if header else None
+
+
 def with_info(info: HttpRequestInfo, parent: context.Context | None = None) -> context.Context:
     """``parent`` (default: the current context) carrying ``info``."""
     return context.set_value(_KEY, info, parent)

@@ -61,8 +61,14 @@ class RequestTracer:
     # -- phases ---------------------------------------------------------------------------------
 
     def _enter(self, rt: RequestTrace, name: str, start_ns: int, **attributes) -> None:
-        """End the current phase span at ``start_ns`` and open the next one there."""
+        """End the current phase span at ``start_ns`` and open the next one there.
+
+        Once the HTTP response has ended (the client went away and the abort is on its way), no
+        new phase opens: it would start after its trace's root ended.
+        """
         self._leave(rt, start_ns)
+        if root_span.ended_at(rt.root) is not None:
+            return
         context = trace.set_span_in_context(rt.span)
         rt.phase = self.tracer.start_span(name, context=context, start_time=start_ns, attributes=attributes)
         rt.phase_name = name
@@ -70,8 +76,14 @@ class RequestTracer:
 
     def _leave(self, rt: RequestTrace, end_ns: int) -> None:
         if rt.phase is not None:
-            rt.phase.end(end_time=end_ns)
+            rt.phase.end(end_time=max(self._cut(rt, end_ns), rt.phase.start_time))
             rt.phase, rt.phase_name = None, ""
+
+    @staticmethod
+    def _cut(rt: RequestTrace, ns: int) -> int:
+        """``ns``, but no later than the end of the HTTP span above the request (children end first)."""
+        root_end = root_span.ended_at(rt.root)
+        return ns if root_end is None else min(ns, root_end)
 
     def _account_step(self, rt: RequestTrace, step_id: int | None) -> None:
         """Close out the step that just ran for this request: a prefill chunk event, maybe the switch to decode."""
@@ -146,10 +158,8 @@ class RequestTracer:
         if rt is None:
             return
         self._account_step(rt, None)
-        end = epoch_ns(request.times.finished)
         root_end = root_span.ended_at(rt.root)
-        if root_end is not None:  # children end before their parent, even when the abort came later
-            end = max(min(end, root_end), rt.span.start_time)
+        end = max(self._cut(rt, epoch_ns(request.times.finished)), rt.span.start_time)
         self._leave(rt, end)
         span = rt.span
         span.add_event("finished", {"gen_ai.response.finish_reasons": [reason.value]}, timestamp=end)

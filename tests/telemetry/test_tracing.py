@@ -206,8 +206,8 @@ def test_abort_after_the_response_ended_is_marked_and_ends_inside_it(use_setting
     engine = make_engine()
     server, context = server_context(span_exporter)
     engine.add_request("gone", [1, 2, 3], SamplingParams(max_tokens=50), attributes={"otel_context": context})
-    engine.step()
     server.end()  # the client went away and the response ended; the engine hears of it later
+    engine.step()
     engine.step()
     engine.abort("gone")
     spans = span_exporter.get_finished_spans()
@@ -215,7 +215,8 @@ def test_abort_after_the_response_ended_is_marked_and_ends_inside_it(use_setting
     (llm,) = [s for s in spans if s.name.startswith("text_completion")]
     assert llm.attributes["error.type"] == "abort"
     assert llm.status.status_code == trace.StatusCode.UNSET  # the client's doing, not a server error
-    assert all(s.end_time <= root.end_time for s in spans if s is not root)
+    assert all(s.start_time <= s.end_time <= root.end_time for s in spans if s is not root)
+    assert [s.name for s in children(spans, llm)] == ["queue"]  # no phase opens after the response ended
     assert "output.value" not in root.attributes
 
 
