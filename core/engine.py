@@ -79,6 +79,7 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             attention_backend=self.backend.name,
+            waiting_classes=tuple(getattr(policy, "waiting_classes", ())),
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
         )

@@ -20,6 +20,7 @@ class EngineInfo:
     max_num_seqs: int
     max_num_batched_tokens: int
     attention_backend: str
+    waiting_classes: tuple[str, ...] = ()  # the scheduling policy's classes known up front
     # Live views for plugins: the tokenizer (to decode output for traces) and the hook relay's
     # error counts by "plugin.hook" (exported as a metric). Not part of equality or the repr.
     tokenizer: "Tokenizer | None" = field(default=None, compare=False, repr=False)

@@ -76,7 +76,7 @@ class MetricsRecorder:
             model, str(info.block_size), str(info.num_kv_blocks), info.dtype, str(info.max_model_len),
             str(info.max_num_seqs),
         ).set(1)
-        self._export_zeros(config)
+        self._export_zeros(info, config)
         self.ready = m.ENGINE_READY.labels(model)
         self.ready.set(1)
 
@@ -88,13 +88,16 @@ class MetricsRecorder:
         for position in range(num_accepted_tokens):
             m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS.labels(self.model, str(position)).inc()
 
-    def _export_zeros(self, config) -> None:
+    def _export_zeros(self, info: EngineInfo, config) -> None:
         """Create every label set known up front, so dashboards show 0 (not "no data") before the first event."""
         for metric in vars(m).values():
             if isinstance(metric, MetricWrapperBase) and metric._labelnames == ("model_name",):
                 metric.labels(self.model)
         for reason in FinishReason:
             m.REQUEST_SUCCESS.labels(self.model, reason.value)
+        for label in info.waiting_classes:
+            m.NUM_REQUESTS_WAITING_BY_CLASS.labels(self.model, label).set(0)
+        self.waiting_classes |= set(info.waiting_classes)
         for key in self.hook_errors:  # every plugin's event hooks, at 0 until one raises
             m.PLUGIN_HOOK_ERRORS.labels(self.model, *key.split(".", 1))
         if config is not None and config.speculative:

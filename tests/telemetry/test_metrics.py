@@ -39,6 +39,37 @@ def engine_and_registry(use_settings, make_engine):
     return make
 
 
+def test_series_exist_at_zero_before_the_first_request(engine_and_registry):
+    engine, reg = engine_and_registry({"served_model_name": "tiny"}, scheduling_policy="slo")
+    reg.model = "tiny"  # --served-model-name is the label
+    for reason in ("stop", "length", "abort", "error"):
+        assert reg.value("spyglass:request_success_total", finished_reason=reason) == 0
+    for scheduling_class in ("on_time", "missed"):
+        assert reg.value("spyglass:num_requests_waiting_by_class", scheduling_class=scheduling_class) == 0
+    assert reg.value("spyglass:plugin_hook_errors_total", plugin="request_log", hook="spyglass_request_finished") == 0
+    assert reg.value("spyglass:e2e_request_latency_seconds_count") == 0
+    assert reg.value("spyglass:engine_ready") == 1
+    info = {"block_size": "16", "num_gpu_blocks": str(engine.info.num_kv_blocks), "cache_dtype": "float32"}
+    info |= {"max_model_len": str(engine.max_model_len), "max_num_seqs": "128"}
+    assert reg.value("spyglass:cache_config_info", **info) == 1
+    engine.shutdown()
+    assert reg.value("spyglass:engine_ready") == 0
+
+
+def test_per_call_histograms_count_each_api_call_once(engine_and_registry, run_to_completion):
+    engine, reg = engine_and_registry({})
+    call = {"api_request_id": "cmpl-9", "n": 3, "num_choices": 3}
+    for index, max_tokens in enumerate((2, 5, 3)):
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        engine.add_request(f"cmpl-9-{index}", [1, 2, 3], params, attributes=call)
+    run_to_completion(engine)
+    assert reg.delta("spyglass:request_params_n_count") == 1 and reg.delta("spyglass:request_params_n_sum") == 3
+    assert reg.delta("spyglass:request_max_num_generation_tokens_count") == 1
+    assert reg.delta("spyglass:request_max_num_generation_tokens_sum") == 5  # the longest choice
+    assert reg.delta("spyglass:request_params_max_tokens_sum") == 2 + 5 + 3
+    assert reg.delta("spyglass:request_inference_time_seconds_count") == 3
+
+
 def test_request_and_step_metrics_after_a_run(engine_and_registry, run_to_completion):
     engine, reg = engine_and_registry({"slo_ttft_s": 1000.0, "slo_tpot_s": 1000.0}, max_num_batched_tokens=8)
     prompts = [list(range(10, 22)), list(range(30, 35)), list(range(40, 43))]
