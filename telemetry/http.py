@@ -155,7 +155,7 @@ class TelemetryMiddleware:
             "network.protocol.version": scope.get("http_version", ""),
             "user_agent.original": headers.get("user-agent", ""),
             "client.address": (scope.get("client") or ("",))[0],
-            "spyglass.request_id": info.request_id,
+            "spyglass.http.request_id": info.request_id,
         }
         optional = {
             "server.address": info.server_address,

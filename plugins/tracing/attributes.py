@@ -73,7 +73,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "server.address": http.server_address if http else None,
         "server.port": http.server_port if http else None,
         "session.id": session_id(request),
-        "spyglass.request_id": http.request_id if http else None,
+        "spyglass.http.request_id": http.request_id if http else None,
         "user.id": extra.get("user"),
         "spyglass.tenant": extra.get("tenant"),
     }

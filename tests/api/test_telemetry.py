@@ -124,7 +124,7 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(tiny_llama_dir, ser
 
     spans = phoenix.spans(project, expected=11)  # 5 per generation (root, LLM, queue, prefill, decode), the 404
     by_id = {s["context"]["span_id"]: s for s in spans}
-    roots = {s["attributes"].get("spyglass.request_id"): s for s in spans if not s["parent_id"]}
+    roots = {s["attributes"].get("spyglass.http.request_id"): s for s in spans if not s["parent_id"]}
     root = roots["phoenix-1"]
     _, trace_id, span_id, _ = chat.headers["traceparent"].split("-")
     assert (root["context"]["trace_id"], root["context"]["span_id"]) == (trace_id, span_id)

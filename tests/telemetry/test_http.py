@@ -77,7 +77,7 @@ def test_server_spans_parent_on_traceparent_and_requests_are_counted(span_export
     assert missing_span.status.status_code == trace.StatusCode.UNSET
 
     # The request id: the client's when it is a plain token, else one the server makes; on every response.
-    assert traced.headers["x-request-id"] == "abc-123" == server.attributes["spyglass.request_id"]
+    assert traced.headers["x-request-id"] == "abc-123" == server.attributes["spyglass.http.request_id"]
     assert len(fresh.headers["x-request-id"]) == 32 and scrape.headers["x-request-id"]
     # traceparent names the server span, so a client can find its trace.
     assert traced.headers["traceparent"] == f"00-{TRACE_ID}-{format(server.context.span_id, '016x')}-01"

@@ -196,7 +196,7 @@ def test_root_span_carries_kind_user_session_and_content(use_settings, span_expo
     assert len(llm) == 2 and all(s.parent.span_id == root.context.span_id for s in llm)
     for span in llm:
         assert span.attributes["server.address"] == "127.0.0.1" and span.attributes["server.port"] == 8000
-        assert span.attributes["spyglass.request_id"] == "req-from-client"
+        assert span.attributes["spyglass.http.request_id"] == "req-from-client"
         assert span.attributes["session.id"] == "session-from-header" and span.attributes["user.id"] == "alice"
         assert span.end_time <= root.end_time
 
