@@ -6,9 +6,10 @@ command's parser, which keeps its heavy imports (torch, the engine, the HTTP sta
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
+
+from spyglass.telemetry.logging import setup_logging
 
 # name -> (module with add_parser(subparsers), one-line help)
 COMMANDS = {
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One log schema for every command (JSON lines unless stderr is a terminal); stdout stays the command's.
+    setup_logging(stream=sys.stderr)
     return args.run(args) or 0
 
 

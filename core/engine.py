@@ -83,6 +83,7 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             attention_backend=self.backend.name,
             vocab_size=checkpoint.arch.vocab_size,
+            waiting_classes=tuple(getattr(policy, "waiting_classes", ())),
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
         )

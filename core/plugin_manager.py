@@ -21,7 +21,13 @@ class SafeHookRelay:
 
     def __init__(self, pm: pluggy.PluginManager):
         self._pm = pm
-        self.num_errors: dict[str, int] = {}
+        # Every registered event hook starts at 0, so its error count is exported before the first error.
+        self.num_errors: dict[str, int] = {
+            f"{impl.plugin_name}.{name}": 0
+            for name, caller in vars(pm.hook).items()
+            if isinstance(caller, pluggy.HookCaller) and not (caller.spec and caller.spec.opts.get("firstresult"))
+            for impl in caller.get_hookimpls()
+        }
 
     def __getattr__(self, name: str):
         caller = getattr(self._pm.hook, name)

@@ -11,6 +11,8 @@ class SchedulingPolicy(Protocol):
     """Decides who is admitted next and who is preempted; the scheduler does the bookkeeping.
 
     Policies see requests read-only and keep any state of their own (per-tenant credit, ...).
+    A policy may also name the ``waiting_classes`` it knows before any request arrives (a tuple
+    of strings; optional), so their waiting-request series exist, at zero, from the start.
     """
 
     name: str

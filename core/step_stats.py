@@ -21,6 +21,7 @@ class EngineInfo:
     max_num_batched_tokens: int
     attention_backend: str
     vocab_size: int = 0  # the width of the model's logits (token ids are below it)
+    waiting_classes: tuple[str, ...] = ()  # the scheduling policy's classes known up front
     # Live views for plugins: the tokenizer (to decode output for traces) and the hook relay's
     # error counts by "plugin.hook" (exported as a metric). Not part of equality or the repr.
     tokenizer: "Tokenizer | None" = field(default=None, compare=False, repr=False)

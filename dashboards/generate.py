@@ -103,9 +103,13 @@ def sections() -> list[tuple[str, list[dict]]]:
             "s",
             [
                 target(f"{rate(h, '_sum')} / {rate(h, '_count')}", legend)
-                for h, legend in ((m.REQUEST_PREFILL_TIME, "prefill"), (m.REQUEST_DECODE_TIME, "decode"))
+                for h, legend in (
+                    (m.REQUEST_PREFILL_TIME, "prefill"),
+                    (m.REQUEST_DECODE_TIME, "decode"),
+                    (m.REQUEST_INFERENCE_TIME, "inference (both)"),
+                )
             ],
-            "Per request: first scheduled to first token, first to last token.",
+            "Per request: first scheduled to first token, first to last token, first scheduled to finish.",
         ),
     ]
     load = [
@@ -139,6 +143,19 @@ def sections() -> list[tuple[str, list[dict]]]:
         ),
         heatmap("Prompt length", m.REQUEST_PROMPT_TOKENS),
         heatmap("Generation length", m.REQUEST_GENERATION_TOKENS),
+        panel(
+            "Requested limits (mean)",
+            "short",
+            [
+                target(f"{rate(h, '_sum')} / {rate(h, '_count')}", legend)
+                for h, legend in (
+                    (m.REQUEST_PARAMS_MAX_TOKENS, "max_tokens"),
+                    (m.REQUEST_MAX_NUM_GENERATION_TOKENS, "longest output per call"),
+                    (m.REQUEST_PARAMS_N, "n"),
+                )
+            ],
+            "What clients ask for (max_tokens, n) beside the longest output each API call got.",
+        ),
     ]
     engine = [
         panel("Engine step duration", "s", quantile_targets(m.ENGINE_STEP_DURATION, quantiles=(0.5, 0.99))),
@@ -157,8 +174,11 @@ def sections() -> list[tuple[str, list[dict]]]:
             "Batch size and tokens per step",
             "short",
             [
+                # A mean, not a quantile: histogram_quantile interpolates inside the lowest bucket
+                # (le=1) down from 0, so steady batches of one read as 0.7.
                 target(
-                    f"histogram_quantile(0.5, {rate(m.ENGINE_STEP_BATCH_SIZE, '_bucket', by='le')})", "batch size P50"
+                    f"{rate(m.ENGINE_STEP_BATCH_SIZE, '_sum')} / {rate(m.ENGINE_STEP_BATCH_SIZE, '_count')}",
+                    "batch size mean",
                 ),
                 target(
                     f"{rate(m.ITERATION_TOKENS, '_sum')} / {rate(m.ITERATION_TOKENS, '_count')}", "tokens/step mean"

@@ -2,7 +2,7 @@
 
 import argparse
 
-from spyglass.telemetry.settings import TelemetrySettings
+from spyglass.telemetry.settings import METRICS_NAMESPACES, TelemetrySettings
 
 TELEMETRY_LEVELS = ("off", "metrics", "full")
 
@@ -30,6 +30,19 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--trace-content", action="store_true", help="Record prompts and completions in spans.")
     group.add_argument("--trace-steps", action="store_true", help="One span per engine step, linked to its requests.")
+    group.add_argument(
+        "--trace-steps-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="Step spans of one busy period share an engine_steps trace, cut at this length (default 10).",
+    )
+    group.add_argument(
+        "--metrics-namespace",
+        choices=METRICS_NAMESPACES,
+        default="spyglass",
+        help="Prefix of the Prometheus metric names; vllm makes dashboards written for vLLM run unchanged.",
+    )
     group.add_argument("--log-content", action="store_true", help="Put prompts and completions in request logs.")
     group.add_argument("--slo-ttft", type=float, default=0.5, metavar="SECONDS", help="TTFT target (default 0.5).")
     group.add_argument("--slo-tpot", type=float, default=0.05, metavar="SECONDS", help="TPOT target (default 0.05).")
@@ -48,4 +61,7 @@ def settings_from_args(args: argparse.Namespace) -> TelemetrySettings:
         slo_ttft_s=getattr(args, "slo_ttft", 0.5),
         slo_tpot_s=getattr(args, "slo_tpot", 0.05),
         log_content=getattr(args, "log_content", False),
+        trace_steps_interval_s=getattr(args, "trace_steps_interval", 10.0),
+        served_model_name=getattr(args, "served_model_name", None),
+        metrics_namespace=getattr(args, "metrics_namespace", "spyglass"),
     )

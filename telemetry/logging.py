@@ -3,14 +3,17 @@
 Spyglass's own loggers are structlog loggers wrapped around the standard library's, so an
 embedding program that never calls `setup_logging` keeps full control through ``logging``.
 `setup_logging` installs one handler that renders structlog events and plain ``logging``
-records alike. Request-related lines carry ``req_id``, ``trace_id`` and ``span_id``
-(`request_fields`), so a log line leads to its trace.
+records (uvicorn's, Litestar's, the engine's) alike, so every entry point (serve, generate,
+bench) writes one schema: ``timestamp``, ``level``, ``logger``, ``event`` and the event's fields.
+Request-related lines carry ``req_id``, ``request_id``, ``trace_id`` and ``span_id``
+(`request_fields`), so a log line leads to its trace and to the access-log line.
 """
 
 import logging
 import sys
 
 import structlog
+from spyglass.telemetry.request_context import info_of
 from spyglass.telemetry.tracing import trace_ids
 
 # Shared by structlog events and foreign (plain logging) records before rendering.
@@ -57,9 +60,16 @@ def setup_logging(level: int | str = logging.INFO, json: bool | None = None, str
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    logging.captureWarnings(True)  # Python warnings become log records too, in the same schema
     return handler
 
 
 def request_fields(request) -> dict[str, str]:
-    """``req_id``, ``trace_id`` and ``span_id`` for a request's log lines (ids empty when it has no span)."""
-    return {"req_id": request.req_id, **trace_ids(request)}
+    """``req_id``, ``request_id``, ``trace_id`` and ``span_id`` for a request's log lines.
+
+    ``req_id`` is the engine's id (the response id the client sees, e.g. ``chatcmpl-...``);
+    ``request_id`` the HTTP request's ``X-Request-Id`` (the client's, or one the server made), as
+    in the access-log line; it and the trace ids are empty for requests that did not come over HTTP.
+    """
+    info = info_of(request)
+    return {"req_id": request.req_id, "request_id": info.request_id if info else "", **trace_ids(request)}

@@ -1,7 +1,8 @@
 """Every Prometheus metric Spyglass exports, defined once, in the default registry.
 
-Names follow vLLM's (``vllm:`` becomes ``spyglass:``) so existing dashboards and alerts carry
-over; every engine metric has a ``model_name`` label. The ``gen_ai_server_*`` histograms are the
+Names follow vLLM's (``vllm:`` becomes ``spyglass:``; ``--metrics-namespace vllm`` exports
+vLLM's exact names, see `spyglass.telemetry.exposition`) so existing dashboards and alerts carry
+over; every engine metric has a ``model_name`` label (the served model name). The ``gen_ai_server_*`` histograms are the
 OpenTelemetry GenAI server metrics in Prometheus naming, with the convention's buckets. The
 plugins in ``plugins/metrics`` (and the prefix-cache and speculative-decoding plugins) record
 them from hook events; ``telemetry/http.py`` records the HTTP ones. Nothing here runs inside
@@ -105,6 +106,7 @@ GEN_AI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 
 GEN_AI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 
 # -- scheduler state (set every step) ----------------------------------------------------------
+ENGINE_READY = Gauge("spyglass:engine_ready", "1 while the engine runs, 0 once it has stopped.", M)
 NUM_REQUESTS_RUNNING = Gauge("spyglass:num_requests_running", "Requests in the running batch.", M)
 NUM_REQUESTS_WAITING = Gauge("spyglass:num_requests_waiting", "Requests waiting to be scheduled.", M)
 NUM_REQUESTS_WAITING_BY_CLASS = Gauge(
@@ -176,10 +178,33 @@ REQUEST_GENERATION_TOKENS = Histogram(
 REQUEST_NUM_PREEMPTIONS = Histogram(
     "spyglass:request_num_preemptions", "Preemptions per finished request.", M, buckets=(0, 1, 2, 4, 8, 16)
 )
+REQUEST_INFERENCE_TIME = Histogram(
+    "spyglass:request_inference_time_seconds",
+    "First scheduled to finish (prefill and decode, preemptions included).",
+    M,
+    buckets=REQUEST_LATENCY_BUCKETS,
+)
+REQUEST_PARAMS_N = Histogram(
+    "spyglass:request_params_n", "The n parameter of each API call (choices asked for).", M, buckets=(1, 2, 5, 10, 20)
+)
+REQUEST_PARAMS_MAX_TOKENS = Histogram(
+    "spyglass:request_params_max_tokens",
+    "The max_tokens limit of finished requests (the context room when the client set none).",
+    M,
+    buckets=TOKEN_COUNT_BUCKETS,
+)
+REQUEST_MAX_NUM_GENERATION_TOKENS = Histogram(
+    "spyglass:request_max_num_generation_tokens",
+    "The longest output among the choices of each API call.",
+    M,
+    buckets=TOKEN_COUNT_BUCKETS,
+)
 
 # -- per-step histograms -----------------------------------------------------------------------
+# vLLM calls this histogram ``iteration_tokens_total``, which Prometheus reserves for counters;
+# the vllm namespace (telemetry/exposition.py) restores vLLM's name.
 ITERATION_TOKENS = Histogram(
-    "spyglass:iteration_tokens_total", "Tokens scheduled per engine step.", M, buckets=STEP_TOKEN_BUCKETS
+    "spyglass:iteration_tokens", "Tokens scheduled per engine step.", M, buckets=STEP_TOKEN_BUCKETS
 )
 ENGINE_STEP_DURATION = Histogram(
     "spyglass:engine_step_duration_seconds",
@@ -195,6 +220,13 @@ ENGINE_STEP_PHASE_DURATION = Histogram(
 )
 ENGINE_STEP_BATCH_SIZE = Histogram(
     "spyglass:engine_step_batch_size", "Requests in each step's batch.", M, buckets=BATCH_SIZE_BUCKETS
+)
+
+# -- configuration ----------------------------------------------------------------------------
+CACHE_CONFIG_INFO = Gauge(
+    "spyglass:cache_config_info",
+    "The KV cache's configuration in labels (vLLM's names); the value is always 1.",
+    M + ["block_size", "num_gpu_blocks", "cache_dtype", "max_model_len", "max_num_seqs"],
 )
 
 # -- service-level objectives ------------------------------------------------------------------

@@ -6,6 +6,8 @@ here (`current()`) when the engine starts rather than through constructor argume
 
 from dataclasses import dataclass
 
+METRICS_NAMESPACES = ("spyglass", "vllm")
+
 
 @dataclass(frozen=True, slots=True)
 class TelemetrySettings:
@@ -15,7 +17,11 @@ class TelemetrySettings:
     standard ``OTEL_EXPORTER_OTLP_*`` variables, or a tracer provider installed by the caller).
     ``trace_content`` and ``log_content`` put prompt and completion text into spans and logs;
     they are off by default because prompts may be private. ``slo_*`` are the per-request
-    targets that the SLO attainment counters compare against.
+    targets that the SLO attainment counters compare against. ``trace_steps_interval_s`` bounds
+    how long one ``engine_steps`` trace groups step spans. ``served_model_name`` (default: the
+    engine's model name) is the ``model_name`` label and the model in span names.
+    ``metrics_namespace`` is the metric name prefix: ``spyglass``, or ``vllm`` so that
+    dashboards and alerts written for vLLM run unchanged.
     """
 
     metrics: bool = True
@@ -27,12 +33,19 @@ class TelemetrySettings:
     slo_ttft_s: float = 0.5
     slo_tpot_s: float = 0.05
     log_content: bool = False
+    trace_steps_interval_s: float = 10.0
+    served_model_name: str | None = None
+    metrics_namespace: str = "spyglass"
 
     def __post_init__(self) -> None:
         if self.otlp_protocol not in (None, "grpc", "http/protobuf"):
             raise ValueError(f"otlp_protocol must be grpc or http/protobuf, got {self.otlp_protocol!r}")
         if self.slo_ttft_s <= 0 or self.slo_tpot_s <= 0:
             raise ValueError("SLO targets must be positive")
+        if self.trace_steps_interval_s <= 0:
+            raise ValueError("trace_steps_interval_s must be positive")
+        if self.metrics_namespace not in METRICS_NAMESPACES:
+            raise ValueError(f"metrics_namespace must be one of {METRICS_NAMESPACES}, got {self.metrics_namespace!r}")
 
 
 _current = TelemetrySettings()

@@ -1,9 +1,21 @@
-"""Shared fixtures: the real default model, and tiny random HF model directories that reuse its tokenizer."""
+"""Shared fixtures: the real default model, tiny random HF model directories that reuse its tokenizer,
+and the telemetry back-ends (Prometheus, Phoenix) that the telemetry and API tests run against."""
 
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from spyglass.core.checkpoint import Checkpoint
 from spyglass.core.default_model import ensure_default_model
@@ -82,3 +94,179 @@ def tiny_qwen2_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
             if name.endswith(".bias"):
                 param.normal_()
     return _save_tiny(model, hf_gguf_tokenizer, tmp_path_factory.mktemp("tiny_qwen2"), max_shard_size="5MB")
+
+
+# -- telemetry back-ends: Prometheus and Phoenix on loopback, started by the tests that need them --
+
+SERVICES = Path(__file__).resolve().parent / "services"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _require_tool(name: str) -> None:
+    if shutil.which(name) is None:
+        message = f"{name} is not installed (apt-get install prometheus / nodejs npm)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture
+def require_tool():
+    """``require_tool(name)``: skip without the tool on a developer machine; in CI (CI set) fail instead."""
+    return _require_tool
+
+
+@dataclass
+class Prometheus:
+    """A running Prometheus: its HTTP API, and a wait for scrapes."""
+
+    base_url: str
+
+    def api(self, path: str, **params) -> dict:
+        """GET ``path`` with ``params``; the JSON answer, errors included."""
+        url = f"{self.base_url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as error:
+            return json.load(error)
+
+    def wait_for_scrapes(self, count: int, timeout: float = 60) -> None:
+        """Return once the target has been scraped ``count`` times (within the last minute)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.api("/api/v1/query", query="count_over_time(up[1m])")["data"]["result"]
+            if result and float(result[0]["value"][1]) >= count:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"Prometheus did not scrape {count} times")
+
+
+def _ready(base_url: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{base_url}/-/ready", timeout=1).status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def start_prometheus(tmp_path, require_tool):
+    """``start_prometheus("host:port")`` -> `Prometheus` scraping that target every second (job spyglass).
+
+    Exemplar storage is on; every Prometheus started is stopped after the test.
+    """
+    require_tool("prometheus")
+    processes = []
+
+    def start(target: str) -> Prometheus:
+        index = len(processes)
+        config = {
+            "global": {"scrape_interval": "1s"},
+            "scrape_configs": [{"job_name": "spyglass", "static_configs": [{"targets": [target]}]}],
+        }
+        config_path = tmp_path / f"prometheus-{index}.yml"
+        config_path.write_text(yaml.safe_dump(config))
+        log_path = tmp_path / f"prometheus-{index}.log"
+        port = free_port()
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={config_path}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    f"--storage.tsdb.path={tmp_path / f'data-{index}'}",
+                    "--enable-feature=exemplar-storage",
+                ],
+                stdout=log,
+                stderr=log,
+            )
+        processes.append(process)
+        base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while not _ready(base_url):
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        return Prometheus(base_url)
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def _flatten(attributes: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in attributes.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+@dataclass
+class Phoenix:
+    """A running Phoenix: its URL, its OTLP endpoints, and the spans it stored."""
+
+    base_url: str
+    http_traces: str
+    grpc: str
+
+    def spans(self, project: str, expected: int, timeout: float = 60) -> list[dict]:
+        """The project's spans once at least ``expected`` have arrived; attribute names flat (Phoenix nests them)."""
+        deadline = time.monotonic() + timeout
+        spans: list[dict] = []
+        while time.monotonic() < deadline:
+            try:
+                url = f"{self.base_url}/v1/projects/{project}/spans?limit=1000"
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    spans = json.load(response)["data"]
+            except urllib.error.HTTPError as error:
+                if error.code != 404:  # the project appears with its first span
+                    raise
+            if len(spans) >= expected:
+                return [{**span, "attributes": _flatten(span["attributes"])} for span in spans]
+            time.sleep(0.5)
+        raise AssertionError(f"Phoenix has {len(spans)} spans in {project!r}, expected {expected}")
+
+
+@pytest.fixture(scope="session")
+def phoenix(tmp_path_factory):
+    """A `Phoenix` server on loopback (tests/services/start_phoenix.sh).
+
+    Set SPYGLASS_SKIP_PHOENIX=1 to skip the tests that need it (the install takes minutes).
+    """
+    if os.environ.get("SPYGLASS_SKIP_PHOENIX") == "1":
+        pytest.skip("SPYGLASS_SKIP_PHOENIX=1: Phoenix end-to-end tests skipped on request")
+    http_port, grpc_port = free_port(), free_port()
+    env = dict(os.environ, PHOENIX_PORT=str(http_port), PHOENIX_GRPC_PORT=str(grpc_port))
+    env.pop("PHOENIX_WORKING_DIR", None)
+    log_path = tmp_path_factory.mktemp("phoenix") / "phoenix.log"
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(["bash", str(SERVICES / "start_phoenix.sh")], env=env, stdout=log_file, stderr=log_file)
+    base_url = f"http://127.0.0.1:{http_port}"
+    deadline = time.monotonic() + 900  # the first run installs Phoenix
+    while True:
+        try:
+            urllib.request.urlopen(f"{base_url}/healthz", timeout=2)
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                output = log_path.read_text(errors="replace")[-4000:]
+                pytest.fail(f"Phoenix did not start (exit code {process.poll()}):\n{output}")
+            time.sleep(0.5)
+    yield Phoenix(base_url, f"{base_url}/v1/traces", f"http://127.0.0.1:{grpc_port}")
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log_file.close()

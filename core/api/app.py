@@ -24,6 +24,7 @@ from spyglass.core.api.tokenize import detokenize, tokenize
 from spyglass.core.async_engine import AsyncEngine
 from spyglass.core.config import EngineConfig
 from spyglass.core.engine import LLMEngine
+from spyglass.telemetry.http import remember_exception
 
 log = logging.getLogger("spyglass.api")
 
@@ -62,11 +63,13 @@ def create_app(
         dependencies={"serving": Provide(provide_serving, sync_to_thread=False)},
         guards=[api_key_guard],
         exception_handlers=EXCEPTION_HANDLERS,
+        after_exception=[remember_exception],  # a 5xx's span records its exception
         lifespan=[lifespan],
         request_max_body_size=options.max_body_bytes,
         cors_config=CORSConfig(allow_origins=options.allowed_origins) if options.allowed_origins else None,
         openapi_config=OpenAPIConfig(title="Spyglass", version=spyglass.__version__),
         debug=False,
+        logging_config=None,  # keep the handler `setup_logging` installed (Litestar's would replace it)
     )
 
 

@@ -95,6 +95,8 @@ def request_attributes(body: SamplingFields, operation: str, response_id: str, m
         "otel_context": otel_context.get_current(),
         "tenant": headers.get("x-spyglass-tenant") or body.user,
         "api_request_id": response_id,
+        "n": body.n,
+        "session_id": (body.metadata or {}).get("session_id"),
     }
 
 

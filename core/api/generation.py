@@ -43,6 +43,7 @@ class RequestGroup:
 
     def __init__(self, async_engine: AsyncEngine, base_id: str, specs: list[ChoiceSpec], attributes: dict):
         self.req_ids = [base_id] if len(specs) == 1 else [f"{base_id}-{i}" for i in range(len(specs))]
+        attributes = {**attributes, "num_choices": len(specs)}  # the metrics plugin's per-call histograms
         self._streams = [
             async_engine.generate(req_id, spec.prompt_token_ids, spec.params, spec.prompt, attributes)
             for req_id, spec in zip(self.req_ids, specs)

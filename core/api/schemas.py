@@ -75,6 +75,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    metadata: dict[str, str] | None = None  # OpenAI's; ``session_id`` names the trace's session
     priority: Annotated[int, Meta(ge=-INT32 - 1, le=INT32)] = 0
     # Time-to-first-token target, read by the slo scheduling policy.
     ttft_slo_s: Annotated[float, Meta(gt=0.0, le=86400.0)] | None = None

@@ -13,7 +13,6 @@ from spyglass.core.engine_args import engine_config_from_args
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry.cli_options import settings_from_args
 from spyglass.telemetry.http import TelemetryMiddleware
-from spyglass.telemetry.logging import setup_logging
 
 log = logging.getLogger("spyglass.api")
 
@@ -53,19 +52,18 @@ class _Server(uvicorn.Server):
 
 def serve(args: argparse.Namespace, options: ServerOptions) -> int:
     """Load the engine, then listen on ``options.host:port`` until SIGINT or SIGTERM; 1 if the engine crashed."""
-    setup_logging()
     telemetry_settings.configure(settings_from_args(args))
     engine_config = engine_config_from_args(args)
     # ``server`` is bound below, before the engine (started by the server's lifespan) can crash.
     app = create_app(engine_config, options, lambda error: server.engine_crash(error))
     config = uvicorn.Config(
-        # Outermost, so every HTTP request (a 404 too) gets its span and its count.
-        TelemetryMiddleware(app),
+        # Outermost, so every HTTP request (a 404 too) gets its span, its count and its access-log line.
+        TelemetryMiddleware(app, access_log=not args.disable_access_log),
         host=options.host,
         port=options.port,
         log_level="info",
         log_config=None,
-        access_log=not args.disable_access_log,
+        access_log=False,  # TelemetryMiddleware writes the access log, with request and trace ids
         timeout_graceful_shutdown=int(options.shutdown_timeout) + 5,
     )
     # uvicorn runs the app's start-up (the engine load) before it binds: "Serving ... on" follows when ready.

@@ -39,6 +39,11 @@ class FairPolicy:
         self._counted: weakref.WeakSet[Request] = weakref.WeakSet()
         self._last_waiting: list[Request] = []
 
+    @property
+    def waiting_classes(self) -> tuple[str, ...]:
+        """The tenants named in the weights (others appear with their first request)."""
+        return tuple(self.weights)
+
     def weight(self, tenant: str) -> float:
         """The tenant's weight."""
         return self.weights.get(tenant, self.default_weight)

@@ -10,6 +10,7 @@ class FcfsPolicy:
     """The default policy, as vLLM's: the waiting queue in order; the last running request is the victim."""
 
     name = "fcfs"
+    waiting_classes = ("default",)
 
     def admission_order(self, waiting: Sequence[Request], running: Sequence[Request]) -> Iterable[Request]:
         """The waiting queue as it stands (preempted requests were put back at its head)."""

@@ -2,6 +2,9 @@
 
 Every metric is defined in `spyglass.telemetry.metrics`; this plugin only records. It keeps one
 `MetricsRecorder` for the engine that started last (one engine per process is the serving case).
+The ``model_name`` label is the served model name when one is set. Every series whose labels
+are known at start exists from the start, at zero, so that panels show 0 and ``rate()`` and
+``increase()`` see the first event.
 """
 
 from prometheus_client.metrics import MetricWrapperBase
@@ -25,9 +28,11 @@ def _exemplar(request: Request) -> dict[str, str] | None:
 class MetricsRecorder:
     """Records one engine's metrics; label children are bound once, here."""
 
-    def __init__(self, info: EngineInfo, settings: telemetry_settings.TelemetrySettings):
-        model = info.model_name
+    def __init__(self, info: EngineInfo, settings: telemetry_settings.TelemetrySettings, config=None):
+        model = settings.served_model_name or info.model_name
         self.model = model
+        self.engine_model = info.model_name
+        self.calls: dict[str, list[int]] = {}  # API call id -> [choices still running, longest output so far]
         self.settings = settings
         self.hook_errors = getattr(info, "hook_errors", {})
         self.hook_errors_seen: dict[str, int] = {}
@@ -50,6 +55,10 @@ class MetricsRecorder:
         self.prompt_len = m.REQUEST_PROMPT_TOKENS.labels(model)
         self.generation_len = m.REQUEST_GENERATION_TOKENS.labels(model)
         self.request_preemptions = m.REQUEST_NUM_PREEMPTIONS.labels(model)
+        self.inference_time = m.REQUEST_INFERENCE_TIME.labels(model)
+        self.params_n = m.REQUEST_PARAMS_N.labels(model)
+        self.params_max_tokens = m.REQUEST_PARAMS_MAX_TOKENS.labels(model)
+        self.max_generation_tokens = m.REQUEST_MAX_NUM_GENERATION_TOKENS.labels(model)
         self.iteration_tokens = m.ITERATION_TOKENS.labels(model)
         self.step_duration = m.ENGINE_STEP_DURATION.labels(model)
         self.step_phases = {p: m.ENGINE_STEP_PHASE_DURATION.labels(model, p) for p in ("schedule", "model", "update")}
@@ -63,7 +72,13 @@ class MetricsRecorder:
         self.spec_accepted_tokens = m.SPEC_DECODE_NUM_ACCEPTED_TOKENS.labels(model)
         m.SLO_TTFT_TARGET.labels(model).set(settings.slo_ttft_s)
         m.SLO_TPOT_TARGET.labels(model).set(settings.slo_tpot_s)
-        self._export_zeros()
+        m.CACHE_CONFIG_INFO.labels(
+            model, str(info.block_size), str(info.num_kv_blocks), info.dtype, str(info.max_model_len),
+            str(info.max_num_seqs),
+        ).set(1)
+        self._export_zeros(info, config)
+        self.ready = m.ENGINE_READY.labels(model)
+        self.ready.set(1)
 
     def drafts_verified(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Count one verified proposal."""
@@ -73,13 +88,21 @@ class MetricsRecorder:
         for position in range(num_accepted_tokens):
             m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS.labels(self.model, str(position)).inc()
 
-    def _export_zeros(self) -> None:
+    def _export_zeros(self, info: EngineInfo, config) -> None:
         """Create every label set known up front, so dashboards show 0 (not "no data") before the first event."""
         for metric in vars(m).values():
             if isinstance(metric, MetricWrapperBase) and metric._labelnames == ("model_name",):
                 metric.labels(self.model)
         for reason in FinishReason:
             m.REQUEST_SUCCESS.labels(self.model, reason.value)
+        for label in info.waiting_classes:
+            m.NUM_REQUESTS_WAITING_BY_CLASS.labels(self.model, label).set(0)
+        self.waiting_classes |= set(info.waiting_classes)
+        for key in self.hook_errors:  # every plugin's event hooks, at 0 until one raises
+            m.PLUGIN_HOOK_ERRORS.labels(self.model, *key.split(".", 1))
+        if config is not None and config.speculative:
+            for position in range(config.num_speculative_tokens):
+                m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS.labels(self.model, str(position))
         for operation in ("chat", "text_completion"):
             m.GEN_AI_TIME_TO_FIRST_TOKEN.labels(operation, PROVIDER, self.model)
             m.GEN_AI_TIME_PER_OUTPUT_TOKEN.labels(operation, PROVIDER, self.model)
@@ -90,6 +113,22 @@ class MetricsRecorder:
 
     def request_added(self, request: Request) -> None:
         self.live[request.req_id] = request
+        call_id = request.attributes.get("api_request_id", request.req_id)
+        if call_id not in self.calls:
+            self.calls[call_id] = [request.attributes.get("num_choices", 1), 0]
+            self.params_n.observe(request.attributes.get("n", request.sampling_params.n))
+
+    def _call_finished(self, request: Request) -> None:
+        """Observe the longest output of the request's API call once its last choice has finished."""
+        call_id = request.attributes.get("api_request_id", request.req_id)
+        call = self.calls.get(call_id)
+        if call is None:
+            return
+        call[0] -= 1
+        call[1] = max(call[1], request.num_output_tokens)
+        if call[0] <= 0:
+            del self.calls[call_id]
+            self.max_generation_tokens.observe(call[1])
 
     def first_token(self, request: Request) -> None:
         ttft = request.times.first_token - request.times.arrival
@@ -145,6 +184,7 @@ class MetricsRecorder:
         m.GEN_AI_REQUEST_DURATION.labels(*self._gen_ai(request), error_type).observe(e2e, exemplar)
         if times.first_scheduled:
             self.queue_time.observe(times.first_scheduled - times.arrival, exemplar)
+            self.inference_time.observe(times.finished - times.first_scheduled, exemplar)
         tpot = None
         if times.first_token:
             self.prefill_time.observe(times.first_token - times.first_scheduled, exemplar)
@@ -156,6 +196,8 @@ class MetricsRecorder:
         self.prompt_len.observe(request.num_prompt_tokens)
         self.generation_len.observe(request.num_output_tokens)
         self.request_preemptions.observe(request.num_preemptions)
+        self.params_max_tokens.observe(request.max_tokens)
+        self._call_finished(request)
         if reason is not FinishReason.ABORT:
             self._judge_slo(request, tpot)
 
@@ -183,6 +225,7 @@ class MetricsRecorder:
 
     def stopped(self) -> None:
         self.sync_hook_errors()
+        self.ready.set(0)
         self.running.set(0)
         self.waiting.set(0)
         self.kv_usage.set(0)
@@ -194,18 +237,18 @@ _recorder: MetricsRecorder | None = None
 
 
 @hookimpl
-def spyglass_engine_started(info):
+def spyglass_engine_started(info, config):
     """Start recording for this engine, unless metrics are switched off."""
     global _recorder
     settings = telemetry_settings.current()
-    _recorder = MetricsRecorder(info, settings) if settings.metrics else None
+    _recorder = MetricsRecorder(info, settings, config) if settings.metrics else None
 
 
 @hookimpl
 def spyglass_engine_stopped(info):
     """Zero the gauges and flush the hook error counts."""
     global _recorder
-    if _recorder is not None and _recorder.model == info.model_name:
+    if _recorder is not None and _recorder.engine_model == info.model_name:
         _recorder.stopped()
         _recorder = None
 

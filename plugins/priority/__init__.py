@@ -20,6 +20,7 @@ class PriorityPolicy:
     """Admit by (priority, arrival); preempt the least important (highest number, newest)."""
 
     name = "priority"
+    waiting_classes = ("priority_0",)  # the default priority; others appear with their first request
 
     def admission_order(self, waiting: Sequence[Request], running: Sequence[Request]) -> Iterable[Request]:
         """Waiting requests by priority, then arrival."""

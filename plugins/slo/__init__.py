@@ -27,6 +27,7 @@ class SloPolicy:
     """Admit by deadline (arrival + TTFT target); preempt the latest deadline; count misses."""
 
     name = "slo"
+    waiting_classes = ("on_time", "missed")
 
     def __init__(self, default_ttft_s: float, tenant_ttft_s: dict[str, float] | None = None):
         self.default_ttft_s = default_ttft_s

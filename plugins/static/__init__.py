@@ -16,6 +16,7 @@ class StaticPolicy:
     """Admit the waiting queue in order, but only into an empty batch; preempt the newest."""
 
     name = "static"
+    waiting_classes = ("default",)
 
     def admission_order(self, waiting: Sequence[Request], running: Sequence[Request]) -> Iterable[Request]:
         """The waiting queue when nothing runs, else nobody."""

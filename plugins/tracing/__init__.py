@@ -4,8 +4,15 @@ Per request, a span ``{operation} {model}`` (parented on the HTTP server span ca
 ``request.attributes["otel_context"]``, else a new trace) with child spans for each phase it
 goes through: ``queue``, ``prefill`` (one event per chunk), ``decode``, and ``preempted`` (from
 losing its blocks until it is scheduled again, after which a resumed ``prefill`` recomputes
-them). With ``trace_steps``, one ``engine_step`` span per step links to the request spans it
-served. Content (prompt and completion text) is recorded only with ``trace_content``.
+them). The HTTP server span above it gets the generation's kind, user, session and (with
+content capture) input and output (`root_span`). With ``trace_steps``, ``engine_step`` spans,
+grouped per busy interval (`step_spans`), link to the request spans they served. Content
+(prompt and completion text) is recorded only with ``trace_content``.
+
+Errors follow OpenTelemetry's conventions: an engine failure sets ERROR status, ``error.type``
+and an ``exception`` event; an abort sets ``error.type`` ``abort`` and leaves the status unset.
+A request's spans never end after the HTTP span above them (an abort is processed after the
+response ended; its spans are cut at the response's end).
 """
 
 import time
@@ -13,11 +20,13 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanKind
 from spyglass.core.hookspecs import hookimpl
 from spyglass.core.request import FinishReason, Request
 from spyglass.core.step_stats import EngineInfo, StepStats
 from spyglass.plugins.tracing import attributes as attrs
+from spyglass.plugins.tracing import root_span
+from spyglass.plugins.tracing.step_spans import StepSpans
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry import tracing
 from spyglass.telemetry.tracing import monotonic_to_epoch_ns as epoch_ns
@@ -29,6 +38,7 @@ class RequestTrace:
 
     request: Request
     span: Span
+    root: Span | None = None
     phase: Span | None = None
     phase_name: str = ""
     outputs_at_phase_start: int = 0
@@ -40,17 +50,25 @@ class RequestTracer:
 
     def __init__(self, tracer: trace.Tracer, info: EngineInfo, settings: telemetry_settings.TelemetrySettings):
         self.tracer = tracer
-        self.model = info.model_name
+        self.engine_model = info.model_name
+        self.model = settings.served_model_name or info.model_name
         self.tokenizer = getattr(info, "tokenizer", None)
         self.settings = settings
         self.traces: dict[str, RequestTrace] = {}
         self.step_links: list[Link] = []
+        self.steps = StepSpans(tracer, self.model, settings.trace_steps_interval_s) if settings.trace_steps else None
 
     # -- phases ---------------------------------------------------------------------------------
 
     def _enter(self, rt: RequestTrace, name: str, start_ns: int, **attributes) -> None:
-        """End the current phase span at ``start_ns`` and open the next one there."""
+        """End the current phase span at ``start_ns`` and open the next one there.
+
+        Once the HTTP response has ended (the client went away and the abort is on its way), no
+        new phase opens: it would start after its trace's root ended.
+        """
         self._leave(rt, start_ns)
+        if root_span.ended_at(rt.root) is not None:
+            return
         context = trace.set_span_in_context(rt.span)
         rt.phase = self.tracer.start_span(name, context=context, start_time=start_ns, attributes=attributes)
         rt.phase_name = name
@@ -58,8 +76,14 @@ class RequestTracer:
 
     def _leave(self, rt: RequestTrace, end_ns: int) -> None:
         if rt.phase is not None:
-            rt.phase.end(end_time=end_ns)
+            rt.phase.end(end_time=max(self._cut(rt, end_ns), rt.phase.start_time))
             rt.phase, rt.phase_name = None, ""
+
+    @staticmethod
+    def _cut(rt: RequestTrace, ns: int) -> int:
+        """``ns``, but no later than the end of the HTTP span above the request (children end first)."""
+        root_end = root_span.ended_at(rt.root)
+        return ns if root_end is None else min(ns, root_end)
 
     def _account_step(self, rt: RequestTrace, step_id: int | None) -> None:
         """Close out the step that just ran for this request: a prefill chunk event, maybe the switch to decode."""
@@ -91,10 +115,14 @@ class RequestTracer:
             start_time=start,
             attributes=attrs.request_attributes(request, self.model),
         )
-        if self.settings.trace_content:
-            span.set_attributes(attrs.input_content_attributes(request, self._prompt_text(request)))
+        prompt_text = self._prompt_text(request) if self.settings.trace_content else None
+        if prompt_text is not None:
+            span.set_attributes(attrs.input_content_attributes(request, prompt_text))
         tracing.remember_request_span(request, span.get_span_context())
-        rt = RequestTrace(request, span)
+        root = root_span.server_span(request)
+        if root is not None and root_span.is_first_choice(request):
+            root_span.on_added(root, request, self.model, prompt_text)
+        rt = RequestTrace(request, span, root)
         self.traces[request.req_id] = rt
         self._enter(rt, "queue", start)
 
@@ -130,17 +158,22 @@ class RequestTracer:
         if rt is None:
             return
         self._account_step(rt, None)
-        end = epoch_ns(request.times.finished)
+        root_end = root_span.ended_at(rt.root)
+        end = max(self._cut(rt, epoch_ns(request.times.finished)), rt.span.start_time)
         self._leave(rt, end)
         span = rt.span
         span.add_event("finished", {"gen_ai.response.finish_reasons": [reason.value]}, timestamp=end)
         span.set_attributes(attrs.finish_attributes(request, reason))
+        output_text = None
         if self.settings.trace_content and self.tokenizer is not None:
-            span.set_attributes(
-                attrs.output_content_attributes(self.tokenizer.decode(request.output_token_ids), reason)
-            )
+            output_text = self.tokenizer.decode(request.output_token_ids)
+            span.set_attributes(attrs.output_content_attributes(output_text, reason))
         if reason is FinishReason.ERROR:
-            span.set_status(Status(StatusCode.ERROR, request.error))
+            root_span.record_failure(span, request.error)
+        if rt.root is not None and root_end is None:
+            first = root_span.is_first_choice(request)
+            if first or reason is FinishReason.ERROR:
+                root_span.on_finished(rt.root, request, reason, output_text if first else None)
         span.end(end_time=end)
 
     def step_started(self, step_id: int, scheduled: tuple[Request, ...]) -> None:
@@ -156,35 +189,9 @@ class RequestTracer:
             rt = self.traces.get(req_id)
             if rt is not None:
                 self._account_step(rt, stats.step_id)
-        if self.settings.trace_steps:
-            self._step_span(stats)
+        if self.steps is not None:
+            self.steps.record(stats, self.step_links)
         self.step_links = []
-
-    def _step_span(self, stats: StepStats) -> None:
-        span = self.tracer.start_span(
-            "engine_step",
-            context=Context(),
-            start_time=tracing.perf_counter_to_epoch_ns(stats.start_time),
-            links=self.step_links,
-            attributes={
-                "spyglass.step.id": stats.step_id,
-                "spyglass.step.batch_size": len(stats.req_ids),
-                "spyglass.step.num_prefill_reqs": stats.num_prefill_reqs,
-                "spyglass.step.num_decode_reqs": stats.num_decode_reqs,
-                "spyglass.step.num_scheduled_tokens": stats.num_scheduled_tokens,
-                "spyglass.step.num_prefill_tokens": stats.num_prefill_tokens,
-                "spyglass.step.num_generated_tokens": stats.num_generated_tokens,
-                "spyglass.step.num_preempted": stats.num_preempted,
-                "spyglass.step.num_running": stats.num_running,
-                "spyglass.step.num_waiting": stats.num_waiting,
-                "spyglass.step.kv_cache_usage": stats.kv_cache_usage,
-                "spyglass.step.schedule_time": stats.schedule_time,
-                "spyglass.step.model_time": stats.model_time,
-                "spyglass.step.update_time": stats.update_time,
-                "llm.model_name": self.model,
-            },
-        )
-        span.end(end_time=tracing.perf_counter_to_epoch_ns(stats.end_time))
 
     def stopped(self) -> None:
         """End whatever is still open (the engine aborts live requests before this, so normally nothing)."""
@@ -193,6 +200,8 @@ class RequestTracer:
             self._leave(rt, now)
             rt.span.end(end_time=now)
         self.traces.clear()
+        if self.steps is not None:
+            self.steps.close()
 
     def _prompt_text(self, request: Request) -> str:
         if request.prompt is not None:
@@ -216,7 +225,7 @@ def spyglass_engine_started(info):
 def spyglass_engine_stopped(info):
     """Close any span left open."""
     global _tracer
-    if _tracer is not None and _tracer.model == info.model_name:
+    if _tracer is not None and _tracer.engine_model == info.model_name:
         _tracer.stopped()
         _tracer = None
 

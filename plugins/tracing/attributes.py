@@ -1,9 +1,11 @@
 """Span attributes for a request, in the GenAI, OpenInference and Langfuse conventions at once."""
 
 import json
+import re
 from datetime import UTC, datetime
 
 from spyglass.core.request import FinishReason, Request
+from spyglass.telemetry.request_context import info_of
 
 PROVIDER = "spyglass"
 
@@ -37,10 +39,12 @@ def request_attributes(request: Request, model: str) -> dict:
 
     Besides the sampling parameters it reads the keys the HTTP API puts in ``request.attributes``:
     ``operation``, ``stream``, ``user``, ``request_model`` (the model the client named),
-    ``api_request_id`` (the response id the client sees), ``tenant`` and ``session_id``.
+    ``api_request_id`` (the response id the client sees), ``tenant`` and ``session_id``, and the
+    HTTP request's id, session header and server address from the context the API captured.
     """
     p = request.sampling_params
     extra = request.attributes
+    http = info_of(request)
     attrs = {
         "gen_ai.operation.name": operation_name(request),
         "gen_ai.provider.name": PROVIDER,
@@ -66,14 +70,27 @@ def request_attributes(request: Request, model: str) -> dict:
         "gen_ai.request.stop_sequences": list(p.stop) or None,
         "gen_ai.request.choice.count": p.n if p.n != 1 else None,
         "gen_ai.request.stream": extra.get("stream"),
-        "server.address": extra.get("server.address"),
-        "server.port": extra.get("server.port"),
-        "session.id": extra.get("session_id"),
+        "server.address": http.server_address if http else None,
+        "server.port": http.server_port if http else None,
+        "session.id": session_id(request),
+        "spyglass.http.request_id": http.request_id if http else None,
         "user.id": extra.get("user"),
         "spyglass.tenant": extra.get("tenant"),
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     return attrs
+
+
+def session_id(request: Request) -> str | None:
+    """The client's session: the ``X-Session-Id`` header, else ``session_id`` from the request's metadata."""
+    http = info_of(request)
+    return (http.session_id if http else None) or request.attributes.get("session_id")
+
+
+def error_type(error: str | None) -> str:
+    """The exception class named in an engine error message (``"... RuntimeError: boom"``), else ``error``."""
+    match = re.search(r"\b([A-Z]\w*(?:Error|Exception|Interrupt|Exit))\b", error or "")
+    return match.group(1) if match else "error"
 
 
 def input_content_attributes(request: Request, prompt_text: str) -> dict:
@@ -142,8 +159,8 @@ def finish_attributes(request: Request, reason: FinishReason) -> dict:
         attrs["gen_ai.latency.time_in_model_decode"] = times.last_token - times.first_token
         if output_tokens > 1:
             attrs["gen_ai.latency.time_per_output_token"] = (times.last_token - times.first_token) / (output_tokens - 1)
-    if reason is FinishReason.ERROR:
-        attrs["error.type"] = (request.error or "error").split(":", 1)[0]
+    if reason is FinishReason.ABORT:
+        attrs["error.type"] = "abort"  # the client went away: marked, but not a server error (status unset)
     return attrs
 
 

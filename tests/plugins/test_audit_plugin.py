@@ -54,7 +54,7 @@ def test_audit_is_silent_without_its_variable(make_engine, driver, monkeypatch):
     engine = make_engine(plugins=["fcfs", "audit"])
     driver.add(engine, [5, 6, 7])
     driver.drain(engine)
-    assert engine.hooks.num_errors == {}
+    assert not any(engine.hooks.num_errors.values())
 
 
 def _free_port() -> int:

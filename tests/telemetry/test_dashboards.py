@@ -4,12 +4,9 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -21,10 +18,10 @@ from spyglass.telemetry import metrics
 from spyglass.telemetry.exposition import render_metrics
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
-# Metrics that only get a sample when their event happens (a hook error, an HTTP request, a
-# draft accepted at some position); their queries must still parse, but may return nothing here.
+# Metrics that only get a sample when their event happens (an HTTP request, a draft accepted at
+# some position without speculation configured); their queries must still parse, but may return
+# nothing here.
 EVENT_ONLY = {
-    "spyglass:plugin_hook_errors",
     "spyglass:http_requests",
     "spyglass:spec_decode_num_accepted_tokens_per_pos",
 }
@@ -33,17 +30,10 @@ NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of 
     "spyglass:slo_ttft_target_seconds",
     "spyglass:slo_tpot_target_seconds",
     "spyglass:request_num_preemptions",
+    "spyglass:cache_config_info",
+    "spyglass:engine_ready",
 }
 GRAFANA_SCHEMA_PACKAGES = ["@grafana/schema@13.2.3", "typescript@7.0.2"]
-
-
-def require_tool(name: str) -> None:
-    """Skip without the tool on a developer machine; in CI (CI set) its absence is a failure."""
-    if shutil.which(name) is None:
-        message = f"{name} is not installed (apt-get install prometheus / nodejs npm)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +60,7 @@ def metric_names(expr: str) -> set[str]:
 
 def family(sample_name: str) -> str:
     for suffix in ("_total", "_bucket", "_sum", "_count"):
-        if sample_name.endswith(suffix) and not sample_name.endswith("iteration_tokens_total"):
+        if sample_name.endswith(suffix):
             return sample_name[: -len(suffix)]
     return sample_name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
 
@@ -107,7 +97,7 @@ def test_provisioning_points_at_the_dashboard_and_prometheus():
     assert Path(mounted[0]).parent == Path(provider["providers"][0]["options"]["path"])
 
 
-def test_dashboard_type_checks_against_grafana_schema(generate, tmp_path):
+def test_dashboard_type_checks_against_grafana_schema(generate, tmp_path, require_tool):
     require_tool("npm")
     cache = Path(os.environ.get("SPYGLASS_CACHE_DIR") or Path.home() / ".cache" / "spyglass") / "grafana-schema"
     tsc = cache / "node_modules" / ".bin" / "tsc"
@@ -169,69 +159,13 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         pass
 
 
-def _api(base: str, path: str, **params) -> dict:
-    url = f"{base}{path}?{urllib.parse.urlencode(params)}"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return json.load(response)
-    except urllib.error.HTTPError as error:
-        return json.load(error)
-
-
 @pytest.fixture
-def prometheus(tmp_path):
-    """A Prometheus (exemplar storage on) scraping this process's registry every second; yields its URL."""
-    require_tool("prometheus")
+def prometheus(start_prometheus):
+    """A Prometheus scraping this process's registry every second."""
     exporter = ThreadingHTTPServer(("127.0.0.1", 0), _MetricsHandler)
     threading.Thread(target=exporter.serve_forever, daemon=True).start()
-    config = {
-        "global": {"scrape_interval": "1s"},
-        "scrape_configs": [
-            {"job_name": "spyglass", "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_port}"]}]}
-        ],
-    }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    with ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler) as probe:
-        port = probe.server_port
-    log = (tmp_path / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            "--enable-feature=exemplar-storage",
-        ],
-        stdout=log,
-        stderr=log,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while _ready(base) is False:
-        assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
-        time.sleep(0.2)
-    yield base
-    process.terminate()
-    process.wait(timeout=20)
+    yield start_prometheus(f"127.0.0.1:{exporter.server_port}")
     exporter.shutdown()
-    log.close()
-
-
-def _ready(base: str) -> bool:
-    try:
-        return urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200
-    except OSError:
-        return False
-
-
-def _wait_for_scrapes(base: str, count: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = _api(base, "/api/v1/query", query="count_over_time(up[1m])")["data"]["result"]
-        if result and float(result[0]["value"][1]) >= count:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"Prometheus did not scrape {count} times")
 
 
 def test_every_query_parses_and_finds_data_in_prometheus(
@@ -239,7 +173,7 @@ def test_every_query_parses_and_finds_data_in_prometheus(
 ):
     use_settings()
     engine = make_engine(max_num_seqs=2)  # the third request waits: waiting_by_class gets a sample
-    _wait_for_scrapes(prometheus, 1)
+    prometheus.wait_for_scrapes(1)
     for i in range(3):
         engine.add_request(
             f"d{i}",
@@ -249,26 +183,25 @@ def test_every_query_parses_and_finds_data_in_prometheus(
         )
     run_to_completion(engine)
     start = time.time()
-    _wait_for_scrapes(prometheus, 4)
+    prometheus.wait_for_scrapes(4)
     time.sleep(2.5)  # two more scrapes after the run, so every rate() has points on both sides
 
     model = re.escape(engine.model_name)
     dashboard = json.loads(generate.render())
     (variable_metric,) = metric_names(variable_query(dashboard))
-    values = _api(prometheus, "/api/v1/label/model_name/values", **{"match[]": variable_metric})["data"]
+    values = prometheus.api("/api/v1/label/model_name/values", **{"match[]": variable_metric})["data"]
     assert engine.model_name in values
     for expr in expressions(dashboard):
         query = expr.replace("$__rate_interval", "1m").replace("$model_name", model)
-        parsed = _api(prometheus, "/api/v1/format_query", query=query)
+        parsed = prometheus.api("/api/v1/format_query", query=query)
         assert parsed["status"] == "success", (expr, parsed)
-        result = _api(prometheus, "/api/v1/query", query=query)
+        result = prometheus.api("/api/v1/query", query=query)
         assert result["status"] == "success", (expr, result)
         if not {family(n) for n in metric_names(expr)} & EVENT_ONLY:
             assert result["data"]["result"], f"no data for {expr}"
 
     traced = {format(s.context.trace_id, "032x") for s in span_exporter.get_finished_spans() if s.parent is None}
-    exemplars = _api(
-        prometheus,
+    exemplars = prometheus.api(
         "/api/v1/query_exemplars",
         query=f"{metrics.TIME_TO_FIRST_TOKEN._name}_bucket",
         start=start - 120,

@@ -7,7 +7,7 @@ from litestar import Litestar, get
 from litestar.params import FromPath
 from opentelemetry import context, trace
 from prometheus_client import REGISTRY
-from spyglass.telemetry.http import TelemetryMiddleware
+from spyglass.telemetry.http import TelemetryMiddleware, remember_exception
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -36,8 +36,10 @@ def count(route: str, status: str) -> float:
 async def _requests(app):
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
-        traced = await client.get("/v1/items/3", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"})
-        fresh = await client.get("/v1/items/4")
+        traced = await client.get(
+            "/v1/items/3", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "X-Request-Id": "abc-123"}
+        )
+        fresh = await client.get("/v1/items/4", headers={"X-Request-Id": "not a token " + "x" * 200})
         missing = await client.get("/nope")
         scrape = await client.get("/metrics")
         failed = await client.get("/boom")
@@ -45,7 +47,9 @@ async def _requests(app):
 
 
 def test_server_spans_parent_on_traceparent_and_requests_are_counted(span_exporter):
-    app = TelemetryMiddleware(Litestar([item, metrics, boom], debug=False))
+    app = TelemetryMiddleware(
+        Litestar([item, metrics, boom], debug=False, logging_config=None, after_exception=[remember_exception])
+    )
     route = "/v1/items/{item_id}"  # the template, not the path: bounded label values
     before = {key: count(*key) for key in [(route, "200"), ("unmatched", "404"), ("/metrics", "200"), ("/boom", "500")]}
     traced, fresh, missing, scrape, failed = asyncio.run(_requests(app))
@@ -65,7 +69,20 @@ def test_server_spans_parent_on_traceparent_and_requests_are_counted(span_export
     names = sorted(s.name for s in spans.values())
     assert names == ["GET", "GET /boom", f"GET {route}", f"GET {route}"]  # no span for the scrape
     (error_span,) = [s for s in spans.values() if s.name == "GET /boom"]
-    assert error_span.status.status_code == trace.StatusCode.ERROR
+    assert error_span.status.status_code == trace.StatusCode.ERROR and error_span.attributes["error.type"] == "500"
+    (exception,) = [e for e in error_span.events if e.name == "exception"]
+    assert exception.attributes["exception.type"] == "RuntimeError"
+    (missing_span,) = [s for s in spans.values() if s.name == "GET"]
+    assert missing_span.attributes["error.type"] == "404"  # a client error: marked, status left unset
+    assert missing_span.status.status_code == trace.StatusCode.UNSET
+
+    # The request id: the client's when it is a plain token, else one the server makes; on every response.
+    assert traced.headers["x-request-id"] == "abc-123" == server.attributes["spyglass.http.request_id"]
+    assert len(fresh.headers["x-request-id"]) == 32 and scrape.headers["x-request-id"]
+    # traceparent names the server span, so a client can find its trace.
+    assert traced.headers["traceparent"] == f"00-{TRACE_ID}-{format(server.context.span_id, '016x')}-01"
+    assert fresh.headers["traceparent"].split("-")[1] == format(own.context.trace_id, "032x")
+    assert "traceparent" not in scrape.headers  # no span for a scrape
 
     assert count(route, "200") - before[(route, "200")] == 2
     assert count("unmatched", "404") - before[("unmatched", "404")] == 1

@@ -3,6 +3,8 @@
 import io
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 from spyglass.core.sampling_params import SamplingParams
@@ -65,3 +67,15 @@ def test_console_rendering_and_lines_without_a_trace(use_settings, make_engine, 
         root.setLevel(level)
     text = stream.getvalue()
     assert "request finished" in text and "req_id" in text and not text.lstrip().startswith("{")
+
+
+def test_cli_commands_log_json_to_stderr_and_keep_stdout(tiny_llama_dir):
+    """Every command goes through the same `setup_logging` (cli.main); ``generate`` stands for them."""
+    command = [sys.executable, "-m", "spyglass.core.cli", "generate", "Hello", "--model", str(tiny_llama_dir)]
+    command += ["--max-tokens", "3", "--dtype", "float32", "--num-threads", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
+    assert all({"timestamp", "level", "logger", "event"} <= r.keys() for r in records)
+    (finished,) = [r for r in records if r["event"] == "request finished"]
+    assert finished["req_id"] == "cli" and finished["output_tokens"] == 3 and finished["request_id"] == ""
+    assert "request finished" not in result.stdout and "engine started" not in result.stdout  # the completion only

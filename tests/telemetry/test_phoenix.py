@@ -1,9 +1,5 @@
 """End to end: engine spans exported over OTLP (HTTP and gRPC) land in a real Phoenix, in the named project."""
 
-import json
-import time
-import urllib.error
-import urllib.request
 import uuid
 
 import pytest
@@ -14,40 +10,11 @@ from spyglass.telemetry.settings import TelemetrySettings
 PROMPT = "Tell me about lighthouses"
 
 
-def flatten(attributes: dict, prefix: str = "") -> dict:
-    """Phoenix may nest dotted attribute names; compare them flat."""
-    flat = {}
-    for key, value in attributes.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def phoenix_spans(base_url: str, project: str, expected: int, timeout: float = 60) -> list[dict]:
-    """The project's spans, once at least ``expected`` have arrived."""
-    deadline = time.monotonic() + timeout
-    spans: list[dict] = []
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base_url}/v1/projects/{project}/spans?limit=100", timeout=10) as response:
-                spans = json.load(response)["data"]
-        except urllib.error.HTTPError as error:
-            if error.code != 404:  # the project appears with its first span
-                raise
-        if len(spans) >= expected:
-            return spans
-        time.sleep(0.5)
-    raise AssertionError(f"Phoenix has {len(spans)} spans in {project!r}, expected {expected}")
-
-
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_request_spans_reach_phoenix(phoenix, protocol, monkeypatch, use_settings, make_engine, run_to_completion):
     project = f"spyglass-test-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("OTEL_SERVICE_NAME", project)
-    endpoint = phoenix["http_traces"] if protocol == "http/protobuf" else phoenix["grpc"]
+    endpoint = phoenix.http_traces if protocol == "http/protobuf" else phoenix.grpc
     settings = TelemetrySettings(otlp_traces_endpoint=endpoint, otlp_protocol=protocol, trace_content=True)
     provider = tracing.build_tracer_provider(settings)
     assert provider.resource.attributes["openinference.project.name"] == project
@@ -65,9 +32,9 @@ def test_request_spans_reach_phoenix(phoenix, protocol, monkeypatch, use_setting
         tracing.set_tracer_provider(None)
         provider.shutdown()
 
-    spans = phoenix_spans(phoenix["base_url"], project, expected=4)  # request, queue, prefill, decode
+    spans = phoenix.spans(project, expected=4)  # request, queue, prefill, decode
     (llm,) = [s for s in spans if s["name"] == f"chat {engine.model_name}"]
-    attributes = flatten(llm["attributes"])
+    attributes = llm["attributes"]
     assert llm["span_kind"] == "LLM"
     assert attributes["llm.token_count.prompt"] == len(prompt_ids)
     assert attributes["llm.token_count.completion"] == 4

@@ -62,6 +62,19 @@ def test_cli_options():
         TelemetrySettings(otlp_protocol="udp")
     with pytest.raises(ValueError):
         TelemetrySettings(slo_ttft_s=0)
+    vllm = parse("--metrics-namespace", "vllm", "--trace-steps-interval", "2.5")
+    assert (vllm.metrics_namespace, vllm.trace_steps_interval_s) == ("vllm", 2.5)
+    with pytest.raises(ValueError):
+        TelemetrySettings(metrics_namespace="sglang")
+    with pytest.raises(ValueError):
+        TelemetrySettings(trace_steps_interval_s=0)
+
+
+def test_served_model_name_comes_from_the_serve_option():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--served-model-name")
+    add_telemetry_arguments(parser)
+    assert settings_from_args(parser.parse_args(["--served-model-name", "tiny"])).served_model_name == "tiny"
 
 
 def test_no_provider_without_an_endpoint_or_with_tracing_off(monkeypatch):

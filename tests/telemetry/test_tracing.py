@@ -1,11 +1,18 @@
-"""The tracing plugin: request span trees, GenAI/OpenInference attributes, content opt-in, step spans."""
+"""The tracing plugin: request span trees, GenAI/OpenInference attributes, content opt-in, the root span,
+errors and aborts, step spans."""
 
 import itertools
 import json
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from spyglass.core.config import EngineConfig
+from spyglass.core.engine import LLMEngine
+from spyglass.core.hookspecs import hookimpl
+from spyglass.core.plugin_manager import create_plugin_manager
 from spyglass.core.sampling_params import SamplingParams
+from spyglass.telemetry import tracing
+from spyglass.telemetry.request_context import HttpRequestInfo, with_info
 
 PROMPT = "The quick brown fox jumps over the lazy dog, again and again and again"
 CONTENT_KEYS = ("input.value", "output.value", "gen_ai.input.messages", "gen_ai.output.messages")
@@ -83,8 +90,12 @@ def test_request_span_tree_attributes_and_step_links(use_settings, span_exporter
     request_contexts = {(s.context.trace_id, s.context.span_id) for s in (chat, completion)}
     linked = {(link.context.trace_id, link.context.span_id) for step in steps for link in step.links}
     assert linked == request_contexts
+    # One engine_steps trace for the busy period (it ended idle), not a trace per step.
+    (group,) = by_name(spans, "engine_steps")
+    assert group.parent is None and group.attributes["spyglass.steps.num_steps"] == len(steps)
+    assert group.start_time == min(s.start_time for s in steps) and group.end_time == max(s.end_time for s in steps)
     for step in steps:
-        assert step.parent is None
+        assert step.parent.span_id == group.context.span_id
         assert step.attributes["spyglass.step.batch_size"] == len(step.links)
         assert step.attributes["spyglass.step.num_scheduled_tokens"] <= 8
     assert sum(s.attributes["spyglass.step.num_generated_tokens"] for s in steps) == 5 + 3
@@ -150,3 +161,103 @@ def test_abort_and_no_spans_when_tracing_is_off(use_settings, span_exporter, mak
     (span,) = [s for s in span_exporter.get_finished_spans() if s.name.startswith("text_completion")]
     assert tuple(span.attributes["gen_ai.response.finish_reasons"]) == ("abort",)
     assert all(s.end_time is not None for s in span_exporter.get_finished_spans())
+
+
+def server_context(span_exporter, session_id=None):
+    """A SERVER span and the context the telemetry middleware would hand the API, as it does per request."""
+    tracer = tracing.get_tracer()
+    server = tracer.start_span("POST /v1/chat/completions", kind=trace.SpanKind.SERVER)
+    info = HttpRequestInfo("req-from-client", session_id, "127.0.0.1", 8000)
+    return server, with_info(info, trace.set_span_in_context(server))
+
+
+def test_root_span_carries_kind_user_session_and_content(use_settings, span_exporter, make_engine, run_to_completion):
+    use_settings(trace_content=True, served_model_name="tiny")
+    engine = make_engine()
+    server, context = server_context(span_exporter, session_id="session-from-header")
+    messages = [{"role": "user", "content": "Say hi"}]
+    attributes = {"operation": "chat", "otel_context": context, "user": "alice", "messages": messages}
+    attributes |= {"api_request_id": "chatcmpl-1", "session_id": "session-from-metadata"}
+    for index in range(2):  # n=2: choice 0 speaks for the call
+        engine.add_request(
+            f"chatcmpl-1-{index}", engine.tokenizer.encode(PROMPT), SamplingParams(max_tokens=3, seed=index), PROMPT,
+            attributes,
+        )
+    outputs = run_to_completion(engine)
+    server.end()
+    spans = span_exporter.get_finished_spans()
+    (root,) = by_name(spans, "POST /v1/chat/completions")
+    a = root.attributes
+    assert a["openinference.span.kind"] == "CHAIN" and a["langfuse.trace.name"] == "chat tiny"
+    assert a["user.id"] == "alice" and a["session.id"] == "session-from-header"  # the header wins over metadata
+    assert json.loads(a["input.value"]) == messages and a["input.mime_type"] == "application/json"
+    assert a["output.value"] == outputs["chatcmpl-1-0"].outputs[0].text
+    llm = by_name(spans, "chat tiny")
+    assert len(llm) == 2 and all(s.parent.span_id == root.context.span_id for s in llm)
+    for span in llm:
+        assert span.attributes["server.address"] == "127.0.0.1" and span.attributes["server.port"] == 8000
+        assert span.attributes["spyglass.http.request_id"] == "req-from-client"
+        assert span.attributes["session.id"] == "session-from-header" and span.attributes["user.id"] == "alice"
+        assert span.end_time <= root.end_time
+
+
+def test_abort_after_the_response_ended_is_marked_and_ends_inside_it(use_settings, span_exporter, make_engine):
+    use_settings()
+    engine = make_engine()
+    server, context = server_context(span_exporter)
+    engine.add_request("gone", [1, 2, 3], SamplingParams(max_tokens=50), attributes={"otel_context": context})
+    server.end()  # the client went away and the response ended; the engine hears of it later
+    engine.step()
+    engine.step()
+    engine.abort("gone")
+    spans = span_exporter.get_finished_spans()
+    (root,) = by_name(spans, "POST /v1/chat/completions")
+    (llm,) = [s for s in spans if s.name.startswith("text_completion")]
+    assert llm.attributes["error.type"] == "abort"
+    assert llm.status.status_code == trace.StatusCode.UNSET  # the client's doing, not a server error
+    assert all(s.start_time <= s.end_time <= root.end_time for s in spans if s is not root)
+    assert [s.name for s in children(spans, llm)] == ["queue"]  # no phase opens after the response ended
+    assert "output.value" not in root.attributes
+
+
+class PoisonedPrefixCache:
+    """Fails the prefix lookup of requests whose prompt starts with token 7."""
+
+    @hookimpl
+    def spyglass_match_prefix(self, request, block_pool, block_size):
+        if request.prompt_token_ids[0] == 7:
+            raise KeyError("corrupt index")
+        return None
+
+
+def test_engine_failure_sets_error_status_type_and_exception(use_settings, span_exporter, tiny_llama_dir):
+    use_settings()
+    pm = create_plugin_manager()
+    pm.register(PoisonedPrefixCache(), name="poisoned")
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32"), plugin_manager=pm)
+    server, context = server_context(span_exporter)
+    engine.add_request("bad", [7, 8, 9], SamplingParams(max_tokens=3), attributes={"otel_context": context})
+    while engine.has_unfinished_requests:
+        engine.step()
+    server.end()
+    engine.shutdown()
+    spans = span_exporter.get_finished_spans()
+    (llm,) = [s for s in spans if s.name.startswith("text_completion")]
+    (root,) = by_name(spans, "POST /v1/chat/completions")
+    for span in (llm, root):  # a streamed response is 200 already: the root says the generation failed
+        assert span.status.status_code == trace.StatusCode.ERROR and "corrupt index" in span.status.description
+        assert span.attributes["error.type"] == "KeyError"
+        (exception,) = [e for e in span.events if e.name == "exception"]
+        assert exception.attributes["exception.type"] == "KeyError"
+
+
+def test_step_spans_rotate_into_a_new_trace_per_interval(use_settings, span_exporter, make_engine, run_to_completion):
+    use_settings(trace_steps=True, trace_steps_interval_s=1e-9)  # every step starts a new interval
+    engine = make_engine()
+    engine.add_request("s", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    run_to_completion(engine)
+    spans = span_exporter.get_finished_spans()
+    steps, groups = by_name(spans, "engine_step"), by_name(spans, "engine_steps")
+    assert len(steps) == len(groups) == 4
+    assert {s.parent.span_id for s in steps} == {g.context.span_id for g in groups}
+    assert all(g.parent is None and g.attributes["spyglass.steps.num_steps"] == 1 for g in groups)
