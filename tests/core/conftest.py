@@ -74,15 +74,44 @@ def tiny_llama_checkpoint(tiny_llama_dir) -> Checkpoint:
     return load_checkpoint(str(tiny_llama_dir), torch.float32)
 
 
-@pytest.fixture(scope="session")
-def make_tiny_engine(tiny_llama_dir, tiny_llama_checkpoint) -> Callable[..., LLMEngine]:
-    """Build an engine on the tiny Llama (float32, CPU, only the fcfs plugin); keyword arguments go to EngineConfig."""
-
+def _engine_factory(path, checkpoint: Checkpoint) -> Callable[..., LLMEngine]:
     def make(**options) -> LLMEngine:
         options = {"dtype": "float32", "device": "cpu", "plugins": ["fcfs"], "num_kv_blocks": 256, **options}
-        return LLMEngine(EngineConfig(model=str(tiny_llama_dir), **options), checkpoint=tiny_llama_checkpoint)
+        return LLMEngine(EngineConfig(model=str(path), **options), checkpoint=checkpoint)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_factory() -> Callable[..., Callable[..., LLMEngine]]:
+    """``factory(path, checkpoint)``: builds engines on that tiny checkpoint (float32, CPU, only the fcfs
+    plugin); keyword arguments of the engines it returns go to EngineConfig."""
+    return _engine_factory
+
+
+@pytest.fixture(scope="session")
+def make_tiny_engine(tiny_llama_dir, tiny_llama_checkpoint) -> Callable[..., LLMEngine]:
+    """Build an engine on the tiny Llama (see `tiny_engine_factory`)."""
+    return _engine_factory(tiny_llama_dir, tiny_llama_checkpoint)
+
+
+# Prompts of every kind: 1 to ~130 tokens, English, Chinese, code, numbers.
+MIXED_TEXTS = [
+    "Hi",
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
+    "你好，世界！今天天气很好，我们去公园散步吧。",
+    "Once upon a time, in a land far away, there lived a king who loved numbers. " * 3,
+    "1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144,",
+    "Q: What is the capital of France?\nA:",
+    "import numpy as np\n\nx = np.arange(10)\nfor i in range(len(x)):\n    print(x[i] ** 2)\n" * 2,
+]
+
+
+@pytest.fixture(scope="session")
+def mixed_texts() -> list[str]:
+    """Eight varied prompts (one of 1-3 tokens, several past 64): the engine and family tests' batch."""
+    return MIXED_TEXTS
 
 
 @pytest.fixture(scope="session")

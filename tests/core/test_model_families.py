@@ -9,14 +9,10 @@ import pytest
 import torch
 
 from spyglass.core.checkpoint import load_checkpoint
-from spyglass.core.config import EngineConfig
-from spyglass.core.engine import LLMEngine
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.registry import build_model
 from spyglass.core.sampling_params import SamplingParams
 from spyglass.kernels.backend import select_backend
-from tests.conftest import TINY_FAMILIES
-from tests.core.test_engine_invariance import TEXTS
 
 NUM_TOKENS = 8
 TIE = 1e-4
@@ -41,7 +37,7 @@ EXPECTED_ARCH = {
 }
 
 
-@pytest.fixture(scope="module", params=list(TINY_FAMILIES))
+@pytest.fixture(scope="module", params=list(EXPECTED_ARCH))
 def family(request, tiny_family_dir):
     """(name, directory, our float32 checkpoint, transformers' float32 model) for one family."""
     from transformers import AutoModelForCausalLM
@@ -53,8 +49,8 @@ def family(request, tiny_family_dir):
 
 
 @pytest.fixture(scope="module")
-def prompts(family) -> list[list[int]]:
-    token_ids = [family[2].tokenizer.encode(text) for text in TEXTS]
+def prompts(family, mixed_texts) -> list[list[int]]:
+    token_ids = [family[2].tokenizer.encode(text) for text in mixed_texts]
     assert sum(len(t) > 2 * 16 for t in token_ids) >= 3
     return token_ids
 
@@ -105,13 +101,9 @@ def test_prefill_logits_match_transformers(family, prompts, backend_name):
 
 
 @torch.inference_mode()
-def test_greedy_continuations_match_transformers(family, prompts, run_engine):
+def test_greedy_continuations_match_transformers(family, prompts, run_engine, tiny_engine_factory):
     _, path, checkpoint, theirs = family
-    engine = LLMEngine(
-        EngineConfig(model=str(path), dtype="float32", device="cpu", plugins=["fcfs"], num_kv_blocks=128),
-        checkpoint=checkpoint,
-    )
-    outputs = run_engine(engine, prompts, GREEDY)
+    outputs = run_engine(tiny_engine_factory(path, checkpoint)(), prompts, GREEDY)
     num_compared = 0
     for prompt, output in zip(prompts, outputs):
         input_ids = torch.tensor([prompt])
