@@ -6,12 +6,17 @@ and the transformers 5 ones (``rope_parameters``, per layer type for Gemma 3).
 
 from spyglass.core.model_config import FULL, SLIDING, ModelArchConfig
 from spyglass.core.models.layers import gated_activation
-from spyglass.core.models.registry import family_for_hf_class
+from spyglass.core.models.registry import ModelFamily, family_for_hf_class
+
+
+def hf_family(config: dict) -> ModelFamily:
+    """The family of the model class ``config`` names; ValueError listing the supported classes otherwise."""
+    return family_for_hf_class((config.get("architectures") or [None])[0])
 
 
 def read_arch(config: dict, eos_token_ids: tuple[int, ...]) -> ModelArchConfig:
     """The architecture ``config`` describes; ValueError for classes and variants that do not load."""
-    family = family_for_hf_class((config.get("architectures") or [None])[0])
+    family = hf_family(config)
     defaults = family.config_defaults
 
     def get(key: str, default=None):

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from spyglass.core.checkpoint import Checkpoint
-from spyglass.core.hf_config import read_arch
+from spyglass.core.hf_config import hf_family, read_arch
 from spyglass.core.model_config import ModelArchConfig
 from spyglass.core.models.registry import family
 from spyglass.core.tokenizer import Tokenizer
@@ -23,10 +23,20 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{path} is not a Hugging Face model directory: it has no config.json")
+    config = json.loads(config_file.read_text())
+    hf_family(config)  # an unsupported class fails here, before the tokenizer and weights are read
     tokenizer = Tokenizer.from_hf_dir(path)
-    arch = read_arch(json.loads(config_file.read_text()), tokenizer.eos_token_ids)
+    arch = read_arch(config, tokenizer.eos_token_ids)
     weights = _read_weights(path, arch, dtype)
     return Checkpoint(path.name, arch, weights, tokenizer)
+
+
+def check_supported(path: str | Path) -> None:
+    """Raise ValueError, naming the supported model classes, when the HF directory ``path`` holds a model
+    class no family here loads. Reads config.json only; anything that is not an HF directory passes."""
+    config_file = Path(path).expanduser() / "config.json"
+    if config_file.is_file():
+        hf_family(json.loads(config_file.read_text()))
 
 
 def _shard_files(path: Path) -> list[Path]:

@@ -132,6 +132,17 @@ def test_unsupported_architecture_is_rejected(tiny_llama_dir, tmp_path):
         load_hf_dir(tmp_path, torch.float32)
 
 
+def test_serve_lists_supported_architectures_for_an_unsupported_one(tmp_path, capsys):
+    from spyglass.core.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    assert main(["serve", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "Unsupported model class 'GPT2LMHeadModel'" in error
+    for supported in ("LlamaForCausalLM", "MistralForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"):
+        assert supported in error
+
+
 @pytest.mark.parametrize(
     ("model", "message"),
     [
