@@ -93,9 +93,9 @@ class SparseMoE:
     """Top-k routed experts (softmax over the router's logits, optionally renormalised over the chosen k),
     plus a sigmoid-gated shared expert where the family has one (Qwen2-MoE).
 
-    Tokens are grouped by expert: the (token, expert) pairs are sorted by expert and each expert that
-    received any runs once over its contiguous slice, so the matmuls are as large as the batch allows
-    and idle experts cost nothing.
+    Tokens are grouped by expert (`grouped`): each expert that received any runs once over its tokens.
+    Inside a CUDA-graph capture, where the host cannot read the routing, every expert runs over every
+    token instead and the routing weights (zero for experts not chosen) mix them (`dense`).
     """
 
     __slots__ = ("router", "experts", "shared", "shared_gate", "top_k", "renormalize")
@@ -109,14 +109,26 @@ class SparseMoE:
         self.top_k = arch.num_experts_per_tok
         self.renormalize = arch.norm_topk_prob
 
-    def __call__(self, x: torch.Tensor, ops: AttentionBackend) -> torch.Tensor:
-        """The weighted sum of each token's experts (and the shared expert) for ``x [num_tokens, hidden]``."""
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights, experts)``, both ``[num_tokens, top_k]``: each token's chosen experts and their weights."""
         probs = self.router(x).float().softmax(dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
         if self.renormalize:
             weights /= weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(x.dtype).flatten()
-        chosen = chosen.flatten()
+        return weights.to(x.dtype), chosen
+
+    def __call__(self, x: torch.Tensor, ops: AttentionBackend) -> torch.Tensor:
+        """The weighted sum of each token's experts (and the shared expert) for ``x [num_tokens, hidden]``."""
+        weights, chosen = self.route(x)
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        out = (self.dense if capturing else self.grouped)(x, weights, chosen, ops)
+        if self.shared is not None:
+            out += torch.sigmoid(self.shared_gate(x)) * self.shared(x, ops)
+        return out
+
+    def grouped(self, x, weights, chosen, ops: AttentionBackend) -> torch.Tensor:
+        """The routed experts' sum: (token, expert) pairs sorted by expert, one matmul chain per active expert."""
+        weights, chosen = weights.flatten(), chosen.flatten()
         order = chosen.argsort(stable=True)
         counts = torch.bincount(chosen, minlength=len(self.experts)).tolist()
         out = torch.zeros_like(x)
@@ -127,6 +139,12 @@ class SparseMoE:
                 tokens = pairs // self.top_k
                 out.index_add_(0, tokens, expert(x[tokens], ops) * weights[pairs, None])
                 start += count
-        if self.shared is not None:
-            out += torch.sigmoid(self.shared_gate(x)) * self.shared(x, ops)
+        return out
+
+    def dense(self, x, weights, chosen, ops: AttentionBackend) -> torch.Tensor:
+        """The same sum without reading the routing on the host: every expert over every token."""
+        gates = torch.zeros(x.shape[0], len(self.experts), dtype=x.dtype, device=x.device).scatter_(1, chosen, weights)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            out += expert(x, ops) * gates[:, e : e + 1]
         return out

@@ -124,3 +124,17 @@ def test_greedy_continuations_match_transformers(family, prompts, run_engine, ti
             )
         num_compared += end
     assert num_compared >= len(prompts) * NUM_TOKENS * 3 // 4
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2-moe"])
+@torch.inference_mode()
+def test_moe_dense_path_equals_grouped(tiny_family_dir, name):
+    # The dense path only runs inside a CUDA-graph capture; here both run on the same routing.
+    checkpoint = load_checkpoint(str(tiny_family_dir(name)), torch.float32)
+    backend = select_backend(torch.device("cpu"), "torch")
+    model = build_model(checkpoint.arch, checkpoint.weights, backend, torch.device("cpu"))
+    moe = model.layers[0].mlp
+    x = torch.randn(37, checkpoint.arch.hidden_size, generator=torch.Generator().manual_seed(0))
+    weights, chosen = moe.route(x)
+    assert len(chosen.unique()) > 1
+    torch.testing.assert_close(moe.dense(x, weights, chosen, backend), moe.grouped(x, weights, chosen, backend))
