@@ -51,7 +51,7 @@ class ModelArchConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
-    norm_topk_prob: bool = True
+    norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()
 
     def window(self, layer: int) -> int | None:

@@ -109,10 +109,10 @@ TINY_FAMILIES = {
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
     "qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
-        mlp_only_layers=[1])),
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64)),
     "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
-        head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
+        head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        mlp_only_layers=[1])),
 }
 
 

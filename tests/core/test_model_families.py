@@ -5,6 +5,8 @@ transformers' in float32 (through the compiled CPU kernels and the torch referen
 of 8 prompts, several longer than the 16-token sliding window, match ``generate`` token for token.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -32,8 +34,8 @@ EXPECTED_ARCH = {
     "mixtral": dict(architecture="mixtral", num_experts=4, num_experts_per_tok=2, moe_layers=(0, 1),
                     norm_topk_prob=True),
     "qwen2-moe": dict(architecture="qwen2_moe", num_experts=4, shared_expert_intermediate_size=64,
-                      moe_layers=(0,), norm_topk_prob=False, attention_bias=True),
-    "qwen3-moe": dict(architecture="qwen3_moe", num_experts=8, moe_layers=(0, 1), norm_topk_prob=True, qk_norm=True),
+                      moe_layers=(0, 1), norm_topk_prob=False, attention_bias=True),
+    "qwen3-moe": dict(architecture="qwen3_moe", num_experts=8, moe_layers=(0,), norm_topk_prob=True, qk_norm=True),
 }
 
 
@@ -138,3 +140,36 @@ def test_moe_dense_path_equals_grouped(tiny_family_dir, name):
     weights, chosen = moe.route(x)
     assert len(chosen.unique()) > 1
     torch.testing.assert_close(moe.dense(x, weights, chosen, backend), moe.grouped(x, weights, chosen, backend))
+
+
+# Our tiny families with a llama.cpp architecture whose GGUF files carry a byte-level BPE vocabulary
+# (the tiny Qwen3-MoE has a dense layer, which llama.cpp's qwen3moe cannot express).
+GGUF_ARCHITECTURES = {"qwen2-yarn": "qwen2", "qwen3": "qwen3", "qwen2-moe": "qwen2moe"}
+
+
+@pytest.mark.parametrize("name", GGUF_ARCHITECTURES)
+def test_gguf_loads_as_the_hf_directory_does(name, tiny_family_dir, gguf_from_hf, tmp_path):
+    hf_dir = tiny_family_dir(name)
+    path = gguf_from_hf(hf_dir, GGUF_ARCHITECTURES[name], tmp_path / f"{name}.gguf")
+    # Same weights and the same architecture as the directory, so the same outputs, checked above.
+    ours, expected = load_checkpoint(str(path), torch.float32), load_checkpoint(str(hf_dir), torch.float32)
+    assert ours.weights.keys() == expected.weights.keys()
+    for weight_name, tensor in expected.weights.items():
+        assert torch.equal(ours.weights[weight_name], tensor), weight_name
+    # GGUF stores the norm epsilon as a float32.
+    assert ours.arch.rms_norm_eps == pytest.approx(expected.arch.rms_norm_eps, rel=1e-6)
+    assert dataclasses.replace(ours.arch, rms_norm_eps=expected.arch.rms_norm_eps) == expected.arch
+
+
+def test_transformers_reads_our_gguf_writer_back(tiny_family_dir, gguf_from_hf, tmp_path):
+    # The test writer follows llama.cpp's converter: transformers' own GGUF reader (which handles qwen2
+    # at these shapes, not the others) gets the original weights back.
+    from transformers import AutoModelForCausalLM
+
+    hf_dir = tiny_family_dir("qwen2-yarn")
+    path = gguf_from_hf(hf_dir, "qwen2", tmp_path / "qwen2.gguf")
+    original = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).state_dict()
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).state_dict()
+    assert theirs.keys() == original.keys()
+    for weight_name, tensor in original.items():
+        assert torch.equal(theirs[weight_name], tensor), weight_name
