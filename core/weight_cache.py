@@ -26,7 +26,8 @@ from spyglass.core.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-_FORMAT_VERSION = "1"
+# 2: the architecture JSON gained the model-family fields (windows, soft-caps, experts).
+_FORMAT_VERSION = "2"
 _WEIGHTS, _META = "weights.pt", "meta.json"
 
 
