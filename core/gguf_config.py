@@ -12,7 +12,9 @@ from spyglass.core.model_config import ModelArchConfig
 _MISSING = object()
 # llama.cpp architecture -> ours. (Mistral and Mixtral files use "llama"; Gemma and Phi-3 files carry
 # SentencePiece vocabularies, which the GGUF tokenizer reader does not build.)
-_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+_ARCHITECTURES = {
+    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
+}
 
 
 def field(reader: GGUFReader, key: str, default=_MISSING):

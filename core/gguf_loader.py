@@ -1,4 +1,4 @@
-"""Load a GGUF file (llama, qwen2, qwen3, qwen2moe, qwen3moe) into a Checkpoint: config from metadata, dequantized weights, tokenizer."""
+"""Load a GGUF file (llama, qwen2, qwen3, qwen2moe, qwen3moe) into a Checkpoint: config, weights, tokenizer."""
 
 import logging
 import re
@@ -123,7 +123,8 @@ def _read_weights(reader: GGUFReader, arch: ModelArchConfig, dtype: torch.dtype)
             values = values.reshape(1, -1)  # llama.cpp stores the [1, hidden] gate as a vector
         # Copy: the reader memory-maps the file, and the result must outlive it and be writable.
         if "{}" in name:
-            weights.update((name.format(e), torch.from_numpy(np.array(expert)).to(dtype)) for e, expert in enumerate(values))
+            for e, expert in enumerate(values):
+                weights[name.format(e)] = torch.from_numpy(np.array(expert)).to(dtype)
         else:
             weights[name] = torch.from_numpy(np.array(values)).to(dtype)
     return weights

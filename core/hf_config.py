@@ -44,7 +44,8 @@ def read_arch(config: dict, eos_token_ids: tuple[int, ...]) -> ModelArchConfig:
         rope_theta=float(rope_theta),
         max_position_embeddings=get("max_position_embeddings"),
         tie_word_embeddings=get("tie_word_embeddings", False),
-        attention_bias=bool(config.get("attention_bias", config.get("qkv_bias", defaults.get("attention_bias", False)))),
+        # Qwen2-MoE spells it qkv_bias.
+        attention_bias=bool(config.get("attention_bias", config.get("qkv_bias", defaults.get("attention_bias")))),
         rope_scaling=rope_scaling,
         bos_token_id=config.get("bos_token_id"),
         eos_token_ids=eos_token_ids,
@@ -59,7 +60,7 @@ def read_arch(config: dict, eos_token_ids: tuple[int, ...]) -> ModelArchConfig:
         num_experts=num_experts,
         num_experts_per_tok=config.get("num_experts_per_tok") or 0,
         # Mixtral's experts are intermediate_size wide; the Qwen MoE families name their width separately.
-        moe_intermediate_size=config.get("moe_intermediate_size") or (config["intermediate_size"] if num_experts else 0),
+        moe_intermediate_size=config.get("moe_intermediate_size") or (num_experts and config["intermediate_size"]),
         shared_expert_intermediate_size=config.get("shared_expert_intermediate_size") or 0,
         norm_topk_prob=bool(get("norm_topk_prob", False)),
         moe_layers=tuple(

@@ -35,8 +35,9 @@ class SelfAttention:
                  norm_offset: float = 0.0):
         attn = f"{prefix}.self_attn"
         names = [f"{attn}.{p}_proj.weight" for p in "qkv"]
-        bias = _fused(weights, f"{attn}.qkv_proj.bias", [n.replace(".weight", ".bias") for n in names]) \
-            if arch.attention_bias else None
+        bias = None
+        if arch.attention_bias:
+            bias = _fused(weights, f"{attn}.qkv_proj.bias", [n.replace(".weight", ".bias") for n in names])
         self.qkv = Linear(_fused(weights, f"{attn}.qkv_proj.weight", names), bias)
         self.o_proj = Linear(weights[f"{attn}.o_proj.weight"])
         # Gemma's norms scale by (1 + weight): the offset folds that into the weight once.
@@ -56,11 +57,7 @@ class SelfAttention:
         qkv = self.qkv(x)
         qk = qkv[:, : q_size + kv_size].view(num_tokens, -1, head_dim)
         if self.q_norm is not None:
-            eps = arch.rms_norm_eps
-            qk[:, :num_heads] = ops.add_rms_norm(qk[:, :num_heads].reshape(-1, head_dim), None, self.q_norm, eps)[0] \
-                .view(num_tokens, num_heads, head_dim)
-            qk[:, num_heads:] = ops.add_rms_norm(qk[:, num_heads:].reshape(-1, head_dim), None, self.k_norm, eps)[0] \
-                .view(num_tokens, -1, head_dim)
+            self._norm_heads_(qk, ops)
         # Rotate q and k heads together, in place: one rope call instead of two.
         ops.rotary_embedding_(qk, positions, self.rope.cos, self.rope.sin)
         v = qkv[:, q_size + kv_size :].view(num_tokens, -1, head_dim)
@@ -72,13 +69,21 @@ class SelfAttention:
         )
         return self.o_proj(out.reshape(num_tokens, q_size))
 
+    def _norm_heads_(self, qk: torch.Tensor, ops: AttentionBackend) -> None:
+        """RMS-normalise each query head and each key head of ``qk [num_tokens, heads, head_dim]`` in place."""
+        num_heads, eps = self.arch.num_attention_heads, self.arch.rms_norm_eps
+        for heads, weight in ((qk[:, :num_heads], self.q_norm), (qk[:, num_heads:], self.k_norm)):
+            normed, _ = ops.add_rms_norm(heads.reshape(-1, heads.shape[-1]), None, weight, eps)
+            heads.copy_(normed.view(heads.shape))
+
 
 class GatedMLP:
     """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul."""
 
     __slots__ = ("gate_up", "down", "activation")
 
-    def __init__(self, weights, prefix: str, hidden_act: str, names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")):
+    def __init__(self, weights, prefix: str, hidden_act: str,
+                 names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")):
         gate, up, down = (f"{prefix}.{name}.weight" for name in names)
         self.gate_up = Linear(_fused(weights, f"{prefix}.gate_up_proj.weight", [gate, up]))
         self.down = Linear(weights[down])
@@ -102,7 +107,9 @@ class SparseMoE:
 
     def __init__(self, weights, prefix: str, arch: ModelArchConfig, names: tuple[str, str, str]):
         self.router = Linear(weights[f"{prefix}.gate.weight"])
-        self.experts = [GatedMLP(weights, f"{prefix}.experts.{e}", arch.hidden_act, names) for e in range(arch.num_experts)]
+        self.experts = [
+            GatedMLP(weights, f"{prefix}.experts.{e}", arch.hidden_act, names) for e in range(arch.num_experts)
+        ]
         has_shared = arch.shared_expert_intermediate_size > 0
         self.shared = GatedMLP(weights, f"{prefix}.shared_expert", arch.hidden_act) if has_shared else None
         self.shared_gate = Linear(weights[f"{prefix}.shared_expert_gate.weight"]) if has_shared else None

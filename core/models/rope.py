@@ -1,4 +1,4 @@
-"""Rotary position embeddings, with the llama3, linear, YaRN and LongRoPE frequency scalings (as transformers computes them)."""
+"""Rotary position embeddings, with the llama3, linear, YaRN and LongRoPE scalings as transformers computes them."""
 
 import math
 
@@ -49,7 +49,9 @@ def _yarn(head_dim: int, theta: float, scaling: dict, max_positions: int) -> tup
             return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
         both = mscale and mscale_all_dim
-        attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) if both else get_mscale(factor)
+        attention_factor = get_mscale(factor)
+        if both:
+            attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
     return inv_freq, attention_factor
 
 
@@ -69,7 +71,9 @@ def _longrope_angles(head_dim: int, theta: float, scaling: dict, max_positions: 
     return torch.where(positions.unsqueeze(1) < original_len, short, long), attention_factor
 
 
-def rotation_angles(head_dim: int, max_positions: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
+def rotation_angles(
+    head_dim: int, max_positions: int, theta: float, scaling: dict | None
+) -> tuple[torch.Tensor, float]:
     """``([max_positions, head_dim / 2] angles, attention factor)``: each position's rotation per frequency,
     and the factor transformers multiplies cos and sin by (1 except for YaRN and LongRoPE)."""
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type"))

@@ -1,7 +1,7 @@
 """Greedy float32 outputs do not depend on how the engine batches, chunks, pages or preempts.
 
 Every test runs on three tiny random models: Llama, Mistral with a 16-token sliding window (the longer
-prompts and their continuations run past it), and Qwen2-MoE (routed and shared experts, one dense layer).
+prompts and their continuations run past it), and Qwen2-MoE (routed and shared experts).
 """
 
 import pytest

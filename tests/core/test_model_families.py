@@ -62,7 +62,8 @@ def test_config_reads_as_transformers_does(family):
     arch = checkpoint.arch
     for field, value in EXPECTED_ARCH[name].items():
         assert getattr(arch, field) == value, field
-    assert (arch.hidden_size, arch.num_hidden_layers, arch.num_attention_heads, arch.num_key_value_heads) == (64, 2, 4, 2)
+    shape = (arch.hidden_size, arch.num_hidden_layers, arch.num_attention_heads, arch.num_key_value_heads)
+    assert shape == (64, 2, 4, 2)
 
 
 def _prefill_metadata(prompts: list[list[int]], block_size: int) -> AttentionMetadata:
