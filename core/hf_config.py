@@ -7,6 +7,7 @@ and the transformers 5 ones (``rope_parameters``, per layer type for Gemma 3).
 from spyglass.core.model_config import FULL, SLIDING, ModelArchConfig
 from spyglass.core.models.layers import gated_activation
 from spyglass.core.models.registry import ModelFamily, family_for_hf_class
+from spyglass.core.models.rope import SCALING_TYPES
 
 
 def hf_family(config: dict) -> ModelFamily:
@@ -77,11 +78,15 @@ def _read_rope(config: dict, get) -> tuple[float, dict | None, float | None]:
         local_theta = rope.get(SLIDING, {}).get("rope_theta", local_theta)
         rope = dict(rope[FULL])
     theta = rope.pop("rope_theta", get("rope_theta", 10000.0))
-    rope.pop("partial_rotary_factor", None)
+    partial = rope.pop("partial_rotary_factor", None) or config.get("partial_rotary_factor")
+    if partial not in (None, 1.0):
+        raise ValueError("Unsupported rope variant: partial rotary embeddings (partial_rotary_factor < 1).")
     # Older configs call the key "type"; "default" means no scaling at all.
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
     if rope_type == "default":
         return theta, None, local_theta
+    if rope_type not in SCALING_TYPES:
+        raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: {', '.join(SCALING_TYPES)}")
     if rope_type in ("longrope", "yarn") and config.get("original_max_position_embeddings"):
         # Phi-3 keeps the pretraining length beside the rope parameters; transformers moves it inside.
         rope["original_max_position_embeddings"] = config["original_max_position_embeddings"]

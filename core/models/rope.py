@@ -5,6 +5,10 @@ import math
 import torch
 
 
+# The rope_type values (besides "default") that rotation_angles computes.
+SCALING_TYPES = ("linear", "llama3", "yarn", "longrope")
+
+
 def _default_frequencies(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
 

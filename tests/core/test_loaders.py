@@ -182,3 +182,24 @@ def test_default_model_download_failure_is_clear(tmp_path, monkeypatch):
     monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(blocker / "cache"))
     with pytest.raises(RuntimeError, match="--model"):
         default_model.ensure_default_model()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hidden_act": "relu"}, "unsupported MLP activation 'relu'"),
+        ({"mlp_bias": True}, "MLP biases"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+         "partial rotary"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, "unsupported rope scaling"),
+    ],
+    ids=["activation", "mlp bias", "partial rotary", "dynamic rope"],
+)
+def test_unsupported_variants_are_rejected(tiny_llama_dir, tmp_path, change, message):
+    for item in tiny_llama_dir.iterdir():
+        (tmp_path / item.name).symlink_to(item)
+    config = json.loads((tiny_llama_dir / "config.json").read_text())
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ValueError, match=message):
+        load_hf_dir(tmp_path, torch.float32)
