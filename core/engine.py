@@ -13,7 +13,7 @@ from spyglass.core.detokenizer import IncrementalDetokenizer
 from spyglass.core.host_memory import keep_freed_memory_mapped
 from spyglass.core.kv_cache_manager import KVCacheManager
 from spyglass.core.model_runner import ModelRunner, RunnerOutput
-from spyglass.core.models.llama import LlamaForCausalLM
+from spyglass.core.models.registry import build_model
 from spyglass.core.outputs import CompletionOutput, RequestOutput
 from spyglass.core.plugin_manager import SafeHookRelay, create_plugin_manager
 from spyglass.core.request import FinishReason, Request
@@ -53,7 +53,7 @@ class LLMEngine:
         self.tokenizer = checkpoint.tokenizer
         self.arch = checkpoint.arch
         self.backend = select_backend(self.device, config.attention_backend)
-        model = LlamaForCausalLM(checkpoint.arch, checkpoint.weights, self.backend, self.device)
+        model = build_model(checkpoint.arch, checkpoint.weights, self.backend, self.device)
         per_block = ModelRunner.bytes_per_block(checkpoint.arch, config.block_size, dtype)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory // per_block)
         self.max_model_len = min(

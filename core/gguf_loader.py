@@ -1,4 +1,4 @@
-"""Load a llama-architecture GGUF file into a Checkpoint: config from metadata, dequantized weights, tokenizer."""
+"""Load a GGUF file (llama, qwen2, qwen3, qwen2moe, qwen3moe) into a Checkpoint: config, weights, tokenizer."""
 
 import logging
 import re
@@ -14,12 +14,12 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
 from spyglass.core.checkpoint import Checkpoint
+from spyglass.core.gguf_config import field as _field
+from spyglass.core.gguf_config import read_arch
 from spyglass.core.model_config import ModelArchConfig
 from spyglass.core.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-_MISSING = object()
 
 # llama.cpp tensor name suffix -> HF name suffix, inside ``blk.{i}.`` / ``model.layers.{i}.``.
 _LAYER_NAMES = {
@@ -32,7 +32,16 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# Every expert's projection in one 3-D tensor, split into HF's per-expert names on load.
+_EXPERT_STACKS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -64,7 +73,7 @@ _GPT2_PRE_TOKENIZERS = {None, "default", "gpt-2", "gpt2"}
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype) -> Checkpoint:
-    """Load a llama-architecture GGUF file, dequantizing every tensor to ``dtype``.
+    """Load a GGUF file of an architecture `gguf_config` reads, dequantizing every tensor to ``dtype``.
 
     Weights come out under HF names and layouts, equal to what ``transformers`` produces when
     loading the same file with ``gguf_file=``.
@@ -74,59 +83,17 @@ def load_gguf(path: str | Path, dtype: torch.dtype) -> Checkpoint:
         reader = GGUFReader(path)
     except (ValueError, OSError) as exc:
         raise ValueError(f"Cannot read {path} as a GGUF file: {exc}") from exc
-    arch = _read_arch(reader)
+    arch = read_arch(reader)
     weights = _read_weights(reader, arch, dtype)
     return Checkpoint(path.stem, arch, weights, _read_tokenizer(reader, arch.eos_token_ids))
-
-
-def _field(reader: GGUFReader, key: str, default=_MISSING):
-    field = reader.get_field(key)
-    if field is None:
-        if default is _MISSING:
-            raise ValueError(f"GGUF file lacks required metadata key {key!r}")
-        return default
-    return field.contents()
-
-
-def _read_arch(reader: GGUFReader) -> ModelArchConfig:
-    architecture = _field(reader, "general.architecture")
-    if architecture != "llama":
-        raise ValueError(f"GGUF architecture {architecture!r} is not supported; only 'llama' GGUF files load.")
-    tensor_names = {tensor.name for tensor in reader.tensors}
-    scaling = _field(reader, "llama.rope.scaling.type", "none")
-    if scaling != "none" or "rope_freqs.weight" in tensor_names:
-        # llama.cpp bakes Llama 3.1 scaling into a rope_freqs tensor and drops the parameters that
-        # produced it; guessing them back would silently give wrong logits at long range.
-        raise ValueError("GGUF files with RoPE scaling are not supported; load the Hugging Face directory instead.")
-
-    hidden = _field(reader, "llama.embedding_length")
-    heads = _field(reader, "llama.attention.head_count")
-    eos = _field(reader, "tokenizer.ggml.eos_token_id", None)
-    # End-of-turn ends generation in llama.cpp too (e.g. Llama 3's <|eot_id|> when eos is <|end_of_text|>).
-    eot = _field(reader, "tokenizer.ggml.eot_token_id", None)
-    return ModelArchConfig(
-        architecture="llama",
-        vocab_size=_field(reader, "llama.vocab_size", None) or len(_field(reader, "tokenizer.ggml.tokens")),
-        hidden_size=hidden,
-        intermediate_size=_field(reader, "llama.feed_forward_length"),
-        num_hidden_layers=_field(reader, "llama.block_count"),
-        num_attention_heads=heads,
-        num_key_value_heads=_field(reader, "llama.attention.head_count_kv", heads),
-        head_dim=_field(reader, "llama.attention.key_length", hidden // heads),
-        rms_norm_eps=_field(reader, "llama.attention.layer_norm_rms_epsilon"),
-        rope_theta=_field(reader, "llama.rope.freq_base", 10000.0),
-        max_position_embeddings=_field(reader, "llama.context_length"),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id", None),
-        eos_token_ids=tuple(dict.fromkeys(i for i in (eos, eot) if i is not None)),
-    )
 
 
 def _hf_name(gguf_name: str) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match is not None and match[2] in _EXPERT_STACKS:
+        return f"model.layers.{match[1]}.mlp.experts.{{}}.{_EXPERT_STACKS[match[2]]}.{match[3]}"
     if match is None or match[2] not in _LAYER_NAMES:
         return None
     return f"model.layers.{match[1]}.{_LAYER_NAMES[match[2]]}.{match[3]}"
@@ -145,14 +112,21 @@ def _read_weights(reader: GGUFReader, arch: ModelArchConfig, dtype: torch.dtype)
     for tensor in tqdm(reader.tensors, desc="converting weights", unit="tensor", disable=None):
         name = _hf_name(tensor.name)
         if name is None:
-            raise ValueError(f"Unexpected tensor {tensor.name!r} in GGUF file; it is not a llama-architecture tensor.")
+            raise ValueError(f"Unexpected tensor {tensor.name!r} in GGUF file; it is not a {arch.architecture} tensor.")
         values = dequantize(tensor.data, tensor.tensor_type)
-        if ".q_proj." in name:
+        # Only llama.cpp's llama converter interleaves the rotary halves of q and k.
+        if arch.architecture == "llama" and ".q_proj." in name:
             values = _unpermute_rotary_rows(values, arch.num_attention_heads)
-        elif ".k_proj." in name:
+        elif arch.architecture == "llama" and ".k_proj." in name:
             values = _unpermute_rotary_rows(values, arch.num_key_value_heads)
+        elif name.endswith("shared_expert_gate.weight"):
+            values = values.reshape(1, -1)  # llama.cpp stores the [1, hidden] gate as a vector
         # Copy: the reader memory-maps the file, and the result must outlive it and be writable.
-        weights[name] = torch.from_numpy(np.array(values)).to(dtype)
+        if "{}" in name:
+            for e, expert in enumerate(values):
+                weights[name.format(e)] = torch.from_numpy(np.array(expert)).to(dtype)
+        else:
+            weights[name] = torch.from_numpy(np.array(values)).to(dtype)
     return weights
 
 

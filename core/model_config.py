@@ -2,13 +2,25 @@
 
 from dataclasses import dataclass, field
 
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
 
 @dataclass(frozen=True, slots=True)
 class ModelArchConfig:
-    """Shape and numerics of a decoder-only transformer (Llama family).
+    """Shape and numerics of a decoder-only transformer.
 
-    ``architecture`` is ``"llama"`` or ``"qwen2"`` (Qwen2 adds biases on q/k/v).
-    ``rope_scaling`` is the HF dict (``{"rope_type": "llama3", "factor": ..., ...}``) or None.
+    ``architecture`` names the family (`core.models.registry` maps it to a model class): ``"llama"``,
+    ``"qwen2"`` (biases on q/k/v), ``"qwen3"`` (per-head q/k RMSNorm), ``"mistral"``, ``"phi3"``,
+    ``"gemma2"``, ``"gemma3"``, ``"mixtral"``, ``"qwen2_moe"``, ``"qwen3_moe"``.
+    ``rope_scaling`` is the HF dict (``{"rope_type": "llama3" | "yarn" | "linear" | "longrope", ...}``) or None.
+
+    Attention: ``layer_types`` says per layer whether it is ``"sliding_attention"`` (sees its last
+    ``sliding_window`` positions) or ``"full_attention"``; ``query_pre_attn_scalar`` replaces head_dim in
+    the softmax scale and ``attn_logit_softcapping`` caps scores (Gemma); ``local_rope_theta`` is the
+    rope base of sliding layers where it differs (Gemma 3). Mixture of experts: ``num_experts`` > 0 makes
+    the layers listed in ``moe_layers`` route each token to ``num_experts_per_tok`` experts of width
+    ``moe_intermediate_size``, plus a gated shared expert when ``shared_expert_intermediate_size`` > 0.
     """
 
     architecture: str
@@ -27,3 +39,22 @@ class ModelArchConfig:
     rope_scaling: dict | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    hidden_act: str = "silu"
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    qk_norm: bool = False
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    local_rope_theta: float | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer``, or None when it attends to its whole context."""
+        sliding = self.layer_types[layer] == SLIDING if self.layer_types else True
+        return self.sliding_window if sliding else None

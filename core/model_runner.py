@@ -9,7 +9,7 @@ import torch
 from spyglass.core.cuda_graphs import CudaGraphDecoder
 from spyglass.core.host_memory import zeros_on_huge_pages
 from spyglass.core.models.attention_metadata import AttentionMetadata
-from spyglass.core.models.llama import LlamaForCausalLM
+from spyglass.core.models.registry import CausalLM
 from spyglass.core.outputs import Logprob
 from spyglass.core.request import Request
 from spyglass.core.sampler import adjust_logits, sample
@@ -41,7 +41,7 @@ class StepInputs:
 class ModelRunner:
     """Owns the model weights and the KV cache tensors; stateless between steps otherwise."""
 
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device):
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device):
         self.model = model
         self.device = device
         self.block_size = block_size

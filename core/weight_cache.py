@@ -26,7 +26,8 @@ from spyglass.core.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-_FORMAT_VERSION = "1"
+# 2: the architecture JSON gained the model-family fields (windows, soft-caps, experts).
+_FORMAT_VERSION = "2"
 _WEIGHTS, _META = "weights.pt", "meta.json"
 
 
@@ -93,8 +94,8 @@ def _write(checkpoint: Checkpoint, entry: Path) -> None:
 
 def _read(entry: Path) -> Checkpoint:
     meta = json.loads((entry / _META).read_text())
-    arch_fields = meta["arch"]
-    arch_fields["eos_token_ids"] = tuple(arch_fields["eos_token_ids"])
+    # JSON turns the config's tuples into lists; its one dict (rope_scaling) may hold lists of its own.
+    arch_fields = {name: tuple(v) if isinstance(v, list) else v for name, v in meta["arch"].items()}
     saved = meta["tokenizer"]
     tokenizer = Tokenizer(
         tokenizers.Tokenizer.from_str(saved["backend"]),

@@ -27,6 +27,7 @@ class AttentionBackend:
     add_rms_norm: Callable = torch_norm_rope.add_rms_norm
     rotary_embedding_: Callable = torch_norm_rope.rotary_embedding_
     silu_and_mul: Callable = torch_norm_rope.silu_and_mul
+    gelu_tanh_and_mul: Callable = torch_norm_rope.gelu_tanh_and_mul
 
 
 def _torch_backend() -> AttentionBackend:

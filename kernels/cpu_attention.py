@@ -8,7 +8,6 @@ for machines where the kernel does not build, gathers blocks along dim 1 into
 """
 
 import torch
-import torch.nn.functional as F
 
 from spyglass.kernels import cpu_native, torch_attention
 
@@ -56,7 +55,7 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
 
 def paged_attention(
     query, k_cache, v_cache, block_tables, context_lens, query_start_loc, max_query_len: int,
-    max_context_len: int, scale: float,
+    max_context_len: int, scale: float, sliding_window: int | None = None, softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its paged context (see `torch_attention`).
 
@@ -64,38 +63,27 @@ def paged_attention(
     it did not build, decodes are gathered into one padded batch and other requests go through SDPA.
     """
     if k_cache.dtype == query.dtype and cpu_native.available(query.dtype):
-        return cpu_native.paged_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
+        return cpu_native.paged_attention(
+            query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, sliding_window, softcap
+        )
     return torch_attention.attend_by_request_kind(
         query, block_tables, context_lens, query_start_loc, max_query_len, max_context_len,
-        decode=lambda q, tables, lens, longest: _decode(q, k_cache, v_cache, tables, lens, longest, scale),
-        single=lambda q, table, length: _request(q, k_cache, v_cache, table, length, scale),
+        decode=lambda q, tables, lens, longest: _decode(
+            q, k_cache, v_cache, tables, lens, longest, scale, sliding_window, softcap
+        ),
+        single=lambda q, table, length: _request(q, k_cache, v_cache, table, length, scale, sliding_window, softcap),
     )
 
 
-def _request(q, k_cache, v_cache, block_table, context_len: int, scale: float) -> torch.Tensor:
+def _request(q, k_cache, v_cache, block_table, context_len: int, scale: float, window, softcap) -> torch.Tensor:
     """One request's several new tokens over its gathered context."""
     num_blocks = -(-context_len // k_cache.shape[2])
     k = _gather(k_cache, block_table[:num_blocks])[:, :context_len]
     v = _gather(v_cache, block_table[:num_blocks])[:, :context_len]
-    return _prefill(q, k, v, scale)
+    return torch_attention.attend_rows(q, k, v, scale, window, softcap)
 
 
-def _prefill(q, k, v, scale: float) -> torch.Tensor:
-    """q ``[q_len, heads, dim]`` over k/v ``[kv_heads, context, dim]``; bottom-right aligned causal mask."""
-    q_len, context_len = q.shape[0], k.shape[1]
-    if q_len == context_len:
-        mask, causal = None, True
-    else:
-        rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (context_len - q_len)
-        mask, causal = torch.arange(context_len, device=q.device).unsqueeze(0) <= rows, False
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype),
-        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
-    )
-    return out.squeeze(0).transpose(0, 1)
-
-
-def _decode(query, k_cache, v_cache, block_tables, context_lens, max_context_len: int, scale: float):
+def _decode(query, k_cache, v_cache, block_tables, context_lens, max_context_len: int, scale: float, window, softcap):
     """One new token per request: all contexts gathered into one padded batch, two batched matmuls.
 
     Query heads are grouped by the KV head they share (K and V are never repeated); scores and
@@ -109,8 +97,8 @@ def _decode(query, k_cache, v_cache, block_tables, context_lens, max_context_len
     k = _gather(k_cache, block_ids).view(num_kv_heads, num_reqs, length, head_dim).to(query.dtype)
     v = _gather(v_cache, block_ids).view(num_kv_heads, num_reqs, length, head_dim).to(query.dtype)
     q = query.view(num_reqs, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-    beyond = torch.arange(length, device=query.device) >= context_lens.unsqueeze(1)
-    scores.masked_fill_(beyond.view(1, num_reqs, 1, length), float("-inf"))
+    scores = torch_attention.soft_cap(torch.matmul(q, k.transpose(-1, -2)).float() * scale, softcap)
+    hidden = torch_attention.decode_hidden(length, context_lens, window)
+    scores.masked_fill_(hidden.view(1, num_reqs, 1, length), float("-inf"))
     out = torch.matmul(scores.softmax(dim=-1).to(query.dtype), v)
     return out.transpose(0, 1).reshape(num_reqs, num_heads, head_dim)

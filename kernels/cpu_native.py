@@ -17,7 +17,7 @@ from spyglass.kernels import cpu_isa, native_build
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
-    ("paged_attention", "paged_attention"): [_P] * 6 + [_I] * 8 + [_F, _I, _P],
+    ("paged_attention", "paged_attention"): [_P] * 6 + [_I] * 8 + [_F, _I, _F, _I, _P],
     ("layer_ops", "add_rms_norm"): [_P, _I, _P, _I, _P, _F, _I, _I, _I, _P, _P],
     ("layer_ops", "rotary_embedding"): [_P] + [_I] * 5 + [_P, _P, _P, _I, _I],
     ("layer_ops", "silu_and_mul"): [_P, _I, _I, _I, _P],
@@ -47,11 +47,15 @@ class NativeKernels:
     def function(self, name: str, dtype: torch.dtype):
         return self._functions[(name, dtype)]
 
-    def paged_attention(self, query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale: float) -> torch.Tensor:
+    def paged_attention(
+        self, query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale: float,
+        sliding_window: int | None = None, softcap: float | None = None,
+    ) -> torch.Tensor:
         """Causal attention of every request's new tokens over its paged context, ``[tokens, heads, dim]``.
 
-        Shapes as `torch_attention.paged_attention`, caches head-major ``[kv_heads, blocks, block_size, dim]``;
-        query rows may be strided but each row's heads must be contiguous.
+        Shapes and the optional sliding window and soft-cap as `torch_attention.paged_attention`, caches
+        head-major ``[kv_heads, blocks, block_size, dim]``; query rows may be strided but each row's heads
+        must be contiguous.
         """
         if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
             query = query.contiguous()
@@ -63,7 +67,8 @@ class NativeKernels:
         self.function("paged_attention", query.dtype)(
             query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
             query_start_loc.data_ptr(), block_tables.shape[0], query.shape[1], num_kv_heads, head_dim, num_blocks,
-            block_size, block_tables.stride(0), query.stride(0), scale, torch.get_num_threads(), out.data_ptr(),
+            block_size, block_tables.stride(0), query.stride(0), scale, sliding_window or 0, softcap or 0.0,
+            torch.get_num_threads(), out.data_ptr(),
         )
         return out
 

@@ -4,7 +4,9 @@ Cache layout (one tensor per layer for K and one for V): ``[num_blocks, block_si
 A step's tokens are flattened: request ``r`` owns query rows ``query_start_loc[r]:query_start_loc[r+1]``;
 its cache holds ``context_lens[r]`` tokens *including* this step's new ones (they are stored first), so
 query row ``i`` of a request with ``q_len`` new tokens sits at position ``context_lens[r] - q_len + i``
-and attends causally to every cached position up to and including its own.
+and attends causally to every cached position up to and including its own. With a ``sliding_window``
+of ``w`` it sees only the last ``w`` of those (positions ``> p - w``, as in HF's sliding-window mask), and
+``softcap`` ``c`` replaces each scaled score ``s`` by ``c * tanh(s / c)`` before the softmax (Gemma 2).
 """
 
 import torch
@@ -42,6 +44,8 @@ def paged_attention(
     max_query_len: int,
     max_context_len: int,
     scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new query tokens over its paged context.
 
@@ -53,14 +57,20 @@ def paged_attention(
         query_start_loc: ``[num_reqs + 1]`` int32, cumulative new-token counts.
         max_query_len, max_context_len: host-side maxima of the two lengths (no device sync needed).
         scale: softmax scale, usually ``head_dim ** -0.5``.
+        sliding_window: when set, each row attends only its last ``sliding_window`` positions.
+        softcap: when set, scores are soft-capped at ``+-softcap`` (after scaling, before the mask).
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
     """
     return attend_by_request_kind(
         query, block_tables, context_lens, query_start_loc, max_query_len, max_context_len,
-        decode=lambda q, tables, lens, longest: _decode_attention(q, k_cache, v_cache, tables, lens, longest, scale),
-        single=lambda q, table, length: _request_attention(q, k_cache, v_cache, table, length, scale),
+        decode=lambda q, tables, lens, longest: _decode_attention(
+            q, k_cache, v_cache, tables, lens, longest, scale, sliding_window, softcap
+        ),
+        single=lambda q, table, length: _request_attention(
+            q, k_cache, v_cache, table, length, scale, sliding_window, softcap
+        ),
     )
 
 
@@ -96,31 +106,57 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int) -> 
     return blocks.flatten(-4, -3)
 
 
-def _request_attention(q, k_cache, v_cache, block_table, context_len: int, scale: float) -> torch.Tensor:
+def _request_attention(q, k_cache, v_cache, block_table, context_len: int, scale: float, window, softcap):
     block_size = k_cache.shape[1]
     num_blocks = -(-context_len // block_size)
-    k = _gather(k_cache, block_table, num_blocks)[:context_len]
-    v = _gather(v_cache, block_table, num_blocks)[:context_len]
-    q_len = q.shape[0]
-    # Row i may see positions <= context_len - q_len + i (bottom-right aligned causal mask).
-    if q_len == context_len:
-        mask, causal = None, q_len > 1
-    else:
-        rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (context_len - q_len)
-        mask, causal = torch.arange(context_len, device=q.device).unsqueeze(0) <= rows, False
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),
-        k.transpose(0, 1).unsqueeze(0).to(q.dtype),
-        v.transpose(0, 1).unsqueeze(0).to(q.dtype),
-        attn_mask=mask,
-        is_causal=causal,
-        scale=scale,
-        enable_gqa=True,
-    )
-    return out.squeeze(0).transpose(0, 1)
+    k = _gather(k_cache, block_table, num_blocks)[:context_len].transpose(0, 1)
+    v = _gather(v_cache, block_table, num_blocks)[:context_len].transpose(0, 1)
+    return attend_rows(q, k, v, scale, window, softcap)
 
 
-def _decode_attention(query, k_cache, v_cache, block_tables, context_lens, max_context_len: int, scale: float):
+def visible_mask(q_len: int, context_len: int, window: int | None, device) -> torch.Tensor:
+    """``[q_len, context_len]`` bool: which positions each of the context's last ``q_len`` rows sees."""
+    # Row i sits at position context_len - q_len + i (bottom-right aligned causal mask).
+    rows = torch.arange(q_len, device=device).unsqueeze(1) + (context_len - q_len)
+    cols = torch.arange(context_len, device=device).unsqueeze(0)
+    mask = cols <= rows
+    return mask if window is None else mask & (cols > rows - window)
+
+
+def soft_cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """``softcap * tanh(scores / softcap)``, or ``scores`` unchanged when ``softcap`` is None."""
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
+
+
+def attend_rows(q, k, v, scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
+    """q ``[q_len, heads, dim]`` (the context's last rows) over k/v ``[kv_heads, context, dim]``.
+
+    Shared by the torch reference and the CPU fallback: SDPA where it applies (its ``is_causal`` when
+    the rows are the whole context), explicit float32 scores where soft-capping needs them.
+    """
+    q_len, context_len = q.shape[0], k.shape[1]
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    if softcap is None:
+        plain_causal = q_len == context_len and window is None
+        mask = None if plain_causal else visible_mask(q_len, context_len, window, q.device)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+            attn_mask=mask, is_causal=plain_causal and q_len > 1, scale=scale, enable_gqa=True,
+        )
+        return out.squeeze(0).transpose(0, 1)
+    num_heads, num_kv_heads, dim = q.shape[1], k.shape[0], q.shape[2]
+    group = num_heads // num_kv_heads
+    grouped = q.transpose(0, 1).reshape(num_kv_heads, group * q_len, dim)
+    scores = soft_cap(torch.matmul(grouped, k.transpose(-1, -2)).float() * scale, softcap)
+    scores = scores.view(num_kv_heads, group, q_len, context_len)
+    scores.masked_fill_(~visible_mask(q_len, context_len, window, q.device), float("-inf"))
+    out = torch.matmul(scores.softmax(dim=-1).to(q.dtype).view(num_kv_heads, group * q_len, context_len), v)
+    return out.view(num_heads, q_len, dim).transpose(0, 1)
+
+
+def _decode_attention(
+    query, k_cache, v_cache, block_tables, context_lens, max_context_len: int, scale: float, window, softcap
+):
     """One new token per request: gather every context into one padded batch and attend with two matmuls.
 
     Query heads are grouped by the KV head they share, so K and V are never repeated; scores
@@ -132,8 +168,18 @@ def _decode_attention(query, k_cache, v_cache, block_tables, context_lens, max_c
     k = _gather(k_cache, block_tables, num_blocks).transpose(1, 2).to(query.dtype)
     v = _gather(v_cache, block_tables, num_blocks).transpose(1, 2).to(query.dtype)
     q = query.view(num_reqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-    beyond = torch.arange(k.shape[2], device=query.device) >= context_lens.unsqueeze(1)
-    scores.masked_fill_(beyond.view(num_reqs, 1, 1, -1), float("-inf"))
+    scores = soft_cap(torch.matmul(q, k.transpose(-1, -2)).float() * scale, softcap)
+    hidden = decode_hidden(k.shape[2], context_lens, window)
+    scores.masked_fill_(hidden.view(num_reqs, 1, 1, -1), float("-inf"))
     out = torch.matmul(scores.softmax(dim=-1).to(query.dtype), v)
     return out.view(num_reqs, num_heads, head_dim)
+
+
+def decode_hidden(length: int, context_lens: torch.Tensor, window: int | None) -> torch.Tensor:
+    """``[num_reqs, length]`` bool: the padded positions a decode row must not see (past its context, or
+    out of its window)."""
+    positions = torch.arange(length, device=context_lens.device)
+    hidden = positions >= context_lens.unsqueeze(1)
+    if window is not None:
+        hidden |= positions <= (context_lens - 1 - window).unsqueeze(1)
+    return hidden

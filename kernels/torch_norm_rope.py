@@ -1,4 +1,4 @@
-"""Pure-torch layer ops (RMSNorm with residual, in-place rotary, SiLU-and-mul): the kernels' references."""
+"""Pure-torch layer ops (RMSNorm with residual, in-place rotary, SiLU- and GELU-and-mul): the kernels' references."""
 
 import torch
 import torch.nn.functional as F
@@ -40,3 +40,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up = [gate | up]`` of shape ``[num_tokens, 2 * width]``."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(gate) * up`` (GeGLU, Gemma) for ``gate_up = [gate | up]`` of shape ``[num_tokens, 2 * width]``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

@@ -6,6 +6,8 @@ tile that shares that KV head, so each cached page is read once per group. `spli
 (flash-decoding) serves decode-only steps with few requests and long contexts, where the unified grid would
 leave most SMs idle: each request's context is cut into partitions attended in parallel, and a second kernel
 merges the partial results by their log-sum-exp. `paged_attention` picks between them with `num_kv_splits`.
+Both honour the optional sliding window (pages wholly before every row's window are skipped) and
+Gemma 2's score soft-capping.
 """
 
 import functools
@@ -42,14 +44,18 @@ def _attend_page(
     stride_cd,
     head_dim,
     qk_scale,
+    softcap,
     BLOCK_SIZE: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Fold one cache page into the online-softmax state (``acc``, running max ``m_i``, sum ``l_i``).
 
     Positions at or past ``kv_limit`` are neither loaded (they may hold garbage) nor attended; row ``r``
-    attends position ``p`` only when ``p <= q_pos[r]``. Scores are in the log2 domain (``qk_scale``
-    already includes log2(e)) so the exponentials are exp2.
+    attends position ``p`` only when ``p <= q_pos[r]`` and, with a ``WINDOW`` > 0, ``p > q_pos[r] - WINDOW``.
+    Scores are in the log2 domain (``qk_scale`` already includes log2(e)) so the exponentials are exp2;
+    with ``SOFTCAP`` the natural-log score ``s`` becomes ``softcap * tanh(s / softcap)`` first.
     """
     offs_n = tl.arange(0, BLOCK_SIZE)
     dims = tl.arange(0, DIM_PAD)
@@ -61,13 +67,20 @@ def _attend_page(
     v = tl.load(v_cache_ptr + off, mask=load_mask, other=0.0).to(q.dtype)
     # ieee keeps fp32 inputs out of TF32; it does not affect 16-bit inputs.
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    if SOFTCAP:
+        # tanh(x) = 1 - 2 / (exp(2x) + 1), exact at both infinities; scores go to nats and back.
+        x = s * (0.6931471805599453 / softcap)
+        s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)) * 1.4426950408889634
     visible = (kv_pos[None, :] <= q_pos[:, None]) & (kv_pos[None, :] < kv_limit)
+    if WINDOW > 0:
+        visible = visible & (kv_pos[None, :] > q_pos[:, None] - WINDOW)
     s = tl.where(visible, s, float("-inf"))
-    # Every row sees at least one position in its first page (position 0 or its own split's start),
-    # so m_new is finite from the first iteration on and exp2(-inf - m_new) is a clean 0.
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # A row may see nothing in a page yet (a window starting later, a split before it): measuring from 0
+    # then keeps exp2(-inf - m) a clean 0 instead of NaN.
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return acc, m_new, l_i
@@ -95,12 +108,15 @@ def _unified_kernel(
     stride_bt,
     head_dim,
     qk_scale,
+    softcap,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DIM_PAD: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One program: a tile of ``BLOCK_Q`` query tokens of one request x the ``GROUP`` heads of one KV head."""
     req = tl.program_id(0)
@@ -133,11 +149,15 @@ def _unified_kernel(
     m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)
     table = block_tables_ptr + req.to(tl.int64) * stride_bt
-    for page in range(0, tl.cdiv(kv_limit, BLOCK_SIZE)):
+    # The tile's first row has the earliest window: pages before it are hidden from every row.
+    first_page = 0
+    if WINDOW > 0:
+        first_page = tl.maximum(context_len - q_len + tile * BLOCK_Q - WINDOW + 1, 0) // BLOCK_SIZE
+    for page in range(first_page, tl.cdiv(kv_limit, BLOCK_SIZE)):
         block_id = tl.load(table + page)
         acc, m_i, l_i = _attend_page(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_id, page * BLOCK_SIZE,
                                      kv_limit, q_pos, kv_head, stride_cb, stride_cs, stride_ch, stride_cd,
-                                     head_dim, qk_scale, BLOCK_SIZE, DIM_PAD)
+                                     head_dim, qk_scale, softcap, BLOCK_SIZE, DIM_PAD, WINDOW, SOFTCAP)
     out = acc / l_i[:, None]
     tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -162,12 +182,15 @@ def _split_k_kernel(
     stride_bt,
     head_dim,
     qk_scale,
+    softcap,
     NUM_SPLITS: tl.constexpr,
     GROUP: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DIM_PAD: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One program: one partition of one decode request's context x the ``GROUP`` heads of one KV head.
 
@@ -178,10 +201,14 @@ def _split_k_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + req)
-    num_pages = tl.cdiv(context_len, BLOCK_SIZE)
+    # Only the pages holding the token's window (all of them without one) are split.
+    window_page = 0
+    if WINDOW > 0:
+        window_page = tl.maximum(context_len - WINDOW, 0) // BLOCK_SIZE
+    num_pages = tl.cdiv(context_len, BLOCK_SIZE) - window_page
     pages_per_split = tl.cdiv(num_pages, NUM_SPLITS)
-    first_page = split * pages_per_split
-    last_page = tl.minimum(first_page + pages_per_split, num_pages)
+    first_page = window_page + split * pages_per_split
+    last_page = tl.minimum(first_page + pages_per_split, window_page + num_pages)
 
     rows = tl.arange(0, ROWS)
     head = kv_head * GROUP + rows
@@ -202,7 +229,7 @@ def _split_k_kernel(
         block_id = tl.load(table + page)
         acc, m_i, l_i = _attend_page(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_id, page * BLOCK_SIZE,
                                      context_len, q_pos, kv_head, stride_cb, stride_cs, stride_ch, stride_cd,
-                                     head_dim, qk_scale, BLOCK_SIZE, DIM_PAD)
+                                     head_dim, qk_scale, softcap, BLOCK_SIZE, DIM_PAD, WINDOW, SOFTCAP)
     nonempty = l_i > 0
     out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
@@ -232,7 +259,7 @@ def _split_k_reduce_kernel(
     dims = tl.arange(0, DIM_PAD)
     base = (req.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS
     lse = tl.load(part_lse_ptr + base + splits, mask=splits < NUM_SPLITS, other=float("-inf"))
-    # Partition 0 is never empty (context_len >= 1), so the max is finite.
+    # Partition 0 is never empty (it holds the window's start, or position 0), so the max is finite.
     weight = tl.exp2(lse - tl.max(lse, axis=0))
     part = tl.load(part_out_ptr + (base + splits[:, None]) * DIM_PAD + dims[None, :],
                    mask=(splits[:, None] < NUM_SPLITS) & (dims[None, :] < head_dim), other=0.0)
@@ -289,6 +316,8 @@ def unified_attention(
     max_query_len: int,
     max_context_len: int,
     scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """`paged_attention` through the single-pass kernel, whatever the mix of prefill, draft and decode rows.
 
@@ -309,9 +338,9 @@ def unified_attention(
     _unified_kernel[grid](
         query, k_cache, v_cache, out, block_tables, context_lens, query_start_loc,
         *query.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
-        query.shape[2], scale * math.log2(math.e),
+        query.shape[2], scale * math.log2(math.e), softcap or 1.0,
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_SIZE=k_cache.shape[1], DIM_PAD=dim_pad,
-        DOT_FP32=_dot_in_fp32(query.dtype),
+        DOT_FP32=_dot_in_fp32(query.dtype), WINDOW=sliding_window or 0, SOFTCAP=softcap is not None,
     )
     return out
 
@@ -324,6 +353,8 @@ def split_k_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     num_splits: int,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Decode attention (query row ``r`` is request ``r``'s only new token) with each context cut into
     ``num_splits`` partitions attended in parallel, then merged by log-sum-exp."""
@@ -340,8 +371,10 @@ def split_k_decode_attention(
     _split_k_kernel[(num_reqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, part_out, part_lse, block_tables, context_lens,
         *query.stride(), *k_cache.stride(), block_tables.stride(0), head_dim, scale * math.log2(math.e),
+        softcap or 1.0,
         NUM_SPLITS=num_splits, GROUP=group, ROWS=max(_MIN_ROWS, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size, DIM_PAD=dim_pad, DOT_FP32=_dot_in_fp32(query.dtype),
+        WINDOW=sliding_window or 0, SOFTCAP=softcap is not None,
     )
     _split_k_reduce_kernel[(num_reqs, num_heads)](
         part_out, part_lse, out, *out.stride(), head_dim,
@@ -360,6 +393,8 @@ def paged_attention(
     max_query_len: int,
     max_context_len: int,
     scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new query tokens over its paged context.
 
@@ -368,9 +403,12 @@ def paged_attention(
     through the unified kernel.
     """
     num_reqs = block_tables.shape[0]
-    splits = num_kv_splits(num_reqs, k_cache.shape[2], query.shape[0], max_query_len, max_context_len,
+    # A window bounds how much of a context any decode reads.
+    attended_len = min(max_context_len, sliding_window or max_context_len)
+    splits = num_kv_splits(num_reqs, k_cache.shape[2], query.shape[0], max_query_len, attended_len,
                            _num_sms(query.device))
     if splits > 1:
-        return split_k_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, splits)
+        return split_k_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, splits,
+                                        sliding_window, softcap)
     return unified_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc,
-                             max_query_len, max_context_len, scale)
+                             max_query_len, max_context_len, scale, sliding_window, softcap)

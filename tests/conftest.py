@@ -270,3 +270,62 @@ def phoenix(tmp_path_factory):
     except subprocess.TimeoutExpired:
         process.kill()
     log_file.close()
+
+# Family -> (transformers config class, model class, config options beyond TINY_SHAPE). Every
+# option below is one the family's real checkpoints use, shrunk: a 16-token sliding window (the
+# test prompts run past it), rope scalings, soft-caps small enough to bite on random weights.
+_WINDOW = 16
+TINY_FAMILIES = {
+    "qwen2-yarn": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64})),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        head_dim=16, rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 2.0,
+                                      "original_max_position_embeddings": 128})),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=_WINDOW)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        pad_token_id=0, max_position_embeddings=1024, original_max_position_embeddings=256,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "short_factor": [1.0 + i / 8 for i in range(8)], "long_factor": [2.0 + i for i in range(8)]})),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=16, sliding_window=_WINDOW, query_pre_attn_scalar=16, attn_logit_softcapping=1.0,
+        final_logit_softcapping=2.0)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=16, sliding_window=_WINDOW, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64)),
+    "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        mlp_only_layers=[1])),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_family_dir(tmp_path_factory, hf_gguf_tokenizer):
+    """``make(family)``: a random 2-layer checkpoint of a `TINY_FAMILIES` family, built once and saved with
+    the default model's tokenizer. Weights are drawn wider than transformers' init (std 0.1, biases
+    too) so attention is peaked enough for masks, windows and caps to show in the logits."""
+    import transformers
+
+    built: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in built:
+            config_class, model_class, options = TINY_FAMILIES[family]
+            # Seeded by family, so every test selection builds the same weights.
+            torch.manual_seed(10 + list(TINY_FAMILIES).index(family))
+            config = getattr(transformers, config_class)(
+                **TINY_SHAPE, vocab_size=len(hf_gguf_tokenizer), **options, bos_token_id=1, eos_token_id=2
+            )
+            model = getattr(transformers, model_class)(config)
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if not name.endswith("norm.weight"):
+                        param.normal_(std=0.1)
+            built[family] = _save_tiny(model, hf_gguf_tokenizer, tmp_path_factory.mktemp(f"tiny_{family}"))
+        return built[family]
+
+    return make

@@ -1,6 +1,7 @@
 """``spyglass serve [MODEL]``: the OpenAI-compatible HTTP server."""
 
 import os
+import sys
 
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.config import parse_bytes
@@ -40,9 +41,17 @@ def run(args) -> int:
     """Build the app and serve it until a signal arrives."""
     # The HTTP stack and the engine load here, not at import, so ``spyglass serve --help`` is quick.
     from spyglass.core.api.server import serve
+    from spyglass.core.hf_loader import check_supported
 
     if args.model_positional:
         args.model = args.model_positional
+    try:
+        # Before the server starts: an unsupported architecture is a one-line answer, not a start-up traceback.
+        if args.model:
+            check_supported(args.model)
+    except ValueError as error:
+        print(f"spyglass serve: {error}", file=sys.stderr)
+        return 2
     options = ServerOptions(
         host=args.host,
         port=args.port,

@@ -1,50 +1,83 @@
-"""Llama-family decoder (Llama, Qwen2) over a flattened batch of new tokens with a paged KV cache."""
+"""The Llama-style decoder over a flattened batch of new tokens with a paged KV cache.
+
+One definition serves every family whose layer is ``x + attn(norm(x))`` then ``x + mlp(norm(x))``:
+Llama, Qwen2 (q/k/v biases), Qwen3 (q/k norm), Mistral (sliding window), Phi-3 (fused projections in
+the checkpoint, LongRoPE), and the mixture-of-experts Mixtral, Qwen2-MoE and Qwen3-MoE.
+"""
 
 import torch
 
 from spyglass.core.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.layers import GatedMLP, SelfAttention, SparseMoE
 from spyglass.core.models.linear import Linear
 from spyglass.core.models.rope import RotaryEmbedding
 from spyglass.kernels.backend import AttentionBackend
 
+# Where a family keeps its experts, and their gate, up and down projections' names.
+_EXPERTS = {"mixtral": ("block_sparse_moe", ("w1", "w3", "w2"))}
+_QWEN_EXPERTS = ("mlp", ("gate_proj", "up_proj", "down_proj"))
 
-class LlamaLayerWeights:
-    """One decoder layer's weights, with q/k/v and gate/up fused so each is a single matmul."""
 
-    __slots__ = ("input_norm", "qkv", "o_proj", "post_norm", "gate_up", "down")
+class LlamaLayer:
+    """One pre-norm decoder layer's weights: attention and a dense or sparse MLP."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], prefix: str, bias: bool):
-        attn = f"{prefix}.self_attn"
+    __slots__ = ("input_norm", "attention", "post_norm", "mlp")
+
+    def __init__(self, weights, arch: ModelArchConfig, layer: int, rope: RotaryEmbedding):
+        prefix = f"model.layers.{layer}"
         self.input_norm = weights[f"{prefix}.input_layernorm.weight"]
-        qkv_bias = torch.cat([weights[f"{attn}.{p}_proj.bias"] for p in "qkv"]) if bias else None
-        self.qkv = Linear(torch.cat([weights[f"{attn}.{p}_proj.weight"] for p in "qkv"]), qkv_bias)
-        self.o_proj = Linear(weights[f"{attn}.o_proj.weight"])
+        self.attention = SelfAttention(weights, prefix, arch, layer, rope)
         self.post_norm = weights[f"{prefix}.post_attention_layernorm.weight"]
-        mlp = f"{prefix}.mlp"
-        self.gate_up = Linear(torch.cat([weights[f"{mlp}.gate_proj.weight"], weights[f"{mlp}.up_proj.weight"]]))
-        self.down = Linear(weights[f"{mlp}.down_proj.weight"])
+        if layer in arch.moe_layers:
+            module, names = _EXPERTS.get(arch.architecture, _QWEN_EXPERTS)
+            self.mlp = SparseMoE(weights, f"{prefix}.{module}", arch, names)
+        else:
+            self.mlp = GatedMLP(weights, f"{prefix}.mlp", arch.hidden_act)
+
+
+def weight_names(arch: ModelArchConfig, fused_projections: bool = False) -> set[str]:
+    """The HF parameter names a checkpoint of this architecture holds (``fused_projections``: Phi-3's
+    ``qkv_proj`` and ``gate_up_proj``)."""
+    attention = ["qkv"] if fused_projections else list("qkv")
+    mlp = ["gate_up", "down"] if fused_projections else ["gate", "up", "down"]
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not arch.tie_word_embeddings:
+        names.add("lm_head.weight")
+    for i in range(arch.num_hidden_layers):
+        prefix = f"model.layers.{i}"
+        names |= {f"{prefix}.input_layernorm.weight", f"{prefix}.post_attention_layernorm.weight"}
+        names |= {f"{prefix}.self_attn.{p}_proj.weight" for p in [*attention, "o"]}
+        if arch.attention_bias:
+            names |= {f"{prefix}.self_attn.{p}_proj.bias" for p in attention}
+        if arch.qk_norm:
+            names |= {f"{prefix}.self_attn.q_norm.weight", f"{prefix}.self_attn.k_norm.weight"}
+        if i not in arch.moe_layers:
+            names |= {f"{prefix}.mlp.{p}_proj.weight" for p in mlp}
+            continue
+        module, expert_names = _EXPERTS.get(arch.architecture, _QWEN_EXPERTS)
+        names.add(f"{prefix}.{module}.gate.weight")
+        names |= {f"{prefix}.{module}.experts.{e}.{p}.weight" for e in range(arch.num_experts) for p in expert_names}
+        if arch.shared_expert_intermediate_size:
+            names |= {f"{prefix}.{module}.shared_expert.{p}_proj.weight" for p in ("gate", "up", "down")}
+            names.add(f"{prefix}.{module}.shared_expert_gate.weight")
+    return names
 
 
 class LlamaForCausalLM:
-    """A plain-tensor Llama: no nn.Module, so each step is a short, flat sequence of torch ops."""
+    """A plain-tensor decoder: no nn.Module, so each step is a short, flat sequence of torch ops."""
 
     def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], backend: AttentionBackend, device):
         self.arch = arch
         self.backend = backend
         w = {name: t.to(device) for name, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
-        self.layers = [
-            LlamaLayerWeights(w, f"model.layers.{i}", arch.attention_bias) for i in range(arch.num_hidden_layers)
-        ]
-        self.final_norm = w["model.norm.weight"]
-        self.lm_head = Linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
-        self.rope = RotaryEmbedding(
+        rope = RotaryEmbedding(
             arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling, self.embed.dtype, device
         )
-        self.scale = arch.head_dim**-0.5
-        self.q_size = arch.num_attention_heads * arch.head_dim
-        self.kv_size = arch.num_key_value_heads * arch.head_dim
+        self.layers = [LlamaLayer(w, arch, i, rope) for i in range(arch.num_hidden_layers)]
+        self.final_norm = w["model.norm.weight"]
+        self.lm_head = Linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
 
     @property
     def dtype(self) -> torch.dtype:
@@ -72,30 +105,7 @@ class LlamaForCausalLM:
         hidden, residual = self.embed[input_ids], None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
-            hidden = self._attention(layer, x, positions, meta, k_cache, v_cache)
+            hidden = layer.attention(x, positions, meta, k_cache, v_cache, ops)
             x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, eps)
-            hidden = layer.down(ops.silu_and_mul(layer.gate_up(x)))
+            hidden = layer.mlp(x, ops)
         return hidden, residual
-
-    def _attention(self, layer, x, positions, meta: AttentionMetadata, k_cache, v_cache) -> torch.Tensor:
-        num_tokens, head_dim = x.shape[0], self.arch.head_dim
-        qkv = layer.qkv(x)
-        # Rotate q and k heads together, in place: one rope call instead of two.
-        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, head_dim)
-        self.backend.rotary_embedding_(qk, positions, self.rope.cos, self.rope.sin)
-        q = qk[:, : self.arch.num_attention_heads]
-        k = qk[:, self.arch.num_attention_heads :]
-        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, -1, head_dim)
-        self.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = self.backend.paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.block_tables,
-            meta.context_lens,
-            meta.query_start_loc,
-            meta.max_query_len,
-            meta.max_context_len,
-            self.scale,
-        )
-        return layer.o_proj(out.reshape(num_tokens, self.q_size))

@@ -10,7 +10,9 @@
 // memory once per item and never gathered or repeated; keys are walked through block pointers
 // computed once per item. Products take bf16 inputs (vdpbf16ps) and the probabilities are rounded to
 // bf16 for the weighted sum, as the torch path rounds them before its matmul. Other dtypes and shapes
-// go one row at a time through a generic path. Scores, softmax and sums are float32 throughout.
+// go one row at a time through a generic path, as does any call with a sliding window (a row sees only
+// its last `sliding_window` keys) or soft-capped scores (softcap * tanh(score / softcap), Gemma 2).
+// Scores, softmax and sums are float32 throughout.
 // Every query length runs here (prompts included). Plain C ABI, loaded with ctypes; OpenMP from the
 // runtime torch already loaded (same soname), with the thread count torch uses.
 
@@ -51,6 +53,8 @@ struct Scratch {
 
 struct Shapes {
     int64_t num_heads, num_kv_heads, head_dim, num_blocks, block_size, table_stride, query_row_stride;
+    int64_t sliding_window;  // 0: every earlier key is visible
+    float softcap;           // 0: scores are not capped
 };
 
 // Where one work item reads: its request's block table and its kv head's slice of the cache.
@@ -58,6 +62,7 @@ struct Keys {
     const int32_t* table;
     int64_t head_offset;  // kv_head * num_blocks
     int64_t block_size, dim, count;
+    int64_t first = 0;  // the first visible key (a sliding window hides the ones before)
 };
 
 template <typename T>
@@ -66,20 +71,20 @@ const T* row(const T* cache, const Keys& keys, int64_t j) {
                        keys.dim;
 }
 
-// scores[g * n + j] = scale * q_g . k_j for every key j < n.
+// scores[g * n + j] = scale * q_g . k_j (soft-capped when softcap > 0) for every visible key first <= j < n.
 template <typename T>
-void scores_into(const T* q_row, const T* k_cache, const Keys& keys, int64_t group, float scale, float* q,
-                 float* scores) {
+void scores_into(const T* q_row, const T* k_cache, const Keys& keys, int64_t group, float scale, float softcap,
+                 float* q, float* scores) {
     const int64_t dim = keys.dim, n = keys.count;
     for (int64_t i = 0; i < group * dim; ++i) q[i] = to_float(q_row[i]) * scale;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = keys.first; j < n; ++j) {
         const T* key = row(k_cache, keys, j);
         for (int64_t g = 0; g < group; ++g) {
             const float* qg = q + g * dim;
             float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
             for (int64_t d = 0; d < dim; ++d) dot += qg[d] * to_float(key[d]);
-            scores[g * n + j] = dot;
+            scores[g * n + j] = softcap > 0.f ? softcap * std::tanh(dot / softcap) : dot;
         }
     }
 }
@@ -89,7 +94,7 @@ template <typename T>
 void weighted_values(const float* probs, const T* v_cache, const Keys& keys, int64_t group, float* acc) {
     const int64_t dim = keys.dim, n = keys.count;
     std::fill(acc, acc + group * dim, 0.f);
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = keys.first; j < n; ++j) {
         const T* value = row(v_cache, keys, j);
         for (int64_t g = 0; g < group; ++g) {
             const float p = probs[g * n + j];
@@ -122,11 +127,13 @@ void attend_row(const WorkItem& item, int64_t row_in_item, const T* query, const
     float* scores = scratch.data();  // [group, n]
     float* q = scores + group * n;   // [group, dim]
     float* acc = q + group * dim;    // [group, dim]
-    const Keys keys{block_tables + item.request * s.table_stride, item.kv_head * s.num_blocks, s.block_size, dim, n};
+    const int64_t first = s.sliding_window > 0 ? std::max<int64_t>(0, n - s.sliding_window) : 0;
+    const Keys keys{block_tables + item.request * s.table_stride, item.kv_head * s.num_blocks, s.block_size, dim, n,
+                    first};
     const int64_t row_index = item.row + row_in_item;
     const T* q_row = query + row_index * s.query_row_stride + item.kv_head * group * dim;
-    scores_into(q_row, k_cache, keys, group, scale, q, scores);
-    for (int64_t g = 0; g < group; ++g) softmax(scores + g * n, n);
+    scores_into(q_row, k_cache, keys, group, scale, s.softcap, q, scores);
+    for (int64_t g = 0; g < group; ++g) softmax(scores + g * n + first, n - first);
     weighted_values(scores, v_cache, keys, group, acc);
     T* out_row = out + (row_index * s.num_heads + item.kv_head * group) * dim;
     for (int64_t i = 0; i < group * dim; ++i) store(out_row + i, acc[i]);
@@ -302,10 +309,11 @@ void attend_bf16(const WorkItem& item, const uint16_t* query, const uint16_t* k_
     }
 }
 
-// Head dims 32, 64 and 128 with an even block size take the AVX512-BF16 path; others the generic one.
+// Head dims 32, 64 and 128 with an even block size and no window or soft-cap take the AVX512-BF16
+// path; others the generic one.
 void attend(const WorkItem& item, const uint16_t* query, const uint16_t* k_cache, const uint16_t* v_cache,
             const int32_t* block_tables, const Shapes& s, float scale, Scratch& scratch, uint16_t* out) {
-    if (s.block_size % 2 == 0) switch (s.head_dim) {
+    if (s.block_size % 2 == 0 && s.sliding_window == 0 && s.softcap == 0.f) switch (s.head_dim) {
             case 32: return attend_bf16<1>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
             case 64: return attend_bf16<2>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
             case 128: return attend_bf16<4>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
@@ -343,8 +351,9 @@ void paged_attention(const T* query, const T* k_cache, const T* v_cache, const i
                          const int32_t* context_lens, const int32_t* query_start_loc, int64_t num_reqs,        \
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,       \
                          int64_t block_size, int64_t table_stride, int64_t query_row_stride, float scale,      \
-                         int64_t num_threads, void* out) {                                                     \
-        Shapes shapes{num_heads, num_kv_heads, head_dim, num_blocks, block_size, table_stride, query_row_stride}; \
+                         int64_t sliding_window, float softcap, int64_t num_threads, void* out) {              \
+        Shapes shapes{num_heads,  num_kv_heads,     head_dim,       num_blocks, block_size,                       \
+                      table_stride, query_row_stride, sliding_window, softcap};                                   \
         paged_attention(static_cast<const T*>(query), static_cast<const T*>(k_cache),                         \
                         static_cast<const T*>(v_cache), block_tables, context_lens, query_start_loc, num_reqs, \
                         shapes, scale, num_threads, static_cast<T*>(out));                     \

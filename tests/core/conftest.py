@@ -2,7 +2,9 @@
 
 import itertools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,15 +76,44 @@ def tiny_llama_checkpoint(tiny_llama_dir) -> Checkpoint:
     return load_checkpoint(str(tiny_llama_dir), torch.float32)
 
 
-@pytest.fixture(scope="session")
-def make_tiny_engine(tiny_llama_dir, tiny_llama_checkpoint) -> Callable[..., LLMEngine]:
-    """Build an engine on the tiny Llama (float32, CPU, only the fcfs plugin); keyword arguments go to EngineConfig."""
-
+def _engine_factory(path, checkpoint: Checkpoint) -> Callable[..., LLMEngine]:
     def make(**options) -> LLMEngine:
         options = {"dtype": "float32", "device": "cpu", "plugins": ["fcfs"], "num_kv_blocks": 256, **options}
-        return LLMEngine(EngineConfig(model=str(tiny_llama_dir), **options), checkpoint=tiny_llama_checkpoint)
+        return LLMEngine(EngineConfig(model=str(path), **options), checkpoint=checkpoint)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_factory() -> Callable[..., Callable[..., LLMEngine]]:
+    """``factory(path, checkpoint)``: builds engines on that tiny checkpoint (float32, CPU, only the fcfs
+    plugin); keyword arguments of the engines it returns go to EngineConfig."""
+    return _engine_factory
+
+
+@pytest.fixture(scope="session")
+def make_tiny_engine(tiny_llama_dir, tiny_llama_checkpoint) -> Callable[..., LLMEngine]:
+    """Build an engine on the tiny Llama (see `tiny_engine_factory`)."""
+    return _engine_factory(tiny_llama_dir, tiny_llama_checkpoint)
+
+
+# Prompts of every kind: 1 to ~130 tokens, English, Chinese, code, numbers.
+MIXED_TEXTS = [
+    "Hi",
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
+    "你好，世界！今天天气很好，我们去公园散步吧。",
+    "Once upon a time, in a land far away, there lived a king who loved numbers. " * 3,
+    "1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144,",
+    "Q: What is the capital of France?\nA:",
+    "import numpy as np\n\nx = np.arange(10)\nfor i in range(len(x)):\n    print(x[i] ** 2)\n" * 2,
+]
+
+
+@pytest.fixture(scope="session")
+def mixed_texts() -> list[str]:
+    """Eight varied prompts (one of 1-3 tokens, several past 64): the engine and family tests' batch."""
+    return MIXED_TEXTS
 
 
 @pytest.fixture(scope="session")
@@ -159,3 +190,67 @@ def assert_same_greedy(
 def same_greedy() -> Callable[..., bool]:
     """`assert_same_greedy`: two greedy outputs agree up to a near-tie."""
     return assert_same_greedy
+
+
+def _write_gguf(hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path) -> Path:
+    """Write the float32 HF checkpoint in ``hf_dir`` as llama.cpp's converter would for ``gguf_arch``
+    (its tensor names, per-expert projections stacked into 3-D tensors, its metadata keys), with the
+    tokenizer metadata of the GGUF file ``tokenizer_source``."""
+    import json
+
+    import gguf
+    from safetensors.torch import load_file
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    state = {name: tensor.numpy() for name, tensor in load_file(hf_dir / "model.safetensors").items()}
+    num_layers = config["num_hidden_layers"]
+    for i in range(num_layers):
+        experts = f"model.layers.{i}.mlp.experts"
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names = sorted((n for n in state if n.startswith(f"{experts}.") and f".{proj}." in n),
+                           key=lambda n: int(n.split(".")[5]))
+            if names:
+                state[f"{experts}.{proj}.weight"] = np.stack([state.pop(n) for n in names])
+    writer = gguf.GGUFWriter(path, gguf_arch)
+    writer.add_block_count(num_layers)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if config["rope_parameters"].get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(config["rope_parameters"]["factor"])
+        writer.add_rope_scaling_orig_ctx_len(config["rope_parameters"]["original_max_position_embeddings"])
+    num_experts = config.get("num_experts") or config.get("num_local_experts")
+    if num_experts:
+        writer.add_expert_count(num_experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if config.get("shared_expert_intermediate_size"):
+            writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    source = gguf.GGUFReader(tokenizer_source)
+    for key, value in source.fields.items():
+        if key.startswith("tokenizer."):
+            sub_type = value.types[1] if len(value.types) > 1 else None
+            writer.add_key_value(key, value.contents(), value.types[0], sub_type)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[gguf_arch.upper()], num_layers)
+    for name, tensor in state.items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def gguf_from_hf(default_model_path) -> Callable[[Path, str, Path], Path]:
+    """``write(hf_dir, gguf_arch, path)``: a GGUF file of a tiny HF checkpoint, written as llama.cpp's
+    converter writes that architecture, with the default model's tokenizer."""
+    return lambda hf_dir, gguf_arch, path: _write_gguf(hf_dir, gguf_arch, path, default_model_path)

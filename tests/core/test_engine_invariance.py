@@ -1,20 +1,15 @@
-"""Greedy float32 outputs do not depend on how the engine batches, chunks, pages or preempts (tiny random Llama)."""
+"""Greedy float32 outputs do not depend on how the engine batches, chunks, pages or preempts.
+
+Every test runs on three tiny random models: Llama, Mistral with a 16-token sliding window (the longer
+prompts and their continuations run past it), and Qwen2-MoE (routed and shared experts).
+"""
 
 import pytest
+import torch
 
+from spyglass.core.checkpoint import load_checkpoint
 from spyglass.core.hookspecs import hookimpl
 from spyglass.core.sampling_params import SamplingParams
-
-TEXTS = [
-    "Hi",
-    "The quick brown fox jumps over the lazy dog.",
-    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
-    "你好，世界！今天天气很好，我们去公园散步吧。",
-    "Once upon a time, in a land far away, there lived a king who loved numbers. " * 3,
-    "1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144,",
-    "Q: What is the capital of France?\nA:",
-    "import numpy as np\n\nx = np.arange(10)\nfor i in range(len(x)):\n    print(x[i] ** 2)\n" * 2,
-]
 
 # logprobs=2 lets a mismatch be checked against the top-two gap (see assert_same_greedy).
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
@@ -32,10 +27,20 @@ class StepRecorder:
         self.steps.append(stats)
 
 
+@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2-moe"])
+def make_tiny_engine(request, make_tiny_engine, tiny_family_dir, tiny_engine_factory):
+    """The engine factory of tests/core/conftest.py, or the same over another family's tiny checkpoint."""
+    if request.param == "llama":
+        return make_tiny_engine
+    path = tiny_family_dir(request.param)
+    return tiny_engine_factory(path, load_checkpoint(str(path), torch.float32))
+
+
 @pytest.fixture(scope="module")
-def prompts(tiny_llama_checkpoint) -> list[list[int]]:
+def prompts(tiny_llama_checkpoint, mixed_texts) -> list[list[int]]:
+    # Every tiny model shares the default model's tokenizer.
     tokenizer = tiny_llama_checkpoint.tokenizer
-    token_ids = [tokenizer.encode(text) for text in TEXTS]
+    token_ids = [tokenizer.encode(text) for text in mixed_texts]
     assert min(map(len, token_ids)) <= 3 and max(map(len, token_ids)) >= 64
     return token_ids
 

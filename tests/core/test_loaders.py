@@ -132,6 +132,17 @@ def test_unsupported_architecture_is_rejected(tiny_llama_dir, tmp_path):
         load_hf_dir(tmp_path, torch.float32)
 
 
+def test_serve_lists_supported_architectures_for_an_unsupported_one(tmp_path, capsys):
+    from spyglass.core.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    assert main(["serve", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "Unsupported model class 'GPT2LMHeadModel'" in error
+    for supported in ("LlamaForCausalLM", "MistralForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"):
+        assert supported in error
+
+
 @pytest.mark.parametrize(
     ("model", "message"),
     [
@@ -171,3 +182,24 @@ def test_default_model_download_failure_is_clear(tmp_path, monkeypatch):
     monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(blocker / "cache"))
     with pytest.raises(RuntimeError, match="--model"):
         default_model.ensure_default_model()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hidden_act": "relu"}, "unsupported MLP activation 'relu'"),
+        ({"mlp_bias": True}, "MLP biases"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+         "partial rotary"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, "unsupported rope scaling"),
+    ],
+    ids=["activation", "mlp bias", "partial rotary", "dynamic rope"],
+)
+def test_unsupported_variants_are_rejected(tiny_llama_dir, tmp_path, change, message):
+    for item in tiny_llama_dir.iterdir():
+        (tmp_path / item.name).symlink_to(item)
+    config = json.loads((tiny_llama_dir / "config.json").read_text())
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ValueError, match=message):
+        load_hf_dir(tmp_path, torch.float32)

@@ -72,6 +72,18 @@ def test_mixed_prefill_drafts_decode(dtype, head_dim, block_size):
     _check(triton_attention.paged_attention, batch, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("masking", [dict(sliding_window=4096), dict(sliding_window=500, softcap=50.0)], ids=str)
+@pytest.mark.parametrize("decode_only", [True, False], ids=["decode", "mixed"])
+def test_sliding_window_and_softcap_long_contexts(dtype, masking, decode_only):
+    # Mistral's and Gemma 2's settings over contexts up to 8k, through whichever kernel paged_attention picks.
+    q_lens = [1] * 8 if decode_only else [1, 700, 1, 3, 1, 2048, 1, 4]
+    ctx = [max(q, c) for q, c in zip(q_lens, _ragged(8, 1, 8192, seed=3))]
+    batch = helpers.make_batch(q_lens, ctx, num_kv_heads=2, group=4, head_dim=128, block_size=16, dtype=dtype)
+    actual = triton_attention.paged_attention(*batch.args, **masking)
+    helpers.assert_close(actual, helpers.reference_attention(batch, **masking), dtype)
+
+
 @pytest.mark.parametrize("cache_dtype", DTYPES, ids=str)
 def test_store_kv_8k_tokens(cache_dtype):
     gen = torch.Generator().manual_seed(2)

@@ -77,18 +77,18 @@ def make_batch(q_lens, ctx_lens, *, num_kv_heads, group, head_dim, block_size, d
                  tables.to(device), torch.tensor(ctx_lens, dtype=torch.int32, device=device), q_lens)
 
 
-def reference_attention(batch: Batch) -> torch.Tensor:
+def reference_attention(batch: Batch, **masking) -> torch.Tensor:
     """`torch_attention.paged_attention` on the batch, with the NaN poison zeroed first.
 
     The torch decode path gathers whole blocks and masks scores, so a NaN in an unwritten slot would
     still leak through 0 * NaN; the Triton kernels must never load those slots at all.
     """
     q, k, v, *rest = batch.args
-    return torch_attention.paged_attention(q, k.nan_to_num(), v.nan_to_num(), *rest)
+    return torch_attention.paged_attention(q, k.nan_to_num(), v.nan_to_num(), *rest, **masking)
 
 
-def naive_attention(batch: Batch) -> torch.Tensor:
-    """Dense float64 softmax(QK^T)V per request with an explicit bottom-right causal mask."""
+def naive_attention(batch: Batch, sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Dense float64 softmax(QK^T)V per request with an explicit bottom-right causal mask (and window, and cap)."""
     q, k_cache, v_cache, tables, ctx_lens, starts, _, _, scale = batch.args
     block_size, group = k_cache.shape[1], q.shape[1] // k_cache.shape[2]
     out = torch.empty(q.shape, dtype=torch.float64)
@@ -98,8 +98,13 @@ def naive_attention(batch: Batch) -> torch.Tensor:
         k = torch.stack([k_cache[b, i] for b, i in slots]).double().repeat_interleave(group, dim=1)
         v = torch.stack([v_cache[b, i] for b, i in slots]).double().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[s:e].double(), k) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         q_pos = torch.arange(e - s).unsqueeze(1) + ctx - (e - s)
-        scores = scores.masked_fill(torch.arange(ctx).unsqueeze(0) > q_pos, -math.inf)
+        hidden = torch.arange(ctx).unsqueeze(0) > q_pos
+        if sliding_window is not None:
+            hidden |= torch.arange(ctx).unsqueeze(0) <= q_pos - sliding_window
+        scores = scores.masked_fill(hidden, -math.inf)
         out[s:e] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
     return out
 
@@ -135,6 +140,47 @@ def test_torch_attention_matches_naive(scenario, group, block_size):
                        dtype=torch.float32, device=torch.device("cpu"))
     expected = naive_attention(batch)
     torch.testing.assert_close(reference_attention(batch).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+# Sliding windows shorter than a block, spanning blocks, and longer than some contexts; Gemma 2's soft-cap.
+MASKINGS = {
+    "window 5": dict(sliding_window=5),
+    "window 20": dict(sliding_window=20),
+    "softcap": dict(softcap=2.0),
+    "window and softcap": dict(sliding_window=12, softcap=2.0),
+}
+
+
+@pytest.mark.parametrize("masking", MASKINGS)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_torch_attention_window_and_softcap_match_naive(scenario, masking):
+    q_lens, ctx_lens = SCENARIOS[scenario]
+    batch = make_batch(q_lens, ctx_lens, num_kv_heads=2, group=3, head_dim=64, block_size=16,
+                       dtype=torch.float32, device=torch.device("cpu"))
+    expected = naive_attention(batch, **MASKINGS[masking])
+    actual = reference_attention(batch, **MASKINGS[masking])
+    torch.testing.assert_close(actual.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("masking", MASKINGS)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_unified_attention_window_and_softcap(poisoned_allocations, dtype, scenario, masking):
+    q_lens, ctx_lens = SCENARIOS[scenario]
+    batch = make_batch(q_lens, ctx_lens, num_kv_heads=2, group=3, head_dim=64, block_size=16, dtype=dtype)
+    actual = triton_attention.unified_attention(*batch.args, **MASKINGS[masking])
+    assert_close(actual, reference_attention(batch, **MASKINGS[masking]), dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("masking", MASKINGS)
+def test_split_k_decode_window_and_softcap(poisoned_allocations, masking):
+    batch = make_batch([1, 1, 1], [70, 5, 33], num_kv_heads=2, group=3, head_dim=64, block_size=16,
+                       dtype=torch.float32)
+    q, k, v, tables, ctx_lens, *_, scale = batch.args
+    out = triton_attention.split_k_decode_attention(q, k, v, tables, ctx_lens, scale, 3, **MASKINGS[masking])
+    assert_close(out, reference_attention(batch, **MASKINGS[masking]), torch.float32)
 
 
 @needs_triton

@@ -44,6 +44,32 @@ def test_cpu_attention_matches_reference(dtype, tolerance, q_lens, num_heads, nu
     torch.testing.assert_close(actual.float(), expected.float(), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("masking", [dict(sliding_window=5), dict(sliding_window=40), dict(softcap=2.0),
+                                     dict(sliding_window=17, softcap=3.0)], ids=str)
+@pytest.mark.parametrize("q_lens", [[1, 1, 1], [7, 1, 30, 2]])
+def test_cpu_attention_window_and_softcap_match_reference(dtype, tolerance, masking, q_lens, cpu_kernels):
+    # Head dim 64 with an even block size: the shapes the vectorised bf16 path would take without masking.
+    generator = torch.Generator().manual_seed(len(q_lens))
+    num_heads, num_kv_heads, block_size, head_dim = 6, 2, 16, 64
+    context_lens = [q + 29 * i + 3 for i, q in enumerate(q_lens)]
+    max_blocks = max(-(-c // block_size) for c in context_lens)
+    num_blocks = len(q_lens) * max_blocks
+    block_tables = torch.randperm(num_blocks, generator=generator).view(len(q_lens), max_blocks).to(torch.int32)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=generator).to(dtype)
+    v_cache = torch.randn(shape, generator=generator).to(dtype)
+    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=generator).to(dtype)
+    starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    args = (block_tables, torch.tensor(context_lens, dtype=torch.int32), starts, max(q_lens), max(context_lens),
+            head_dim**-0.5)
+    expected = torch_attention.paged_attention(query, k_cache, v_cache, *args, **masking)
+    unmasked = torch_attention.paged_attention(query, k_cache, v_cache, *args)
+    assert not torch.allclose(expected, unmasked)
+    actual = cpu_attention.paged_attention(query, _to_head_major(k_cache), _to_head_major(v_cache), *args, **masking)
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=tolerance, atol=tolerance)
+
+
 def test_cpu_store_kv_writes_the_same_slots_as_the_reference():
     generator = torch.Generator().manual_seed(0)
     shape = (6, 4, 2, 8)

@@ -1,0 +1,85 @@
+"""Gemma 2 and Gemma 3 decoders: scaled embeddings, (1 + weight) RMSNorms around both sublayers (sandwich
+norms), GeGLU, soft-capped attention scores and logits (Gemma 2), alternating sliding and global layers,
+and for Gemma 3 per-head q/k norms and a separate rope base for the sliding layers."""
+
+import torch
+
+from spyglass.core.model_config import ModelArchConfig
+from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.layers import GatedMLP, SelfAttention
+from spyglass.core.models.linear import Linear
+from spyglass.core.models.rope import RotaryEmbedding
+from spyglass.kernels.backend import AttentionBackend
+
+_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+class GemmaLayer:
+    """One layer's weights; every norm weight already has Gemma's + 1 folded in."""
+
+    __slots__ = ("input_norm", "attention", "post_attention_norm", "pre_mlp_norm", "post_mlp_norm", "mlp")
+
+    def __init__(self, weights, arch: ModelArchConfig, layer: int, rope: RotaryEmbedding):
+        prefix = f"model.layers.{layer}"
+        self.input_norm, self.post_attention_norm, self.pre_mlp_norm, self.post_mlp_norm = (
+            weights[f"{prefix}.{name}.weight"] + 1.0 for name in _NORMS
+        )
+        self.attention = SelfAttention(weights, prefix, arch, layer, rope, norm_offset=1.0)
+        self.mlp = GatedMLP(weights, f"{prefix}.mlp", arch.hidden_act)
+
+
+def weight_names(arch: ModelArchConfig) -> set[str]:
+    """The HF parameter names a Gemma 2 or 3 checkpoint holds."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not arch.tie_word_embeddings:
+        names.add("lm_head.weight")
+    per_layer = [
+        *(f"{name}.weight" for name in _NORMS),
+        *(f"self_attn.{p}_proj.weight" for p in "qkvo"),
+        *(f"self_attn.{p}_proj.bias" for p in "qkv" if arch.attention_bias),
+        *(f"self_attn.{p}_norm.weight" for p in "qk" if arch.qk_norm),
+        *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
+    ]
+    return names | {f"model.layers.{i}.{n}" for i in range(arch.num_hidden_layers) for n in per_layer}
+
+
+class GemmaForCausalLM:
+    """Gemma 2 / Gemma 3 (text) over the flattened, paged batch; same interface as `LlamaForCausalLM`."""
+
+    def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], backend: AttentionBackend, device):
+        self.arch = arch
+        self.backend = backend
+        w = {name: t.to(device) for name, t in weights.items()}
+        self.embed = w["model.embed_tokens.weight"]
+        # transformers rounds the scale to the weights' dtype before multiplying.
+        self.embed_scale = torch.tensor(arch.hidden_size**0.5, dtype=self.embed.dtype).item()
+        dtype, positions = self.embed.dtype, arch.max_position_embeddings
+        global_rope = RotaryEmbedding(arch.head_dim, positions, arch.rope_theta, arch.rope_scaling, dtype, device)
+        local_rope = global_rope
+        if arch.local_rope_theta is not None:
+            local_rope = RotaryEmbedding(arch.head_dim, positions, arch.local_rope_theta, None, dtype, device)
+        self.layers = [
+            GemmaLayer(w, arch, i, local_rope if arch.window(i) else global_rope) for i in range(arch.num_hidden_layers)
+        ]
+        self.final_norm = w["model.norm.weight"] + 1.0
+        self.lm_head = Linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype."""
+        return self.embed.dtype
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices) -> torch.Tensor:
+        """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened batch."""
+        eps, ops = self.arch.rms_norm_eps, self.backend
+        hidden, residual = self.embed[input_ids] * self.embed_scale, None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
+            hidden = layer.attention(x, positions, meta, k_cache, v_cache, ops)
+            hidden, _ = ops.add_rms_norm(hidden, None, layer.post_attention_norm, eps)
+            x, residual = ops.add_rms_norm(hidden, residual, layer.pre_mlp_norm, eps)
+            hidden, _ = ops.add_rms_norm(layer.mlp(x, ops), None, layer.post_mlp_norm, eps)
+        normed, _ = ops.add_rms_norm(hidden[logits_indices], residual[logits_indices], self.final_norm, eps)
+        logits = self.lm_head(normed).float()
+        cap = self.arch.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap

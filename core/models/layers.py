@@ -1,0 +1,157 @@
+"""Decoder pieces the model families share: self-attention over the paged cache, the gated MLP, and a sparse
+mixture of experts. Every projection is a `Linear`, so other weight formats plug in there."""
+
+import torch
+
+from spyglass.core.model_config import ModelArchConfig
+from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.linear import Linear
+from spyglass.core.models.rope import RotaryEmbedding
+from spyglass.kernels.backend import AttentionBackend
+
+# HF activation name -> the backend op applying it to the gate half of a fused [gate | up] row.
+_GATED_ACTIVATIONS = {"silu": "silu_and_mul", "gelu_pytorch_tanh": "gelu_tanh_and_mul"}
+
+
+def gated_activation(hidden_act: str) -> str:
+    """The backend op name for ``hidden_act``; ValueError for an activation no backend has."""
+    if hidden_act not in _GATED_ACTIVATIONS:
+        raise ValueError(f"unsupported MLP activation {hidden_act!r}; supported: {', '.join(_GATED_ACTIVATIONS)}")
+    return _GATED_ACTIVATIONS[hidden_act]
+
+
+def _fused(weights: dict[str, torch.Tensor], fused: str, parts: list[str]) -> torch.Tensor:
+    """``weights[fused]`` where the checkpoint stores it fused (Phi-3), else the parts concatenated."""
+    return weights[fused] if fused in weights else torch.cat([weights[name] for name in parts])
+
+
+class SelfAttention:
+    """One layer's attention: fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3, Gemma 3),
+    rotary embedding, KV store, paged attention with the layer's window and soft-cap, output projection."""
+
+    __slots__ = ("qkv", "o_proj", "q_norm", "k_norm", "rope", "window", "softcap", "scale", "arch")
+
+    def __init__(self, weights, prefix: str, arch: ModelArchConfig, layer: int, rope: RotaryEmbedding,
+                 norm_offset: float = 0.0):
+        attn = f"{prefix}.self_attn"
+        names = [f"{attn}.{p}_proj.weight" for p in "qkv"]
+        bias = None
+        if arch.attention_bias:
+            bias = _fused(weights, f"{attn}.qkv_proj.bias", [n.replace(".weight", ".bias") for n in names])
+        self.qkv = Linear(_fused(weights, f"{attn}.qkv_proj.weight", names), bias)
+        self.o_proj = Linear(weights[f"{attn}.o_proj.weight"])
+        # Gemma's norms scale by (1 + weight): the offset folds that into the weight once.
+        self.q_norm = weights[f"{attn}.q_norm.weight"] + norm_offset if arch.qk_norm else None
+        self.k_norm = weights[f"{attn}.k_norm.weight"] + norm_offset if arch.qk_norm else None
+        self.rope = rope
+        self.window = arch.window(layer)
+        self.softcap = arch.attn_logit_softcapping
+        self.scale = (arch.query_pre_attn_scalar or arch.head_dim) ** -0.5
+        self.arch = arch
+
+    def __call__(self, x, positions, meta: AttentionMetadata, k_cache, v_cache, ops: AttentionBackend):
+        """The attention output ``[num_tokens, hidden]`` of the normed input ``x``; stores this step's K and V."""
+        arch = self.arch
+        num_tokens, num_heads, head_dim = x.shape[0], arch.num_attention_heads, arch.head_dim
+        q_size, kv_size = num_heads * head_dim, arch.num_key_value_heads * head_dim
+        qkv = self.qkv(x)
+        qk = qkv[:, : q_size + kv_size].view(num_tokens, -1, head_dim)
+        if self.q_norm is not None:
+            self._norm_heads_(qk, ops)
+        # Rotate q and k heads together, in place: one rope call instead of two.
+        ops.rotary_embedding_(qk, positions, self.rope.cos, self.rope.sin)
+        v = qkv[:, q_size + kv_size :].view(num_tokens, -1, head_dim)
+        ops.store_kv(qk[:, num_heads:], v, k_cache, v_cache, meta.slot_mapping)
+        out = ops.paged_attention(
+            qk[:, :num_heads], k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc,
+            meta.max_query_len, meta.max_context_len, self.scale,
+            sliding_window=self.window, softcap=self.softcap,
+        )
+        return self.o_proj(out.reshape(num_tokens, q_size))
+
+    def _norm_heads_(self, qk: torch.Tensor, ops: AttentionBackend) -> None:
+        """RMS-normalise each query head and each key head of ``qk [num_tokens, heads, head_dim]`` in place."""
+        num_heads, eps = self.arch.num_attention_heads, self.arch.rms_norm_eps
+        for heads, weight in ((qk[:, :num_heads], self.q_norm), (qk[:, num_heads:], self.k_norm)):
+            normed, _ = ops.add_rms_norm(heads.reshape(-1, heads.shape[-1]), None, weight, eps)
+            heads.copy_(normed.view(heads.shape))
+
+
+class GatedMLP:
+    """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul."""
+
+    __slots__ = ("gate_up", "down", "activation")
+
+    def __init__(self, weights, prefix: str, hidden_act: str,
+                 names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")):
+        gate, up, down = (f"{prefix}.{name}.weight" for name in names)
+        self.gate_up = Linear(_fused(weights, f"{prefix}.gate_up_proj.weight", [gate, up]))
+        self.down = Linear(weights[down])
+        self.activation = gated_activation(hidden_act)
+
+    def __call__(self, x: torch.Tensor, ops: AttentionBackend) -> torch.Tensor:
+        """The MLP output for ``x [num_tokens, hidden]``."""
+        return self.down(getattr(ops, self.activation)(self.gate_up(x)))
+
+
+class SparseMoE:
+    """Top-k routed experts (softmax over the router's logits, optionally renormalised over the chosen k),
+    plus a sigmoid-gated shared expert where the family has one (Qwen2-MoE).
+
+    Tokens are grouped by expert (`grouped`): each expert that received any runs once over its tokens.
+    Inside a CUDA-graph capture, where the host cannot read the routing, every expert runs over every
+    token instead and the routing weights (zero for experts not chosen) mix them (`dense`).
+    """
+
+    __slots__ = ("router", "experts", "shared", "shared_gate", "top_k", "renormalize")
+
+    def __init__(self, weights, prefix: str, arch: ModelArchConfig, names: tuple[str, str, str]):
+        self.router = Linear(weights[f"{prefix}.gate.weight"])
+        self.experts = [
+            GatedMLP(weights, f"{prefix}.experts.{e}", arch.hidden_act, names) for e in range(arch.num_experts)
+        ]
+        has_shared = arch.shared_expert_intermediate_size > 0
+        self.shared = GatedMLP(weights, f"{prefix}.shared_expert", arch.hidden_act) if has_shared else None
+        self.shared_gate = Linear(weights[f"{prefix}.shared_expert_gate.weight"]) if has_shared else None
+        self.top_k = arch.num_experts_per_tok
+        self.renormalize = arch.norm_topk_prob
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights, experts)``, both ``[num_tokens, top_k]``: each token's chosen experts and their weights."""
+        probs = self.router(x).float().softmax(dim=-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), chosen
+
+    def __call__(self, x: torch.Tensor, ops: AttentionBackend) -> torch.Tensor:
+        """The weighted sum of each token's experts (and the shared expert) for ``x [num_tokens, hidden]``."""
+        weights, chosen = self.route(x)
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        out = (self.dense if capturing else self.grouped)(x, weights, chosen, ops)
+        if self.shared is not None:
+            out += torch.sigmoid(self.shared_gate(x)) * self.shared(x, ops)
+        return out
+
+    def grouped(self, x, weights, chosen, ops: AttentionBackend) -> torch.Tensor:
+        """The routed experts' sum: (token, expert) pairs sorted by expert, one matmul chain per active expert."""
+        weights, chosen = weights.flatten(), chosen.flatten()
+        order = chosen.argsort(stable=True)
+        counts = torch.bincount(chosen, minlength=len(self.experts)).tolist()
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in zip(self.experts, counts):
+            if count:
+                pairs = order[start : start + count]
+                tokens = pairs // self.top_k
+                out.index_add_(0, tokens, expert(x[tokens], ops) * weights[pairs, None])
+                start += count
+        return out
+
+    def dense(self, x, weights, chosen, ops: AttentionBackend) -> torch.Tensor:
+        """The same sum without reading the routing on the host: every expert over every token."""
+        gates = torch.zeros(x.shape[0], len(self.experts), dtype=x.dtype, device=x.device).scatter_(1, chosen, weights)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            out += expert(x, ops) * gates[:, e : e + 1]
+        return out
