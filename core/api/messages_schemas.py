@@ -58,12 +58,6 @@ class ToolChoice(msgspec.Struct, kw_only=True):
     disable_parallel_tool_use: bool = False
 
 
-class Metadata(msgspec.Struct):
-    """``metadata.user_id``, passed to plugins as the request's user."""
-
-    user_id: str | None = None
-
-
 class MessagesRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/messages``."""
 
@@ -78,14 +72,15 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     stream: bool = False
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
     tool_choice: ToolChoice | None = None
-    metadata: Metadata | None = None
+    metadata: dict[str, str] | None = None  # ``user_id`` is the request's user; ``session_id`` its trace's session
 
     unsupported: ClassVar[frozenset[str]] = frozenset()
+    n: ClassVar[int] = 1  # one message per call
 
     @property
     def user(self) -> str | None:
         """``metadata.user_id``: the request's user, as plugins see it."""
-        return self.metadata.user_id if self.metadata else None
+        return (self.metadata or {}).get("user_id")
 
 
 class Usage(msgspec.Struct):
