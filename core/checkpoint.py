@@ -1,5 +1,6 @@
 """A model loaded on the host (architecture, HF-named weights, tokenizer), and the entry point that loads one."""
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,10 +38,7 @@ def load_checkpoint(model: str | None, dtype: torch.dtype) -> Checkpoint:
 
     if model is None:
         source = ensure_default_model()
-
-        def convert() -> Checkpoint:
-            checkpoint = load_gguf(source, dtype)
-            return Checkpoint(DEFAULT_MODEL_NAME, checkpoint.arch, checkpoint.weights, checkpoint.tokenizer)
+        convert = lambda: load_gguf(source, dtype)  # noqa: E731
     else:
         source = Path(model).expanduser()
         if source.suffix == ".gguf":
@@ -54,6 +52,9 @@ def load_checkpoint(model: str | None, dtype: torch.dtype) -> Checkpoint:
                 f"Cannot load model {model!r}: expected a .gguf file or a local Hugging Face model directory "
                 "(with config.json and *.safetensors). Hub model ids are not downloaded; fetch the files first."
             )
-    if not weight_cache.enabled():
-        return convert()
-    return weight_cache.cached_checkpoint(cache_dir(), source, str(dtype), convert)
+    checkpoint = convert() if not weight_cache.enabled() else weight_cache.cached_checkpoint(
+        cache_dir(), source, str(dtype), convert
+    )
+    # Named here, not by the cache: the same file is the default model or a path the user gave.
+    name = DEFAULT_MODEL_NAME if model is None else source.stem if source.suffix == ".gguf" else source.name
+    return dataclasses.replace(checkpoint, name=name)

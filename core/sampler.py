@@ -72,6 +72,9 @@ def _filter(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     drop = (ranks >= top_k.unsqueeze(1)) | (mass_before >= top_p.unsqueeze(1))
     drop |= sorted_probs < min_p.unsqueeze(1) * sorted_probs[:, :1]
+    # The most likely token always stays, whatever rounding does to a tiny top_p (the engine thread
+    # flushes denormals to zero, so a top_p of 5e-324 compares as 0 there).
+    drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 

@@ -117,14 +117,12 @@ def test_only_json_bodies_are_read(tiny_server):
 
 
 @pytest.mark.parametrize(("path", "field", "value"), [
-    (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
-    (CHAT, "tool_choice", "auto"),
-    (CHAT, "response_format", {"type": "json_object"}),
-    (CHAT, "logit_bias", {"50256": -100}),
-    (CHAT, "parallel_tool_calls", True),
+    (CHAT, "functions", [{"name": "f"}]),
+    (CHAT, "function_call", "auto"),
+    (COMPLETIONS, "tools", [{"type": "function", "function": {"name": "f"}}]),
+    (COMPLETIONS, "tool_choice", "auto"),
     (COMPLETIONS, "best_of", 3),
     (COMPLETIONS, "suffix", "end"),
-    (COMPLETIONS, "logit_bias", {"1": 5}),
 ])
 def test_unimplemented_fields_are_refused_by_name(tiny_server, path, field, value):
     base = {"messages": [{"role": "user", "content": "hi"}]} if path == CHAT else {"prompt": "hi"}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spyglass.core.request import Request
-from spyglass.core.sampler import apply_penalties, sample
+from spyglass.core.sampler import apply_penalties, sample, target_probs
 from spyglass.core.sampling_params import SamplingParams
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 (then two impossible tokens).
@@ -283,3 +283,12 @@ def test_streamed_outputs_are_snapshots(engine, prompts):
         outputs.extend(engine.step())
     assert [len(o.outputs[0].token_ids) for o in outputs] == [1, 2, 3, 4, 5, 6]
     assert [len(o.outputs[0].logprobs) for o in outputs] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_most_likely_token():
+    # The engine thread flushes denormals to zero: a top_p of 5e-324 (valid when checked) compares as 0 there.
+    params = SamplingParams(temperature=1.0, top_p=0.5)
+    params.top_p = 0.0
+    logits = torch.tensor([[0.0, 3.0, 1.0]])
+    probs = target_probs(logits, [Request("r", [1], params)])
+    assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0]]))
