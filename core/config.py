@@ -7,6 +7,7 @@ import torch
 from spyglass.kernels import cpu_isa
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATIONS = ("auto", "none", "int8")
 
 
 @dataclass(slots=True)
@@ -20,6 +21,8 @@ class EngineConfig:
     ``speculative`` names a draft proposer plugin (ngram, draft, self); it is asked for up to
     ``num_speculative_tokens`` drafts per decoding request each step. ``plugin_options`` holds
     plugins' own settings (``--plugin-option draft_model=PATH``), read by the plugins at start.
+    ``quantization`` (`core.quantization`): auto keeps a GGUF file's quantized blocks on the CPU,
+    none dequantizes at load, int8 stores the matrices as weight-only int8 (Q8_0).
     """
 
     model: str | None = None
@@ -41,12 +44,15 @@ class EngineConfig:
     speculative: str | None = None
     num_speculative_tokens: int = 4
     plugin_options: dict[str, str] = field(default_factory=dict)
+    quantization: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
 
     def torch_device(self) -> torch.device:
         """The device to run on: CUDA when available unless told otherwise."""

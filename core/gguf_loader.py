@@ -14,7 +14,9 @@ from tokenizers import Tokenizer as BackendTokenizer
 
 from spyglass.core.checkpoint import Checkpoint
 from spyglass.core.model_config import ModelArchConfig
+from spyglass.core.quantization import QuantizedWeight, from_gguf
 from spyglass.core.tokenizer import Tokenizer
+from spyglass.kernels.cpu_quant import SUPPORTED_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +64,12 @@ _PRE_TOKENIZER_SPLITS = {
 _GPT2_PRE_TOKENIZERS = {None, "default", "gpt-2", "gpt2"}
 
 
-def load_gguf(path: str | Path, dtype: torch.dtype) -> Checkpoint:
+def load_gguf(path: str | Path, dtype: torch.dtype, keep_quantized: bool = False) -> Checkpoint:
     """Load a llama-architecture GGUF file, dequantizing every tensor to ``dtype``.
 
     Weights come out under HF names and layouts, equal to what ``transformers`` produces when
-    loading the same file with ``gguf_file=``.
+    loading the same file with ``gguf_file=``. With ``keep_quantized``, matrices in a block type the
+    CPU kernels multiply (`cpu_quant.SUPPORTED_TYPES`) stay in their blocks as `QuantizedWeight`.
     """
     path = Path(path)
     try:
@@ -74,7 +77,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     except (ValueError, OSError) as exc:
         raise ValueError(f"Cannot read {path} as a GGUF file: {exc}") from exc
     arch = _read_arch(reader)
-    weights = _read_weights(reader, arch, dtype)
+    weights = _read_weights(reader, arch, dtype, keep_quantized)
     return Checkpoint(path.stem, arch, weights, _read_tokenizer(reader, arch.eos_token_ids))
 
 
@@ -138,19 +141,23 @@ def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _read_weights(reader: GGUFReader, arch: ModelArchConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _read_weights(
+    reader: GGUFReader, arch: ModelArchConfig, dtype: torch.dtype, keep_quantized: bool
+) -> dict[str, torch.Tensor | QuantizedWeight]:
     weights = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
         if name is None:
             raise ValueError(f"Unexpected tensor {tensor.name!r} in GGUF file; it is not a llama-architecture tensor.")
-        values = dequantize(tensor.data, tensor.tensor_type)
+        # Blocks run along a row, so whole rows of blocks permute like rows of values.
+        keep = keep_quantized and tensor.tensor_type in SUPPORTED_TYPES and tensor.data.ndim == 2
+        values = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
         if ".q_proj." in name:
             values = _unpermute_rotary_rows(values, arch.num_attention_heads)
         elif ".k_proj." in name:
             values = _unpermute_rotary_rows(values, arch.num_key_value_heads)
         # Copy: the reader memory-maps the file, and the result must outlive it and be writable.
-        weights[name] = torch.from_numpy(np.array(values)).to(dtype)
+        weights[name] = from_gguf(values, tensor.tensor_type) if keep else torch.from_numpy(np.array(values)).to(dtype)
     return weights
 
 

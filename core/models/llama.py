@@ -4,8 +4,9 @@ import torch
 
 from spyglass.core.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
-from spyglass.core.models.linear import Linear
+from spyglass.core.models.linear import make_linear
 from spyglass.core.models.rope import RotaryEmbedding
+from spyglass.core.quantization import cat_rows, lookup_rows
 from spyglass.kernels.backend import AttentionBackend
 
 
@@ -18,12 +19,12 @@ class LlamaLayerWeights:
         attn = f"{prefix}.self_attn"
         self.input_norm = weights[f"{prefix}.input_layernorm.weight"]
         qkv_bias = torch.cat([weights[f"{attn}.{p}_proj.bias"] for p in "qkv"]) if bias else None
-        self.qkv = Linear(torch.cat([weights[f"{attn}.{p}_proj.weight"] for p in "qkv"]), qkv_bias)
-        self.o_proj = Linear(weights[f"{attn}.o_proj.weight"])
+        self.qkv = make_linear(cat_rows([weights[f"{attn}.{p}_proj.weight"] for p in "qkv"]), qkv_bias)
+        self.o_proj = make_linear(weights[f"{attn}.o_proj.weight"])
         self.post_norm = weights[f"{prefix}.post_attention_layernorm.weight"]
         mlp = f"{prefix}.mlp"
-        self.gate_up = Linear(torch.cat([weights[f"{mlp}.gate_proj.weight"], weights[f"{mlp}.up_proj.weight"]]))
-        self.down = Linear(weights[f"{mlp}.down_proj.weight"])
+        self.gate_up = make_linear(cat_rows([weights[f"{mlp}.gate_proj.weight"], weights[f"{mlp}.up_proj.weight"]]))
+        self.down = make_linear(weights[f"{mlp}.down_proj.weight"])
 
 
 class LlamaForCausalLM:
@@ -38,9 +39,9 @@ class LlamaForCausalLM:
             LlamaLayerWeights(w, f"model.layers.{i}", arch.attention_bias) for i in range(arch.num_hidden_layers)
         ]
         self.final_norm = w["model.norm.weight"]
-        self.lm_head = Linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
+        self.lm_head = make_linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
         self.rope = RotaryEmbedding(
-            arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling, self.embed.dtype, device
+            arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling, self.dtype, device
         )
         self.scale = arch.head_dim**-0.5
         self.q_size = arch.num_attention_heads * arch.head_dim
@@ -48,8 +49,8 @@ class LlamaForCausalLM:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The weights' dtype."""
-        return self.embed.dtype
+        """The activations' dtype (the float weights', which the norms always are)."""
+        return self.final_norm.dtype
 
     def forward(
         self,
@@ -69,7 +70,7 @@ class LlamaForCausalLM:
     def hidden_states(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
         """The last layer's output and the residual stream it adds to, for every token, before the final norm."""
         eps, ops = self.arch.rms_norm_eps, self.backend
-        hidden, residual = self.embed[input_ids], None
+        hidden, residual = lookup_rows(self.embed, input_ids, self.dtype), None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
             hidden = self._attention(layer, x, positions, meta, k_cache, v_cache)
