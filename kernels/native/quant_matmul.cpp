@@ -127,34 +127,46 @@ inline float horizontal_sum(__m256 v) {
 }
 #endif
 
-// out[r] = sum over blocks of wd[r][b] * xd[b] * dot(wq[r][b], xq[b]), for `rows` unpacked weight rows.
-template <bool SIGNED_W>
-void tile_dots(const int8_t* wq, const float* wd, int64_t rows, const int8_t* xq, const float* xd, int64_t num_blocks,
-               float* out) {
+// out[i * kTileRows + r] = sum over blocks of wd[r][b] * xd[i][b] * dot(wq[r][b], xq[i][b]), for the
+// tile's kTileRows unpacked weight rows and X_ROWS consecutive activation rows (each weight block
+// loaded once for all of them). Rows past the weight matrix's end hold stale values; callers drop them.
+template <bool SIGNED_W, int X_ROWS>
+void tile_dots(const int8_t* wq, const float* wd, const int8_t* xq, const float* xd, int64_t num_blocks, float* out) {
     const int64_t k = num_blocks * kBlock;
 #if defined(__AVX2__)
-    __m256 acc[kTileRows];
-    for (int64_t r = 0; r < kTileRows; ++r) acc[r] = _mm256_setzero_ps();
+    __m256 acc[X_ROWS][kTileRows];
+    for (int i = 0; i < X_ROWS; ++i) {
+        for (int r = 0; r < kTileRows; ++r) acc[i][r] = _mm256_setzero_ps();
+    }
     for (int64_t b = 0; b < num_blocks; ++b) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kBlock));
-        for (int64_t r = 0; r < rows; ++r) {
+        __m256i x[X_ROWS];
+        for (int i = 0; i < X_ROWS; ++i) {
+            x[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * k + b * kBlock));
+        }
+        for (int r = 0; r < kTileRows; ++r) {
             const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + r * k + b * kBlock));
-            const __m256 scale = _mm256_set1_ps(wd[r * num_blocks + b] * xd[b]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot<SIGNED_W>(w, x)), scale, acc[r]);
+            for (int i = 0; i < X_ROWS; ++i) {
+                const __m256 scale = _mm256_set1_ps(wd[r * num_blocks + b] * xd[i * num_blocks + b]);
+                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot<SIGNED_W>(w, x[i])), scale, acc[i][r]);
+            }
         }
     }
-    for (int64_t r = 0; r < rows; ++r) out[r] = horizontal_sum(acc[r]);
+    for (int i = 0; i < X_ROWS; ++i) {
+        for (int r = 0; r < kTileRows; ++r) out[i * kTileRows + r] = horizontal_sum(acc[i][r]);
+    }
 #else
-    for (int64_t r = 0; r < rows; ++r) {
-        float total = 0.f;
-        for (int64_t b = 0; b < num_blocks; ++b) {
-            int32_t dot = 0;
-            for (int64_t j = 0; j < kBlock; ++j) {
-                dot += static_cast<int32_t>(wq[r * k + b * kBlock + j]) * xq[b * kBlock + j];
+    for (int i = 0; i < X_ROWS; ++i) {
+        for (int r = 0; r < kTileRows; ++r) {
+            float total = 0.f;
+            for (int64_t b = 0; b < num_blocks; ++b) {
+                int32_t dot = 0;
+                for (int64_t j = 0; j < kBlock; ++j) {
+                    dot += static_cast<int32_t>(wq[r * k + b * kBlock + j]) * xq[i * k + b * kBlock + j];
+                }
+                total += wd[r * num_blocks + b] * xd[i * num_blocks + b] * static_cast<float>(dot);
             }
-            total += wd[r * num_blocks + b] * xd[b] * static_cast<float>(dot);
+            out[i * kTileRows + r] = total;
         }
-        out[r] = total;
     }
 #endif
 }
@@ -170,7 +182,7 @@ void matmul(const float* x, const uint8_t* w, int64_t type, int64_t m_rows, int6
     {
         std::vector<int8_t> wq(kTileRows * k);
         std::vector<float> wd(kTileRows * num_blocks), wm(kTileRows * num_blocks);
-        float dots[kTileRows];
+        float dots[2 * kTileRows];
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m_rows; ++i) {
             quantize_row(x + i * k, num_blocks, &xq[i * k], &xd[i * num_blocks], &xs[i * num_blocks]);
@@ -184,16 +196,22 @@ void matmul(const float* x, const uint8_t* w, int64_t type, int64_t m_rows, int6
                     unpack_row(w + (first + r) * row_bytes, type, num_blocks, &wq[r * k], &wd[r * num_blocks],
                                &wm[r * num_blocks]);
                 }
-                for (int64_t i = chunk; i < chunk_end; ++i) {
-                    const float* s = &xs[i * num_blocks];
-                    tile_dots<SIGNED_W>(wq.data(), wd.data(), rows, &xq[i * k], &xd[i * num_blocks], num_blocks,
-                                        dots);
-                    for (int64_t r = 0; r < rows; ++r) {
-                        float offset = 0.f;  // the weights' per-block offsets times the activation block sums
-                        if (!SIGNED_W) {
-                            for (int64_t b = 0; b < num_blocks; ++b) offset += wm[r * num_blocks + b] * s[b];
+                for (int64_t i = chunk; i < chunk_end; i += 2) {
+                    const bool pair = i + 1 < chunk_end;
+                    if (pair) {
+                        tile_dots<SIGNED_W, 2>(wq.data(), wd.data(), &xq[i * k], &xd[i * num_blocks], num_blocks, dots);
+                    } else {
+                        tile_dots<SIGNED_W, 1>(wq.data(), wd.data(), &xq[i * k], &xd[i * num_blocks], num_blocks, dots);
+                    }
+                    for (int64_t row = i; row < i + (pair ? 2 : 1); ++row) {
+                        const float* s = &xs[row * num_blocks];
+                        for (int64_t r = 0; r < rows; ++r) {
+                            float offset = 0.f;  // the weights' per-block offsets times the activation block sums
+                            if (!SIGNED_W) {
+                                for (int64_t b = 0; b < num_blocks; ++b) offset += wm[r * num_blocks + b] * s[b];
+                            }
+                            y[row * n + first + r] = dots[(row - i) * kTileRows + r] + offset;
                         }
-                        y[i * n + first + r] = dots[r] + offset;
                     }
                 }
             }
