@@ -1,8 +1,9 @@
 """The block-quantized CPU matmul, each block type on each runnable kernel variant, against torch references.
 
-The reference dequantizes the weights with gguf's own code and multiplies in float64. The kernel
-quantizes each activation row to int8 per 32 values (as llama.cpp does), so it is compared twice:
-tightly with a reference fed the same int8 activations, loosely with the exact float product.
+The reference dequantizes the weights with gguf's own code and multiplies in float64. Below
+`LARGE_BATCH_ROWS` rows the kernel quantizes each activation row to int8 per 32 values (as
+llama.cpp does), so it is compared twice: tightly with a reference fed the same int8 activations,
+loosely with the exact float product. From there it multiplies in float32 and matches closely.
 """
 
 import numpy as np
@@ -12,7 +13,7 @@ from gguf.quants import dequantize, quantize
 
 from spyglass.kernels import cpu_quant
 
-SHAPES = [(1, 33, 64), (3, 100, 256), (1, 576, 1536), (67, 257, 576)]  # (M, N, K): odd M and N, K % 32 == 0
+SHAPES = [(1, 33, 64), (3, 100, 256), (1, 576, 1536), (67, 257, 576), (127, 9, 32)]  # (M, N, K): odd M, N; K % 32 == 0
 
 
 def quantized_activations(x: torch.Tensor) -> torch.Tensor:
@@ -58,3 +59,12 @@ def test_dequantize_rows_equals_gguf(native_kernels, qtype):
     torch.testing.assert_close(
         cpu_quant.dequantize_rows(blocks, qtype, 96, row_ids).double(), weight[row_ids], rtol=1e-6, atol=1e-6
     )
+
+
+@pytest.mark.parametrize("qtype", cpu_quant.SUPPORTED_TYPES, ids=lambda t: t.name)
+def test_large_batches_multiply_the_dequantized_weight_in_float(native_kernels, qtype):
+    m, n, k = cpu_quant.LARGE_BATCH_ROWS, 40, 64
+    blocks, weight = quantized_weight(n, k, qtype)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    exact = x.double() @ weight.T
+    torch.testing.assert_close(cpu_quant.matmul(x, blocks, qtype, n, k).double(), exact, rtol=1e-4, atol=1e-4)
