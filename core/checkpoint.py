@@ -15,7 +15,8 @@ class Checkpoint:
     """Everything needed to build a model, whatever file format it came from.
 
     ``weights`` uses Hugging Face parameter names (``model.layers.0.self_attn.q_proj.weight``, ...);
-    ``lm_head.weight`` is present only when ``arch.tie_word_embeddings`` is false.
+    ``lm_head.weight`` is present only when ``arch.tie_word_embeddings`` is false. Matrices may be
+    `quantization.QuantizedWeight` (blocks multiplied by the CPU kernels) instead of tensors.
     """
 
     name: str
@@ -24,11 +25,13 @@ class Checkpoint:
     tokenizer: Tokenizer
 
 
-def load_checkpoint(model: str | None, dtype: torch.dtype) -> Checkpoint:
+def load_checkpoint(model: str | None, dtype: torch.dtype, keep_quantized: bool = False) -> Checkpoint:
     """Load ``model``: None for the default model, a ``.gguf`` file, or a Hugging Face model directory.
 
-    Weights are converted to ``dtype``; a converted checkpoint is cached on disk and memory-mapped
-    by the next load of the same files (`weight_cache`). Raises ``ValueError`` for anything else.
+    Weights are converted to ``dtype``; with ``keep_quantized`` a GGUF file's quantized matrices
+    stay in their blocks (`quantization.QuantizedWeight`). A converted checkpoint is cached on disk
+    and memory-mapped by the next load of the same files (`weight_cache`). Raises ``ValueError``
+    for anything else.
     """
     # Imported here because the loaders and the cache build Checkpoint objects and so import this module.
     from spyglass.core import weight_cache
@@ -38,13 +41,13 @@ def load_checkpoint(model: str | None, dtype: torch.dtype) -> Checkpoint:
 
     if model is None:
         source = ensure_default_model()
-        convert = lambda: load_gguf(source, dtype)  # noqa: E731
+        convert = lambda: load_gguf(source, dtype, keep_quantized)  # noqa: E731
     else:
         source = Path(model).expanduser()
         if source.suffix == ".gguf":
             if not source.is_file():
                 raise ValueError(f"GGUF file not found: {model}")
-            convert = lambda: load_gguf(source, dtype)  # noqa: E731
+            convert = lambda: load_gguf(source, dtype, keep_quantized)  # noqa: E731
         elif source.is_dir():
             convert = lambda: load_hf_dir(source, dtype)  # noqa: E731
         else:
@@ -53,7 +56,7 @@ def load_checkpoint(model: str | None, dtype: torch.dtype) -> Checkpoint:
                 "(with config.json and *.safetensors). Hub model ids are not downloaded; fetch the files first."
             )
     checkpoint = convert() if not weight_cache.enabled() else weight_cache.cached_checkpoint(
-        cache_dir(), source, str(dtype), convert
+        cache_dir(), source, f"{dtype}|keep_quantized={keep_quantized and source.suffix == '.gguf'}", convert
     )
     # Named here, not by the cache: the same file is the default model or a path the user gave.
     name = DEFAULT_MODEL_NAME if model is None else source.stem if source.suffix == ".gguf" else source.name

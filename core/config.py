@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # torch is imported when a dtype or device is asked for, so t
     import torch
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("auto", "none", "int8")
 
 
 def dtype_named(name: str) -> "torch.dtype":
@@ -44,6 +45,8 @@ class EngineConfig:
     ``speculative`` names a draft proposer plugin (ngram, draft, self); it is asked for up to
     ``num_speculative_tokens`` drafts per decoding request each step. ``plugin_options`` holds
     plugins' own settings (``--plugin-option draft_model=PATH``), read by the plugins at start.
+    ``quantization`` (`core.quantization`): auto keeps a GGUF file's quantized blocks on the CPU,
+    none dequantizes at load, int8 stores the matrices as weight-only int8 (Q8_0).
     """
 
     model: str | None = None
@@ -65,12 +68,15 @@ class EngineConfig:
     speculative: str | None = None
     num_speculative_tokens: int = 4
     plugin_options: dict[str, str] = field(default_factory=dict)
+    quantization: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be auto or one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
 
     def torch_device(self) -> "torch.device":
         """The device to run on: CUDA when available unless told otherwise."""

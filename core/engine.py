@@ -3,6 +3,7 @@
 import dataclasses
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
@@ -16,6 +17,7 @@ from spyglass.core.model_runner import ModelRunner, RunnerOutput
 from spyglass.core.models.registry import build_model
 from spyglass.core.outputs import CompletionOutput, RequestOutput
 from spyglass.core.plugin_manager import SafeHookRelay, create_plugin_manager
+from spyglass.core.quantization import quantize_weights_int8, resolve_mode, weight_bytes
 from spyglass.core.request import FinishReason, Request
 from spyglass.core.sampling_params import InvalidRequestError, SamplingParams, StructuredOutput
 from spyglass.core.scheduler import Scheduler, SchedulerOutput
@@ -48,7 +50,10 @@ class LLMEngine:
             )
         self.plugin_manager = plugin_manager or create_plugin_manager(config.plugins, config.disabled_plugins)
         self.hooks = SafeHookRelay(self.plugin_manager)
-        checkpoint = checkpoint or load_checkpoint(config.model, dtype)
+        quantization = resolve_mode(config.quantization, self.device)
+        checkpoint = checkpoint or load_checkpoint(config.model, dtype, keep_quantized=quantization == "auto")
+        if quantization == "int8":
+            checkpoint = replace(checkpoint, weights=quantize_weights_int8(checkpoint.weights))
         self.model_name = checkpoint.name
         self.tokenizer = checkpoint.tokenizer
         self.arch = checkpoint.arch
@@ -88,9 +93,10 @@ class LLMEngine:
             hook_errors=self.hooks.num_errors,
         )
         log.info(
-            "engine started: %s on %s (%s), %s (%s), kernels %s, %d KV blocks of %d tokens", self.model_name,
-            self.info.device, cpu_isa.describe() if self.device.type == "cpu" else "cuda", self.info.dtype,
-            dtype_reason, self.backend.name, num_blocks, config.block_size,
+            "engine started: %s on %s (%s), %s (%s), weights %.0f MB (quantization %s), kernels %s, "
+            "%d KV blocks of %d tokens", self.model_name, self.info.device,
+            cpu_isa.describe() if self.device.type == "cpu" else "cuda", self.info.dtype, dtype_reason,
+            weight_bytes(checkpoint.weights) / 1e6, quantization, self.backend.name, num_blocks, config.block_size,
         )
         self.hooks.spyglass_engine_started(info=self.info, config=config)
         if config.speculative and self.hooks.spyglass_propose_drafts(

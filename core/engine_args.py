@@ -2,8 +2,7 @@
 
 import argparse
 
-from spyglass.core.config import EngineConfig
-from spyglass.core.config import parse_bytes
+from spyglass.core.config import QUANTIZATIONS, EngineConfig, parse_bytes
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,6 +12,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", default=None, help="GGUF file or HF directory (default: SmolLM2-135M-Instruct)")
     group.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"])
     group.add_argument("--device", default=defaults.device, help="auto, cpu or cuda")
+    group.add_argument(
+        "--quantization", default=defaults.quantization, choices=QUANTIZATIONS,
+        help="auto: keep a GGUF file's Q4_0/Q4_1/Q8_0 blocks on the CPU; none: dequantize; int8: weight-only int8",
+    )
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--block-size", type=int, default=defaults.block_size)
     group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
@@ -38,6 +41,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         model=args.model,
         dtype=args.dtype,
         device=args.device,
+        quantization=args.quantization,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

@@ -17,7 +17,9 @@ from spyglass.core.checkpoint import Checkpoint
 from spyglass.core.gguf_config import field as _field
 from spyglass.core.gguf_config import read_arch
 from spyglass.core.model_config import ModelArchConfig
+from spyglass.core.quantization import QuantizedWeight, from_gguf
 from spyglass.core.tokenizer import Tokenizer
+from spyglass.kernels.cpu_quant import SUPPORTED_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +74,12 @@ _PRE_TOKENIZER_SPLITS = {
 _GPT2_PRE_TOKENIZERS = {None, "default", "gpt-2", "gpt2"}
 
 
-def load_gguf(path: str | Path, dtype: torch.dtype) -> Checkpoint:
+def load_gguf(path: str | Path, dtype: torch.dtype, keep_quantized: bool = False) -> Checkpoint:
     """Load a GGUF file of an architecture `gguf_config` reads, dequantizing every tensor to ``dtype``.
 
     Weights come out under HF names and layouts, equal to what ``transformers`` produces when
-    loading the same file with ``gguf_file=``.
+    loading the same file with ``gguf_file=``. With ``keep_quantized``, matrices in a block type the
+    CPU kernels multiply (`cpu_quant.SUPPORTED_TYPES`) stay in their blocks as `QuantizedWeight`.
     """
     path = Path(path)
     try:
@@ -84,7 +87,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     except (ValueError, OSError) as exc:
         raise ValueError(f"Cannot read {path} as a GGUF file: {exc}") from exc
     arch = read_arch(reader)
-    weights = _read_weights(reader, arch, dtype)
+    weights = _read_weights(reader, arch, dtype, keep_quantized)
     return Checkpoint(path.stem, arch, weights, _read_tokenizer(reader, arch.eos_token_ids))
 
 
@@ -106,14 +109,18 @@ def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _read_weights(reader: GGUFReader, arch: ModelArchConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _read_weights(
+    reader: GGUFReader, arch: ModelArchConfig, dtype: torch.dtype, keep_quantized: bool
+) -> dict[str, torch.Tensor | QuantizedWeight]:
     weights = {}
     # A progress bar on a terminal only (the conversion runs once per model; later starts use the cache).
     for tensor in tqdm(reader.tensors, desc="converting weights", unit="tensor", disable=None):
         name = _hf_name(tensor.name)
         if name is None:
             raise ValueError(f"Unexpected tensor {tensor.name!r} in GGUF file; it is not a {arch.architecture} tensor.")
-        values = dequantize(tensor.data, tensor.tensor_type)
+        # Blocks run along a row, so whole rows of blocks permute like rows of values.
+        keep = keep_quantized and tensor.tensor_type in SUPPORTED_TYPES and tensor.data.ndim == 2
+        values = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
         # Only llama.cpp's llama converter interleaves the rotary halves of q and k.
         if arch.architecture == "llama" and ".q_proj." in name:
             values = _unpermute_rotary_rows(values, arch.num_attention_heads)
@@ -125,6 +132,8 @@ def _read_weights(reader: GGUFReader, arch: ModelArchConfig, dtype: torch.dtype)
         if "{}" in name:
             for e, expert in enumerate(values):
                 weights[name.format(e)] = torch.from_numpy(np.array(expert)).to(dtype)
+        elif keep:
+            weights[name] = from_gguf(values, tensor.tensor_type)
         else:
             weights[name] = torch.from_numpy(np.array(values)).to(dtype)
     return weights

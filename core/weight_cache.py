@@ -19,15 +19,17 @@ from pathlib import Path
 
 import tokenizers
 import torch
+from gguf import GGMLQuantizationType
 
 from spyglass.core.checkpoint import Checkpoint
 from spyglass.core.model_config import ModelArchConfig
+from spyglass.core.quantization import QuantizedWeight
 from spyglass.core.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 # 2: the architecture JSON gained the model-family fields (windows, soft-caps, experts).
-_FORMAT_VERSION = "2"
+_FORMAT_VERSION = "3"
 _WEIGHTS, _META = "weights.pt", "meta.json"
 
 
@@ -71,11 +73,15 @@ def _write(checkpoint: Checkpoint, entry: Path) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".partial-"))
     try:
-        torch.save(checkpoint.weights, scratch / _WEIGHTS)
+        # GGUF blocks are saved as their raw bytes, their block types beside them in the metadata.
+        quantized = {name: int(w.qtype) for name, w in checkpoint.weights.items() if isinstance(w, QuantizedWeight)}
+        tensors = {name: w.data if name in quantized else w for name, w in checkpoint.weights.items()}
+        torch.save(tensors, scratch / _WEIGHTS)
         tokenizer = checkpoint.tokenizer
         meta = {
             "name": checkpoint.name,
             "arch": dataclasses.asdict(checkpoint.arch),
+            "quantized": quantized,
             "tokenizer": {
                 "backend": tokenizer.backend.to_str(),
                 "chat_template": tokenizer.chat_template,
@@ -105,4 +111,6 @@ def _read(entry: Path) -> Checkpoint:
         add_bos_token=saved["add_bos_token"],
     )
     weights = torch.load(entry / _WEIGHTS, mmap=True, weights_only=True)
+    for name, qtype in meta["quantized"].items():
+        weights[name] = QuantizedWeight(weights[name], GGMLQuantizationType(qtype))
     return Checkpoint(meta["name"], ModelArchConfig(**arch_fields), weights, tokenizer)

@@ -7,8 +7,9 @@ import torch
 from spyglass.core.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.layers import GatedMLP, SelfAttention
-from spyglass.core.models.linear import Linear
+from spyglass.core.models.linear import make_linear
 from spyglass.core.models.rope import RotaryEmbedding
+from spyglass.core.quantization import lookup_rows
 from spyglass.kernels.backend import AttentionBackend
 
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -51,9 +52,10 @@ class GemmaForCausalLM:
         self.backend = backend
         w = {name: t.to(device) for name, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
+        self.final_norm = w["model.norm.weight"] + 1.0
         # transformers rounds the scale to the weights' dtype before multiplying.
-        self.embed_scale = torch.tensor(arch.hidden_size**0.5, dtype=self.embed.dtype).item()
-        dtype, positions = self.embed.dtype, arch.max_position_embeddings
+        self.embed_scale = torch.tensor(arch.hidden_size**0.5, dtype=self.dtype).item()
+        dtype, positions = self.dtype, arch.max_position_embeddings
         global_rope = RotaryEmbedding(arch.head_dim, positions, arch.rope_theta, arch.rope_scaling, dtype, device)
         local_rope = global_rope
         if arch.local_rope_theta is not None:
@@ -61,18 +63,17 @@ class GemmaForCausalLM:
         self.layers = [
             GemmaLayer(w, arch, i, local_rope if arch.window(i) else global_rope) for i in range(arch.num_hidden_layers)
         ]
-        self.final_norm = w["model.norm.weight"] + 1.0
-        self.lm_head = Linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
+        self.lm_head = make_linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
 
     @property
     def dtype(self) -> torch.dtype:
-        """The weights' dtype."""
-        return self.embed.dtype
+        """The activations' dtype (the float weights', which the norms always are)."""
+        return self.final_norm.dtype
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices) -> torch.Tensor:
         """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened batch."""
         eps, ops = self.arch.rms_norm_eps, self.backend
-        hidden, residual = self.embed[input_ids] * self.embed_scale, None
+        hidden, residual = lookup_rows(self.embed, input_ids, self.dtype) * self.embed_scale, None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
             hidden = layer.attention(x, positions, meta, k_cache, v_cache, ops)

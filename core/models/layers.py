@@ -1,12 +1,13 @@
 """Decoder pieces the model families share: self-attention over the paged cache, the gated MLP, and a sparse
-mixture of experts. Every projection is a `Linear`, so other weight formats plug in there."""
+mixture of experts. Every projection is made by `make_linear`, so other weight formats (GGUF blocks) plug in there."""
 
 import torch
 
 from spyglass.core.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
-from spyglass.core.models.linear import Linear
+from spyglass.core.models.linear import make_linear
 from spyglass.core.models.rope import RotaryEmbedding
+from spyglass.core.quantization import cat_rows
 from spyglass.kernels.backend import AttentionBackend
 
 # HF activation name -> the backend op applying it to the gate half of a fused [gate | up] row.
@@ -22,7 +23,7 @@ def gated_activation(hidden_act: str) -> str:
 
 def _fused(weights: dict[str, torch.Tensor], fused: str, parts: list[str]) -> torch.Tensor:
     """``weights[fused]`` where the checkpoint stores it fused (Phi-3), else the parts concatenated."""
-    return weights[fused] if fused in weights else torch.cat([weights[name] for name in parts])
+    return weights[fused] if fused in weights else cat_rows([weights[name] for name in parts])
 
 
 class SelfAttention:
@@ -38,8 +39,8 @@ class SelfAttention:
         bias = None
         if arch.attention_bias:
             bias = _fused(weights, f"{attn}.qkv_proj.bias", [n.replace(".weight", ".bias") for n in names])
-        self.qkv = Linear(_fused(weights, f"{attn}.qkv_proj.weight", names), bias)
-        self.o_proj = Linear(weights[f"{attn}.o_proj.weight"])
+        self.qkv = make_linear(_fused(weights, f"{attn}.qkv_proj.weight", names), bias)
+        self.o_proj = make_linear(weights[f"{attn}.o_proj.weight"])
         # Gemma's norms scale by (1 + weight): the offset folds that into the weight once.
         self.q_norm = weights[f"{attn}.q_norm.weight"] + norm_offset if arch.qk_norm else None
         self.k_norm = weights[f"{attn}.k_norm.weight"] + norm_offset if arch.qk_norm else None
@@ -85,8 +86,8 @@ class GatedMLP:
     def __init__(self, weights, prefix: str, hidden_act: str,
                  names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")):
         gate, up, down = (f"{prefix}.{name}.weight" for name in names)
-        self.gate_up = Linear(_fused(weights, f"{prefix}.gate_up_proj.weight", [gate, up]))
-        self.down = Linear(weights[down])
+        self.gate_up = make_linear(_fused(weights, f"{prefix}.gate_up_proj.weight", [gate, up]))
+        self.down = make_linear(weights[down])
         self.activation = gated_activation(hidden_act)
 
     def __call__(self, x: torch.Tensor, ops: AttentionBackend) -> torch.Tensor:
@@ -106,13 +107,13 @@ class SparseMoE:
     __slots__ = ("router", "experts", "shared", "shared_gate", "top_k", "renormalize")
 
     def __init__(self, weights, prefix: str, arch: ModelArchConfig, names: tuple[str, str, str]):
-        self.router = Linear(weights[f"{prefix}.gate.weight"])
+        self.router = make_linear(weights[f"{prefix}.gate.weight"])
         self.experts = [
             GatedMLP(weights, f"{prefix}.experts.{e}", arch.hidden_act, names) for e in range(arch.num_experts)
         ]
         has_shared = arch.shared_expert_intermediate_size > 0
         self.shared = GatedMLP(weights, f"{prefix}.shared_expert", arch.hidden_act) if has_shared else None
-        self.shared_gate = Linear(weights[f"{prefix}.shared_expert_gate.weight"]) if has_shared else None
+        self.shared_gate = make_linear(weights[f"{prefix}.shared_expert_gate.weight"]) if has_shared else None
         self.top_k = arch.num_experts_per_tok
         self.renormalize = arch.norm_topk_prob
 

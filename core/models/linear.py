@@ -1,8 +1,9 @@
-"""Linear layers whose weights are pre-packed for oneDNN when that pays (bf16 on CPU)."""
+"""Linear layers: pre-packed for oneDNN when that pays (bf16 on CPU), or multiplied in quantized blocks."""
 
 import torch
 import torch.nn.functional as F
 
+from spyglass.core.quantization import QuantizedWeight
 from spyglass.kernels import cpu_isa
 
 
@@ -36,3 +37,22 @@ class Linear:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+class QuantizedLinear:
+    """``y = x @ weight.T + bias`` with the weight kept in GGUF blocks (`QuantizedWeight`), on the CPU."""
+
+    __slots__ = ("weight", "bias")
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None):
+        self.weight = weight
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.weight.matmul(x)
+        return y if self.bias is None else y + self.bias
+
+
+def make_linear(weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> Linear | QuantizedLinear:
+    """The linear layer for ``weight``: `QuantizedLinear` for blocks, `Linear` for a float tensor."""
+    return QuantizedLinear(weight, bias) if isinstance(weight, QuantizedWeight) else Linear(weight, bias)

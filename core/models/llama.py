@@ -10,8 +10,9 @@ import torch
 from spyglass.core.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.layers import GatedMLP, SelfAttention, SparseMoE
-from spyglass.core.models.linear import Linear
+from spyglass.core.models.linear import make_linear
 from spyglass.core.models.rope import RotaryEmbedding
+from spyglass.core.quantization import lookup_rows
 from spyglass.kernels.backend import AttentionBackend
 
 # Where a family keeps its experts, and their gate, up and down projections' names.
@@ -72,17 +73,17 @@ class LlamaForCausalLM:
         self.backend = backend
         w = {name: t.to(device) for name, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
+        self.final_norm = w["model.norm.weight"]
         rope = RotaryEmbedding(
-            arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling, self.embed.dtype, device
+            arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling, self.dtype, device
         )
         self.layers = [LlamaLayer(w, arch, i, rope) for i in range(arch.num_hidden_layers)]
-        self.final_norm = w["model.norm.weight"]
-        self.lm_head = Linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
+        self.lm_head = make_linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
 
     @property
     def dtype(self) -> torch.dtype:
-        """The weights' dtype."""
-        return self.embed.dtype
+        """The activations' dtype (the float weights', which the norms always are)."""
+        return self.final_norm.dtype
 
     def forward(
         self,
@@ -102,7 +103,7 @@ class LlamaForCausalLM:
     def hidden_states(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
         """The last layer's output and the residual stream it adds to, for every token, before the final norm."""
         eps, ops = self.arch.rms_norm_eps, self.backend
-        hidden, residual = self.embed[input_ids], None
+        hidden, residual = lookup_rows(self.embed, input_ids, self.dtype), None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
             hidden = layer.attention(x, positions, meta, k_cache, v_cache, ops)

@@ -1,4 +1,4 @@
-"""The real default model (SmolLM2-135M-Instruct, float32, greedy) against transformers, and how requests end on it.
+"""The real default model (SmolLM2-135M-Instruct, dequantized to float32, greedy) against transformers, and how requests end on it.
 
 One engine serves the whole module: a batch of 16 varied prompts (English, Chinese, code, chat;
 5 to 600 tokens) is generated once and compared with transformers' ``generate`` run one prompt at
@@ -127,7 +127,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, l
 @pytest.fixture(scope="module")
 def llm(default_model_path) -> LLM:
     # A 256 MiB KV cache (about 350 blocks) holds the whole batch; the 2 GiB default would only cost memory.
-    return LLM(model=str(default_model_path), dtype="float32", kv_cache_memory="256MiB")
+    return LLM(model=str(default_model_path), dtype="float32", quantization="none", kv_cache_memory="256MiB")
 
 
 @pytest.fixture(scope="module")

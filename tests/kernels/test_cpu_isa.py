@@ -14,7 +14,7 @@ AMX_XEON = AVX512_BF16_EPYC | frozenset({"amx_bf16", "amx_tile"})
 
 
 @pytest.mark.parametrize("variant", cpu_isa.kernel_variants(), ids=lambda v: v.name)
-@pytest.mark.parametrize("library", ["paged_attention", "layer_ops"])
+@pytest.mark.parametrize("library", ["paged_attention", "layer_ops", "quant_matmul"])
 def test_every_variant_compiles_whatever_the_host(variant, library):
     # Built, not run: a variant this CPU cannot execute must still compile, so an AVX-512 CI host
     # catches a broken AVX2 build and the other way round.

@@ -1,0 +1,113 @@
+"""Weights kept in quantized blocks on the CPU: the `QuantizedWeight` type and the ``--quantization`` modes.
+
+``auto`` keeps a GGUF file's Q4_0, Q4_1 and Q8_0 matrices in their blocks when the engine runs on
+the CPU and the quantized kernels built (`kernels.cpu_quant`); ``none`` dequantizes everything at load;
+``int8`` stores every matrix (projections, embedding, LM head) as Q8_0: weight-only int8 with one float16
+scale per 32 values, for Hugging Face checkpoints and dequantized GGUF files alike.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import quantize
+
+from spyglass.kernels import cpu_quant
+
+_BLOCK = 32
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedWeight:
+    """An ``[n, k]`` matrix in GGUF blocks: ``data`` is uint8 ``[n, row bytes]``, each row whole.
+
+    Rows are independent (blocks run along k), so rows can be permuted, gathered and concatenated
+    as raw bytes.
+    """
+
+    data: torch.Tensor
+    qtype: GGMLQuantizationType
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        block_size, block_bytes = GGML_QUANT_SIZES[self.qtype]
+        return self.data.shape[0], self.data.shape[1] // block_bytes * block_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def to(self, device: torch.device) -> "QuantizedWeight":
+        """The weight on ``device``; only the CPU runs quantized kernels."""
+        if torch.device(device).type != "cpu":
+            raise ValueError("quantized weights run on the CPU only; use --quantization none")
+        return self
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole matrix as float32."""
+        return cpu_quant.dequantize_rows(self.data, self.qtype, self.shape[1])
+
+    def rows(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The rows ``row_ids`` dequantized to ``dtype`` (an embedding lookup)."""
+        return cpu_quant.dequantize_rows(self.data, self.qtype, self.shape[1], row_ids.reshape(-1)).to(dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` in x's dtype."""
+        n, k = self.shape
+        return cpu_quant.matmul(x, self.data, self.qtype, n, k)
+
+
+def from_gguf(data: np.ndarray, qtype: GGMLQuantizationType) -> QuantizedWeight:
+    """A GGUF tensor's raw blocks ``[n, row bytes]``, copied out of the memory-mapped file."""
+    return QuantizedWeight(torch.from_numpy(np.array(data, dtype=np.uint8)), qtype)
+
+
+def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
+    """``weight [n, k]`` as Q8_0 blocks (gguf's own quantizer): int8 values, a float16 scale per 32."""
+    values = weight.detach().to(torch.float32).numpy()
+    return QuantizedWeight(torch.from_numpy(quantize(values, GGMLQuantizationType.Q8_0)), GGMLQuantizationType.Q8_0)
+
+
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """The mode that applies on ``device``: ``auto`` becomes ``none`` off the CPU or without the kernels.
+
+    Raises ``ValueError`` for ``int8`` where the quantized kernels cannot run.
+    """
+    runs_here = device.type == "cpu" and cpu_quant.available()
+    if mode == "int8" and not runs_here:
+        raise ValueError("--quantization int8 needs the CPU and its compiled kernels (a C++ compiler)")
+    return "none" if mode == "auto" and not runs_here else mode
+
+
+def lookup_rows(weight: torch.Tensor | QuantizedWeight, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``weight[row_ids]`` in ``dtype``, for an embedding kept in float or in blocks."""
+    return weight.rows(row_ids, dtype) if isinstance(weight, QuantizedWeight) else weight[row_ids]
+
+
+def quantize_weights_int8(weights: dict[str, torch.Tensor]) -> dict:
+    """``weights`` with every float matrix (projections, embedding, LM head) as Q8_0.
+
+    Vectors (norms, biases), matrices whose width is not a multiple of 32 and weights already
+    quantized are left as they are.
+    """
+    return {
+        name: quantize_int8(w) if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % _BLOCK == 0 else w
+        for name, w in weights.items()
+    }
+
+
+def weight_bytes(weights: dict) -> int:
+    """Bytes held by a checkpoint's weights, quantized or not."""
+    return sum(w.nbytes for w in weights.values())
+
+
+def cat_rows(weights: list) -> torch.Tensor | QuantizedWeight:
+    """Stack matrices along their rows (q, k, v into qkv); mixed block types are dequantized to float."""
+    if all(isinstance(w, torch.Tensor) for w in weights):
+        return torch.cat(weights)
+    qtypes = {getattr(w, "qtype", None) for w in weights}
+    if len(qtypes) == 1:
+        return QuantizedWeight(torch.cat([w.data for w in weights]), qtypes.pop())
+    dtype = next((w.dtype for w in weights if isinstance(w, torch.Tensor)), torch.float32)
+    return torch.cat([w if isinstance(w, torch.Tensor) else w.dequantize().to(dtype) for w in weights])

@@ -1,0 +1,103 @@
+"""Quantized weights on the CPU: GGUF blocks kept at load, weight-only int8, and the model's greedy output.
+
+The quantized model cannot match the float one exactly (its activations are rounded to int8 per
+32 values, as llama.cpp's are); the test prints how many greedy tokens agree and requires most.
+"""
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from spyglass.core.config import EngineConfig
+from spyglass.core.engine import LLMEngine
+from spyglass.core.gguf_loader import load_gguf
+from spyglass.core.models.linear import Linear, QuantizedLinear
+from spyglass.core.quantization import QuantizedWeight, cat_rows, quantize_int8, resolve_mode, weight_bytes
+from spyglass.core.sampling_params import SamplingParams
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "你好，请介绍一下你自己。",
+    "Once upon a time, there was a little robot named",
+    "Translate to French: The weather is nice today, so we will walk to the market.",
+    "List three primary colors:\n1.",
+    "SELECT customer_id, COUNT(*) AS num_orders\nFROM orders\nWHERE",
+    '{"name": "Alice", "age": 30, "languages": ["English", "French"], "address": {"city": "Paris", "zip":',
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+
+
+def test_int8_is_gguf_q8_0():
+    weight = torch.randn(48, 96)
+    quantized = quantize_int8(weight)
+    assert quantized.qtype == GGMLQuantizationType.Q8_0 and quantized.shape == (48, 96)
+    values = torch.from_numpy(dequantize(quantized.data.numpy(), quantized.qtype))
+    torch.testing.assert_close(values, weight, rtol=0, atol=weight.abs().max().item() / 127)
+    torch.testing.assert_close(quantized.dequantize(), values)
+
+
+def test_cat_rows_keeps_blocks_of_one_type_and_dequantizes_a_mix():
+    a, b = quantize_int8(torch.randn(8, 64)), quantize_int8(torch.randn(4, 64))
+    joined = cat_rows([a, b])
+    assert isinstance(joined, QuantizedWeight) and joined.shape == (12, 64)
+    torch.testing.assert_close(joined.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    mixed = cat_rows([a, torch.ones(2, 64)])
+    assert isinstance(mixed, torch.Tensor) and mixed.shape == (10, 64)
+
+
+def test_modes_resolve_per_device():
+    assert resolve_mode("auto", torch.device("cpu")) == "auto"
+    assert resolve_mode("auto", torch.device("cuda")) == "none"
+    with pytest.raises(ValueError, match="int8"):
+        resolve_mode("int8", torch.device("cuda"))
+    with pytest.raises(ValueError, match="quantization"):
+        EngineConfig(quantization="int4")
+
+
+def test_int8_engine_multiplies_in_blocks(make_tiny_engine, run_engine):
+    engine = make_tiny_engine(quantization="int8")
+    model = engine.runner.model
+    assert isinstance(model.layers[0].qkv, QuantizedLinear) and isinstance(model.lm_head, QuantizedLinear)
+    float_model = make_tiny_engine().runner.model
+    assert isinstance(float_model.layers[0].qkv, Linear)
+    x = torch.randn(5, engine.arch.hidden_size)
+    want = float_model.layers[0].gate_up(x)
+    assert (model.layers[0].gate_up(x) - want).norm() / want.norm() < 2e-2
+    (output,) = run_engine(engine, [[1, 2, 3]], GREEDY)
+    assert len(output.outputs[0].token_ids) == 32
+
+
+@pytest.mark.slow
+def test_default_model_keeps_its_gguf_blocks(default_model_path, default_checkpoint, quantized_checkpoint):
+    weights = quantized_checkpoint.weights
+    assert 90e6 < weight_bytes(weights) < 110e6 < weight_bytes(default_checkpoint.weights)
+    layer = "model.layers.3.self_attn"
+    for name in (f"{layer}.q_proj.weight", f"{layer}.k_proj.weight", "model.embed_tokens.weight"):
+        assert isinstance(weights[name], QuantizedWeight)
+        # Same rows as the float loader's (q and k rows are un-permuted as whole rows of blocks).
+        torch.testing.assert_close(weights[name].dequantize(), default_checkpoint.weights[name])
+    assert isinstance(weights["model.norm.weight"], torch.Tensor)
+
+
+@pytest.fixture(scope="module")
+def quantized_checkpoint(default_model_path):
+    return load_gguf(default_model_path, torch.float32, keep_quantized=True)
+
+
+@pytest.mark.slow
+def test_quantized_default_model_agrees_with_float(make_default_engine, quantized_checkpoint, run_engine):
+    prompts = [make_default_engine().tokenizer.encode(p) for p in PROMPTS]
+    floats = run_engine(make_default_engine(), prompts, GREEDY)
+    quantized_engine = LLMEngine(
+        EngineConfig(dtype="float32", device="cpu", plugins=["fcfs"], num_kv_blocks=128),
+        checkpoint=quantized_checkpoint,
+    )
+    quantized = run_engine(quantized_engine, prompts, GREEDY)
+    agreeing = 0  # tokens equal up to each prompt's first difference (after it the texts legitimately part)
+    for want, got in zip(floats, quantized, strict=True):
+        pairs = zip(want.outputs[0].token_ids, got.outputs[0].token_ids, strict=True)
+        agreeing += next((i for i, (a, b) in enumerate(pairs) if a != b), 32)
+    print(f"\nquantized vs float32 greedy: {agreeing} of {32 * len(PROMPTS)} tokens agree before any difference")
+    assert agreeing >= 0.5 * 32 * len(PROMPTS)

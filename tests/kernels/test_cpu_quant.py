@@ -1,0 +1,70 @@
+"""The block-quantized CPU matmul, each block type on each runnable kernel variant, against torch references.
+
+The reference dequantizes the weights with gguf's own code and multiplies in float64. Below
+`LARGE_BATCH_ROWS` rows the kernel quantizes each activation row to int8 per 32 values (as
+llama.cpp does), so it is compared twice: tightly with a reference fed the same int8 activations,
+loosely with the exact float product. From there it multiplies in float32 and matches closely.
+"""
+
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize, quantize
+
+from spyglass.kernels import cpu_quant
+
+SHAPES = [(1, 33, 64), (3, 100, 256), (1, 576, 1536), (67, 257, 576), (127, 9, 32)]  # (M, N, K): odd M, N; K % 32 == 0
+
+
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as the kernel sees it: per 32 values, int8 with scale max|x| / 127."""
+    blocks = x.double().reshape(x.shape[0], -1, 32)
+    scale = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    return (blocks / scale.clamp_min(1e-30)).round().mul(scale).reshape(x.shape)
+
+
+def quantized_weight(n: int, k: int, qtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random blocks of ``qtype`` and their values as gguf dequantizes them (float64)."""
+    blocks = quantize(np.random.default_rng(n * k).standard_normal((n, k), dtype=np.float32), qtype)
+    return torch.from_numpy(blocks), torch.from_numpy(dequantize(blocks, qtype)).double()
+
+
+@pytest.mark.parametrize("qtype", cpu_quant.SUPPORTED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("m, n, k", SHAPES)
+def test_matmul_matches_dequantized_reference(native_kernels, qtype, m, n, k):
+    blocks, weight = quantized_weight(n, k, qtype)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + n))
+    y = cpu_quant.matmul(x, blocks, qtype, n, k)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    same_inputs = quantized_activations(x) @ weight.T
+    torch.testing.assert_close(y.double(), same_inputs, rtol=1e-4, atol=1e-3 * same_inputs.abs().max().item())
+    exact = x.double() @ weight.T
+    assert (y.double() - exact).norm() / exact.norm() < 2e-2
+
+
+def test_matmul_keeps_leading_dims_and_dtype(native_kernels):
+    qtype = cpu_quant.SUPPORTED_TYPES[1]
+    blocks, weight = quantized_weight(40, 64, qtype)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    y = cpu_quant.matmul(x, blocks, qtype, 40, 64)
+    assert y.shape == (2, 3, 40) and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.double(), x.double() @ weight.T, rtol=5e-2, atol=0.3)
+
+
+@pytest.mark.parametrize("qtype", cpu_quant.SUPPORTED_TYPES, ids=lambda t: t.name)
+def test_dequantize_rows_equals_gguf(native_kernels, qtype):
+    blocks, weight = quantized_weight(50, 96, qtype)
+    torch.testing.assert_close(cpu_quant.dequantize_rows(blocks, qtype, 96).double(), weight, rtol=1e-6, atol=1e-6)
+    row_ids = torch.tensor([49, 0, 7, 7])
+    torch.testing.assert_close(
+        cpu_quant.dequantize_rows(blocks, qtype, 96, row_ids).double(), weight[row_ids], rtol=1e-6, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("qtype", cpu_quant.SUPPORTED_TYPES, ids=lambda t: t.name)
+def test_large_batches_multiply_the_dequantized_weight_in_float(native_kernels, qtype):
+    m, n, k = cpu_quant.LARGE_BATCH_ROWS, 40, 64
+    blocks, weight = quantized_weight(n, k, qtype)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    exact = x.double() @ weight.T
+    torch.testing.assert_close(cpu_quant.matmul(x, blocks, qtype, n, k).double(), exact, rtol=1e-4, atol=1e-4)
