@@ -23,7 +23,7 @@ from spyglass.core.sampling_params import InvalidRequestError, SamplingParams, S
 from spyglass.core.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.scheduler_policy import check_policy
 from spyglass.core.step_stats import EngineInfo, StepStats
-from spyglass.core.token_constraint import TokenConstraint
+from spyglass.core.token_constraint import TokenConstraint, allowed_tokens, fill_rows
 from spyglass.kernels import cpu_isa
 from spyglass.kernels.backend import select_backend
 
@@ -158,6 +158,12 @@ class LLMEngine:
         if constraint is None:
             raise InvalidRequestError(
                 "structured output needs a token-constraint plugin, and none is enabled", "response_format"
+            )
+        first = allowed_tokens(fill_rows([constraint], self.arch.vocab_size), self.arch.vocab_size)[0]
+        if not any(constraint.num_valid([token]) for token in first.nonzero().flatten().tolist()[:64]):
+            # e.g. a choice whose first character this vocabulary cannot spell (byte tokens are missing)
+            raise InvalidRequestError(
+                f"no token of this model's vocabulary can start an output matching the {spec.kind}", "response_format"
             )
         return constraint
 

@@ -59,12 +59,12 @@ def test_modes_resolve_per_device():
 def test_int8_engine_multiplies_in_blocks(make_tiny_engine, run_engine):
     engine = make_tiny_engine(quantization="int8")
     model = engine.runner.model
-    assert isinstance(model.layers[0].qkv, QuantizedLinear) and isinstance(model.lm_head, QuantizedLinear)
+    assert isinstance(model.layers[0].attention.qkv, QuantizedLinear) and isinstance(model.lm_head, QuantizedLinear)
     float_model = make_tiny_engine().runner.model
-    assert isinstance(float_model.layers[0].qkv, Linear)
+    assert isinstance(float_model.layers[0].attention.qkv, Linear)
     x = torch.randn(5, engine.arch.hidden_size)
-    want = float_model.layers[0].gate_up(x)
-    assert (model.layers[0].gate_up(x) - want).norm() / want.norm() < 2e-2
+    want = float_model.layers[0].mlp.gate_up(x)
+    assert (model.layers[0].mlp.gate_up(x) - want).norm() / want.norm() < 2e-2
     (output,) = run_engine(engine, [[1, 2, 3]], GREEDY)
     assert len(output.outputs[0].token_ids) == 32
 

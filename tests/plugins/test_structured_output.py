@@ -153,3 +153,11 @@ def test_invalid_specs_and_missing_backend_are_request_errors(make_engine, drive
 def test_each_engine_has_its_own_backend_instance(make_engine):
     first, second = make_engine(plugins=PLUGINS), make_engine(plugins=PLUGINS)
     assert first.plugin_manager.get_plugin("structured_output") is not second.plugin_manager.get_plugin("structured_output")
+
+
+def test_a_constraint_the_vocabulary_cannot_start_is_refused(make_engine, driver):
+    # SmolLM2's byte-level vocabulary has no token for the lead byte of U+40000: nothing can begin this choice.
+    engine = make_engine(plugins=PLUGINS)
+    with pytest.raises(InvalidRequestError, match="vocabulary") as error:
+        driver.add(engine, PROMPT, _params(StructuredOutput("choice", ["\U00040000"]), 0))
+    assert error.value.param == "response_format" and not engine.requests
