@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 import llguidance
-import llguidance.torch
 import torch
 
 from spyglass.core.plugin_api import StructuredOutput, TokenConstraint, Tokenizer, hookimpl
@@ -31,7 +30,10 @@ class LLGuidanceConstraint(TokenConstraint):
         self.executor = executor
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+        # Straight into the tensor's memory. (llguidance.torch does the same, but importing it loads
+        # torch's compiler stack for one decorator: seconds on every engine start.)
+        target = bitmask[row]
+        self.matcher.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * target.element_size())
 
     def accept(self, token_id: int) -> bool:
         return self.matcher.consume_token(token_id)
@@ -45,7 +47,8 @@ class LLGuidanceConstraint(TokenConstraint):
     @classmethod
     def fill_bitmasks(cls, constraints, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
         pairs = [(constraint.matcher, row) for constraint, row in zip(constraints, rows, strict=True)]
-        llguidance.torch.fill_next_token_bitmask_par(constraints[0].executor, pairs, bitmask)
+        words = bitmask.shape[1]
+        constraints[0].executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, bitmask.shape[0])
 
 
 def grammar_text(spec: StructuredOutput) -> str:
