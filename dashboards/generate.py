@@ -76,6 +76,13 @@ def panel(title: str, unit: str, targets: list[dict], description: str = "", kin
     }
 
 
+def mean_panel(title: str, unit: str, histograms, description: str) -> dict:
+    """One time series per ``(histogram, legend)``: its mean (rate of the sum over rate of the count)."""
+    return panel(
+        title, unit, [target(f"{rate(h, '_sum')} / {rate(h, '_count')}", legend) for h, legend in histograms], description
+    )
+
+
 def latency_panel(title: str, histogram) -> dict:
     """Percentiles and mean of a latency histogram, described by the metric's own help text."""
     return panel(title, "s", quantile_targets(histogram), histogram._documentation)
@@ -98,17 +105,14 @@ def sections() -> list[tuple[str, list[dict]]]:
         latency_panel("Inter-token latency", m.INTER_TOKEN_LATENCY),
         latency_panel("End-to-end request latency", m.E2E_REQUEST_LATENCY),
         latency_panel("Queue time", m.REQUEST_QUEUE_TIME),
-        panel(
+        mean_panel(
             "Prefill vs decode time (mean)",
             "s",
-            [
-                target(f"{rate(h, '_sum')} / {rate(h, '_count')}", legend)
-                for h, legend in (
-                    (m.REQUEST_PREFILL_TIME, "prefill"),
-                    (m.REQUEST_DECODE_TIME, "decode"),
-                    (m.REQUEST_INFERENCE_TIME, "inference (both)"),
-                )
-            ],
+            (
+                (m.REQUEST_PREFILL_TIME, "prefill"),
+                (m.REQUEST_DECODE_TIME, "decode"),
+                (m.REQUEST_INFERENCE_TIME, "inference (both)"),
+            ),
             "Per request: first scheduled to first token, first to last token, first scheduled to finish.",
         ),
     ]
@@ -143,17 +147,14 @@ def sections() -> list[tuple[str, list[dict]]]:
         ),
         heatmap("Prompt length", m.REQUEST_PROMPT_TOKENS),
         heatmap("Generation length", m.REQUEST_GENERATION_TOKENS),
-        panel(
+        mean_panel(
             "Requested limits (mean)",
             "short",
-            [
-                target(f"{rate(h, '_sum')} / {rate(h, '_count')}", legend)
-                for h, legend in (
-                    (m.REQUEST_PARAMS_MAX_TOKENS, "max_tokens"),
-                    (m.REQUEST_MAX_NUM_GENERATION_TOKENS, "longest output per call"),
-                    (m.REQUEST_PARAMS_N, "n"),
-                )
-            ],
+            (
+                (m.REQUEST_PARAMS_MAX_TOKENS, "max_tokens"),
+                (m.REQUEST_MAX_NUM_GENERATION_TOKENS, "longest output per call"),
+                (m.REQUEST_PARAMS_N, "n"),
+            ),
             "What clients ask for (max_tokens, n) beside the longest output each API call got.",
         ),
     ]
