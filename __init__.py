@@ -8,9 +8,9 @@ import importlib
 
 _EXPORTS = {
     "LLM": "spyglass.core.llm",
-    "SamplingParams": "spyglass.core.sampling_params",
-    "RequestOutput": "spyglass.core.outputs",
-    "CompletionOutput": "spyglass.core.outputs",
+    "SamplingParams": "spyglass.core.engine.sampling_params",
+    "RequestOutput": "spyglass.core.engine.outputs",
+    "CompletionOutput": "spyglass.core.engine.outputs",
 }
 
 __all__ = list(_EXPORTS)

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from spyglass.core.config import EngineConfig, parse_bytes
-from spyglass.core.engine import LLMEngine
-from spyglass.core.outputs import RequestOutput
-from spyglass.core.sampling_params import SamplingParams
-from spyglass.core.tokenizer import Tokenizer
+from spyglass.core.engine.config import EngineConfig, parse_bytes
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.loaders.tokenizer import Tokenizer
 
 PromptType = str | dict
 

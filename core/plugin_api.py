@@ -15,18 +15,18 @@ and never mutated (a policy keeps its own state).
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from spyglass.core import hookspecs
-from spyglass.core.block_pool import BlockPool
-from spyglass.core.config import EngineConfig
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.kv_cache_manager import NO_MATCH, PrefixMatch
-from spyglass.core.request import FinishReason, Request, RequestStatus, RequestTimes
-from spyglass.core.sampling_params import SamplingParams, StructuredOutput
-from spyglass.core.scheduler_policy import PreemptingPolicy, SchedulingPolicy, parse_tenant_values, tenant_of
-from spyglass.core.step_stats import EngineInfo, StepStats
-from spyglass.core.token_constraint import TokenConstraint
-from spyglass.core.tokenizer import Tokenizer
-from spyglass.core.tool_calls import ParsedToolCall, ToolCallParser
+from spyglass.core.engine import hookspecs
+from spyglass.core.engine.kv.block_pool import BlockPool
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.kv.kv_cache_manager import NO_MATCH, PrefixMatch
+from spyglass.core.engine.request import FinishReason, Request, RequestStatus, RequestTimes
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.engine.sched.scheduler_policy import PreemptingPolicy, SchedulingPolicy, parse_tenant_values, tenant_of
+from spyglass.core.engine.step_stats import EngineInfo, StepStats
+from spyglass.core.engine.token_constraint import TokenConstraint
+from spyglass.core.loaders.tokenizer import Tokenizer
+from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallParser
 
 __all__ = [
     "NO_MATCH",

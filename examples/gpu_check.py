@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from spyglass.core.config import EngineConfig
-from spyglass.core.engine import LLMEngine
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.kernels import torch_attention, triton_attention
 
 

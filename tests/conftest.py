@@ -17,9 +17,9 @@ import pytest
 import torch
 import yaml
 
-from spyglass.core.checkpoint import Checkpoint
-from spyglass.core.default_model import ensure_default_model
-from spyglass.core.gguf_loader import load_gguf
+from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.loaders.default_model import ensure_default_model
+from spyglass.core.loaders.gguf_loader import load_gguf
 
 # Small enough to build and save in well under a second, with GQA (4 query heads share 2 kv heads).
 TINY_SHAPE = dict(

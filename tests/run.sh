@@ -22,5 +22,5 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! c
 fi
 bash tests/services/start_phoenix.sh --install
 
-python3 -c "from spyglass.core.default_model import ensure_default_model; ensure_default_model()"
+python3 -c "from spyglass.core.loaders.default_model import ensure_default_model; ensure_default_model()"
 exec python3 -m pytest "$@"

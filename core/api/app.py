@@ -21,9 +21,9 @@ from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.messages import create_message
 from spyglass.core.api.routes import ROUTES
 from spyglass.core.api.tokenize import detokenize, tokenize
-from spyglass.core.async_engine import AsyncEngine
-from spyglass.core.config import EngineConfig
-from spyglass.core.engine import LLMEngine
+from spyglass.core.engine.async_engine import AsyncEngine
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine import LLMEngine
 from spyglass.telemetry.http import remember_exception
 
 log = logging.getLogger("spyglass.api")

@@ -12,7 +12,7 @@ from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.server_options import ServerOptions
-from spyglass.core.async_engine import AsyncEngine
+from spyglass.core.engine.async_engine import AsyncEngine
 
 
 class ServingContext:

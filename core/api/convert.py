@@ -17,9 +17,9 @@ from spyglass.core.api.schemas import (
     TopLogprob,
     Usage,
 )
-from spyglass.core.outputs import CompletionOutput, Logprob, RequestOutput
-from spyglass.core.sampling_params import SamplingParams, StructuredOutput
-from spyglass.core.tokenizer import Tokenizer
+from spyglass.core.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.loaders.tokenizer import Tokenizer
 
 _SEED_LIMIT = 1 << 63
 

@@ -9,8 +9,8 @@ import re
 from litestar import Request, Response
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 
-from spyglass.core.async_engine import EngineDeadError
-from spyglass.core.sampling_params import InvalidRequestError
+from spyglass.core.engine.async_engine import EngineDeadError
+from spyglass.core.engine.sampling_params import InvalidRequestError
 
 log = logging.getLogger("spyglass.api")
 

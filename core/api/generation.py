@@ -14,9 +14,9 @@ from typing import TypeVar
 from litestar import Request
 
 from spyglass.core.api.errors import APIError
-from spyglass.core.async_engine import AsyncEngine
-from spyglass.core.outputs import RequestOutput
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.async_engine import AsyncEngine
+from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.sampling_params import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

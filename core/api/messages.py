@@ -36,8 +36,8 @@ from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import ToolUse, constraint, split_output
 from spyglass.core.api.validation import json_body_guard
-from spyglass.core.outputs import CompletionOutput
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.outputs import CompletionOutput
+from spyglass.core.engine.sampling_params import SamplingParams
 
 
 def chat_messages(body: MessagesRequest) -> list[ChatMessage]:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.schemas import ChatCompletionRequest, FunctionCall, ToolCall
-from spyglass.core.sampling_params import StructuredOutput
-from spyglass.core.tool_calls import ParsedToolCall, ToolCallParser
+from spyglass.core.engine.sampling_params import StructuredOutput
+from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallParser
 
 _ANY_OBJECT = {"type": "object"}
 _FALLBACK_PROMPT = """# Tools

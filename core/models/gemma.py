@@ -4,12 +4,12 @@ and for Gemma 3 per-head q/k norms and a separate rope base for the sliding laye
 
 import torch
 
-from spyglass.core.model_config import ModelArchConfig
+from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.layers import GatedMLP, SelfAttention
 from spyglass.core.models.linear import make_linear
 from spyglass.core.models.rope import RotaryEmbedding
-from spyglass.core.quantization import lookup_rows
+from spyglass.core.models.quantization import lookup_rows
 from spyglass.kernels.backend import AttentionBackend
 
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")

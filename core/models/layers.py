@@ -3,11 +3,11 @@ mixture of experts. Every projection is made by `make_linear`, so other weight f
 
 import torch
 
-from spyglass.core.model_config import ModelArchConfig
+from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.linear import make_linear
 from spyglass.core.models.rope import RotaryEmbedding
-from spyglass.core.quantization import cat_rows
+from spyglass.core.models.quantization import cat_rows
 from spyglass.kernels.backend import AttentionBackend
 
 # HF activation name -> the backend op applying it to the gate half of a fused [gate | up] row.

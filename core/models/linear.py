@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from spyglass.core.quantization import QuantizedWeight
+from spyglass.core.models.quantization import QuantizedWeight
 from spyglass.kernels import cpu_isa
 
 

@@ -7,12 +7,12 @@ the checkpoint, LongRoPE), and the mixture-of-experts Mixtral, Qwen2-MoE and Qwe
 
 import torch
 
-from spyglass.core.model_config import ModelArchConfig
+from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.layers import GatedMLP, SelfAttention, SparseMoE
 from spyglass.core.models.linear import make_linear
 from spyglass.core.models.rope import RotaryEmbedding
-from spyglass.core.quantization import lookup_rows
+from spyglass.core.models.quantization import lookup_rows
 from spyglass.kernels.backend import AttentionBackend
 
 # Where a family keeps its experts, and their gate, up and down projections' names.

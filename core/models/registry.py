@@ -10,7 +10,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from spyglass.core.model_config import ModelArchConfig
+from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models import gemma, llama
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.kernels.backend import AttentionBackend

@@ -7,7 +7,7 @@ after it. Prints the median over ``--repeats`` rounds, and the seconds from ``Ll
 loaded model (llama.cpp maps the GGUF; Spyglass's figure is the time to its "engine started" line).
 
     python3 -m venv /tmp/llama-venv && /tmp/llama-venv/bin/pip install llama-cpp-python  # ~10 min build
-    python3 -c "import json; from spyglass.core.bench.latency import WORKLOADS; print(json.dumps(WORKLOADS))" \
+    python3 -c "import json; from spyglass.core.cli.bench.latency import WORKLOADS; print(json.dumps(WORKLOADS))" \
         > /tmp/latency_prompts.json
     /tmp/llama-venv/bin/python examples/peer_bench/llama_cpp_bench.py --prompts /tmp/latency_prompts.json \
         --model ~/.cache/spyglass/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -13,7 +13,7 @@ MODEL_DIR=${MODEL_DIR:-/tmp/smollm2-hf}
 WORK_DIR=${WORK_DIR:-/tmp/vllm_bench}
 PYTHON=${PYTHON:-python3}
 # The default model's GGUF, fetched into Spyglass's cache if it is not there yet.
-GGUF_PATH=${GGUF_PATH:-$("$PYTHON" -c "from spyglass.core.default_model import ensure_default_model; print(ensure_default_model())")}
+GGUF_PATH=${GGUF_PATH:-$("$PYTHON" -c "from spyglass.core.loaders.default_model import ensure_default_model; print(ensure_default_model())")}
 GGUF_DIR=$(dirname "$GGUF_PATH")
 GGUF_FILE=$(basename "$GGUF_PATH")
 mkdir -p "$WORK_DIR"
@@ -54,7 +54,7 @@ if [ ! -f "$WORK_DIR/w1.json" ] || [ ! -f "$WORK_DIR/w3.json" ]; then
     "$PYTHON" - "$MODEL_DIR" "$WORK_DIR" <<'EOF'
 import json, sys
 from transformers import AutoConfig
-from spyglass.core.bench.workloads import WORKLOADS
+from spyglass.core.cli.bench.workloads import WORKLOADS
 model_dir, work_dir = sys.argv[1:]
 vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
 for name in ("w1", "w3"):

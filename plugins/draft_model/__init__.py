@@ -4,9 +4,9 @@ Set the model with ``--plugin-option draft_model=PATH`` (GGUF file or HF directo
 with ``draft_dtype`` (default: the target's).
 """
 
-from spyglass.core.checkpoint import load_checkpoint
-from spyglass.core.config import dtype_named
-from spyglass.core.hookspecs import hookimpl
+from spyglass.core.loaders.load import load_checkpoint
+from spyglass.core.engine.config import dtype_named
+from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.plugins.draft_model.drafter import EngineDrafter
 
 _state: dict[str, EngineDrafter] = {}

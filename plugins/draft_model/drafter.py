@@ -7,12 +7,12 @@ its earlier blocks are reused, so a step recomputes only the draft's newest toke
 import importlib.metadata
 import itertools
 
-from spyglass.core.checkpoint import Checkpoint
-from spyglass.core.config import EngineConfig
-from spyglass.core.engine import LLMEngine
-from spyglass.core.plugin_manager import ENTRY_POINT_GROUP
-from spyglass.core.request import Request
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.plugin_manager import ENTRY_POINT_GROUP
+from spyglass.core.engine.request import Request
+from spyglass.core.engine.sampling_params import SamplingParams
 
 # The draft engine's own plugins: scheduling and block reuse, no telemetry of its internal requests.
 _DRAFT_PLUGINS = ("fcfs", "prefix_cache")

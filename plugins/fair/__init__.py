@@ -18,9 +18,9 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.request import Request
-from spyglass.core.scheduler_policy import parse_tenant_values, tenant_of
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.request import Request
+from spyglass.core.engine.sched.scheduler_policy import parse_tenant_values, tenant_of
 
 WEIGHTS_ENV = "SPYGLASS_FAIR_WEIGHTS"
 

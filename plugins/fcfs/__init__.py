@@ -2,8 +2,8 @@
 
 from collections.abc import Iterable, Sequence
 
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.request import Request
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.request import Request
 
 
 class FcfsPolicy:

@@ -8,9 +8,9 @@ are known at start exists from the start, at zero, so that panels show 0 and ``r
 """
 
 from prometheus_client.metrics import MetricWrapperBase
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.request import FinishReason, Request
-from spyglass.core.step_stats import EngineInfo, StepStats
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.request import FinishReason, Request
+from spyglass.core.engine.step_stats import EngineInfo, StepStats
 from spyglass.telemetry import metrics as m
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry.tracing import span_context_of

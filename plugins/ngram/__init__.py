@@ -1,6 +1,6 @@
 """Prompt-lookup speculation: draft the tokens that followed the last occurrence of the current n-gram."""
 
-from spyglass.core.hookspecs import hookimpl
+from spyglass.core.engine.hookspecs import hookimpl
 
 MAX_NGRAM = 4
 MIN_NGRAM = 1

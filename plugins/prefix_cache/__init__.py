@@ -14,9 +14,9 @@ scheduled.
 
 import weakref
 
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.kv_cache_manager import PrefixMatch
-from spyglass.core.request import Request
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.kv.kv_cache_manager import PrefixMatch
+from spyglass.core.engine.request import Request
 from spyglass.telemetry import metrics as m
 from spyglass.telemetry import settings as telemetry_settings
 

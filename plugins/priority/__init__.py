@@ -8,8 +8,8 @@ requests that need blocks take them from the lowest-priority candidate too.
 
 from collections.abc import Iterable, Sequence
 
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.request import Request
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.request import Request
 
 
 def _rank(request: Request) -> tuple[int, float]:

@@ -6,8 +6,8 @@ prompt and completion text appear only with ``TelemetrySettings.log_content``.
 
 import logging
 
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.request import FinishReason, Request
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.request import FinishReason, Request
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry.logging import get_logger, request_fields
 

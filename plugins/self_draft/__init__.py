@@ -6,9 +6,10 @@ and head: layer skip); ``self_draft_dtype=bfloat16`` drafts in a faster dtype. B
 
 import dataclasses
 
-from spyglass.core.checkpoint import Checkpoint, load_checkpoint
-from spyglass.core.config import dtype_named
-from spyglass.core.hookspecs import hookimpl
+from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.loaders.load import load_checkpoint
+from spyglass.core.engine.config import dtype_named
+from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.plugins.draft_model.drafter import EngineDrafter
 
 _state: dict[str, EngineDrafter] = {}

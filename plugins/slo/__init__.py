@@ -14,9 +14,9 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.request import FinishReason, Request
-from spyglass.core.scheduler_policy import parse_tenant_values, tenant_of
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.request import FinishReason, Request
+from spyglass.core.engine.sched.scheduler_policy import parse_tenant_values, tenant_of
 from spyglass.telemetry import metrics as m
 from spyglass.telemetry import settings as telemetry_settings
 

@@ -8,8 +8,8 @@ baseline that continuous batching (``fcfs``) is measured against.
 
 from collections.abc import Iterable, Sequence
 
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.request import Request
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.request import Request
 
 
 class StaticPolicy:

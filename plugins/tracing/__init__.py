@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.request import FinishReason, Request
-from spyglass.core.step_stats import EngineInfo, StepStats
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.request import FinishReason, Request
+from spyglass.core.engine.step_stats import EngineInfo, StepStats
 from spyglass.plugins.tracing import attributes as attrs
 from spyglass.plugins.tracing import root_span
 from spyglass.plugins.tracing.step_spans import StepSpans

@@ -49,9 +49,9 @@ def _free_port() -> int:
 
 
 def start_server(model: str | None, log_dir: Path, *extra: str, env: dict | None = None) -> Server:
-    """Start ``python -m spyglass.core.cli serve`` on a free port and wait until /health answers 200."""
+    """Start ``python -m spyglass.core.cli.main serve`` on a free port and wait until /health answers 200."""
     port = _free_port()
-    command = [sys.executable, "-m", "spyglass.core.cli", "serve", *([model] if model else []),
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "serve", *([model] if model else []),
                "--host", "127.0.0.1", "--port", str(port), *extra]
     log_path = log_dir / f"server-{port}.log"
     with log_path.open("wb") as log_file:

@@ -8,7 +8,7 @@ from litestar.testing import TestClient
 
 from spyglass.core.api.app import create_app
 from spyglass.core.api.server_options import ServerOptions
-from spyglass.core.config import EngineConfig
+from spyglass.core.engine.config import EngineConfig
 
 
 @pytest.fixture(scope="module")

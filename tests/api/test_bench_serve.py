@@ -4,12 +4,12 @@ import json
 import subprocess
 import sys
 
-from spyglass.core.bench.workloads import w3_workload
+from spyglass.core.cli.bench.workloads import w3_workload
 
 
 def test_bench_serve_reports_latencies(tiny_server, tmp_path):
     out = tmp_path / "serve.json"
-    command = [sys.executable, "-m", "spyglass.core.cli", "bench", "serve", "--base-url", tiny_server.base_url,
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "serve", "--base-url", tiny_server.base_url,
                "--num-prompts", "4", "--concurrency", "2", "--json", str(out)]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert finished.returncode == 0, finished.stdout + finished.stderr
@@ -23,7 +23,7 @@ def test_bench_serve_reports_latencies(tiny_server, tmp_path):
 
 
 def test_bench_serve_with_a_rate(tiny_server):
-    command = [sys.executable, "-m", "spyglass.core.cli", "bench", "serve", "--base-url", tiny_server.base_url,
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "serve", "--base-url", tiny_server.base_url,
                "--num-prompts", "3", "--rate", "20"]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert finished.returncode == 0, finished.stdout + finished.stderr
@@ -32,7 +32,7 @@ def test_bench_serve_with_a_rate(tiny_server):
 
 def test_bench_soak_loses_nothing_and_leaks_no_blocks(tiny_server, tmp_path):
     out = tmp_path / "soak.json"
-    command = [sys.executable, "-m", "spyglass.core.cli", "bench", "soak", "--base-url", tiny_server.base_url,
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "soak", "--base-url", tiny_server.base_url,
                "--num-requests", "60", "--disconnect-share", "0.3", "--concurrency", "6", "--max-tokens", "24",
                "--json", str(out)]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=300)

@@ -180,7 +180,7 @@ def test_unknown_draft_proposer_fails_the_start(tiny_llama_dir, tmp_path):
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "spyglass.core.cli", "serve", str(tiny_llama_dir), "--port", "9",
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "serve", str(tiny_llama_dir), "--port", "9",
                "--speculative", "nosuch", *TINY_ARGS]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from spyglass.core.checkpoint import Checkpoint, load_checkpoint
-from spyglass.core.config import EngineConfig
-from spyglass.core.engine import LLMEngine
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.outputs import RequestOutput
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.loaders.load import load_checkpoint
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.sampling_params import SamplingParams
 
 _req_ids = itertools.count()
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from spyglass.core.block_pool import BlockPool, BlockPoolIntegrityError
-from spyglass.core.kv_cache_manager import EXTENT_BLOCKS, NO_MATCH, KVCacheManager, PrefixMatch
-from spyglass.core.request import Request
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.kv.block_pool import BlockPool, BlockPoolIntegrityError
+from spyglass.core.engine.kv.kv_cache_manager import EXTENT_BLOCKS, NO_MATCH, KVCacheManager, PrefixMatch
+from spyglass.core.engine.request import Request
+from spyglass.core.engine.sampling_params import SamplingParams
 
 
 def free_queue(pool: BlockPool) -> list[int]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spyglass.core.detokenizer import IncrementalDetokenizer
+from spyglass.core.engine.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "中文测试：你好，世界！今天天气很好，我们去公园散步吧。",

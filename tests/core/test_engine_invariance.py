@@ -7,9 +7,9 @@ prompts and their continuations run past it), and Qwen2-MoE (routed and shared e
 import pytest
 import torch
 
-from spyglass.core.checkpoint import load_checkpoint
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.loaders.load import load_checkpoint
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.sampling_params import SamplingParams
 
 # logprobs=2 lets a mismatch be checked against the top-two gap (see assert_same_greedy).
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)

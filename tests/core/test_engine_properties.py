@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams
 
 STOP_CHOICES = [[], [], [], ["e"], [" a", "\n"], ["the"]]
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from spyglass.core.bench.hf_static import HFStaticBatching
-from spyglass.core.bench.workloads import w1_workload
+from spyglass.core.cli.bench.hf_static import HFStaticBatching
+from spyglass.core.cli.bench.workloads import w1_workload
 
 pytestmark = pytest.mark.slow
 

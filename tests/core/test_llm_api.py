@@ -3,7 +3,7 @@
 import pytest
 
 from spyglass import LLM, CompletionOutput, RequestOutput, SamplingParams
-from spyglass.core.sampling_params import InvalidRequestError
+from spyglass.core.engine.sampling_params import InvalidRequestError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 

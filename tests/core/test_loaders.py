@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spyglass.core import default_model
-from spyglass.core.checkpoint import load_checkpoint
-from spyglass.core.default_model import DEFAULT_MODEL_NAME
-from spyglass.core.gguf_loader import _unpermute_rotary_rows
-from spyglass.core.hf_loader import load_hf_dir
+from spyglass.core.loaders import default_model
+from spyglass.core.loaders.load import load_checkpoint
+from spyglass.core.loaders.default_model import DEFAULT_MODEL_NAME
+from spyglass.core.loaders.gguf_loader import _unpermute_rotary_rows
+from spyglass.core.loaders.hf_loader import load_hf_dir
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_unsupported_architecture_is_rejected(tiny_llama_dir, tmp_path):
 
 
 def test_serve_lists_supported_architectures_for_an_unsupported_one(tmp_path, capsys):
-    from spyglass.core.cli import main
+    from spyglass.core.cli.main import main
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     assert main(["serve", str(tmp_path)]) == 2

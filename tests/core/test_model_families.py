@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from spyglass.core.checkpoint import load_checkpoint
+from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.registry import build_model
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.kernels.backend import select_backend
 
 NUM_TOKENS = 8

@@ -9,12 +9,12 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from spyglass.core.config import EngineConfig
-from spyglass.core.engine import LLMEngine
-from spyglass.core.gguf_loader import load_gguf
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.loaders.gguf_loader import load_gguf
 from spyglass.core.models.linear import Linear, QuantizedLinear
-from spyglass.core.quantization import QuantizedWeight, cat_rows, quantize_int8, resolve_mode, weight_bytes
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.models.quantization import QuantizedWeight, cat_rows, quantize_int8, resolve_mode, weight_bytes
+from spyglass.core.engine.sampling_params import SamplingParams
 
 PROMPTS = [
     "The capital of France is",

@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 import torch
 
-from spyglass.core.request import Request
-from spyglass.core.sampler import apply_penalties, sample, target_probs
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.sampler import apply_penalties, sample, target_probs
+from spyglass.core.engine.sampling_params import SamplingParams
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 (then two impossible tokens).
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0, 0.0])

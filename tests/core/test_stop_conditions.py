@@ -2,7 +2,7 @@
 
 import pytest
 
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams
 
 PROMPTS = ["Hello world", "def f(x):\n    return x", "The weather today is", "1 2 3 4 5"]
 

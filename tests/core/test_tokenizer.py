@@ -2,7 +2,7 @@
 
 import pytest
 
-from spyglass.core.tokenizer import Tokenizer
+from spyglass.core.loaders.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello, world!",

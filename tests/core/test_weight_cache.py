@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from spyglass.core.checkpoint import load_checkpoint
+from spyglass.core.loaders.load import load_checkpoint
 
 
 def _entries(cache_root):
@@ -18,7 +18,7 @@ def test_second_load_maps_the_cached_conversion(tiny_qwen2_dir, tmp_path, monkey
     assert len(_entries(tmp_path)) == 1
 
     conversions = []
-    monkeypatch.setattr("spyglass.core.hf_loader.load_hf_dir", lambda *args: conversions.append(args))
+    monkeypatch.setattr("spyglass.core.loaders.hf_loader.load_hf_dir", lambda *args: conversions.append(args))
     second = load_checkpoint(str(tiny_qwen2_dir), torch.bfloat16)
     assert conversions == [], "the second load converted again instead of reading the cache"
     assert second.name == first.name and second.arch == first.arch

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 import torch
 
-from spyglass.core.config import EngineConfig
+from spyglass.core.engine.config import EngineConfig
 from spyglass.kernels import cpu_isa, native_build
 
 AVX2_EPYC = frozenset("sse4_2 ssse3 popcnt avx avx2 fma f16c bmi2 movbe".split())

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from spyglass.core.config import EngineConfig
-from spyglass.core.cuda_graphs import batch_buckets
-from spyglass.core.engine import LLMEngine
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.runner.cuda_graphs import batch_buckets
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

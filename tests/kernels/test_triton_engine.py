@@ -9,9 +9,9 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from spyglass.core.config import EngineConfig  # noqa: E402
-from spyglass.core.engine import LLMEngine  # noqa: E402
-from spyglass.core.sampling_params import SamplingParams  # noqa: E402
+from spyglass.core.engine.config import EngineConfig  # noqa: E402
+from spyglass.core.engine.engine import LLMEngine  # noqa: E402
+from spyglass.core.engine.sampling_params import SamplingParams  # noqa: E402
 
 PROMPT_LENGTHS = (5, 23, 40)
 

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -65,7 +65,7 @@ def _free_port() -> int:
 
 def test_a_real_server_loads_the_plugin_and_takes_priority_tenant_and_deadline(tiny_llama_dir, tmp_path):
     log, port = tmp_path / "audit.jsonl", _free_port()
-    command = [sys.executable, "-m", "spyglass.core.cli", "serve", str(tiny_llama_dir), "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "serve", str(tiny_llama_dir), "--host", "127.0.0.1",
                "--port", str(port), "--served-model-name", "tiny", "--kv-cache-memory", "64MiB",
                "--num-threads", "1", "--policy", "slo", "--disable-plugins", "tracing"]  # fmt: skip
     server_log = tmp_path / "server.log"

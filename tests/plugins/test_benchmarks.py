@@ -1,6 +1,6 @@
 """``spyglass bench policies`` and ``spyglass bench prefix-cache`` run end to end at toy scale on the tiny model."""
 
-from spyglass.core.cli import build_parser
+from spyglass.core.cli.main import build_parser
 
 TINY = ["--dtype", "float32", "--device", "cpu", "--kv-cache-memory", "16MiB", "--num-threads", "1"]
 
@@ -47,7 +47,7 @@ def test_bench_throughput_reports_every_telemetry_level_at_toy_scale(tiny_llama_
 
 
 def test_bench_throughput_rotates_which_configuration_runs_first():
-    from spyglass.core.bench.throughput import _rotated
+    from spyglass.core.cli.bench.throughput import _rotated
 
     configurations = ["off", "metrics", "full"]
     assert [_rotated(configurations, repeat)[0] for repeat in range(4)] == ["off", "metrics", "full", "off"]

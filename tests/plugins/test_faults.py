@@ -2,8 +2,8 @@
 
 import pytest
 
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.plugins.fcfs import FcfsPolicy
 from spyglass.plugins.priority import PriorityPolicy
 
@@ -82,7 +82,7 @@ def test_prefix_match_error_fails_only_that_request(make_engine, driver):
 
 
 def test_malformed_prefix_match_fails_the_request(make_engine, driver):
-    from spyglass.core.kv_cache_manager import PrefixMatch
+    from spyglass.core.engine.kv.kv_cache_manager import PrefixMatch
 
     class Liar:
         @hookimpl

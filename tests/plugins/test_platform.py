@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from spyglass.core import cli_plugins, hook_catalogue, hookspecs
-from spyglass.core.plugin_manager import ENTRY_POINT_GROUP, create_plugin_manager, describe_plugins
+from spyglass.core.cli import plugins as cli_plugins
+from spyglass.core.engine import hook_catalogue
+from spyglass.core.engine import hookspecs
+from spyglass.core.engine.plugin_manager import ENTRY_POINT_GROUP, create_plugin_manager, describe_plugins
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT_INS = {"fcfs", "static", "priority", "fair", "slo", "prefix_cache", "metrics", "tracing", "request_log"}
@@ -51,7 +53,7 @@ def test_every_hookspec_has_a_docstring():
 
 def test_hook_catalogue_is_current():
     committed = (ROOT / "docs" / "hooks.md").read_text()
-    assert committed == hook_catalogue.render(), "run: python -m spyglass.core.hook_catalogue > docs/hooks.md"
+    assert committed == hook_catalogue.render(), "run: python -m spyglass.core.engine.hook_catalogue > docs/hooks.md"
     guide = (ROOT / "docs" / "plugins.md").read_text()
     assert "hooks.md" in guide and "hook_catalogue" in guide
 

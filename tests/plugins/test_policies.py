@@ -3,7 +3,7 @@
 import pytest
 from prometheus_client import REGISTRY
 
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams
 
 
 def greedy(max_tokens: int, **options) -> SamplingParams:

@@ -10,7 +10,7 @@ import re
 import jsonschema
 import pytest
 
-from spyglass.core.sampling_params import InvalidRequestError, SamplingParams, StructuredOutput
+from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams, StructuredOutput
 
 PLUGINS = ("fcfs", "structured_output")
 PROMPT = list(range(100, 120))

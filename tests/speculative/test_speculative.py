@@ -4,12 +4,12 @@ import collections
 
 import pytest
 
-from spyglass.core.checkpoint import load_checkpoint
-from spyglass.core.config import EngineConfig
-from spyglass.core.engine import LLMEngine
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.plugin_manager import create_plugin_manager
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.loaders.load import load_checkpoint
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.plugin_manager import create_plugin_manager
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.plugins.ngram import propose
 
 PROMPTS = [

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry.logging import setup_logging
 
 PROMPT = "a secret prompt"
@@ -71,7 +71,7 @@ def test_console_rendering_and_lines_without_a_trace(use_settings, make_engine, 
 
 def test_cli_commands_log_json_to_stderr_and_keep_stdout(tiny_llama_dir):
     """Every command goes through the same `setup_logging` (cli.main); ``generate`` stands for them."""
-    command = [sys.executable, "-m", "spyglass.core.cli", "generate", "Hello", "--model", str(tiny_llama_dir)]
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "generate", "Hello", "--model", str(tiny_llama_dir)]
     command += ["--max-tokens", "3", "--dtype", "float32", "--num-threads", "1"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
     records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]

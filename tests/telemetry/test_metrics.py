@@ -4,9 +4,9 @@ import re
 
 import pytest
 from prometheus_client import REGISTRY
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.plugin_manager import create_plugin_manager
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.plugin_manager import create_plugin_manager
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry import metrics
 from spyglass.telemetry.exposition import render_metrics
 
@@ -161,8 +161,8 @@ class FailingPlugin:
 
 
 def test_plugin_hook_errors_are_counted(use_settings, tiny_llama_dir, run_to_completion):
-    from spyglass.core.config import EngineConfig
-    from spyglass.core.engine import LLMEngine
+    from spyglass.core.engine.config import EngineConfig
+    from spyglass.core.engine.engine import LLMEngine
 
     use_settings()
     pm = create_plugin_manager()

@@ -3,7 +3,7 @@
 import uuid
 
 import pytest
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry import tracing
 from spyglass.telemetry.settings import TelemetrySettings
 

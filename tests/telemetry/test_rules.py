@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry import metrics
 from spyglass.telemetry.exposition import render_metrics
 

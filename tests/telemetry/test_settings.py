@@ -153,7 +153,7 @@ def test_default_resource_and_clock_conversion():
 
 
 def test_telemetry_plugins_come_through_entry_points():
-    from spyglass.core.plugin_manager import create_plugin_manager, describe_plugins
+    from spyglass.core.engine.plugin_manager import create_plugin_manager, describe_plugins
 
     hooks = dict(describe_plugins(create_plugin_manager()))
     assert {"spyglass_request_finished", "spyglass_step_finished"} <= set(hooks["metrics"])

@@ -6,11 +6,11 @@ import json
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from spyglass.core.config import EngineConfig
-from spyglass.core.engine import LLMEngine
-from spyglass.core.hookspecs import hookimpl
-from spyglass.core.plugin_manager import create_plugin_manager
-from spyglass.core.sampling_params import SamplingParams
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.plugin_manager import create_plugin_manager
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry import tracing
 from spyglass.telemetry.request_context import HttpRequestInfo, with_info
 

@@ -1,0 +1,20 @@
+"""``spyglass bench <name>``: one subcommand per benchmark module, imported only when it runs."""
+
+from collections.abc import Sequence
+
+from spyglass.core.cli.main import add_subcommands
+
+BENCHMARKS = {
+    "throughput": ("spyglass.core.cli.bench.throughput", "offline throughput on W1 / W3"),
+    "serve": ("spyglass.core.cli.bench.serve", "online serving latency and throughput against a running server"),
+    "soak": ("spyglass.core.cli.bench.soak", "many requests with random client disconnects against a running server"),
+    "latency": ("spyglass.core.cli.bench.latency", "batch-1 decode latency, with and without speculation"),
+    "policies": ("spyglass.core.cli.bench.policies", "mixed interactive + batch workload under each scheduling policy"),
+    "prefix-cache": ("spyglass.core.cli.bench.prefix_cache", "shared system prompt: TTFT with and without the prefix cache"),
+}
+
+
+def add_parser(subparsers, argv: Sequence[str]) -> None:
+    """Register ``bench`` and its benchmarks."""
+    parser = subparsers.add_parser("bench", help="run a benchmark")
+    add_subcommands(parser.add_subparsers(dest="benchmark", required=True), BENCHMARKS, argv)

@@ -1,0 +1,189 @@
+"""``spyglass bench serve``: the W3 workload against a running server, measured like vLLM's serving benchmark.
+
+Every request goes to ``/v1/completions`` with a token-list prompt, ``stream=true`` and
+``ignore_eos``, so the server generates exactly the workload's output length. Arrivals follow
+a Poisson process at ``--rate`` requests/s, or ``--concurrency`` clients send back to back.
+"""
+
+import asyncio
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+import numpy as np
+
+from spyglass.core.cli.bench.workloads import BenchRequest, w3_workload
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """What one streamed request measured; times in seconds."""
+
+    ok: bool
+    prompt_len: int
+    output_len: int = 0
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def add_parser(subparsers, argv) -> None:
+    """Register ``bench serve``."""
+    parser = subparsers.add_parser("serve", help="online serving latency and throughput against a running server")
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, default=math.inf, help="Poisson arrivals per second (default: all at once)")
+    load.add_argument("--concurrency", type=int, default=None, help="clients sending back to back, instead of --rate")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=3, help="W3 workload seed")
+    parser.add_argument("--vocab-size", type=int, default=49152, help="token ids are drawn below this (model vocab)")
+    parser.add_argument("--model", default=None, help="model name to send (default: omitted)")
+    parser.add_argument("--api-key", default=os.environ.get("SPYGLASS_API_KEY"))
+    parser.add_argument("--json", dest="json_path", default=None, help="also write the results to this JSON file")
+    parser.set_defaults(run=run)
+
+
+async def _send(client: httpx.AsyncClient, request: BenchRequest, model: str | None) -> RequestResult:
+    body = {"prompt": request.prompt_token_ids, "max_tokens": request.output_len, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    result = RequestResult(ok=False, prompt_len=len(request.prompt_token_ids))
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                now = time.perf_counter()
+                if "error" in chunk:
+                    result.error = chunk["error"]["message"]
+                    return result
+                if chunk.get("usage"):
+                    result.output_len = chunk["usage"]["completion_tokens"]
+                if chunk.get("choices"):
+                    if result.ttft == 0.0:
+                        result.ttft = now - start
+                    else:
+                        result.itls.append(now - last)
+                    last = now
+        result.e2e = time.perf_counter() - start
+        result.ok = True
+    except httpx.HTTPError as error:
+        result.error = f"{type(error).__name__}: {error}"
+    return result
+
+
+async def _run_load(args, workload: list[BenchRequest]) -> tuple[list[RequestResult], float]:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=None, limits=limits) as client:
+        start = time.perf_counter()
+        if args.concurrency:
+            results = await _closed_loop(client, workload, args.concurrency, args.model)
+        else:
+            results = await _open_loop(client, workload, args.rate, args.seed, args.model)
+        return results, time.perf_counter() - start
+
+
+async def _closed_loop(client, workload, concurrency: int, model) -> list[RequestResult]:
+    queue = list(reversed(workload))
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        while queue:
+            results.append(await _send(client, queue.pop(), model))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results
+
+
+async def _open_loop(client, workload, rate: float, seed: int, model) -> list[RequestResult]:
+    rng = np.random.default_rng(seed)
+    tasks = []
+    for request in workload:
+        tasks.append(asyncio.create_task(_send(client, request, model)))
+        if math.isfinite(rate):
+            await asyncio.sleep(rng.exponential(1.0 / rate))
+    return list(await asyncio.gather(*tasks))
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    """Mean, median, P90 and P99 in milliseconds (zeros when there are no values)."""
+    data = np.array(values or [0.0]) * 1000
+    return {"mean": float(data.mean()), "median": float(np.median(data)),
+            "p90": float(np.percentile(data, 90)), "p99": float(np.percentile(data, 99))}
+
+
+def summarize(results: list[RequestResult], duration: float) -> dict:
+    """The benchmark's numbers: counts, throughputs, and TTFT/TPOT/ITL/E2E percentiles (ms)."""
+    done = [r for r in results if r.ok]
+    input_tokens = sum(r.prompt_len for r in done)
+    output_tokens = sum(r.output_len for r in done)
+    tpots = [(r.e2e - r.ttft) / (r.output_len - 1) for r in done if r.output_len > 1]
+    return {
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "duration_s": duration,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": len(done) / duration,
+        "output_throughput": output_tokens / duration,
+        "total_token_throughput": (input_tokens + output_tokens) / duration,
+        "ttft_ms": _percentiles([r.ttft for r in done]),
+        "tpot_ms": _percentiles(tpots),
+        "itl_ms": _percentiles([itl for r in done for itl in r.itls]),
+        "e2e_ms": _percentiles([r.e2e for r in done]),
+    }
+
+
+def _print(summary: dict, load: str) -> None:
+    line = "{:<40}{:<10}"
+    print("{:=^50}".format(" Serving Benchmark Result "))
+    print(line.format("Load:", load))
+    for label, key, fmt in [
+        ("Successful requests:", "completed", "{}"), ("Failed requests:", "failed", "{}"),
+        ("Benchmark duration (s):", "duration_s", "{:.2f}"), ("Total input tokens:", "total_input_tokens", "{}"),
+        ("Total generated tokens:", "total_output_tokens", "{}"),
+        ("Request throughput (req/s):", "request_throughput", "{:.2f}"),
+        ("Output token throughput (tok/s):", "output_throughput", "{:.2f}"),
+        ("Total token throughput (tok/s):", "total_token_throughput", "{:.2f}"),
+    ]:
+        print(line.format(label, fmt.format(summary[key])))
+    for title, key, name in [("Time to First Token", "ttft_ms", "TTFT"), ("Time per Output Token (excl. 1st token)",
+                             "tpot_ms", "TPOT"), ("Inter-token Latency", "itl_ms", "ITL"), ("End-to-end Latency",
+                             "e2e_ms", "E2E")]:
+        print("{:-^50}".format(title))
+        stats = summary[key]
+        for stat, label in [("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")]:
+            print(line.format(f"{label} {name} (ms):", f"{stats[stat]:.2f}"))
+    print("=" * 50)
+    for error in summary["errors"]:
+        print(f"error: {error}")
+
+
+def run(args) -> int:
+    """Send the workload, print the summary, optionally write it as JSON; exit 1 if any request failed."""
+    # One INFO line per HTTP request would bury the report.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    workload = w3_workload(args.vocab_size, args.num_prompts, args.seed)
+    results, duration = asyncio.run(_run_load(args, workload))
+    summary = summarize(results, duration)
+    load = f"concurrency {args.concurrency}" if args.concurrency else f"rate {args.rate} req/s"
+    _print(summary, load)
+    if args.json_path:
+        record = {"base_url": args.base_url, "load": load, "num_prompts": args.num_prompts, **summary,
+                  "per_request": [asdict(r) for r in results]}
+        with open(args.json_path, "w") as out:
+            json.dump(record, out, indent=2)
+    return 0 if summary["failed"] == 0 else 1

@@ -1,0 +1,143 @@
+"""``spyglass bench throughput``: offline throughput on W1 and W3, optionally against HF static batching.
+
+Every configuration runs ``--repeats`` times, interleaved, and the median is reported, so a
+machine-wide slowdown hits all configurations alike and the printed ratios stay meaningful.
+"""
+
+import dataclasses
+import gc
+import resource
+import time
+
+import torch
+
+from spyglass.core.cli.bench.hf_static import HFStaticBatching
+from spyglass.core.cli.bench.span_sink import sink_tracer_provider
+from spyglass.core.cli.bench.results import RunResult
+from spyglass.core.cli.bench.workloads import WORKLOADS, BenchRequest
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.telemetry import settings as telemetry_settings
+from spyglass.telemetry import tracing
+from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
+
+
+def add_parser(subparsers, argv) -> None:
+    """Register ``bench throughput``."""
+    parser = subparsers.add_parser("throughput", help="offline throughput on W1 / W3")
+    parser.add_argument("--workloads", default="w1,w3", help="comma-separated: w1, w3")
+    parser.add_argument("--num-requests", type=int, default=None, help="override the workload's request count")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compare-hf", action="store_true", help="also time HF transformers static batching on W1")
+    parser.add_argument(
+        "--compare-policies", default="", help="comma-separated scheduling policies to run beside --policy"
+    )
+    parser.add_argument(
+        "--compare-telemetry", default="", help="comma-separated telemetry levels (off, metrics, full) to run beside --telemetry"
+    )
+    add_engine_arguments(parser)
+    add_telemetry_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run_engine(engine: LLMEngine, workload: list[BenchRequest]) -> RunResult:
+    """Run every request of ``workload`` to completion on ``engine`` (greedy, ignore_eos)."""
+    start = time.perf_counter()
+    for index, request in enumerate(workload):
+        params = SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True)
+        engine.add_request(f"bench-{index}", request.prompt_token_ids, params)
+    num_output = 0
+    while engine.has_unfinished_requests:
+        for output in engine.step():
+            if output.finished:
+                num_output += len(output.outputs[0].token_ids)
+    seconds = time.perf_counter() - start
+    return RunResult(seconds, sum(len(r.prompt_token_ids) for r in workload), num_output)
+
+
+def _median(results: list[RunResult]) -> RunResult:
+    return sorted(results, key=lambda r: r.seconds)[len(results) // 2]
+
+
+def _configurations(args) -> list[tuple[str, str, str]]:
+    """(label, policy, telemetry level) for every configuration to compare; the first is the baseline."""
+    policies = [args.scheduling_policy] + [p for p in args.compare_policies.split(",") if p]
+    levels = [args.telemetry] + [t for t in args.compare_telemetry.split(",") if t]
+    configurations = []
+    for policy in policies:
+        for level in levels:
+            label = policy if len(levels) == 1 else (f"telemetry-{level}" if len(policies) == 1 else f"{policy}/{level}")
+            configurations.append((label, policy, level))
+    return configurations
+
+
+def _rotated(configurations: list, repeat: int) -> list:
+    """The configurations in the order of one repeat: each repeat starts one further along.
+
+    Later runs within a repeat measured up to 8% slower on the development machine whatever they
+    ran, so no configuration may always go first.
+    """
+    shift = repeat % len(configurations)
+    return configurations[shift:] + configurations[:shift]
+
+
+def _fresh_engine(args, policy: str, level: str) -> LLMEngine:
+    """An engine whose telemetry plugins follow ``level``; full tracing exports into an encoding sink."""
+    telemetry_settings.configure(dataclasses.replace(settings_from_args(args), metrics=level != "off",
+                                                     tracing=level == "full"))
+    tracing.set_tracer_provider(sink_tracer_provider()[0] if level == "full" else None)
+    return LLMEngine(engine_config_from_args(args, scheduling_policy=policy))
+
+
+def run(args) -> int:
+    """Run every configuration on each workload, interleaved over the repeats; print medians and ratios.
+
+    Each run gets a fresh engine (telemetry plugins follow the engine that started last), so
+    load time is outside the timed region and every configuration starts from an empty cache;
+    the order rotates from one repeat to the next. The process's telemetry settings are restored
+    at the end.
+    """
+    settings_before = telemetry_settings.current()
+    try:
+        _run_all(args, _configurations(args))
+    finally:
+        telemetry_settings.configure(settings_before)
+        tracing.set_tracer_provider(None)
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    return 0
+
+
+def _run_all(args, configurations: list[tuple[str, str, str]]) -> None:
+    probe = _fresh_engine(args, *configurations[0][1:])
+    print(f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
+          f"kv blocks {probe.info.num_kv_blocks} threads {torch.get_num_threads()}")
+    vocab = probe.arch.vocab_size
+    del probe
+    hf = HFStaticBatching(args.model, engine_config_from_args(args).torch_dtype()) if args.compare_hf else None
+    for name in [w for w in args.workloads.split(",") if w]:
+        workload = WORKLOADS[name](vocab) if args.num_requests is None else WORKLOADS[name](vocab, args.num_requests)
+        runs: dict[str, list[RunResult]] = {label: [] for label, _, _ in configurations}
+        if hf and name == "w1":
+            runs["hf-static"] = []
+        for repeat in range(args.repeats):
+            for label, policy, level in _rotated(configurations, repeat):
+                gc.collect()  # the previous run's engine and its KV cache go before this one starts
+                runs[label].append(run_engine(_fresh_engine(args, policy, level), workload))
+            if "hf-static" in runs:
+                runs["hf-static"].append(hf.run(workload))
+        _report(name, workload, {label: _median(r) for label, r in runs.items()}, configurations[0][0])
+
+
+def _report(name: str, workload: list[BenchRequest], medians: dict[str, RunResult], baseline: str) -> None:
+    print(f"\n{name}: {len(workload)} requests, {sum(len(r.prompt_token_ids) for r in workload)} prompt tokens, "
+          f"{sum(r.output_len for r in workload)} output tokens (median of runs)")
+    print(f"{'config':<22}{'seconds':>9}{'out tok/s':>11}{'total tok/s':>13}  vs {baseline}")
+    reference = medians[baseline].output_tokens_per_s
+    for label, result in medians.items():
+        ratio = result.output_tokens_per_s / reference
+        print(f"{label:<22}{result.seconds:>9.2f}{result.output_tokens_per_s:>11.1f}"
+              f"{result.total_tokens_per_s:>13.1f}  {ratio:.2f}x")
+    if "hf-static" in medians:
+        gain = reference / medians["hf-static"].output_tokens_per_s
+        print(f"spyglass / hf-static output throughput: {gain:.2f}x")

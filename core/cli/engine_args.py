@@ -1,0 +1,61 @@
+"""Command-line options shared by every command that starts an engine."""
+
+import argparse
+
+from spyglass.core.engine.config import QUANTIZATIONS, EngineConfig, parse_bytes
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options that map onto `EngineConfig` fields."""
+    defaults = EngineConfig()
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=None, help="GGUF file or HF directory (default: SmolLM2-135M-Instruct)")
+    group.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument("--device", default=defaults.device, help="auto, cpu or cuda")
+    group.add_argument(
+        "--quantization", default=defaults.quantization, choices=QUANTIZATIONS,
+        help="auto: keep a GGUF file's Q4_0/Q4_1/Q8_0 blocks on the CPU; none: dequantize; int8: weight-only int8",
+    )
+    group.add_argument("--max-model-len", type=int, default=None)
+    group.add_argument("--block-size", type=int, default=defaults.block_size)
+    group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    group.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    group.add_argument("--kv-cache-memory", default="2GiB", help="KV cache budget, e.g. 2GiB or 512MiB")
+    group.add_argument("--policy", dest="scheduling_policy", default=defaults.scheduling_policy)
+    group.add_argument("--attention-backend", default=defaults.attention_backend, choices=["auto", "cpu", "torch", "triton"])
+    group.add_argument("--plugins", default=None, help="comma-separated plugin names to enable (default: all)")
+    group.add_argument("--disable-plugins", default="", help="comma-separated plugin names to disable")
+    group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run decode eagerly")
+    group.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    group.add_argument("--speculative", default=None, help="draft proposer plugin: ngram, draft or self")
+    group.add_argument("--num-speculative-tokens", type=int, default=defaults.num_speculative_tokens)
+    group.add_argument(
+        "--plugin-option", action="append", default=[], metavar="KEY=VALUE",
+        help="a plugin setting, e.g. draft_model=PATH or self_draft_layers=8 (repeatable)",
+    )
+
+
+def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
+    """An `EngineConfig` from parsed engine options, with ``overrides`` applied last."""
+    options = dict(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        quantization=args.quantization,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory=parse_bytes(args.kv_cache_memory),
+        scheduling_policy=args.scheduling_policy,
+        attention_backend=args.attention_backend,
+        plugins=[p for p in args.plugins.split(",") if p] if args.plugins is not None else None,
+        disabled_plugins=[p for p in args.disable_plugins.split(",") if p],
+        num_threads=args.num_threads,
+        cuda_graphs=args.cuda_graphs,
+        speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
+        plugin_options=dict(option.split("=", 1) for option in args.plugin_option),
+    )
+    options.update(overrides)
+    return EngineConfig(**options)

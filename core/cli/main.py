@@ -1,0 +1,54 @@
+"""The ``spyglass`` command: each subcommand lives in its own module, imported only when it is run.
+
+``spyglass --help`` imports no command module; ``spyglass serve --help`` imports only the serve
+command's parser, which keeps its heavy imports (torch, the engine, the HTTP stack) inside ``run``.
+"""
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from spyglass.telemetry.logging import setup_logging
+
+# name -> (module with add_parser(subparsers), one-line help)
+COMMANDS = {
+    "generate": ("spyglass.core.cli.generate", "stream a chat answer to one prompt"),
+    "serve": ("spyglass.core.cli.serve_command", "serve the OpenAI-compatible HTTP API"),
+    "bench": ("spyglass.core.cli.bench.cli_bench", "run a benchmark"),
+    "plugins": ("spyglass.core.cli.plugins", "list loaded plugins and their hooks"),
+}
+
+
+def add_subcommands(subparsers, commands: dict[str, tuple[str, str]], argv: Sequence[str]) -> None:
+    """A subparser per entry of ``commands``; only the one ``argv`` names is imported and built in full.
+
+    Its module's ``add_parser(subparsers, argv)`` gets the arguments after its name, for commands
+    with subcommands of their own (``bench``); the others are listed with their help alone.
+    """
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    for name, (module, help_text) in commands.items():
+        if name == chosen:
+            importlib.import_module(module).add_parser(subparsers, argv[list(argv).index(name) + 1 :])
+        else:
+            subparsers.add_parser(name, help=help_text, add_help=False)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The top-level parser, with the full subparser of the command ``argv`` names."""
+    parser = argparse.ArgumentParser(prog="spyglass", description="An observability-first LLM serving engine.")
+    add_subcommands(parser.add_subparsers(dest="command", required=True), COMMANDS, argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    # One log schema for every command (JSON lines unless stderr is a terminal); stdout stays the command's.
+    setup_logging(stream=sys.stderr)
+    return args.run(args) or 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

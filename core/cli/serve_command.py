@@ -1,0 +1,66 @@
+"""``spyglass serve [MODEL]``: the OpenAI-compatible HTTP server."""
+
+import os
+import sys
+
+from spyglass.core.api.server_options import ServerOptions
+from spyglass.core.engine.config import parse_bytes
+from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
+
+
+def add_parser(subparsers, argv) -> None:
+    """Register the command."""
+    parser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    parser.add_argument(
+        "model_positional", nargs="?", metavar="MODEL", help="GGUF file or HF directory (overrides --model)"
+    )
+    defaults = ServerOptions()
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default=defaults.host)
+    group.add_argument("--port", type=int, default=defaults.port)
+    group.add_argument(
+        "--api-key", default=os.environ.get("SPYGLASS_API_KEY"), help="require this bearer key (env SPYGLASS_API_KEY)"
+    )
+    group.add_argument("--metrics-require-key", action="store_true", help="put /metrics behind the API key too")
+    group.add_argument("--max-body-bytes", default="4MiB", help="largest request body; bigger ones get a 413")
+    group.add_argument("--max-queued-requests", type=int, default=defaults.max_queued_requests,
+                       help="answer 429 while this many requests wait in the engine queue")
+    group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
+                       help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
+    group.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
+    group.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
+    group.add_argument("--allowed-origins", default="",
+                       help="comma-separated origins allowed by CORS, or * (default: CORS off)")
+    add_engine_arguments(parser)
+    add_telemetry_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    """Build the app and serve it until a signal arrives."""
+    # The HTTP stack and the engine load here, not at import, so ``spyglass serve --help`` is quick.
+    from spyglass.core.cli.server import serve
+    from spyglass.core.loaders.hf_loader import check_supported
+
+    if args.model_positional:
+        args.model = args.model_positional
+    try:
+        # Before the server starts: an unsupported architecture is a one-line answer, not a start-up traceback.
+        if args.model:
+            check_supported(args.model)
+    except ValueError as error:
+        print(f"spyglass serve: {error}", file=sys.stderr)
+        return 2
+    options = ServerOptions(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        metrics_require_key=args.metrics_require_key,
+        max_body_bytes=parse_bytes(args.max_body_bytes),
+        max_queued_requests=args.max_queued_requests,
+        shutdown_timeout=args.shutdown_timeout,
+        served_model_name=args.served_model_name,
+        allowed_origins=[origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()],
+    )
+    return serve(args, options)

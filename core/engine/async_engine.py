@@ -1,0 +1,189 @@
+"""The engine loop in a background thread, and the asyncio front the HTTP API talks to.
+
+The loop thread owns the `LLMEngine`; the front only sends commands (add, abort) through a
+queue and receives `RequestOutput` objects through per-request asyncio queues.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.sampling_params import SamplingParams
+
+log = logging.getLogger("spyglass.engine")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped; no request can be served."""
+
+
+class AsyncEngine:
+    """Runs `LLMEngine.step` in a loop thread while asyncio tasks submit requests and stream outputs."""
+
+    def __init__(self, engine: LLMEngine, on_crash: Callable[[BaseException], None] | None = None):
+        """``on_crash`` is called (in the loop thread) if the loop itself fails; the server exits on it."""
+        self.engine = engine
+        self._on_crash = on_crash
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._stopping = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._thread = threading.Thread(target=self._run, name="spyglass-engine", daemon=True)
+        self._drain_timeout = 0.0
+        self.num_waiting = 0
+        self.num_running = 0
+
+    def start(self) -> None:
+        """Start the loop thread."""
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        """True while the loop thread runs, draining after `stop` included."""
+        return self._thread.is_alive()
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the loop thread runs and has not been asked to stop."""
+        return self._thread.is_alive() and not self._stopping.is_set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Let running requests finish for up to ``timeout`` seconds, abort the rest and stop the loop."""
+        self._submit(lambda: None)
+        self._drain_timeout = timeout
+        self._stopping.set()
+        self._wakeup.set()
+        self._thread.join(timeout + 10)
+
+    async def generate(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        attributes: dict | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Queue a request and yield its outputs until it finishes; aborts it if the caller stops listening.
+
+        Raises `InvalidRequestError` (before yielding) for a request the engine rejects.
+        """
+        if not self.is_alive:
+            raise EngineDeadError("the engine is not running")
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[req_id] = (asyncio.get_running_loop(), stream)
+        added: Future = Future()
+
+        def add() -> None:
+            _settle(added, lambda: self.engine.add_request(req_id, prompt_token_ids, params, prompt, attributes))
+
+        finished = False
+        try:
+            self._submit(add)
+            await asyncio.wrap_future(added)
+            while not finished:
+                output = await stream.get()
+                if isinstance(output, Exception):
+                    raise output
+                finished = output.finished
+                yield output
+        finally:
+            self._streams.pop(req_id, None)
+            if not finished:
+                self.abort(req_id)
+
+    def abort(self, req_id: str) -> None:
+        """Ask the loop to abort a request (no-op if it already ended)."""
+        self._submit(lambda: self.engine.abort(req_id))
+
+    def call(self, function: Callable[[LLMEngine], object]) -> Future:
+        """Run ``function(engine)`` in the loop thread between steps; for reading engine state safely."""
+        result: Future = Future()
+
+        self._submit(lambda: _settle(result, lambda: function(self.engine)))
+        return result
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        self._commands.put(command)
+        self._wakeup.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._run_commands()
+                if self.engine.has_unfinished_requests:
+                    self._deliver(self.engine.step())
+                else:
+                    self._wakeup.wait(0.5)
+                    self._wakeup.clear()
+                self._publish_queue_sizes()
+            self._drain()
+        except Exception as error:
+            log.exception("engine loop crashed")
+            self._stopping.set()
+            if self._on_crash is not None:
+                self._on_crash(error)
+            self._fail_all(EngineDeadError(f"engine loop crashed: {error}"))
+        finally:
+            self._stopping.set()
+            self.engine.shutdown()
+
+    def _drain(self) -> None:
+        """After stop: run commands, let requests finish until the deadline, then abort what is left."""
+        deadline = time.monotonic() + self._drain_timeout
+        while self.engine.has_unfinished_requests and time.monotonic() < deadline:
+            self._run_commands()
+            self._deliver(self.engine.step())
+        for req_id in list(self.engine.requests):
+            output = self.engine.abort(req_id)
+            if output is not None:
+                self._deliver([output])
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                command()
+            except Exception:  # a command answers through its own future; none may take the loop down
+                log.exception("engine command failed")
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            target = self._streams.get(output.request_id)
+            if target is not None:
+                _put(*target, output)
+
+    def _fail_all(self, error: Exception) -> None:
+        for loop, stream in list(self._streams.values()):
+            _put(loop, stream, error)
+
+    def _publish_queue_sizes(self) -> None:
+        self.num_waiting = len(self.engine.scheduler.waiting)
+        self.num_running = len(self.engine.scheduler.running)
+
+
+
+def _put(loop: asyncio.AbstractEventLoop, stream: asyncio.Queue, item: object) -> None:
+    """Hand ``item`` to a listener's event loop; a loop that has closed has no listener left to tell."""
+    try:
+        loop.call_soon_threadsafe(stream.put_nowait, item)
+    except RuntimeError:
+        pass
+
+
+def _settle(future: Future, function: Callable[[], object]) -> None:
+    """Resolve ``future`` with ``function()`` or its exception, unless its caller gave up on it already."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(function())
+    except Exception as error:
+        future.set_exception(error)

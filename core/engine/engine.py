@@ -1,0 +1,417 @@
+"""The engine: a step is schedule, run, update. Owns all mutable engine state; not thread-safe by design."""
+
+import dataclasses
+import logging
+import time
+from dataclasses import replace
+
+import torch
+
+from spyglass.core.engine.kv.block_pool import BlockPool
+from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.loaders.load import load_checkpoint
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.detokenizer import IncrementalDetokenizer
+from spyglass.core.engine.kv.host_memory import keep_freed_memory_mapped
+from spyglass.core.engine.kv.kv_cache_manager import KVCacheManager
+from spyglass.core.engine.runner.model_runner import ModelRunner, RunnerOutput
+from spyglass.core.models.registry import build_model
+from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
+from spyglass.core.engine.plugin_manager import SafeHookRelay, create_plugin_manager
+from spyglass.core.models.quantization import quantize_weights_int8, resolve_mode, weight_bytes
+from spyglass.core.engine.request import FinishReason, Request
+from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams, StructuredOutput
+from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
+from spyglass.core.engine.sched.scheduler_policy import check_policy
+from spyglass.core.engine.step_stats import EngineInfo, StepStats
+from spyglass.core.engine.token_constraint import TokenConstraint, allowed_tokens, fill_rows
+from spyglass.kernels import cpu_isa
+from spyglass.kernels.backend import select_backend
+
+log = logging.getLogger("spyglass.engine")
+
+
+class LLMEngine:
+    """Loads a model, owns the KV cache and the queues, and advances every request one step at a time."""
+
+    def __init__(self, config: EngineConfig, plugin_manager=None, checkpoint: Checkpoint | None = None):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        # Softmax tails underflow to denormals, which are up to 100x slower on x86 matmuls.
+        torch.set_flush_denormal(True)
+        keep_freed_memory_mapped()
+        self.device = config.torch_device()
+        dtype, dtype_reason = config.dtype_choice()
+        if self.device.type == "cpu" and dtype == torch.bfloat16 and not cpu_isa.has_native_bf16():
+            log.warning(
+                "bfloat16 asked for, but this CPU (%s) has no native bf16 arithmetic: it is emulated and several "
+                "times slower than --dtype float32", cpu_isa.describe(),
+            )
+        self.plugin_manager = plugin_manager or create_plugin_manager(config.plugins, config.disabled_plugins)
+        self.hooks = SafeHookRelay(self.plugin_manager)
+        quantization = resolve_mode(config.quantization, self.device)
+        checkpoint = checkpoint or load_checkpoint(config.model, dtype, keep_quantized=quantization == "auto")
+        if quantization == "int8":
+            checkpoint = replace(checkpoint, weights=quantize_weights_int8(checkpoint.weights))
+        self.model_name = checkpoint.name
+        self.tokenizer = checkpoint.tokenizer
+        self.arch = checkpoint.arch
+        self.backend = select_backend(self.device, config.attention_backend)
+        model = build_model(checkpoint.arch, checkpoint.weights, self.backend, self.device)
+        per_block = ModelRunner.bytes_per_block(checkpoint.arch, config.block_size, dtype)
+        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory // per_block)
+        self.max_model_len = min(
+            config.max_model_len or checkpoint.arch.max_position_embeddings,
+            checkpoint.arch.max_position_embeddings,
+            num_blocks * config.block_size,
+        )
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device)
+        if config.cuda_graphs and self.device.type == "cuda":
+            seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
+            log.info("CUDA graph capture took %.2f s", seconds)
+        self.kv = KVCacheManager(BlockPool(num_blocks), config.block_size, self.hooks)
+        policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
+        if policy is None:
+            raise ValueError(f"no plugin provides the scheduling policy {config.scheduling_policy!r}")
+        self.scheduler = Scheduler(config, self.kv, check_policy(policy, config.scheduling_policy), self.hooks.count_error)
+        self.requests: dict[str, Request] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.info = EngineInfo(
+            model_name=self.model_name,
+            device=str(self.device),
+            dtype=str(dtype).removeprefix("torch."),
+            num_kv_blocks=num_blocks,
+            block_size=config.block_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            attention_backend=self.backend.name,
+            vocab_size=checkpoint.arch.vocab_size,
+            waiting_classes=tuple(getattr(policy, "waiting_classes", ())),
+            tokenizer=self.tokenizer,
+            hook_errors=self.hooks.num_errors,
+        )
+        log.info(
+            "engine started: %s on %s (%s), %s (%s), weights %.0f MB (quantization %s), kernels %s, "
+            "%d KV blocks of %d tokens", self.model_name, self.info.device,
+            cpu_isa.describe() if self.device.type == "cpu" else "cuda", self.info.dtype, dtype_reason,
+            weight_bytes(checkpoint.weights) / 1e6, quantization, self.backend.name, num_blocks, config.block_size,
+        )
+        self.hooks.spyglass_engine_started(info=self.info, config=config)
+        if config.speculative and self.hooks.spyglass_propose_drafts(
+            method=config.speculative, requests=(), num_speculative_tokens=config.num_speculative_tokens
+        ) is None:
+            raise ValueError(f"no plugin provides the draft proposer {config.speculative!r} (--speculative)")
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        attributes: dict | None = None,
+    ) -> Request:
+        """Validate and queue a request; raises `InvalidRequestError` for one that can never run."""
+        if req_id in self.requests:
+            raise InvalidRequestError(f"request id {req_id!r} is already in use", "request_id")
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        if max(prompt_token_ids) >= self.arch.vocab_size or min(prompt_token_ids) < 0:
+            raise InvalidRequestError("the prompt has token ids outside the vocabulary", "prompt")
+        if params.logit_bias and not all(0 <= token < self.arch.vocab_size for token in params.logit_bias):
+            raise InvalidRequestError("logit_bias names token ids outside the vocabulary", "logit_bias")
+        room = self.max_model_len - len(prompt_token_ids)
+        if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
+            raise InvalidRequestError(
+                f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
+                f"the model's context of {self.max_model_len} tokens",
+                "max_tokens",
+            )
+        request = Request(
+            req_id,
+            prompt_token_ids,
+            params,
+            prompt=prompt,
+            max_tokens=params.max_tokens or room,
+            eos_token_ids=() if params.ignore_eos else self.tokenizer.eos_token_ids,
+            attributes=attributes,
+        )
+        if params.structured_output is not None:
+            request.constraint = self._token_constraint(params.structured_output)
+        self.requests[req_id] = request
+        self.detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
+        self.scheduler.add(request)
+        self.hooks.spyglass_request_added(request=request)
+        return request
+
+    def _token_constraint(self, spec: StructuredOutput) -> TokenConstraint:
+        """A fresh grammar matcher for ``spec`` from the plugins; `InvalidRequestError` when none can enforce it."""
+        try:
+            constraint = self.hooks.spyglass_token_constraint(
+                spec=spec, tokenizer=self.tokenizer, vocab_size=self.arch.vocab_size
+            )
+        except ValueError as error:
+            raise InvalidRequestError(f"invalid {spec.kind}: {error}", "response_format") from error
+        if constraint is None:
+            raise InvalidRequestError(
+                "structured output needs a token-constraint plugin, and none is enabled", "response_format"
+            )
+        first = allowed_tokens(fill_rows([constraint], self.arch.vocab_size), self.arch.vocab_size)[0]
+        if not any(constraint.num_valid([token]) for token in first.nonzero().flatten().tolist()[:64]):
+            # e.g. a choice whose first character this vocabulary cannot spell (byte tokens are missing)
+            raise InvalidRequestError(
+                f"no token of this model's vocabulary can start an output matching the {spec.kind}", "response_format"
+            )
+        return constraint
+
+    def abort(self, req_id: str) -> RequestOutput | None:
+        """Abort a request if it is still alive, freeing its blocks; returns its final output."""
+        request = self.requests.get(req_id)
+        if request is None:
+            return None
+        self._finish(request, FinishReason.ABORT)
+        return self._output(request)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return self.scheduler.has_work
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, update requests; returns outputs of requests that progressed or ended."""
+        start = time.perf_counter()
+        if self.config.speculative:
+            self._propose_drafts()
+        out = self.scheduler.schedule()
+        failed = [self._fail_request(request, error) for request, error in out.failed]
+        for request in out.preempted:
+            self.hooks.spyglass_request_preempted(request=request)
+        now = time.monotonic()
+        for request in out.admitted + out.resumed:
+            if not request.times.first_scheduled:
+                request.times.first_scheduled = now
+            self.hooks.spyglass_request_scheduled(request=request, resumed=request in out.resumed)
+        if out.is_empty:
+            return failed
+        scheduled_time = time.perf_counter()
+        self.hooks.spyglass_step_started(step_id=out.step_id, scheduled=tuple(s.request for s in out.scheduled))
+        try:
+            runner_out = self.runner.execute(out, self.kv.block_tables)
+        except Exception as error:
+            return failed + self._isolate_failure(out, error)
+        outputs = self._update(out, runner_out)
+        self.hooks.spyglass_step_finished(stats=self._stats(out, runner_out, start, scheduled_time))
+        return failed + outputs
+
+    def _update(self, out: SchedulerOutput, runner_out: RunnerOutput) -> list[RequestOutput]:
+        outputs = []
+        now = time.monotonic()
+        for scheduled, token_ids, logprobs in zip(out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs):
+            request = scheduled.request
+            request.num_computed_tokens += scheduled.num_new_tokens
+            if request.is_finished:
+                continue
+            if scheduled.num_spec_tokens:
+                self._settle_drafts(request, scheduled.num_spec_tokens, len(token_ids) - 1)
+            self.kv.announce_full_blocks(request)
+            if not token_ids:
+                continue
+            for token_id, logprob in zip(token_ids, logprobs):
+                self._append_token(request, token_id, logprob, now)
+                if request.is_finished:
+                    break
+            outputs.append(self._output(request))
+        return outputs
+
+    def _propose_drafts(self) -> None:
+        """Ask proposer plugins for drafts for the decoding requests that allow speculation."""
+        candidates = tuple(
+            r
+            for r in self.scheduler.running
+            if r.num_computed_tokens == r.num_tokens - 1
+            and r.sampling_params.speculative
+            and not r.sampling_params.has_penalties
+            and r.logprobs is None
+        )
+        if not candidates:
+            return
+        k = self.config.num_speculative_tokens
+        try:
+            proposals = (
+                self.hooks.spyglass_propose_drafts(
+                    method=self.config.speculative, requests=candidates, num_speculative_tokens=k
+                )
+                or {}
+            )
+        except Exception as error:
+            # Drafts are an optimisation: without them every request simply decodes one token.
+            self.hooks.count_error(self.config.speculative, "spyglass_propose_drafts")
+            log.exception("draft proposer %r failed; decoding without drafts this step", self.config.speculative)
+            return
+        for request in candidates:
+            room = min(k, request.max_tokens - request.num_output_tokens - 1, self.max_model_len - request.num_tokens - 1)
+            drafts = self._valid_drafts(proposals.get(request.req_id, ()))[: max(room, 0)]
+            if request.constraint is not None:
+                # Only drafts the grammar allows are verified: the verifier masks by grammar position.
+                drafts = drafts[: request.constraint.num_valid(drafts)]
+            request.spec_token_ids = drafts
+
+    def _valid_drafts(self, drafts) -> list[int]:
+        """The drafts up to the first one that is not a token id of this vocabulary (counted as a hook error)."""
+        valid = []
+        for token_id in drafts:
+            if type(token_id) is not int or not 0 <= token_id < self.arch.vocab_size:
+                self.hooks.count_error(self.config.speculative, "spyglass_propose_drafts")
+                log.warning("draft proposer %r proposed %r, not a token id; drafts cut there",
+                            self.config.speculative, token_id)
+                break
+            valid.append(token_id)
+        return valid
+
+    def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """Roll the computed count back past rejected drafts (their KV slots are simply overwritten later)."""
+        request.num_computed_tokens -= num_drafts - num_accepted
+        request.spec_token_ids = []
+        request.num_spec_steps += 1
+        request.num_draft_tokens += num_drafts
+        request.num_accepted_tokens += num_accepted
+        self.hooks.spyglass_drafts_verified(
+            request=request, num_draft_tokens=num_drafts, num_accepted_tokens=num_accepted
+        )
+
+    def _append_token(self, request: Request, token_id: int, logprob, now: float) -> None:
+        if request.constraint is not None and not request.constraint.accept(token_id):
+            self._finish(request, FinishReason.ERROR, f"the grammar rejected sampled token {token_id}")
+            return
+        request.output_token_ids.append(token_id)
+        if request.logprobs is not None:
+            request.logprobs.append(logprob)
+        request.times.last_token = now
+        if request.num_output_tokens == 1:
+            request.times.first_token = now
+            self.hooks.spyglass_request_first_token(request=request)
+        detokenizer = self.detokenizers[request.req_id]
+        detokenizer.add_token(token_id)
+        if token_id in request.eos_token_ids:
+            self._finish(request, FinishReason.STOP)
+        elif token_id in request.sampling_params.stop_token_ids:
+            request.stop_reason = token_id
+            self._finish(request, FinishReason.STOP)
+        elif detokenizer.matched_stop is not None:
+            request.stop_reason = detokenizer.matched_stop
+            self._finish(request, FinishReason.STOP)
+        elif request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            self._finish(request, FinishReason.LENGTH)
+
+    def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        if request.is_finished:
+            return
+        request.error = error
+        request.times.finished = time.monotonic()
+        self.scheduler.finish(request, reason)
+        self.requests.pop(request.req_id, None)
+        self.hooks.spyglass_request_finished(request=request, reason=reason)
+
+    def _fail_request(self, request: Request, error: str) -> RequestOutput:
+        """A plugin's decision about this request failed: end it with an error, keep serving the rest."""
+        log.error("request %s failed: %s", request.req_id, error)
+        self._finish(request, FinishReason.ERROR, error)
+        return self._output(request)
+
+    def _isolate_failure(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
+        """A failed step is rerun one request at a time, so that only the requests that fail alone fail.
+
+        Nothing was committed by the failed step (computed counts advance in `_update`), so the
+        reruns recompute the same tokens; one poisoned request thus cannot take its batch with it.
+        """
+        log.warning("model step %d failed with %d requests", out.step_id, len(out.scheduled), exc_info=error)
+        if len(out.scheduled) == 1:
+            return self._fail_step(out, error)
+        outputs = []
+        for scheduled in out.scheduled:
+            solo = dataclasses.replace(out, scheduled=(scheduled,))
+            try:
+                runner_out = self.runner.execute(solo, self.kv.block_tables)
+            except Exception as solo_error:
+                outputs += self._fail_step(solo, solo_error)
+                continue
+            outputs += self._update(solo, runner_out)
+        return outputs
+
+    def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
+        """A failed forward fails the requests it carried, not the engine; logged once per request."""
+        outputs = []
+        for scheduled in out.scheduled:
+            request = scheduled.request
+            log.error("request %s failed in model step %d: %s: %s", request.req_id, out.step_id,
+                      type(error).__name__, error)
+            self._finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
+            outputs.append(self._output(request))
+        return outputs
+
+    def _output(self, request: Request) -> RequestOutput:
+        detokenizer = self.detokenizers[request.req_id]
+        finished = request.is_finished
+        if finished:
+            self.detokenizers.pop(request.req_id)
+        completion = CompletionOutput(
+            index=0,
+            text=detokenizer.visible_text(finished),
+            token_ids=list(request.output_token_ids),
+            finish_reason=request.finish_reason.value if request.finish_reason else None,
+            stop_reason=request.stop_reason,
+            logprobs=None if request.logprobs is None else list(request.logprobs),  # a snapshot, like token_ids
+        )
+        return RequestOutput(
+            request_id=request.req_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            num_cached_tokens=request.num_cached_tokens,
+        )
+
+    def _stats(self, out: SchedulerOutput, runner_out: RunnerOutput, start: float, scheduled_time: float) -> StepStats:
+        end = time.perf_counter()
+        num_prefill = sum(1 for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens)
+        policy = self.scheduler.policy
+        classes: dict[str, int] = {}
+        for request in self.scheduler.waiting:
+            try:
+                label = policy.waiting_class(request)
+            except Exception:  # only a metrics label: count it as a hook error, never fail a step for it
+                self.hooks.count_error(self.scheduler.policy_name, "waiting_class")
+                label = "unknown"
+            classes[label] = classes.get(label, 0) + 1
+        return StepStats(
+            step_id=out.step_id,
+            req_ids=tuple(s.request.req_id for s in out.scheduled),
+            num_prefill_reqs=num_prefill,
+            num_decode_reqs=len(out.scheduled) - num_prefill,
+            num_scheduled_tokens=out.num_scheduled_tokens,
+            num_prefill_tokens=sum(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens),
+            num_generated_tokens=sum(len(t) for t in runner_out.sampled_token_ids),
+            num_preempted=len(out.preempted),
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.kv.pool.usage,
+            num_free_blocks=self.kv.pool.num_free_blocks,
+            schedule_time=scheduled_time - start,
+            model_time=runner_out.model_time,
+            update_time=end - scheduled_time - runner_out.model_time,
+            start_time=start,
+            end_time=end,
+            waiting_by_class=tuple(sorted(classes.items())),
+        )
+
+    def shutdown(self) -> None:
+        """Abort whatever is left and announce the stop."""
+        for req_id in list(self.requests):
+            self.abort(req_id)
+        self.hooks.spyglass_engine_stopped(info=self.info)

@@ -1,0 +1,173 @@
+"""Every hook Spyglass offers plugins, grouped by phase.
+
+Events return nothing (results are ignored; an exception is logged and counted, never fatal).
+Decisions are ``firstresult``: the first implementation returning something other than None
+wins; plugins registered later are asked first, so a third-party plugin overrides a built-in.
+A decision that raises (here or in a policy's methods) fails only the request it was about,
+with finish reason ``error`` and ``request.error`` naming the failure; the engine carries on.
+Request objects passed to hooks are the engine's live state: read them, never mutate them.
+Hooks run in the engine thread, per step or per request event, never inside the model.
+"""
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from spyglass.core.engine.kv.block_pool import BlockPool
+    from spyglass.core.engine.config import EngineConfig
+    from spyglass.core.engine.kv.kv_cache_manager import PrefixMatch
+    from spyglass.core.engine.request import FinishReason, Request
+    from spyglass.core.engine.sched.scheduler_policy import SchedulingPolicy
+    from spyglass.core.engine.sampling_params import StructuredOutput
+    from spyglass.core.engine.step_stats import EngineInfo, StepStats
+    from spyglass.core.engine.token_constraint import TokenConstraint
+    from spyglass.core.engine.tool_calls import ToolCallParser
+    from spyglass.core.loaders.tokenizer import Tokenizer
+
+PROJECT = "spyglass"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# -- engine lifecycle -------------------------------------------------------------------------
+
+
+@hookspec
+def spyglass_engine_started(info: "EngineInfo", config: "EngineConfig") -> None:
+    """The engine has loaded its model and allocated its KV cache; ``info`` describes both.
+
+    ``config`` is the engine's configuration, including ``plugin_options`` for plugins' own settings.
+    """
+
+
+@hookspec
+def spyglass_engine_stopped(info: "EngineInfo") -> None:
+    """The engine loop has stopped; no more hooks fire after this one."""
+
+
+# -- request lifecycle ------------------------------------------------------------------------
+
+
+@hookspec
+def spyglass_request_added(request: "Request") -> None:
+    """A request was accepted into the waiting queue (its ``times.arrival`` is set)."""
+
+
+@hookspec
+def spyglass_request_scheduled(request: "Request", resumed: bool) -> None:
+    """A waiting request got KV blocks and joined the running batch.
+
+    ``resumed`` is True when it returns after a preemption. ``request.num_cached_tokens``
+    holds the prefix-cache hit found at admission.
+    """
+
+
+@hookspec
+def spyglass_request_first_token(request: "Request") -> None:
+    """The request's first output token was sampled (``times.first_token`` is set)."""
+
+
+@hookspec
+def spyglass_request_preempted(request: "Request") -> None:
+    """The request lost its KV blocks to make room and went back to the waiting queue; it will be recomputed."""
+
+
+@hookspec
+def spyglass_request_finished(request: "Request", reason: "FinishReason") -> None:
+    """The request ended: ``reason`` is stop, length, abort or error (``request.error`` says why for error).
+
+    Its blocks are already back in the pool.
+    """
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+@hookspec
+def spyglass_step_started(step_id: int, scheduled: "tuple[Request, ...]") -> None:
+    """The engine scheduled step ``step_id`` and is about to run the model for ``scheduled``."""
+
+
+@hookspec
+def spyglass_step_finished(stats: "StepStats") -> None:
+    """Step ``stats.step_id`` finished: batch composition, tokens, timings and KV usage."""
+
+
+# -- decisions --------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def spyglass_scheduling_policy(name: str, config: "EngineConfig") -> "SchedulingPolicy | None":
+    """Return a `SchedulingPolicy` if this plugin implements the policy called ``name``, else None.
+
+    Called once at engine start; ``config.scheduling_policy`` is the requested name. A policy
+    that also has ``should_preempt_for`` (`PreemptingPolicy`) may preempt running requests for
+    a waiting one that does not get KV blocks.
+    """
+
+
+@hookspec(firstresult=True)
+def spyglass_match_prefix(request: "Request", block_pool: "BlockPool", block_size: int) -> "PrefixMatch | None":
+    """Return cached full blocks holding the request's leading tokens, or None for no reuse.
+
+    Called when a request with nothing computed is about to be admitted. The engine takes
+    references on the returned blocks and never recomputes the last prompt token.
+    """
+
+
+@hookspec
+def spyglass_blocks_full(
+    request: "Request", block_ids: "list[int]", num_new: int, block_pool: "BlockPool", block_size: int
+) -> None:
+    """The last ``num_new`` of ``block_ids`` (the request's full blocks, in token order) just filled.
+
+    Block ``i`` holds the KV of tokens ``[i * block_size, (i + 1) * block_size)``. A prefix cache
+    registers them here with ``block_pool.cache_block(block_id, hash)``.
+    """
+
+
+@hookspec(firstresult=True)
+def spyglass_propose_drafts(
+    method: str, requests: "tuple[Request, ...]", num_speculative_tokens: int
+) -> "dict[str, list[int]] | None":
+    """Propose draft tokens to verify in the next step, keyed by ``req_id``; None to propose nothing.
+
+    ``method`` is the configured proposer (``--speculative NAME``): answer only to your own name.
+    Called once per step with the running requests that are decoding and have not opted out.
+    Each request's drafts follow its last token; the engine trims them to at most
+    ``num_speculative_tokens`` and to the request's remaining length, verifies them all in one
+    forward and keeps the output distribution unchanged whatever is proposed.
+    """
+
+
+@hookspec
+def spyglass_drafts_verified(request: "Request", num_draft_tokens: int, num_accepted_tokens: int) -> None:
+    """The request's ``num_draft_tokens`` drafts were verified this step and ``num_accepted_tokens`` accepted.
+
+    Accepted drafts are the leading ones; ``num_accepted_tokens`` per position can be derived
+    as positions ``0 .. num_accepted_tokens - 1``.
+    """
+
+
+@hookspec(firstresult=True)
+def spyglass_token_constraint(
+    spec: "StructuredOutput", tokenizer: "Tokenizer", vocab_size: int
+) -> "TokenConstraint | None":
+    """Return a fresh `TokenConstraint` (a grammar matcher) enforcing ``spec`` on one request, or None.
+
+    Called when a request whose ``sampling_params.structured_output`` is set is added. ``tokenizer``
+    is the engine's; ``vocab_size`` is the width of the model's logits (bitmask rows cover it).
+    Raise ``ValueError`` naming the problem for an invalid schema or grammar: the request is
+    rejected (HTTP 400). When no plugin returns a constraint the request is rejected too.
+    Compile grammars once per distinct spec and cache them: this runs on the engine's thread.
+    """
+
+
+@hookspec(firstresult=True)
+def spyglass_tool_call_parser(name: str) -> "ToolCallParser | None":
+    """Return the parser of the tool-call format called ``name`` (``hermes``: ``<tool_call>{...}</tool_call>``), or None.
+
+    Asked by the HTTP API when a chat request offers tools and leaves the choice to the model
+    (``tool_choice`` auto): the parser splits the generated text into content and calls.
+    """

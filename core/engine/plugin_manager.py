@@ -1,0 +1,81 @@
+"""Loading plugins from the ``spyglass`` entry-point group and calling their hooks safely."""
+
+import importlib.metadata
+import logging
+
+import pluggy
+
+from spyglass.core.engine import hookspecs
+
+log = logging.getLogger("spyglass.plugins")
+
+ENTRY_POINT_GROUP = "spyglass"
+
+
+class SafeHookRelay:
+    """The plugin manager's ``hook`` relay, except that an event hook that raises is logged and counted.
+
+    Decision hooks (``firstresult``) go straight through: their errors reach the caller, which
+    fails the affected request rather than the engine and counts the failure with `count_error`.
+    """
+
+    def __init__(self, pm: pluggy.PluginManager):
+        self._pm = pm
+        # Every registered event hook starts at 0, so its error count is exported before the first error.
+        self.num_errors: dict[str, int] = {
+            f"{impl.plugin_name}.{name}": 0
+            for name, caller in vars(pm.hook).items()
+            if isinstance(caller, pluggy.HookCaller) and not (caller.spec and caller.spec.opts.get("firstresult"))
+            for impl in caller.get_hookimpls()
+        }
+
+    def __getattr__(self, name: str):
+        caller = getattr(self._pm.hook, name)
+        if caller.spec and caller.spec.opts.get("firstresult"):
+            return caller
+        return lambda **kwargs: self._announce(name, caller, kwargs)
+
+    def count_error(self, plugin: str, hook: str) -> None:
+        """Count one failure of ``plugin``'s ``hook`` (exported as ``spyglass:plugin_hook_errors_total``)."""
+        key = f"{plugin}.{hook}"
+        self.num_errors[key] = self.num_errors.get(key, 0) + 1
+
+    def _announce(self, name: str, caller, kwargs) -> None:
+        for impl in reversed(caller.get_hookimpls()):
+            try:
+                impl.function(*[kwargs[arg] for arg in impl.argnames])
+            except Exception:
+                self.count_error(impl.plugin_name, name)
+                log.exception("plugin hook %s.%s raised; the engine carries on", impl.plugin_name, name)
+
+
+def create_plugin_manager(enabled: list[str] | None = None, disabled: list[str] | None = None) -> pluggy.PluginManager:
+    """A plugin manager with every plugin of the ``spyglass`` entry-point group registered by name.
+
+    ``enabled`` (if given) keeps only those names; ``disabled`` drops names. Built-in plugins
+    come through the same entry points as third-party ones. An entry point naming a module
+    registers the module; one naming a class registers a new instance of it, so each engine (each
+    plugin manager) has its own plugin object and state.
+    """
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    available = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    unknown = [n for n in (enabled or []) + (disabled or []) if n not in available]
+    if unknown:
+        raise ValueError(f"unknown plugin(s) {unknown}; installed: {sorted(available)}")
+    for name, entry_point in sorted(available.items()):
+        if (enabled is not None and name not in enabled) or name in (disabled or []):
+            continue
+        plugin = entry_point.load()
+        pm.register(plugin() if isinstance(plugin, type) else plugin, name=name)
+    return pm
+
+
+def describe_plugins(pm: pluggy.PluginManager) -> list[tuple[str, list[str]]]:
+    """(plugin name, implemented hook names) for every registered plugin."""
+    rows = []
+    for name, plugin in pm.list_name_plugin():
+        hooks = sorted(caller.name for caller in pm.get_hookcallers(plugin) or [])
+        rows.append((name, hooks))
+    return rows
+

@@ -1,0 +1,133 @@
+"""A request's state inside the engine: its tokens, how many are computed, its blocks and its timeline."""
+
+import enum
+import time
+from dataclasses import dataclass
+
+import torch
+
+from spyglass.core.engine.outputs import Logprob
+from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.token_constraint import TokenConstraint
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in its life."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request ended; the values are the OpenAI / vLLM ``finish_reason`` strings."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class RequestTimes:
+    """Monotonic timestamps (``time.monotonic()``) of a request's phases; 0.0 until reached."""
+
+    arrival: float = 0.0
+    first_scheduled: float = 0.0
+    first_token: float = 0.0
+    last_token: float = 0.0
+    finished: float = 0.0
+
+
+class Request:
+    """One sequence being generated.
+
+    ``num_computed_tokens`` chases ``num_tokens`` (prompt + output + draft tokens): each step
+    computes some of the difference, whether that is a prefill chunk, one decode token or
+    draft tokens to verify. There is no prefill or decode mode.
+    """
+
+    def __init__(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        prompt: str | None = None,
+        max_tokens: int = 16,
+        eos_token_ids: tuple[int, ...] = (),
+        arrival_time: float | None = None,
+        attributes: dict | None = None,
+    ):
+        self.req_id = req_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.max_tokens = max_tokens
+        self.eos_token_ids = eos_token_ids
+        self.attributes = dict(attributes or {})
+        self.output_token_ids: list[int] = []
+        self.spec_token_ids: list[int] = []
+        self.logprobs: list[Logprob] | None = [] if sampling_params.logprobs is not None else None
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.num_preemptions = 0
+        self.num_spec_steps = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+        self.times = RequestTimes(arrival=time.monotonic() if arrival_time is None else arrival_time)
+        self.generator: torch.Generator | None = None
+        # Set by the engine for a request with structured output: the grammar matcher of its output.
+        self.constraint: TokenConstraint | None = None
+        if sampling_params.seed is not None:
+            self.generator = torch.Generator().manual_seed(sampling_params.seed)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Tokens in the prompt."""
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far (drafts not included)."""
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Prompt, output and draft tokens: what the next steps must compute."""
+        return self.num_tokens + len(self.spec_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt then output token ids."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        """Token ids ``[start, end)`` across prompt, output and drafts, without building the whole list."""
+        num_prompt = len(self.prompt_token_ids)
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        tail = self.output_token_ids + self.spec_token_ids
+        if start >= num_prompt:
+            return tail[start - num_prompt : end - num_prompt]
+        return self.prompt_token_ids[start:] + tail[: end - num_prompt]
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the request has a finish reason."""
+        return self.status == RequestStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.req_id!r}, status={self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )

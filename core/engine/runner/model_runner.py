@@ -1,0 +1,182 @@
+"""Runs one step: flattens the scheduled requests into model inputs, runs the model, samples."""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
+from spyglass.core.engine.kv.host_memory import zeros_on_huge_pages
+from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.registry import CausalLM
+from spyglass.core.engine.outputs import Logprob
+from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.sampler import adjust_logits, sample
+from spyglass.core.engine.sched.scheduler import SchedulerOutput
+from spyglass.core.engine.runner.spec_verify import verify_drafts
+from spyglass.core.engine.token_constraint import TokenConstraint, bitmask_words, fill_rows
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOutput:
+    """Sampled tokens per scheduled request (same order; empty for a prefill chunk that ends mid-prompt)."""
+
+    sampled_token_ids: tuple[list[int], ...]
+    logprobs: tuple[list[Logprob | None], ...]
+    model_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """The flattened batch for one forward."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sampled_rows: tuple[bool, ...]
+
+
+class ModelRunner:
+    """Owns the model weights and the KV cache tensors; stateless between steps otherwise."""
+
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device):
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        arch = model.arch
+        shape = model.backend.cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+        # Zeroed, not empty: a padded read of a never-written slot must not bring NaN into a masked sum.
+        self.kv_caches = [
+            (self._zeros(shape, model.dtype), self._zeros(shape, model.dtype)) for _ in range(arch.num_hidden_layers)
+        ]
+        # Set by `enable_cuda_graphs`; None means every step runs eagerly.
+        self.graphs: CudaGraphDecoder | None = None
+
+    def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> float:
+        """Capture decode graphs for every batch bucket; returns the capture time in seconds."""
+        self.graphs = CudaGraphDecoder(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size)
+        self.graphs.capture()
+        return self.graphs.capture_seconds
+
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return zeros_on_huge_pages(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    @staticmethod
+    def bytes_per_block(arch, block_size: int, dtype: torch.dtype) -> int:
+        """KV cache bytes one block costs across all layers, keys and values."""
+        element_size = torch.empty((), dtype=dtype).element_size()
+        return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * element_size
+
+    def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
+        """Build input ids, positions, slot mapping and block tables for the scheduled requests."""
+        bs = self.block_size
+        tokens, positions, slots, logits_rows, sampled = [], [], [], [], []
+        tables = [block_tables[s.request.req_id] for s in out.scheduled]
+        table_array = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+        context_lens = np.empty(len(tables), dtype=np.int32)
+        query_start = np.zeros(len(tables) + 1, dtype=np.int32)
+        offset = 0
+        for i, (s, table) in enumerate(zip(out.scheduled, tables)):
+            request, start = s.request, s.request.num_computed_tokens
+            end = start + s.num_new_tokens
+            tokens.extend(request.token_ids_slice(start, end))
+            pos = np.arange(start, end)
+            table_array[i, : len(table)] = table
+            positions.append(pos)
+            slots.append(table_array[i, pos // bs].astype(np.int64) * bs + pos % bs)
+            context_lens[i] = end
+            offset += s.num_new_tokens
+            query_start[i + 1] = offset
+            is_sampled = end >= request.num_tokens_with_spec
+            sampled.append(is_sampled)
+            if is_sampled:
+                logits_rows.extend(range(offset - 1 - s.num_spec_tokens, offset))
+        to = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(to),
+            block_tables=torch.from_numpy(table_array).to(to),
+            context_lens=torch.from_numpy(context_lens).to(to),
+            query_start_loc=torch.from_numpy(query_start).to(to),
+            max_query_len=max(s.num_new_tokens for s in out.scheduled),
+            max_context_len=int(context_lens.max()),
+        )
+        return StepInputs(
+            input_ids=torch.tensor(tokens, dtype=torch.long, device=to),
+            positions=torch.from_numpy(np.concatenate(positions)).to(to),
+            meta=meta,
+            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=to),
+            sampled_rows=tuple(sampled),
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> RunnerOutput:
+        """Run the model on a non-empty step and sample the next token for each request that reached its end."""
+        start = time.perf_counter()
+        inputs = self.prepare(out, block_tables)
+        num_reqs = len(out.scheduled)
+        if self.graphs and self.graphs.can_run(num_reqs, inputs.input_ids.shape[0], inputs.meta.max_query_len):
+            logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            logits = self.model.forward(
+                inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
+            )
+        tokens, logprobs = self._sample(out, inputs.sampled_rows, logits)
+        return RunnerOutput(tokens, logprobs, time.perf_counter() - start)
+
+    @staticmethod
+    def _sample(out: SchedulerOutput, sampled_rows: tuple[bool, ...], logits: torch.Tensor):
+        """Per scheduled request: sampled tokens (drafts verified first) and their logprobs."""
+        plain_rows, plain_requests, spans = [], [], []
+        row = 0
+        for scheduled, is_sampled in zip(out.scheduled, sampled_rows):
+            num_rows = scheduled.num_spec_tokens + 1 if is_sampled else 0
+            if num_rows == 1:
+                plain_rows.append(row)
+                plain_requests.append(scheduled.request)
+            spans.append((row, num_rows))
+            row += num_rows
+        # Every row plain (no drafts) is the common case: sample the logits as they are, without a copy.
+        plain_logits = logits if len(plain_rows) == logits.shape[0] else logits[plain_rows]
+        plain_tokens, plain_logprobs = _sample_plain(plain_logits, plain_requests) if plain_requests else ([], [])
+        plain = {r: (t, lp) for r, t, lp in zip(plain_rows, plain_tokens, plain_logprobs)}
+        tokens, logprobs = [], []
+        for scheduled, (first, num_rows) in zip(out.scheduled, spans):
+            if num_rows == 0:
+                tokens.append([])
+                logprobs.append([])
+            elif num_rows == 1:
+                tokens.append([plain[first][0]])
+                logprobs.append([plain[first][1]])
+            else:
+                request = scheduled.request
+                drafts = request.spec_token_ids[: scheduled.num_spec_tokens]
+                rows = logits[first : first + num_rows]
+                bitmask = _draft_bitmask(request.constraint, drafts, logits.shape[-1]) if request.constraint else None
+                rows = adjust_logits(rows, [request] * num_rows, bitmask, range(num_rows))
+                verified = verify_drafts(rows, request, drafts)
+                tokens.append(verified)
+                logprobs.append([None] * len(verified))
+        return tuple(tokens), tuple(logprobs)
+
+
+def _sample_plain(logits: torch.Tensor, requests: list[Request]):
+    """`sample` after each row's logit bias and grammar mask (the batch's masks filled in one call)."""
+    constrained = [row for row, request in enumerate(requests) if request.constraint is not None]
+    bitmask = fill_rows([requests[row].constraint for row in constrained], logits.shape[-1]) if constrained else None
+    adjusted = adjust_logits(logits, requests, bitmask, constrained)
+    return sample(adjusted, requests, raw=logits)
+
+
+def _draft_bitmask(constraint: TokenConstraint, drafts: list[int], vocab_size: int) -> torch.Tensor:
+    """Masks for the positions after each prefix of ``drafts``: tentatively accepted, then rolled back."""
+    bitmask = torch.full((len(drafts) + 1, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+    for position, draft in enumerate(drafts):
+        constraint.fill_bitmask(bitmask, position)
+        constraint.accept(draft)  # the engine trimmed drafts to what the grammar allows
+    constraint.fill_bitmask(bitmask, len(drafts))
+    constraint.rollback(len(drafts))
+    return bitmask

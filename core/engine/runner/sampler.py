@@ -1,0 +1,137 @@
+"""Turning a batch of logits into tokens: logit bias, grammar masks, penalties, temperature, top-k/top-p/min-p,
+seeds, logprobs."""
+
+from collections.abc import Sequence
+
+import torch
+
+from spyglass.core.engine.outputs import Logprob
+from spyglass.core.engine.request import Request
+from spyglass.core.engine.token_constraint import allowed_tokens
+
+
+def adjust_logits(
+    logits: torch.Tensor, requests: Sequence[Request], bitmask: torch.Tensor | None = None, masked_rows: Sequence[int] = ()
+) -> torch.Tensor:
+    """Each row's ``logit_bias`` added, then ``bitmask`` row ``i`` applied to row ``masked_rows[i]``.
+
+    Returns a new tensor when anything applies and ``logits`` itself otherwise (the raw logits
+    stay untouched for logprobs). Disallowed tokens get -inf.
+    """
+    biased = [(row, r.sampling_params.logit_bias) for row, r in enumerate(requests) if r.sampling_params.logit_bias]
+    if not biased and bitmask is None:
+        return logits
+    logits = logits.clone()
+    for row, bias in biased:
+        ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
+        logits[row, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+    if bitmask is not None:
+        rows = torch.tensor(list(masked_rows), dtype=torch.long, device=logits.device)
+        allowed = allowed_tokens(bitmask, logits.shape[-1]).to(logits.device)
+        logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    return logits
+
+
+def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
+    """Presence, frequency (over output tokens) and repetition (over prompt and output) penalties, in place."""
+    vocab = logits.shape[-1]
+    for row, request in enumerate(requests):
+        params = request.sampling_params
+        if not params.has_penalties:
+            continue
+        if params.repetition_penalty != 1.0:
+            seen = torch.tensor(request.all_token_ids, dtype=torch.long, device=logits.device).unique()
+            values = logits[row, seen]
+            penalty = params.repetition_penalty
+            logits[row, seen] = torch.where(values > 0, values / penalty, values * penalty)
+        if request.output_token_ids and (params.frequency_penalty or params.presence_penalty):
+            output = torch.tensor(request.output_token_ids, dtype=torch.long, device=logits.device)
+            counts = torch.bincount(output, minlength=vocab).to(logits.dtype)
+            logits[row] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def _filter(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """Mask tokens outside each row's top-k, top-p nucleus and min-p floor with -inf."""
+    params = [r.sampling_params for r in requests]
+    if all(p.top_k == 0 and p.top_p == 1.0 and p.min_p == 0.0 for p in params):
+        return logits
+    device, vocab = logits.device, logits.shape[-1]
+    if all(p.top_p == 1.0 and p.min_p == 0.0 and p.top_k > 0 for p in params):
+        # Top-k alone needs each row's k-th largest value, not a full sort of the vocabulary.
+        ks = torch.tensor([p.top_k for p in params], device=device)
+        top_values = logits.topk(min(int(ks.max()), vocab), dim=-1).values  # top_k may exceed the vocabulary
+        threshold = top_values.gather(1, (ks - 1).clamp(max=top_values.shape[1] - 1).unsqueeze(1))
+        return logits.masked_fill(logits < threshold, float("-inf"))
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
+    min_p = torch.tensor([p.min_p for p in params], device=device, dtype=torch.float32)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=device).unsqueeze(0)
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    # A token is kept while the probability mass *before* it is under top_p, so the first always stays.
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop = (ranks >= top_k.unsqueeze(1)) | (mass_before >= top_p.unsqueeze(1))
+    drop |= sorted_probs < min_p.unsqueeze(1) * sorted_probs[:, :1]
+    # The most likely token always stays, whatever rounding does to a tiny top_p (the engine thread
+    # flushes denormals to zero, so a top_p of 5e-324 compares as 0 there).
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def target_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """The distribution each row samples from: temperature, then top-k, top-p and min-p (greedy rows at T=1)."""
+    temperature = torch.tensor(
+        [r.sampling_params.temperature if not r.sampling_params.greedy else 1.0 for r in requests],
+        device=logits.device,
+    )
+    return _filter(logits / temperature.unsqueeze(1), requests).softmax(dim=-1)
+
+
+def _draw(probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """Sample one token per row by the exponential race (argmax p/q, q ~ Exp(1)), using each request's seed."""
+    noise = torch.empty_like(probs).exponential_()
+    for row, request in enumerate(requests):
+        if request.generator is not None:
+            noise[row] = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(generator=request.generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def sample(
+    logits: torch.Tensor, requests: list[Request], raw: torch.Tensor | None = None
+) -> tuple[list[int], list[Logprob | None]]:
+    """One token per row of float32 ``logits`` (row i belongs to ``requests[i]``), and logprobs where asked.
+
+    ``logits`` may be `adjust_logits`'s result; logprobs are those of the model's raw distribution
+    (``raw``, else ``logits``), as vLLM reports them.
+    """
+    raw = logits if raw is None else raw
+    if any(r.sampling_params.has_penalties for r in requests):
+        logits = logits.clone()
+        apply_penalties(logits, requests)
+    greedy = [r.sampling_params.greedy for r in requests]
+    if all(greedy):
+        tokens = logits.argmax(dim=-1)
+    else:
+        tokens = torch.where(
+            torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1), _draw(target_probs(logits, requests), requests)
+        )
+    token_ids = tokens.tolist()
+    return token_ids, _logprobs(raw, token_ids, requests)
+
+
+def _logprobs(raw: torch.Tensor, token_ids: list[int], requests: list[Request]) -> list[Logprob | None]:
+    wanted = [r.sampling_params.logprobs for r in requests]
+    if all(n is None for n in wanted):
+        return [None] * len(requests)
+    logprobs = raw.log_softmax(dim=-1)
+    top_n = max(n or 0 for n in wanted)
+    top_values, top_ids = logprobs.topk(max(top_n, 1), dim=-1)
+    results: list[Logprob | None] = []
+    for row, (token_id, n) in enumerate(zip(token_ids, wanted)):
+        if n is None:
+            results.append(None)
+            continue
+        top = dict(zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist()))
+        results.append(Logprob(token_id, float(logprobs[row, token_id]), top))
+    return results

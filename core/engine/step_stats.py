@@ -1,0 +1,52 @@
+"""Frozen payloads the engine hands to hooks: what it runs, and what each step did."""
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spyglass.core.loaders.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """The engine's identity and capacity, announced at start and stop."""
+
+    model_name: str
+    device: str
+    dtype: str
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    attention_backend: str
+    vocab_size: int = 0  # the width of the model's logits (token ids are below it)
+    waiting_classes: tuple[str, ...] = ()  # the scheduling policy's classes known up front
+    # Live views for plugins: the tokenizer (to decode output for traces) and the hook relay's
+    # error counts by "plugin.hook" (exported as a metric). Not part of equality or the repr.
+    tokenizer: "Tokenizer | None" = field(default=None, compare=False, repr=False)
+    hook_errors: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """One engine step: batch composition, tokens, timings (seconds) and the KV cache afterwards."""
+
+    step_id: int
+    req_ids: tuple[str, ...]
+    num_prefill_reqs: int
+    num_decode_reqs: int
+    num_scheduled_tokens: int
+    num_prefill_tokens: int
+    num_generated_tokens: int
+    num_preempted: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_free_blocks: int
+    schedule_time: float
+    model_time: float
+    update_time: float
+    start_time: float
+    end_time: float
+    waiting_by_class: tuple[tuple[str, int], ...] = ()

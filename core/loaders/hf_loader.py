@@ -1,0 +1,70 @@
+"""Load a Hugging Face model directory (config.json + *.safetensors) of a supported family into a Checkpoint."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.loaders.hf_config import hf_family, read_arch
+from spyglass.core.models.model_config import ModelArchConfig
+from spyglass.core.models.registry import family
+from spyglass.core.loaders.tokenizer import Tokenizer
+
+
+def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
+    """Load a model directory of any family in `core.models.registry`, converting weights to ``dtype``.
+
+    Reads config.json (`hf_config.read_arch`), every safetensors shard, and the tokenizer.
+    """
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{path} is not a Hugging Face model directory: it has no config.json")
+    config = json.loads(config_file.read_text())
+    hf_family(config)  # an unsupported class fails here, before the tokenizer and weights are read
+    tokenizer = Tokenizer.from_hf_dir(path)
+    arch = read_arch(config, tokenizer.eos_token_ids)
+    weights = _read_weights(path, arch, dtype)
+    return Checkpoint(path.name, arch, weights, tokenizer)
+
+
+def check_supported(path: str | Path) -> None:
+    """Raise ValueError, naming the supported model classes, when the HF directory ``path`` holds a model
+    class no family here loads. Reads config.json only; anything that is not an HF directory passes."""
+    config_file = Path(path).expanduser() / "config.json"
+    if config_file.is_file():
+        hf_family(json.loads(config_file.read_text()))
+
+
+def _shard_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        # The index names exactly the shards in use; other .safetensors files may sit alongside.
+        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise ValueError(f"{path} has no *.safetensors weights (PyTorch .bin checkpoints are not supported).")
+    return shards
+
+
+def _read_weights(path: Path, arch: ModelArchConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    weights = {}
+    # A progress bar on a terminal only (the conversion runs once per model; later starts use the cache).
+    for shard in tqdm(_shard_files(path), desc=f"converting {path.name}", unit="shard", disable=None):
+        weights.update((name, tensor.to(dtype)) for name, tensor in load_file(shard).items())
+    if arch.tie_word_embeddings:
+        # Tied models may still store a copy of the embedding as lm_head; the model reuses the embedding.
+        weights.pop("lm_head.weight", None)
+    # Old checkpoints saved the rotary cache as a buffer; it is recomputed from rope_theta.
+    weights = {name: w for name, w in weights.items() if not name.endswith("rotary_emb.inv_freq")}
+    expected = family(arch.architecture).weight_names(arch)
+    missing, unexpected = expected - weights.keys(), weights.keys() - expected
+    if missing or unexpected:
+        raise ValueError(
+            f"Weights in {path} do not match config.json: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}."
+        )
+    return weights
