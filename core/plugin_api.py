@@ -25,7 +25,7 @@ from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutpu
 from spyglass.core.engine.sched.scheduler_policy import PreemptingPolicy, SchedulingPolicy, parse_tenant_values, tenant_of
 from spyglass.core.engine.step_stats import EngineInfo, StepStats
 from spyglass.core.engine.token_constraint import TokenConstraint
-from spyglass.core.loaders.tokenizer import Tokenizer
+from spyglass.core.tokenizer import Tokenizer
 from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallParser
 
 __all__ = [

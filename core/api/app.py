@@ -23,7 +23,6 @@ from spyglass.core.api.routes import ROUTES
 from spyglass.core.api.tokenize import detokenize, tokenize
 from spyglass.core.engine.async_engine import AsyncEngine
 from spyglass.core.engine.config import EngineConfig
-from spyglass.core.engine.engine import LLMEngine
 from spyglass.telemetry.http import remember_exception
 
 log = logging.getLogger("spyglass.api")
@@ -44,8 +43,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         start = time.perf_counter()
-        engine = await asyncio.to_thread(LLMEngine, engine_config)
-        async_engine = AsyncEngine(engine, on_engine_crash)
+        async_engine = await asyncio.to_thread(AsyncEngine.load, engine_config, on_engine_crash)
         async_engine.start()
         app.state.serving = ServingContext(async_engine, options, engine_config.model)
         log.info(

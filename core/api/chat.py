@@ -39,7 +39,7 @@ from spyglass.core.api.schemas import (
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import ToolUse, constraint, prompt_messages, split_output, tool_use
 from spyglass.core.api.validation import json_body_guard
-from spyglass.core.loaders.tokenizer import Tokenizer
+from spyglass.core.tokenizer import Tokenizer
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _NO_TOOLS = ToolUse([], "none")

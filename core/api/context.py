@@ -13,24 +13,25 @@ from litestar.handlers import BaseRouteHandler
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.engine.async_engine import AsyncEngine
+from spyglass.core.engine.snapshot import EngineSnapshot
 
 
 class ServingContext:
     """The running engine and what the API knows about it; lives on ``app.state.serving``."""
 
     def __init__(self, async_engine: AsyncEngine, options: ServerOptions, model_path: str | None = None):
-        engine = async_engine.engine
+        model = async_engine.model
         self.async_engine = async_engine
         self.options = options
-        self.tokenizer = engine.tokenizer
-        self.model_name = options.served_model_name or engine.model_name
-        self.model_aliases = {self.model_name, engine.model_name} | ({model_path} if model_path else set())
-        self.max_model_len = engine.max_model_len
-        self.vocab_size = engine.arch.vocab_size
+        self.tokenizer = async_engine.tokenizer
+        self.model_name = options.served_model_name or model.model_name
+        self.model_aliases = {self.model_name, model.model_name} | ({model_path} if model_path else set())
+        self.max_model_len = model.max_model_len
+        self.vocab_size = model.vocab_size
         # No text longer than this can fit the context: each token covers at most the longest token's bytes.
-        self.max_prompt_bytes = engine.max_model_len * _longest_token_bytes(engine.tokenizer)
+        self.max_prompt_bytes = model.max_model_len * _longest_token_bytes(self.tokenizer)
         # Splits text into content and tool calls for chat requests that leave the choice to the model.
-        self.tool_parser = engine.hooks.spyglass_tool_call_parser(name="hermes")
+        self.tool_parser = async_engine.tool_call_parser("hermes")
         self.created = int(time.time())
         self.draining = False
         self.num_queued = 0
@@ -56,7 +57,7 @@ class ServingContext:
         if num_requests > limit:
             raise APIError(400, f"this call makes {num_requests} engine requests (prompts x n); the limit is {limit}",
                            "n")
-        queued = max(self.num_queued, self.async_engine.num_waiting)
+        queued = max(self.num_queued, self.async_engine.latest.num_waiting)
         if queued + num_requests > limit:
             raise APIError(429, f"too many queued requests ({queued} of {limit}); retry later", code="queue_full",
                            headers={"Retry-After": "1"})
@@ -66,12 +67,12 @@ class ServingContext:
         finally:
             self.num_queued -= num_requests
 
-    async def engine_call(self, function, timeout: float = 10.0):
-        """Run ``function(engine)`` in the engine thread and await its result; 503 if the loop is gone."""
+    async def snapshot(self, with_requests: bool = False, timeout: float = 10.0) -> EngineSnapshot:
+        """A snapshot taken in the engine thread between steps; 503 if the loop is gone or does not answer."""
         if not self.async_engine.is_alive:
             raise APIError(503, "the engine is not running", code="engine_unavailable")
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(self.async_engine.call(function)), timeout)
+            return await asyncio.wait_for(self.async_engine.snapshot(with_requests), timeout)
         except TimeoutError:
             raise APIError(503, "the engine did not answer in time", code="engine_unavailable") from None
 

@@ -19,7 +19,7 @@ from spyglass.core.api.schemas import (
 )
 from spyglass.core.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
-from spyglass.core.loaders.tokenizer import Tokenizer
+from spyglass.core.tokenizer import Tokenizer
 
 _SEED_LIMIT = 1 << 63
 

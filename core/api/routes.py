@@ -1,4 +1,4 @@
-"""The small endpoints: models, health, version, Prometheus metrics and a KV-cache debug view."""
+"""The small endpoints: models, health, version, Prometheus metrics and the engine's debug views."""
 
 from litestar import MediaType, Request, Response, get
 from litestar.di import NamedDependency
@@ -6,6 +6,7 @@ from litestar.di import NamedDependency
 import spyglass
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.schemas import ModelCard, ModelList
+from spyglass.core.engine.snapshot import RequestSnapshot
 from spyglass.telemetry.exposition import render_metrics
 
 
@@ -43,22 +44,24 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-def _kv_stats(engine) -> dict:
-    pool = engine.kv.pool
-    scheduler = engine.scheduler
-    return {
-        "num_free_blocks": pool.num_free_blocks,
-        "num_blocks": pool.num_blocks,
-        "num_running": len(scheduler.running),
-        "num_waiting": len(scheduler.waiting),
-        "num_requests": len(engine.requests),
-    }
-
-
 @get("/debug/kv", summary="KV cache and queue sizes", tags=["debug"])
 async def debug_kv(serving: NamedDependency[ServingContext]) -> dict:
     """Free and total KV blocks, running and waiting requests, read in the engine thread between steps."""
-    return await serving.engine_call(_kv_stats)
+    snapshot = await serving.snapshot()
+    return {
+        "num_free_blocks": snapshot.num_free_blocks,
+        "num_blocks": snapshot.num_blocks,
+        "kv_usage": snapshot.kv_usage,
+        "num_running": snapshot.num_running,
+        "num_waiting": snapshot.num_waiting,
+        "num_requests": snapshot.num_requests,
+    }
 
 
-ROUTES = [list_models, health, ready, version, metrics, debug_kv]
+@get("/debug/requests", summary="Every live request's state", tags=["debug"])
+async def debug_requests(serving: NamedDependency[ServingContext]) -> list[RequestSnapshot]:
+    """Each request the engine holds: status, token counts, KV blocks, preemptions (no prompt text)."""
+    return list((await serving.snapshot(with_requests=True)).requests)
+
+
+ROUTES = [list_models, health, ready, version, metrics, debug_kv, debug_requests]

@@ -1,7 +1,9 @@
 """The engine loop in a background thread, and the asyncio front the HTTP API talks to.
 
 The loop thread owns the `LLMEngine`; the front only sends commands (add, abort) through a
-queue and receives `RequestOutput` objects through per-request asyncio queues.
+queue, receives `RequestOutput` objects through per-request asyncio queues, and reads the
+engine's state as immutable snapshots (`snapshot`). The HTTP API reaches the engine through this
+front only (an import-linter contract in pyproject.toml checks it).
 """
 
 import asyncio
@@ -14,7 +16,11 @@ from concurrent.futures import Future
 
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription
+from spyglass.core.engine.tool_calls import ToolCallParser
+from spyglass.core.tokenizer import Tokenizer
 
 log = logging.getLogger("spyglass.engine")
 
@@ -28,7 +34,11 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine, on_crash: Callable[[BaseException], None] | None = None):
         """``on_crash`` is called (in the loop thread) if the loop itself fails; the server exits on it."""
-        self.engine = engine
+        self._engine = engine
+        self.model: ModelDescription = engine.describe()
+        self.tokenizer: Tokenizer = engine.tokenizer
+        self.latest: EngineSnapshot = engine.snapshot()
+        """The snapshot taken after the loop's last step; refreshed every iteration of the loop."""
         self._on_crash = on_crash
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
@@ -36,8 +46,11 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._thread = threading.Thread(target=self._run, name="spyglass-engine", daemon=True)
         self._drain_timeout = 0.0
-        self.num_waiting = 0
-        self.num_running = 0
+
+    @classmethod
+    def load(cls, config: EngineConfig, on_crash: Callable[[BaseException], None] | None = None) -> "AsyncEngine":
+        """Load an engine for ``config`` (blocking: seconds to minutes) and put a front on it; not yet started."""
+        return cls(LLMEngine(config), on_crash)
 
     def start(self) -> None:
         """Start the loop thread."""
@@ -80,7 +93,7 @@ class AsyncEngine:
         added: Future = Future()
 
         def add() -> None:
-            _settle(added, lambda: self.engine.add_request(req_id, prompt_token_ids, params, prompt, attributes))
+            _settle(added, lambda: self._engine.add_request(req_id, prompt_token_ids, params, prompt, attributes))
 
         finished = False
         try:
@@ -99,13 +112,21 @@ class AsyncEngine:
 
     def abort(self, req_id: str) -> None:
         """Ask the loop to abort a request (no-op if it already ended)."""
-        self._submit(lambda: self.engine.abort(req_id))
+        self._submit(lambda: self._engine.abort(req_id))
+
+    async def snapshot(self, with_requests: bool = False) -> EngineSnapshot:
+        """A fresh snapshot, taken in the loop thread between steps (`LLMEngine.snapshot`)."""
+        return await asyncio.wrap_future(self.call(lambda engine: engine.snapshot(with_requests)))
+
+    def tool_call_parser(self, name: str) -> ToolCallParser | None:
+        """The tool-call parser a plugin provides under ``name`` (`spyglass_tool_call_parser`), if any."""
+        return self._engine.hooks.spyglass_tool_call_parser(name=name)
 
     def call(self, function: Callable[[LLMEngine], object]) -> Future:
-        """Run ``function(engine)`` in the loop thread between steps; for reading engine state safely."""
+        """Run ``function(engine)`` in the loop thread between steps (tests and tools; the API uses snapshots)."""
         result: Future = Future()
 
-        self._submit(lambda: _settle(result, lambda: function(self.engine)))
+        self._submit(lambda: _settle(result, lambda: function(self._engine)))
         return result
 
     def _submit(self, command: Callable[[], None]) -> None:
@@ -116,12 +137,12 @@ class AsyncEngine:
         try:
             while not self._stopping.is_set():
                 self._run_commands()
-                if self.engine.has_unfinished_requests:
-                    self._deliver(self.engine.step())
+                if self._engine.has_unfinished_requests:
+                    self._deliver(self._engine.step())
                 else:
                     self._wakeup.wait(0.5)
                     self._wakeup.clear()
-                self._publish_queue_sizes()
+                self.latest = self._engine.snapshot()
             self._drain()
         except Exception as error:
             log.exception("engine loop crashed")
@@ -131,18 +152,15 @@ class AsyncEngine:
             self._fail_all(EngineDeadError(f"engine loop crashed: {error}"))
         finally:
             self._stopping.set()
-            self.engine.shutdown()
+            self._engine.shutdown()
 
     def _drain(self) -> None:
         """After stop: run commands, let requests finish until the deadline, then abort what is left."""
         deadline = time.monotonic() + self._drain_timeout
-        while self.engine.has_unfinished_requests and time.monotonic() < deadline:
+        while self._engine.has_unfinished_requests and time.monotonic() < deadline:
             self._run_commands()
-            self._deliver(self.engine.step())
-        for req_id in list(self.engine.requests):
-            output = self.engine.abort(req_id)
-            if output is not None:
-                self._deliver([output])
+            self._deliver(self._engine.step())
+        self._deliver(self._engine.abort_all())
 
     def _run_commands(self) -> None:
         while True:
@@ -164,10 +182,6 @@ class AsyncEngine:
     def _fail_all(self, error: Exception) -> None:
         for loop, stream in list(self._streams.values()):
             _put(loop, stream, error)
-
-    def _publish_queue_sizes(self) -> None:
-        self.num_waiting = len(self.engine.scheduler.waiting)
-        self.num_running = len(self.engine.scheduler.running)
 
 
 

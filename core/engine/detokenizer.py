@@ -1,6 +1,6 @@
 """Incremental detokenisation with stop strings: text grows token by token, never with a broken character."""
 
-from spyglass.core.loaders.tokenizer import Tokenizer
+from spyglass.core.tokenizer import Tokenizer
 
 # Tokens of context decoded before the new ones, so that merges and leading spaces come out right.
 _CONTEXT_TOKENS = 6

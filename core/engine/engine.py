@@ -21,6 +21,7 @@ from spyglass.core.engine.plugin_manager import SafeHookRelay, create_plugin_man
 from spyglass.core.models.quantization import quantize_weights_int8, resolve_mode, weight_bytes
 from spyglass.core.engine.request import FinishReason, Request
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams, StructuredOutput
+from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription, RequestSnapshot
 from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.engine.sched.scheduler_policy import check_policy
 from spyglass.core.engine.step_stats import EngineInfo, StepStats
@@ -410,8 +411,42 @@ class LLMEngine:
             waiting_by_class=tuple(sorted(classes.items())),
         )
 
+    def abort_all(self) -> list[RequestOutput]:
+        """Abort every live request; their final outputs."""
+        return [output for req_id in list(self.requests) if (output := self.abort(req_id)) is not None]
+
     def shutdown(self) -> None:
         """Abort whatever is left and announce the stop."""
-        for req_id in list(self.requests):
-            self.abort(req_id)
+        self.abort_all()
         self.hooks.spyglass_engine_stopped(info=self.info)
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def snapshot(self, with_requests: bool = False) -> EngineSnapshot:
+        """Queue lengths and KV usage now, and with ``with_requests`` every live request's state."""
+        pool = self.kv.pool
+        return EngineSnapshot(
+            num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            num_requests=len(self.requests),
+            num_blocks=pool.num_blocks,
+            num_free_blocks=pool.num_free_blocks,
+            requests=tuple(map(self._request_snapshot, self.requests.values())) if with_requests else (),
+        )
+
+    def describe(self) -> ModelDescription:
+        """What this engine serves."""
+        return ModelDescription(self.model_name, self.max_model_len, self.arch.vocab_size)
+
+    def _request_snapshot(self, request: Request) -> RequestSnapshot:
+        return RequestSnapshot(
+            request_id=request.req_id,
+            status=request.status.value,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_computed_tokens=request.num_computed_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            num_blocks=len(self.kv.block_tables.get(request.req_id, ())),
+            num_preemptions=request.num_preemptions,
+            arrival_time=request.times.arrival,
+        )

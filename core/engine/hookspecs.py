@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from spyglass.core.engine.step_stats import EngineInfo, StepStats
     from spyglass.core.engine.token_constraint import TokenConstraint
     from spyglass.core.engine.tool_calls import ToolCallParser
-    from spyglass.core.loaders.tokenizer import Tokenizer
+    from spyglass.core.tokenizer import Tokenizer
 
 PROJECT = "spyglass"
 hookspec = pluggy.HookspecMarker(PROJECT)

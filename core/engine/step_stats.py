@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from spyglass.core.loaders.tokenizer import Tokenizer
+    from spyglass.core.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)

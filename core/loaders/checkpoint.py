@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from spyglass.core.models.model_config import ModelArchConfig
-from spyglass.core.loaders.tokenizer import Tokenizer
+from spyglass.core.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)

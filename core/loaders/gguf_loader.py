@@ -18,7 +18,7 @@ from spyglass.core.loaders.gguf_config import field as _field
 from spyglass.core.loaders.gguf_config import read_arch
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight, from_gguf
-from spyglass.core.loaders.tokenizer import Tokenizer
+from spyglass.core.tokenizer import Tokenizer
 from spyglass.kernels.cpu_quant import SUPPORTED_TYPES
 
 log = logging.getLogger(__name__)

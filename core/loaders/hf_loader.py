@@ -11,7 +11,7 @@ from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.hf_config import hf_family, read_arch
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.registry import family
-from spyglass.core.loaders.tokenizer import Tokenizer
+from spyglass.core.tokenizer import Tokenizer
 
 
 def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:

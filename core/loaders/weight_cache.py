@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight
-from spyglass.core.loaders.tokenizer import Tokenizer
+from spyglass.core.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,13 @@ def client(tiny_llama_dir):
         yield client
 
 
+def _engine_of(client):
+    """The `LLMEngine` behind the app, fetched through the loop thread (the API itself sees only snapshots)."""
+    return client.app.state.serving.async_engine.call(lambda engine: engine).result(30)
+
+
 def _break_the_model(client, monkeypatch, after_steps: int = 0):
-    runner = client.app.state.serving.async_engine.engine.runner
+    runner = _engine_of(client).runner
     execute = runner.execute
     calls = []
 
@@ -91,7 +96,7 @@ def test_a_crashed_engine_loop_is_reported_for_the_process_to_exit(tiny_llama_di
     config = EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1)
     app = create_app(config, ServerOptions(shutdown_timeout=1), on_engine_crash=crashes.append)
     with TestClient(app) as client:
-        engine = client.app.state.serving.async_engine.engine
+        engine = _engine_of(client)
         monkeypatch.setattr(engine, "step", lambda: 1 / 0)  # a bug in the loop itself, not in one request
         response = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unavailable"
@@ -110,3 +115,4 @@ def test_cors_is_off_unless_origins_are_allowed(client, tiny_llama_dir):
         assert response.headers["access-control-allow-origin"] == "https://app.example"
         refused = cors_client.options("/v1/completions", headers=preflight)
         assert "access-control-allow-origin" not in refused.headers
+

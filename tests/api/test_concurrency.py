@@ -73,3 +73,19 @@ def test_disconnect_of_a_chat_stream(tiny_server, wait_for):
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
     wait_for(lambda: _all_free(tiny_server), timeout=10)
+
+
+def test_debug_views_show_a_live_request_then_its_blocks_back(tiny_server, wait_for):
+    # Long enough to be still generating when the debug views are read.
+    body = {"model": "tiny", "prompt": "hello there", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{tiny_server.base_url}/v1/completions", json=body, timeout=60) as stream:
+        lines = stream.iter_lines()  # kept: a dropped iterator closes the response
+        assert next(lines).startswith("data: ")
+        [request] = httpx.get(f"{tiny_server.base_url}/debug/requests", timeout=10).json()
+        assert request["status"] == "running" and request["num_prompt_tokens"] > 0
+        assert request["num_blocks"] > 0 and request["num_computed_tokens"] >= request["num_prompt_tokens"]
+        assert _kv(tiny_server)["kv_usage"] > 0
+    # The client went away: the request is aborted and its blocks return to the pool.
+    wait_for(lambda: _all_free(tiny_server))
+    assert _kv(tiny_server)["kv_usage"] == 0.0
+    assert httpx.get(f"{tiny_server.base_url}/debug/requests", timeout=10).json() == []

@@ -24,7 +24,7 @@ def test_models_lists_the_served_model(tiny_client):
 
 
 def test_completion_shape_and_usage(tiny_client, tiny_llama_dir):
-    from spyglass.core.loaders.tokenizer import Tokenizer
+    from spyglass.core.tokenizer import Tokenizer
 
     response = tiny_client.completions.create(model="tiny", prompt=PROMPT, max_tokens=7, temperature=0,
                                               extra_body={"ignore_eos": True})

@@ -111,7 +111,7 @@ def test_invalid_constraints_are_400s_naming_the_field(tiny_client, extra, param
 def test_tokenize_and_detokenize_round_trip(tiny_server, tiny_llama_dir):
     import httpx
 
-    from spyglass.core.loaders.tokenizer import Tokenizer
+    from spyglass.core.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_hf_dir(tiny_llama_dir)
     text = "Hello, tokenizer! <|im_start|>"

@@ -1,9 +1,12 @@
 """The offline API as a user sees it: ``from spyglass import LLM, SamplingParams`` on the tiny Llama."""
 
+import dataclasses
+
 import pytest
 
 from spyglass import LLM, CompletionOutput, RequestOutput, SamplingParams
 from spyglass.core.engine.sampling_params import InvalidRequestError
+from spyglass.core.engine.snapshot import EngineSnapshot
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
@@ -170,3 +173,20 @@ def test_invalid_engine_options(tiny_llama_dir):
         LLM(model=str(tiny_llama_dir), dtype="float8")
     with pytest.raises(ValueError, match="Cannot load model"):
         LLM(model="no/such/model")
+
+
+def test_engine_snapshots_are_immutable_views_of_live_requests(llm):
+    engine = llm.engine
+    engine.add_request("snap", [1, 2, 3, 4, 5], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert engine.snapshot().num_waiting == 1 and engine.snapshot().requests == ()
+    engine.step()
+    snapshot = engine.snapshot(with_requests=True)
+    request = snapshot.request("snap")
+    assert (snapshot.num_running, snapshot.num_waiting, snapshot.num_requests) == (1, 0, 1)
+    assert request.status == "running" and request.num_prompt_tokens == 5 and request.num_output_tokens == 1
+    assert request.num_blocks == snapshot.num_blocks - snapshot.num_free_blocks and snapshot.kv_usage > 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.status = "finished"
+    engine.abort("snap")
+    assert engine.snapshot(with_requests=True) == EngineSnapshot(0, 0, 0, snapshot.num_blocks, snapshot.num_blocks)
+    assert request.status == "running"  # the earlier snapshot did not change

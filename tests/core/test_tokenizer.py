@@ -2,7 +2,7 @@
 
 import pytest
 
-from spyglass.core.loaders.tokenizer import Tokenizer
+from spyglass.core.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello, world!",
