@@ -17,7 +17,7 @@ __all__ = list(_EXPORTS)
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'spyglass' has no attribute {name!r}")

@@ -70,6 +70,7 @@ def implements(spec: Callable[P, R], **options: Any) -> Callable[[Callable[P, R]
     def mark(function: Callable[P, R]) -> Callable[P, R]:
         if function.__name__ != spec.__name__:
             raise TypeError(f"{function.__name__} implements {spec.__name__}: the names must match")
-        return hookimpl(**options)(function)
+        marked: Callable[P, R] = hookimpl(**options)(function)
+        return marked
 
     return mark

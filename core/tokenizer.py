@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import tokenizers
@@ -16,7 +17,10 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None,
+    separators: tuple[str, str] | None = None, sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson escapes HTML characters, which would change the prompt; HF's does not.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -115,7 +119,7 @@ class Tokenizer:
         return self._chat_template_source is not None and "tools" in self._chat_template_source
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None
     ) -> str:
         """Render ``messages`` (``[{"role": ..., "content": ...}, ...]``) into prompt text with the model's template.
 
@@ -161,18 +165,17 @@ class Tokenizer:
             add_bos_token = bos_token_id is not None and backend.encode("").ids[:1] == [bos_token_id]
 
         template_file = path / "chat_template.jinja"
-        if template_file.is_file():
-            chat_template = template_file.read_text()
-        else:
-            chat_template = _pick_template(config.get("chat_template"))
+        chat_template = (
+            template_file.read_text() if template_file.is_file() else _pick_template(config.get("chat_template"))
+        )
         return cls(backend, chat_template, bos_token_id, eos_token_ids, bool(add_bos_token))
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _special_token_id(backend: tokenizers.Tokenizer, token: str | dict | None) -> int | None:
+def _special_token_id(backend: tokenizers.Tokenizer, token: str | dict[str, Any] | None) -> int | None:
     # tokenizer_config.json spells special tokens either as a string or as a serialized AddedToken.
     if isinstance(token, dict):
         token = token.get("content")
@@ -196,7 +199,7 @@ def _hf_eos_ids(path: Path) -> tuple[int, ...]:
     return ()
 
 
-def _pick_template(value: str | list[dict] | None) -> str | None:
+def _pick_template(value: str | list[dict[str, Any]] | None) -> str | None:
     # Some repos store several named templates; "default" is the one used for plain chat.
     if isinstance(value, list):
         named = {entry["name"]: entry["template"] for entry in value}

@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import logging
+from collections.abc import Callable
 
 import pluggy
 
@@ -9,14 +10,19 @@ from spyglass.core.engine import hookspecs
 
 log = logging.getLogger("spyglass.plugins")
 
+_GUARDED = "_spyglass_guarded"  # marks an event hook implementation already wrapped by `SafeHookRelay`
+
 ENTRY_POINT_GROUP = "spyglass"
 
 
 class SafeHookRelay:
     """The plugin manager's ``hook`` relay, except that an event hook that raises is logged and counted.
 
-    Decision hooks (``firstresult``) go straight through: their errors reach the caller, which
-    fails the affected request rather than the engine and counts the failure with `count_error`.
+    Event hooks are called through pluggy, so its ordering (``tryfirst``/``trylast``, then the plugin
+    registered last first) and hook wrappers apply; each implementation is guarded so that one
+    that raises is logged, counted and skipped while the others still run. Decision hooks
+    (``firstresult``) go straight through: their errors reach the caller, which fails the affected
+    request rather than the engine and counts the failure with `count_error`.
     """
 
     def __init__(self, pm: pluggy.PluginManager):
@@ -40,13 +46,27 @@ class SafeHookRelay:
         key = f"{plugin}.{hook}"
         self.num_errors[key] = self.num_errors.get(key, 0) + 1
 
-    def _announce(self, name: str, caller, kwargs) -> None:
-        for impl in reversed(caller.get_hookimpls()):
+    def _announce(self, name: str, caller: pluggy.HookCaller, kwargs: dict[str, object]) -> None:
+        for impl in caller.get_hookimpls():  # plugins may register at any time: guard the new ones
+            if not (impl.hookwrapper or impl.wrapper or getattr(impl.function, _GUARDED, False)):
+                impl.function = self._guarded(name, impl.plugin_name, impl.function)
+        try:
+            caller(**kwargs)
+        except Exception:  # only a hook wrapper's own error gets here
+            self.count_error("wrapper", name)
+            log.exception("a hook wrapper of %s raised; the engine carries on", name)
+
+    def _guarded(self, hook: str, plugin: str, function: Callable[..., object]) -> Callable[..., object]:
+        def guarded(*args: object) -> object:
             try:
-                impl.function(*[kwargs[arg] for arg in impl.argnames])
+                return function(*args)
             except Exception:
-                self.count_error(impl.plugin_name, name)
-                log.exception("plugin hook %s.%s raised; the engine carries on", impl.plugin_name, name)
+                self.count_error(plugin, hook)
+                log.exception("plugin hook %s.%s raised; the engine carries on", plugin, hook)
+                return None
+
+        setattr(guarded, _GUARDED, True)
+        return guarded
 
 
 def create_plugin_manager(enabled: list[str] | None = None, disabled: list[str] | None = None) -> pluggy.PluginManager:

@@ -3,6 +3,7 @@
 import enum
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ class Request:
         max_tokens: int = 16,
         eos_token_ids: tuple[int, ...] = (),
         arrival_time: float | None = None,
-        attributes: dict | None = None,
+        attributes: dict[str, Any] | None = None,
     ):
         self.req_id = req_id
         self.prompt = prompt

@@ -2,6 +2,7 @@
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 STRUCTURED_OUTPUT_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
@@ -63,7 +64,7 @@ class SamplingParams:
     speculative: bool = True
     structured_output: StructuredOutput | None = None
     logit_bias: dict[int, float] | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -87,7 +88,7 @@ class SamplingParams:
             (self.repetition_penalty > 0, "repetition_penalty", "repetition_penalty must be > 0"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "logprobs must be in [0, 20]"),
             (self.n >= 1, "n", "n must be at least 1"),
-            (all(self.stop), "stop", "stop strings must not be empty"),
+            (all(self.stop or ()), "stop", "stop strings must not be empty"),
             (
                 all(-100 <= bias <= 100 for bias in (self.logit_bias or {}).values()),
                 "logit_bias",

@@ -61,7 +61,7 @@ def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def fill_rows(constraints: "Sequence[TokenConstraint]", vocab_size: int) -> torch.Tensor:
     """A bitmask with row ``i`` filled by ``constraints[i]``, grouping constraints by backend for batch fills."""
     bitmask = torch.full((len(constraints), bitmask_words(vocab_size)), -1, dtype=torch.int32)
-    by_class: dict[type, list[int]] = {}
+    by_class: dict[type[TokenConstraint], list[int]] = {}
     for row, constraint in enumerate(constraints):
         by_class.setdefault(type(constraint), []).append(row)
     for backend, rows in by_class.items():

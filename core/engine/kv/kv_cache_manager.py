@@ -1,6 +1,7 @@
 """Block tables per request on top of the `BlockPool`: what the scheduler asks for KV space."""
 
 from dataclasses import dataclass
+from typing import Any
 
 from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.request import Request
@@ -28,7 +29,7 @@ class KVCacheManager:
     is a plugin.
     """
 
-    def __init__(self, pool: BlockPool, block_size: int, hooks):
+    def __init__(self, pool: BlockPool, block_size: int, hooks: Any):
         self.pool = pool
         self.block_size = block_size
         self.hooks = hooks
@@ -41,7 +42,7 @@ class KVCacheManager:
         Raises (the plugin's error, or ValueError for a malformed match); the scheduler then fails
         the request.
         """
-        match = self.hooks.spyglass_match_prefix(request=request, block_pool=self.pool, block_size=self.block_size)
+        match: PrefixMatch | None = self.hooks.spyglass_match_prefix(request=request, block_pool=self.pool, block_size=self.block_size)
         if match is None:
             return NO_MATCH
         if match.num_tokens != len(match.block_ids) * self.block_size or not all(
