@@ -3,13 +3,14 @@
 import enum
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.token_constraint import TokenConstraint
+
+if TYPE_CHECKING:  # imported when a seeded request needs a generator: plugins load without torch
+    import torch
 
 
 class RequestStatus(enum.Enum):
@@ -81,10 +82,12 @@ class Request:
         self.stop_reason: str | int | None = None
         self.error: str | None = None
         self.times = RequestTimes(arrival=time.monotonic() if arrival_time is None else arrival_time)
-        self.generator: torch.Generator | None = None
+        self.generator: "torch.Generator | None" = None
         # Set by the engine for a request with structured output: the grammar matcher of its output.
         self.constraint: TokenConstraint | None = None
         if sampling_params.seed is not None:
+            import torch
+
             self.generator = torch.Generator().manual_seed(sampling_params.seed)
 
     @property

@@ -9,10 +9,14 @@ are then fed back with `TokenConstraint.accept`. Drafts are trimmed to what the 
 before they are verified, and a matcher never sees a token the engine did not keep.
 """
 
-from collections.abc import Sequence
-from typing import ClassVar
+from __future__ import annotations
 
-import torch
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:  # imported by the functions that build masks: plugins load without torch
+    import torch
+
 
 class TokenConstraint:
     """One request's grammar matcher. Plugins subclass this; the engine calls it from its own thread.
@@ -54,12 +58,16 @@ def bitmask_words(vocab_size: int) -> int:
 
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """A bool ``[rows, vocab_size]`` tensor: which tokens each bitmask row allows."""
+    import torch
+
     bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     return ((bitmask.unsqueeze(-1) >> bits) & 1).bool().view(bitmask.shape[0], -1)[:, :vocab_size]
 
 
 def fill_rows(constraints: "Sequence[TokenConstraint]", vocab_size: int) -> torch.Tensor:
     """A bitmask with row ``i`` filled by ``constraints[i]``, grouping constraints by backend for batch fills."""
+    import torch
+
     bitmask = torch.full((len(constraints), bitmask_words(vocab_size)), -1, dtype=torch.int32)
     by_class: dict[type[TokenConstraint], list[int]] = {}
     for row, constraint in enumerate(constraints):
