@@ -97,6 +97,7 @@ async def call_app(app, request: ForwardedRequest, extra_headers: Headers = ()) 
                     yield message["body"]
                 if not message.get("more_body", False):
                     break
+        disconnected.set()  # as from a server: once the response is complete, receive() answers a disconnect
         await task  # raises what the app raised
     finally:
         disconnected.set()

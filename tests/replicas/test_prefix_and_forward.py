@@ -79,6 +79,9 @@ def test_call_app_streams_a_real_app_and_closing_it_aborts_the_request(tiny_llam
 
     async def scenario():
         engine = app.state.serving.async_engine.engine
+        short = ForwardedRequest(request.method, request.path, b"", request.headers, body.replace(b"5000", b"3"))
+        chunks = [item async for item in call_app(app, short)]  # ends: the app is told the response went out
+        assert chunks[-1] == b"data: [DONE]\n\n" and len(chunks) == 1 + 3 + 1
         stream = call_app(app, request, [(b"x-spyglass-replica", b"7")])
         start, first = await anext(stream), await anext(stream)
         running = len(engine.requests)
