@@ -55,10 +55,10 @@ class EngineReplica:
         rank = str(context.rank.rank)
         _configure_telemetry(telemetry, rank)
         self.crash: BaseException | None = None
-        self.app = create_app(engine_config, options, self._engine_crashed)
+        port = replica_port + int(rank) if replica_port else 0
+        self.app = create_app(engine_config, dataclasses.replace(options, port=port), self._engine_crashed)
         self.http_app = TelemetryMiddleware(self.app, access_log=access_log)
         self.headers = [(REPLICA_HEADER, rank.encode()), (REPLICA_ID_HEADER, context.replica_tag.encode())]
-        port = replica_port + int(rank) if replica_port else 0
         config = uvicorn.Config(self.http_app, host=options.host, port=port, log_config=None, access_log=False,
                                 timeout_graceful_shutdown=int(options.shutdown_timeout) + 5)
         self.server = uvicorn.Server(config)

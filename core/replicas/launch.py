@@ -56,11 +56,11 @@ def app_builder(arguments: dict[str, str]):
 
 def serve_replicas(args: argparse.Namespace, options: ServerOptions) -> int:
     """Run the replicas behind ``options.host:port`` until a signal; 1 if the application failed to deploy."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     local = not (args.ray_address or os.environ.get("RAY_ADDRESS"))  # else Ray and Serve are someone else's
     ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs handlers of its own
+        signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": options.host, "port": options.port})
         serve.run(application_from_args(args, options), name=APP_NAME, route_prefix="/", blocking=False)
