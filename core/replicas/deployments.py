@@ -131,13 +131,15 @@ def build_application(
     replica_port: int = 0,
     access_log: bool = True,
     max_load_gap: int = 4,
+    request_router: RequestRouterConfig | None = None,
 ):
     """The Serve application: ``num_replicas`` engines behind one ingress and the prefix-affinity router.
 
     Each replica reserves ``engine_config.num_threads`` (default 1) of Ray's CPUs and takes up to
     ``max_num_seqs`` requests at once, the engine's batch; the router holds further ones back.
+    ``request_router`` replaces the router (``RequestRouterConfig()`` is Ray's default, for comparison).
     """
-    router = RequestRouterConfig(
+    router = request_router or RequestRouterConfig(
         request_router_class=PrefixAffinityRouter, request_router_kwargs={"max_load_gap": max_load_gap}
     )
     replica = EngineReplica.options(

@@ -146,6 +146,41 @@ def single_engine_hit_rate(model_dir) -> float:
     return hits / queries
 
 
+def test_router_prefers_the_prefix_holder_unless_its_queue_is_too_long():
+    """The router alone, with stand-in replicas: affinity, the load fallback, and a dead replica forgotten."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+    from ray.serve.request_router import PendingRequest, ReplicaID
+
+    from spyglass.core.replicas.forward import ForwardedRequest
+    from spyglass.core.replicas.prefix import prefix_blocks, routing_text
+    from spyglass.core.replicas.router import PrefixAffinityRouter
+
+    async def scenario():
+        deployment = DeploymentID("EngineReplica", APP)
+        router = PrefixAffinityRouter(deployment, DeploymentHandleSource.UNKNOWN, use_replica_queue_len_cache=True)
+        router.initialize_state(max_load_gap=2)
+        replicas = [SimpleNamespace(replica_id=ReplicaID(f"r{i}", deployment)) for i in range(3)]
+        body = json.dumps(_requests()[0]).encode()
+        request = ForwardedRequest("POST", "/v1/chat/completions", b"", [], body, prefix_blocks(routing_text(body)))
+        pending = PendingRequest(args=[request], kwargs={}, metadata=None)
+        (first,) = await router.choose_replicas(replicas, pending)  # nobody has it: two at random
+        assert len(first) == 2
+        router.on_request_routed(pending, replicas[1].replica_id, None)
+        assert await router.choose_replicas(replicas, pending) == [[replicas[1]], [replicas[0], replicas[2]]]
+        for replica, queue_len in zip(replicas, (0, 3, 1)):
+            router._replica_queue_len_cache.update(replica.replica_id, queue_len)
+        assert len((await router.choose_replicas(replicas, pending))[0]) == 2  # 3 - 0 > 2: by load
+        router._replica_queue_len_cache.update(replicas[1].replica_id, 2)
+        assert (await router.choose_replicas(replicas, pending))[0] == [replicas[1]]  # 2 - 0 <= 2: affinity
+        router.on_replica_actor_died(replicas[1].replica_id)
+        assert len(router.table) == 0
+
+    asyncio.run(scenario())
+
+
 def test_requests_sharing_a_system_prompt_go_to_the_replica_that_has_it(cluster, tiny_llama_dir):
     before = cluster.prefix_counts()
     served_by = defaultdict(set)
