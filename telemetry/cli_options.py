@@ -43,6 +43,13 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
         default="spyglass",
         help="Prefix of the Prometheus metric names; vllm makes dashboards written for vLLM run unchanged.",
     )
+    group.add_argument(
+        "--metrics-label",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="A label added to every exported metric, e.g. replica=2 (repeatable).",
+    )
     group.add_argument("--log-content", action="store_true", help="Put prompts and completions in request logs.")
     group.add_argument("--slo-ttft", type=float, default=0.5, metavar="SECONDS", help="TTFT target (default 0.5).")
     group.add_argument("--slo-tpot", type=float, default=0.05, metavar="SECONDS", help="TPOT target (default 0.05).")
@@ -64,4 +71,5 @@ def settings_from_args(args: argparse.Namespace) -> TelemetrySettings:
         trace_steps_interval_s=getattr(args, "trace_steps_interval", 10.0),
         served_model_name=getattr(args, "served_model_name", None),
         metrics_namespace=getattr(args, "metrics_namespace", "spyglass"),
+        metrics_labels=tuple(label.partition("=")[::2] for label in getattr(args, "metrics_label", [])),
     )

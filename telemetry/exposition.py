@@ -10,6 +10,10 @@ With the ``vllm`` metrics namespace, every ``spyglass:`` name is exported as vLL
 becomes ``vllm:``, the few names that differ are mapped (`VLLM_NAMES`), and the older names that
 vLLM dashboards still chart are exported too (`VLLM_ALIASES`). The renaming happens at scrape
 time, so the engine records each metric once whatever the namespace.
+
+Constant labels (`TelemetrySettings.metrics_labels`, e.g. ``replica="1"`` on each engine replica
+behind a Ray Serve ingress) are added to every sample at scrape time too, so no metric definition
+or plugin needs to know about them.
 """
 
 from prometheus_client import REGISTRY
@@ -63,12 +67,30 @@ def _renamed(family: Metric, name: str) -> Metric:
     return renamed
 
 
+class LabelledRegistry(Collector):
+    """A view of ``registry`` whose every sample also carries ``labels`` (a sample's own labels win)."""
+
+    def __init__(self, registry: Collector, labels: dict[str, str]):
+        self.registry = registry
+        self.labels = labels
+
+    def collect(self):
+        for family in self.registry.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [s._replace(labels={**self.labels, **s.labels}) for s in family.samples]
+            yield labelled
+
+
 def render_metrics(accept: str | None = None, registry: Collector = REGISTRY, namespace: str | None = None):
     """The scrape body and its content type for a request with this ``Accept`` header.
 
-    ``namespace`` (default: the telemetry settings') ``vllm`` exports vLLM's metric names.
+    ``namespace`` (default: the telemetry settings') ``vllm`` exports vLLM's metric names; the
+    settings' ``metrics_labels`` are added to every sample.
     """
-    if (namespace or telemetry_settings.current().metrics_namespace) == "vllm":
+    settings = telemetry_settings.current()
+    if settings.metrics_labels:
+        registry = LabelledRegistry(registry, dict(settings.metrics_labels))
+    if (namespace or settings.metrics_namespace) == "vllm":
         registry = RenamedRegistry(registry, vllm_name, VLLM_ALIASES)
     if accept and any(part.split(";")[0].strip() == OPENMETRICS for part in accept.split(",")):
         return openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8), openmetrics.CONTENT_TYPE_LATEST

@@ -4,9 +4,11 @@ The telemetry plugins are module-level hook implementations, so they read their 
 here (`current()`) when the engine starts rather than through constructor arguments.
 """
 
+import re
 from dataclasses import dataclass
 
 METRICS_NAMESPACES = ("spyglass", "vllm")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +23,9 @@ class TelemetrySettings:
     how long one ``engine_steps`` trace groups step spans. ``served_model_name`` (default: the
     engine's model name) is the ``model_name`` label and the model in span names.
     ``metrics_namespace`` is the metric name prefix: ``spyglass``, or ``vllm`` so that
-    dashboards and alerts written for vLLM run unchanged.
+    dashboards and alerts written for vLLM run unchanged. ``metrics_labels`` are ``(name, value)``
+    pairs added to every exported sample at scrape time (e.g. ``replica``), so that several
+    processes behind one service stay apart in Prometheus whatever their metrics record.
     """
 
     metrics: bool = True
@@ -36,6 +40,7 @@ class TelemetrySettings:
     trace_steps_interval_s: float = 10.0
     served_model_name: str | None = None
     metrics_namespace: str = "spyglass"
+    metrics_labels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.otlp_protocol not in (None, "grpc", "http/protobuf"):
@@ -46,6 +51,9 @@ class TelemetrySettings:
             raise ValueError("trace_steps_interval_s must be positive")
         if self.metrics_namespace not in METRICS_NAMESPACES:
             raise ValueError(f"metrics_namespace must be one of {METRICS_NAMESPACES}, got {self.metrics_namespace!r}")
+        for name, _ in self.metrics_labels:
+            if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+                raise ValueError(f"{name!r} is not a Prometheus label name")
 
 
 _current = TelemetrySettings()

@@ -32,15 +32,37 @@ def add_parser(subparsers, argv) -> None:
     group.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
     group.add_argument("--allowed-origins", default="",
                        help="comma-separated origins allowed by CORS, or * (default: CORS off)")
+    replicas = parser.add_argument_group("replicas (Ray Serve; needs the ray extra)")
+    replicas.add_argument("--replicas", type=int, default=0, metavar="N",
+                          help="serve N engine replicas on Ray Serve behind one ingress on --host:--port, routed by "
+                          "prompt prefix (default 0: one engine in this process, no Ray)")
+    replicas.add_argument("--replica-port", type=int, default=None,
+                          help="replica i also listens on this port + i, for /metrics and probes (default: --port + 1)")
+    replicas.add_argument("--ray-address", default=None,
+                          help="the Ray cluster to join (default: RAY_ADDRESS, else a new local one)")
     add_engine_arguments(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(run=run)
 
 
+def server_options_from_args(args) -> ServerOptions:
+    """The `ServerOptions` the parsed ``serve`` options describe."""
+    return ServerOptions(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        metrics_require_key=args.metrics_require_key,
+        max_body_bytes=parse_bytes(args.max_body_bytes),
+        max_queued_requests=args.max_queued_requests,
+        shutdown_timeout=args.shutdown_timeout,
+        served_model_name=args.served_model_name,
+        allowed_origins=[origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()],
+    )
+
+
 def run(args) -> int:
     """Build the app and serve it until a signal arrives."""
-    # The HTTP stack and the engine load here, not at import, so ``spyglass serve --help`` is quick.
-    from spyglass.core.cli.server import serve
+    # The HTTP stack, the engine and Ray load here, not at import, so ``spyglass serve --help`` is quick.
     from spyglass.core.loaders.hf_loader import check_supported
 
     if args.model_positional:
@@ -52,15 +74,11 @@ def run(args) -> int:
     except ValueError as error:
         print(f"spyglass serve: {error}", file=sys.stderr)
         return 2
-    options = ServerOptions(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key or None,
-        metrics_require_key=args.metrics_require_key,
-        max_body_bytes=parse_bytes(args.max_body_bytes),
-        max_queued_requests=args.max_queued_requests,
-        shutdown_timeout=args.shutdown_timeout,
-        served_model_name=args.served_model_name,
-        allowed_origins=[origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()],
-    )
+    options = server_options_from_args(args)
+    if args.replicas:
+        from spyglass.core.replicas.launch import serve_replicas
+
+        return serve_replicas(args, options)
+    from spyglass.core.cli.server import serve
+
     return serve(args, options)

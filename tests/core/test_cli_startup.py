@@ -12,7 +12,7 @@ try:
     main(sys.argv[1:])
 except SystemExit:
     pass
-heavy = sorted(name for name in ("torch", "litestar", "uvicorn", "spyglass.core.engine.engine") if name in sys.modules)
+heavy = sorted(name for name in ("torch", "litestar", "uvicorn", "ray", "spyglass.core.engine.engine") if name in sys.modules)
 print("HEAVY:" + ",".join(heavy))
 """
 
@@ -31,5 +31,5 @@ def test_help_loads_no_heavy_module(argv):
 def test_serve_help_lists_its_options():
     result = subprocess.run([sys.executable, "-m", "spyglass.core.cli.main", "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
-    for option in ("--port", "--dtype", "--api-key", "--telemetry"):
+    for option in ("--port", "--dtype", "--api-key", "--telemetry", "--replicas", "--metrics-label"):
         assert option in result.stdout

@@ -9,6 +9,7 @@ from spyglass.core.engine.plugin_manager import create_plugin_manager
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry import metrics
 from spyglass.telemetry.exposition import render_metrics
+from spyglass.telemetry.settings import TelemetrySettings
 
 
 class Registry:
@@ -186,3 +187,21 @@ def test_device_utilisation_and_metrics_off(engine_and_registry, run_to_completi
     engine.add_request("off", [1, 2, 3], SamplingParams(max_tokens=2))
     run_to_completion(engine)
     assert reg.delta("spyglass:request_success_total", finished_reason="length") == 0
+
+
+def test_constant_labels_are_added_to_every_sample_at_scrape_time(use_settings):
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    Counter("spyglass:things", "Things.", ["model_name"], registry=registry).labels("m").inc(3)
+    Histogram("spyglass:waits_seconds", "Waits.", registry=registry, buckets=(1.0,)).observe(0.5)
+    use_settings(metrics_labels=(("replica", "1"),), metrics_namespace="vllm")
+    body, _ = render_metrics("text/plain", registry=registry)
+    samples = [s for family in text_string_to_metric_families(body.decode()) for s in family.samples]
+    assert samples and all(s.labels.get("replica") == "1" for s in samples)
+    assert any(s.name == "vllm:things_total" and s.labels == {"replica": "1", "model_name": "m"} for s in samples)
+    openmetrics, _ = render_metrics("application/openmetrics-text", registry=registry)
+    assert 'vllm:waits_seconds_bucket{le="1.0",replica="1"} 1.0' in openmetrics.decode()
+    with pytest.raises(ValueError, match="label name"):
+        TelemetrySettings(metrics_labels=(("bad-name", "x"),))
