@@ -76,7 +76,7 @@ def run(args) -> int:
         return 2
     options = server_options_from_args(args)
     if args.replicas:
-        from spyglass.core.replicas.launch import serve_replicas
+        from spyglass.core.cli.replicas import serve_replicas
 
         return serve_replicas(args, options)
     from spyglass.core.cli.server import serve

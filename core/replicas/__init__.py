@@ -1,6 +1,6 @@
 """Engine replicas on Ray Serve behind one OpenAI-compatible ingress, routed by prompt prefix.
 
-``spyglass serve --replicas N`` (or ``serve run spyglass.core.replicas.launch:app_builder``) starts:
+``spyglass serve --replicas N`` (or ``serve run spyglass.core.cli.serve_run:app_builder``) starts:
 
 - N `EngineReplica` deployments, each the ordinary Spyglass app (engine, API, ``/metrics``) in a
   Ray actor, listening on its own port too (``--replica-port`` + its rank) for scrapes and probes;

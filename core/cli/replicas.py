@@ -1,11 +1,9 @@
-"""Start the replicas: ``spyglass serve --replicas N``, or ``serve run`` with `app_builder`.
+"""Start the replicas: ``spyglass serve --replicas N`` (``serve run`` uses `serve_run.app_builder`).
 
 ``spyglass serve --replicas 2 --num-threads 1`` joins the Ray cluster named by ``--ray-address``
 (or ``RAY_ADDRESS``), or starts a local one, runs the application until SIGINT or SIGTERM, then
 deletes it (and stops the local cluster it started). The same application as a ``serve run``
-target, with ``spyglass serve``'s options as ``key=value`` arguments::
-
-    serve run spyglass.core.replicas.launch:app_builder replicas=2 num-threads=1 kv-cache-memory=512MiB
+target: see `spyglass.core.cli.serve_run`.
 """
 
 import argparse
@@ -36,22 +34,6 @@ def application_from_args(args: argparse.Namespace, options: ServerOptions):
         replica_port=args.replica_port if args.replica_port is not None else options.port + 1,
         access_log=not args.disable_access_log,
     )
-
-
-def app_builder(arguments: dict[str, str]):
-    """``serve run`` builder: ``key=value`` arguments are ``spyglass serve --key value`` options.
-
-    ``replicas`` defaults to 2; ``true`` as a value gives a bare flag (``disable-access-log=true``).
-    """
-    from spyglass.core.cli.main import build_parser
-    from spyglass.core.cli.serve_command import server_options_from_args
-
-    argv = ["serve"]
-    for key, value in {"replicas": "2", **arguments}.items():
-        flag = "--" + key.replace("_", "-")
-        argv += [flag] if value.lower() == "true" else [] if value.lower() == "false" else [flag, value]
-    args = build_parser(argv).parse_args(argv)
-    return application_from_args(args, server_options_from_args(args))
 
 
 def serve_replicas(args: argparse.Namespace, options: ServerOptions) -> int:
