@@ -8,6 +8,7 @@ from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import create_plugin_manager
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.plugins.ngram import propose
@@ -49,7 +50,7 @@ class Acceptance:
 
 def _with_plugins(config: EngineConfig, *plugins) -> LLMEngine:
     """An engine with ``plugins`` registered before it starts (a proposer is checked at start)."""
-    pm = create_plugin_manager(config.plugins, config.disabled_plugins)
+    pm = create_plugin_manager(config.plugins, config.disabled_plugins, PluginContext.for_config(config))
     for plugin in plugins:
         pm.register(plugin)
     return LLMEngine(config, plugin_manager=pm)
