@@ -3,8 +3,9 @@
 A request's deadline is its arrival plus its TTFT target: ``SamplingParams.extra["ttft_slo_s"]``
 (the API's ``ttft_slo_s`` body field), else its tenant's default from the plugin option
 ``slo_ttft`` (``--plugin-option slo_ttft=gold=0.2,free=5``) or the environment variable
-``SPYGLASS_SLO_TTFT`` in the same form, else the engine's ``--slo-ttft`` target (its telemetry settings). Waiting requests are admitted
-earliest deadline first; under KV pressure the candidate with the latest deadline is preempted.
+``SPYGLASS_SLO_TTFT`` in the same form, else the engine's ``--slo-ttft`` target (from its
+telemetry settings). Waiting requests are admitted earliest deadline first; under KV pressure
+the candidate with the latest deadline is preempted.
 Requests whose first token comes after the deadline (or that fail without one) are counted in
 ``spyglass:slo_deadline_misses_total``. The entry point names `SloPlugin`: each engine's instance
 makes that engine's policy and judges only its requests.

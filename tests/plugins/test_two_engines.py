@@ -113,7 +113,8 @@ def test_two_unrelated_engines_keep_their_own_telemetry(make_engine, driver, spa
 
 
 def test_a_draft_engine_belongs_to_its_proposer_and_stops_with_its_target(make_engine, driver, tiny_llama_dir):
-    options = {"speculative": "draft", "num_speculative_tokens": 2, "plugin_options": {"draft_model": str(tiny_llama_dir)}}
+    options = {"speculative": "draft", "num_speculative_tokens": 2}
+    options["plugin_options"] = {"draft_model": str(tiny_llama_dir)}
     plugins = ["fcfs", "prefix_cache", "metrics", "draft_model"]
     target = make_engine(plugins, telemetry=TelemetrySettings(served_model_name="target"), **options)
     other = make_engine(plugins, telemetry=TelemetrySettings(served_model_name="other"), **options)
