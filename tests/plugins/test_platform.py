@@ -120,3 +120,29 @@ def test_plugin_api_names_exist():
         assert getattr(plugin_api, name) is not None
     with pytest.raises(TypeError, match="names must match"):
         plugin_api.implements(hookspecs.spyglass_request_finished)(lambda request, reason: None)
+
+
+def test_factories_get_the_engine_context_and_modules_stay_modules():
+    import types
+
+    from spyglass.core.engine.config import EngineConfig
+    from spyglass.core.engine.plugin_context import PluginContext
+    from spyglass.core.engine.plugin_manager import instantiate
+    from spyglass.telemetry.settings import TelemetrySettings
+
+    telemetry = TelemetrySettings(metrics=False)
+    context = PluginContext.for_config(EngineConfig(engine_id="e7", telemetry=telemetry))
+    assert (context.engine_id, context.config.engine_id, context.telemetry) == ("e7", "e7", telemetry)
+    assert PluginContext.for_config(EngineConfig()).engine_id != PluginContext.for_config(EngineConfig()).engine_id
+
+    class Plugin:
+        def __init__(self, context):
+            self.context = context
+
+    module = types.ModuleType("module_plugin")
+    assert instantiate(module, context) is module
+    assert instantiate(Plugin, context).context is context
+    assert instantiate(lambda context: None, context) is None  # a factory may decline an engine
+    pm = create_plugin_manager(["metrics", "fcfs"], context=context)
+    assert pm.context is context and pm.get_plugin("metrics").settings is telemetry
+    assert pm.get_plugin("fcfs").__name__ == "spyglass.plugins.fcfs"

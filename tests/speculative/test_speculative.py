@@ -193,7 +193,7 @@ def test_speculation_is_counted_in_metrics(tiny_llama_dir):
     counter = Acceptance()
     config = EngineConfig(model=str(tiny_llama_dir), dtype="float32", speculative="test")
     engine = _with_plugins(config, ConstantProposer([5, 6, 7]), counter)
-    labels = {"model_name": engine.model_name}
+    labels = {"model_name": engine.model_name, "engine": engine.engine_id}
     before = {
         name: REGISTRY.get_sample_value(f"spyglass:spec_decode_{name}_total", labels) or 0.0
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
