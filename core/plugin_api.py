@@ -1,5 +1,8 @@
 """The typed surface for plugin authors: import everything a plugin needs from here, and check it with mypy.
 
+Plugins import nothing else from ``spyglass.core`` (``spyglass.telemetry`` and ``spyglass.kernels``
+are theirs to use), and never import each other.
+
 ``hookimpl`` marks a hook implementation (pluggy checks parameter names when the plugin is
 registered); `implements` does the same and also lets mypy check the whole signature against
 the hookspec. The payload types are the engine's own: hooks receive live objects, to be read
@@ -10,14 +13,21 @@ and never mutated (a policy keeps its own state).
     @implements(hookspecs.spyglass_request_finished)
     def spyglass_request_finished(request: Request, reason: FinishReason) -> None:
         ...
+
+A plugin with per-engine state is a class named by its entry point: each engine calls it with a
+`PluginContext` and registers the instance; `implements` marks its methods the same way.
 """
 
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
 
 from spyglass.core.engine import hookspecs
+from spyglass.core.engine.config import DTYPE_NAMES, EngineConfig, dtype_named
+from spyglass.core.engine.draft_engine import DraftEngine
 from spyglass.core.engine.kv.block_pool import BlockPool
-from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.plugin_context import PluginContext
+from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.kv.kv_cache_manager import NO_MATCH, PrefixMatch
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus, RequestTimes
@@ -29,8 +39,11 @@ from spyglass.core.tokenizer import Tokenizer
 from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallParser
 
 __all__ = [
+    "DTYPE_NAMES",
     "NO_MATCH",
     "BlockPool",
+    "Checkpoint",
+    "DraftEngine",
     "EngineConfig",
     "EngineInfo",
     "FinishReason",
@@ -46,20 +59,34 @@ __all__ = [
     "TokenConstraint",
     "Tokenizer",
     "ParsedToolCall",
+    "PluginContext",
     "ToolCallParser",
     "hookimpl",
     "hookspecs",
+    "dtype_named",
     "implements",
+    "load_checkpoint",
     "parse_tenant_values",
     "tenant_of",
 ]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+S = TypeVar("S")
 
 
-def implements(spec: Callable[P, R], **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """``hookimpl(**options)`` for a function that must take exactly the parameters of hookspec ``spec``.
+class HookMarker(Protocol[P, R]):
+    """What `implements` returns: marks a function, or a method (``self`` first), with the hookspec's signature."""
+
+    @overload
+    def __call__(self, function: Callable[P, R]) -> Callable[P, R]: ...
+
+    @overload
+    def __call__(self, function: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]: ...
+
+
+def implements(spec: Callable[P, R], **options: Any) -> HookMarker[P, R]:
+    """``hookimpl(**options)`` for a function (or method) that must take exactly the parameters of hookspec ``spec``.
 
     mypy then reports a parameter of the wrong type or a wrong return type; at runtime the
     function's name must be the hookspec's. ``options`` are pluggy's (``tryfirst``, ``trylast``, ...).
@@ -67,10 +94,10 @@ def implements(spec: Callable[P, R], **options: Any) -> Callable[[Callable[P, R]
     if getattr(hookspecs, spec.__name__, None) is not spec:
         raise TypeError(f"{spec.__name__} is not a Spyglass hookspec")
 
-    def mark(function: Callable[P, R]) -> Callable[P, R]:
+    def mark(function: Any) -> Any:
         if function.__name__ != spec.__name__:
             raise TypeError(f"{function.__name__} implements {spec.__name__}: the names must match")
         marked: Callable[P, R] = hookimpl(**options)(function)
         return marked
 
-    return mark
+    return mark  # type: ignore[return-value]

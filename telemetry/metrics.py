@@ -2,8 +2,10 @@
 
 Names follow vLLM's (``vllm:`` becomes ``spyglass:``; ``--metrics-namespace vllm`` exports
 vLLM's exact names, see `spyglass.telemetry.exposition`) so existing dashboards and alerts carry
-over; every engine metric has a ``model_name`` label (the served model name). The ``gen_ai_server_*`` histograms are the
-OpenTelemetry GenAI server metrics in Prometheus naming, with the convention's buckets. The
+over; every engine metric has a ``model_name`` label (the served model name) and an ``engine``
+label (the engine's id, `EngineConfig.engine_id`; vLLM labels its per-engine stat loggers the
+same way). The ``gen_ai_server_*`` histograms are the OpenTelemetry GenAI server metrics in
+Prometheus naming, with the convention's buckets, plus the ``engine`` label. The
 plugins in ``plugins/metrics`` (and the prefix-cache and speculative-decoding plugins) record
 them from hook events; ``telemetry/http.py`` records the HTTP ones. Nothing here runs inside
 the model step.
@@ -14,12 +16,14 @@ import time
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 # The ``*_created`` series double the scrape size and no dashboard reads them (vLLM drops them too).
 disable_created_metrics()
 
-M = ["model_name"]
+# The labels of every engine metric: which model, served by which engine of the process.
+M = ["model_name", "engine"]
 
 # vLLM's buckets, with a few sub-10 ms ones added for per-token latencies on fast hardware.
 TTFT_BUCKETS = (
@@ -241,7 +245,7 @@ SLO_DEADLINE_MISSES = Counter(
 )
 
 # -- OpenTelemetry GenAI server metrics --------------------------------------------------------
-GEN_AI = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"]
+GEN_AI = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "engine"]
 GEN_AI_TIME_TO_FIRST_TOKEN = Histogram(
     "gen_ai_server_time_to_first_token_seconds",
     "gen_ai.server.time_to_first_token",
@@ -348,3 +352,34 @@ def _resident_bytes() -> float:
 
 DEVICE = DeviceCollector()
 REGISTRY.register(DEVICE)
+
+
+class EngineSeries:
+    """The label children one engine records into, so that they can all be removed when it stops.
+
+    The metric families above are shared definitions; the children (one per label set) belong to
+    whoever created them. Plugins create their engine's children through `labels` and drop them
+    with `remove` when the engine stops, so no stopped engine's series linger in the registry.
+    """
+
+    def __init__(self, model: str, engine: str):
+        self.model = model
+        self.engine = engine
+        self._children: set[tuple[MetricWrapperBase, tuple[str, ...]]] = set()
+
+    def labels(self, metric: MetricWrapperBase, *extra: str):
+        """``metric``'s child for this engine (``model_name``, ``engine``, then ``extra`` labels)."""
+        return self.child(metric, self.model, self.engine, *extra)
+
+    def child(self, metric: MetricWrapperBase, *values: str):
+        """``metric``'s child for exactly these label values (for families ordered otherwise, like GEN_AI)."""
+        values = tuple(str(v) for v in values)
+        self._children.add((metric, values))
+        return metric.labels(*values)
+
+    def remove(self, keep: tuple[MetricWrapperBase, ...] = ()) -> None:
+        """Remove every child created here, except those of the metrics in ``keep``."""
+        for metric, values in list(self._children):
+            if metric not in keep:
+                metric.remove(*values)
+                self._children.discard((metric, values))

@@ -1,7 +1,9 @@
-"""What telemetry the process emits: one dataclass, set once by the CLI before the engine starts.
+"""What telemetry an engine emits: one dataclass, passed to each engine's plugins.
 
-The telemetry plugins are module-level hook implementations, so they read their options from
-here (`current()`) when the engine starts rather than through constructor arguments.
+Each engine's plugins get their settings from their `PluginContext` (`EngineConfig.telemetry`).
+`configure` and `current` keep the process default, which the CLI sets once from its options
+and which an engine whose config leaves ``telemetry`` unset takes when it starts; plugins never
+read it.
 """
 
 import re

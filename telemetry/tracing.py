@@ -113,28 +113,31 @@ def set_tracer_provider(provider: TracerProvider | None) -> None:
         _provider, _resolved = provider, provider is not None
 
 
-def tracer_provider() -> TracerProvider | None:
-    """The provider Spyglass traces with, built on first use from `settings.current()`.
+def tracer_provider(settings: "telemetry_settings.TelemetrySettings | None" = None) -> TracerProvider | None:
+    """The provider Spyglass traces with, built on first use from ``settings`` (default: `settings.current()`).
+
+    The provider is the process's (one exporter pipeline): the first engine to trace builds it.
 
     Without an OTLP endpoint, an SDK provider that the embedding program installed globally is
     used; otherwise None. A provider built here also becomes the global one if none was set.
     """
     global _provider, _resolved
+    settings = settings or telemetry_settings.current()
     with _lock:
         if not _resolved:
             _resolved = True
-            _provider = build_tracer_provider(telemetry_settings.current())
+            _provider = build_tracer_provider(settings)
             global_provider = trace.get_tracer_provider()
             if _provider is None and isinstance(global_provider, TracerProvider):
-                _provider = global_provider if telemetry_settings.current().tracing else None
+                _provider = global_provider if settings.tracing else None
             elif _provider is not None and not isinstance(global_provider, TracerProvider):
                 trace.set_tracer_provider(_provider)
         return _provider
 
 
-def get_tracer() -> trace.Tracer | None:
-    """Spyglass's tracer, or None when nothing would record the spans."""
-    provider = tracer_provider()
+def get_tracer(settings: "telemetry_settings.TelemetrySettings | None" = None) -> trace.Tracer | None:
+    """Spyglass's tracer, or None when nothing would record the spans (``settings`` as for `tracer_provider`)."""
+    provider = tracer_provider(settings)
     return provider.get_tracer(TRACER_NAME) if provider is not None else None
 
 

@@ -52,8 +52,9 @@ class _Server(uvicorn.Server):
 
 def serve(args: argparse.Namespace, options: ServerOptions) -> int:
     """Load the engine, then listen on ``options.host:port`` until SIGINT or SIGTERM; 1 if the engine crashed."""
-    telemetry_settings.configure(settings_from_args(args))
-    engine_config = engine_config_from_args(args)
+    telemetry = settings_from_args(args)
+    telemetry_settings.configure(telemetry)  # the process default: /metrics naming, the tracer provider
+    engine_config = engine_config_from_args(args, telemetry=telemetry)
     # ``server`` is bound below, before the engine (started by the server's lifespan) can crash.
     app = create_app(engine_config, options, lambda error: server.engine_crash(error))
     config = uvicorn.Config(

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spyglass.kernels import cpu_isa
+from spyglass.telemetry.settings import TelemetrySettings
 
 if TYPE_CHECKING:  # torch is imported when a dtype or device is asked for, so the CLI starts without it
     import torch
@@ -47,6 +48,9 @@ class EngineConfig:
     plugins' own settings (``--plugin-option draft_model=PATH``), read by the plugins at start.
     ``quantization`` (`core.quantization`): auto keeps a GGUF file's quantized blocks on the CPU,
     none dequantizes at load, int8 stores the matrices as weight-only int8 (Q8_0).
+    ``engine_id`` names the engine in metrics (the ``engine`` label), traces and logs; None gives a
+    process-unique one ("0", "1", ...). ``telemetry`` is what the engine's plugins emit; None takes
+    the process default (`spyglass.telemetry.settings.current()`, set by the CLI) when the engine starts.
     """
 
     model: str | None = None
@@ -69,6 +73,8 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     plugin_options: dict[str, str] = field(default_factory=dict)
     quantization: str = "auto"
+    engine_id: str | None = None
+    telemetry: TelemetrySettings | None = None
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:

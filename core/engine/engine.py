@@ -17,6 +17,7 @@ from spyglass.core.engine.kv.kv_cache_manager import KVCacheManager
 from spyglass.core.engine.runner.model_runner import ModelRunner, RunnerOutput
 from spyglass.core.models.registry import build_model
 from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
+from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import SafeHookRelay, create_plugin_manager
 from spyglass.core.models.quantization import quantize_weights_int8, resolve_mode, weight_bytes
 from spyglass.core.engine.request import FinishReason, Request
@@ -36,7 +37,13 @@ class LLMEngine:
     """Loads a model, owns the KV cache and the queues, and advances every request one step at a time."""
 
     def __init__(self, config: EngineConfig, plugin_manager=None, checkpoint: Checkpoint | None = None):
-        self.config = config
+        # The id and telemetry settings of a given plugin manager's context win: its plugins were made for them.
+        known = getattr(plugin_manager, "context", None)
+        if known is not None:
+            config = replace(config, engine_id=known.engine_id, telemetry=known.telemetry)
+        self.context = PluginContext.for_config(config)
+        self.config = config = self.context.config
+        self.engine_id = self.context.engine_id
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
@@ -50,7 +57,9 @@ class LLMEngine:
                 "bfloat16 asked for, but this CPU (%s) has no native bf16 arithmetic: it is emulated and several "
                 "times slower than --dtype float32", cpu_isa.describe(),
             )
-        self.plugin_manager = plugin_manager or create_plugin_manager(config.plugins, config.disabled_plugins)
+        self.plugin_manager = plugin_manager or create_plugin_manager(
+            config.plugins, config.disabled_plugins, self.context
+        )
         self.hooks = SafeHookRelay(self.plugin_manager)
         quantization = resolve_mode(config.quantization, self.device)
         checkpoint = checkpoint or load_checkpoint(config.model, dtype, keep_quantized=quantization == "auto")
@@ -81,6 +90,7 @@ class LLMEngine:
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.info = EngineInfo(
             model_name=self.model_name,
+            engine_id=self.engine_id,
             device=str(self.device),
             dtype=str(dtype).removeprefix("torch."),
             num_kv_blocks=num_blocks,

@@ -1,12 +1,15 @@
 """Loading plugins from the ``spyglass`` entry-point group and calling their hooks safely."""
 
 import importlib.metadata
+import inspect
 import logging
 from collections.abc import Callable
 
 import pluggy
 
 from spyglass.core.engine import hookspecs
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.plugin_context import PluginContext
 
 log = logging.getLogger("spyglass.plugins")
 
@@ -69,16 +72,40 @@ class SafeHookRelay:
         return guarded
 
 
-def create_plugin_manager(enabled: list[str] | None = None, disabled: list[str] | None = None) -> pluggy.PluginManager:
+class SpyglassPluginManager(pluggy.PluginManager):
+    """pluggy's plugin manager for one engine, knowing which engine (`context`) its plugins were made for."""
+
+    def __init__(self, context: PluginContext):
+        super().__init__(hookspecs.PROJECT)
+        self.add_hookspecs(hookspecs)
+        self.context = context
+
+
+def instantiate(plugin: object, context: PluginContext) -> object | None:
+    """What to register for one engine: a module as it is (shared), else the factory's result for ``context``.
+
+    A factory is a class or any other callable: it is called with the `PluginContext` and its
+    result (None: nothing for this engine) is the engine's own plugin object.
+    """
+    if inspect.ismodule(plugin) or not callable(plugin):
+        return plugin
+    return plugin(context)
+
+
+def create_plugin_manager(
+    enabled: list[str] | None = None, disabled: list[str] | None = None, context: PluginContext | None = None
+) -> SpyglassPluginManager:
     """A plugin manager with every plugin of the ``spyglass`` entry-point group registered by name.
 
     ``enabled`` (if given) keeps only those names; ``disabled`` drops names. Built-in plugins
     come through the same entry points as third-party ones. An entry point naming a module
-    registers the module; one naming a class registers a new instance of it, so each engine (each
-    plugin manager) has its own plugin object and state.
+    registers the module; one naming a factory (a class or callable) registers what it returns
+    when called with ``context``, so each engine (each plugin manager) has its own plugin objects
+    and state. Without ``context``, one is made for a default `EngineConfig` with these plugins.
     """
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
+    if context is None:
+        context = PluginContext.for_config(EngineConfig(plugins=enabled, disabled_plugins=list(disabled or [])))
+    pm = SpyglassPluginManager(context)
     available = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     unknown = [n for n in (enabled or []) + (disabled or []) if n not in available]
     if unknown:
@@ -86,8 +113,9 @@ def create_plugin_manager(enabled: list[str] | None = None, disabled: list[str] 
     for name, entry_point in sorted(available.items()):
         if (enabled is not None and name not in enabled) or name in (disabled or []):
             continue
-        plugin = entry_point.load()
-        pm.register(plugin() if isinstance(plugin, type) else plugin, name=name)
+        plugin = instantiate(entry_point.load(), context)
+        if plugin is not None:
+            pm.register(plugin, name=name)
     return pm
 
 

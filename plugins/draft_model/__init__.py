@@ -1,33 +1,54 @@
 """Speculation with a separate small draft model sharing the target's tokenizer (method ``draft``).
 
 Set the model with ``--plugin-option draft_model=PATH`` (GGUF file or HF directory) and its dtype
-with ``draft_dtype`` (default: the target's).
+with ``draft_dtype`` (default: the target's). The entry point names `DraftModelProposer`: each
+engine that speculates with ``draft`` gets its own proposer, which owns the draft engine (a
+`DraftEngine`, id ``<target id>-draft``) and stops it when its target stops.
 """
 
-from spyglass.core.loaders.load import load_checkpoint
-from spyglass.core.engine.config import dtype_named
-from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.plugins.draft_model.drafter import EngineDrafter
-
-_state: dict[str, EngineDrafter] = {}
-
-
-@hookimpl
-def spyglass_engine_started(info, config):
-    """Load the draft model when this engine speculates with method ``draft``."""
-    if config.speculative != "draft":
-        return
-    path = config.plugin_options.get("draft_model")
-    if not path:
-        raise ValueError("--speculative draft needs --plugin-option draft_model=PATH")
-    dtype = dtype_named(config.plugin_options.get("draft_dtype", info.dtype))
-    checkpoint = load_checkpoint(path, dtype)
-    _state["drafter"] = EngineDrafter(checkpoint, config)
+from spyglass.core.plugin_api import (
+    DraftEngine,
+    EngineConfig,
+    EngineInfo,
+    PluginContext,
+    Request,
+    dtype_named,
+    hookimpl,
+    load_checkpoint,
+)
 
 
-@hookimpl
-def spyglass_propose_drafts(method, requests, num_speculative_tokens):
-    """Greedy drafts from the draft model."""
-    if method != "draft" or "drafter" not in _state:
-        return None
-    return _state["drafter"].propose(requests, num_speculative_tokens)
+class DraftModelProposer:
+    """One target engine's draft-model proposer and the draft engine it owns."""
+
+    method = "draft"
+
+    def __init__(self, context: PluginContext):
+        self.drafter: DraftEngine | None = None
+
+    @hookimpl
+    def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
+        """Load the draft model when this engine speculates with method ``draft``."""
+        if config.speculative != self.method:
+            return
+        path = config.plugin_options.get("draft_model")
+        if not path:
+            raise ValueError("--speculative draft needs --plugin-option draft_model=PATH")
+        dtype = dtype_named(config.plugin_options.get("draft_dtype", info.dtype))
+        self.drafter = DraftEngine(load_checkpoint(path, dtype), config)
+
+    @hookimpl
+    def spyglass_engine_stopped(self, info: EngineInfo) -> None:
+        """The target stopped: stop the draft engine with it."""
+        if self.drafter is not None:
+            self.drafter.shutdown()
+            self.drafter = None
+
+    @hookimpl
+    def spyglass_propose_drafts(
+        self, method: str, requests: tuple[Request, ...], num_speculative_tokens: int
+    ) -> dict[str, list[int]] | None:
+        """Greedy drafts from the draft model."""
+        if method != self.method or self.drafter is None:
+            return None
+        return self.drafter.propose(requests, num_speculative_tokens)

@@ -18,9 +18,7 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.request import Request
-from spyglass.core.engine.sched.scheduler_policy import parse_tenant_values, tenant_of
+from spyglass.core.plugin_api import Request, hookimpl, parse_tenant_values, tenant_of
 
 WEIGHTS_ENV = "SPYGLASS_FAIR_WEIGHTS"
 

@@ -2,8 +2,7 @@
 
 from collections.abc import Iterable, Sequence
 
-from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.request import Request
+from spyglass.core.plugin_api import Request, hookimpl
 
 
 class FcfsPolicy:

@@ -1,6 +1,6 @@
 """Prompt-lookup speculation: draft the tokens that followed the last occurrence of the current n-gram."""
 
-from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.plugin_api import hookimpl
 
 MAX_NGRAM = 4
 MIN_NGRAM = 1

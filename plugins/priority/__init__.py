@@ -8,8 +8,7 @@ requests that need blocks take them from the lowest-priority candidate too.
 
 from collections.abc import Iterable, Sequence
 
-from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.request import Request
+from spyglass.core.plugin_api import Request, hookimpl
 
 
 def _rank(request: Request) -> tuple[int, float]:

@@ -1,30 +1,29 @@
 """One structured log line per finished request (and one per preemption), joined to its trace.
 
-Lines go to the ``spyglass.requests`` logger with ``req_id``, ``trace_id`` and ``span_id``;
-prompt and completion text appear only with ``TelemetrySettings.log_content``.
+Lines go to the ``spyglass.requests`` logger with ``req_id``, ``trace_id``, ``span_id`` and
+``engine`` (the engine's id); prompt and completion text appear only with the engine's
+``TelemetrySettings.log_content``. The entry point names `RequestLogPlugin`: one per engine.
 """
 
 import logging
 
-from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.request import FinishReason, Request
-from spyglass.telemetry import settings as telemetry_settings
+from spyglass.core.plugin_api import EngineConfig, EngineInfo, FinishReason, PluginContext, Request, hookimpl
 from spyglass.telemetry.logging import get_logger, request_fields
 
 LOGGER_NAME = "spyglass.requests"
-log = get_logger(LOGGER_NAME)
-_tokenizer = None
+log = get_logger(LOGGER_NAME)  # a stateless wrapper around logging.getLogger(LOGGER_NAME)
 
 
 def _seconds(later: float, earlier: float) -> float | None:
     return round(later - earlier, 6) if later and earlier else None
 
 
-def summary(request: Request, reason: FinishReason) -> dict:
+def summary(request: Request, reason: FinishReason, engine_id: str = "") -> dict:
     """The fields of a finished request's log line: sizes and phase timings in seconds (None if not reached)."""
     times = request.times
     fields = {
         **request_fields(request),
+        "engine": engine_id,
         "finish_reason": reason.value,
         "operation": request.attributes.get("operation", "text_completion"),
         "prompt_tokens": request.num_prompt_tokens,
@@ -42,29 +41,37 @@ def summary(request: Request, reason: FinishReason) -> dict:
         fields["tpot_s"] = round((times.last_token - times.first_token) / (request.num_output_tokens - 1), 6)
     if request.error:
         fields["error"] = request.error
-    if telemetry_settings.current().log_content:
-        fields["prompt"] = request.prompt
-        if _tokenizer is not None:
-            fields["output"] = _tokenizer.decode(request.output_token_ids)
     return fields
 
 
-@hookimpl
-def spyglass_engine_started(info):
-    """Keep the tokenizer, to log completion text when content logging is on."""
-    global _tokenizer
-    _tokenizer = getattr(info, "tokenizer", None)
+class RequestLogPlugin:
+    """One engine's request log: its id on every line, its tokenizer for completion text."""
 
+    def __init__(self, context: PluginContext):
+        self.engine_id = context.engine_id
+        self.log_content = context.telemetry.log_content
+        self.tokenizer = None
 
-@hookimpl
-def spyglass_request_preempted(request):
-    """A preemption is rare and costly: say so."""
-    log.info("request preempted", **request_fields(request), num_computed_tokens=request.num_computed_tokens)
+    @hookimpl
+    def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
+        """Keep the tokenizer, to log completion text when content logging is on."""
+        self.tokenizer = info.tokenizer
 
+    @hookimpl
+    def spyglass_request_preempted(self, request: Request) -> None:
+        """A preemption is rare and costly: say so."""
+        log.info("request preempted", **request_fields(request), engine=self.engine_id,
+                 num_computed_tokens=request.num_computed_tokens)  # fmt: skip
 
-@hookimpl
-def spyglass_request_finished(request, reason):
-    """The summary line; errors at warning level. Nothing is computed when the logger is off."""
-    level = logging.WARNING if reason is FinishReason.ERROR else logging.INFO
-    if logging.getLogger(LOGGER_NAME).isEnabledFor(level):
-        log.log(level, "request finished", **summary(request, reason))
+    @hookimpl
+    def spyglass_request_finished(self, request: Request, reason: FinishReason) -> None:
+        """The summary line; errors at warning level. Nothing is computed when the logger is off."""
+        level = logging.WARNING if reason is FinishReason.ERROR else logging.INFO
+        if not logging.getLogger(LOGGER_NAME).isEnabledFor(level):
+            return
+        fields = summary(request, reason, self.engine_id)
+        if self.log_content:
+            fields["prompt"] = request.prompt
+            if self.tokenizer is not None:
+                fields["output"] = self.tokenizer.decode(request.output_token_ids)
+        log.log(level, "request finished", **fields)

@@ -2,17 +2,23 @@
 
 ``--plugin-option self_draft_layers=N`` keeps only the first N layers (with the shared final norm
 and head: layer skip); ``self_draft_dtype=bfloat16`` drafts in a faster dtype. Both may be combined.
+The entry point names `SelfDraftProposer`: each engine gets its own, owning its own draft engine,
+so a drafter never outlives its target or serves another engine.
 """
 
 import dataclasses
 
-from spyglass.core.loaders.checkpoint import Checkpoint
-from spyglass.core.loaders.load import load_checkpoint
-from spyglass.core.engine.config import dtype_named
-from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.plugins.draft_model.drafter import EngineDrafter
-
-_state: dict[str, EngineDrafter] = {}
+from spyglass.core.plugin_api import (
+    Checkpoint,
+    DraftEngine,
+    EngineConfig,
+    EngineInfo,
+    PluginContext,
+    Request,
+    dtype_named,
+    hookimpl,
+    load_checkpoint,
+)
 
 
 def truncate_layers(checkpoint: Checkpoint, num_layers: int) -> Checkpoint:
@@ -23,21 +29,37 @@ def truncate_layers(checkpoint: Checkpoint, num_layers: int) -> Checkpoint:
     return dataclasses.replace(checkpoint, arch=arch, weights=weights)
 
 
-@hookimpl
-def spyglass_engine_started(info, config):
-    """Build the cheaper copy when this engine speculates with method ``self``."""
-    if config.speculative != "self":
-        return
-    options = config.plugin_options
-    checkpoint = load_checkpoint(config.model, dtype_named(options.get("self_draft_dtype", info.dtype)))
-    if "self_draft_layers" in options:
-        checkpoint = truncate_layers(checkpoint, int(options["self_draft_layers"]))
-    _state["drafter"] = EngineDrafter(checkpoint, config)
+class SelfDraftProposer:
+    """One target engine's self-speculation proposer and the draft engine it owns."""
 
+    method = "self"
 
-@hookimpl
-def spyglass_propose_drafts(method, requests, num_speculative_tokens):
-    """Greedy drafts from the cheaper copy."""
-    if method != "self" or "drafter" not in _state:
-        return None
-    return _state["drafter"].propose(requests, num_speculative_tokens)
+    def __init__(self, context: PluginContext):
+        self.drafter: DraftEngine | None = None
+
+    @hookimpl
+    def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
+        """Build the cheaper copy when this engine speculates with method ``self``."""
+        if config.speculative != self.method:
+            return
+        options = config.plugin_options
+        checkpoint = load_checkpoint(config.model, dtype_named(options.get("self_draft_dtype", info.dtype)))
+        if "self_draft_layers" in options:
+            checkpoint = truncate_layers(checkpoint, int(options["self_draft_layers"]))
+        self.drafter = DraftEngine(checkpoint, config)
+
+    @hookimpl
+    def spyglass_engine_stopped(self, info: EngineInfo) -> None:
+        """The target stopped: stop the draft engine with it."""
+        if self.drafter is not None:
+            self.drafter.shutdown()
+            self.drafter = None
+
+    @hookimpl
+    def spyglass_propose_drafts(
+        self, method: str, requests: tuple[Request, ...], num_speculative_tokens: int
+    ) -> dict[str, list[int]] | None:
+        """Greedy drafts from the cheaper copy."""
+        if method != self.method or self.drafter is None:
+            return None
+        return self.drafter.propose(requests, num_speculative_tokens)

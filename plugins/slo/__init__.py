@@ -3,10 +3,12 @@
 A request's deadline is its arrival plus its TTFT target: ``SamplingParams.extra["ttft_slo_s"]``
 (the API's ``ttft_slo_s`` body field), else its tenant's default from the plugin option
 ``slo_ttft`` (``--plugin-option slo_ttft=gold=0.2,free=5``) or the environment variable
-``SPYGLASS_SLO_TTFT`` in the same form, else the process's ``--slo-ttft`` target. Waiting requests are admitted
-earliest deadline first; under KV pressure the candidate with the latest deadline is preempted.
+``SPYGLASS_SLO_TTFT`` in the same form, else the engine's ``--slo-ttft`` target (from its
+telemetry settings). Waiting requests are admitted earliest deadline first; under KV pressure
+the candidate with the latest deadline is preempted.
 Requests whose first token comes after the deadline (or that fail without one) are counted in
-``spyglass:slo_deadline_misses_total``.
+``spyglass:slo_deadline_misses_total``. The entry point names `SloPlugin`: each engine's instance
+makes that engine's policy and judges only its requests.
 """
 
 import os
@@ -14,11 +16,17 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 
-from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.request import FinishReason, Request
-from spyglass.core.engine.sched.scheduler_policy import parse_tenant_values, tenant_of
+from spyglass.core.plugin_api import (
+    EngineConfig,
+    EngineInfo,
+    FinishReason,
+    PluginContext,
+    Request,
+    hookimpl,
+    parse_tenant_values,
+    tenant_of,
+)
 from spyglass.telemetry import metrics as m
-from spyglass.telemetry import settings as telemetry_settings
 
 TENANT_TTFT_ENV = "SPYGLASS_SLO_TTFT"
 
@@ -32,7 +40,7 @@ class SloPolicy:
     def __init__(self, default_ttft_s: float, tenant_ttft_s: dict[str, float] | None = None):
         self.default_ttft_s = default_ttft_s
         self.tenant_ttft_s = dict(tenant_ttft_s or {})
-        self.model_name: str | None = None
+        self.misses_counter = None  # the engine's slo_deadline_misses child, once it has started with metrics on
         self.num_deadline_misses = 0
         # Requests this policy has seen, so the hooks below judge only this engine's requests.
         self._seen: weakref.WeakSet[Request] = weakref.WeakSet()
@@ -72,41 +80,51 @@ class SloPolicy:
             missed = not times.first_token and reason is not FinishReason.ABORT
         if missed:
             self.num_deadline_misses += 1
-            if self.model_name is not None and telemetry_settings.current().metrics:
-                m.SLO_DEADLINE_MISSES.labels(self.model_name).inc()
+            if self.misses_counter is not None:
+                self.misses_counter.inc()
 
 
-_policies: "weakref.WeakSet[SloPolicy]" = weakref.WeakSet()
+class SloPlugin:
+    """Provides one engine's ``slo`` policy and judges that engine's requests against it."""
 
+    def __init__(self, context: PluginContext):
+        self.settings = context.telemetry
+        self.policy: SloPolicy | None = None
+        self.series: m.EngineSeries | None = None
 
-@hookimpl
-def spyglass_scheduling_policy(name, config):
-    """Provide the ``slo`` policy; tenant targets from ``slo_ttft`` / ``SPYGLASS_SLO_TTFT``, default ``--slo-ttft``."""
-    if name != "slo":
-        return None
-    tenants = parse_tenant_values(config.plugin_options.get("slo_ttft") or os.environ.get(TENANT_TTFT_ENV))
-    policy = SloPolicy(telemetry_settings.current().slo_ttft_s, tenants)
-    _policies.add(policy)
-    return policy
+    @hookimpl
+    def spyglass_scheduling_policy(self, name: str, config: EngineConfig) -> SloPolicy | None:
+        """The ``slo`` policy; tenant targets from ``slo_ttft`` / ``SPYGLASS_SLO_TTFT``, default ``--slo-ttft``."""
+        if name != "slo":
+            return None
+        tenants = parse_tenant_values(config.plugin_options.get("slo_ttft") or os.environ.get(TENANT_TTFT_ENV))
+        self.policy = SloPolicy(self.settings.slo_ttft_s, tenants)
+        return self.policy
 
+    @hookimpl
+    def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
+        """Bind the deadline-miss counter to this engine's labels (when its metrics are on)."""
+        if self.policy is not None and self.settings.metrics:
+            self.series = m.EngineSeries(self.settings.served_model_name or info.model_name, info.engine_id)
+            self.policy.misses_counter = self.series.labels(m.SLO_DEADLINE_MISSES)
 
-@hookimpl
-def spyglass_engine_started(info):
-    """Name the model on the policies created for the engine that is starting."""
-    for policy in list(_policies):
-        if policy.model_name is None:
-            policy.model_name = info.model_name
+    @hookimpl
+    def spyglass_engine_stopped(self, info: EngineInfo) -> None:
+        """Drop this engine's counter."""
+        if self.series is not None:
+            self.series.remove()
+            self.series = None
+        if self.policy is not None:
+            self.policy.misses_counter = None
 
+    @hookimpl
+    def spyglass_request_first_token(self, request: Request) -> None:
+        """Late first token: a deadline miss."""
+        if self.policy is not None:
+            self.policy.judge(request)
 
-@hookimpl
-def spyglass_request_first_token(request):
-    """Late first token: a deadline miss."""
-    for policy in list(_policies):
-        policy.judge(request)
-
-
-@hookimpl
-def spyglass_request_finished(request, reason):
-    """Failed before any token: a deadline miss."""
-    for policy in list(_policies):
-        policy.judge(request, reason)
+    @hookimpl
+    def spyglass_request_finished(self, request: Request, reason: FinishReason) -> None:
+        """Failed before any token: a deadline miss."""
+        if self.policy is not None:
+            self.policy.judge(request, reason)

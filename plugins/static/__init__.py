@@ -8,8 +8,7 @@ baseline that continuous batching (``fcfs``) is measured against.
 
 from collections.abc import Iterable, Sequence
 
-from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.request import Request
+from spyglass.core.plugin_api import Request, hookimpl
 
 
 class StaticPolicy:

@@ -15,7 +15,7 @@ from functools import lru_cache
 import llguidance
 import torch
 
-from spyglass.core.plugin_api import StructuredOutput, TokenConstraint, Tokenizer, hookimpl
+from spyglass.core.plugin_api import PluginContext, StructuredOutput, TokenConstraint, Tokenizer, hookimpl
 
 _GRAMMAR_CACHE_SIZE = 256
 
@@ -71,7 +71,7 @@ def grammar_text(spec: StructuredOutput) -> str:
 class StructuredOutputPlugin:
     """The built-in structured-output backend of one engine."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: PluginContext | None = None) -> None:
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
         self._compile = lru_cache(maxsize=_GRAMMAR_CACHE_SIZE)(self._compile_uncached)

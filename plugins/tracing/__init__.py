@@ -7,7 +7,9 @@ losing its blocks until it is scheduled again, after which a resumed ``prefill``
 them). The HTTP server span above it gets the generation's kind, user, session and (with
 content capture) input and output (`root_span`). With ``trace_steps``, ``engine_step`` spans,
 grouped per busy interval (`step_spans`), link to the request spans they served. Content
-(prompt and completion text) is recorded only with ``trace_content``.
+(prompt and completion text) is recorded only with ``trace_content``. Every request span carries
+``spyglass.engine.id``; the entry point names `TracingPlugin`, so each engine traces only its own
+requests, with its own telemetry settings.
 
 Errors follow OpenTelemetry's conventions: an engine failure sets ERROR status, ``error.type``
 and an ``exception`` event; an abort sets ``error.type`` ``abort`` and leaves the status unset.
@@ -15,265 +17,79 @@ A request's spans never end after the HTTP span above them (an abort is processe
 response ended; its spans are cut at the response's end).
 """
 
-import time
-from dataclasses import dataclass
-
-from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind
-from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.request import FinishReason, Request
-from spyglass.core.engine.step_stats import EngineInfo, StepStats
-from spyglass.plugins.tracing import attributes as attrs
-from spyglass.plugins.tracing import root_span
-from spyglass.plugins.tracing.step_spans import StepSpans
-from spyglass.telemetry import settings as telemetry_settings
+from spyglass.core.plugin_api import (
+    EngineConfig,
+    EngineInfo,
+    FinishReason,
+    PluginContext,
+    Request,
+    StepStats,
+    hookimpl,
+)
+from spyglass.plugins.tracing.request_tracer import RequestTrace, RequestTracer
 from spyglass.telemetry import tracing
-from spyglass.telemetry.tracing import monotonic_to_epoch_ns as epoch_ns
+
+__all__ = ["RequestTrace", "RequestTracer", "TracingPlugin"]
 
 
-@dataclass(slots=True)
-class RequestTrace:
-    """A request's open span, the phase span under it, and what the phase started with."""
+class TracingPlugin:
+    """One engine's request spans (the entry point names this class: an instance per engine)."""
 
-    request: Request
-    span: Span
-    root: Span | None = None
-    phase: Span | None = None
-    phase_name: str = ""
-    outputs_at_phase_start: int = 0
-    computed_before_step: int | None = None
+    def __init__(self, context: PluginContext):
+        self.settings = context.telemetry
+        self.tracer: RequestTracer | None = None
 
+    @hookimpl
+    def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
+        """Start tracing this engine's requests if tracing is on and spans have somewhere to go."""
+        tracer = tracing.get_tracer(self.settings) if self.settings.tracing else None
+        self.tracer = RequestTracer(tracer, info, self.settings) if tracer is not None else None
 
-class RequestTracer:
-    """Owns the open spans of one engine's requests."""
+    @hookimpl
+    def spyglass_engine_stopped(self, info: EngineInfo) -> None:
+        """Close any span left open."""
+        if self.tracer is not None:
+            self.tracer.stopped()
+            self.tracer = None
 
-    def __init__(self, tracer: trace.Tracer, info: EngineInfo, settings: telemetry_settings.TelemetrySettings):
-        self.tracer = tracer
-        self.engine_model = info.model_name
-        self.model = settings.served_model_name or info.model_name
-        self.tokenizer = getattr(info, "tokenizer", None)
-        self.settings = settings
-        self.traces: dict[str, RequestTrace] = {}
-        self.step_links: list[Link] = []
-        self.steps = StepSpans(tracer, self.model, settings.trace_steps_interval_s) if settings.trace_steps else None
+    @hookimpl(tryfirst=True)
+    def spyglass_request_added(self, request: Request) -> None:
+        """Open the request span and its queue span (first, so other plugins can log its trace id)."""
+        if self.tracer is not None:
+            self.tracer.added(request)
 
-    # -- phases ---------------------------------------------------------------------------------
+    @hookimpl
+    def spyglass_request_scheduled(self, request: Request, resumed: bool) -> None:
+        """End the queue (or preempted) span; open a prefill span."""
+        if self.tracer is not None:
+            self.tracer.scheduled(request, resumed)
 
-    def _enter(self, rt: RequestTrace, name: str, start_ns: int, **attributes) -> None:
-        """End the current phase span at ``start_ns`` and open the next one there.
+    @hookimpl
+    def spyglass_request_first_token(self, request: Request) -> None:
+        """Mark the first token."""
+        if self.tracer is not None:
+            self.tracer.first_token(request)
 
-        Once the HTTP response has ended (the client went away and the abort is on its way), no
-        new phase opens: it would start after its trace's root ended.
-        """
-        self._leave(rt, start_ns)
-        if root_span.ended_at(rt.root) is not None:
-            return
-        context = trace.set_span_in_context(rt.span)
-        rt.phase = self.tracer.start_span(name, context=context, start_time=start_ns, attributes=attributes)
-        rt.phase_name = name
-        rt.outputs_at_phase_start = rt.request.num_output_tokens
+    @hookimpl
+    def spyglass_request_preempted(self, request: Request) -> None:
+        """End the running phase; open a preempted span."""
+        if self.tracer is not None:
+            self.tracer.preempted(request)
 
-    def _leave(self, rt: RequestTrace, end_ns: int) -> None:
-        if rt.phase is not None:
-            rt.phase.end(end_time=max(self._cut(rt, end_ns), rt.phase.start_time))
-            rt.phase, rt.phase_name = None, ""
+    @hookimpl(tryfirst=True)
+    def spyglass_request_finished(self, request: Request, reason: FinishReason) -> None:
+        """Set usage, timings and finish reason; end the request's spans."""
+        if self.tracer is not None:
+            self.tracer.finished(request, reason)
 
-    @staticmethod
-    def _cut(rt: RequestTrace, ns: int) -> int:
-        """``ns``, but no later than the end of the HTTP span above the request (children end first)."""
-        root_end = root_span.ended_at(rt.root)
-        return ns if root_end is None else min(ns, root_end)
+    @hookimpl
+    def spyglass_step_started(self, step_id: int, scheduled: tuple[Request, ...]) -> None:
+        """Note what each scheduled request had computed, and the links for the step span."""
+        if self.tracer is not None:
+            self.tracer.step_started(step_id, scheduled)
 
-    def _account_step(self, rt: RequestTrace, step_id: int | None) -> None:
-        """Close out the step that just ran for this request: a prefill chunk event, maybe the switch to decode."""
-        before, rt.computed_before_step = rt.computed_before_step, None
-        if before is None or rt.phase_name != "prefill":
-            return
-        request = rt.request
-        produced = request.num_output_tokens > rt.outputs_at_phase_start
-        when = epoch_ns(request.times.last_token) if produced else time.time_ns()
-        chunk = {
-            "spyglass.num_tokens": request.num_computed_tokens - before,
-            "spyglass.num_computed_tokens": request.num_computed_tokens,
-        }
-        if step_id is not None:
-            chunk["spyglass.step.id"] = step_id
-        rt.phase.add_event("prefill_chunk", chunk, timestamp=when)
-        if produced and not request.is_finished:
-            self._enter(rt, "decode", when)
-
-    # -- hook handlers ----------------------------------------------------------------------------
-
-    def added(self, request: Request) -> None:
-        parent = request.attributes.get("otel_context")
-        start = epoch_ns(request.times.arrival)
-        span = self.tracer.start_span(
-            f"{attrs.operation_name(request)} {self.model}",
-            context=parent if isinstance(parent, Context) else Context(),
-            kind=SpanKind.INTERNAL,
-            start_time=start,
-            attributes=attrs.request_attributes(request, self.model),
-        )
-        prompt_text = self._prompt_text(request) if self.settings.trace_content else None
-        if prompt_text is not None:
-            span.set_attributes(attrs.input_content_attributes(request, prompt_text))
-        tracing.remember_request_span(request, span.get_span_context())
-        root = root_span.server_span(request)
-        if root is not None and root_span.is_first_choice(request):
-            root_span.on_added(root, request, self.model, prompt_text)
-        rt = RequestTrace(request, span, root)
-        self.traces[request.req_id] = rt
-        self._enter(rt, "queue", start)
-
-    def scheduled(self, request: Request, resumed: bool) -> None:
-        rt = self.traces.get(request.req_id)
-        if rt is None:
-            return
-        now = epoch_ns(time.monotonic()) if resumed else epoch_ns(request.times.first_scheduled)
-        if resumed:
-            rt.span.add_event("resumed", timestamp=now)
-        self._enter(
-            rt, "prefill", now, **{"spyglass.resumed": resumed, "spyglass.num_cached_tokens": request.num_cached_tokens}
-        )
-
-    def first_token(self, request: Request) -> None:
-        rt = self.traces.get(request.req_id)
-        if rt is None:
-            return
-        when = epoch_ns(request.times.first_token)
-        rt.span.add_event("first_token", timestamp=when)
-        rt.span.set_attribute("langfuse.observation.completion_start_time", attrs.iso_time(when))
-
-    def preempted(self, request: Request) -> None:
-        rt = self.traces.get(request.req_id)
-        if rt is None:
-            return
-        now = time.time_ns()
-        rt.span.add_event("preempted", {"spyglass.num_computed_tokens": request.num_computed_tokens}, timestamp=now)
-        self._enter(rt, "preempted", now, **{"spyglass.num_output_tokens": request.num_output_tokens})
-
-    def finished(self, request: Request, reason: FinishReason) -> None:
-        rt = self.traces.pop(request.req_id, None)
-        if rt is None:
-            return
-        self._account_step(rt, None)
-        root_end = root_span.ended_at(rt.root)
-        end = max(self._cut(rt, epoch_ns(request.times.finished)), rt.span.start_time)
-        self._leave(rt, end)
-        span = rt.span
-        span.add_event("finished", {"gen_ai.response.finish_reasons": [reason.value]}, timestamp=end)
-        span.set_attributes(attrs.finish_attributes(request, reason))
-        output_text = None
-        if self.settings.trace_content and self.tokenizer is not None:
-            output_text = self.tokenizer.decode(request.output_token_ids)
-            span.set_attributes(attrs.output_content_attributes(output_text, reason))
-        if reason is FinishReason.ERROR:
-            root_span.record_failure(span, request.error)
-        if rt.root is not None and root_end is None:
-            first = root_span.is_first_choice(request)
-            if first or reason is FinishReason.ERROR:
-                root_span.on_finished(rt.root, request, reason, output_text if first else None)
-        span.end(end_time=end)
-
-    def step_started(self, step_id: int, scheduled: tuple[Request, ...]) -> None:
-        self.step_links = []
-        for request in scheduled:
-            rt = self.traces.get(request.req_id)
-            if rt is not None:
-                rt.computed_before_step = request.num_computed_tokens
-                self.step_links.append(Link(rt.span.get_span_context()))
-
-    def step_finished(self, stats: StepStats) -> None:
-        for req_id in stats.req_ids:
-            rt = self.traces.get(req_id)
-            if rt is not None:
-                self._account_step(rt, stats.step_id)
-        if self.steps is not None:
-            self.steps.record(stats, self.step_links)
-        self.step_links = []
-
-    def stopped(self) -> None:
-        """End whatever is still open (the engine aborts live requests before this, so normally nothing)."""
-        now = time.time_ns()
-        for rt in self.traces.values():
-            self._leave(rt, now)
-            rt.span.end(end_time=now)
-        self.traces.clear()
-        if self.steps is not None:
-            self.steps.close()
-
-    def _prompt_text(self, request: Request) -> str:
-        if request.prompt is not None:
-            return request.prompt
-        return self.tokenizer.decode(request.prompt_token_ids) if self.tokenizer is not None else ""
-
-
-_tracer: RequestTracer | None = None
-
-
-@hookimpl
-def spyglass_engine_started(info):
-    """Start tracing this engine's requests if tracing is on and spans have somewhere to go."""
-    global _tracer
-    settings = telemetry_settings.current()
-    tracer = tracing.get_tracer() if settings.tracing else None
-    _tracer = RequestTracer(tracer, info, settings) if tracer is not None else None
-
-
-@hookimpl
-def spyglass_engine_stopped(info):
-    """Close any span left open."""
-    global _tracer
-    if _tracer is not None and _tracer.engine_model == info.model_name:
-        _tracer.stopped()
-        _tracer = None
-
-
-@hookimpl(tryfirst=True)
-def spyglass_request_added(request):
-    """Open the request span and its queue span (first, so other plugins can log its trace id)."""
-    if _tracer is not None:
-        _tracer.added(request)
-
-
-@hookimpl
-def spyglass_request_scheduled(request, resumed):
-    """End the queue (or preempted) span; open a prefill span."""
-    if _tracer is not None:
-        _tracer.scheduled(request, resumed)
-
-
-@hookimpl
-def spyglass_request_first_token(request):
-    """Mark the first token."""
-    if _tracer is not None:
-        _tracer.first_token(request)
-
-
-@hookimpl
-def spyglass_request_preempted(request):
-    """End the running phase; open a preempted span."""
-    if _tracer is not None:
-        _tracer.preempted(request)
-
-
-@hookimpl(tryfirst=True)
-def spyglass_request_finished(request, reason):
-    """Set usage, timings and finish reason; end the request's spans."""
-    if _tracer is not None:
-        _tracer.finished(request, reason)
-
-
-@hookimpl
-def spyglass_step_started(step_id, scheduled):
-    """Note what each scheduled request had computed, and the links for the step span."""
-    if _tracer is not None:
-        _tracer.step_started(step_id, scheduled)
-
-
-@hookimpl
-def spyglass_step_finished(stats):
-    """Prefill chunk events, prefill-to-decode switches, and the optional step span."""
-    if _tracer is not None:
-        _tracer.step_finished(stats)
+    @hookimpl
+    def spyglass_step_finished(self, stats: StepStats) -> None:
+        """Prefill chunk events, prefill-to-decode switches, and the optional step span."""
+        if self.tracer is not None:
+            self.tracer.step_finished(stats)

@@ -4,7 +4,7 @@ import json
 import re
 from datetime import UTC, datetime
 
-from spyglass.core.engine.request import FinishReason, Request
+from spyglass.core.plugin_api import FinishReason, Request
 from spyglass.telemetry.request_context import info_of
 
 PROVIDER = "spyglass"

@@ -19,7 +19,7 @@ import json
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from spyglass.core.engine.request import FinishReason, Request
+from spyglass.core.plugin_api import FinishReason, Request
 from spyglass.plugins.tracing import attributes as attrs
 
 

@@ -2,6 +2,7 @@
 real Prometheus scraping the server with ``--metrics-namespace vllm``, and traces in a real Phoenix."""
 
 import json
+import re
 import time
 import uuid
 from datetime import datetime
@@ -117,8 +118,8 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(tiny_llama_dir, ser
         body = {"prompt": "Once upon a time", "max_tokens": 5000, "ignore_eos": True, "stream": True}
         with client.stream("POST", "/v1/completions", json=body) as stream:
             next(stream.iter_lines())  # the first chunk, then the client goes away
-        aborted = 'spyglass:request_success_total{finished_reason="abort",model_name="tiny"} 1.0'
-        wait_for(lambda: aborted in client.get("/metrics").text, timeout=60)
+        aborted = re.compile(r'spyglass:request_success_total\{engine="\d+",finished_reason="abort",model_name="tiny"\} 1\.0')
+        wait_for(lambda: aborted.search(client.get("/metrics").text), timeout=60)
     assert (chat.status_code, missing.status_code) == (200, 404)
     assert server.stop() == 0  # flushes the spans
 

@@ -11,6 +11,7 @@ from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import create_plugin_manager
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.sampling_params import SamplingParams
@@ -34,7 +35,7 @@ def make_engine(tiny_llama_dir, tiny_checkpoint) -> Callable[..., LLMEngine]:
     def make(plugins=("fcfs", "prefix_cache"), extra=(), **options) -> LLMEngine:
         options = {"dtype": "float32", "device": "cpu", "num_kv_blocks": 64, "block_size": 4, **options}
         config = EngineConfig(model=str(tiny_llama_dir), plugins=list(plugins), **options)
-        pm = create_plugin_manager(config.plugins, config.disabled_plugins)
+        pm = create_plugin_manager(config.plugins, config.disabled_plugins, PluginContext.for_config(config))
         for plugin in extra:
             pm.register(plugin)
         return LLMEngine(config, plugin_manager=pm, checkpoint=tiny_checkpoint)

@@ -22,7 +22,12 @@ def test_built_ins_are_ordinary_entry_points():
     assert BUILT_INS <= entry_points.keys()
     pm = create_plugin_manager()
     for name in BUILT_INS:
-        assert pm.get_plugin(name).__name__ == entry_points[name]
+        plugin = pm.get_plugin(name)
+        module, _, factory = entry_points[name].partition(":")
+        if factory:  # a class entry point: this plugin manager's own instance
+            assert type(plugin).__module__ == module and type(plugin).__qualname__ == factory
+        else:
+            assert plugin.__name__ == module
 
 
 def test_enable_disable_and_unknown_names():
@@ -40,7 +45,8 @@ def test_spyglass_plugins_lists_plugins_and_hooks(capsys):
     lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
     assert "tracing" not in lines
     assert lines["prefix_cache"].split(", ") == [
-        "spyglass_blocks_full", "spyglass_engine_started", "spyglass_match_prefix", "spyglass_request_scheduled"
+        "spyglass_blocks_full", "spyglass_engine_started", "spyglass_engine_stopped", "spyglass_match_prefix",
+        "spyglass_request_scheduled",
     ]
     assert lines["priority"] == "spyglass_scheduling_policy"
 
@@ -132,3 +138,29 @@ def test_plugin_api_names_exist():
         assert getattr(plugin_api, name) is not None
     with pytest.raises(TypeError, match="names must match"):
         plugin_api.implements(hookspecs.spyglass_request_finished)(lambda request, reason: None)
+
+
+def test_factories_get_the_engine_context_and_modules_stay_modules():
+    import types
+
+    from spyglass.core.engine.config import EngineConfig
+    from spyglass.core.engine.plugin_context import PluginContext
+    from spyglass.core.engine.plugin_manager import instantiate
+    from spyglass.telemetry.settings import TelemetrySettings
+
+    telemetry = TelemetrySettings(metrics=False)
+    context = PluginContext.for_config(EngineConfig(engine_id="e7", telemetry=telemetry))
+    assert (context.engine_id, context.config.engine_id, context.telemetry) == ("e7", "e7", telemetry)
+    assert PluginContext.for_config(EngineConfig()).engine_id != PluginContext.for_config(EngineConfig()).engine_id
+
+    class Plugin:
+        def __init__(self, context):
+            self.context = context
+
+    module = types.ModuleType("module_plugin")
+    assert instantiate(module, context) is module
+    assert instantiate(Plugin, context).context is context
+    assert instantiate(lambda context: None, context) is None  # a factory may decline an engine
+    pm = create_plugin_manager(["metrics", "fcfs"], context=context)
+    assert pm.context is context and pm.get_plugin("metrics").settings is telemetry
+    assert pm.get_plugin("fcfs").__name__ == "spyglass.plugins.fcfs"

@@ -83,11 +83,11 @@ def test_slo_runs_earliest_deadline_first_and_counts_misses(make_engine, driver)
         for i, t in enumerate(targets)
     ]
     late = driver.add(engine, [50] * 5, greedy(2, extra={"ttft_slo_s": 0.0}))
-    before = REGISTRY.get_sample_value("spyglass:slo_deadline_misses_total", {"model_name": engine.model_name}) or 0
+    before = REGISTRY.get_sample_value("spyglass:slo_deadline_misses_total", {"model_name": engine.model_name, "engine": engine.engine_id}) or 0
     driver.drain(engine)
     assert admission_order(requests + [late])[0] is late
     assert admission_order(requests) == [requests[2], requests[1], requests[3], requests[0]]
     policy = engine.scheduler.policy
     assert policy.num_deadline_misses >= 1
-    after = REGISTRY.get_sample_value("spyglass:slo_deadline_misses_total", {"model_name": engine.model_name})
+    after = REGISTRY.get_sample_value("spyglass:slo_deadline_misses_total", {"model_name": engine.model_name, "engine": engine.engine_id})
     assert after - before == policy.num_deadline_misses

@@ -1,6 +1,7 @@
 """Automatic prefix caching: same outputs, real hits, sound bookkeeping under random load, LRU eviction."""
 
 import random
+import weakref
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,8 +15,9 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def counter(name: str, model: str) -> float:
-    return REGISTRY.get_sample_value(f"spyglass:{name}_total", {"model_name": model}) or 0.0
+def counter(name: str, engine) -> float:
+    labels = {"model_name": engine.model_name, "engine": engine.engine_id}
+    return REGISTRY.get_sample_value(f"spyglass:{name}_total", labels) or 0.0
 
 
 def test_outputs_identical_with_and_without_cache_on_the_default_model(make_default_engine, driver):
@@ -38,7 +40,7 @@ def test_outputs_identical_with_and_without_cache_on_the_default_model(make_defa
 def test_hits_are_counted_and_never_cover_the_last_prompt_token(make_engine, driver):
     engine = make_engine()
     prompt = list(range(500, 512))  # exactly three blocks of 4
-    queries, hits = counter("prefix_cache_queries", engine.model_name), counter("prefix_cache_hits", engine.model_name)
+    queries, hits = counter("prefix_cache_queries", engine), counter("prefix_cache_hits", engine)
     first = driver.add(engine, prompt, greedy(3))
     driver.drain(engine)
     again = driver.add(engine, prompt, greedy(3))
@@ -49,8 +51,8 @@ def test_hits_are_counted_and_never_cover_the_last_prompt_token(make_engine, dri
     assert longer.num_cached_tokens == 12
     assert outputs[again.req_id].num_cached_tokens == 8  # what the API reports as cached_tokens
     assert again.output_token_ids == first.output_token_ids
-    assert counter("prefix_cache_queries", engine.model_name) - queries == 12 + 12 + 15
-    assert counter("prefix_cache_hits", engine.model_name) - hits == 8 + 12
+    assert counter("prefix_cache_queries", engine) - queries == 12 + 12 + 15
+    assert counter("prefix_cache_hits", engine) - hits == 8 + 12
 
 
 def test_generated_tokens_are_cached_too(make_engine, driver):
@@ -66,9 +68,10 @@ def test_chained_hashes_depend_on_every_earlier_block(make_engine, driver):
     engine = make_engine(plugins=["fcfs"])
     a = driver.add(engine, [1, 2, 3, 4, 5, 6, 7, 8, 9], greedy(1))
     b = driver.add(engine, [9, 2, 3, 4, 5, 6, 7, 8, 9], greedy(1))
-    ha, hb = block_hashes(a, 2, 4), block_hashes(b, 2, 4)
+    names = weakref.WeakKeyDictionary()
+    ha, hb = block_hashes(a, 2, 4, names), block_hashes(b, 2, 4, names)
     assert ha[0] != hb[0] and ha[1] != hb[1]  # same second block, different history
-    assert block_hashes(a, 2, 4) == ha
+    assert block_hashes(a, 2, 4, names) == ha == block_hashes(a, 2, 4, weakref.WeakKeyDictionary())
 
 
 def test_eviction_under_a_tiny_kv_budget(make_engine, driver):

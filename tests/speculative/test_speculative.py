@@ -8,6 +8,7 @@ from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import create_plugin_manager
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.plugins.ngram import propose
@@ -49,7 +50,7 @@ class Acceptance:
 
 def _with_plugins(config: EngineConfig, *plugins) -> LLMEngine:
     """An engine with ``plugins`` registered before it starts (a proposer is checked at start)."""
-    pm = create_plugin_manager(config.plugins, config.disabled_plugins)
+    pm = create_plugin_manager(config.plugins, config.disabled_plugins, PluginContext.for_config(config))
     for plugin in plugins:
         pm.register(plugin)
     return LLMEngine(config, plugin_manager=pm)
@@ -192,7 +193,7 @@ def test_speculation_is_counted_in_metrics(tiny_llama_dir):
     counter = Acceptance()
     config = EngineConfig(model=str(tiny_llama_dir), dtype="float32", speculative="test")
     engine = _with_plugins(config, ConstantProposer([5, 6, 7]), counter)
-    labels = {"model_name": engine.model_name}
+    labels = {"model_name": engine.model_name, "engine": engine.engine_id}
     before = {
         name: REGISTRY.get_sample_value(f"spyglass:spec_decode_{name}_total", labels) or 0.0
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")

@@ -15,18 +15,21 @@ from spyglass.telemetry.settings import TelemetrySettings
 class Registry:
     """Read samples by metric name and labels; ``delta`` is the change since construction."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, engine: str):
         self.model = model
+        self.engine = engine
         self.before = {
             (s.name, tuple(sorted(s.labels.items()))): s.value for m in REGISTRY.collect() for s in m.samples
         }
 
     def value(self, name: str, **labels) -> float:
         labels.setdefault("model_name", self.model)
+        labels.setdefault("engine", self.engine)
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
     def delta(self, name: str, **labels) -> float:
         labels.setdefault("model_name", self.model)
+        labels.setdefault("engine", self.engine)
         return self.value(name, **labels) - self.before.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
@@ -35,7 +38,7 @@ def engine_and_registry(use_settings, make_engine):
     def make(settings=None, **engine_options):
         use_settings(**(settings or {}))
         engine = make_engine(**engine_options)
-        return engine, Registry(engine.model_name)
+        return engine, Registry(engine.model_name, engine.engine_id)
 
     return make
 
@@ -54,7 +57,9 @@ def test_series_exist_at_zero_before_the_first_request(engine_and_registry):
     info |= {"max_model_len": str(engine.max_model_len), "max_num_seqs": "128"}
     assert reg.value("spyglass:cache_config_info", **info) == 1
     engine.shutdown()
-    assert reg.value("spyglass:engine_ready") == 0
+    assert reg.value("spyglass:engine_ready") == 0  # kept, at 0, for the not-ready alert
+    labels = {"model_name": "tiny", "engine": engine.engine_id}
+    assert REGISTRY.get_sample_value("spyglass:e2e_request_latency_seconds_count", labels) is None  # the rest: removed
 
 
 def test_per_call_histograms_count_each_api_call_once(engine_and_registry, run_to_completion):
@@ -107,7 +112,8 @@ def test_request_and_step_metrics_after_a_run(engine_and_registry, run_to_comple
     assert reg.delta("spyglass:slo_requests_total") == reg.delta("spyglass:slo_met_requests_total") == 3
     assert reg.value("spyglass:slo_ttft_target_seconds") == 1000.0
 
-    gen_ai = {"gen_ai_provider_name": "spyglass", "gen_ai_request_model": engine.model_name, "model_name": None}
+    gen_ai = {"gen_ai_provider_name": "spyglass", "gen_ai_request_model": engine.model_name, "model_name": None,
+              "engine": engine.engine_id}  # fmt: skip
     chat = {**gen_ai, "gen_ai_operation_name": "chat"}
     chat = {k: v for k, v in chat.items() if v is not None}
     text = {**chat, "gen_ai_operation_name": "text_completion"}
@@ -169,11 +175,11 @@ def test_plugin_hook_errors_are_counted(use_settings, tiny_llama_dir, run_to_com
     pm = create_plugin_manager()
     pm.register(FailingPlugin(), name="failing")
     engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32"), plugin_manager=pm)
-    reg = Registry(engine.model_name)
+    reg = Registry(engine.model_name, engine.engine_id)
     engine.add_request("e", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
     run_to_completion(engine)
-    engine.shutdown()
     errors = reg.delta("spyglass:plugin_hook_errors_total", plugin="failing", hook="spyglass_step_finished")
+    engine.shutdown()
     assert errors == engine.hooks.num_errors["failing.spyglass_step_finished"] == 3
 
 

@@ -18,7 +18,6 @@ from spyglass.core.cli.bench.workloads import WORKLOADS, BenchRequest
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.sampling_params import SamplingParams
-from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry import tracing
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
 
@@ -84,25 +83,21 @@ def _rotated(configurations: list, repeat: int) -> list:
 
 def _fresh_engine(args, policy: str, level: str) -> LLMEngine:
     """An engine whose telemetry plugins follow ``level``; full tracing exports into an encoding sink."""
-    telemetry_settings.configure(dataclasses.replace(settings_from_args(args), metrics=level != "off",
-                                                     tracing=level == "full"))
+    telemetry = dataclasses.replace(settings_from_args(args), metrics=level != "off", tracing=level == "full")
     tracing.set_tracer_provider(sink_tracer_provider()[0] if level == "full" else None)
-    return LLMEngine(engine_config_from_args(args, scheduling_policy=policy))
+    return LLMEngine(engine_config_from_args(args, scheduling_policy=policy, telemetry=telemetry))
 
 
 def run(args) -> int:
     """Run every configuration on each workload, interleaved over the repeats; print medians and ratios.
 
-    Each run gets a fresh engine (telemetry plugins follow the engine that started last), so
-    load time is outside the timed region and every configuration starts from an empty cache;
-    the order rotates from one repeat to the next. The process's telemetry settings are restored
-    at the end.
+    Each run gets a fresh engine with its own telemetry settings, so load time is outside the
+    timed region and every configuration starts from an empty cache; the order rotates from one
+    repeat to the next.
     """
-    settings_before = telemetry_settings.current()
     try:
         _run_all(args, _configurations(args))
     finally:
-        telemetry_settings.configure(settings_before)
         tracing.set_tracer_provider(None)
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     return 0

@@ -1,7 +1,9 @@
 """An audit trail: one JSON line per finished request, written to the file named by ``SPYGLASS_AUDIT_LOG``.
 
 Lines carry ids, the finish reason, token counts and timings, never prompt or output text.
-Without ``SPYGLASS_AUDIT_LOG`` (read when an engine starts) the plugin does nothing.
+Without ``SPYGLASS_AUDIT_LOG`` (read when an engine starts) the plugin does nothing. The entry
+point names `AuditPlugin`, so every engine of a process gets its own instance, file handle and
+``engine`` field.
 """
 
 import json
@@ -9,12 +11,17 @@ import os
 import time
 from typing import IO
 
-from spyglass.core.plugin_api import EngineConfig, EngineInfo, FinishReason, Request, hookspecs, implements
+from spyglass.core.plugin_api import (
+    EngineConfig,
+    EngineInfo,
+    FinishReason,
+    PluginContext,
+    Request,
+    hookspecs,
+    implements,
+)
 
 ENV = "SPYGLASS_AUDIT_LOG"
-
-_sink: IO[str] | None = None
-_model = ""
 
 
 def audit_record(request: Request, reason: FinishReason, model: str) -> dict[str, object]:
@@ -43,28 +50,31 @@ def audit_record(request: Request, reason: FinishReason, model: str) -> dict[str
     }
 
 
-@implements(hookspecs.spyglass_engine_started)
-def spyglass_engine_started(info: EngineInfo, config: EngineConfig) -> None:
-    """Open the audit file named by ``SPYGLASS_AUDIT_LOG`` (appending), if any."""
-    global _sink, _model
-    path = os.environ.get(ENV)
-    _model = info.model_name
-    if _sink is not None:
-        _sink.close()
-    _sink = open(path, "a", encoding="utf-8", buffering=1) if path else None
+class AuditPlugin:
+    """One engine's audit trail: each engine opens the file for itself and closes it when it stops."""
 
+    def __init__(self, context: PluginContext) -> None:
+        self.engine_id = context.engine_id
+        self.sink: IO[str] | None = None
+        self.model = ""
 
-@implements(hookspecs.spyglass_request_finished)
-def spyglass_request_finished(request: Request, reason: FinishReason) -> None:
-    """Write the request's audit line."""
-    if _sink is not None:
-        _sink.write(json.dumps(audit_record(request, reason, _model)) + "\n")
+    @implements(hookspecs.spyglass_engine_started)
+    def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
+        """Open the audit file named by ``SPYGLASS_AUDIT_LOG`` (appending), if any."""
+        path = os.environ.get(ENV)
+        self.model = info.model_name
+        self.sink = open(path, "a", encoding="utf-8", buffering=1) if path else None
 
+    @implements(hookspecs.spyglass_request_finished)
+    def spyglass_request_finished(self, request: Request, reason: FinishReason) -> None:
+        """Write the request's audit line."""
+        if self.sink is not None:
+            record = {**audit_record(request, reason, self.model), "engine": self.engine_id}
+            self.sink.write(json.dumps(record) + "\n")
 
-@implements(hookspecs.spyglass_engine_stopped)
-def spyglass_engine_stopped(info: EngineInfo) -> None:
-    """Close the audit file."""
-    global _sink
-    if _sink is not None:
-        _sink.close()
-        _sink = None
+    @implements(hookspecs.spyglass_engine_stopped)
+    def spyglass_engine_stopped(self, info: EngineInfo) -> None:
+        """Close the audit file."""
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
