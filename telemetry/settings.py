@@ -70,3 +70,8 @@ def configure(settings: TelemetrySettings) -> None:
 def current() -> TelemetrySettings:
     """The settings in force (defaults until `configure` is called)."""
     return _current
+
+
+def resolve(settings: TelemetrySettings | None) -> TelemetrySettings:
+    """An engine's settings (`PluginContext.telemetry`), or the process default when it was given none."""
+    return settings if settings is not None else _current

@@ -5,10 +5,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spyglass.kernels import cpu_isa
-from spyglass.telemetry.settings import TelemetrySettings
 
-if TYPE_CHECKING:  # torch is imported when a dtype or device is asked for, so the CLI starts without it
+# torch is imported when a dtype or device is asked for, so the CLI starts without it; the
+# engine carries its plugins' telemetry settings without using them.
+if TYPE_CHECKING:
     import torch
+
+    from spyglass.telemetry.settings import TelemetrySettings
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none", "int8")
@@ -49,8 +52,8 @@ class EngineConfig:
     ``quantization`` (`core.quantization`): auto keeps a GGUF file's quantized blocks on the CPU,
     none dequantizes at load, int8 stores the matrices as weight-only int8 (Q8_0).
     ``engine_id`` names the engine in metrics (the ``engine`` label), traces and logs; None gives a
-    process-unique one ("0", "1", ...). ``telemetry`` is what the engine's plugins emit; None takes
-    the process default (`spyglass.telemetry.settings.current()`, set by the CLI) when the engine starts.
+    process-unique one ("0", "1", ...). ``telemetry`` is what the engine's plugins emit, passed to them
+    untouched; None means the process default (`spyglass.telemetry.settings.current()`, set by the CLI).
     """
 
     model: str | None = None
@@ -74,7 +77,7 @@ class EngineConfig:
     plugin_options: dict[str, str] = field(default_factory=dict)
     quantization: str = "auto"
     engine_id: str | None = None
-    telemetry: TelemetrySettings | None = None
+    telemetry: "TelemetrySettings | None" = None
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:

@@ -10,6 +10,7 @@ its target stops.
 
 import importlib.metadata
 import itertools
+from dataclasses import replace
 
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
@@ -17,7 +18,6 @@ from spyglass.core.engine.plugin_manager import ENTRY_POINT_GROUP
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.loaders.checkpoint import Checkpoint
-from spyglass.telemetry.settings import TelemetrySettings
 
 # Scheduling and block reuse; no plugin that reports requests. ``draft_plugins`` overrides.
 DEFAULT_DRAFT_PLUGINS = ("fcfs", "prefix_cache")
@@ -41,7 +41,7 @@ def draft_config(checkpoint: Checkpoint, target: EngineConfig) -> EngineConfig:
         plugins=plugins,
         cuda_graphs=target.cuda_graphs,
         engine_id=f"{target.engine_id}-draft" if target.engine_id else None,
-        telemetry=TelemetrySettings(metrics=False, tracing=False),
+        telemetry=None if target.telemetry is None else replace(target.telemetry, metrics=False, tracing=False),
         plugin_options={k: v for k, v in target.plugin_options.items() if k != DRAFT_PLUGINS_OPTION},
     )
 

@@ -3,10 +3,12 @@
 import dataclasses
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spyglass.core.engine.config import EngineConfig
-from spyglass.telemetry import settings as telemetry_settings
-from spyglass.telemetry.settings import TelemetrySettings
+
+if TYPE_CHECKING:  # the engine carries its plugins' settings without using them
+    from spyglass.telemetry.settings import TelemetrySettings
 
 # Engine ids are unique within the process; a counter, not per-engine state.
 _engine_numbers = itertools.count()
@@ -21,20 +23,19 @@ def new_engine_id() -> str:
 class PluginContext:
     """One engine, as its plugins see it when they are created.
 
-    ``config`` is the engine's configuration with ``engine_id`` and ``telemetry`` filled in;
-    ``engine_id`` labels everything the engine's plugins emit (the ``engine`` metric label);
-    ``telemetry`` says which metrics, traces and logs to emit. Plugins read their settings from
-    here, never from process-wide state.
+    ``config`` is the engine's configuration with ``engine_id`` filled in; ``engine_id`` labels
+    everything the engine's plugins emit (the ``engine`` metric label); ``telemetry`` says which
+    metrics, traces and logs to emit. The engine passes it through without reading it; None (an
+    engine given no settings) means the process default, which telemetry plugins resolve with
+    `spyglass.telemetry.settings.resolve`.
     """
 
     config: EngineConfig
     engine_id: str
-    telemetry: TelemetrySettings
+    telemetry: "TelemetrySettings | None"
 
     @classmethod
     def for_config(cls, config: EngineConfig) -> "PluginContext":
-        """The context of an engine about to start with ``config``: a fresh id and the default settings if unset."""
+        """The context of an engine about to start with ``config``: a fresh id if it has none."""
         engine_id = config.engine_id or new_engine_id()
-        telemetry = config.telemetry or telemetry_settings.current()
-        resolved = dataclasses.replace(config, engine_id=engine_id, telemetry=telemetry)
-        return cls(resolved, engine_id, telemetry)
+        return cls(dataclasses.replace(config, engine_id=engine_id), engine_id, config.telemetry)

@@ -18,6 +18,7 @@ from spyglass.core.plugin_api import (
     hookimpl,
 )
 from spyglass.plugins.metrics.recorder import MetricsRecorder
+from spyglass.telemetry import settings as telemetry_settings
 
 __all__ = ["MetricsPlugin", "MetricsRecorder"]
 
@@ -26,7 +27,7 @@ class MetricsPlugin:
     """One engine's metrics: records nothing when the engine's telemetry settings switch metrics off."""
 
     def __init__(self, context: PluginContext):
-        self.settings = context.telemetry
+        self.settings = telemetry_settings.resolve(context.telemetry)
         self.recorder: MetricsRecorder | None = None
 
     @hookimpl

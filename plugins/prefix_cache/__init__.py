@@ -17,6 +17,7 @@ import weakref
 
 from spyglass.core.plugin_api import BlockPool, EngineConfig, EngineInfo, PluginContext, PrefixMatch, Request, hookimpl
 from spyglass.telemetry import metrics as m
+from spyglass.telemetry import settings as telemetry_settings
 
 ROOT_HASH = 0x5EED_5FC1  # the "parent" of every request's first block
 
@@ -41,7 +42,7 @@ class PrefixCachePlugin:
     """One engine's prefix cache: the block names of its live requests and its hit counters."""
 
     def __init__(self, context: PluginContext):
-        self.settings = context.telemetry
+        self.settings = telemetry_settings.resolve(context.telemetry)
         self.names: weakref.WeakKeyDictionary[Request, list[int]] = weakref.WeakKeyDictionary()
         self.series: m.EngineSeries | None = None
 

@@ -9,6 +9,7 @@ import logging
 
 from spyglass.core.plugin_api import EngineConfig, EngineInfo, FinishReason, PluginContext, Request, hookimpl
 from spyglass.telemetry.logging import get_logger, request_fields
+from spyglass.telemetry import settings as telemetry_settings
 
 LOGGER_NAME = "spyglass.requests"
 log = get_logger(LOGGER_NAME)  # a stateless wrapper around logging.getLogger(LOGGER_NAME)
@@ -49,7 +50,7 @@ class RequestLogPlugin:
 
     def __init__(self, context: PluginContext):
         self.engine_id = context.engine_id
-        self.log_content = context.telemetry.log_content
+        self.log_content = telemetry_settings.resolve(context.telemetry).log_content
         self.tokenizer = None
 
     @hookimpl

@@ -27,6 +27,7 @@ from spyglass.core.plugin_api import (
     tenant_of,
 )
 from spyglass.telemetry import metrics as m
+from spyglass.telemetry import settings as telemetry_settings
 
 TENANT_TTFT_ENV = "SPYGLASS_SLO_TTFT"
 
@@ -88,7 +89,7 @@ class SloPlugin:
     """Provides one engine's ``slo`` policy and judges that engine's requests against it."""
 
     def __init__(self, context: PluginContext):
-        self.settings = context.telemetry
+        self.settings = telemetry_settings.resolve(context.telemetry)
         self.policy: SloPolicy | None = None
         self.series: m.EngineSeries | None = None
 

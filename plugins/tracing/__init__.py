@@ -27,6 +27,7 @@ from spyglass.core.plugin_api import (
     hookimpl,
 )
 from spyglass.plugins.tracing.request_tracer import RequestTrace, RequestTracer
+from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry import tracing
 
 __all__ = ["RequestTrace", "RequestTracer", "TracingPlugin"]
@@ -36,7 +37,7 @@ class TracingPlugin:
     """One engine's request spans (the entry point names this class: an instance per engine)."""
 
     def __init__(self, context: PluginContext):
-        self.settings = context.telemetry
+        self.settings = telemetry_settings.resolve(context.telemetry)
         self.tracer: RequestTracer | None = None
 
     @hookimpl

@@ -78,19 +78,19 @@ def test_call_app_streams_a_real_app_and_closing_it_aborts_the_request(tiny_llam
     request = ForwardedRequest("POST", "/v1/completions", b"", [(b"content-type", b"application/json")], body)
 
     async def scenario():
-        engine = app.state.serving.async_engine.engine
+        async_engine = app.state.serving.async_engine
         short = ForwardedRequest(request.method, request.path, b"", request.headers, body.replace(b"5000", b"3"))
         chunks = [item async for item in call_app(app, short)]  # ends: the app is told the response went out
         assert chunks[-1] == b"data: [DONE]\n\n" and len(chunks) == 1 + 3 + 1
         stream = call_app(app, request, [(b"x-spyglass-replica", b"7")])
         start, first = await anext(stream), await anext(stream)
-        running = len(engine.requests)
+        running = (await async_engine.snapshot()).num_requests
         await stream.aclose()  # what the ingress does when its client goes away
         for _ in range(100):
-            if not engine.requests:
+            if not (await async_engine.snapshot()).num_requests:
                 break
             await asyncio.sleep(0.05)
-        return start, first, running, len(engine.requests)
+        return start, first, running, (await async_engine.snapshot()).num_requests
 
     start, first, running, left = asyncio.run(_with_lifespan(app, scenario))
     assert isinstance(start, ResponseStart) and start.status == 200
