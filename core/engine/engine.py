@@ -114,6 +114,7 @@ class LLMEngine:
         if config.speculative and self.hooks.spyglass_propose_drafts(
             method=config.speculative, requests=(), num_speculative_tokens=config.num_speculative_tokens
         ) is None:
+            self.hooks.spyglass_engine_stopped(info=self.info)  # what the start hooks built (a draft engine) goes
             raise ValueError(f"no plugin provides the draft proposer {config.speculative!r} (--speculative)")
 
     # -- requests -------------------------------------------------------------------------------

@@ -113,7 +113,11 @@ def create_plugin_manager(
     for name, entry_point in sorted(available.items()):
         if (enabled is not None and name not in enabled) or name in (disabled or []):
             continue
-        plugin = instantiate(entry_point.load(), context)
+        try:
+            loaded = entry_point.load()
+        except Exception as error:  # an import error would otherwise name a module, not the plugin
+            raise RuntimeError(f"plugin {name!r} ({entry_point.value}) could not be loaded: {error}") from error
+        plugin = instantiate(loaded, context)
         if plugin is not None:
             pm.register(plugin, name=name)
     return pm

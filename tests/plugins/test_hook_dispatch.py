@@ -1,5 +1,8 @@
 """Event hooks go through pluggy: its ordering and hook wrappers hold, and one failing plugin is contained."""
 
+import pytest
+
+from spyglass.core.engine.plugin_manager import create_plugin_manager
 from spyglass.core.plugin_api import FinishReason, Request, hookimpl
 
 from .conftest import add, drain
@@ -63,3 +66,14 @@ def test_a_plugin_registered_after_the_engine_started_is_contained_too(make_engi
     assert [label for label, _ in calls] == ["after-it", "late-comer"]
     assert engine.hooks.num_errors["late_comer.spyglass_request_finished"] == 1
     engine.shutdown()
+
+
+def test_a_plugin_that_cannot_be_imported_is_named(tmp_path, monkeypatch):
+    # A real installed distribution (a dist-info on sys.path) whose entry point names a missing module.
+    dist = tmp_path / "spyglass_broken-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: spyglass-broken\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[spyglass]\nbroken = spyglass_no_such_module:Plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"plugin 'broken' \(spyglass_no_such_module:Plugin\) could not be loaded"):
+        create_plugin_manager(["fcfs", "broken"])
