@@ -19,15 +19,13 @@ A plugin with per-engine state is a class named by its entry point: each engine 
 """
 
 from collections.abc import Callable
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
+import importlib
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
 
 from spyglass.core.engine import hookspecs
 from spyglass.core.engine.config import DTYPE_NAMES, EngineConfig, dtype_named
-from spyglass.core.engine.draft_engine import DraftEngine
 from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.plugin_context import PluginContext
-from spyglass.core.loaders.checkpoint import Checkpoint
-from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.kv.kv_cache_manager import NO_MATCH, PrefixMatch
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus, RequestTimes
@@ -37,6 +35,25 @@ from spyglass.core.engine.step_stats import EngineInfo, StepStats
 from spyglass.core.engine.token_constraint import TokenConstraint
 from spyglass.core.tokenizer import Tokenizer
 from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallParser
+
+# What builds or loads a model imports torch: loaded on first use, so that plugins (and
+# `spyglass plugins`) load without it. mypy sees them as ordinary imports.
+if TYPE_CHECKING:
+    from spyglass.core.engine.draft_engine import DraftEngine
+    from spyglass.core.loaders.checkpoint import Checkpoint
+    from spyglass.core.loaders.load import load_checkpoint
+
+_ON_FIRST_USE = {
+    "DraftEngine": "spyglass.core.engine.draft_engine",
+    "Checkpoint": "spyglass.core.loaders.checkpoint",
+    "load_checkpoint": "spyglass.core.loaders.load",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ON_FIRST_USE:
+        return getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "DTYPE_NAMES",

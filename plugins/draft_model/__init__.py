@@ -6,16 +6,13 @@ engine that speculates with ``draft`` gets its own proposer, which owns the draf
 `DraftEngine`, id ``<target id>-draft``) and stops it when its target stops.
 """
 
-from spyglass.core.plugin_api import (
-    DraftEngine,
-    EngineConfig,
-    EngineInfo,
-    PluginContext,
-    Request,
-    dtype_named,
-    hookimpl,
-    load_checkpoint,
-)
+from typing import TYPE_CHECKING
+
+from spyglass.core import plugin_api
+from spyglass.core.plugin_api import EngineConfig, EngineInfo, PluginContext, Request, dtype_named, hookimpl
+
+if TYPE_CHECKING:  # plugin_api loads the engine (and torch) when they are first used: when drafting starts
+    from spyglass.core.plugin_api import DraftEngine
 
 
 class DraftModelProposer:
@@ -24,7 +21,7 @@ class DraftModelProposer:
     method = "draft"
 
     def __init__(self, context: PluginContext):
-        self.drafter: DraftEngine | None = None
+        self.drafter: "DraftEngine | None" = None
 
     @hookimpl
     def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
@@ -35,7 +32,7 @@ class DraftModelProposer:
         if not path:
             raise ValueError("--speculative draft needs --plugin-option draft_model=PATH")
         dtype = dtype_named(config.plugin_options.get("draft_dtype", info.dtype))
-        self.drafter = DraftEngine(load_checkpoint(path, dtype), config)
+        self.drafter = plugin_api.DraftEngine(plugin_api.load_checkpoint(path, dtype), config)
 
     @hookimpl
     def spyglass_engine_stopped(self, info: EngineInfo) -> None:

@@ -8,12 +8,17 @@ Masks of a step's constrained requests are computed in parallel by llguidance's 
 without a Python loop over requests. Why llguidance rather than xgrammar: docs/structured_outputs.md.
 """
 
+from __future__ import annotations
+
 import json
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import llguidance
-import torch
+
+if TYPE_CHECKING:  # masks arrive as tensors; the plugin itself (and `spyglass plugins`) loads without torch
+    import torch
 
 from spyglass.core.plugin_api import PluginContext, StructuredOutput, TokenConstraint, Tokenizer, hookimpl
 

@@ -28,6 +28,13 @@ def test_help_loads_no_heavy_module(argv):
     assert result.stdout.strip().endswith("HEAVY:"), result.stdout[-300:]
 
 
+def test_plugins_lists_every_plugin_without_loading_torch_or_the_engine():
+    result = subprocess.run([sys.executable, "-c", _PROBE, "plugins"], capture_output=True, text=True, timeout=60)
+    for name in ("fcfs", "prefix_cache", "metrics", "tracing", "structured_output", "draft_model", "self_draft"):
+        assert f"{name}: " in result.stdout
+    assert result.stdout.strip().endswith("HEAVY:"), result.stdout[-300:]
+
+
 def test_serve_help_lists_its_options():
     result = subprocess.run([sys.executable, "-m", "spyglass.core.cli.main", "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
