@@ -112,9 +112,18 @@ class TelemetryMiddleware:
         token = context.attach(with_info(info, trace.set_span_in_context(span, parent)))
         status, error_body = 500, bytearray()
         start = time.perf_counter()
+        completed = disconnected = False
+
+        async def receive_and_watch():
+            nonlocal disconnected
+            message = await receive()
+            disconnected = disconnected or (message["type"] == "http.disconnect" and not completed)
+            return message
 
         async def send_and_watch(message) -> None:
-            nonlocal status
+            nonlocal status, completed
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True
             if message["type"] == "http.response.start":
                 status = message["status"]
                 extended = [*message.get("headers", []), *_response_headers(info.request_id, span)]
@@ -125,7 +134,7 @@ class TelemetryMiddleware:
 
         exception = None
         try:
-            await self.app(scope, receive, send_and_watch)
+            await self.app(scope, receive_and_watch, send_and_watch)
         except BaseException as error:
             exception = error
             span.record_exception(error)
@@ -138,6 +147,9 @@ class TelemetryMiddleware:
             handled = scope.get(EXCEPTION_KEY)
             if handled is not None and status >= 500 and span.is_recording():
                 span.record_exception(handled)
+            if disconnected and span.is_recording():  # the client left before the response ended
+                span.set_attribute("error.type", "abort")
+                span.add_event("client disconnected")
             self._end_span(span, method, route, status, reason)
             context.detach(token)
             duration = time.perf_counter() - start

@@ -142,10 +142,12 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(tiny_llama_dir, ser
     not_found = roots[missing.headers["x-request-id"]]
     assert not_found["attributes"]["error.type"] == "404" and not_found["status_code"] == "UNSET"
 
-    (abort,) = [s for s in spans if s["attributes"].get("error.type") == "abort"]
-    assert abort["span_kind"] == "LLM" and abort["status_code"] == "UNSET"
+    (abort,) = [s for s in spans if s["attributes"].get("error.type") == "abort" and s["span_kind"] == "LLM"]
+    assert abort["status_code"] == "UNSET"
     parent = by_id[abort["parent_id"]]
     assert datetime.fromisoformat(abort["end_time"]) <= datetime.fromisoformat(parent["end_time"])
+    # The HTTP root span says the client left too (not a server error: status unset).
+    assert parent["attributes"]["error.type"] == "abort" and parent["status_code"] == "UNSET"
 
     (line,) = [r for r in log_records(server) if r["event"] == "request finished" and r["request_id"] == "phoenix-1"]
     assert (line["trace_id"], line["span_id"]) == (trace_id, llm["context"]["span_id"])

@@ -99,3 +99,29 @@ def test_lifespan_passes_through():
 
     asyncio.run(TelemetryMiddleware(app)({"type": "lifespan"}, None, None))
     assert seen == ["lifespan"]
+
+
+def test_a_client_that_leaves_mid_response_marks_the_server_span_aborted(span_exporter):
+    async def streaming(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        assert (await receive())["type"] == "http.disconnect"  # how a streaming handler learns it
+
+    async def client_leaves():
+        messages = iter([{"type": "http.request", "body": b"", "more_body": False}, {"type": "http.disconnect"}])
+
+        async def receive():
+            return next(messages)
+
+        async def send(message):
+            pass
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "scheme": "http"}
+        await receive()  # the request body, read by the server before the handler runs
+        await TelemetryMiddleware(streaming)(scope, receive, send)
+
+    asyncio.run(client_leaves())
+    (span,) = span_exporter.get_finished_spans()
+    assert span.attributes["error.type"] == "abort" and span.attributes["http.response.status_code"] == 200
+    assert [event.name for event in span.events] == ["client disconnected"]
+    assert span.status.status_code == trace.StatusCode.UNSET  # the server did nothing wrong
