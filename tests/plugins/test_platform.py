@@ -164,3 +164,13 @@ def test_factories_get_the_engine_context_and_modules_stay_modules():
     pm = create_plugin_manager(["metrics", "fcfs"], context=context)
     assert pm.context is context and pm.get_plugin("metrics").settings is telemetry
     assert pm.get_plugin("fcfs").__name__ == "spyglass.plugins.fcfs"
+
+
+def test_the_guide_names_every_engine_option():
+    import dataclasses
+
+    from spyglass.core.engine.config import EngineConfig
+
+    guide = (ROOT / "docs" / "plugins.md").read_text()
+    missing = [field.name for field in dataclasses.fields(EngineConfig) if f"`{field.name}`" not in guide]
+    assert not missing, f"docs/plugins.md does not name the LLM(**engine_options) names {missing}"
