@@ -47,6 +47,8 @@ class EngineConfig:
     plugins' own settings (``--plugin-option draft_model=PATH``), read by the plugins at start.
     ``quantization`` (`core.quantization`): auto keeps a GGUF file's quantized blocks on the CPU,
     none dequantizes at load, int8 stores the matrices as weight-only int8 (Q8_0).
+    ``tensor_parallel_size`` > 1 splits the model's heads, MLP and vocabulary over that many processes
+    (this one and N-1 workers; gloo on the CPU, NCCL on CUDA devices 0..N-1): see docs/tensor_parallel.md.
     """
 
     model: str | None = None
@@ -69,6 +71,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     plugin_options: dict[str, str] = field(default_factory=dict)
     quantization: str = "auto"
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -77,6 +80,8 @@ class EngineConfig:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
 
     def torch_device(self) -> "torch.device":
         """The device to run on: CUDA when available unless told otherwise."""
