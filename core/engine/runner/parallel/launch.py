@@ -86,6 +86,8 @@ class LeaderGroup(RankGroup):
         """Mark the group broken (tearing it down) and return the error that says why; dead ranks are named."""
         if self.failure is not None:
             return self.failure
+        if isinstance(reason, BaseException):
+            self._wait_for_an_exit(seconds=2.0)  # a peer's sockets close a moment before it can be reaped
         dead = [f"rank {rank} (pid {p.pid}) {_describe_exit(p)}" for rank, p in enumerate(self.processes, start=1)
                 if not p.is_alive()]
         if isinstance(reason, BaseException):
@@ -97,6 +99,11 @@ class LeaderGroup(RankGroup):
         self.abort()
         self._finalizer()
         return self.failure
+
+    def _wait_for_an_exit(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while all(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _checked(self, operation, tensor: torch.Tensor):
         if self.failure is not None:
