@@ -77,6 +77,7 @@ class MetricsRecorder:
             str(info.max_num_seqs),
         ).set(1)
         self._export_zeros(info, config)
+        m.TENSOR_PARALLEL_SIZE.labels(model).set(info.tensor_parallel_size)
         self.ready = m.ENGINE_READY.labels(model)
         self.ready.set(1)
 
