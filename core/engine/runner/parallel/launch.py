@@ -49,8 +49,10 @@ def _terminate(processes: list) -> None:
 class LeaderGroup(RankGroup):
     """Rank 0's group: the collectives, plus the worker processes, their liveness and their stop."""
 
-    def __init__(self, store: dist.Store, world_size: int, device: torch.device, processes: list):
+    def __init__(self, store: dist.Store, world_size: int, device: torch.device, processes: list,
+                 threads_before: int):
         self.processes = processes
+        self.threads_before = threads_before  # this process's torch threads before the ranks shared the cores
         self.failure: TensorParallelError | None = None
         self._finalizer = weakref.finalize(self, _terminate, processes)
         self._wait_until_ready(store)
@@ -143,6 +145,7 @@ class LeaderGroup(RankGroup):
                 pass
         self.failure = self.failure or TensorParallelError("the tensor-parallel group was stopped")
         self._finalizer()
+        torch.set_num_threads(self.threads_before)
 
 
 def launch_tensor_parallel(checkpoint, backend, device: torch.device, config) -> TensorParallelLlama:
@@ -156,7 +159,8 @@ def launch_tensor_parallel(checkpoint, backend, device: torch.device, config) ->
     if device.type == "cuda" and torch.cuda.device_count() < world_size:
         raise ValueError(f"tensor_parallel_size {world_size} needs {world_size} CUDA devices; "
                          f"{torch.cuda.device_count()} visible")
-    num_threads = config.num_threads or max(1, torch.get_num_threads() // world_size)
+    threads_before = torch.get_num_threads()
+    num_threads = config.num_threads or max(1, threads_before // world_size)
     torch.set_num_threads(num_threads)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=START_TIMEOUT)
     context = torch.multiprocessing.get_context("spawn")
@@ -168,7 +172,7 @@ def launch_tensor_parallel(checkpoint, backend, device: torch.device, config) ->
                                   name=f"spyglass-tp-rank{rank}", daemon=True)
         process.start()
         processes.append(process)
-    group = LeaderGroup(store, world_size, device, processes)
+    group = LeaderGroup(store, world_size, device, processes, threads_before)
     shard = plan_shard(arch, 0, world_size)
     log.info("tensor parallelism: %d ranks (%s); rank 0 holds KV heads %s, query heads %s, vocabulary rows %s",
              world_size, "nccl" if device.type == "cuda" else "gloo", shard.kv_heads, shard.q_heads, shard.vocab)
