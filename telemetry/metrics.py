@@ -111,6 +111,9 @@ GEN_AI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56,
 
 # -- scheduler state (set every step) ----------------------------------------------------------
 ENGINE_READY = Gauge("spyglass:engine_ready", "1 while the engine runs, 0 once it has stopped.", M)
+TENSOR_PARALLEL_SIZE = Gauge(
+    "spyglass:tensor_parallel_size", "Ranks (processes) that run each forward: 1 without tensor parallelism.", M
+)
 NUM_REQUESTS_RUNNING = Gauge("spyglass:num_requests_running", "Requests in the running batch.", M)
 NUM_REQUESTS_WAITING = Gauge("spyglass:num_requests_waiting", "Requests waiting to be scheduled.", M)
 NUM_REQUESTS_WAITING_BY_CLASS = Gauge(

@@ -30,6 +30,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--speculative", default=None, help="draft proposer plugin: ngram, draft or self")
     group.add_argument("--num-speculative-tokens", type=int, default=defaults.num_speculative_tokens)
     group.add_argument(
+        "--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size,
+        help="processes to split the model over (heads, MLP, vocabulary); gloo on the CPU, NCCL on CUDA",
+    )
+    group.add_argument(
         "--plugin-option", action="append", default=[], metavar="KEY=VALUE",
         help="a plugin setting, e.g. draft_model=PATH or self_draft_layers=8 (repeatable)",
     )
@@ -55,6 +59,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         cuda_graphs=args.cuda_graphs,
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
+        tensor_parallel_size=args.tensor_parallel_size,
         plugin_options=dict(option.split("=", 1) for option in args.plugin_option),
     )
     options.update(overrides)

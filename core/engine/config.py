@@ -54,6 +54,8 @@ class EngineConfig:
     ``engine_id`` names the engine in metrics (the ``engine`` label), traces and logs; None gives a
     process-unique one ("0", "1", ...). ``telemetry`` is what the engine's plugins emit, passed to them
     untouched; None means the process default (`spyglass.telemetry.settings.current()`, set by the CLI).
+    ``tensor_parallel_size`` > 1 splits the model's heads, MLP and vocabulary over that many processes
+    (this one and N-1 workers; gloo on the CPU, NCCL on CUDA devices 0..N-1): see docs/tensor_parallel.md.
     """
 
     model: str | None = None
@@ -78,6 +80,7 @@ class EngineConfig:
     quantization: str = "auto"
     engine_id: str | None = None
     telemetry: "TelemetrySettings | None" = None
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -86,6 +89,8 @@ class EngineConfig:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
 
     def torch_device(self) -> "torch.device":
         """The device to run on: CUDA when available unless told otherwise."""

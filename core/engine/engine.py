@@ -14,7 +14,7 @@ from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.detokenizer import IncrementalDetokenizer
 from spyglass.core.engine.kv.host_memory import keep_freed_memory_mapped
 from spyglass.core.engine.kv.kv_cache_manager import KVCacheManager
-from spyglass.core.engine.runner.model_runner import ModelRunner, RunnerOutput
+from spyglass.core.engine.runner.model_runner import FatalRunnerError, ModelRunner, RunnerOutput
 from spyglass.core.models.registry import build_model
 from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
 from spyglass.core.engine.plugin_context import PluginContext
@@ -69,15 +69,23 @@ class LLMEngine:
         self.tokenizer = checkpoint.tokenizer
         self.arch = checkpoint.arch
         self.backend = select_backend(self.device, config.attention_backend)
-        model = build_model(checkpoint.arch, checkpoint.weights, self.backend, self.device)
-        per_block = ModelRunner.bytes_per_block(checkpoint.arch, config.block_size, dtype)
+        if config.tensor_parallel_size > 1:  # imported here: torch.distributed would slow every other start
+            from spyglass.core.engine.runner.parallel import ParallelModelRunner, launch_tensor_parallel
+
+            model = launch_tensor_parallel(checkpoint, self.backend, self.device, config)
+            runner_class = ParallelModelRunner
+        else:
+            model = build_model(checkpoint.arch, checkpoint.weights, self.backend, self.device)
+            runner_class = ModelRunner
+        # A tensor-parallel rank 0 holds the most KV heads: its blocks are the largest of any rank's.
+        per_block = ModelRunner.bytes_per_block(model.arch, config.block_size, dtype)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory // per_block)
         self.max_model_len = min(
             config.max_model_len or checkpoint.arch.max_position_embeddings,
             checkpoint.arch.max_position_embeddings,
             num_blocks * config.block_size,
         )
-        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device)
+        self.runner = runner_class(model, num_blocks, config.block_size, self.device)
         if config.cuda_graphs and self.device.type == "cuda":
             seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
             log.info("CUDA graph capture took %.2f s", seconds)
@@ -101,6 +109,7 @@ class LLMEngine:
             attention_backend=self.backend.name,
             vocab_size=checkpoint.arch.vocab_size,
             waiting_classes=tuple(getattr(policy, "waiting_classes", ())),
+            tensor_parallel_size=config.tensor_parallel_size,
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
         )
@@ -215,6 +224,8 @@ class LLMEngine:
         self.hooks.spyglass_step_started(step_id=out.step_id, scheduled=tuple(s.request for s in out.scheduled))
         try:
             runner_out = self.runner.execute(out, self.kv.block_tables)
+        except FatalRunnerError:
+            raise
         except Exception as error:
             return failed + self._isolate_failure(out, error)
         outputs = self._update(out, runner_out)
@@ -420,6 +431,7 @@ class LLMEngine:
             start_time=start,
             end_time=end,
             waiting_by_class=tuple(sorted(classes.items())),
+            tensor_parallel_size=self.config.tensor_parallel_size,
         )
 
     def abort_all(self) -> list[RequestOutput]:
@@ -430,6 +442,7 @@ class LLMEngine:
         """Abort whatever is left and announce the stop."""
         self.abort_all()
         self.hooks.spyglass_engine_stopped(info=self.info)
+        self.runner.close()
 
     # -- queries --------------------------------------------------------------------------------
 

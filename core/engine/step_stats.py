@@ -23,6 +23,7 @@ class EngineInfo:
     engine_id: str = ""  # the engine's id (`EngineConfig.engine_id`), the ``engine`` label of its metrics
     vocab_size: int = 0  # the width of the model's logits (token ids are below it)
     waiting_classes: tuple[str, ...] = ()  # the scheduling policy's classes known up front
+    tensor_parallel_size: int = 1  # the ranks (processes) that run each forward
     # Live views for plugins: the tokenizer (to decode output for traces) and the hook relay's
     # error counts by "plugin.hook" (exported as a metric). Not part of equality or the repr.
     tokenizer: "Tokenizer | None" = field(default=None, compare=False, repr=False)
@@ -51,3 +52,4 @@ class StepStats:
     start_time: float
     end_time: float
     waiting_by_class: tuple[tuple[str, int], ...] = ()
+    tensor_parallel_size: int = 1  # the ranks (processes) that ran this step's forward

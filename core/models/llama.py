@@ -100,10 +100,14 @@ class LlamaForCausalLM:
         )
         return self.lm_head(normed).float()
 
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of ``input_ids`` in the activations' dtype (a tensor-parallel rank sums its share)."""
+        return lookup_rows(self.embed, input_ids, self.dtype)
+
     def hidden_states(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
         """The last layer's output and the residual stream it adds to, for every token, before the final norm."""
         eps, ops = self.arch.rms_norm_eps, self.backend
-        hidden, residual = lookup_rows(self.embed, input_ids, self.dtype), None
+        hidden, residual = self.embed_tokens(input_ids), None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
             hidden = layer.attention(x, positions, meta, k_cache, v_cache, ops)

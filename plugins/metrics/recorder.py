@@ -68,6 +68,7 @@ class MetricsRecorder:
             str(info.max_num_seqs),
         ).set(1)
         self._export_zeros(info, config)
+        series.labels(m.TENSOR_PARALLEL_SIZE).set(info.tensor_parallel_size)
         self.ready = series.labels(m.ENGINE_READY)
         self.ready.set(1)
 

@@ -32,6 +32,7 @@ NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of 
     "spyglass:request_num_preemptions",
     "spyglass:cache_config_info",
     "spyglass:engine_ready",
+    "spyglass:tensor_parallel_size",
 }
 GRAFANA_SCHEMA_PACKAGES = ["@grafana/schema@13.2.3", "typescript@7.0.2"]
 

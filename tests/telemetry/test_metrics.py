@@ -56,6 +56,7 @@ def test_series_exist_at_zero_before_the_first_request(engine_and_registry):
     info = {"block_size": "16", "num_gpu_blocks": str(engine.info.num_kv_blocks), "cache_dtype": "float32"}
     info |= {"max_model_len": str(engine.max_model_len), "max_num_seqs": "128"}
     assert reg.value("spyglass:cache_config_info", **info) == 1
+    assert reg.value("spyglass:tensor_parallel_size") == 1
     engine.shutdown()
     assert reg.value("spyglass:engine_ready") == 0  # kept, at 0, for the not-ready alert
     labels = {"model_name": "tiny", "engine": engine.engine_id}

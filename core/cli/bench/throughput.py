@@ -35,6 +35,10 @@ def add_parser(subparsers, argv) -> None:
     parser.add_argument(
         "--compare-telemetry", default="", help="comma-separated telemetry levels (off, metrics, full) to run beside --telemetry"
     )
+    parser.add_argument(
+        "--compare-tensor-parallel", default="",
+        help="comma-separated tensor-parallel sizes to run beside --tensor-parallel-size, e.g. 2",
+    )
     add_engine_arguments(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(run=run)
@@ -59,15 +63,17 @@ def _median(results: list[RunResult]) -> RunResult:
     return sorted(results, key=lambda r: r.seconds)[len(results) // 2]
 
 
-def _configurations(args) -> list[tuple[str, str, str]]:
-    """(label, policy, telemetry level) for every configuration to compare; the first is the baseline."""
+def _configurations(args) -> list[tuple[str, str, str, int]]:
+    """(label, policy, telemetry level, tensor-parallel size) for every configuration; the first is the baseline."""
     policies = [args.scheduling_policy] + [p for p in args.compare_policies.split(",") if p]
     levels = [args.telemetry] + [t for t in args.compare_telemetry.split(",") if t]
+    sizes = [args.tensor_parallel_size] + [int(n) for n in args.compare_tensor_parallel.split(",") if n]
     configurations = []
     for policy in policies:
         for level in levels:
             label = policy if len(levels) == 1 else (f"telemetry-{level}" if len(policies) == 1 else f"{policy}/{level}")
-            configurations.append((label, policy, level))
+            for size in sizes:
+                configurations.append((label if len(sizes) == 1 else f"{label}/tp{size}", policy, level, size))
     return configurations
 
 
@@ -81,11 +87,20 @@ def _rotated(configurations: list, repeat: int) -> list:
     return configurations[shift:] + configurations[:shift]
 
 
-def _fresh_engine(args, policy: str, level: str) -> LLMEngine:
+def _fresh_engine(args, policy: str, level: str, tensor_parallel_size: int) -> LLMEngine:
     """An engine whose telemetry plugins follow ``level``; full tracing exports into an encoding sink."""
     telemetry = dataclasses.replace(settings_from_args(args), metrics=level != "off", tracing=level == "full")
     tracing.set_tracer_provider(sink_tracer_provider()[0] if level == "full" else None)
-    return LLMEngine(engine_config_from_args(args, scheduling_policy=policy, telemetry=telemetry))
+    return LLMEngine(engine_config_from_args(args, scheduling_policy=policy, telemetry=telemetry, tensor_parallel_size=tensor_parallel_size))
+
+
+def _timed_run(args, configuration: tuple, workload: list[BenchRequest]) -> RunResult:
+    """One run on a fresh engine, shut down afterwards (which stops tensor-parallel workers)."""
+    engine = _fresh_engine(args, *configuration[1:])
+    try:
+        return run_engine(engine, workload)
+    finally:
+        engine.shutdown()
 
 
 def run(args) -> int:
@@ -103,22 +118,23 @@ def run(args) -> int:
     return 0
 
 
-def _run_all(args, configurations: list[tuple[str, str, str]]) -> None:
+def _run_all(args, configurations: list[tuple[str, str, str, int]]) -> None:
     probe = _fresh_engine(args, *configurations[0][1:])
     print(f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
           f"kv blocks {probe.info.num_kv_blocks} threads {torch.get_num_threads()}")
     vocab = probe.arch.vocab_size
+    probe.shutdown()
     del probe
     hf = HFStaticBatching(args.model, engine_config_from_args(args).torch_dtype()) if args.compare_hf else None
     for name in [w for w in args.workloads.split(",") if w]:
         workload = WORKLOADS[name](vocab) if args.num_requests is None else WORKLOADS[name](vocab, args.num_requests)
-        runs: dict[str, list[RunResult]] = {label: [] for label, _, _ in configurations}
+        runs: dict[str, list[RunResult]] = {configuration[0]: [] for configuration in configurations}
         if hf and name == "w1":
             runs["hf-static"] = []
         for repeat in range(args.repeats):
-            for label, policy, level in _rotated(configurations, repeat):
+            for configuration in _rotated(configurations, repeat):
                 gc.collect()  # the previous run's engine and its KV cache go before this one starts
-                runs[label].append(run_engine(_fresh_engine(args, policy, level), workload))
+                runs[configuration[0]].append(_timed_run(args, configuration, workload))
             if "hf-static" in runs:
                 runs["hf-static"].append(hf.run(workload))
         _report(name, workload, {label: _median(r) for label, r in runs.items()}, configurations[0][0])

@@ -18,6 +18,11 @@ from spyglass.core.engine.runner.spec_verify import verify_drafts
 from spyglass.core.engine.token_constraint import TokenConstraint, bitmask_words, fill_rows
 
 
+class FatalRunnerError(RuntimeError):
+    """The runner cannot run another step (a tensor-parallel rank died): the engine stops instead of
+    failing only the step's requests."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunnerOutput:
     """Sampled tokens per scheduled request (same order; empty for a prefill chunk that ends mid-prompt)."""
@@ -117,15 +122,18 @@ class ModelRunner:
         """Run the model on a non-empty step and sample the next token for each request that reached its end."""
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables)
-        num_reqs = len(out.scheduled)
-        if self.graphs and self.graphs.can_run(num_reqs, inputs.input_ids.shape[0], inputs.meta.max_query_len):
-            logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
-        else:
-            logits = self.model.forward(
-                inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
-            )
+        logits = self._forward(inputs, len(out.scheduled))
         tokens, logprobs = self._sample(out, inputs.sampled_rows, logits)
         return RunnerOutput(tokens, logprobs, time.perf_counter() - start)
+
+    def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
+        """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else eager."""
+        if self.graphs and self.graphs.can_run(num_reqs, inputs.input_ids.shape[0], inputs.meta.max_query_len):
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        return self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
+
+    def close(self) -> None:
+        """Release what outlives the engine's objects (a tensor-parallel runner stops its workers)."""
 
     @staticmethod
     def _sample(out: SchedulerOutput, sampled_rows: tuple[bool, ...], logits: torch.Tensor):

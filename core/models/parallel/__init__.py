@@ -1,0 +1,1 @@
+"""Tensor parallelism on the model side: how weights shard over ranks, and one rank's model."""
