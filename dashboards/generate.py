@@ -160,6 +160,8 @@ def sections() -> list[tuple[str, list[dict]]]:
     ]
     engine = [
         panel("Engine step duration", "s", quantile_targets(m.ENGINE_STEP_DURATION, quantiles=(0.5, 0.99))),
+        latency_panel("Structured outputs: grammar compile time", m.STRUCTURED_OUTPUT_COMPILE_TIME),
+        latency_panel("Structured outputs: mask time per step", m.STRUCTURED_OUTPUT_MASK_TIME),
         panel(
             "Step phases (mean)",
             "s",

@@ -148,6 +148,21 @@ PLUGIN_HOOK_ERRORS = Counter(
     M + ["plugin", "hook"],
 )
 
+# -- structured outputs (grammar-constrained decoding) --------------------------------------------
+GRAMMAR_SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+STRUCTURED_OUTPUT_COMPILE_TIME = Histogram(
+    "spyglass:structured_output_compile_seconds",
+    "Compiling (and validating) one structured-output grammar: once per distinct spec, later requests hit the cache.",
+    M,
+    buckets=GRAMMAR_SECONDS_BUCKETS,
+)
+STRUCTURED_OUTPUT_MASK_TIME = Histogram(
+    "spyglass:structured_output_mask_seconds",
+    "Per step with constrained requests: filling their grammar bitmasks (part of the model phase).",
+    M,
+    buckets=GRAMMAR_SECONDS_BUCKETS,
+)
+
 # -- per-request histograms (observed when a request finishes; latencies carry trace exemplars) --
 TIME_TO_FIRST_TOKEN = Histogram(
     "spyglass:time_to_first_token_seconds", "Arrival to first output token.", M, buckets=TTFT_BUCKETS

@@ -432,6 +432,7 @@ class LLMEngine:
             end_time=end,
             waiting_by_class=tuple(sorted(classes.items())),
             tensor_parallel_size=self.config.tensor_parallel_size,
+            mask_time=runner_out.mask_time,
         )
 
     def abort_all(self) -> list[RequestOutput]:

@@ -52,4 +52,5 @@ class StepStats:
     start_time: float
     end_time: float
     waiting_by_class: tuple[tuple[str, int], ...] = ()
+    mask_time: float = 0.0  # of model_time: filling structured-output (grammar) bitmasks
     tensor_parallel_size: int = 1  # the ranks (processes) that ran this step's forward

@@ -54,6 +54,7 @@ class MetricsRecorder:
         self.step_duration = series.labels(m.ENGINE_STEP_DURATION)
         self.step_phases = {p: series.labels(m.ENGINE_STEP_PHASE_DURATION, p) for p in ("schedule", "model", "update")}
         self.batch_size = series.labels(m.ENGINE_STEP_BATCH_SIZE)
+        self.mask_time = series.labels(m.STRUCTURED_OUTPUT_MASK_TIME)
         self.slo_requests = series.labels(m.SLO_REQUESTS)
         self.slo_ttft_met = series.labels(m.SLO_TTFT_MET)
         self.slo_tpot_met = series.labels(m.SLO_TPOT_MET)
@@ -153,6 +154,8 @@ class MetricsRecorder:
         self.step_phases["schedule"].observe(stats.schedule_time)
         self.step_phases["model"].observe(stats.model_time)
         self.step_phases["update"].observe(stats.update_time)
+        if stats.mask_time:
+            self.mask_time.observe(stats.mask_time)
         classes = dict(stats.waiting_by_class)
         for label in self.waiting_classes | classes.keys():
             self.series.labels(m.NUM_REQUESTS_WAITING_BY_CLASS, label).set(classes.get(label, 0))

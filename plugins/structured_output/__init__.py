@@ -11,6 +11,7 @@ without a Python loop over requests. Why llguidance rather than xgrammar: docs/s
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -20,7 +21,17 @@ import llguidance
 if TYPE_CHECKING:  # masks arrive as tensors; the plugin itself (and `spyglass plugins`) loads without torch
     import torch
 
-from spyglass.core.plugin_api import PluginContext, StructuredOutput, TokenConstraint, Tokenizer, hookimpl
+from spyglass.core.plugin_api import (
+    EngineConfig,
+    EngineInfo,
+    PluginContext,
+    StructuredOutput,
+    TokenConstraint,
+    Tokenizer,
+    hookimpl,
+)
+from spyglass.telemetry import metrics as m
+from spyglass.telemetry import settings as telemetry_settings
 
 _GRAMMAR_CACHE_SIZE = 256
 
@@ -80,10 +91,30 @@ class StructuredOutputPlugin:
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
         self._compile = lru_cache(maxsize=_GRAMMAR_CACHE_SIZE)(self._compile_uncached)
+        self._telemetry = telemetry_settings.resolve(context.telemetry if context else None)
+        self._series: m.EngineSeries | None = None
+        self._compile_seconds = None  # the engine's histogram child, while it runs with metrics on
+
+    @hookimpl
+    def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
+        """Export this engine's grammar compile times (``spyglass:structured_output_compile_seconds``)."""
+        if self._telemetry.metrics:
+            self._series = m.EngineSeries(self._telemetry.served_model_name or info.model_name, info.engine_id)
+            self._compile_seconds = self._series.labels(m.STRUCTURED_OUTPUT_COMPILE_TIME)
+
+    @hookimpl
+    def spyglass_engine_stopped(self, info: EngineInfo) -> None:
+        """Drop the engine's series."""
+        if self._series is not None:
+            self._series.remove()
+            self._series = self._compile_seconds = None
 
     def _compile_uncached(self, kind: str, value_json: str) -> str:
+        start = time.perf_counter()
         grammar = grammar_text(StructuredOutput(kind, json.loads(value_json)))
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
+        if self._compile_seconds is not None:
+            self._compile_seconds.observe(time.perf_counter() - start)
         if error and not error.startswith("WARNING"):
             raise ValueError(error)
         return grammar

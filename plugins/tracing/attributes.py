@@ -78,6 +78,35 @@ def request_attributes(request: Request, model: str) -> dict:
         "spyglass.tenant": extra.get("tenant"),
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
+    attrs.update(response_format_attributes(request))
+    attrs.update(tool_attributes(extra.get("tools") or ()))
+    return attrs
+
+
+def response_format_attributes(request: Request) -> dict:
+    """The structured-output constraint, if any: its kind, GenAI's ``gen_ai.output.type``, and its spec."""
+    spec = request.sampling_params.structured_output
+    if spec is None:
+        return {}
+    attrs = {
+        "spyglass.response_format": spec.kind,
+        "gen_ai.output.type": "json" if spec.kind in ("json_schema", "json_object") else "text",
+    }
+    if spec.value is not None:
+        attrs["spyglass.response_format.spec"] = spec.value if isinstance(spec.value, str) else json.dumps(spec.value)
+    return attrs
+
+
+def tool_attributes(tools) -> dict:
+    """Tool definitions the request offered (the API passes them as OpenAI ``tools`` entries).
+
+    OpenInference's ``llm.tools.{i}.tool.json_schema`` and GenAI's ``gen_ai.tool.definitions``.
+    Definitions are the application's, not the user's text, so they are recorded without opt-in.
+    """
+    if not tools:
+        return {}
+    attrs = {f"llm.tools.{i}.tool.json_schema": json.dumps(tool) for i, tool in enumerate(tools)}
+    attrs["gen_ai.tool.definitions"] = json.dumps(list(tools))
     return attrs
 
 

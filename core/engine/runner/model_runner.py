@@ -30,6 +30,8 @@ class RunnerOutput:
     sampled_token_ids: tuple[list[int], ...]
     logprobs: tuple[list[Logprob | None], ...]
     model_time: float
+    mask_time: float = 0.0
+    """Of ``model_time``, the seconds spent filling structured-output bitmasks (0 without constraints)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +125,8 @@ class ModelRunner:
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables)
         logits = self._forward(inputs, len(out.scheduled))
-        tokens, logprobs = self._sample(out, inputs.sampled_rows, logits)
-        return RunnerOutput(tokens, logprobs, time.perf_counter() - start)
+        tokens, logprobs, mask_time = self._sample(out, inputs.sampled_rows, logits)
+        return RunnerOutput(tokens, logprobs, time.perf_counter() - start, mask_time)
 
     def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
         """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else eager."""
@@ -137,7 +139,7 @@ class ModelRunner:
 
     @staticmethod
     def _sample(out: SchedulerOutput, sampled_rows: tuple[bool, ...], logits: torch.Tensor):
-        """Per scheduled request: sampled tokens (drafts verified first) and their logprobs."""
+        """Per scheduled request: sampled tokens (drafts verified first) and their logprobs; mask seconds."""
         plain_rows, plain_requests, spans = [], [], []
         row = 0
         for scheduled, is_sampled in zip(out.scheduled, sampled_rows):
@@ -149,7 +151,9 @@ class ModelRunner:
             row += num_rows
         # Every row plain (no drafts) is the common case: sample the logits as they are, without a copy.
         plain_logits = logits if len(plain_rows) == logits.shape[0] else logits[plain_rows]
-        plain_tokens, plain_logprobs = _sample_plain(plain_logits, plain_requests) if plain_requests else ([], [])
+        plain_tokens, plain_logprobs, mask_time = (
+            _sample_plain(plain_logits, plain_requests) if plain_requests else ([], [], 0.0)
+        )
         plain = {r: (t, lp) for r, t, lp in zip(plain_rows, plain_tokens, plain_logprobs)}
         tokens, logprobs = [], []
         for scheduled, (first, num_rows) in zip(out.scheduled, spans):
@@ -163,20 +167,24 @@ class ModelRunner:
                 request = scheduled.request
                 drafts = request.spec_token_ids[: scheduled.num_spec_tokens]
                 rows = logits[first : first + num_rows]
+                mask_start = time.perf_counter()
                 bitmask = _draft_bitmask(request.constraint, drafts, logits.shape[-1]) if request.constraint else None
+                mask_time += time.perf_counter() - mask_start
                 rows = adjust_logits(rows, [request] * num_rows, bitmask, range(num_rows))
                 verified = verify_drafts(rows, request, drafts)
                 tokens.append(verified)
                 logprobs.append([None] * len(verified))
-        return tuple(tokens), tuple(logprobs)
+        return tuple(tokens), tuple(logprobs), mask_time
 
 
 def _sample_plain(logits: torch.Tensor, requests: list[Request]):
-    """`sample` after each row's logit bias and grammar mask (the batch's masks filled in one call)."""
+    """`sample` after each row's logit bias and grammar mask (the batch's masks filled in one call); mask seconds."""
     constrained = [row for row, request in enumerate(requests) if request.constraint is not None]
+    start = time.perf_counter()
     bitmask = fill_rows([requests[row].constraint for row in constrained], logits.shape[-1]) if constrained else None
+    mask_time = time.perf_counter() - start if constrained else 0.0
     adjusted = adjust_logits(logits, requests, bitmask, constrained)
-    return sample(adjusted, requests, raw=logits)
+    return (*sample(adjusted, requests, raw=logits), mask_time)
 
 
 def _draft_bitmask(constraint: TokenConstraint, drafts: list[int], vocab_size: int) -> torch.Tensor:
