@@ -26,7 +26,14 @@ from spyglass.core.engine.sched.scheduler_policy import PreemptingPolicy, Schedu
 from spyglass.core.engine.step_stats import EngineInfo, StepStats
 from spyglass.core.engine.token_constraint import TokenConstraint
 from spyglass.core.loaders.tokenizer import Tokenizer
-from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallParser
+from spyglass.core.engine.tool_calls import (
+    CallObjectScanner,
+    ParsedToolCall,
+    ToolCallParser,
+    ToolCallPiece,
+    ToolCallStream,
+    collect,
+)
 
 __all__ = [
     "NO_MATCH",
@@ -45,8 +52,12 @@ __all__ = [
     "StructuredOutput",
     "TokenConstraint",
     "Tokenizer",
+    "CallObjectScanner",
     "ParsedToolCall",
     "ToolCallParser",
+    "ToolCallPiece",
+    "ToolCallStream",
+    "collect",
     "hookimpl",
     "hookspecs",
     "implements",
