@@ -64,7 +64,8 @@ def test_streamed_tool_call_deltas_concatenate_to_the_whole_call(real_client):
 
 
 def test_tool_calls_stream_token_by_token_and_the_client_helper_assembles_them(real_client):
-    options = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=200, tool_choice="required")
+    options = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=200, tool_choice="required",
+                   parallel_tool_calls=False)
     whole = real_client.chat.completions.create(**options).choices[0].message
     deltas = []
     with real_client.chat.completions.stream(**options) as stream:
