@@ -1,5 +1,9 @@
 """``spyglass bench throughput``: offline throughput on W1 and W3, optionally against HF static batching.
 
+``--compare-schema`` adds a configuration in which every request is constrained by a JSON schema
+(`BENCH_SCHEMA`, which cannot close before the output length, so both sides generate the same
+tokens); its ratio to the baseline is the cost of structured output.
+
 Every configuration runs ``--repeats`` times, interleaved, and the median is reported, so a
 machine-wide slowdown hits all configurations alike and the printed ratios stay meaningful.
 """
@@ -17,7 +21,7 @@ from spyglass.core.cli.bench.results import RunResult
 from spyglass.core.cli.bench.workloads import WORKLOADS, BenchRequest
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry import tracing
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
@@ -34,6 +38,9 @@ def add_parser(subparsers, argv) -> None:
         "--compare-policies", default="", help="comma-separated scheduling policies to run beside --policy"
     )
     parser.add_argument(
+        "--compare-schema", action="store_true", help="also run every request constrained by a JSON schema"
+    )
+    parser.add_argument(
         "--compare-telemetry", default="", help="comma-separated telemetry levels (off, metrics, full) to run beside --telemetry"
     )
     add_engine_arguments(parser)
@@ -41,11 +48,44 @@ def add_parser(subparsers, argv) -> None:
     parser.set_defaults(run=run)
 
 
-def run_engine(engine: LLMEngine, workload: list[BenchRequest]) -> RunResult:
-    """Run every request of ``workload`` to completion on ``engine`` (greedy, ignore_eos)."""
+# Many records of several typed fields: at least ~15 tokens each, so no output closes the JSON before
+# W1's 128 tokens, and the grammar exercises objects, enums, bounded integers and strings.
+_RECORD = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 9999},
+        "name": {"type": "string", "maxLength": 16},
+        "kind": {"enum": ["alpha", "beta", "gamma"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["id", "name", "kind", "ok"],
+    "additionalProperties": False,
+}
+BENCH_SCHEMA = {
+    "type": "object",
+    "properties": {"records": {"type": "array", "items": _RECORD, "minItems": 64}},
+    "required": ["records"],
+    "additionalProperties": False,
+}
+
+
+def run_engine(engine: LLMEngine, workload: list[BenchRequest], schema: dict | None = None) -> RunResult:
+    """Run every request of ``workload`` to completion on ``engine`` (greedy, ignore_eos), each constrained by
+    ``schema`` when given.
+
+    With a schema, one short request runs first, untimed: the backend's one-off vocabulary
+    preprocessing (about 1.7 s per engine) is start-up, not throughput.
+    """
+    constraint = None if schema is None else StructuredOutput("json_schema", schema)
+    if constraint is not None:
+        engine.add_request("bench-warmup", workload[0].prompt_token_ids,
+                           SamplingParams(temperature=0.0, max_tokens=2, structured_output=constraint))
+        while engine.has_unfinished_requests:
+            engine.step()
     start = time.perf_counter()
     for index, request in enumerate(workload):
-        params = SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True,
+                                structured_output=constraint)
         engine.add_request(f"bench-{index}", request.prompt_token_ids, params)
     num_output = 0
     while engine.has_unfinished_requests:
@@ -60,15 +100,17 @@ def _median(results: list[RunResult]) -> RunResult:
     return sorted(results, key=lambda r: r.seconds)[len(results) // 2]
 
 
-def _configurations(args) -> list[tuple[str, str, str]]:
-    """(label, policy, telemetry level) for every configuration to compare; the first is the baseline."""
+def _configurations(args) -> list[tuple[str, str, str, dict | None]]:
+    """(label, policy, telemetry level, JSON schema) for every configuration to compare; the first is the baseline."""
     policies = [args.scheduling_policy] + [p for p in args.compare_policies.split(",") if p]
     levels = [args.telemetry] + [t for t in args.compare_telemetry.split(",") if t]
     configurations = []
     for policy in policies:
         for level in levels:
             label = policy if len(levels) == 1 else (f"telemetry-{level}" if len(policies) == 1 else f"{policy}/{level}")
-            configurations.append((label, policy, level))
+            configurations.append((label, policy, level, None))
+    if args.compare_schema:
+        configurations.append(("json-schema", policies[0], levels[0], BENCH_SCHEMA))
     return configurations
 
 
@@ -108,8 +150,8 @@ def run(args) -> int:
     return 0
 
 
-def _run_all(args, configurations: list[tuple[str, str, str]]) -> None:
-    probe = _fresh_engine(args, *configurations[0][1:])
+def _run_all(args, configurations: list[tuple[str, str, str, dict | None]]) -> None:
+    probe = _fresh_engine(args, *configurations[0][1:3])
     print(f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
           f"kv blocks {probe.info.num_kv_blocks} threads {torch.get_num_threads()}")
     vocab = probe.arch.vocab_size
@@ -117,13 +159,13 @@ def _run_all(args, configurations: list[tuple[str, str, str]]) -> None:
     hf = HFStaticBatching(args.model, engine_config_from_args(args).torch_dtype()) if args.compare_hf else None
     for name in [w for w in args.workloads.split(",") if w]:
         workload = WORKLOADS[name](vocab) if args.num_requests is None else WORKLOADS[name](vocab, args.num_requests)
-        runs: dict[str, list[RunResult]] = {label: [] for label, _, _ in configurations}
+        runs: dict[str, list[RunResult]] = {label: [] for label, *_ in configurations}
         if hf and name == "w1":
             runs["hf-static"] = []
         for repeat in range(args.repeats):
-            for label, policy, level in _rotated(configurations, repeat):
+            for label, policy, level, schema in _rotated(configurations, repeat):
                 gc.collect()  # the previous run's engine and its KV cache go before this one starts
-                runs[label].append(run_engine(_fresh_engine(args, policy, level), workload))
+                runs[label].append(run_engine(_fresh_engine(args, policy, level), workload, schema))
             if "hf-static" in runs:
                 runs["hf-static"].append(hf.run(workload))
         _report(name, workload, {label: _median(r) for label, r in runs.items()}, configurations[0][0])
@@ -138,6 +180,11 @@ def _report(name: str, workload: list[BenchRequest], medians: dict[str, RunResul
         ratio = result.output_tokens_per_s / reference
         print(f"{label:<22}{result.seconds:>9.2f}{result.output_tokens_per_s:>11.1f}"
               f"{result.total_tokens_per_s:>13.1f}  {ratio:.2f}x")
+    if "json-schema" in medians:
+        schema, plain = medians["json-schema"], medians[baseline]
+        cost = schema.seconds / plain.seconds - 1
+        print(f"json-schema / {baseline} time: {1 + cost:.3f}x ({cost:+.1%} for the schema; "
+              f"{schema.num_output_tokens} vs {plain.num_output_tokens} tokens generated)")
     if "hf-static" in medians:
         gain = reference / medians["hf-static"].output_tokens_per_s
         print(f"spyglass / hf-static output throughput: {gain:.2f}x")
