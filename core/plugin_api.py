@@ -34,7 +34,14 @@ from spyglass.core.engine.sched.scheduler_policy import PreemptingPolicy, Schedu
 from spyglass.core.engine.step_stats import EngineInfo, StepStats
 from spyglass.core.engine.token_constraint import TokenConstraint
 from spyglass.core.tokenizer import Tokenizer
-from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallParser
+from spyglass.core.engine.tool_calls import (
+    CallObjectScanner,
+    ParsedToolCall,
+    ToolCallParser,
+    ToolCallPiece,
+    ToolCallStream,
+    collect,
+)
 
 # What builds or loads a model imports torch: loaded on first use, so that plugins (and
 # `spyglass plugins`) load without it. mypy sees them as ordinary imports.
@@ -75,9 +82,13 @@ __all__ = [
     "StructuredOutput",
     "TokenConstraint",
     "Tokenizer",
+    "CallObjectScanner",
     "ParsedToolCall",
     "PluginContext",
     "ToolCallParser",
+    "ToolCallPiece",
+    "ToolCallStream",
+    "collect",
     "hookimpl",
     "hookspecs",
     "dtype_named",

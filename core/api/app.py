@@ -19,6 +19,7 @@ from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.context import ServingContext, api_key_guard, provide_serving
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.messages import create_message
+from spyglass.core.api.responses import create_response
 from spyglass.core.api.routes import ROUTES
 from spyglass.core.api.tokenize import detokenize, tokenize
 from spyglass.core.engine.async_engine import AsyncEngine
@@ -57,7 +58,7 @@ def create_app(
             log.info("engine stopped")
 
     return Litestar(
-        route_handlers=[create_completion, create_chat_completion, create_message, tokenize, detokenize, *ROUTES],
+        route_handlers=[create_completion, create_chat_completion, create_response, create_message, tokenize, detokenize, *ROUTES],
         dependencies={"serving": Provide(provide_serving, sync_to_thread=False)},
         guards=[api_key_guard],
         exception_handlers=EXCEPTION_HANDLERS,

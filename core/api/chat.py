@@ -37,8 +37,18 @@ from spyglass.core.api.schemas import (
     ToolCallDelta,
 )
 from spyglass.core.api.streaming import event_stream
-from spyglass.core.api.tools import ToolUse, constraint, prompt_messages, split_output, tool_use
+from spyglass.core.api.tools import (
+    OutputSplitter,
+    ToolUse,
+    constraint,
+    new_call_id,
+    prompt_messages,
+    split_output,
+    tool_use,
+)
 from spyglass.core.api.validation import json_body_guard
+from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.tokenizer import Tokenizer
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -46,12 +56,12 @@ _NO_TOOLS = ToolUse([], "none")
 
 
 def render_messages(
-    messages: list[ChatMessage], tokenizer: Tokenizer, use: ToolUse = _NO_TOOLS
+    messages: list[ChatMessage], tokenizer: Tokenizer, use: ToolUse = _NO_TOOLS, param: str = "messages"
 ) -> tuple[list[dict], str]:
     """Plain message dicts (HF's shape, tool calls and results included) and the prompt the chat template makes."""
     if not messages:
-        raise APIError(400, "messages must not be empty", "messages")
-    plain = [_plain(message) for message in messages]
+        raise APIError(400, f"{param} must not be empty", param)
+    plain = [_plain(message, param) for message in messages]
     takes_tools = tokenizer.template_takes_tools
     try:
         prompt = tokenizer.apply_chat_template(
@@ -59,11 +69,11 @@ def render_messages(
             tools=use.tools if use.active and takes_tools else None,
         )
     except (ValueError, jinja2.TemplateError) as error:
-        raise APIError(400, f"cannot apply the chat template: {error}", "messages") from error
+        raise APIError(400, f"cannot apply the chat template: {error}", param) from error
     return plain, prompt
 
 
-def _plain(message: ChatMessage) -> dict:
+def _plain(message: ChatMessage, param: str) -> dict:
     # Roles and part types are checked by the schema; developer messages are system messages here.
     content = message.content
     if isinstance(content, list):
@@ -74,19 +84,19 @@ def _plain(message: ChatMessage) -> dict:
     if message.tool_calls:
         plain["tool_calls"] = [
             {"id": call.id, "type": "function",
-             "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)}}
+             "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments, param)}}
             for call in message.tool_calls
         ]
     return plain
 
 
-def _arguments(text: str) -> dict:
+def _arguments(text: str, param: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
         value = None
     if not isinstance(value, dict):
-        raise APIError(400, "a tool call's arguments must be a JSON object in a string", "messages")
+        raise APIError(400, "a tool call's arguments must be a JSON object in a string", param)
     return value
 
 
@@ -105,24 +115,37 @@ async def create_chat_completion(
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     params = sampling_params(data, max_tokens, (data.top_logprobs or 0) if data.logprobs else None)
     use = tool_use(data)
+    response_id = new_id("chatcmpl")
+    attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
+    group = await start_chat(serving, request, data.messages, use, params, response_id, attributes)
+    writer = _ChatWriter(serving, data, response_id, use)
+    if data.stream:
+        return event_stream(writer.chunks(group))
+    return Response(await unless_disconnected(request, writer.collect(group)))
+
+
+async def start_chat(
+    serving: ServingContext, request: Request, messages: list[ChatMessage], use: ToolUse, params: SamplingParams,
+    response_id: str, attributes: dict, param: str = "messages",
+) -> RequestGroup:
+    """Render the conversation, tokenize it and start its ``params.n`` engine requests (chat, Messages, Responses).
+
+    ``tool_choice`` required or named becomes the output constraint; a 400 if the request already
+    has one. ``param`` is the request field that errors about the conversation name.
+    """
     if (tool_constraint := constraint(use)) is not None:
         if params.structured_output is not None:
             raise APIError(400, "tool_choice required or named cannot be combined with another output constraint",
                            "tool_choice")
         params = dataclasses.replace(params, structured_output=tool_constraint)
-    response_id = new_id("chatcmpl")
-    attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
-    with serving.queue_slots(data.n):
+    with serving.queue_slots(params.n):
         # Rendering and tokenizing a large conversation take a while: off the event loop, like tokenizing.
-        messages, prompt = await asyncio.to_thread(render_messages, data.messages, serving.tokenizer, use)
-        attributes["messages"] = messages
-        specs = fan_out([(await encode_text(serving, prompt, "messages"), prompt)], params)
+        plain, prompt = await asyncio.to_thread(render_messages, messages, serving.tokenizer, use, param)
+        attributes["messages"] = plain
+        specs = fan_out([(await encode_text(serving, prompt, param), prompt)], params)
         group = RequestGroup(serving.async_engine, response_id, specs, attributes)
         await unless_disconnected(request, group.start())
-    writer = _ChatWriter(serving, data, response_id, use)
-    if data.stream:
-        return event_stream(writer.chunks(group))
-    return Response(await unless_disconnected(request, writer.collect(group)))
+    return group
 
 
 class _ChatWriter:
@@ -148,28 +171,30 @@ class _ChatWriter:
             logprobs = chat_logprobs(self.serving.tokenizer, completion.logprobs or []) if self.body.logprobs else None
             content, calls = split_output(completion.text, self.use, self.serving.tool_parser)
             message = AssistantMessage(content, tool_calls=calls)
-            choices.append(ChatChoice(index, message, logprobs, _finish_reason(completion, calls), completion.stop_reason))
+            choices.append(ChatChoice(index, message, logprobs, _finish_reason(completion, len(calls)), completion.stop_reason))
         usage = make_usage(ordered, self.body.n)
         return ChatCompletionResponse(self.id, self.created, self.serving.model_name, choices, usage)
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[ChatCompletionChunk]:
         """A role chunk per choice, content deltas, the finish reason, then usage when asked.
 
-        With tools offered, a choice's text is held until it ends (a call cannot be told from
-        content before then): its content, then one delta per tool call, then the finish reason.
+        With tools offered, content and tool calls are parsed as they are generated: a call's first
+        delta carries its id, type and name, the next ones fragments of its arguments.
         """
         for index in range(self.body.n):
             yield self._chunk([ChatChunkChoice(index, ChatDelta(role="assistant", content=""))])
         trackers: dict[int, DeltaTracker] = {}
+        splitters: dict[int, OutputSplitter] = {}
         finals = {}
         async for index, output in group.outputs():
             completion = output.outputs[0]
             check_finished(completion)
+            if output.finished:
+                finals[index] = output
             if self.use.active:
-                if output.finished:
-                    finals[index] = output
-                    for chunk in self._tool_chunks(index, completion):
-                        yield chunk
+                splitter = splitters.setdefault(index, OutputSplitter(self.use, self.serving.tool_parser))
+                for chunk in self._tool_chunks(index, splitter, output):
+                    yield chunk
                 continue
             delta = trackers.setdefault(index, DeltaTracker()).advance(completion)
             if not (delta.text or delta.logprobs or output.finished):
@@ -177,23 +202,27 @@ class _ChatWriter:
             logprobs = chat_logprobs(self.serving.tokenizer, delta.logprobs) if self.body.logprobs else None
             finish = completion.finish_reason if output.finished else None
             yield self._chunk([ChatChunkChoice(index, ChatDelta(content=delta.text), logprobs, finish)])
-            if output.finished:
-                finals[index] = output
         options = self.body.stream_options
         if options is not None and options.include_usage:
             yield self._chunk([], usage=make_usage([finals[i] for i in sorted(finals)], self.body.n))
 
-    def _tool_chunks(self, index: int, completion) -> list[ChatCompletionChunk]:
-        content, calls = split_output(completion.text, self.use, self.serving.tool_parser)
-        chunks = [self._chunk([ChatChunkChoice(index, ChatDelta(content=content))])] if content else []
-        for position, call in enumerate(calls):
-            delta = ToolCallDelta(position, FunctionCallDelta(call.function.name, call.function.arguments), call.id,
-                                  "function")
-            chunks.append(self._chunk([ChatChunkChoice(index, ChatDelta(tool_calls=[delta]))]))
-        chunks.append(self._chunk([ChatChunkChoice(index, ChatDelta(), None, _finish_reason(completion, calls))]))
+    def _tool_chunks(self, index: int, splitter: OutputSplitter, output: RequestOutput) -> list[ChatCompletionChunk]:
+        chunks = []
+        for piece in splitter.advance(output):
+            if piece.kind == "content":
+                delta = ChatDelta(content=piece.text)
+            elif piece.kind == "call":
+                call = ToolCallDelta(piece.index, FunctionCallDelta(piece.text), new_call_id(), "function")
+                delta = ChatDelta(tool_calls=[call])
+            else:
+                delta = ChatDelta(tool_calls=[ToolCallDelta(piece.index, FunctionCallDelta(arguments=piece.text))])
+            chunks.append(self._chunk([ChatChunkChoice(index, delta)]))
+        if output.finished:
+            finish = _finish_reason(output.outputs[0], splitter.num_calls)
+            chunks.append(self._chunk([ChatChunkChoice(index, ChatDelta(), None, finish)]))
         return chunks
 
 
-def _finish_reason(completion, calls: list) -> str | None:
+def _finish_reason(completion, num_calls: int) -> str | None:
     """``tool_calls`` when the model stopped after calling tools, its own finish reason otherwise."""
-    return "tool_calls" if calls and completion.finish_reason == "stop" else completion.finish_reason
+    return "tool_calls" if num_calls and completion.finish_reason == "stop" else completion.finish_reason

@@ -1,5 +1,11 @@
-"""``POST /v1/completions``: text completions for one or more prompts, streamed or not."""
+"""``POST /v1/completions``: text completions for one or more prompts, streamed or not.
 
+``best_of`` generates that many candidates per prompt (engine requests like ``n``'s) and returns
+the ``n`` whose tokens have the highest summed logprob, as OpenAI and vLLM do; streamed calls need
+``best_of == n``.
+"""
+
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -20,9 +26,10 @@ from spyglass.core.api.convert import (
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, fan_out, unless_disconnected
 from spyglass.core.api.prompts import count_prompts, parse_prompts
-from spyglass.core.api.schemas import CompletionChoice, CompletionRequest, CompletionResponse
+from spyglass.core.api.schemas import INT64, CompletionChoice, CompletionRequest, CompletionResponse
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.validation import json_body_guard
+from spyglass.core.engine.outputs import RequestOutput
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -40,10 +47,14 @@ async def create_completion(
     if data.echo and data.logprobs is not None:
         raise APIError(400, "echo together with logprobs is not supported", "echo")
     max_tokens = DEFAULT_MAX_TOKENS if data.max_tokens is None else data.max_tokens
+    best_of = _best_of(data)
     params = sampling_params(data, max_tokens, data.logprobs)
+    if best_of > data.n:
+        # Candidates are ranked by their tokens' logprobs: each one needs at least the sampled token's.
+        params = dataclasses.replace(params, n=best_of, logprobs=params.logprobs or 0)
     response_id = new_id("cmpl")
     attributes = request_attributes(data, "text_completion", response_id, serving.model_name, request.headers)
-    with serving.queue_slots(count_prompts(data.prompt) * data.n):
+    with serving.queue_slots(count_prompts(data.prompt) * best_of):
         prompts = await parse_prompts(serving, data.prompt)
         group = RequestGroup(serving.async_engine, response_id, fan_out(prompts, params), attributes)
         await unless_disconnected(request, group.start())
@@ -51,6 +62,29 @@ async def create_completion(
     if data.stream:
         return event_stream(writer.chunks(group))
     return Response(await unless_disconnected(request, writer.collect(group)))
+
+
+def _best_of(body: CompletionRequest) -> int:
+    """How many candidates to generate per prompt (``best_of``, default ``n``); a 400 when it cannot be met."""
+    best_of = body.n if body.best_of is None else body.best_of
+    if best_of < body.n:
+        raise APIError(400, "best_of must be at least n", "best_of")
+    if body.stream and best_of != body.n:
+        raise APIError(400, "best_of must equal n when streaming: the best candidates are known only at the end",
+                       "best_of")
+    if body.seed is not None and body.seed + best_of >= INT64:
+        raise APIError(400, "seed must fit in a signed 64-bit integer", "seed")
+    return best_of
+
+
+def best_candidates(finals: list[RequestOutput], best_of: int, n: int) -> list[RequestOutput]:
+    """Per prompt (``best_of`` candidates each, in order), the ``n`` with the highest cumulative logprob, best first."""
+    chosen = []
+    for start in range(0, len(finals), best_of):
+        candidates = finals[start : start + best_of]
+        ranked = sorted(candidates, key=lambda o: sum(lp.logprob for lp in o.outputs[0].logprobs or []), reverse=True)
+        chosen += ranked[:n]
+    return chosen
 
 
 class _CompletionWriter:
@@ -67,8 +101,11 @@ class _CompletionWriter:
         return self.prompt_texts[index // self.body.n] if self.body.echo else ""
 
     async def collect(self, group: RequestGroup) -> CompletionResponse:
-        """Run every choice to the end and build the full response."""
-        ordered = await group.final_outputs()
+        """Run every choice to the end and build the full response (with ``best_of``, from the best candidates;
+        usage counts every candidate's tokens, as they were all generated)."""
+        generated = await group.final_outputs()
+        best_of = self.body.best_of or self.body.n
+        ordered = generated if best_of == self.body.n else best_candidates(generated, best_of, self.body.n)
         choices = []
         for index, output in enumerate(ordered):
             completion = output.outputs[0]
@@ -80,7 +117,7 @@ class _CompletionWriter:
                 index, self._echo(index) + completion.text, logprobs, completion.finish_reason, completion.stop_reason
             ))
         return CompletionResponse(
-            self.id, self.created, self.serving.model_name, choices, usage=make_usage(ordered, self.body.n)
+            self.id, self.created, self.serving.model_name, choices, usage=make_usage(generated, best_of)
         )
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[CompletionResponse]:

@@ -4,12 +4,11 @@ Messages become chat turns (``system`` first, ``tool_use`` blocks as assistant t
 ``tool_result`` blocks as tool turns); ``tool_choice`` ``auto``, ``any``, ``tool`` and ``none`` map to
 the chat API's ``auto``, ``required``, a named function and ``none``. Streams send Anthropic's
 named events: ``message_start``, a ``content_block_start`` / ``_delta`` / ``_stop`` run per block
-(text deltas as they are generated; with tools offered the text is held until the end, as in chat),
-``message_delta`` with the stop reason and usage, and ``message_stop``. Errors keep this server's
-OpenAI-shaped body.
+(text deltas as they are generated; a tool call's block starts once its name is generated, and its
+``input_json_delta``s follow the arguments as they are written), ``message_delta`` with the stop
+reason and usage, and ``message_stop``. Errors keep this server's OpenAI-shaped body.
 """
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -18,11 +17,10 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from spyglass.core.api.chat import render_messages
+from spyglass.core.api.chat import start_chat
 from spyglass.core.api.context import ServingContext
-from spyglass.core.api.convert import DeltaTracker, check_finished, new_id, request_attributes
-from spyglass.core.api.errors import APIError
-from spyglass.core.api.generation import RequestGroup, fan_out, unless_disconnected
+from spyglass.core.api.convert import check_finished, new_id, request_attributes
+from spyglass.core.api.generation import RequestGroup, unless_disconnected
 from spyglass.core.api.messages_schemas import (
     MessageResponse,
     MessagesRequest,
@@ -31,10 +29,9 @@ from spyglass.core.api.messages_schemas import (
     ToolUseBlock,
     Usage,
 )
-from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
 from spyglass.core.api.streaming import event_stream
-from spyglass.core.api.tools import ToolUse, constraint, split_output
+from spyglass.core.api.tools import OutputSplitter, ToolUse, choose_tools, function_tool, split_output
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import CompletionOutput
 from spyglass.core.engine.sampling_params import SamplingParams
@@ -70,20 +67,12 @@ def chat_messages(body: MessagesRequest) -> list[ChatMessage]:
 
 def tool_use(body: MessagesRequest) -> ToolUse:
     """The request's tools and choice in the chat API's terms; a 400 for a choice that cannot be met."""
-    tools = [
-        {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema}}
-        for t in body.tools or []
-    ]
+    tools = [function_tool(t.name, t.description, t.input_schema) for t in body.tools or []]
     choice = body.tool_choice
-    mode = choice.type if choice else ("auto" if tools else "none")
-    parallel = not (choice and choice.disable_parallel_tool_use)
-    if not tools and mode != "none":
-        raise APIError(400, "tool_choice needs tools", "tool_choice")
-    if mode == "tool":
-        if choice.name not in {t.name for t in body.tools or []}:
-            raise APIError(400, f"tool_choice names {choice.name!r}, which is not among the tools", "tool_choice")
-        return ToolUse(tools, "forced", choice.name, parallel=False)
-    return ToolUse(tools, "required" if mode == "any" else mode, parallel=parallel)
+    if choice is None:
+        return choose_tools(tools, None)
+    mode = {"any": "required", "tool": "forced"}.get(choice.type, choice.type)
+    return choose_tools(tools, mode, choice.name, parallel=not choice.disable_parallel_tool_use)
 
 
 @post(
@@ -99,16 +88,11 @@ async def create_message(
     use = tool_use(data)
     params = SamplingParams(
         temperature=data.temperature, top_p=data.top_p, top_k=data.top_k, max_tokens=data.max_tokens,
-        stop=[s for s in data.stop_sequences or [] if s], structured_output=constraint(use),
+        stop=[s for s in data.stop_sequences or [] if s],
     )
     response_id = new_id("msg")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
-    with serving.queue_slots(1):
-        messages, prompt = await asyncio.to_thread(render_messages, chat_messages(data), serving.tokenizer, use)
-        attributes["messages"] = messages
-        specs = fan_out([(await encode_text(serving, prompt, "messages"), prompt)], params)
-        group = RequestGroup(serving.async_engine, response_id, specs, attributes)
-        await unless_disconnected(request, group.start())
+    group = await start_chat(serving, request, chat_messages(data), use, params, response_id, attributes)
     writer = _MessageWriter(serving, data, response_id, use)
     if data.stream:
         return event_stream(writer.events(group), named=True)
@@ -124,71 +108,64 @@ class _MessageWriter:
         self.id = response_id
         self.use = use
 
-    def _blocks(self, completion: CompletionOutput) -> tuple[str | None, list[ToolUseBlock]]:
-        content, calls = split_output(completion.text, self.use, self.serving.tool_parser)
-        uses = [
-            ToolUseBlock(f"toolu_{uuid.uuid4().hex[:24]}", call.function.name, _input(call.function.arguments))
-            for call in calls
-        ]
-        return content, uses
-
     async def collect(self, group: RequestGroup) -> MessageResponse:
         """Run to the end and build the message."""
         (output,) = await group.final_outputs()
         completion = output.outputs[0]
         check_finished(completion)
-        content, uses = self._blocks(completion)
+        content, calls = split_output(completion.text, self.use, self.serving.tool_parser)
+        uses = [ToolUseBlock(_tool_use_id(), call.function.name, _input(call.function.arguments)) for call in calls]
         blocks = ([TextBlock(content)] if content else []) + uses
-        reason, sequence = _stop(completion, uses)
+        reason, sequence = _stop(completion, len(uses))
         usage = Usage(len(output.prompt_token_ids), len(completion.token_ids))
         return MessageResponse(id=self.id, model=self.body.model, content=blocks, stop_reason=reason,
                                stop_sequence=sequence, usage=usage)
 
     async def events(self, group: RequestGroup) -> AsyncIterator[tuple[str, dict]]:
-        """Anthropic's event sequence for one message."""
-        tracker, output, started, text_open = DeltaTracker(), None, False, False
+        """Anthropic's event sequence for one message: a block per run of text and per tool call, as generated."""
+        splitter = OutputSplitter(self.use, self.serving.tool_parser)
+        index, open_kind, output = -1, None, None
         async for _, output in group.outputs():
             completion = output.outputs[0]
             check_finished(completion)
-            if not started:
-                started = True
+            if index == -1:
+                index = 0
                 yield "message_start", {"type": "message_start", "message": {
                     "id": self.id, "type": "message", "role": "assistant", "model": self.body.model, "content": [],
                     "stop_reason": None, "stop_sequence": None,
                     "usage": {"input_tokens": len(output.prompt_token_ids), "output_tokens": 0}}}
-            if self.use.active:
-                tracker.advance(completion)
-                continue
-            delta = tracker.advance(completion)
-            if delta.text:
-                if not text_open:
-                    text_open = True
-                    yield "content_block_start", _block_start(0, {"type": "text", "text": ""})
-                yield "content_block_delta", {"type": "content_block_delta", "index": 0,
-                                              "delta": {"type": "text_delta", "text": delta.text}}
+            for piece in splitter.advance(output):
+                if piece.kind == "arguments":
+                    yield "content_block_delta", _block_delta(index, {"type": "input_json_delta",
+                                                                      "partial_json": piece.text})
+                    continue
+                if open_kind is not None and (piece.kind == "call" or open_kind != "content"):
+                    yield "content_block_stop", {"type": "content_block_stop", "index": index}
+                    index += 1
+                if piece.kind == "call":
+                    open_kind = "call"
+                    yield "content_block_start", _block_start(index, {"type": "tool_use", "id": _tool_use_id(),
+                                                                      "name": piece.text, "input": {}})
+                    continue
+                if open_kind != "content":
+                    open_kind = "content"
+                    yield "content_block_start", _block_start(index, {"type": "text", "text": ""})
+                yield "content_block_delta", _block_delta(index, {"type": "text_delta", "text": piece.text})
+        if open_kind is not None:
+            yield "content_block_stop", {"type": "content_block_stop", "index": index}
         completion = output.outputs[0]
-        uses: list[ToolUseBlock] = []
-        index = 0
-        if self.use.active:
-            content, uses = self._blocks(completion)
-            if content:
-                yield "content_block_start", _block_start(0, {"type": "text", "text": ""})
-                yield "content_block_delta", {"type": "content_block_delta", "index": 0,
-                                              "delta": {"type": "text_delta", "text": content}}
-                text_open = True
-        if text_open:
-            yield "content_block_stop", {"type": "content_block_stop", "index": 0}
-            index = 1
-        for offset, use in enumerate(uses):
-            yield "content_block_start", _block_start(index + offset, {"type": "tool_use", "id": use.id,
-                                                                       "name": use.name, "input": {}})
-            yield "content_block_delta", {"type": "content_block_delta", "index": index + offset,
-                                          "delta": {"type": "input_json_delta", "partial_json": json.dumps(use.input)}}
-            yield "content_block_stop", {"type": "content_block_stop", "index": index + offset}
-        reason, sequence = _stop(completion, uses)
+        reason, sequence = _stop(completion, splitter.num_calls)
         yield "message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                 "usage": {"output_tokens": len(completion.token_ids)}}
         yield "message_stop", {"type": "message_stop"}
+
+
+def _tool_use_id() -> str:
+    return f"toolu_{uuid.uuid4().hex[:24]}"
+
+
+def _block_delta(index: int, delta: dict) -> dict:
+    return {"type": "content_block_delta", "index": index, "delta": delta}
 
 
 def _block_start(index: int, block: dict) -> dict:
@@ -196,13 +173,17 @@ def _block_start(index: int, block: dict) -> dict:
 
 
 def _input(arguments: str) -> dict:
-    value = json.loads(arguments)
+    # Arguments a model wrote freely (tool_choice auto) may be cut short or not JSON: kept, never a 500.
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return {"_raw": arguments}
     return value if isinstance(value, dict) else {"value": value}
 
 
-def _stop(completion: CompletionOutput, uses: list) -> tuple[str | None, str | None]:
+def _stop(completion: CompletionOutput, num_calls: int) -> tuple[str | None, str | None]:
     """Anthropic's stop reason and, for a stop string, the string."""
-    if uses and completion.finish_reason == "stop":
+    if num_calls and completion.finish_reason == "stop":
         return "tool_use", None
     if completion.finish_reason == "length":
         return "max_tokens", None

@@ -96,15 +96,16 @@ class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | list[Any]
     logprobs: NumLogprobs | None = None
     echo: bool = False
+    # Candidates per prompt, of which the ``n`` with the highest cumulative logprob are returned.
+    best_of: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
     # Not implemented for completions: only absent or neutral values pass, else a 400.
-    best_of: Literal[1] | None = None
     suffix: Literal[""] | None = None
     tools: Annotated[list[Any], Meta(max_length=0)] | None = None
     tool_choice: Literal["none"] | None = None
     parallel_tool_calls: None = None
 
     unsupported: ClassVar[frozenset[str]] = frozenset(
-        {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "best_of", "suffix"}
+        {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "suffix"}
     )
 
 

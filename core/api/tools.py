@@ -2,7 +2,8 @@
 
 - ``tool_choice`` ``none`` (or no tools): the tools are left out of the prompt; plain text comes back.
 - ``auto``: the tools go into the prompt; the model's text is split into content and calls by the
-  tool-call parser plugin (``hermes`` by default).
+  tool-call parser plugin (``hermes`` by default), incrementally: streams send a call's name as soon
+  as it is written and its arguments as they are generated.
 - ``required`` or a named function: the output is constrained to a JSON call (a list of them when
   ``parallel_tool_calls``), whose ``arguments`` obey the function's parameter schema, so it always
   parses and validates.
@@ -17,10 +18,21 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from spyglass.core.api.convert import DeltaTracker
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.schemas import ChatCompletionRequest, FunctionCall, ToolCall
+from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import StructuredOutput
-from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallParser
+from spyglass.core.engine.tool_calls import (
+    BufferedToolCallStream,
+    CallObjectScanner,
+    ParsedToolCall,
+    ToolCallParser,
+    ToolCallPiece,
+    ToolCallStream,
+    collect,
+    merge,
+)
 
 _ANY_OBJECT = {"type": "object"}
 _FALLBACK_PROMPT = """# Tools
@@ -54,26 +66,34 @@ class ToolUse:
 
 
 def tool_use(body: ChatCompletionRequest) -> ToolUse:
-    """The request's tool use; a 400 for a choice that names no offered function or asks for calls without tools."""
-    tools = [{"type": "function", "function": _function_dict(t.function)} for t in body.tools or []]
+    """A chat request's tool use."""
+    tools = [function_tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
     choice = body.tool_choice
-    if choice is None:
-        choice = "auto" if tools else "none"
-    if not tools and choice != "none":
+    if choice is None or isinstance(choice, str):
+        return choose_tools(tools, choice, parallel=body.parallel_tool_calls)
+    return choose_tools(tools, "forced", choice.function.name)
+
+
+def function_tool(name: str, description: str | None, parameters: dict | None) -> dict:
+    """A function tool in HF's format (what chat templates take)."""
+    described = {"name": name, "parameters": parameters or _ANY_OBJECT}
+    if description:
+        described["description"] = description
+    return {"type": "function", "function": described}
+
+
+def choose_tools(tools: list[dict], mode: str | None, forced: str | None = None, parallel: bool = True) -> ToolUse:
+    """Tool use with ``mode`` none, auto (the default with tools), required or forced (the function ``forced``);
+    a 400 for a choice that names no offered function or asks for calls without tools."""
+    if mode is None:
+        mode = "auto" if tools else "none"
+    if not tools and mode != "none":
         raise APIError(400, "tool_choice needs tools", "tool_choice")
-    if isinstance(choice, str):
-        return ToolUse(tools, choice, parallel=body.parallel_tool_calls)
-    names = [tool["function"]["name"] for tool in tools]
-    if choice.function.name not in names:
-        raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", "tool_choice")
-    return ToolUse(tools, "forced", choice.function.name, parallel=False)
-
-
-def _function_dict(function) -> dict:
-    described = {"name": function.name, "parameters": function.parameters or _ANY_OBJECT}
-    if function.description:
-        described["description"] = function.description
-    return described
+    if mode != "forced":
+        return ToolUse(tools, mode, parallel=parallel)
+    if forced not in [tool["function"]["name"] for tool in tools]:
+        raise APIError(400, f"tool_choice names {forced!r}, which is not among the tools", "tool_choice")
+    return ToolUse(tools, "forced", forced, parallel=False)
 
 
 def constraint(use: ToolUse) -> StructuredOutput | None:
@@ -125,20 +145,89 @@ def prompt_messages(messages: list[dict], use: ToolUse, template_takes_tools: bo
     return [{"role": "system", "content": section}, *written]
 
 
-def split_output(text: str, use: ToolUse, parser: ToolCallParser | None) -> tuple[str | None, list[ToolCall]]:
-    """The response's ``content`` and ``tool_calls`` for one generated text."""
+class JsonCallsStream:
+    """The incremental parse of a constrained answer: one call object, or a JSON array of them (``parallel``).
+
+    The grammar fixes the shape, so each object's name and arguments stream like a Hermes block's.
+    """
+
+    def __init__(self, parallel: bool):
+        self.parallel = parallel
+        self._buffer = ""
+        self._call: CallObjectScanner | None = None
+        self._num_calls = 0
+
+    def feed(self, text: str) -> list[ToolCallPiece]:
+        """Pieces for the next part of the answer."""
+        self._buffer += text
+        pieces: list[ToolCallPiece] = []
+        while self._buffer:
+            if self._call is None:
+                self._buffer = self._buffer.lstrip(" \t\n\r[,]")
+                if not self._buffer.startswith("{"):
+                    self._buffer = ""  # nothing else may appear between calls
+                    break
+                self._call = CallObjectScanner(self._num_calls)
+            call, new_text, self._buffer = self._call, self._buffer, ""
+            pieces += call.feed(new_text)
+            if not call.closed:
+                break
+            pieces += self._end_call(call.text[: call.end])
+            self._buffer = call.text[call.end :]
+        return pieces
+
+    def finish(self) -> list[ToolCallPiece]:
+        """A call cut short keeps what was written."""
+        return self._end_call(self._call.text) if self._call is not None else []
+
+    def _end_call(self, text: str) -> list[ToolCallPiece]:
+        call, self._call = self._call, None
+        self._num_calls += 1
+        return call.finish(text) or []
+
+
+def tool_stream(use: ToolUse, parser: ToolCallParser | None) -> ToolCallStream | None:
+    """The incremental parse of one choice's output: None when it is plain text (no tools, or no parser)."""
     if use.mode in ("required", "forced"):
-        try:
-            value = json.loads(text)  # the grammar guarantees a whole JSON value unless max_tokens cut it
-        except json.JSONDecodeError:
-            return text, []
-        calls = [ParsedToolCall(c["name"], json.dumps(c["arguments"])) for c in (value if use.parallel else [value])]
-        return None, [_tool_call(call) for call in calls]
+        return JsonCallsStream(use.parallel)
     if use.mode == "auto" and parser is not None:
-        content, calls = parser.parse(text)
-        return content, [_tool_call(call) for call in calls]
-    return text, []
+        stream = getattr(parser, "stream", None)
+        return stream() if stream is not None else BufferedToolCallStream(parser)
+    return None
+
+
+def split_output(text: str, use: ToolUse, parser: ToolCallParser | None) -> tuple[str | None, list[ToolCall]]:
+    """The response's ``content`` and ``tool_calls`` for one generated text: what a stream of it assembles to."""
+    stream = tool_stream(use, parser)
+    if stream is None:
+        return text, []
+    content, calls = collect(stream.feed(text) + stream.finish())
+    return content, [_tool_call(call) for call in calls]
+
+
+class OutputSplitter:
+    """Turns one choice's growing output into content and tool-call pieces as it is generated."""
+
+    def __init__(self, use: ToolUse, parser: ToolCallParser | None):
+        self.stream = tool_stream(use, parser)
+        self.tracker = DeltaTracker()
+        self.num_calls = 0
+
+    def advance(self, output: RequestOutput) -> list[ToolCallPiece]:
+        """The pieces the output gained since the last call (all that is left once it finished)."""
+        text = self.tracker.advance(output.outputs[0]).text
+        if self.stream is None:
+            pieces = [ToolCallPiece("content", text)] if text else []
+        else:
+            pieces = self.stream.feed(text) + (self.stream.finish() if output.finished else [])
+        self.num_calls += sum(piece.kind == "call" for piece in pieces)
+        return merge(pieces)
+
+
+def new_call_id() -> str:
+    """An OpenAI-style tool call id."""
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def _tool_call(call: ParsedToolCall) -> ToolCall:
-    return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(call.name, call.arguments))
+    return ToolCall(id=new_call_id(), function=FunctionCall(call.name, call.arguments))

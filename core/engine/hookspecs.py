@@ -168,6 +168,10 @@ def spyglass_token_constraint(
 def spyglass_tool_call_parser(name: str) -> "ToolCallParser | None":
     """Return the parser of the tool-call format called ``name`` (``hermes``: ``<tool_call>{...}</tool_call>``), or None.
 
-    Asked by the HTTP API when a chat request offers tools and leaves the choice to the model
-    (``tool_choice`` auto): the parser splits the generated text into content and calls.
+    Asked by the HTTP API when a chat, Messages or Responses request offers tools and leaves the
+    choice to the model (``tool_choice`` auto): the parser splits the generated text into content
+    and calls. A parser with ``stream()`` parses incrementally (`ToolCallStream`: ``feed`` each new
+    piece of text, ``finish`` at the end, getting `ToolCallPiece`s back), so streamed responses send
+    a call's name once it is written and its arguments as they are generated; without it a
+    choice's text is held until it ends.
     """

@@ -3,42 +3,122 @@
 Qwen2.5's chat template and SmolLM2's tool-use training data write calls this way, and the HTTP
 API's fallback tool prompt asks models without a tool template for it. A block that is not such a
 JSON object stays in the content: what cannot be parsed is shown, never dropped.
+
+Parsing is incremental: once ``<tool_call>{"name": "x", "arguments": `` has been generated the call
+starts, and its arguments stream as the model writes them. The arguments are the model's own text
+(valid JSON when the call is complete; a call cut by ``max_tokens`` keeps what was written).
 """
 
-import json
-import re
+from spyglass.core.plugin_api import (
+    CallObjectScanner,
+    ParsedToolCall,
+    ToolCallParser,
+    ToolCallPiece,
+    collect,
+    hookimpl,
+)
 
-from spyglass.core.plugin_api import ParsedToolCall, ToolCallParser, hookimpl
-
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 class HermesToolCallParser:
     """Finds ``<tool_call>`` blocks (an unterminated last one too, as a length cut leaves it)."""
 
     def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        calls, kept, position = [], [], 0
-        for match in _BLOCK.finditer(text):
-            call = _call(match[1])
-            if call is None:
+        """The whole output's content and calls: the stream's pieces, collected."""
+        stream = self.stream()
+        return collect(stream.feed(text) + stream.finish())
+
+    def stream(self) -> "HermesToolCallStream":
+        """A fresh incremental parse."""
+        return HermesToolCallStream()
+
+
+class HermesToolCallStream:
+    """Content is passed on as it comes, except what may be the start of ``<tool_call>``; inside a block the
+    call's name and arguments stream as soon as they are written.
+
+    Content is stripped as a whole, as the non-streamed parse always did: leading whitespace is
+    dropped and whitespace is held until more content follows it.
+    """
+
+    def __init__(self):
+        self._buffer = ""
+        self._block: CallObjectScanner | None = None
+        self._num_calls = 0
+        self._started = False
+        self._pending_space = ""
+
+    def feed(self, text: str) -> list[ToolCallPiece]:
+        """Pieces for the next part of the output."""
+        self._buffer += text
+        pieces: list[ToolCallPiece] = []
+        while self._buffer:
+            if self._block is None:
+                at = self._buffer.find(OPEN)
+                if at < 0:
+                    keep = _partial_suffix(self._buffer, OPEN)
+                    self._content(self._buffer[: len(self._buffer) - keep], pieces)
+                    self._buffer = self._buffer[len(self._buffer) - keep :]
+                    break
+                self._content(self._buffer[:at], pieces)
+                self._buffer = self._buffer[at + len(OPEN) :]
+                self._block = CallObjectScanner(self._num_calls)
                 continue
-            kept.append(text[position : match.start()])
-            position = match.end()
-            calls.append(call)
-        kept.append(text[position:])
-        content = "".join(kept).strip()
-        return content or None, calls
+            block, new_text, self._buffer = self._block, self._buffer, ""
+            pieces += block.feed(new_text)
+            close = self._find_close(block)
+            if close < 0:
+                break
+            self._buffer = block.text[close + len(CLOSE) :]
+            self._end_block(block.text[:close], pieces, closed=True)
+        return pieces
+
+    def finish(self) -> list[ToolCallPiece]:
+        """The held text: an unterminated block (a call if it started as one), or a partial ``<tool_call>`` tag."""
+        pieces: list[ToolCallPiece] = []
+        if self._block is not None:
+            self._end_block(self._block.text, pieces, closed=False)
+        elif self._buffer:
+            self._content(self._buffer, pieces)
+        self._buffer = ""
+        return pieces
+
+    def _find_close(self, block: CallObjectScanner) -> int:
+        # Not inside the arguments: a closing tag there is text the model wrote in a string.
+        if block.args_start is not None and block.args_end is None:
+            return -1
+        return block.text.find(CLOSE, block.args_end or 0)
+
+    def _end_block(self, text: str, pieces: list[ToolCallPiece], closed: bool) -> None:
+        block, self._block = self._block, None
+        found = block.finish(text)
+        if found is None:
+            self._content(OPEN + text + (CLOSE if closed else ""), pieces)
+            return
+        pieces += found
+        self._num_calls += 1
+
+    def _content(self, text: str, pieces: list[ToolCallPiece]) -> None:
+        if not self._started:
+            text = text.lstrip()
+        if not text:
+            return
+        stripped = text.rstrip()
+        if not stripped:
+            self._pending_space += text
+            return
+        self._started = True
+        pieces.append(ToolCallPiece("content", self._pending_space + stripped))
+        self._pending_space = text[len(stripped) :]
 
 
-def _call(block: str) -> ParsedToolCall | None:
-    try:
-        value = json.loads(block)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = value.get("arguments", value.get("parameters", {}))
-    return ParsedToolCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
+def _partial_suffix(text: str, tag: str) -> int:
+    """The length of the longest end of ``text`` that begins ``tag``."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0
 
 
 @hookimpl

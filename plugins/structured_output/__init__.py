@@ -129,7 +129,8 @@ class StructuredOutputPlugin:
                 tokenizer.backend.to_str(), n_vocab=vocab_size, eos_token=list(tokenizer.eos_token_ids)
             )
             self._executor = llguidance.LLExecutor(num_threads=2)
-        grammar = self._compile(spec.kind, json.dumps(spec.value, sort_keys=True))
+        # Keys keep their order: a schema's property order is the order the JSON is generated in.
+        grammar = self._compile(spec.kind, json.dumps(spec.value))
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(matcher.get_error())

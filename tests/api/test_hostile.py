@@ -121,7 +121,6 @@ def test_only_json_bodies_are_read(tiny_server):
     (CHAT, "function_call", "auto"),
     (COMPLETIONS, "tools", [{"type": "function", "function": {"name": "f"}}]),
     (COMPLETIONS, "tool_choice", "auto"),
-    (COMPLETIONS, "best_of", 3),
     (COMPLETIONS, "suffix", "end"),
 ])
 def test_unimplemented_fields_are_refused_by_name(tiny_server, path, field, value):
@@ -137,6 +136,25 @@ def test_neutral_values_of_unimplemented_fields_are_fine(tiny_server):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **neutral}
     assert _post(tiny_server, CHAT, body).status_code == 200
     assert _post(tiny_server, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "best_of": 1}).status_code == 200
+
+
+def test_best_of_returns_the_candidate_with_the_highest_cumulative_logprob(tiny_server):
+    # Candidate i is seeded seed + i, exactly as choice i of n: the n=3 call shows all three candidates.
+    base = {"prompt": "hi", "max_tokens": 6, "temperature": 1.0, "seed": 7, "logprobs": 0}
+    all_three = _post(tiny_server, COMPLETIONS, {**base, "n": 3}).json()
+    best = _post(tiny_server, COMPLETIONS, {**base, "best_of": 3}).json()
+    ranked = sorted(all_three["choices"], key=lambda c: sum(c["logprobs"]["token_logprobs"]), reverse=True)
+    (choice,) = best["choices"]
+    assert choice["index"] == 0 and choice["text"] == ranked[0]["text"]
+    assert best["usage"]["completion_tokens"] == all_three["usage"]["completion_tokens"]  # every candidate counts
+    plain = _post(tiny_server, COMPLETIONS, {"prompt": "hi", "max_tokens": 3, "best_of": 2}).json()
+    assert plain["choices"][0]["logprobs"] is None  # ranked by logprobs, which were not asked for
+
+
+@pytest.mark.parametrize("extra", [{"best_of": 1, "n": 2}, {"best_of": 2, "stream": True}, {"best_of": 129}])
+def test_best_of_that_cannot_be_met_is_a_400(tiny_server, extra):
+    response = _post(tiny_server, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, **extra})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "best_of"
 
 
 TINY_ARGS = ["--served-model-name", "tiny", "--kv-cache-memory", "64MiB", "--num-threads", "1"]

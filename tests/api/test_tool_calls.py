@@ -8,7 +8,8 @@ import pytest
 
 from spyglass.core.api.chat import render_messages
 from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
-from spyglass.core.api.tools import ToolUse
+from spyglass.core.api.tools import JsonCallsStream, ToolUse
+from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallPiece, collect
 from spyglass.plugins.hermes_tool_parser import HermesToolCallParser
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -62,6 +63,24 @@ def test_streamed_tool_call_deltas_concatenate_to_the_whole_call(real_client):
     jsonschema.validate(json.loads(arguments[0]), WEATHER_PARAMETERS)
 
 
+def test_tool_calls_stream_token_by_token_and_the_client_helper_assembles_them(real_client):
+    options = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=200, tool_choice="required",
+                   parallel_tool_calls=False)
+    whole = real_client.chat.completions.create(**options).choices[0].message
+    deltas = []
+    with real_client.chat.completions.stream(**options) as stream:
+        for event in stream:
+            if event.type == "chunk":
+                deltas += [d for c in event.chunk.choices for d in c.delta.tool_calls or []]
+        final = stream.get_final_completion().choices[0]
+    # The first delta of a call names it (with its id); the arguments follow in many small fragments.
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == whole.tool_calls[0].function.name
+    assert sum(1 for d in deltas if d.function.arguments) > 3
+    assert final.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
+        [(c.function.name, c.function.arguments) for c in whole.tool_calls]
+
+
 def test_round_trip_call_result_answer(real_client):
     first = real_client.chat.completions.create(
         model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0,
@@ -96,6 +115,40 @@ def test_hermes_parser_keeps_what_it_cannot_parse():
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("a", {"x": 1}), ("b", {})]
     assert content == "Let me check.\n\n<tool_call>not json</tool_call>"
     assert HermesToolCallParser().parse("no calls here") == ("no calls here", [])
+
+
+HERMES_OUTPUTS = [
+    ' Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>\n',
+    '<tool_call>{"arguments": {"q": "a}b"}, "name": "z"}</tool_call> then text <tool_ca',
+    '<tool_call>{"name": "w", "arguments": {"s": "</tool_call> \\" {", "n": [1, {"a": 2}]}}</tool_call>'
+    '<tool_call>{"name": "v", "arguments": {"cut": 1',
+]
+
+
+@pytest.mark.parametrize("text", HERMES_OUTPUTS)
+def test_hermes_stream_assembles_to_the_whole_parse_however_the_text_is_cut(text):
+    whole = HermesToolCallParser().parse(text)
+    for size in (1, 2, 3, 7):
+        stream = HermesToolCallParser().stream()
+        pieces = [p for i in range(0, len(text), size) for p in stream.feed(text[i : i + size])] + stream.finish()
+        assert collect(pieces) == whole
+
+
+def test_hermes_stream_names_the_call_before_its_arguments_end():
+    stream = HermesToolCallParser().stream()
+    assert stream.feed('Ok <tool_call>\n{"name": "get_w') == [ToolCallPiece("content", "Ok")]
+    assert stream.feed('eather", "arguments": {"ci') == [ToolCallPiece("call", "get_weather"),
+                                                        ToolCallPiece("arguments", '{"ci')]
+    assert stream.feed('ty": "Rome"}}\n</tool_call>') == [ToolCallPiece("arguments", 'ty": "Rome"}')]
+    assert stream.finish() == []
+
+
+def test_constrained_calls_stream_like_hermes_blocks():
+    text = '[{"name": "get_time", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]'
+    stream = JsonCallsStream(parallel=True)
+    pieces = [p for i in range(0, len(text), 4) for p in stream.feed(text[i : i + 4])] + stream.finish()
+    assert collect(pieces) == (None, [ParsedToolCall("get_time", '{"city": "Oslo"}'),
+                                      ParsedToolCall("get_weather", '{"city": "Rome"}')])
 
 
 @pytest.mark.parametrize(

@@ -52,3 +52,13 @@ def test_bench_throughput_rotates_which_configuration_runs_first():
     configurations = ["off", "metrics", "full"]
     assert [_rotated(configurations, repeat)[0] for repeat in range(4)] == ["off", "metrics", "full", "off"]
     assert all(sorted(_rotated(configurations, repeat)) == sorted(configurations) for repeat in range(3))
+
+
+def test_bench_throughput_compares_a_json_schema_run_generating_as_many_tokens(tiny_llama_dir, capsys):
+    argv = ["bench", "throughput", "--model", str(tiny_llama_dir), *TINY, "--workloads", "w1", "--num-requests", "2",
+            "--repeats", "1", "--compare-schema"]  # fmt: skip
+    assert run(argv) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("fcfs", "json-schema "))}
+    assert set(rows) == {"fcfs", "json-schema"} and rows["fcfs"][-1] == "1.00x"
+    assert "json-schema / fcfs time:" in out

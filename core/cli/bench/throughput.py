@@ -1,5 +1,9 @@
 """``spyglass bench throughput``: offline throughput on W1 and W3, optionally against HF static batching.
 
+``--compare-schema`` adds a configuration in which every request is constrained by a JSON schema
+(`BENCH_SCHEMA`, which cannot close before the output length, so both sides generate the same
+tokens); its ratio to the baseline is the cost of structured output.
+
 Every configuration runs ``--repeats`` times, interleaved, and the median is reported, so a
 machine-wide slowdown hits all configurations alike and the printed ratios stay meaningful.
 """
@@ -17,7 +21,8 @@ from spyglass.core.cli.bench.results import RunResult
 from spyglass.core.cli.bench.workloads import WORKLOADS, BenchRequest
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry import tracing
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
 
@@ -33,6 +38,9 @@ def add_parser(subparsers, argv) -> None:
         "--compare-policies", default="", help="comma-separated scheduling policies to run beside --policy"
     )
     parser.add_argument(
+        "--compare-schema", action="store_true", help="also run every request constrained by a JSON schema"
+    )
+    parser.add_argument(
         "--compare-telemetry", default="", help="comma-separated telemetry levels (off, metrics, full) to run beside --telemetry"
     )
     parser.add_argument(
@@ -44,11 +52,44 @@ def add_parser(subparsers, argv) -> None:
     parser.set_defaults(run=run)
 
 
-def run_engine(engine: LLMEngine, workload: list[BenchRequest]) -> RunResult:
-    """Run every request of ``workload`` to completion on ``engine`` (greedy, ignore_eos)."""
+# Many records of several typed fields: at least ~15 tokens each, so no output closes the JSON before
+# W1's 128 tokens, and the grammar exercises objects, enums, bounded integers and strings.
+_RECORD = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 9999},
+        "name": {"type": "string", "maxLength": 16},
+        "kind": {"enum": ["alpha", "beta", "gamma"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["id", "name", "kind", "ok"],
+    "additionalProperties": False,
+}
+BENCH_SCHEMA = {
+    "type": "object",
+    "properties": {"records": {"type": "array", "items": _RECORD, "minItems": 64}},
+    "required": ["records"],
+    "additionalProperties": False,
+}
+
+
+def run_engine(engine: LLMEngine, workload: list[BenchRequest], schema: dict | None = None) -> RunResult:
+    """Run every request of ``workload`` to completion on ``engine`` (greedy, ignore_eos), each constrained by
+    ``schema`` when given.
+
+    With a schema, one short request runs first, untimed: the backend's one-off vocabulary
+    preprocessing (about 1.7 s per engine) is start-up, not throughput.
+    """
+    constraint = None if schema is None else StructuredOutput("json_schema", schema)
+    if constraint is not None:
+        engine.add_request("bench-warmup", workload[0].prompt_token_ids,
+                           SamplingParams(temperature=0.0, max_tokens=2, structured_output=constraint))
+        while engine.has_unfinished_requests:
+            engine.step()
     start = time.perf_counter()
     for index, request in enumerate(workload):
-        params = SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True,
+                                structured_output=constraint)
         engine.add_request(f"bench-{index}", request.prompt_token_ids, params)
     num_output = 0
     while engine.has_unfinished_requests:
@@ -63,8 +104,8 @@ def _median(results: list[RunResult]) -> RunResult:
     return sorted(results, key=lambda r: r.seconds)[len(results) // 2]
 
 
-def _configurations(args) -> list[tuple[str, str, str, int]]:
-    """(label, policy, telemetry level, tensor-parallel size) for every configuration; the first is the baseline."""
+def _configurations(args) -> list[tuple[str, str, str, int, dict | None]]:
+    """(label, policy, telemetry level, tensor-parallel size, JSON schema) per configuration; the first is the baseline."""
     policies = [args.scheduling_policy] + [p for p in args.compare_policies.split(",") if p]
     levels = [args.telemetry] + [t for t in args.compare_telemetry.split(",") if t]
     sizes = [args.tensor_parallel_size] + [int(n) for n in args.compare_tensor_parallel.split(",") if n]
@@ -73,7 +114,9 @@ def _configurations(args) -> list[tuple[str, str, str, int]]:
         for level in levels:
             label = policy if len(levels) == 1 else (f"telemetry-{level}" if len(policies) == 1 else f"{policy}/{level}")
             for size in sizes:
-                configurations.append((label if len(sizes) == 1 else f"{label}/tp{size}", policy, level, size))
+                configurations.append((label if len(sizes) == 1 else f"{label}/tp{size}", policy, level, size, None))
+    if args.compare_schema:
+        configurations.append(("json-schema", policies[0], levels[0], sizes[0], BENCH_SCHEMA))
     return configurations
 
 
@@ -96,9 +139,9 @@ def _fresh_engine(args, policy: str, level: str, tensor_parallel_size: int) -> L
 
 def _timed_run(args, configuration: tuple, workload: list[BenchRequest]) -> RunResult:
     """One run on a fresh engine, shut down afterwards (which stops tensor-parallel workers)."""
-    engine = _fresh_engine(args, *configuration[1:])
+    engine = _fresh_engine(args, *configuration[1:4])
     try:
-        return run_engine(engine, workload)
+        return run_engine(engine, workload, configuration[4])
     finally:
         engine.shutdown()
 
@@ -118,8 +161,8 @@ def run(args) -> int:
     return 0
 
 
-def _run_all(args, configurations: list[tuple[str, str, str, int]]) -> None:
-    probe = _fresh_engine(args, *configurations[0][1:])
+def _run_all(args, configurations: list[tuple[str, str, str, int, dict | None]]) -> None:
+    probe = _fresh_engine(args, *configurations[0][1:4])
     print(f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
           f"kv blocks {probe.info.num_kv_blocks} threads {torch.get_num_threads()}")
     vocab = probe.arch.vocab_size
@@ -149,6 +192,11 @@ def _report(name: str, workload: list[BenchRequest], medians: dict[str, RunResul
         ratio = result.output_tokens_per_s / reference
         print(f"{label:<22}{result.seconds:>9.2f}{result.output_tokens_per_s:>11.1f}"
               f"{result.total_tokens_per_s:>13.1f}  {ratio:.2f}x")
+    if "json-schema" in medians:
+        schema, plain = medians["json-schema"], medians[baseline]
+        cost = schema.seconds / plain.seconds - 1
+        print(f"json-schema / {baseline} time: {1 + cost:.3f}x ({cost:+.1%} for the schema; "
+              f"{schema.num_output_tokens} vs {plain.num_output_tokens} tokens generated)")
     if "hf-static" in medians:
         gain = reference / medians["hf-static"].output_tokens_per_s
         print(f"spyglass / hf-static output throughput: {gain:.2f}x")

@@ -1,0 +1,283 @@
+"""``POST /v1/responses``: OpenAI's Responses API over the same chat machinery (template, tools, constraints).
+
+``instructions`` become a system turn and ``input`` (a string, or message, ``function_call`` and
+``function_call_output`` items) the conversation; function tools and ``tool_choice`` mean what they
+mean for chat, and ``text.format`` is the output constraint (``json_schema`` or ``json_object``).
+The answer's ``output`` is a message item for text and a ``function_call`` item per call, in the
+order they were generated; ``status`` is ``incomplete`` when ``max_output_tokens`` cut it. Streams
+send the named events ``response.created``, ``response.in_progress``, per item
+``response.output_item.added`` ... ``response.output_item.done`` (text and arguments deltas as they
+are generated), then ``response.completed`` (``response.incomplete`` when cut). Nothing is stored:
+``previous_response_id`` and ``store: true`` are 400s.
+"""
+
+import copy
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from litestar import Request, Response, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
+
+from spyglass.core.api.chat import start_chat
+from spyglass.core.api.context import ServingContext
+from spyglass.core.api.convert import check_finished, request_attributes
+from spyglass.core.api.errors import APIError
+from spyglass.core.api.generation import RequestGroup, unless_disconnected
+from spyglass.core.api.responses_schemas import (
+    InputItem,
+    ResponsesRequest,
+    TextFormatJsonObject,
+    TextFormatJsonSchema,
+)
+from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
+from spyglass.core.api.streaming import event_stream
+from spyglass.core.api.tools import OutputSplitter, ToolUse, choose_tools, function_tool, new_call_id
+from spyglass.core.api.validation import json_body_guard
+from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.engine.tool_calls import ToolCallPiece
+
+
+def conversation(body: ResponsesRequest) -> list[ChatMessage]:
+    """The instructions and input as chat turns; a 400 naming ``input`` for an item that misses a field."""
+    turns = [ChatMessage("system", body.instructions)] if body.instructions else []
+    if isinstance(body.input, str):
+        return [*turns, ChatMessage("user", body.input)]
+    for item in body.input:
+        if item.type == "message":
+            _require(item, "role", "content")
+            turns.append(ChatMessage(item.role, _text(item.content)))
+        elif item.type == "function_call":
+            _require(item, "call_id", "name", "arguments")
+            call = ToolCall(id=item.call_id, function=FunctionCall(item.name, item.arguments))
+            if turns and turns[-1].role == "assistant":  # calls made in the same turn as its text
+                turns[-1].tool_calls = [*(turns[-1].tool_calls or []), call]
+            else:
+                turns.append(ChatMessage("assistant", None, tool_calls=[call]))
+        else:
+            _require(item, "call_id", "output")
+            turns.append(ChatMessage("tool", _text(item.output), tool_call_id=item.call_id))
+    return turns
+
+
+def _require(item: InputItem, *fields: str) -> None:
+    missing = [field for field in fields if getattr(item, field) is None]
+    if missing:
+        raise APIError(400, f"a {item.type} input item needs {', '.join(missing)}", "input")
+
+
+def _text(content) -> str:
+    return content if isinstance(content, str) else "\n".join(part.text for part in content)
+
+
+def tool_use(body: ResponsesRequest) -> ToolUse:
+    """Function tools and ``tool_choice`` in the chat API's terms; a 400 for built-in tools."""
+    tools = []
+    for tool in body.tools or []:
+        if tool.type != "function":
+            raise APIError(400, f"`{tool.type}` tools are not supported by this server, only function tools", "tools",
+                           "unsupported_parameter")
+        if tool.name is None:
+            raise APIError(400, "a function tool needs a name", "tools")
+        tools.append(function_tool(tool.name, tool.description, tool.parameters))
+    choice = body.tool_choice
+    if choice is None or isinstance(choice, str):
+        return choose_tools(tools, choice, parallel=body.parallel_tool_calls is not False)
+    return choose_tools(tools, "forced", choice.name)
+
+
+def text_format(body: ResponsesRequest) -> StructuredOutput | None:
+    """``text.format`` as the output constraint."""
+    spec = body.text.format if body.text else None
+    if isinstance(spec, TextFormatJsonSchema):
+        return StructuredOutput("json_schema", spec.schema_)
+    if isinstance(spec, TextFormatJsonObject):
+        return StructuredOutput("json_object")
+    return None
+
+
+@post(
+    "/v1/responses", summary="Create a response (OpenAI Responses API)", tags=["openai"], status_code=200,
+    guards=[json_body_guard], opt={"body": ResponsesRequest},
+)
+async def create_response(
+    data: JSONBody[ResponsesRequest], request: Request, serving: NamedDependency[ServingContext]
+) -> Response:
+    """OpenAI's Responses endpoint; ``stream=true`` answers with its named server-sent events."""
+    serving.check_model(data.model)
+    serving.admit()
+    use = tool_use(data)
+    params = SamplingParams(
+        temperature=1.0 if data.temperature is None else data.temperature,
+        top_p=1.0 if data.top_p is None else data.top_p,
+        max_tokens=data.max_output_tokens, structured_output=text_format(data),
+    )
+    response_id = f"resp_{uuid.uuid4().hex}"
+    attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
+    group = await start_chat(serving, request, conversation(data), use, params, response_id, attributes, "input")
+    writer = _ResponseWriter(serving, data, response_id, use)
+    if data.stream:
+        return event_stream(writer.events(group), named=True)
+    return Response(await unless_disconnected(request, writer.collect(group)))
+
+
+class _OutputItems:
+    """The response's output items, built from the pieces of the generated text; each change is also an event
+    (a dict with its ``type``; the writer numbers them)."""
+
+    def __init__(self):
+        self.items: list[dict] = []
+        self._open: dict | None = None
+
+    def add(self, piece: ToolCallPiece) -> list[dict]:
+        """The events one piece makes: a new item when the kind of output changes, then a delta."""
+        events = []
+        opening = self._open is None or piece.kind == "call" or (piece.kind == "content") != _is_message(self._open)
+        if opening:
+            events += self.close("completed")
+            events += self._start(piece)
+        item, position = self._open, len(self.items) - 1
+        if piece.kind == "content":
+            item["content"][0]["text"] += piece.text
+            events.append({"type": "response.output_text.delta", "item_id": item["id"], "output_index": position,
+                           "content_index": 0, "delta": piece.text, "logprobs": []})
+        elif piece.kind == "arguments":
+            item["arguments"] += piece.text
+            events.append({"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                           "output_index": position, "delta": piece.text})
+        return events
+
+    def _start(self, piece: ToolCallPiece) -> list[dict]:
+        if piece.kind == "content":
+            item = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "status": "in_progress",
+                    "content": []}
+        else:
+            name = piece.text if piece.kind == "call" else ""
+            item = {"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "status": "in_progress",
+                    "call_id": new_call_id(), "name": name, "arguments": ""}
+        self.items.append(item)
+        self._open = item
+        position = len(self.items) - 1
+        events = [{"type": "response.output_item.added", "output_index": position, "item": copy.deepcopy(item)}]
+        if piece.kind == "content":
+            item["content"].append({"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+            events.append({"type": "response.content_part.added", "item_id": item["id"], "output_index": position,
+                           "content_index": 0, "part": copy.deepcopy(item["content"][0])})
+        return events
+
+    def close(self, status: str) -> list[dict]:
+        """Finish the open item, if any, with ``status`` (``completed``, or ``incomplete`` when cut)."""
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        position = len(self.items) - 1
+        item["status"] = status
+        if _is_message(item):
+            part = item["content"][0]
+            events = [
+                {"type": "response.output_text.done", "item_id": item["id"], "output_index": position,
+                 "content_index": 0, "text": part["text"], "logprobs": []},
+                {"type": "response.content_part.done", "item_id": item["id"], "output_index": position,
+                 "content_index": 0, "part": copy.deepcopy(part)},
+            ]
+        else:
+            events = [{"type": "response.function_call_arguments.done", "item_id": item["id"],
+                       "output_index": position, "name": item["name"], "arguments": item["arguments"]}]
+        return [*events, {"type": "response.output_item.done", "output_index": position, "item": copy.deepcopy(item)}]
+
+
+def _is_message(item: dict) -> bool:
+    return item["type"] == "message"
+
+
+class _ResponseWriter:
+    """Builds the response, or its stream of events, for one call."""
+
+    def __init__(self, serving: ServingContext, body: ResponsesRequest, response_id: str, use: ToolUse):
+        self.serving = serving
+        self.body = body
+        self.id = response_id
+        self.use = use
+        self.created_at = int(time.time())
+
+    def _response(self, items: list[dict], output: RequestOutput | None) -> dict:
+        status, incomplete, usage = "in_progress", None, None
+        if output is not None:
+            completion = output.outputs[0]
+            cut = completion.finish_reason == "length"
+            status = "incomplete" if cut else "completed"
+            incomplete = {"reason": "max_output_tokens"} if cut else None
+            num_input, num_output = len(output.prompt_token_ids), len(completion.token_ids)
+            usage = {"input_tokens": num_input, "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
+                     "output_tokens": num_output, "output_tokens_details": {"reasoning_tokens": 0},
+                     "total_tokens": num_input + num_output}
+        body = self.body
+        return {
+            "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": None,
+            "incomplete_details": incomplete, "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens, "model": self.serving.model_name, "output": items,
+            "parallel_tool_calls": self.use.parallel, "previous_response_id": None, "reasoning": None, "store": False,
+            "temperature": body.temperature, "top_p": body.top_p, "text": _text_config(body),
+            "tool_choice": _tool_choice(body), "tools": [_tool(tool) for tool in self.use.tools], "truncation": "disabled",
+            "usage": usage, "user": body.user, "metadata": body.metadata or {},
+        }
+
+    async def collect(self, group: RequestGroup) -> dict:
+        """Run to the end and build the response."""
+        (output,) = await group.final_outputs()
+        check_finished(output.outputs[0])
+        items = _OutputItems()
+        for piece in OutputSplitter(self.use, self.serving.tool_parser).advance(output):
+            items.add(piece)
+        items.close(_item_status(output))
+        return self._response(items.items, output)
+
+    async def events(self, group: RequestGroup) -> AsyncIterator[tuple[str, dict]]:
+        """The Responses API's event sequence, numbered."""
+        sequence = 0
+
+        def numbered(event: dict) -> tuple[str, dict]:
+            nonlocal sequence
+            sequence += 1
+            return event["type"], {**event, "sequence_number": sequence - 1}
+
+        yield numbered({"type": "response.created", "response": self._response([], None)})
+        yield numbered({"type": "response.in_progress", "response": self._response([], None)})
+        splitter, items, output = OutputSplitter(self.use, self.serving.tool_parser), _OutputItems(), None
+        async for _, output in group.outputs():
+            check_finished(output.outputs[0])
+            for piece in splitter.advance(output):
+                for event in items.add(piece):
+                    yield numbered(event)
+        for event in items.close(_item_status(output)):
+            yield numbered(event)
+        response = self._response(items.items, output)
+        kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        yield numbered({"type": kind, "response": response})
+
+
+def _item_status(output: RequestOutput) -> str:
+    return "incomplete" if output.outputs[0].finish_reason == "length" else "completed"
+
+
+def _text_config(body: ResponsesRequest) -> dict:
+    spec = body.text.format if body.text else None
+    if isinstance(spec, TextFormatJsonSchema):
+        described = {"type": "json_schema", "name": spec.name, "schema": spec.schema_, "strict": bool(spec.strict)}
+        return {"format": {**described, **({"description": spec.description} if spec.description else {})}}
+    return {"format": {"type": "json_object" if isinstance(spec, TextFormatJsonObject) else "text"}}
+
+
+def _tool_choice(body: ResponsesRequest):
+    choice = body.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else {"type": "function", "name": choice.name}
+
+
+def _tool(tool: dict) -> dict:
+    function = tool["function"]
+    return {"type": "function", "name": function["name"], "description": function.get("description"),
+            "parameters": function["parameters"], "strict": False}

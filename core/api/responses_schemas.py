@@ -1,0 +1,117 @@
+"""Request body of OpenAI's Responses API (``POST /v1/responses``), as msgspec Structs.
+
+Fields the server cannot honour (stored conversations, background runs, reasoning settings,
+built-in tools, ...) admit only their absent or neutral values: anything else is a 400 naming the
+field, never an answer that pretends. Unknown fields are ignored, as elsewhere in the API.
+"""
+
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+from msgspec import Meta
+
+from spyglass.core.api.schemas import PositiveInt
+
+MAX_INPUT_ITEMS = 4096
+
+
+class InputText(msgspec.Struct, kw_only=True):
+    """A text part: ``input_text``, or ``output_text`` (an earlier answer sent back)."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+ItemText = str | Annotated[list[InputText], Meta(max_length=MAX_INPUT_ITEMS)]
+
+
+class InputItem(msgspec.Struct, kw_only=True):
+    """One input item: a ``message`` (``role`` and ``content``), a ``function_call`` the model made earlier
+    (``call_id``, ``name``, ``arguments``), or a ``function_call_output`` (``call_id``, ``output``)."""
+
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Literal["user", "system", "developer", "assistant"] | None = None
+    content: ItemText | None = None
+    call_id: Annotated[str, Meta(max_length=256)] | None = None
+    name: Annotated[str, Meta(max_length=64)] | None = None
+    arguments: str | None = None
+    output: ItemText | None = None
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionTool(msgspec.Struct, kw_only=True):
+    """``{"type": "function", "name", "description", "parameters", "strict"}`` (the Responses API's flat shape);
+    other tool types (``web_search``, ``file_search``, ...) are refused by the handler."""
+
+    type: Annotated[str, Meta(max_length=64)]
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionChoice(msgspec.Struct):
+    """``tool_choice: {"type": "function", "name": ...}``."""
+
+    type: Literal["function"]
+    name: str
+
+
+class TextFormatText(msgspec.Struct, tag_field="type", tag="text"):
+    """``text.format: {"type": "text"}``: no constraint."""
+
+
+class TextFormatJsonObject(msgspec.Struct, tag_field="type", tag="json_object"):
+    """``text.format: {"type": "json_object"}``: any JSON object."""
+
+
+class TextFormatJsonSchema(msgspec.Struct, tag_field="type", tag="json_schema", kw_only=True):
+    """``text.format: {"type": "json_schema", "name", "schema", "strict"}``: output held to the schema."""
+
+    name: Annotated[str, Meta(max_length=64)] = "response"
+    schema_: dict[str, Any] = msgspec.field(name="schema", default_factory=dict)
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(msgspec.Struct, kw_only=True):
+    """``text``: the output's format (``verbosity`` other than the default cannot be honoured)."""
+
+    format: TextFormatText | TextFormatJsonObject | TextFormatJsonSchema | None = None
+    verbosity: Literal["medium"] | None = None
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/responses``."""
+
+    input: str | Annotated[list[InputItem], Meta(min_length=1, max_length=MAX_INPUT_ITEMS)]
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    tools: Annotated[list[FunctionTool], Meta(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    stream: bool = False
+    user: str | None = None
+    metadata: dict[str, str] | None = None  # ``session_id`` names the trace's session
+    # Not honoured by this server: only absent or neutral values pass, else a 400 naming the field.
+    store: Literal[False] | None = None
+    previous_response_id: None = None
+    background: Literal[False] | None = None
+    reasoning: None = None
+    include: Annotated[list[Any], Meta(max_length=0)] | None = None
+    conversation: None = None
+    prompt: None = None
+    truncation: Literal["disabled"] | None = None
+    top_logprobs: Literal[0] | None = None
+    max_tool_calls: None = None
+
+    unsupported: ClassVar[frozenset[str]] = frozenset({
+        "store", "previous_response_id", "background", "reasoning", "include", "conversation", "prompt",
+        "truncation", "top_logprobs", "max_tool_calls",
+    })
+    n: ClassVar[int] = 1  # one answer per call
