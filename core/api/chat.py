@@ -142,6 +142,8 @@ async def start_chat(
         # Rendering and tokenizing a large conversation take a while: off the event loop, like tokenizing.
         plain, prompt = await asyncio.to_thread(render_messages, messages, serving.tokenizer, use, param)
         attributes["messages"] = plain
+        if use.active:
+            attributes["tools"] = use.tools  # for the LLM span's llm.tools.* attributes
         specs = fan_out([(await encode_text(serving, prompt, param), prompt)], params)
         group = RequestGroup(serving.async_engine, response_id, specs, attributes)
         await unless_disconnected(request, group.start())
