@@ -18,8 +18,12 @@ PromptType = str | dict
 class LLM:
     """Generate completions for batches of prompts on one engine, in the caller's thread."""
 
-    def __init__(self, model: str | None = None, kv_cache_memory: int | str = 2 << 30, **engine_options):
-        config = EngineConfig(model=model, kv_cache_memory=parse_bytes(kv_cache_memory), **engine_options)
+    def __init__(
+        self, model: str | None = None, kv_cache_memory: int | str = 2 << 30, **engine_options
+    ):
+        config = EngineConfig(
+            model=model, kv_cache_memory=parse_bytes(kv_cache_memory), **engine_options
+        )
         self.engine = LLMEngine(config)
         self._ids = itertools.count()
 
@@ -67,7 +71,9 @@ class LLM:
         """Apply the model's chat template to one conversation (or a list of them) and generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
-        prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in conversations]
+        prompts = [
+            tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in conversations
+        ]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _add(self, prompt: PromptType, params: SamplingParams) -> list[str]:
@@ -113,4 +119,3 @@ class LLM:
             finished=True,
             num_cached_tokens=first.num_cached_tokens,
         )
-

@@ -18,22 +18,26 @@ A plugin with per-engine state is a class named by its entry point: each engine 
 `PluginContext` and registers the instance; `implements` marks its methods the same way.
 """
 
-from collections.abc import Callable
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
 
 from spyglass.core.engine import hookspecs
 from spyglass.core.engine.config import DTYPE_NAMES, EngineConfig, dtype_named
-from spyglass.core.engine.kv.block_pool import BlockPool
-from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.kv.kv_cache_manager import NO_MATCH, PrefixMatch
+from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus, RequestTimes
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
-from spyglass.core.engine.sched.scheduler_policy import PreemptingPolicy, SchedulingPolicy, parse_tenant_values, tenant_of
+from spyglass.core.engine.sched.scheduler_policy import (
+    PreemptingPolicy,
+    SchedulingPolicy,
+    parse_tenant_values,
+    tenant_of,
+)
 from spyglass.core.engine.step_stats import EngineInfo, StepStats
 from spyglass.core.engine.token_constraint import TokenConstraint
-from spyglass.core.tokenizer import Tokenizer
 from spyglass.core.engine.tool_calls import (
     CallObjectScanner,
     ParsedToolCall,
@@ -42,6 +46,7 @@ from spyglass.core.engine.tool_calls import (
     ToolCallStream,
     collect,
 )
+from spyglass.core.tokenizer import Tokenizer
 
 # What builds or loads a model imports torch: loaded on first use, so that plugins (and
 # `spyglass plugins`) load without it. mypy sees them as ordinary imports.
@@ -62,17 +67,21 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "DTYPE_NAMES",
     "NO_MATCH",
     "BlockPool",
+    "CallObjectScanner",
     "Checkpoint",
     "DraftEngine",
     "EngineConfig",
     "EngineInfo",
     "FinishReason",
-    "PrefixMatch",
+    "ParsedToolCall",
+    "PluginContext",
     "PreemptingPolicy",
+    "PrefixMatch",
     "Request",
     "RequestStatus",
     "RequestTimes",
@@ -82,16 +91,13 @@ __all__ = [
     "StructuredOutput",
     "TokenConstraint",
     "Tokenizer",
-    "CallObjectScanner",
-    "ParsedToolCall",
-    "PluginContext",
     "ToolCallParser",
     "ToolCallPiece",
     "ToolCallStream",
     "collect",
+    "dtype_named",
     "hookimpl",
     "hookspecs",
-    "dtype_named",
     "implements",
     "load_checkpoint",
     "parse_tenant_values",
@@ -110,7 +116,9 @@ class HookMarker(Protocol[P, R]):
     def __call__(self, function: Callable[P, R]) -> Callable[P, R]: ...
 
     @overload
-    def __call__(self, function: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]: ...
+    def __call__(
+        self, function: Callable[Concatenate[S, P], R]
+    ) -> Callable[Concatenate[S, P], R]: ...
 
 
 def implements(spec: Callable[P, R], **options: Any) -> HookMarker[P, R]:

@@ -18,11 +18,16 @@ def _raise_exception(message: str) -> None:
 
 
 def _tojson(
-    value: Any, ensure_ascii: bool = False, indent: int | None = None,
-    separators: tuple[str, str] | None = None, sort_keys: bool = False,
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
 ) -> str:
     # Jinja's own tojson escapes HTML characters, which would change the prompt; HF's does not.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -32,7 +37,9 @@ def _strftime_now(fmt: str) -> str:
 def _compile_chat_template(source: str) -> jinja2.Template:
     # Same environment options as transformers, so templates render byte-identically. Templates come
     # from model files, i.e. untrusted input, hence the sandbox.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -94,7 +101,9 @@ class Tokenizer:
     @cached_property
     def all_special_ids(self) -> tuple[int, ...]:
         """Ids of every special token (control tokens such as ``<|im_end|>``), sorted."""
-        return tuple(sorted(i for i, tok in self._backend.get_added_tokens_decoder().items() if tok.special))
+        return tuple(
+            sorted(i for i, tok in self._backend.get_added_tokens_decoder().items() if tok.special)
+        )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids for ``text``; special-token strings inside it map to their ids."""
@@ -119,7 +128,10 @@ class Tokenizer:
         return self._chat_template_source is not None and "tools" in self._chat_template_source
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Render ``messages`` (``[{"role": ..., "content": ...}, ...]``) into prompt text with the model's template.
 
@@ -152,21 +164,29 @@ class Tokenizer:
         path = Path(path)
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
-            raise ValueError(f"{path} has no tokenizer.json; only fast (tokenizers-library) tokenizers are supported.")
+            raise ValueError(
+                f"{path} has no tokenizer.json; only fast (tokenizers-library) tokenizers are supported."
+            )
         backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
         config = _read_json(path / "tokenizer_config.json")
 
         bos_token_id = _special_token_id(backend, config.get("bos_token"))
-        eos_token_ids = _hf_eos_ids(path) or _as_id_tuple(_special_token_id(backend, config.get("eos_token")))
+        eos_token_ids = _hf_eos_ids(path) or _as_id_tuple(
+            _special_token_id(backend, config.get("eos_token"))
+        )
 
         add_bos_token = config.get("add_bos_token")
         if add_bos_token is None:
             # Llama 3 style repos leave the flag out and let the post-processor add BOS; ask it.
-            add_bos_token = bos_token_id is not None and backend.encode("").ids[:1] == [bos_token_id]
+            add_bos_token = bos_token_id is not None and backend.encode("").ids[:1] == [
+                bos_token_id
+            ]
 
         template_file = path / "chat_template.jinja"
         chat_template = (
-            template_file.read_text() if template_file.is_file() else _pick_template(config.get("chat_template"))
+            template_file.read_text()
+            if template_file.is_file()
+            else _pick_template(config.get("chat_template"))
         )
         return cls(backend, chat_template, bos_token_id, eos_token_ids, bool(add_bos_token))
 
@@ -175,7 +195,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _special_token_id(backend: tokenizers.Tokenizer, token: str | dict[str, Any] | None) -> int | None:
+def _special_token_id(
+    backend: tokenizers.Tokenizer, token: str | dict[str, Any] | None
+) -> int | None:
     # tokenizer_config.json spells special tokens either as a string or as a serialized AddedToken.
     if isinstance(token, dict):
         token = token.get("content")

@@ -42,12 +42,22 @@ def quantile_targets(histogram, selector: str = MODEL, quantiles=(0.5, 0.9, 0.99
         )
         for q in quantiles
     ]
-    targets.append(target(f"{rate(histogram, '_sum', selector)} / {rate(histogram, '_count', selector)}", "mean"))
+    targets.append(
+        target(
+            f"{rate(histogram, '_sum', selector)} / {rate(histogram, '_count', selector)}", "mean"
+        )
+    )
     return targets
 
 
 def target(expr: str, legend: str, exemplar: bool = False) -> dict:
-    return {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "exemplar": exemplar, "refId": ""}
+    return {
+        "datasource": DATASOURCE,
+        "expr": expr,
+        "legendFormat": legend,
+        "exemplar": exemplar,
+        "refId": "",
+    }
 
 
 def gauge(metric, legend: str, by: str = "") -> dict:
@@ -59,7 +69,9 @@ def ratio(numerator, denominator, legend: str, by: str = "") -> dict:
     return target(f"{rate(numerator, by=by)} / {rate(denominator, by=by)}", legend)
 
 
-def panel(title: str, unit: str, targets: list[dict], description: str = "", kind: str = "timeseries") -> dict:
+def panel(
+    title: str, unit: str, targets: list[dict], description: str = "", kind: str = "timeseries"
+) -> dict:
     for ref, t in zip("ABCDEFGHIJ", targets):
         t["refId"] = ref
     field_config = {"defaults": {"unit": unit}, "overrides": []}
@@ -79,7 +91,10 @@ def panel(title: str, unit: str, targets: list[dict], description: str = "", kin
 def mean_panel(title: str, unit: str, histograms, description: str) -> dict:
     """One time series per ``(histogram, legend)``: its mean (rate of the sum over rate of the count)."""
     return panel(
-        title, unit, [target(f"{rate(h, '_sum')} / {rate(h, '_count')}", legend) for h, legend in histograms], description
+        title,
+        unit,
+        [target(f"{rate(h, '_sum')} / {rate(h, '_count')}", legend) for h, legend in histograms],
+        description,
     )
 
 
@@ -120,7 +135,10 @@ def sections() -> list[tuple[str, list[dict]]]:
         panel(
             "Token throughput",
             "tps",
-            [target(rate(m.PROMPT_TOKENS), "prompt"), target(rate(m.GENERATION_TOKENS), "generation")],
+            [
+                target(rate(m.PROMPT_TOKENS), "prompt"),
+                target(rate(m.GENERATION_TOKENS), "generation"),
+            ],
         ),
         panel(
             "Scheduler state",
@@ -128,12 +146,24 @@ def sections() -> list[tuple[str, list[dict]]]:
             [
                 gauge(m.NUM_REQUESTS_RUNNING, "running"),
                 gauge(m.NUM_REQUESTS_WAITING, "waiting"),
-                gauge(m.NUM_REQUESTS_WAITING_BY_CLASS, "waiting: {{scheduling_class}}", "scheduling_class"),
+                gauge(
+                    m.NUM_REQUESTS_WAITING_BY_CLASS,
+                    "waiting: {{scheduling_class}}",
+                    "scheduling_class",
+                ),
             ],
         ),
-        panel("KV cache usage", "percentunit", [gauge(m.KV_CACHE_USAGE, "used")], m.KV_CACHE_USAGE._documentation),
         panel(
-            "Preemptions", "ops", [target(rate(m.NUM_PREEMPTIONS), "preemptions/s")], m.NUM_PREEMPTIONS._documentation
+            "KV cache usage",
+            "percentunit",
+            [gauge(m.KV_CACHE_USAGE, "used")],
+            m.KV_CACHE_USAGE._documentation,
+        ),
+        panel(
+            "Preemptions",
+            "ops",
+            [target(rate(m.NUM_PREEMPTIONS), "preemptions/s")],
+            m.NUM_PREEMPTIONS._documentation,
         ),
         panel(
             "Finished requests by reason",
@@ -143,7 +173,12 @@ def sections() -> list[tuple[str, list[dict]]]:
         panel(
             "HTTP requests",
             "reqps",
-            [target(f"sum by (route, status) (rate({series(m.HTTP_REQUESTS)}{WINDOW}))", "{{route}} {{status}}")],
+            [
+                target(
+                    f"sum by (route, status) (rate({series(m.HTTP_REQUESTS)}{WINDOW}))",
+                    "{{route}} {{status}}",
+                )
+            ],
         ),
         heatmap("Prompt length", m.REQUEST_PROMPT_TOKENS),
         heatmap("Generation length", m.REQUEST_GENERATION_TOKENS),
@@ -159,7 +194,11 @@ def sections() -> list[tuple[str, list[dict]]]:
         ),
     ]
     engine = [
-        panel("Engine step duration", "s", quantile_targets(m.ENGINE_STEP_DURATION, quantiles=(0.5, 0.99))),
+        panel(
+            "Engine step duration",
+            "s",
+            quantile_targets(m.ENGINE_STEP_DURATION, quantiles=(0.5, 0.99)),
+        ),
         latency_panel("Structured outputs: grammar compile time", m.STRUCTURED_OUTPUT_COMPILE_TIME),
         latency_panel("Structured outputs: mask time per step", m.STRUCTURED_OUTPUT_MASK_TIME),
         panel(
@@ -184,14 +223,25 @@ def sections() -> list[tuple[str, list[dict]]]:
                     "batch size mean",
                 ),
                 target(
-                    f"{rate(m.ITERATION_TOKENS, '_sum')} / {rate(m.ITERATION_TOKENS, '_count')}", "tokens/step mean"
+                    f"{rate(m.ITERATION_TOKENS, '_sum')} / {rate(m.ITERATION_TOKENS, '_count')}",
+                    "tokens/step mean",
                 ),
             ],
         ),
-        panel("Device utilisation", "percentunit", [target(f"max by (device) ({m.DEVICE_UTILIZATION})", "{{device}}")]),
-        panel("Device memory", "bytes", [target(f"max by (device) ({m.DEVICE_MEMORY_USED})", "{{device}}")]),
         panel(
-            "Plugin hook errors", "ops", [target(rate(m.PLUGIN_HOOK_ERRORS, by="plugin, hook"), "{{plugin}}.{{hook}}")]
+            "Device utilisation",
+            "percentunit",
+            [target(f"max by (device) ({m.DEVICE_UTILIZATION})", "{{device}}")],
+        ),
+        panel(
+            "Device memory",
+            "bytes",
+            [target(f"max by (device) ({m.DEVICE_MEMORY_USED})", "{{device}}")],
+        ),
+        panel(
+            "Plugin hook errors",
+            "ops",
+            [target(rate(m.PLUGIN_HOOK_ERRORS, by="plugin, hook"), "{{plugin}}.{{hook}}")],
         ),
     ]
     quality = [
@@ -221,7 +271,11 @@ def sections() -> list[tuple[str, list[dict]]]:
             "Speculative decoding acceptance",
             "percentunit",
             [
-                ratio(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS, m.SPEC_DECODE_NUM_DRAFT_TOKENS, "acceptance rate"),
+                ratio(
+                    m.SPEC_DECODE_NUM_ACCEPTED_TOKENS,
+                    m.SPEC_DECODE_NUM_DRAFT_TOKENS,
+                    "acceptance rate",
+                ),
                 target(
                     f"{rate(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS, by='position')} / "
                     f"scalar({rate(m.SPEC_DECODE_NUM_DRAFTS)})",
@@ -248,7 +302,12 @@ def sections() -> list[tuple[str, list[dict]]]:
             "OpenTelemetry gen_ai.server.* histograms, by operation.",
         ),
     ]
-    return [("Latency", latency), ("Load and throughput", load), ("Engine", engine), ("Quality", quality)]
+    return [
+        ("Latency", latency),
+        ("Load and throughput", load),
+        ("Engine", engine),
+        ("Quality", quality),
+    ]
 
 
 def layout(rows: list[tuple[str, list[dict]]]) -> list[dict]:
@@ -290,7 +349,10 @@ def templating() -> dict:
                 "name": "model_name",
                 "label": "Model",
                 "datasource": DATASOURCE,
-                "query": {"query": f"label_values({m.NUM_REQUESTS_RUNNING._name}, model_name)", "refId": "model_name"},
+                "query": {
+                    "query": f"label_values({m.NUM_REQUESTS_RUNNING._name}, model_name)",
+                    "refId": "model_name",
+                },
                 "refresh": 2,
                 "multi": True,
                 "includeAll": True,
@@ -328,7 +390,9 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the committed dashboard is out of date")
+    parser.add_argument(
+        "--check", action="store_true", help="fail if the committed dashboard is out of date"
+    )
     args = parser.parse_args(argv)
     if args.check:
         if not OUTPUT.is_file() or OUTPUT.read_text() != render():

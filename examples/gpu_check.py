@@ -53,18 +53,34 @@ def attention_table(bandwidth: float, quick: bool) -> list[str]:
             if batch * blocks_per_seq * block * kv_heads * dim * 2 * 2 > 40e9:
                 continue
             num_blocks = batch * blocks_per_seq
-            k_cache = torch.randn(num_blocks, block, kv_heads, dim, dtype=torch.bfloat16, device="cuda")
+            k_cache = torch.randn(
+                num_blocks, block, kv_heads, dim, dtype=torch.bfloat16, device="cuda"
+            )
             v_cache = torch.randn_like(k_cache)
-            tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, blocks_per_seq)
+            tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(
+                batch, blocks_per_seq
+            )
             lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
             starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
             query = torch.randn(batch, heads, dim, dtype=torch.bfloat16, device="cuda")
-            seconds = timed(lambda: triton_attention.paged_attention(
-                query, k_cache, v_cache, tables, lens, starts, 1, context, dim**-0.5))
+            seconds = timed(
+                lambda: triton_attention.paged_attention(
+                    query,
+                    k_cache,
+                    v_cache,
+                    tables,
+                    lens,
+                    starts,
+                    1,
+                    context,
+                    dim**-0.5,
+                )
+            )
             moved = 2 * k_cache.numel() * k_cache.element_size()
-            rows.append(f"| {context} | {batch} | {seconds * 1e3:.3f} | {moved / seconds / 1e9:.0f} | "
-                        f"{moved / seconds / bandwidth:.0%} |")
-            del k_cache, v_cache
+            rows.append(
+                f"| {context} | {batch} | {seconds * 1e3:.3f} | {moved / seconds / 1e9:.0f} | "
+                f"{moved / seconds / bandwidth:.0%} |"
+            )
     return rows
 
 
@@ -76,17 +92,28 @@ def check_kernels_against_torch() -> None:
     tables = torch.randperm(512, device="cuda", dtype=torch.int32).view(8, 64)
     lens = torch.tensor([1000, 17, 300, 1024, 5, 64, 700, 129], dtype=torch.int32, device="cuda")
     q_lens = [1, 17, 4, 1, 5, 1, 30, 2]
-    starts = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    starts = torch.tensor(
+        [0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device="cuda"
+    )
     query = torch.randn(sum(q_lens), 9, 64, device="cuda")
     args = (query, k_cache, v_cache, tables, lens, starts, max(q_lens), 1024, 0.125)
-    error = (triton_attention.paged_attention(*args) - torch_attention.paged_attention(*args)).abs().max().item()
+    error = (
+        (triton_attention.paged_attention(*args) - torch_attention.paged_attention(*args))
+        .abs()
+        .max()
+        .item()
+    )
     print(f"triton vs torch paged attention, fp32 max abs error {error:.2e}")
     assert error < 1e-4
 
 
-def engine_tokens(dtype: str, graphs: bool, device: str, prompts: list[str]) -> tuple[LLMEngine, list[list[int]]]:
+def engine_tokens(
+    dtype: str, graphs: bool, device: str, prompts: list[str]
+) -> tuple[LLMEngine, list[list[int]]]:
     """Greedy tokens of the default model for ``prompts``."""
-    engine = LLMEngine(EngineConfig(dtype=dtype, device=device, cuda_graphs=graphs, max_num_seqs=256))
+    engine = LLMEngine(
+        EngineConfig(dtype=dtype, device=device, cuda_graphs=graphs, max_num_seqs=256)
+    )
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     for index, prompt in enumerate(prompts):
         engine.add_request(str(index), engine.tokenizer.encode(prompt), params)
@@ -117,8 +144,10 @@ def decode_step_table(engines: dict[str, LLMEngine], quick: bool) -> list[str]:
                 torch.cuda.synchronize()
                 samples.append(time.perf_counter() - start)
             times[label] = statistics.median(samples[:-1])
-        rows.append(f"| {batch} | {times['eager'] * 1e3:.2f} | {times['graphs'] * 1e3:.2f} | "
-                    f"{times['eager'] / times['graphs']:.2f}x |")
+        rows.append(
+            f"| {batch} | {times['eager'] * 1e3:.2f} | {times['graphs'] * 1e3:.2f} | "
+            f"{times['eager'] / times['graphs']:.2f}x |"
+        )
     return rows
 
 
@@ -132,13 +161,26 @@ def main() -> int:
         return 1
     started = time.perf_counter()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/kernels", "tests/core"], check=False)
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/kernels", "tests/core"],
+        check=False,
+    )
     check_kernels_against_torch()
-    prompts = ["The capital of France is", "def quicksort(xs):", "写一首关于秋天的诗", "Explain CUDA graphs."]
+    prompts = [
+        "The capital of France is",
+        "def quicksort(xs):",
+        "写一首关于秋天的诗",
+        "Explain CUDA graphs.",
+    ]
     _, cpu_tokens = engine_tokens("float32", False, "cpu", prompts)
-    eager, eager_tokens = engine_tokens("float32", False, "cuda", prompts)
-    graphs, graph_tokens = engine_tokens("float32", True, "cuda", prompts)
-    print("parity fp32: cpu == cuda eager:", cpu_tokens == eager_tokens, "| eager == graphs:", eager_tokens == graph_tokens)
+    _, eager_tokens = engine_tokens("float32", False, "cuda", prompts)
+    _, graph_tokens = engine_tokens("float32", True, "cuda", prompts)
+    print(
+        "parity fp32: cpu == cuda eager:",
+        cpu_tokens == eager_tokens,
+        "| eager == graphs:",
+        eager_tokens == graph_tokens,
+    )
     engines = {
         "eager": LLMEngine(EngineConfig(dtype="bfloat16", cuda_graphs=False, max_num_seqs=256)),
         "graphs": LLMEngine(EngineConfig(dtype="bfloat16", cuda_graphs=True, max_num_seqs=256)),
@@ -148,7 +190,10 @@ def main() -> int:
     print("\n".join(attention_table(bandwidth, args.quick)))
     print()
     print("\n".join(decode_step_table(engines, args.quick)))
-    print(f"\ncapture time {engines['graphs'].runner.graphs.capture_seconds:.2f} s; total {time.perf_counter() - started:.0f} s")
+    print(
+        f"\ncapture time {engines['graphs'].runner.graphs.capture_seconds:.2f} s; "
+        f"total {time.perf_counter() - started:.0f} s"
+    )
     return 0
 
 

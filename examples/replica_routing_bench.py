@@ -23,15 +23,36 @@ from spyglass.core.engine.config import EngineConfig
 from spyglass.core.replicas import deployments
 from spyglass.telemetry.settings import TelemetrySettings
 
-TOPICS = ["railway timetables", "elementary geometry", "sourdough baking", "tax returns", "chess openings",
-          "houseplants", "bicycle repair", "astronomy"]
+TOPICS = [
+    "railway timetables",
+    "elementary geometry",
+    "sourdough baking",
+    "tax returns",
+    "chess openings",
+    "houseplants",
+    "bicycle repair",
+    "astronomy",
+]
 
 
 def requests(num_prompts: int, num_questions: int) -> list[dict]:
-    systems = [f"You are an expert on {topic}. Answer precisely, cite the rule you rely on, say when you are "
-               f"unsure, and end with a one-line summary. Never answer outside {topic}. " * 4 for topic in TOPICS]
-    return [{"messages": [{"role": "system", "content": systems[p]}, {"role": "user", "content": f"Question {q}?"}],
-             "max_tokens": 2, "temperature": 0} for q in range(num_questions) for p in range(num_prompts)]
+    systems = [
+        f"You are an expert on {topic}. Answer precisely, cite the rule you rely on, say when you are "
+        f"unsure, and end with a one-line summary. Never answer outside {topic}. " * 4
+        for topic in TOPICS
+    ]
+    return [
+        {
+            "messages": [
+                {"role": "system", "content": systems[p]},
+                {"role": "user", "content": f"Question {q}?"},
+            ],
+            "max_tokens": 2,
+            "temperature": 0,
+        }
+        for q in range(num_questions)
+        for p in range(num_prompts)
+    ]
 
 
 def _free_port() -> int:
@@ -47,17 +68,27 @@ def hit_rate(metrics_urls: list[str], send) -> tuple[float, dict]:
             for family in text_string_to_metric_families(httpx.get(url).text):
                 for sample in family.samples:
                     total[sample.name] += sample.value
-        return total["spyglass:prefix_cache_hits_total"], total["spyglass:prefix_cache_queries_total"]
+        return total["spyglass:prefix_cache_hits_total"], total[
+            "spyglass:prefix_cache_queries_total"
+        ]
 
     (hits0, queries0), served_by = counts(), send()
     hits, queries = counts()
     return (hits - hits0) / (queries - queries0), served_by
 
 
-def run(engine: EngineConfig, bodies: list[dict], port: int, replicas: int, router) -> tuple[float, dict]:
+def run(
+    engine: EngineConfig, bodies: list[dict], port: int, replicas: int, router
+) -> tuple[float, dict]:
     replica_port = _free_port()
-    app = deployments.build_application(engine, ServerOptions(port=port), TelemetrySettings(tracing=False),
-                                        replicas, replica_port, request_router=router)
+    app = deployments.build_application(
+        engine,
+        ServerOptions(port=port),
+        TelemetrySettings(tracing=False),
+        replicas,
+        replica_port,
+        request_router=router,
+    )
     serve.run(app, name="bench", route_prefix="/")
 
     def send():
@@ -66,11 +97,15 @@ def run(engine: EngineConfig, bodies: list[dict], port: int, replicas: int, rout
             for body in bodies:
                 response = client.post("/v1/chat/completions", json=body)
                 response.raise_for_status()
-                served_by[body["messages"][0]["content"][:40]].add(response.headers["x-spyglass-replica"])
+                served_by[body["messages"][0]["content"][:40]].add(
+                    response.headers["x-spyglass-replica"]
+                )
         return dict(served_by)
 
     try:
-        return hit_rate([f"http://127.0.0.1:{replica_port + i}/metrics" for i in range(replicas)], send)
+        return hit_rate(
+            [f"http://127.0.0.1:{replica_port + i}/metrics" for i in range(replicas)], send
+        )
     finally:
         serve.delete("bench")
 
@@ -85,7 +120,9 @@ def main() -> None:
     bodies = requests(args.prompts, args.questions)
     ray.init(include_dashboard=False, log_to_driver=False)
     port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})  # once: Serve keeps its first HTTP options
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": port}
+    )  # once: Serve keeps its first HTTP options
     try:
         for name, replicas, router in [
             ("one engine", 1, None),
@@ -94,9 +131,16 @@ def main() -> None:
         ]:
             rate, served_by = run(engine, bodies, port, replicas, router)
             spread = sorted(len(ranks) for ranks in served_by.values())
-            homes = sorted(Counter(rank for ranks in served_by.values() if len(ranks) == 1 for rank in ranks).items())
-            print(f"{name}: prefix hit rate {rate:.3f}; replicas per system prompt {spread}; "
-                  f"system prompts served by one replica only, per replica {homes}", flush=True)
+            homes = sorted(
+                Counter(
+                    rank for ranks in served_by.values() if len(ranks) == 1 for rank in ranks
+                ).items()
+            )
+            print(
+                f"{name}: prefix hit rate {rate:.3f}; replicas per system prompt {spread}; "
+                f"system prompts served by one replica only, per replica {homes}",
+                flush=True,
+            )
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -28,8 +28,14 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else gRPC for port 4317, else http/protobuf).",
     )
-    group.add_argument("--trace-content", action="store_true", help="Record prompts and completions in spans.")
-    group.add_argument("--trace-steps", action="store_true", help="One span per engine step, linked to its requests.")
+    group.add_argument(
+        "--trace-content", action="store_true", help="Record prompts and completions in spans."
+    )
+    group.add_argument(
+        "--trace-steps",
+        action="store_true",
+        help="One span per engine step, linked to its requests.",
+    )
     group.add_argument(
         "--trace-steps-interval",
         type=float,
@@ -50,9 +56,19 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="A label added to every exported metric, e.g. replica=2 (repeatable).",
     )
-    group.add_argument("--log-content", action="store_true", help="Put prompts and completions in request logs.")
-    group.add_argument("--slo-ttft", type=float, default=0.5, metavar="SECONDS", help="TTFT target (default 0.5).")
-    group.add_argument("--slo-tpot", type=float, default=0.05, metavar="SECONDS", help="TPOT target (default 0.05).")
+    group.add_argument(
+        "--log-content", action="store_true", help="Put prompts and completions in request logs."
+    )
+    group.add_argument(
+        "--slo-ttft", type=float, default=0.5, metavar="SECONDS", help="TTFT target (default 0.5)."
+    )
+    group.add_argument(
+        "--slo-tpot",
+        type=float,
+        default=0.05,
+        metavar="SECONDS",
+        help="TPOT target (default 0.05).",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> TelemetrySettings:
@@ -71,5 +87,7 @@ def settings_from_args(args: argparse.Namespace) -> TelemetrySettings:
         trace_steps_interval_s=getattr(args, "trace_steps_interval", 10.0),
         served_model_name=getattr(args, "served_model_name", None),
         metrics_namespace=getattr(args, "metrics_namespace", "spyglass"),
-        metrics_labels=tuple(label.partition("=")[::2] for label in getattr(args, "metrics_label", [])),
+        metrics_labels=tuple(
+            label.partition("=")[::2] for label in getattr(args, "metrics_label", [])
+        ),
     )

@@ -21,7 +21,8 @@ from prometheus_client import exposition as text_format
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
-from spyglass.telemetry import metrics  # noqa: F401  (registers every definition before the first scrape)
+
+from spyglass.telemetry import metrics
 from spyglass.telemetry import settings as telemetry_settings
 
 OPENMETRICS = "application/openmetrics-text"
@@ -77,11 +78,15 @@ class LabelledRegistry(Collector):
     def collect(self):
         for family in self.registry.collect():
             labelled = Metric(family.name, family.documentation, family.type, family.unit)
-            labelled.samples = [s._replace(labels={**self.labels, **s.labels}) for s in family.samples]
+            labelled.samples = [
+                s._replace(labels={**self.labels, **s.labels}) for s in family.samples
+            ]
             yield labelled
 
 
-def render_metrics(accept: str | None = None, registry: Collector = REGISTRY, namespace: str | None = None):
+def render_metrics(
+    accept: str | None = None, registry: Collector = REGISTRY, namespace: str | None = None
+):
     """The scrape body and its content type for a request with this ``Accept`` header.
 
     ``namespace`` (default: the telemetry settings') ``vllm`` exports vLLM's metric names; the
@@ -93,5 +98,7 @@ def render_metrics(accept: str | None = None, registry: Collector = REGISTRY, na
     if (namespace or settings.metrics_namespace) == "vllm":
         registry = RenamedRegistry(registry, vllm_name, VLLM_ALIASES)
     if accept and any(part.split(";")[0].strip() == OPENMETRICS for part in accept.split(",")):
-        return openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8), openmetrics.CONTENT_TYPE_LATEST
+        return openmetrics.generate_latest(
+            registry, escaping=openmetrics.ALLOWUTF8
+        ), openmetrics.CONTENT_TYPE_LATEST
     return text_format.generate_latest(registry), text_format.CONTENT_TYPE_LATEST

@@ -21,6 +21,7 @@ import time
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
 from spyglass.telemetry import metrics, tracing
 from spyglass.telemetry.logging import get_logger
 from spyglass.telemetry.request_context import (
@@ -41,7 +42,10 @@ access_log = get_logger(ACCESS_LOGGER)
 
 
 def _headers(scope) -> dict[str, str]:
-    return {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope.get("headers", [])}
+    return {
+        name.decode("latin-1").lower(): value.decode("latin-1")
+        for name, value in scope.get("headers", [])
+    }
 
 
 def _route(scope) -> str:
@@ -83,7 +87,9 @@ class TelemetryMiddleware:
     trace store nor the logs. ``access_log`` False drops the access-log lines altogether.
     """
 
-    def __init__(self, app, quiet_paths: tuple[str, ...] = ("/metrics", "/health"), access_log: bool = True):
+    def __init__(
+        self, app, quiet_paths: tuple[str, ...] = ("/metrics", "/health"), access_log: bool = True
+    ):
         self.app = app
         self.quiet_paths = quiet_paths
         self.access_log = access_log
@@ -108,7 +114,9 @@ class TelemetryMiddleware:
         span = trace.INVALID_SPAN
         if tracer is not None:
             attributes = self._attributes(scope, headers, info)
-            span = tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+            span = tracer.start_span(
+                method, context=parent, kind=SpanKind.SERVER, attributes=attributes
+            )
         token = context.attach(with_info(info, trace.set_span_in_context(span, parent)))
         status, error_body = 500, bytearray()
         start = time.perf_counter()
@@ -128,7 +136,11 @@ class TelemetryMiddleware:
                 status = message["status"]
                 extended = [*message.get("headers", []), *_response_headers(info.request_id, span)]
                 message = {**message, "headers": extended}
-            elif message["type"] == "http.response.body" and status >= 400 and len(error_body) < MAX_ERROR_BODY:
+            elif (
+                message["type"] == "http.response.body"
+                and status >= 400
+                and len(error_body) < MAX_ERROR_BODY
+            ):
                 error_body.extend(message.get("body", b"")[: MAX_ERROR_BODY - len(error_body)])
             await send(message)
 
@@ -178,7 +190,9 @@ class TelemetryMiddleware:
         return attributes
 
     @staticmethod
-    def _end_span(span: trace.Span, method: str, route: str, status: int, reason: str | None) -> None:
+    def _end_span(
+        span: trace.Span, method: str, route: str, status: int, reason: str | None
+    ) -> None:
         if span.is_recording():
             if route != UNMATCHED_ROUTE:
                 span.update_name(f"{method} {route}")
@@ -193,7 +207,9 @@ class TelemetryMiddleware:
     @staticmethod
     def _log(scope, method, route, status, duration, info: HttpRequestInfo, span, reason) -> None:
         span_context = span.get_span_context()
-        level = logging.ERROR if status >= 500 else logging.WARNING if status >= 400 else logging.INFO
+        level = (
+            logging.ERROR if status >= 500 else logging.WARNING if status >= 400 else logging.INFO
+        )
         fields = {
             "request_id": info.request_id,
             "trace_id": format(span_context.trace_id, "032x") if span_context.is_valid else "",

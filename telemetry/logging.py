@@ -13,6 +13,7 @@ import logging
 import sys
 
 import structlog
+
 from spyglass.telemetry.request_context import info_of
 from spyglass.telemetry.tracing import trace_ids
 
@@ -38,7 +39,9 @@ def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     )
 
 
-def setup_logging(level: int | str = logging.INFO, json: bool | None = None, stream=None) -> logging.Handler:
+def setup_logging(
+    level: int | str = logging.INFO, json: bool | None = None, stream=None
+) -> logging.Handler:
     """Render every log record to ``stream`` (stdout): JSON lines unless it is a terminal (or ``json`` says).
 
     Replaces the root logger's handlers; returns the handler installed.
@@ -72,4 +75,8 @@ def request_fields(request) -> dict[str, str]:
     in the access-log line; it and the trace ids are empty for requests that did not come over HTTP.
     """
     info = info_of(request)
-    return {"req_id": request.req_id, "request_id": info.request_id if info else "", **trace_ids(request)}
+    return {
+        "req_id": request.req_id,
+        "request_id": info.request_id if info else "",
+        **trace_ids(request),
+    }

@@ -102,29 +102,84 @@ REQUEST_LATENCY_BUCKETS = (
 )
 TOKEN_COUNT_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5))
 STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-STEP_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+STEP_DURATION_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # OpenTelemetry GenAI semantic conventions: the buckets they specify for the server histograms.
-GEN_AI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+GEN_AI_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
 GEN_AI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-GEN_AI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+GEN_AI_DURATION_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
 
 # -- scheduler state (set every step) ----------------------------------------------------------
 ENGINE_READY = Gauge("spyglass:engine_ready", "1 while the engine runs, 0 once it has stopped.", M)
 TENSOR_PARALLEL_SIZE = Gauge(
-    "spyglass:tensor_parallel_size", "Ranks (processes) that run each forward: 1 without tensor parallelism.", M
+    "spyglass:tensor_parallel_size",
+    "Ranks (processes) that run each forward: 1 without tensor parallelism.",
+    M,
 )
 NUM_REQUESTS_RUNNING = Gauge("spyglass:num_requests_running", "Requests in the running batch.", M)
-NUM_REQUESTS_WAITING = Gauge("spyglass:num_requests_waiting", "Requests waiting to be scheduled.", M)
+NUM_REQUESTS_WAITING = Gauge(
+    "spyglass:num_requests_waiting", "Requests waiting to be scheduled.", M
+)
 NUM_REQUESTS_WAITING_BY_CLASS = Gauge(
     "spyglass:num_requests_waiting_by_class",
     "Waiting requests by the scheduling policy's class.",
     M + ["scheduling_class"],
 )
-KV_CACHE_USAGE = Gauge("spyglass:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", M)
+KV_CACHE_USAGE = Gauge(
+    "spyglass:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", M
+)
 
 # -- counters ----------------------------------------------------------------------------------
-PROMPT_TOKENS = Counter("spyglass:prompt_tokens", "Prefill tokens processed (prefix-cache hits included).", M)
+PROMPT_TOKENS = Counter(
+    "spyglass:prompt_tokens", "Prefill tokens processed (prefix-cache hits included).", M
+)
 GENERATION_TOKENS = Counter("spyglass:generation_tokens", "Tokens generated.", M)
 NUM_PREEMPTIONS = Counter("spyglass:num_preemptions", "Requests preempted to free KV cache.", M)
 REQUEST_SUCCESS = Counter(
@@ -132,11 +187,19 @@ REQUEST_SUCCESS = Counter(
     "Finished requests by finish reason (stop, length, abort, error).",
     M + ["finished_reason"],
 )
-PREFIX_CACHE_QUERIES = Counter("spyglass:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", M)
-PREFIX_CACHE_HITS = Counter("spyglass:prefix_cache_hits", "Prompt tokens found in the prefix cache.", M)
+PREFIX_CACHE_QUERIES = Counter(
+    "spyglass:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", M
+)
+PREFIX_CACHE_HITS = Counter(
+    "spyglass:prefix_cache_hits", "Prompt tokens found in the prefix cache.", M
+)
 SPEC_DECODE_NUM_DRAFTS = Counter("spyglass:spec_decode_num_drafts", "Draft proposals verified.", M)
-SPEC_DECODE_NUM_DRAFT_TOKENS = Counter("spyglass:spec_decode_num_draft_tokens", "Draft tokens proposed.", M)
-SPEC_DECODE_NUM_ACCEPTED_TOKENS = Counter("spyglass:spec_decode_num_accepted_tokens", "Draft tokens accepted.", M)
+SPEC_DECODE_NUM_DRAFT_TOKENS = Counter(
+    "spyglass:spec_decode_num_draft_tokens", "Draft tokens proposed.", M
+)
+SPEC_DECODE_NUM_ACCEPTED_TOKENS = Counter(
+    "spyglass:spec_decode_num_accepted_tokens", "Draft tokens accepted.", M
+)
 SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = Counter(
     "spyglass:spec_decode_num_accepted_tokens_per_pos",
     "Draft tokens accepted, by position in the draft.",
@@ -149,7 +212,21 @@ PLUGIN_HOOK_ERRORS = Counter(
 )
 
 # -- structured outputs (grammar-constrained decoding) --------------------------------------------
-GRAMMAR_SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+GRAMMAR_SECONDS_BUCKETS = (
+    0.0001,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
 STRUCTURED_OUTPUT_COMPILE_TIME = Histogram(
     "spyglass:structured_output_compile_seconds",
     "Compiling (and validating) one structured-output grammar: once per distinct spec, later requests hit the cache.",
@@ -165,7 +242,10 @@ STRUCTURED_OUTPUT_MASK_TIME = Histogram(
 
 # -- per-request histograms (observed when a request finishes; latencies carry trace exemplars) --
 TIME_TO_FIRST_TOKEN = Histogram(
-    "spyglass:time_to_first_token_seconds", "Arrival to first output token.", M, buckets=TTFT_BUCKETS
+    "spyglass:time_to_first_token_seconds",
+    "Arrival to first output token.",
+    M,
+    buckets=TTFT_BUCKETS,
 )
 INTER_TOKEN_LATENCY = Histogram(
     "spyglass:inter_token_latency_seconds",
@@ -183,22 +263,40 @@ E2E_REQUEST_LATENCY = Histogram(
     "spyglass:e2e_request_latency_seconds", "Arrival to finish.", M, buckets=REQUEST_LATENCY_BUCKETS
 )
 REQUEST_QUEUE_TIME = Histogram(
-    "spyglass:request_queue_time_seconds", "Arrival to first scheduled.", M, buckets=REQUEST_LATENCY_BUCKETS
+    "spyglass:request_queue_time_seconds",
+    "Arrival to first scheduled.",
+    M,
+    buckets=REQUEST_LATENCY_BUCKETS,
 )
 REQUEST_PREFILL_TIME = Histogram(
-    "spyglass:request_prefill_time_seconds", "First scheduled to first token.", M, buckets=REQUEST_LATENCY_BUCKETS
+    "spyglass:request_prefill_time_seconds",
+    "First scheduled to first token.",
+    M,
+    buckets=REQUEST_LATENCY_BUCKETS,
 )
 REQUEST_DECODE_TIME = Histogram(
-    "spyglass:request_decode_time_seconds", "First token to last token.", M, buckets=REQUEST_LATENCY_BUCKETS
+    "spyglass:request_decode_time_seconds",
+    "First token to last token.",
+    M,
+    buckets=REQUEST_LATENCY_BUCKETS,
 )
 REQUEST_PROMPT_TOKENS = Histogram(
-    "spyglass:request_prompt_tokens", "Prompt length of finished requests.", M, buckets=TOKEN_COUNT_BUCKETS
+    "spyglass:request_prompt_tokens",
+    "Prompt length of finished requests.",
+    M,
+    buckets=TOKEN_COUNT_BUCKETS,
 )
 REQUEST_GENERATION_TOKENS = Histogram(
-    "spyglass:request_generation_tokens", "Output length of finished requests.", M, buckets=TOKEN_COUNT_BUCKETS
+    "spyglass:request_generation_tokens",
+    "Output length of finished requests.",
+    M,
+    buckets=TOKEN_COUNT_BUCKETS,
 )
 REQUEST_NUM_PREEMPTIONS = Histogram(
-    "spyglass:request_num_preemptions", "Preemptions per finished request.", M, buckets=(0, 1, 2, 4, 8, 16)
+    "spyglass:request_num_preemptions",
+    "Preemptions per finished request.",
+    M,
+    buckets=(0, 1, 2, 4, 8, 16),
 )
 REQUEST_INFERENCE_TIME = Histogram(
     "spyglass:request_inference_time_seconds",
@@ -207,7 +305,10 @@ REQUEST_INFERENCE_TIME = Histogram(
     buckets=REQUEST_LATENCY_BUCKETS,
 )
 REQUEST_PARAMS_N = Histogram(
-    "spyglass:request_params_n", "The n parameter of each API call (choices asked for).", M, buckets=(1, 2, 5, 10, 20)
+    "spyglass:request_params_n",
+    "The n parameter of each API call (choices asked for).",
+    M,
+    buckets=(1, 2, 5, 10, 20),
 )
 REQUEST_PARAMS_MAX_TOKENS = Histogram(
     "spyglass:request_params_max_tokens",
@@ -241,7 +342,10 @@ ENGINE_STEP_PHASE_DURATION = Histogram(
     buckets=STEP_DURATION_BUCKETS,
 )
 ENGINE_STEP_BATCH_SIZE = Histogram(
-    "spyglass:engine_step_batch_size", "Requests in each step's batch.", M, buckets=BATCH_SIZE_BUCKETS
+    "spyglass:engine_step_batch_size",
+    "Requests in each step's batch.",
+    M,
+    buckets=BATCH_SIZE_BUCKETS,
 )
 
 # -- configuration ----------------------------------------------------------------------------
@@ -254,12 +358,16 @@ CACHE_CONFIG_INFO = Gauge(
 # -- service-level objectives ------------------------------------------------------------------
 SLO_TTFT_TARGET = Gauge("spyglass:slo_ttft_target_seconds", "The time-to-first-token target.", M)
 SLO_TPOT_TARGET = Gauge("spyglass:slo_tpot_target_seconds", "The time-per-output-token target.", M)
-SLO_REQUESTS = Counter("spyglass:slo_requests", "Finished requests judged against the SLOs (aborts excluded).", M)
+SLO_REQUESTS = Counter(
+    "spyglass:slo_requests", "Finished requests judged against the SLOs (aborts excluded).", M
+)
 SLO_TTFT_MET = Counter("spyglass:slo_ttft_met_requests", "Requests whose TTFT met its target.", M)
 SLO_TPOT_MET = Counter("spyglass:slo_tpot_met_requests", "Requests whose TPOT met its target.", M)
 SLO_MET = Counter("spyglass:slo_met_requests", "Requests that met both targets (goodput).", M)
 SLO_DEADLINE_MISSES = Counter(
-    "spyglass:slo_deadline_misses", "Requests whose first token missed its deadline under the slo scheduling policy.", M
+    "spyglass:slo_deadline_misses",
+    "Requests whose first token missed its deadline under the slo scheduling policy.",
+    M,
 )
 
 # -- OpenTelemetry GenAI server metrics --------------------------------------------------------
@@ -284,7 +392,9 @@ GEN_AI_REQUEST_DURATION = Histogram(
 )
 
 # -- HTTP ------------------------------------------------------------------------------------
-HTTP_REQUESTS = Counter("spyglass:http_requests", "HTTP requests by route template and status.", ["route", "status"])
+HTTP_REQUESTS = Counter(
+    "spyglass:http_requests", "HTTP requests by route template and status.", ["route", "status"]
+)
 HTTP_REQUEST_DURATION = Histogram(
     "spyglass:http_request_duration_seconds",
     "HTTP request handling time (until the response ends).",
@@ -319,20 +429,26 @@ class DeviceCollector(Collector):
                 if torch.cuda.is_available():
                     pynvml.nvmlInit()
                     count = pynvml.nvmlDeviceGetCount()
-                    self._nvml_handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            except Exception:  # noqa: BLE001  (no NVML, no driver, no CUDA: fall back to the CPU)
+                    self._nvml_handles = [
+                        pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)
+                    ]
+            except Exception:
                 self._nvml_handles = []
         return self._nvml_handles
 
     def collect(self):
-        util = GaugeMetricFamily(DEVICE_UTILIZATION, "Device utilisation (0..1).", labels=["device"])
+        util = GaugeMetricFamily(
+            DEVICE_UTILIZATION, "Device utilisation (0..1).", labels=["device"]
+        )
         memory = GaugeMetricFamily(DEVICE_MEMORY_USED, "Device memory in use.", labels=["device"])
         gpus = self._gpus()
         if gpus:
             import pynvml
 
             for index, handle in enumerate(gpus):
-                util.add_metric([f"cuda:{index}"], pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
+                util.add_metric(
+                    [f"cuda:{index}"], pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
+                )
                 memory.add_metric([f"cuda:{index}"], pynvml.nvmlDeviceGetMemoryInfo(handle).used)
         else:
             util.add_metric(["cpu"], self._cpu_utilization())
@@ -350,7 +466,11 @@ class DeviceCollector(Collector):
         last, self._last_cpu = self._last_cpu, sample
         if sample[1] <= last[1]:
             return 0.0
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
         return min(1.0, (sample[0] - last[0]) / (sample[1] - last[1]) / cores)
 
     def describe(self):
@@ -365,7 +485,9 @@ def _resident_bytes() -> float:
     except ImportError:
         import resource
 
-        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # peak, in KiB on Linux
+        return float(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        )  # peak, in KiB on Linux
 
 
 DEVICE = DeviceCollector()

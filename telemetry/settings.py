@@ -46,13 +46,17 @@ class TelemetrySettings:
 
     def __post_init__(self) -> None:
         if self.otlp_protocol not in (None, "grpc", "http/protobuf"):
-            raise ValueError(f"otlp_protocol must be grpc or http/protobuf, got {self.otlp_protocol!r}")
+            raise ValueError(
+                f"otlp_protocol must be grpc or http/protobuf, got {self.otlp_protocol!r}"
+            )
         if self.slo_ttft_s <= 0 or self.slo_tpot_s <= 0:
             raise ValueError("SLO targets must be positive")
         if self.trace_steps_interval_s <= 0:
             raise ValueError("trace_steps_interval_s must be positive")
         if self.metrics_namespace not in METRICS_NAMESPACES:
-            raise ValueError(f"metrics_namespace must be one of {METRICS_NAMESPACES}, got {self.metrics_namespace!r}")
+            raise ValueError(
+                f"metrics_namespace must be one of {METRICS_NAMESPACES}, got {self.metrics_namespace!r}"
+            )
         for name, _ in self.metrics_labels:
             if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
                 raise ValueError(f"{name!r} is not a Prometheus label name")

@@ -21,6 +21,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanContext
+
 from spyglass.telemetry import settings as telemetry_settings
 
 TRACER_NAME = "spyglass"
@@ -67,10 +68,14 @@ def build_exporter(endpoint: str | None, protocol: str | None) -> SpanExporter:
     environment, where the exporters read them themselves.
     """
     if resolve_protocol(endpoint, protocol) == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
 
         return GrpcExporter(endpoint=endpoint) if endpoint else GrpcExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
 
     if endpoint and urlparse(endpoint).path in ("", "/"):
         endpoint = endpoint.rstrip("/") + "/v1/traces"
@@ -86,11 +91,17 @@ def build_resource() -> Resource:
     service = detected.attributes.get("service.name", "")
     if not service or str(service).startswith("unknown_service"):
         service = "spyglass"
-    project = detected.attributes.get(PROJECT_ATTRIBUTE) or os.environ.get("PHOENIX_PROJECT_NAME") or service
+    project = (
+        detected.attributes.get(PROJECT_ATTRIBUTE)
+        or os.environ.get("PHOENIX_PROJECT_NAME")
+        or service
+    )
     return detected.merge(Resource({"service.name": service, PROJECT_ATTRIBUTE: project}))
 
 
-def build_tracer_provider(settings: "telemetry_settings.TelemetrySettings") -> TracerProvider | None:
+def build_tracer_provider(
+    settings: "telemetry_settings.TelemetrySettings",
+) -> TracerProvider | None:
     """A batching provider exporting over OTLP, or None when tracing is off or has nowhere to go.
 
     The sampler comes from ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` (default:
@@ -99,10 +110,14 @@ def build_tracer_provider(settings: "telemetry_settings.TelemetrySettings") -> T
     if not settings.tracing or os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
     endpoint = settings.otlp_traces_endpoint
-    if not endpoint and not _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+    if not endpoint and not _env(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
+    ):
         return None
     provider = TracerProvider(resource=build_resource())
-    provider.add_span_processor(BatchSpanProcessor(build_exporter(endpoint, settings.otlp_protocol)))
+    provider.add_span_processor(
+        BatchSpanProcessor(build_exporter(endpoint, settings.otlp_protocol))
+    )
     return provider
 
 
@@ -113,7 +128,9 @@ def set_tracer_provider(provider: TracerProvider | None) -> None:
         _provider, _resolved = provider, provider is not None
 
 
-def tracer_provider(settings: "telemetry_settings.TelemetrySettings | None" = None) -> TracerProvider | None:
+def tracer_provider(
+    settings: "telemetry_settings.TelemetrySettings | None" = None,
+) -> TracerProvider | None:
     """The provider Spyglass traces with, built on first use from ``settings`` (default: `settings.current()`).
 
     The provider is the process's (one exporter pipeline): the first engine to trace builds it.
@@ -135,7 +152,9 @@ def tracer_provider(settings: "telemetry_settings.TelemetrySettings | None" = No
         return _provider
 
 
-def get_tracer(settings: "telemetry_settings.TelemetrySettings | None" = None) -> trace.Tracer | None:
+def get_tracer(
+    settings: "telemetry_settings.TelemetrySettings | None" = None,
+) -> trace.Tracer | None:
     """Spyglass's tracer, or None when nothing would record the spans (``settings`` as for `tracer_provider`)."""
     provider = tracer_provider(settings)
     return provider.get_tracer(TRACER_NAME) if provider is not None else None
@@ -161,4 +180,7 @@ def trace_ids(request) -> dict[str, str]:
     span_context = span_context_of(request)
     if span_context is None:
         return {"trace_id": "", "span_id": ""}
-    return {"trace_id": format(span_context.trace_id, "032x"), "span_id": format(span_context.span_id, "016x")}
+    return {
+        "trace_id": format(span_context.trace_id, "032x"),
+        "span_id": format(span_context.span_id, "016x"),
+    }

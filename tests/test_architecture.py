@@ -10,6 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_import_contracts_are_kept():
     command = shutil.which("lint-imports")
     assert command, "pip install import-linter (the test extra)"
-    result = subprocess.run([command, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [command, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout

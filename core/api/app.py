@@ -15,12 +15,12 @@ from litestar.openapi import OpenAPIConfig
 import spyglass
 from spyglass.core.api.chat import create_chat_completion
 from spyglass.core.api.completions import create_completion
-from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.context import ServingContext, api_key_guard, provide_serving
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.messages import create_message
 from spyglass.core.api.responses import create_response
 from spyglass.core.api.routes import ROUTES
+from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.tokenize import detokenize, tokenize
 from spyglass.core.engine.async_engine import AsyncEngine
 from spyglass.core.engine.config import EngineConfig
@@ -49,7 +49,10 @@ def create_app(
         app.state.serving = ServingContext(async_engine, options, engine_config.model)
         log.info(
             "Serving %s on http://%s:%d (engine loaded in %.1f s; OpenAPI at /schema)",
-            app.state.serving.model_name, options.host, options.port, time.perf_counter() - start,
+            app.state.serving.model_name,
+            options.host,
+            options.port,
+            time.perf_counter() - start,
         )
         try:
             yield
@@ -58,14 +61,24 @@ def create_app(
             log.info("engine stopped")
 
     return Litestar(
-        route_handlers=[create_completion, create_chat_completion, create_response, create_message, tokenize, detokenize, *ROUTES],
+        route_handlers=[
+            create_completion,
+            create_chat_completion,
+            create_response,
+            create_message,
+            tokenize,
+            detokenize,
+            *ROUTES,
+        ],
         dependencies={"serving": Provide(provide_serving, sync_to_thread=False)},
         guards=[api_key_guard],
         exception_handlers=EXCEPTION_HANDLERS,
         after_exception=[remember_exception],  # a 5xx's span records its exception
         lifespan=[lifespan],
         request_max_body_size=options.max_body_bytes,
-        cors_config=CORSConfig(allow_origins=options.allowed_origins) if options.allowed_origins else None,
+        cors_config=CORSConfig(allow_origins=options.allowed_origins)
+        if options.allowed_origins
+        else None,
         openapi_config=OpenAPIConfig(title="Spyglass", version=spyglass.__version__),
         debug=False,
         logging_config=None,  # keep the handler `setup_logging` installed (Litestar's would replace it)
@@ -83,6 +96,8 @@ def begin_shutdown(app: Litestar, timeout: float) -> threading.Thread | None:
         return None
     serving.draining = True
     log.info("shutting down: finishing in-flight requests for up to %.0f s", timeout)
-    thread = threading.Thread(target=serving.async_engine.stop, args=(timeout,), name="spyglass-drain", daemon=True)
+    thread = threading.Thread(
+        target=serving.async_engine.stop, args=(timeout,), name="spyglass-drain", daemon=True
+    )
     thread.start()
     return thread

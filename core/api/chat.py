@@ -51,12 +51,21 @@ from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.tokenizer import Tokenizer
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 _NO_TOOLS = ToolUse([], "none")
 
 
 def render_messages(
-    messages: list[ChatMessage], tokenizer: Tokenizer, use: ToolUse = _NO_TOOLS, param: str = "messages"
+    messages: list[ChatMessage],
+    tokenizer: Tokenizer,
+    use: ToolUse = _NO_TOOLS,
+    param: str = "messages",
 ) -> tuple[list[dict], str]:
     """Plain message dicts (HF's shape, tool calls and results included) and the prompt the chat template makes."""
     if not messages:
@@ -65,7 +74,8 @@ def render_messages(
     takes_tools = tokenizer.template_takes_tools
     try:
         prompt = tokenizer.apply_chat_template(
-            prompt_messages(plain, use, takes_tools), add_generation_prompt=True,
+            prompt_messages(plain, use, takes_tools),
+            add_generation_prompt=True,
             tools=use.tools if use.active and takes_tools else None,
         )
     except (ValueError, jinja2.TemplateError) as error:
@@ -83,8 +93,14 @@ def _plain(message: ChatMessage, param: str) -> dict:
         plain["tool_call_id"] = message.tool_call_id
     if message.tool_calls:
         plain["tool_calls"] = [
-            {"id": call.id, "type": "function",
-             "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments, param)}}
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {
+                    "name": call.function.name,
+                    "arguments": _arguments(call.function.arguments, param),
+                },
+            }
             for call in message.tool_calls
         ]
     return plain
@@ -101,16 +117,24 @@ def _arguments(text: str, param: str) -> dict:
 
 
 @post(
-    "/v1/chat/completions", summary="Create a chat completion", tags=["openai"], status_code=200,
-    guards=[json_body_guard], opt={"body": ChatCompletionRequest},
+    "/v1/chat/completions",
+    summary="Create a chat completion",
+    tags=["openai"],
+    status_code=200,
+    guards=[json_body_guard],
+    opt={"body": ChatCompletionRequest},
 )
 async def create_chat_completion(
-    data: JSONBody[ChatCompletionRequest], request: Request, serving: NamedDependency[ServingContext]
+    data: JSONBody[ChatCompletionRequest],
+    request: Request,
+    serving: NamedDependency[ServingContext],
 ) -> Response:
     """OpenAI's chat completions endpoint; ``stream=true`` answers with server-sent events."""
     serving.check_model(data.model)
     serving.admit()
-    max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
+    max_tokens = (
+        data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
+    )
     if data.top_logprobs is not None and not data.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     params = sampling_params(data, max_tokens, (data.top_logprobs or 0) if data.logprobs else None)
@@ -125,8 +149,14 @@ async def create_chat_completion(
 
 
 async def start_chat(
-    serving: ServingContext, request: Request, messages: list[ChatMessage], use: ToolUse, params: SamplingParams,
-    response_id: str, attributes: dict, param: str = "messages",
+    serving: ServingContext,
+    request: Request,
+    messages: list[ChatMessage],
+    use: ToolUse,
+    params: SamplingParams,
+    response_id: str,
+    attributes: dict,
+    param: str = "messages",
 ) -> RequestGroup:
     """Render the conversation, tokenize it and start its ``params.n`` engine requests (chat, Messages, Responses).
 
@@ -135,12 +165,17 @@ async def start_chat(
     """
     if (tool_constraint := constraint(use)) is not None:
         if params.structured_output is not None:
-            raise APIError(400, "tool_choice required or named cannot be combined with another output constraint",
-                           "tool_choice")
+            raise APIError(
+                400,
+                "tool_choice required or named cannot be combined with another output constraint",
+                "tool_choice",
+            )
         params = dataclasses.replace(params, structured_output=tool_constraint)
     with serving.queue_slots(params.n):
         # Rendering and tokenizing a large conversation take a while: off the event loop, like tokenizing.
-        plain, prompt = await asyncio.to_thread(render_messages, messages, serving.tokenizer, use, param)
+        plain, prompt = await asyncio.to_thread(
+            render_messages, messages, serving.tokenizer, use, param
+        )
         attributes["messages"] = plain
         if use.active:
             attributes["tools"] = use.tools  # for the LLM span's llm.tools.* attributes
@@ -153,7 +188,9 @@ async def start_chat(
 class _ChatWriter:
     """Builds the response or the stream of chunks for one chat call."""
 
-    def __init__(self, serving: ServingContext, body: ChatCompletionRequest, response_id: str, use: ToolUse):
+    def __init__(
+        self, serving: ServingContext, body: ChatCompletionRequest, response_id: str, use: ToolUse
+    ):
         self.serving = serving
         self.body = body
         self.use = use
@@ -161,7 +198,9 @@ class _ChatWriter:
         self.created = int(time.time())
 
     def _chunk(self, choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(self.id, self.created, self.serving.model_name, choices, usage=usage)
+        return ChatCompletionChunk(
+            self.id, self.created, self.serving.model_name, choices, usage=usage
+        )
 
     async def collect(self, group: RequestGroup) -> ChatCompletionResponse:
         """Run every choice to the end and build the full response."""
@@ -170,12 +209,26 @@ class _ChatWriter:
         for index, output in enumerate(ordered):
             completion = output.outputs[0]
             check_finished(completion)
-            logprobs = chat_logprobs(self.serving.tokenizer, completion.logprobs or []) if self.body.logprobs else None
+            logprobs = (
+                chat_logprobs(self.serving.tokenizer, completion.logprobs or [])
+                if self.body.logprobs
+                else None
+            )
             content, calls = split_output(completion.text, self.use, self.serving.tool_parser)
             message = AssistantMessage(content, tool_calls=calls)
-            choices.append(ChatChoice(index, message, logprobs, _finish_reason(completion, len(calls)), completion.stop_reason))
+            choices.append(
+                ChatChoice(
+                    index,
+                    message,
+                    logprobs,
+                    _finish_reason(completion, len(calls)),
+                    completion.stop_reason,
+                )
+            )
         usage = make_usage(ordered, self.body.n)
-        return ChatCompletionResponse(self.id, self.created, self.serving.model_name, choices, usage)
+        return ChatCompletionResponse(
+            self.id, self.created, self.serving.model_name, choices, usage
+        )
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[ChatCompletionChunk]:
         """A role chunk per choice, content deltas, the finish reason, then usage when asked.
@@ -194,30 +247,46 @@ class _ChatWriter:
             if output.finished:
                 finals[index] = output
             if self.use.active:
-                splitter = splitters.setdefault(index, OutputSplitter(self.use, self.serving.tool_parser))
+                splitter = splitters.setdefault(
+                    index, OutputSplitter(self.use, self.serving.tool_parser)
+                )
                 for chunk in self._tool_chunks(index, splitter, output):
                     yield chunk
                 continue
             delta = trackers.setdefault(index, DeltaTracker()).advance(completion)
             if not (delta.text or delta.logprobs or output.finished):
                 continue
-            logprobs = chat_logprobs(self.serving.tokenizer, delta.logprobs) if self.body.logprobs else None
+            logprobs = (
+                chat_logprobs(self.serving.tokenizer, delta.logprobs)
+                if self.body.logprobs
+                else None
+            )
             finish = completion.finish_reason if output.finished else None
-            yield self._chunk([ChatChunkChoice(index, ChatDelta(content=delta.text), logprobs, finish)])
+            yield self._chunk(
+                [ChatChunkChoice(index, ChatDelta(content=delta.text), logprobs, finish)]
+            )
         options = self.body.stream_options
         if options is not None and options.include_usage:
-            yield self._chunk([], usage=make_usage([finals[i] for i in sorted(finals)], self.body.n))
+            yield self._chunk(
+                [], usage=make_usage([finals[i] for i in sorted(finals)], self.body.n)
+            )
 
-    def _tool_chunks(self, index: int, splitter: OutputSplitter, output: RequestOutput) -> list[ChatCompletionChunk]:
+    def _tool_chunks(
+        self, index: int, splitter: OutputSplitter, output: RequestOutput
+    ) -> list[ChatCompletionChunk]:
         chunks = []
         for piece in splitter.advance(output):
             if piece.kind == "content":
                 delta = ChatDelta(content=piece.text)
             elif piece.kind == "call":
-                call = ToolCallDelta(piece.index, FunctionCallDelta(piece.text), new_call_id(), "function")
+                call = ToolCallDelta(
+                    piece.index, FunctionCallDelta(piece.text), new_call_id(), "function"
+                )
                 delta = ChatDelta(tool_calls=[call])
             else:
-                delta = ChatDelta(tool_calls=[ToolCallDelta(piece.index, FunctionCallDelta(arguments=piece.text))])
+                delta = ChatDelta(
+                    tool_calls=[ToolCallDelta(piece.index, FunctionCallDelta(arguments=piece.text))]
+                )
             chunks.append(self._chunk([ChatChunkChoice(index, delta)]))
         if output.finished:
             finish = _finish_reason(output.outputs[0], splitter.num_calls)
@@ -227,4 +296,8 @@ class _ChatWriter:
 
 def _finish_reason(completion, num_calls: int) -> str | None:
     """``tool_calls`` when the model stopped after calling tools, its own finish reason otherwise."""
-    return "tool_calls" if num_calls and completion.finish_reason == "stop" else completion.finish_reason
+    return (
+        "tool_calls"
+        if num_calls and completion.finish_reason == "stop"
+        else completion.finish_reason
+    )

@@ -35,8 +35,12 @@ DEFAULT_MAX_TOKENS = 16
 
 
 @post(
-    "/v1/completions", summary="Create a completion", tags=["openai"], status_code=200,
-    guards=[json_body_guard], opt={"body": CompletionRequest},
+    "/v1/completions",
+    summary="Create a completion",
+    tags=["openai"],
+    status_code=200,
+    guards=[json_body_guard],
+    opt={"body": CompletionRequest},
 )
 async def create_completion(
     data: JSONBody[CompletionRequest], request: Request, serving: NamedDependency[ServingContext]
@@ -53,10 +57,14 @@ async def create_completion(
         # Candidates are ranked by their tokens' logprobs: each one needs at least the sampled token's.
         params = dataclasses.replace(params, n=best_of, logprobs=params.logprobs or 0)
     response_id = new_id("cmpl")
-    attributes = request_attributes(data, "text_completion", response_id, serving.model_name, request.headers)
+    attributes = request_attributes(
+        data, "text_completion", response_id, serving.model_name, request.headers
+    )
     with serving.queue_slots(count_prompts(data.prompt) * best_of):
         prompts = await parse_prompts(serving, data.prompt)
-        group = RequestGroup(serving.async_engine, response_id, fan_out(prompts, params), attributes)
+        group = RequestGroup(
+            serving.async_engine, response_id, fan_out(prompts, params), attributes
+        )
         await unless_disconnected(request, group.start())
     writer = _CompletionWriter(serving, data, response_id, [text for _, text in prompts])
     if data.stream:
@@ -70,8 +78,11 @@ def _best_of(body: CompletionRequest) -> int:
     if best_of < body.n:
         raise APIError(400, "best_of must be at least n", "best_of")
     if body.stream and best_of != body.n:
-        raise APIError(400, "best_of must equal n when streaming: the best candidates are known only at the end",
-                       "best_of")
+        raise APIError(
+            400,
+            "best_of must equal n when streaming: the best candidates are known only at the end",
+            "best_of",
+        )
     if body.seed is not None and body.seed + best_of >= INT64:
         raise APIError(400, "seed must fit in a signed 64-bit integer", "seed")
     return best_of
@@ -82,7 +93,11 @@ def best_candidates(finals: list[RequestOutput], best_of: int, n: int) -> list[R
     chosen = []
     for start in range(0, len(finals), best_of):
         candidates = finals[start : start + best_of]
-        ranked = sorted(candidates, key=lambda o: sum(lp.logprob for lp in o.outputs[0].logprobs or []), reverse=True)
+        ranked = sorted(
+            candidates,
+            key=lambda o: sum(lp.logprob for lp in o.outputs[0].logprobs or []),
+            reverse=True,
+        )
         chosen += ranked[:n]
     return chosen
 
@@ -90,7 +105,13 @@ def best_candidates(finals: list[RequestOutput], best_of: int, n: int) -> list[R
 class _CompletionWriter:
     """Builds the response or the stream of chunks for one completions call."""
 
-    def __init__(self, serving: ServingContext, body: CompletionRequest, response_id: str, prompt_texts: list[str]):
+    def __init__(
+        self,
+        serving: ServingContext,
+        body: CompletionRequest,
+        response_id: str,
+        prompt_texts: list[str],
+    ):
         self.serving = serving
         self.body = body
         self.id = response_id
@@ -105,7 +126,11 @@ class _CompletionWriter:
         usage counts every candidate's tokens, as they were all generated)."""
         generated = await group.final_outputs()
         best_of = self.body.best_of or self.body.n
-        ordered = generated if best_of == self.body.n else best_candidates(generated, best_of, self.body.n)
+        ordered = (
+            generated
+            if best_of == self.body.n
+            else best_candidates(generated, best_of, self.body.n)
+        )
         choices = []
         for index, output in enumerate(ordered):
             completion = output.outputs[0]
@@ -113,11 +138,21 @@ class _CompletionWriter:
             logprobs = None
             if self.body.logprobs is not None:
                 logprobs = completion_logprobs(self.serving.tokenizer, completion.logprobs or [], 0)
-            choices.append(CompletionChoice(
-                index, self._echo(index) + completion.text, logprobs, completion.finish_reason, completion.stop_reason
-            ))
+            choices.append(
+                CompletionChoice(
+                    index,
+                    self._echo(index) + completion.text,
+                    logprobs,
+                    completion.finish_reason,
+                    completion.stop_reason,
+                )
+            )
         return CompletionResponse(
-            self.id, self.created, self.serving.model_name, choices, usage=make_usage(generated, best_of)
+            self.id,
+            self.created,
+            self.serving.model_name,
+            choices,
+            usage=make_usage(generated, best_of),
         )
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[CompletionResponse]:
@@ -146,4 +181,6 @@ class _CompletionWriter:
         options = self.body.stream_options
         if options is not None and options.include_usage:
             usage = make_usage([finals[i] for i in sorted(finals)], self.body.n)
-            yield CompletionResponse(self.id, self.created, self.serving.model_name, [], usage=usage)
+            yield CompletionResponse(
+                self.id, self.created, self.serving.model_name, [], usage=usage
+            )

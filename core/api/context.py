@@ -19,13 +19,17 @@ from spyglass.core.engine.snapshot import EngineSnapshot
 class ServingContext:
     """The running engine and what the API knows about it; lives on ``app.state.serving``."""
 
-    def __init__(self, async_engine: AsyncEngine, options: ServerOptions, model_path: str | None = None):
+    def __init__(
+        self, async_engine: AsyncEngine, options: ServerOptions, model_path: str | None = None
+    ):
         model = async_engine.model
         self.async_engine = async_engine
         self.options = options
         self.tokenizer = async_engine.tokenizer
         self.model_name = options.served_model_name or model.model_name
-        self.model_aliases = {self.model_name, model.model_name} | ({model_path} if model_path else set())
+        self.model_aliases = {self.model_name, model.model_name} | (
+            {model_path} if model_path else set()
+        )
         self.max_model_len = model.max_model_len
         self.vocab_size = model.vocab_size
         # No text longer than this can fit the context: each token covers at most the longest token's bytes.
@@ -39,13 +43,21 @@ class ServingContext:
     def check_model(self, model: str | None) -> None:
         """Raise a 404 unless ``model`` is omitted or names the served model."""
         if model is not None and model not in self.model_aliases:
-            raise APIError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
-                           "model", "model_not_found")
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                "model",
+                "model_not_found",
+            )
 
     def admit(self) -> None:
         """Refuse new work while shutting down or after the engine stopped (503)."""
         if self.draining or not self.async_engine.is_alive:
-            raise APIError(503, "the server is shutting down or its engine has stopped", code="engine_unavailable")
+            raise APIError(
+                503,
+                "the server is shutting down or its engine has stopped",
+                code="engine_unavailable",
+            )
 
     @contextmanager
     def queue_slots(self, num_requests: int) -> Iterator[None]:
@@ -55,12 +67,19 @@ class ServingContext:
         """
         limit = self.options.max_queued_requests
         if num_requests > limit:
-            raise APIError(400, f"this call makes {num_requests} engine requests (prompts x n); the limit is {limit}",
-                           "n")
+            raise APIError(
+                400,
+                f"this call makes {num_requests} engine requests (prompts x n); the limit is {limit}",
+                "n",
+            )
         queued = max(self.num_queued, self.async_engine.latest.num_waiting)
         if queued + num_requests > limit:
-            raise APIError(429, f"too many queued requests ({queued} of {limit}); retry later", code="queue_full",
-                           headers={"Retry-After": "1"})
+            raise APIError(
+                429,
+                f"too many queued requests ({queued} of {limit}); retry later",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )
         self.num_queued += num_requests
         try:
             yield
@@ -74,7 +93,9 @@ class ServingContext:
         try:
             return await asyncio.wait_for(self.async_engine.snapshot(with_requests), timeout)
         except TimeoutError:
-            raise APIError(503, "the engine did not answer in time", code="engine_unavailable") from None
+            raise APIError(
+                503, "the engine did not answer in time", code="engine_unavailable"
+            ) from None
 
 
 def _longest_token_bytes(tokenizer) -> int:
@@ -99,5 +120,11 @@ def api_key_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None
     if handler.opt.get("metrics") and not serving.options.metrics_require_key:
         return
     scheme, _, token = connection.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
-        raise APIError(401, "missing or invalid API key; send `Authorization: Bearer <key>`", code="invalid_api_key")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(
+        token.strip().encode(), key.encode()
+    ):
+        raise APIError(
+            401,
+            "missing or invalid API key; send `Authorization: Bearer <key>`",
+            code="invalid_api_key",
+        )

@@ -29,7 +29,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def sampling_params(
+    body: SamplingFields, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
     """Engine `SamplingParams` from the shared request fields (ranges already checked by the schema).
 
     Raises `InvalidRequestError` for what the schema cannot express.
@@ -62,16 +64,30 @@ def structured_output(body: SamplingFields) -> StructuredOutput | None:
     """The one output constraint the body asks for (``response_format`` or a vLLM ``guided_*`` field), if any."""
     asked = []
     if isinstance(body.response_format, JsonSchemaResponseFormat):
-        asked.append(("response_format", StructuredOutput("json_schema", body.response_format.json_schema.schema_)))
+        asked.append(
+            (
+                "response_format",
+                StructuredOutput("json_schema", body.response_format.json_schema.schema_),
+            )
+        )
     elif isinstance(body.response_format, JsonObjectResponseFormat):
         asked.append(("response_format", StructuredOutput("json_object")))
-    extras = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+    extras = {
+        "guided_json": "json_schema",
+        "guided_regex": "regex",
+        "guided_choice": "choice",
+        "guided_grammar": "grammar",
+    }
     for field, kind in extras.items():
         value = getattr(body, field)
         if value is not None:
             asked.append((field, StructuredOutput(kind, value)))
     if len(asked) > 1:
-        raise APIError(400, f"only one output constraint per request, got {', '.join(f for f, _ in asked)}", asked[1][0])
+        raise APIError(
+            400,
+            f"only one output constraint per request, got {', '.join(f for f, _ in asked)}",
+            asked[1][0],
+        )
     return asked[0][1] if asked else None
 
 
@@ -82,10 +98,14 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     try:
         return {int(token): value for token, value in bias.items()}
     except ValueError:
-        raise APIError(400, "logit_bias keys must be token ids (integers as strings)", "logit_bias") from None
+        raise APIError(
+            400, "logit_bias keys must be token ids (integers as strings)", "logit_bias"
+        ) from None
 
 
-def request_attributes(body: SamplingFields, operation: str, response_id: str, model_name: str, headers) -> dict:
+def request_attributes(
+    body: SamplingFields, operation: str, response_id: str, model_name: str, headers
+) -> dict:
     """What the tracing plugin reads off each engine request (see `AsyncEngine.generate`)."""
     return {
         "operation": operation,
@@ -109,7 +129,9 @@ def make_usage(finals: list[RequestOutput], n: int) -> Usage:
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(o.num_cached_tokens for o in firsts)),
+        prompt_tokens_details=PromptTokensDetails(
+            cached_tokens=sum(o.num_cached_tokens for o in firsts)
+        ),
     )
 
 
@@ -149,7 +171,9 @@ def _token_text(tokenizer: Tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def completion_logprobs(tokenizer: Tokenizer, logprobs: list[Logprob], text_offset: int) -> CompletionLogprobs:
+def completion_logprobs(
+    tokenizer: Tokenizer, logprobs: list[Logprob], text_offset: int
+) -> CompletionLogprobs:
     """Legacy completions logprobs for ``logprobs``, offsets counted from ``text_offset``."""
     result = CompletionLogprobs()
     for entry in logprobs:

@@ -47,14 +47,20 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
-def error_body(status_code: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+def error_body(
+    status_code: int, message: str, param: str | None = None, code: str | None = None
+) -> dict:
     """The JSON body of an error response (also the payload of a mid-stream ``data: {"error": ...}`` event)."""
-    error_type = _TYPES.get(status_code, "invalid_request_error" if status_code < 500 else "internal_error")
+    error_type = _TYPES.get(
+        status_code, "invalid_request_error" if status_code < 500 else "internal_error"
+    )
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
 def _respond(status_code: int, message: str, param=None, code=None, headers=None) -> Response:
-    return Response(error_body(status_code, message, param, code), status_code=status_code, headers=headers)
+    return Response(
+        error_body(status_code, message, param, code), status_code=status_code, headers=headers
+    )
 
 
 def _api_error(_: Request, exc: APIError) -> Response:

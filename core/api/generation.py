@@ -28,7 +28,9 @@ class ChoiceSpec:
     prompt: str | None = None
 
 
-def fan_out(prompts: list[tuple[list[int], str | None]], params: SamplingParams) -> list[ChoiceSpec]:
+def fan_out(
+    prompts: list[tuple[list[int], str | None]], params: SamplingParams
+) -> list[ChoiceSpec]:
     """``n`` choices per prompt, choice ``i`` seeded with ``seed + i`` so choices differ yet reproduce."""
     specs = []
     for token_ids, text in prompts:
@@ -41,11 +43,20 @@ def fan_out(prompts: list[tuple[list[int], str | None]], params: SamplingParams)
 class RequestGroup:
     """The engine requests behind one API call; iterate `outputs` to get ``(choice_index, output)`` pairs."""
 
-    def __init__(self, async_engine: AsyncEngine, base_id: str, specs: list[ChoiceSpec], attributes: dict):
-        self.req_ids = [base_id] if len(specs) == 1 else [f"{base_id}-{i}" for i in range(len(specs))]
-        attributes = {**attributes, "num_choices": len(specs)}  # the metrics plugin's per-call histograms
+    def __init__(
+        self, async_engine: AsyncEngine, base_id: str, specs: list[ChoiceSpec], attributes: dict
+    ):
+        self.req_ids = (
+            [base_id] if len(specs) == 1 else [f"{base_id}-{i}" for i in range(len(specs))]
+        )
+        attributes = {
+            **attributes,
+            "num_choices": len(specs),
+        }  # the metrics plugin's per-call histograms
         self._streams = [
-            async_engine.generate(req_id, spec.prompt_token_ids, spec.params, spec.prompt, attributes)
+            async_engine.generate(
+                req_id, spec.prompt_token_ids, spec.params, spec.prompt, attributes
+            )
             for req_id, spec in zip(self.req_ids, specs)
         ]
         self._pending: dict[asyncio.Future, int] = {}
@@ -54,7 +65,9 @@ class RequestGroup:
     async def start(self) -> None:
         """Submit every request and wait for each one's first output; raises what the engine raised."""
         try:
-            results = await asyncio.gather(*(anext(s) for s in self._streams), return_exceptions=True)
+            results = await asyncio.gather(
+                *(anext(s) for s in self._streams), return_exceptions=True
+            )
         except asyncio.CancelledError:
             await self.aclose()
             raise

@@ -31,7 +31,13 @@ from spyglass.core.api.messages_schemas import (
 )
 from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
 from spyglass.core.api.streaming import event_stream
-from spyglass.core.api.tools import OutputSplitter, ToolUse, choose_tools, function_tool, split_output
+from spyglass.core.api.tools import (
+    OutputSplitter,
+    ToolUse,
+    choose_tools,
+    function_tool,
+    split_output,
+)
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import CompletionOutput
 from spyglass.core.engine.sampling_params import SamplingParams
@@ -41,7 +47,11 @@ def chat_messages(body: MessagesRequest) -> list[ChatMessage]:
     """The conversation as chat turns."""
     turns = []
     if body.system:
-        system = body.system if isinstance(body.system, str) else "\n".join(block.text for block in body.system)
+        system = (
+            body.system
+            if isinstance(body.system, str)
+            else "\n".join(block.text for block in body.system)
+        )
         turns.append(ChatMessage("system", system))
     for message in body.messages:
         if isinstance(message.content, str):
@@ -58,7 +68,11 @@ def chat_messages(body: MessagesRequest) -> list[ChatMessage]:
             continue
         for block in message.content:
             if isinstance(block, ToolResultBlock):
-                result = block.content if isinstance(block.content, str) else "\n".join(b.text for b in block.content)
+                result = (
+                    block.content
+                    if isinstance(block.content, str)
+                    else "\n".join(b.text for b in block.content)
+                )
                 turns.append(ChatMessage("tool", result, tool_call_id=block.tool_use_id))
         if text:
             turns.append(ChatMessage("user", text))
@@ -76,8 +90,12 @@ def tool_use(body: MessagesRequest) -> ToolUse:
 
 
 @post(
-    "/v1/messages", summary="Create a message (Anthropic Messages API)", tags=["anthropic"], status_code=200,
-    guards=[json_body_guard], opt={"body": MessagesRequest},
+    "/v1/messages",
+    summary="Create a message (Anthropic Messages API)",
+    tags=["anthropic"],
+    status_code=200,
+    guards=[json_body_guard],
+    opt={"body": MessagesRequest},
 )
 async def create_message(
     data: JSONBody[MessagesRequest], request: Request, serving: NamedDependency[ServingContext]
@@ -87,12 +105,17 @@ async def create_message(
     serving.admit()
     use = tool_use(data)
     params = SamplingParams(
-        temperature=data.temperature, top_p=data.top_p, top_k=data.top_k, max_tokens=data.max_tokens,
+        temperature=data.temperature,
+        top_p=data.top_p,
+        top_k=data.top_k,
+        max_tokens=data.max_tokens,
         stop=[s for s in data.stop_sequences or [] if s],
     )
     response_id = new_id("msg")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
-    group = await start_chat(serving, request, chat_messages(data), use, params, response_id, attributes)
+    group = await start_chat(
+        serving, request, chat_messages(data), use, params, response_id, attributes
+    )
     writer = _MessageWriter(serving, data, response_id, use)
     if data.stream:
         return event_stream(writer.events(group), named=True)
@@ -102,7 +125,9 @@ async def create_message(
 class _MessageWriter:
     """Builds the message, or its stream of events, for one call."""
 
-    def __init__(self, serving: ServingContext, body: MessagesRequest, response_id: str, use: ToolUse):
+    def __init__(
+        self, serving: ServingContext, body: MessagesRequest, response_id: str, use: ToolUse
+    ):
         self.serving = serving
         self.body = body
         self.id = response_id
@@ -114,12 +139,21 @@ class _MessageWriter:
         completion = output.outputs[0]
         check_finished(completion)
         content, calls = split_output(completion.text, self.use, self.serving.tool_parser)
-        uses = [ToolUseBlock(_tool_use_id(), call.function.name, _input(call.function.arguments)) for call in calls]
+        uses = [
+            ToolUseBlock(_tool_use_id(), call.function.name, _input(call.function.arguments))
+            for call in calls
+        ]
         blocks = ([TextBlock(content)] if content else []) + uses
         reason, sequence = _stop(completion, len(uses))
         usage = Usage(len(output.prompt_token_ids), len(completion.token_ids))
-        return MessageResponse(id=self.id, model=self.body.model, content=blocks, stop_reason=reason,
-                               stop_sequence=sequence, usage=usage)
+        return MessageResponse(
+            id=self.id,
+            model=self.body.model,
+            content=blocks,
+            stop_reason=reason,
+            stop_sequence=sequence,
+            usage=usage,
+        )
 
     async def events(self, group: RequestGroup) -> AsyncIterator[tuple[str, dict]]:
         """Anthropic's event sequence for one message: a block per run of text and per tool call, as generated."""
@@ -130,33 +164,71 @@ class _MessageWriter:
             check_finished(completion)
             if index == -1:
                 index = 0
-                yield "message_start", {"type": "message_start", "message": {
-                    "id": self.id, "type": "message", "role": "assistant", "model": self.body.model, "content": [],
-                    "stop_reason": None, "stop_sequence": None,
-                    "usage": {"input_tokens": len(output.prompt_token_ids), "output_tokens": 0}}}
+                yield (
+                    "message_start",
+                    {
+                        "type": "message_start",
+                        "message": {
+                            "id": self.id,
+                            "type": "message",
+                            "role": "assistant",
+                            "model": self.body.model,
+                            "content": [],
+                            "stop_reason": None,
+                            "stop_sequence": None,
+                            "usage": {
+                                "input_tokens": len(output.prompt_token_ids),
+                                "output_tokens": 0,
+                            },
+                        },
+                    },
+                )
             for piece in splitter.advance(output):
                 if piece.kind == "arguments":
-                    yield "content_block_delta", _block_delta(index, {"type": "input_json_delta",
-                                                                      "partial_json": piece.text})
+                    yield (
+                        "content_block_delta",
+                        _block_delta(
+                            index, {"type": "input_json_delta", "partial_json": piece.text}
+                        ),
+                    )
                     continue
                 if open_kind is not None and (piece.kind == "call" or open_kind != "content"):
                     yield "content_block_stop", {"type": "content_block_stop", "index": index}
                     index += 1
                 if piece.kind == "call":
                     open_kind = "call"
-                    yield "content_block_start", _block_start(index, {"type": "tool_use", "id": _tool_use_id(),
-                                                                      "name": piece.text, "input": {}})
+                    yield (
+                        "content_block_start",
+                        _block_start(
+                            index,
+                            {
+                                "type": "tool_use",
+                                "id": _tool_use_id(),
+                                "name": piece.text,
+                                "input": {},
+                            },
+                        ),
+                    )
                     continue
                 if open_kind != "content":
                     open_kind = "content"
                     yield "content_block_start", _block_start(index, {"type": "text", "text": ""})
-                yield "content_block_delta", _block_delta(index, {"type": "text_delta", "text": piece.text})
+                yield (
+                    "content_block_delta",
+                    _block_delta(index, {"type": "text_delta", "text": piece.text}),
+                )
         if open_kind is not None:
             yield "content_block_stop", {"type": "content_block_stop", "index": index}
         completion = output.outputs[0]
         reason, sequence = _stop(completion, splitter.num_calls)
-        yield "message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                "usage": {"output_tokens": len(completion.token_ids)}}
+        yield (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": {"output_tokens": len(completion.token_ids)},
+            },
+        )
         yield "message_stop", {"type": "message_stop"}
 
 

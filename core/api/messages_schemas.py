@@ -72,7 +72,9 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     stream: bool = False
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
     tool_choice: ToolChoice | None = None
-    metadata: dict[str, str] | None = None  # ``user_id`` is the request's user; ``session_id`` its trace's session
+    metadata: dict[str, str] | None = (
+        None  # ``user_id`` is the request's user; ``session_id`` its trace's session
+    )
 
     unsupported: ClassVar[frozenset[str]] = frozenset()
     n: ClassVar[int] = 1  # one message per call

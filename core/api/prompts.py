@@ -14,8 +14,11 @@ async def encode_text(serving: ServingContext, text: str, param: str = "prompt")
     Tokenizing runs in a worker thread: a few megabytes take seconds, which must not stall the server.
     """
     if len(text.encode()) > serving.max_prompt_bytes:
-        raise APIError(400, f"the prompt is too long for the model's context of {serving.max_model_len} tokens",
-                       param)
+        raise APIError(
+            400,
+            f"the prompt is too long for the model's context of {serving.max_model_len} tokens",
+            param,
+        )
     return await asyncio.to_thread(serving.tokenizer.encode, text)
 
 
@@ -23,12 +26,17 @@ def _is_token_list(value) -> bool:
     return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
 
 
-def check_token_ids(serving: ServingContext, token_ids: list[int], param: str = "prompt") -> list[int]:
+def check_token_ids(
+    serving: ServingContext, token_ids: list[int], param: str = "prompt"
+) -> list[int]:
     """``token_ids`` when each is an id of the vocabulary; a 400 naming ``param`` otherwise."""
     # Checked as integers before anything else uses them: the tokenizer overflows on ids >= 2**32.
     if not all(0 <= t < serving.vocab_size for t in token_ids):
-        raise APIError(400, f"the {param} has token ids outside the vocabulary (0 to {serving.vocab_size - 1})",
-                       param)
+        raise APIError(
+            400,
+            f"the {param} has token ids outside the vocabulary (0 to {serving.vocab_size - 1})",
+            param,
+        )
     return token_ids
 
 
@@ -53,7 +61,11 @@ async def parse_prompts(serving: ServingContext, prompt) -> list[tuple[list[int]
             prompts.append((await encode_text(serving, item), item))
         elif _is_token_list(item):
             token_ids = check_token_ids(serving, list(item))
-            prompts.append((token_ids, serving.tokenizer.decode(token_ids, skip_special_tokens=False)))
+            prompts.append(
+                (token_ids, serving.tokenizer.decode(token_ids, skip_special_tokens=False))
+            )
         else:
-            raise APIError(400, "prompt must be a string, a list of token ids, or a list of either", "prompt")
+            raise APIError(
+                400, "prompt must be a string, a list of token ids, or a list of either", "prompt"
+            )
     return prompts

@@ -33,7 +33,13 @@ from spyglass.core.api.responses_schemas import (
 )
 from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
 from spyglass.core.api.streaming import event_stream
-from spyglass.core.api.tools import OutputSplitter, ToolUse, choose_tools, function_tool, new_call_id
+from spyglass.core.api.tools import (
+    OutputSplitter,
+    ToolUse,
+    choose_tools,
+    function_tool,
+    new_call_id,
+)
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
@@ -77,8 +83,12 @@ def tool_use(body: ResponsesRequest) -> ToolUse:
     tools = []
     for tool in body.tools or []:
         if tool.type != "function":
-            raise APIError(400, f"`{tool.type}` tools are not supported by this server, only function tools", "tools",
-                           "unsupported_parameter")
+            raise APIError(
+                400,
+                f"`{tool.type}` tools are not supported by this server, only function tools",
+                "tools",
+                "unsupported_parameter",
+            )
         if tool.name is None:
             raise APIError(400, "a function tool needs a name", "tools")
         tools.append(function_tool(tool.name, tool.description, tool.parameters))
@@ -99,8 +109,12 @@ def text_format(body: ResponsesRequest) -> StructuredOutput | None:
 
 
 @post(
-    "/v1/responses", summary="Create a response (OpenAI Responses API)", tags=["openai"], status_code=200,
-    guards=[json_body_guard], opt={"body": ResponsesRequest},
+    "/v1/responses",
+    summary="Create a response (OpenAI Responses API)",
+    tags=["openai"],
+    status_code=200,
+    guards=[json_body_guard],
+    opt={"body": ResponsesRequest},
 )
 async def create_response(
     data: JSONBody[ResponsesRequest], request: Request, serving: NamedDependency[ServingContext]
@@ -112,11 +126,14 @@ async def create_response(
     params = SamplingParams(
         temperature=1.0 if data.temperature is None else data.temperature,
         top_p=1.0 if data.top_p is None else data.top_p,
-        max_tokens=data.max_output_tokens, structured_output=text_format(data),
+        max_tokens=data.max_output_tokens,
+        structured_output=text_format(data),
     )
     response_id = f"resp_{uuid.uuid4().hex}"
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
-    group = await start_chat(serving, request, conversation(data), use, params, response_id, attributes, "input")
+    group = await start_chat(
+        serving, request, conversation(data), use, params, response_id, attributes, "input"
+    )
     writer = _ResponseWriter(serving, data, response_id, use)
     if data.stream:
         return event_stream(writer.events(group), named=True)
@@ -134,37 +151,81 @@ class _OutputItems:
     def add(self, piece: ToolCallPiece) -> list[dict]:
         """The events one piece makes: a new item when the kind of output changes, then a delta."""
         events = []
-        opening = self._open is None or piece.kind == "call" or (piece.kind == "content") != _is_message(self._open)
+        opening = (
+            self._open is None
+            or piece.kind == "call"
+            or (piece.kind == "content") != _is_message(self._open)
+        )
         if opening:
             events += self.close("completed")
             events += self._start(piece)
         item, position = self._open, len(self.items) - 1
         if piece.kind == "content":
             item["content"][0]["text"] += piece.text
-            events.append({"type": "response.output_text.delta", "item_id": item["id"], "output_index": position,
-                           "content_index": 0, "delta": piece.text, "logprobs": []})
+            events.append(
+                {
+                    "type": "response.output_text.delta",
+                    "item_id": item["id"],
+                    "output_index": position,
+                    "content_index": 0,
+                    "delta": piece.text,
+                    "logprobs": [],
+                }
+            )
         elif piece.kind == "arguments":
             item["arguments"] += piece.text
-            events.append({"type": "response.function_call_arguments.delta", "item_id": item["id"],
-                           "output_index": position, "delta": piece.text})
+            events.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": item["id"],
+                    "output_index": position,
+                    "delta": piece.text,
+                }
+            )
         return events
 
     def _start(self, piece: ToolCallPiece) -> list[dict]:
         if piece.kind == "content":
-            item = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "status": "in_progress",
-                    "content": []}
+            item = {
+                "id": f"msg_{uuid.uuid4().hex}",
+                "type": "message",
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
         else:
             name = piece.text if piece.kind == "call" else ""
-            item = {"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "status": "in_progress",
-                    "call_id": new_call_id(), "name": name, "arguments": ""}
+            item = {
+                "id": f"fc_{uuid.uuid4().hex}",
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": new_call_id(),
+                "name": name,
+                "arguments": "",
+            }
         self.items.append(item)
         self._open = item
         position = len(self.items) - 1
-        events = [{"type": "response.output_item.added", "output_index": position, "item": copy.deepcopy(item)}]
+        events = [
+            {
+                "type": "response.output_item.added",
+                "output_index": position,
+                "item": copy.deepcopy(item),
+            }
+        ]
         if piece.kind == "content":
-            item["content"].append({"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-            events.append({"type": "response.content_part.added", "item_id": item["id"], "output_index": position,
-                           "content_index": 0, "part": copy.deepcopy(item["content"][0])})
+            item["content"].append(
+                {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            )
+            events.append(
+                {
+                    "type": "response.content_part.added",
+                    "item_id": item["id"],
+                    "output_index": position,
+                    "content_index": 0,
+                    "part": copy.deepcopy(item["content"][0]),
+                }
+            )
         return events
 
     def close(self, status: str) -> list[dict]:
@@ -177,15 +238,40 @@ class _OutputItems:
         if _is_message(item):
             part = item["content"][0]
             events = [
-                {"type": "response.output_text.done", "item_id": item["id"], "output_index": position,
-                 "content_index": 0, "text": part["text"], "logprobs": []},
-                {"type": "response.content_part.done", "item_id": item["id"], "output_index": position,
-                 "content_index": 0, "part": copy.deepcopy(part)},
+                {
+                    "type": "response.output_text.done",
+                    "item_id": item["id"],
+                    "output_index": position,
+                    "content_index": 0,
+                    "text": part["text"],
+                    "logprobs": [],
+                },
+                {
+                    "type": "response.content_part.done",
+                    "item_id": item["id"],
+                    "output_index": position,
+                    "content_index": 0,
+                    "part": copy.deepcopy(part),
+                },
             ]
         else:
-            events = [{"type": "response.function_call_arguments.done", "item_id": item["id"],
-                       "output_index": position, "name": item["name"], "arguments": item["arguments"]}]
-        return [*events, {"type": "response.output_item.done", "output_index": position, "item": copy.deepcopy(item)}]
+            events = [
+                {
+                    "type": "response.function_call_arguments.done",
+                    "item_id": item["id"],
+                    "output_index": position,
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                }
+            ]
+        return [
+            *events,
+            {
+                "type": "response.output_item.done",
+                "output_index": position,
+                "item": copy.deepcopy(item),
+            },
+        ]
 
 
 def _is_message(item: dict) -> bool:
@@ -195,7 +281,9 @@ def _is_message(item: dict) -> bool:
 class _ResponseWriter:
     """Builds the response, or its stream of events, for one call."""
 
-    def __init__(self, serving: ServingContext, body: ResponsesRequest, response_id: str, use: ToolUse):
+    def __init__(
+        self, serving: ServingContext, body: ResponsesRequest, response_id: str, use: ToolUse
+    ):
         self.serving = serving
         self.body = body
         self.id = response_id
@@ -210,18 +298,38 @@ class _ResponseWriter:
             status = "incomplete" if cut else "completed"
             incomplete = {"reason": "max_output_tokens"} if cut else None
             num_input, num_output = len(output.prompt_token_ids), len(completion.token_ids)
-            usage = {"input_tokens": num_input, "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
-                     "output_tokens": num_output, "output_tokens_details": {"reasoning_tokens": 0},
-                     "total_tokens": num_input + num_output}
+            usage = {
+                "input_tokens": num_input,
+                "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
+                "output_tokens": num_output,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": num_input + num_output,
+            }
         body = self.body
         return {
-            "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": None,
-            "incomplete_details": incomplete, "instructions": body.instructions,
-            "max_output_tokens": body.max_output_tokens, "model": self.serving.model_name, "output": items,
-            "parallel_tool_calls": self.use.parallel, "previous_response_id": None, "reasoning": None, "store": False,
-            "temperature": body.temperature, "top_p": body.top_p, "text": _text_config(body),
-            "tool_choice": _tool_choice(body), "tools": [_tool(tool) for tool in self.use.tools], "truncation": "disabled",
-            "usage": usage, "user": body.user, "metadata": body.metadata or {},
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "model": self.serving.model_name,
+            "output": items,
+            "parallel_tool_calls": self.use.parallel,
+            "previous_response_id": None,
+            "reasoning": None,
+            "store": False,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "text": _text_config(body),
+            "tool_choice": _tool_choice(body),
+            "tools": [_tool(tool) for tool in self.use.tools],
+            "truncation": "disabled",
+            "usage": usage,
+            "user": body.user,
+            "metadata": body.metadata or {},
         }
 
     async def collect(self, group: RequestGroup) -> dict:
@@ -245,7 +353,11 @@ class _ResponseWriter:
 
         yield numbered({"type": "response.created", "response": self._response([], None)})
         yield numbered({"type": "response.in_progress", "response": self._response([], None)})
-        splitter, items, output = OutputSplitter(self.use, self.serving.tool_parser), _OutputItems(), None
+        splitter, items, output = (
+            OutputSplitter(self.use, self.serving.tool_parser),
+            _OutputItems(),
+            None,
+        )
         async for _, output in group.outputs():
             check_finished(output.outputs[0])
             for piece in splitter.advance(output):
@@ -265,8 +377,18 @@ def _item_status(output: RequestOutput) -> str:
 def _text_config(body: ResponsesRequest) -> dict:
     spec = body.text.format if body.text else None
     if isinstance(spec, TextFormatJsonSchema):
-        described = {"type": "json_schema", "name": spec.name, "schema": spec.schema_, "strict": bool(spec.strict)}
-        return {"format": {**described, **({"description": spec.description} if spec.description else {})}}
+        described = {
+            "type": "json_schema",
+            "name": spec.name,
+            "schema": spec.schema_,
+            "strict": bool(spec.strict),
+        }
+        return {
+            "format": {
+                **described,
+                **({"description": spec.description} if spec.description else {}),
+            }
+        }
     return {"format": {"type": "json_object" if isinstance(spec, TextFormatJsonObject) else "text"}}
 
 
@@ -279,5 +401,10 @@ def _tool_choice(body: ResponsesRequest):
 
 def _tool(tool: dict) -> dict:
     function = tool["function"]
-    return {"type": "function", "name": function["name"], "description": function.get("description"),
-            "parameters": function["parameters"], "strict": False}
+    return {
+        "type": "function",
+        "name": function["name"],
+        "description": function.get("description"),
+        "parameters": function["parameters"],
+        "strict": False,
+    }

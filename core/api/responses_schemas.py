@@ -110,8 +110,18 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     top_logprobs: Literal[0] | None = None
     max_tool_calls: None = None
 
-    unsupported: ClassVar[frozenset[str]] = frozenset({
-        "store", "previous_response_id", "background", "reasoning", "include", "conversation", "prompt",
-        "truncation", "top_logprobs", "max_tool_calls",
-    })
+    unsupported: ClassVar[frozenset[str]] = frozenset(
+        {
+            "store",
+            "previous_response_id",
+            "background",
+            "reasoning",
+            "include",
+            "conversation",
+            "prompt",
+            "truncation",
+            "top_logprobs",
+            "max_tool_calls",
+        }
+    )
     n: ClassVar[int] = 1  # one answer per call

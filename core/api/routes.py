@@ -28,7 +28,9 @@ async def health(serving: NamedDependency[ServingContext]) -> Response:
 async def ready(serving: NamedDependency[ServingContext]) -> Response:
     """200 while the model is loaded and new requests are admitted; 503 while draining or stopped."""
     admitting = serving.async_engine.is_alive and not serving.draining
-    return Response({"status": "ready" if admitting else "unavailable"}, status_code=200 if admitting else 503)
+    return Response(
+        {"status": "ready" if admitting else "unavailable"}, status_code=200 if admitting else 503
+    )
 
 
 @get("/version", summary="Spyglass version", opt={"public": True})

@@ -90,6 +90,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     functions: Annotated[list[Any], Meta(max_length=0)] | None = None
     function_call: Literal["none"] | None = None
 
+
 class CompletionRequest(SamplingFields, kw_only=True):
     """``POST /v1/completions``: ``prompt`` is a string, a token list, or a list of either."""
 

@@ -33,11 +33,16 @@ async def _events(chunks: AsyncGenerator, named: bool) -> AsyncIterator[bytes]:
         async for chunk in chunks:
             yield frame(chunk)
     except APIError as error:
-        yield frame(("error", error_body(error.status_code, error.message, error.param, error.code)) if named
-                    else error_body(error.status_code, error.message, error.param, error.code))
+        yield frame(
+            ("error", error_body(error.status_code, error.message, error.param, error.code))
+            if named
+            else error_body(error.status_code, error.message, error.param, error.code)
+        )
     except Exception as error:
         log.exception("streamed generation failed")
-        body = error_body(500, f"generation failed: {type(error).__name__}: {error}", code="engine_error")
+        body = error_body(
+            500, f"generation failed: {type(error).__name__}: {error}", code="engine_error"
+        )
         yield frame(("error", body) if named else body)
     finally:
         # Shielded: on disconnect the surrounding cancel scope would interrupt the cleanup itself.

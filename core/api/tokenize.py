@@ -49,9 +49,17 @@ class DetokenizeResponse(msgspec.Struct):
     prompt: str
 
 
-@post("/tokenize", summary="Tokenize a prompt or chat messages", tags=["tokenizer"], status_code=200,
-      guards=[json_body_guard], opt={"body": TokenizeRequest})
-async def tokenize(data: JSONBody[TokenizeRequest], serving: NamedDependency[ServingContext]) -> TokenizeResponse:
+@post(
+    "/tokenize",
+    summary="Tokenize a prompt or chat messages",
+    tags=["tokenizer"],
+    status_code=200,
+    guards=[json_body_guard],
+    opt={"body": TokenizeRequest},
+)
+async def tokenize(
+    data: JSONBody[TokenizeRequest], serving: NamedDependency[ServingContext]
+) -> TokenizeResponse:
     """The ids the engine would see for ``prompt`` or for ``messages`` after the chat template."""
     serving.check_model(data.model)
     if (data.prompt is None) == (data.messages is None):
@@ -66,9 +74,17 @@ async def tokenize(data: JSONBody[TokenizeRequest], serving: NamedDependency[Ser
     return TokenizeResponse(len(tokens), serving.max_model_len, tokens)
 
 
-@post("/detokenize", summary="Detokenize token ids", tags=["tokenizer"], status_code=200,
-      guards=[json_body_guard], opt={"body": DetokenizeRequest})
-async def detokenize(data: JSONBody[DetokenizeRequest], serving: NamedDependency[ServingContext]) -> DetokenizeResponse:
+@post(
+    "/detokenize",
+    summary="Detokenize token ids",
+    tags=["tokenizer"],
+    status_code=200,
+    guards=[json_body_guard],
+    opt={"body": DetokenizeRequest},
+)
+async def detokenize(
+    data: JSONBody[DetokenizeRequest], serving: NamedDependency[ServingContext]
+) -> DetokenizeResponse:
     """The text of ``tokens``."""
     serving.check_model(data.model)
     token_ids = check_token_ids(serving, data.tokens, "tokens")

@@ -67,7 +67,10 @@ class ToolUse:
 
 def tool_use(body: ChatCompletionRequest) -> ToolUse:
     """A chat request's tool use."""
-    tools = [function_tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
+    tools = [
+        function_tool(t.function.name, t.function.description, t.function.parameters)
+        for t in body.tools or []
+    ]
     choice = body.tool_choice
     if choice is None or isinstance(choice, str):
         return choose_tools(tools, choice, parallel=body.parallel_tool_calls)
@@ -82,7 +85,9 @@ def function_tool(name: str, description: str | None, parameters: dict | None) -
     return {"type": "function", "function": described}
 
 
-def choose_tools(tools: list[dict], mode: str | None, forced: str | None = None, parallel: bool = True) -> ToolUse:
+def choose_tools(
+    tools: list[dict], mode: str | None, forced: str | None = None, parallel: bool = True
+) -> ToolUse:
     """Tool use with ``mode`` none, auto (the default with tools), required or forced (the function ``forced``);
     a 400 for a choice that names no offered function or asks for calls without tools."""
     if mode is None:
@@ -92,7 +97,9 @@ def choose_tools(tools: list[dict], mode: str | None, forced: str | None = None,
     if mode != "forced":
         return ToolUse(tools, mode, parallel=parallel)
     if forced not in [tool["function"]["name"] for tool in tools]:
-        raise APIError(400, f"tool_choice names {forced!r}, which is not among the tools", "tool_choice")
+        raise APIError(
+            400, f"tool_choice names {forced!r}, which is not among the tools", "tool_choice"
+        )
     return ToolUse(tools, "forced", forced, parallel=False)
 
 
@@ -133,7 +140,12 @@ def prompt_messages(messages: list[dict], use: ToolUse, template_takes_tools: bo
                 "</tool_call>"
                 for c in message["tool_calls"]
             )
-            written.append({"role": "assistant", "content": "\n".join(filter(None, [message["content"], calls]))})
+            written.append(
+                {
+                    "role": "assistant",
+                    "content": "\n".join(filter(None, [message["content"], calls])),
+                }
+            )
         else:
             written.append(message)
     written = [{k: v for k, v in m.items() if k != "tool_results"} for m in written]
@@ -141,7 +153,10 @@ def prompt_messages(messages: list[dict], use: ToolUse, template_takes_tools: bo
         return written
     section = _FALLBACK_PROMPT.format(tools="\n".join(json.dumps(tool) for tool in use.tools))
     if written and written[0]["role"] == "system":
-        return [{"role": "system", "content": f"{written[0]['content']}\n\n{section}"}, *written[1:]]
+        return [
+            {"role": "system", "content": f"{written[0]['content']}\n\n{section}"},
+            *written[1:],
+        ]
     return [{"role": "system", "content": section}, *written]
 
 
@@ -196,7 +211,9 @@ def tool_stream(use: ToolUse, parser: ToolCallParser | None) -> ToolCallStream |
     return None
 
 
-def split_output(text: str, use: ToolUse, parser: ToolCallParser | None) -> tuple[str | None, list[ToolCall]]:
+def split_output(
+    text: str, use: ToolUse, parser: ToolCallParser | None
+) -> tuple[str | None, list[ToolCall]]:
     """The response's ``content`` and ``tool_calls`` for one generated text: what a stream of it assembles to."""
     stream = tool_stream(use, parser)
     if stream is None:

@@ -18,7 +18,9 @@ _FIELD = re.compile(r"missing required field `([^`]+)`|at `\$\.([A-Za-z_]+)")
 
 def _is_json(content_type: str) -> bool:
     media_type = content_type.split(";", 1)[0].strip().lower()
-    return media_type in _JSON_TYPES or (media_type.startswith("application/") and media_type.endswith("+json"))
+    return media_type in _JSON_TYPES or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
 
 
 def decode_body(body: bytes, body_type: type[msgspec.Struct]) -> msgspec.Struct:
@@ -33,7 +35,9 @@ def decode_body(body: bytes, body_type: type[msgspec.Struct]) -> msgspec.Struct:
         match = _FIELD.search(str(error))
         param = next(filter(None, match.groups())) if match else None
         if param in getattr(body_type, "unsupported", ()):
-            raise APIError(400, f"`{param}` is not supported by this server", param, "unsupported_parameter") from None
+            raise APIError(
+                400, f"`{param}` is not supported by this server", param, "unsupported_parameter"
+            ) from None
         raise APIError(400, str(error), param) from None
     except msgspec.DecodeError as error:
         raise APIError(400, f"the request body is not valid JSON: {error}") from None
@@ -49,6 +53,9 @@ async def json_body_guard(connection: ASGIConnection, handler: BaseRouteHandler)
     if body_type is None:
         return
     if not _is_json(connection.headers.get("content-type", "")):
-        raise APIError(415, "the request body must be JSON: send `Content-Type: application/json`",
-                       code="unsupported_media_type")
+        raise APIError(
+            415,
+            "the request body must be JSON: send `Content-Type: application/json`",
+            code="unsupported_media_type",
+        )
     decode_body(await connection.body(), body_type)  # type: ignore[attr-defined]

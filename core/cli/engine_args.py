@@ -9,32 +9,61 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Options that map onto `EngineConfig` fields."""
     defaults = EngineConfig()
     group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=None, help="GGUF file or HF directory (default: SmolLM2-135M-Instruct)")
-    group.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument(
+        "--model", default=None, help="GGUF file or HF directory (default: SmolLM2-135M-Instruct)"
+    )
+    group.add_argument(
+        "--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"]
+    )
     group.add_argument("--device", default=defaults.device, help="auto, cpu or cuda")
     group.add_argument(
-        "--quantization", default=defaults.quantization, choices=QUANTIZATIONS,
+        "--quantization",
+        default=defaults.quantization,
+        choices=QUANTIZATIONS,
         help="auto: keep a GGUF file's Q4_0/Q4_1/Q8_0 blocks on the CPU; none: dequantize; int8: weight-only int8",
     )
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--block-size", type=int, default=defaults.block_size)
     group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
-    group.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
-    group.add_argument("--kv-cache-memory", default="2GiB", help="KV cache budget, e.g. 2GiB or 512MiB")
-    group.add_argument("--policy", dest="scheduling_policy", default=defaults.scheduling_policy)
-    group.add_argument("--attention-backend", default=defaults.attention_backend, choices=["auto", "cpu", "torch", "triton"])
-    group.add_argument("--plugins", default=None, help="comma-separated plugin names to enable (default: all)")
-    group.add_argument("--disable-plugins", default="", help="comma-separated plugin names to disable")
-    group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run decode eagerly")
-    group.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
-    group.add_argument("--speculative", default=None, help="draft proposer plugin: ngram, draft or self")
-    group.add_argument("--num-speculative-tokens", type=int, default=defaults.num_speculative_tokens)
     group.add_argument(
-        "--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size,
+        "--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens
+    )
+    group.add_argument(
+        "--kv-cache-memory", default="2GiB", help="KV cache budget, e.g. 2GiB or 512MiB"
+    )
+    group.add_argument("--policy", dest="scheduling_policy", default=defaults.scheduling_policy)
+    group.add_argument(
+        "--attention-backend",
+        default=defaults.attention_backend,
+        choices=["auto", "cpu", "torch", "triton"],
+    )
+    group.add_argument(
+        "--plugins", default=None, help="comma-separated plugin names to enable (default: all)"
+    )
+    group.add_argument(
+        "--disable-plugins", default="", help="comma-separated plugin names to disable"
+    )
+    group.add_argument(
+        "--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run decode eagerly"
+    )
+    group.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    group.add_argument(
+        "--speculative", default=None, help="draft proposer plugin: ngram, draft or self"
+    )
+    group.add_argument(
+        "--num-speculative-tokens", type=int, default=defaults.num_speculative_tokens
+    )
+    group.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=defaults.tensor_parallel_size,
         help="processes to split the model over (heads, MLP, vocabulary); gloo on the CPU, NCCL on CUDA",
     )
     group.add_argument(
-        "--plugin-option", action="append", default=[], metavar="KEY=VALUE",
+        "--plugin-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="a plugin setting, e.g. draft_model=PATH or self_draft_layers=8 (repeatable)",
     )
 

@@ -12,7 +12,9 @@ def add_parser(subparsers, argv) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
+    parser.add_argument(
+        "--no-chat-template", action="store_true", help="send the prompt as raw text"
+    )
     add_engine_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -28,7 +30,9 @@ def run(args) -> int:
     prompt = args.prompt
     if not args.no_chat_template:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    params = SamplingParams(
+        temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
+    )
     engine.add_request("cli", tokenizer.encode(prompt), params, prompt=prompt)
     shown = 0
     while engine.has_unfinished_requests:

@@ -29,14 +29,18 @@ def add_subcommands(subparsers, commands: dict[str, tuple[str, str]], argv: Sequ
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (module, help_text) in commands.items():
         if name == chosen:
-            importlib.import_module(module).add_parser(subparsers, argv[list(argv).index(name) + 1 :])
+            importlib.import_module(module).add_parser(
+                subparsers, argv[list(argv).index(name) + 1 :]
+            )
         else:
             subparsers.add_parser(name, help=help_text, add_help=False)
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The top-level parser, with the full subparser of the command ``argv`` names."""
-    parser = argparse.ArgumentParser(prog="spyglass", description="An observability-first LLM serving engine.")
+    parser = argparse.ArgumentParser(
+        prog="spyglass", description="An observability-first LLM serving engine."
+    )
     add_subcommands(parser.add_subparsers(dest="command", required=True), COMMANDS, argv)
     return parser
 

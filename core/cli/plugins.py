@@ -6,8 +6,12 @@ from spyglass.core.engine.plugin_manager import create_plugin_manager, describe_
 def add_parser(subparsers, argv) -> None:
     """Register the command."""
     parser = subparsers.add_parser("plugins", help="list loaded plugins and their hooks")
-    parser.add_argument("--plugins", default=None, help="comma-separated plugin names to enable (default: all)")
-    parser.add_argument("--disable-plugins", default="", help="comma-separated plugin names to disable")
+    parser.add_argument(
+        "--plugins", default=None, help="comma-separated plugin names to enable (default: all)"
+    )
+    parser.add_argument(
+        "--disable-plugins", default="", help="comma-separated plugin names to disable"
+    )
     parser.set_defaults(run=run)
 
 

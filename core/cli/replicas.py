@@ -38,14 +38,21 @@ def application_from_args(args: argparse.Namespace, options: ServerOptions):
 
 def serve_replicas(args: argparse.Namespace, options: ServerOptions) -> int:
     """Run the replicas behind ``options.host:port`` until a signal; 1 if the application failed to deploy."""
-    local = not (args.ray_address or os.environ.get("RAY_ADDRESS"))  # else Ray and Serve are someone else's
+    local = not (
+        args.ray_address or os.environ.get("RAY_ADDRESS")
+    )  # else Ray and Serve are someone else's
     ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs handlers of its own
+    for sig in (
+        signal.SIGINT,
+        signal.SIGTERM,
+    ):  # after ray.init, which installs handlers of its own
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": options.host, "port": options.port})
-        serve.run(application_from_args(args, options), name=APP_NAME, route_prefix="/", blocking=False)
+        serve.run(
+            application_from_args(args, options), name=APP_NAME, route_prefix="/", blocking=False
+        )
         log.info("serving %d replicas on http://%s:%d", args.replicas, options.host, options.port)
         while not stop.wait(2):
             status = serve.status().applications.get(APP_NAME)

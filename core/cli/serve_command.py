@@ -4,42 +4,80 @@ import os
 import sys
 
 from spyglass.core.api.server_options import ServerOptions
+from spyglass.core.cli.engine_args import add_engine_arguments
 from spyglass.core.engine.config import parse_bytes
-from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
-from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
+from spyglass.telemetry.cli_options import add_telemetry_arguments
 
 
 def add_parser(subparsers, argv) -> None:
     """Register the command."""
     parser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     parser.add_argument(
-        "model_positional", nargs="?", metavar="MODEL", help="GGUF file or HF directory (overrides --model)"
+        "model_positional",
+        nargs="?",
+        metavar="MODEL",
+        help="GGUF file or HF directory (overrides --model)",
     )
     defaults = ServerOptions()
     group = parser.add_argument_group("server")
     group.add_argument("--host", default=defaults.host)
     group.add_argument("--port", type=int, default=defaults.port)
     group.add_argument(
-        "--api-key", default=os.environ.get("SPYGLASS_API_KEY"), help="require this bearer key (env SPYGLASS_API_KEY)"
+        "--api-key",
+        default=os.environ.get("SPYGLASS_API_KEY"),
+        help="require this bearer key (env SPYGLASS_API_KEY)",
     )
-    group.add_argument("--metrics-require-key", action="store_true", help="put /metrics behind the API key too")
-    group.add_argument("--max-body-bytes", default="4MiB", help="largest request body; bigger ones get a 413")
-    group.add_argument("--max-queued-requests", type=int, default=defaults.max_queued_requests,
-                       help="answer 429 while this many requests wait in the engine queue")
-    group.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
-                       help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
-    group.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
-    group.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
-    group.add_argument("--allowed-origins", default="",
-                       help="comma-separated origins allowed by CORS, or * (default: CORS off)")
+    group.add_argument(
+        "--metrics-require-key", action="store_true", help="put /metrics behind the API key too"
+    )
+    group.add_argument(
+        "--max-body-bytes", default="4MiB", help="largest request body; bigger ones get a 413"
+    )
+    group.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=defaults.max_queued_requests,
+        help="answer 429 while this many requests wait in the engine queue",
+    )
+    group.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=defaults.shutdown_timeout,
+        help="seconds in-flight requests get to finish after SIGTERM before they are aborted",
+    )
+    group.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients use (default: the model's)",
+    )
+    group.add_argument(
+        "--disable-access-log", action="store_true", help="do not log every HTTP request"
+    )
+    group.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated origins allowed by CORS, or * (default: CORS off)",
+    )
     replicas = parser.add_argument_group("replicas (Ray Serve; needs the ray extra)")
-    replicas.add_argument("--replicas", type=int, default=0, metavar="N",
-                          help="serve N engine replicas on Ray Serve behind one ingress on --host:--port, routed by "
-                          "prompt prefix (default 0: one engine in this process, no Ray)")
-    replicas.add_argument("--replica-port", type=int, default=None,
-                          help="replica i also listens on this port + i, for /metrics and probes (default: --port + 1)")
-    replicas.add_argument("--ray-address", default=None,
-                          help="the Ray cluster to join (default: RAY_ADDRESS, else a new local one)")
+    replicas.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="serve N engine replicas on Ray Serve behind one ingress on --host:--port, routed by "
+        "prompt prefix (default 0: one engine in this process, no Ray)",
+    )
+    replicas.add_argument(
+        "--replica-port",
+        type=int,
+        default=None,
+        help="replica i also listens on this port + i, for /metrics and probes (default: --port + 1)",
+    )
+    replicas.add_argument(
+        "--ray-address",
+        default=None,
+        help="the Ray cluster to join (default: RAY_ADDRESS, else a new local one)",
+    )
     add_engine_arguments(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(run=run)
@@ -56,7 +94,9 @@ def server_options_from_args(args) -> ServerOptions:
         max_queued_requests=args.max_queued_requests,
         shutdown_timeout=args.shutdown_timeout,
         served_model_name=args.served_model_name,
-        allowed_origins=[origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()],
+        allowed_origins=[
+            origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()
+        ],
     )
 
 

@@ -1,6 +1,6 @@
 """The replicas as a Ray Serve ``serve run`` target, with ``spyglass serve``'s options as ``key=value``::
 
-    serve run spyglass.core.cli.serve_run:app_builder replicas=2 num-threads=1 kv-cache-memory=512MiB
+serve run spyglass.core.cli.serve_run:app_builder replicas=2 num-threads=1 kv-cache-memory=512MiB
 """
 
 from spyglass.core.cli.main import build_parser
@@ -16,6 +16,8 @@ def app_builder(arguments: dict[str, str]):
     argv = ["serve"]
     for key, value in {"replicas": "2", **arguments}.items():
         flag = "--" + key.replace("_", "-")
-        argv += [flag] if value.lower() == "true" else [] if value.lower() == "false" else [flag, value]
+        argv += (
+            [flag] if value.lower() == "true" else [] if value.lower() == "false" else [flag, value]
+        )
     args = build_parser(argv).parse_args(argv)
     return application_from_args(args, server_options_from_args(args))

@@ -36,9 +36,13 @@ class _Server(uvicorn.Server):
         if drain is None:
             super().handle_exit(sig, frame)
         else:
-            threading.Thread(target=self._exit_after, args=(drain,), name="spyglass-exit", daemon=True).start()
+            threading.Thread(
+                target=self._exit_after, args=(drain,), name="spyglass-exit", daemon=True
+            ).start()
         # uvicorn re-raises captured signals after shutdown; a drained stop is a clean exit, not a traceback.
-        self._captured_signals = [s for s in self._captured_signals if s not in (signal.SIGTERM, signal.SIGINT)]
+        self._captured_signals = [
+            s for s in self._captured_signals if s not in (signal.SIGTERM, signal.SIGINT)
+        ]
 
     def _exit_after(self, drain: threading.Thread) -> None:
         drain.join()
@@ -53,7 +57,9 @@ class _Server(uvicorn.Server):
 def serve(args: argparse.Namespace, options: ServerOptions) -> int:
     """Load the engine, then listen on ``options.host:port`` until SIGINT or SIGTERM; 1 if the engine crashed."""
     telemetry = settings_from_args(args)
-    telemetry_settings.configure(telemetry)  # the process default: /metrics naming, the tracer provider
+    telemetry_settings.configure(
+        telemetry
+    )  # the process default: /metrics naming, the tracer provider
     engine_config = engine_config_from_args(args, telemetry=telemetry)
     # ``server`` is bound below, before the engine (started by the server's lifespan) can crash.
     app = create_app(engine_config, options, lambda error: server.engine_crash(error))
@@ -70,7 +76,9 @@ def serve(args: argparse.Namespace, options: ServerOptions) -> int:
     # uvicorn runs the app's start-up (the engine load) before it binds: "Serving ... on" follows when ready.
     log.info(
         "loading %s; the server listens on http://%s:%d once it is loaded",
-        engine_config.model or "the default model", options.host, options.port,
+        engine_config.model or "the default model",
+        options.host,
+        options.port,
     )
     server = _Server(config, app, options.shutdown_timeout)
     server.run()

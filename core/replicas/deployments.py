@@ -39,7 +39,9 @@ def _configure_telemetry(telemetry: telemetry_settings.TelemetrySettings, replic
     telemetry_settings.configure(dataclasses.replace(telemetry, metrics_labels=labels))
 
 
-@serve.deployment(health_check_period_s=5, health_check_timeout_s=30, graceful_shutdown_timeout_s=60)
+@serve.deployment(
+    health_check_period_s=5, health_check_timeout_s=30, graceful_shutdown_timeout_s=60
+)
 class EngineReplica:
     """One engine and its HTTP API in a Ray actor; `forward` serves what the ingress sends it."""
 
@@ -56,19 +58,37 @@ class EngineReplica:
         _configure_telemetry(telemetry, rank)
         self.crash: BaseException | None = None
         port = replica_port + int(rank) if replica_port else 0
-        self.app = create_app(engine_config, dataclasses.replace(options, port=port), self._engine_crashed)
+        self.app = create_app(
+            engine_config, dataclasses.replace(options, port=port), self._engine_crashed
+        )
         self.http_app = TelemetryMiddleware(self.app, access_log=access_log)
-        self.headers = [(REPLICA_HEADER, rank.encode()), (REPLICA_ID_HEADER, context.replica_tag.encode())]
-        config = uvicorn.Config(self.http_app, host=options.host, port=port, log_config=None, access_log=False,
-                                timeout_graceful_shutdown=int(options.shutdown_timeout) + 5)
+        self.headers = [
+            (REPLICA_HEADER, rank.encode()),
+            (REPLICA_ID_HEADER, context.replica_tag.encode()),
+        ]
+        config = uvicorn.Config(
+            self.http_app,
+            host=options.host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=int(options.shutdown_timeout) + 5,
+        )
         self.server = uvicorn.Server(config)
         self.serving = asyncio.ensure_future(self.server.serve())  # its lifespan loads the engine
         while not self.server.started:
             if self.serving.done():
-                raise RuntimeError(f"replica {rank} did not start: its engine or port {port} failed (see its log)")
+                raise RuntimeError(
+                    f"replica {rank} did not start: its engine or port {port} failed (see its log)"
+                )
             await asyncio.sleep(0.1)
-        log.info("replica %s (%s) serving on http://%s:%d", rank, context.replica_tag, options.host,
-                 self.server.servers[0].sockets[0].getsockname()[1])
+        log.info(
+            "replica %s (%s) serving on http://%s:%d",
+            rank,
+            context.replica_tag,
+            options.host,
+            self.server.servers[0].sockets[0].getsockname()[1],
+        )
 
     def _engine_crashed(self, error: BaseException) -> None:
         self.crash = error  # the next health check fails and Ray replaces the replica
@@ -81,13 +101,20 @@ class EngineReplica:
     async def check_health(self) -> None:
         """Ray Serve's health check: fails once the engine loop or the replica's HTTP server has stopped."""
         serving = getattr(self.app.state, "serving", None)
-        if self.crash is not None or serving is None or not serving.async_engine.is_running or self.serving.done():
+        if (
+            self.crash is not None
+            or serving is None
+            or not serving.async_engine.is_running
+            or self.serving.done()
+        ):
             raise RuntimeError(f"replica unhealthy: engine crash {self.crash!r}")
 
     async def __del__(self):
         # uvicorn's shutdown runs the app's lifespan exit: the engine finishes in-flight requests, then stops.
         self.server.should_exit = True
-        await asyncio.wait({self.serving}, timeout=self.server.config.timeout_graceful_shutdown + 10)
+        await asyncio.wait(
+            {self.serving}, timeout=self.server.config.timeout_graceful_shutdown + 10
+        )
 
 
 @serve.deployment(health_check_period_s=5)
@@ -111,7 +138,12 @@ class Ingress:
         """Ray Serve's hook for the ingress's ASGI app."""
         # The replicas' routes, read from the app they run (nothing is loaded until its lifespan starts).
         routes = frozenset(route.path for route in create_app(EngineConfig(), self.options).routes)
-        app = IngressApp(self._open_stream, self.options.max_body_bytes, (RayActorError, ActorUnavailableError), routes)
+        app = IngressApp(
+            self._open_stream,
+            self.options.max_body_bytes,
+            (RayActorError, ActorUnavailableError),
+            routes,
+        )
         return TelemetryMiddleware(app, access_log=self.access_log)
 
     async def _open_stream(self, request: ForwardedRequest):
@@ -140,7 +172,8 @@ def build_application(
     ``request_router`` replaces the router (``RequestRouterConfig()`` is Ray's default, for comparison).
     """
     router = request_router or RequestRouterConfig(
-        request_router_class=PrefixAffinityRouter, request_router_kwargs={"max_load_gap": max_load_gap}
+        request_router_class=PrefixAffinityRouter,
+        request_router_kwargs={"max_load_gap": max_load_gap},
     )
     replica = EngineReplica.options(
         num_replicas=num_replicas,
@@ -148,6 +181,12 @@ def build_application(
         ray_actor_options={"num_cpus": engine_config.num_threads or 1},
         request_router_config=router,
     )
-    ingress = Ingress.options(max_ongoing_requests=options.max_queued_requests, ray_actor_options={"num_cpus": 0})
-    return ingress.bind(replica.bind(engine_config, options, telemetry, replica_port, access_log), options, telemetry,
-                        access_log)
+    ingress = Ingress.options(
+        max_ongoing_requests=options.max_queued_requests, ray_actor_options={"num_cpus": 0}
+    )
+    return ingress.bind(
+        replica.bind(engine_config, options, telemetry, replica_port, access_log),
+        options,
+        telemetry,
+        access_log,
+    )

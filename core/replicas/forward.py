@@ -91,7 +91,9 @@ async def call_app(app, request: ForwardedRequest, extra_headers: Headers = ()) 
     try:
         while (message := await messages.get()) is not None:
             if message["type"] == "http.response.start":
-                yield ResponseStart(message["status"], [*message.get("headers", []), *extra_headers])
+                yield ResponseStart(
+                    message["status"], [*message.get("headers", []), *extra_headers]
+                )
             elif message["type"] == "http.response.body":
                 if message.get("body"):
                     yield message["body"]
@@ -138,7 +140,9 @@ class IngressApp:
         if scope["type"] != "http":
             return
         if scope["path"] in self.routes:
-            scope["path_template"] = scope["path"]  # read by TelemetryMiddleware once the call is done
+            scope["path_template"] = scope[
+                "path"
+            ]  # read by TelemetryMiddleware once the call is done
         if scope["method"] == "GET" and scope["path"] == "/metrics":
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             body, content_type = render_metrics(headers.get("accept"))
@@ -146,14 +150,18 @@ class IngressApp:
             return
         body = await _read_body(receive, self.max_body_bytes)
         if body is None:
-            await _respond_error(send, 413, f"the request body is larger than {self.max_body_bytes} bytes")
+            await _respond_error(
+                send, 413, f"the request body is larger than {self.max_body_bytes} bytes"
+            )
             return
         await self._forward(self._request(scope, body), receive, send)
 
     @staticmethod
     def _request(scope, body: bytes) -> ForwardedRequest:
         carrier: dict[str, str] = {}
-        _propagator.inject(carrier)  # the ingress's SERVER span: the replica's span becomes its child
+        _propagator.inject(
+            carrier
+        )  # the ingress's SERVER span: the replica's span becomes its child
         info = info_in(context.get_current())
         if info is not None:
             carrier[REQUEST_ID_HEADER] = info.request_id
@@ -161,7 +169,12 @@ class IngressApp:
         headers += [(k.encode(), v.encode()) for k, v in carrier.items()]
         blocks = prefix_blocks(routing_text(body)) if scope["method"] == "POST" else ()
         return ForwardedRequest(
-            scope["method"], scope["path"], scope.get("query_string", b""), headers, body, blocks,
+            scope["method"],
+            scope["path"],
+            scope.get("query_string", b""),
+            headers,
+            body,
+            blocks,
             tuple(scope["client"]) if scope.get("client") else None,
             tuple(scope["server"]) if scope.get("server") else None,
         )
@@ -175,7 +188,11 @@ class IngressApp:
                 await stream.aclose()
                 if attempt == 2:
                     raise
-                log.warning("the replica died before answering %s %s; retrying once", request.method, request.path)
+                log.warning(
+                    "the replica died before answering %s %s; retrying once",
+                    request.method,
+                    request.path,
+                )
         raise AssertionError("unreachable")
 
     async def _forward(self, request: ForwardedRequest, receive, send) -> None:
@@ -237,10 +254,18 @@ async def _lifespan(receive, send) -> None:
 
 
 async def _respond(send, status: int, body: bytes, content_type: str) -> None:
-    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 async def _respond_error(send, status: int, message: str, code: str | None = None) -> None:
-    await _respond(send, status, msgspec.json.encode(error_body(status, message, code=code)), "application/json")
+    await _respond(
+        send,
+        status,
+        msgspec.json.encode(error_body(status, message, code=code)),
+        "application/json",
+    )

@@ -14,8 +14,12 @@ from typing import NamedTuple
 
 import msgspec
 
-BLOCK_CHARS = 256  # about 64 tokens of English: coarse enough to be cheap, fine enough for system prompts
-_SEPARATOR = "\x1e"  # between messages, so that moving text from one message to the next changes the names
+BLOCK_CHARS = (
+    256  # about 64 tokens of English: coarse enough to be cheap, fine enough for system prompts
+)
+_SEPARATOR = (
+    "\x1e"  # between messages, so that moving text from one message to the next changes the names
+)
 
 
 def _text(content) -> str:
@@ -44,7 +48,11 @@ def routing_text(body: bytes) -> str:
         parts.append("system: " + _text(request["system"]))
     messages = request.get("messages")
     if isinstance(messages, list):
-        parts += [f"{m.get('role', '')}: {_text(m.get('content'))}" for m in messages if isinstance(m, dict)]
+        parts += [
+            f"{m.get('role', '')}: {_text(m.get('content'))}"
+            for m in messages
+            if isinstance(m, dict)
+        ]
         return _SEPARATOR.join(parts)
     prompt = request.get("prompt")
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
@@ -59,7 +67,9 @@ def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
     names = []
     parent = b""
     for start in range(0, len(text) - block_chars + 1, block_chars):
-        parent = hashlib.blake2b(parent + text[start : start + block_chars].encode(), digest_size=8).digest()
+        parent = hashlib.blake2b(
+            parent + text[start : start + block_chars].encode(), digest_size=8
+        ).digest()
         names.append(int.from_bytes(parent, "little"))
     return tuple(names)
 

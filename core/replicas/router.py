@@ -39,7 +39,9 @@ class PrefixAffinityRouter(RequestRouter):
         self.table = PrefixTable(capacity)
 
     async def choose_replicas(
-        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         """Ranks of candidates: the prefix holder first (if any and not overloaded), else two at random."""
         if not candidate_replicas:
@@ -52,12 +54,16 @@ class PrefixAffinityRouter(RequestRouter):
         return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
 
     def _overloaded(self, replica: RunningReplica, candidates: list[RunningReplica]) -> bool:
-        lengths = {r.replica_id: self._replica_queue_len_cache.get(r.replica_id) for r in candidates}
+        lengths = {
+            r.replica_id: self._replica_queue_len_cache.get(r.replica_id) for r in candidates
+        }
         own = lengths[replica.replica_id]
         known = [n for n in lengths.values() if n is not None]
         return own is not None and own - min(known) > self.max_load_gap
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result
+    ) -> None:
         """Remember that ``replica_id`` now holds the request's prefix blocks."""
         blocks = _blocks(pending_request)
         if blocks:

@@ -18,6 +18,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 from llama_cpp import Llama
 
@@ -37,7 +38,9 @@ def decode_ms_per_token(llm: Llama, prompt: str, max_tokens: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="the GGUF file")
-    parser.add_argument("--prompts", required=True, help="JSON {workload: [prompt, ...]} (spyglass bench latency's)")
+    parser.add_argument(
+        "--prompts", required=True, help="JSON {workload: [prompt, ...]} (spyglass bench latency's)"
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -45,13 +48,17 @@ def main() -> None:
     start = time.perf_counter()
     llm = Llama(args.model, n_ctx=2048, n_threads=args.threads, n_batch=512, verbose=False)
     print(f"llama.cpp ready in {time.perf_counter() - start:.2f} s ({args.threads} threads)")
-    workloads = json.loads(open(args.prompts).read())
+    workloads = json.loads(Path(args.prompts).read_text())
     samples = {workload: [] for workload in workloads}
     for _ in range(args.repeats):
         for workload, prompts in workloads.items():
-            samples[workload] += [decode_ms_per_token(llm, prompt, args.max_tokens) for prompt in prompts]
+            samples[workload] += [
+                decode_ms_per_token(llm, prompt, args.max_tokens) for prompt in prompts
+            ]
     for workload, values in samples.items():
-        print(f"{workload:<6} batch 1 decode: {statistics.median(values):.1f} ms per token (median of {len(values)})")
+        print(
+            f"{workload:<6} batch 1 decode: {statistics.median(values):.1f} ms per token (median of {len(values)})"
+        )
 
 
 if __name__ == "__main__":

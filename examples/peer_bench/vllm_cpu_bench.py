@@ -28,14 +28,16 @@ import time
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
 
-from vllm import LLM, SamplingParams  # noqa: E402  (after the env vars above)
+from vllm import LLM, SamplingParams
 
 
 def params(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def timed_generate(llm: LLM, prompts: list[dict], params_list: list[SamplingParams]) -> tuple[float, int]:
+def timed_generate(
+    llm: LLM, prompts: list[dict], params_list: list[SamplingParams]
+) -> tuple[float, int]:
     """One ``generate`` from a cold prefix cache (as Spyglass, whose every run starts from an empty cache)."""
     if not llm.reset_prefix_cache():
         print("warning: prefix cache not reset", flush=True)
@@ -57,13 +59,20 @@ def throughput(llm: LLM, workload: list[dict], repeats: int) -> None:
         assert num_output == expected, f"generated {num_output} tokens, expected {expected}"
         out_tps, total_tps = num_output / seconds, (num_prompt + num_output) / seconds
         runs.append((seconds, out_tps, total_tps))
-        print(f"run {i + 1}: {len(workload)} requests, {num_prompt} prompt + {num_output} output tokens in "
-              f"{seconds:.2f} s: {out_tps:.1f} output tok/s, {total_tps:.1f} total tok/s", flush=True)
+        print(
+            f"run {i + 1}: {len(workload)} requests, {num_prompt} prompt + {num_output} output tokens in "
+            f"{seconds:.2f} s: {out_tps:.1f} output tok/s, {total_tps:.1f} total tok/s",
+            flush=True,
+        )
     seconds, out_tps, total_tps = sorted(runs)[len(runs) // 2]
-    print(f"median of {repeats}: {seconds:.2f} s, {out_tps:.1f} output tok/s, {total_tps:.1f} total tok/s")
+    print(
+        f"median of {repeats}: {seconds:.2f} s, {out_tps:.1f} output tok/s, {total_tps:.1f} total tok/s"
+    )
 
 
-def latency(llm: LLM, workload: list[dict], repeats: int, prompt_len: int = 128, output_len: int = 64) -> None:
+def latency(
+    llm: LLM, workload: list[dict], repeats: int, prompt_len: int = 128, output_len: int = 64
+) -> None:
     prompt = [{"prompt_token_ids": workload[0]["prompt_token_ids"][:prompt_len]}]
     timed_generate(llm, prompt, [params(output_len)])  # warm-up
     e2e, decode = [], []
@@ -73,11 +82,16 @@ def latency(llm: LLM, workload: list[dict], repeats: int, prompt_len: int = 128,
         assert n == output_len
         e2e.append(1000 * t_all / output_len)
         decode.append(1000 * (t_all - t_one) / (output_len - 1))
-        print(f"run {i + 1}: {prompt_len}-token prompt, {output_len} tokens in {t_all * 1000:.1f} ms "
-              f"(1 token: {t_one * 1000:.1f} ms): {e2e[-1]:.2f} ms/token end to end, "
-              f"{decode[-1]:.2f} ms/token decode", flush=True)
-    print(f"median of {repeats}: {statistics.median(e2e):.2f} ms/token end to end, "
-          f"{statistics.median(decode):.2f} ms/token decode")
+        print(
+            f"run {i + 1}: {prompt_len}-token prompt, {output_len} tokens in {t_all * 1000:.1f} ms "
+            f"(1 token: {t_one * 1000:.1f} ms): {e2e[-1]:.2f} ms/token end to end, "
+            f"{decode[-1]:.2f} ms/token decode",
+            flush=True,
+        )
+    print(
+        f"median of {repeats}: {statistics.median(e2e):.2f} ms/token end to end, "
+        f"{statistics.median(decode):.2f} ms/token decode"
+    )
 
 
 def main() -> None:
@@ -92,9 +106,11 @@ def main() -> None:
         workload = json.load(f)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len, seed=0)
     config = llm.llm_engine.vllm_config
-    print(f"max_num_seqs {config.scheduler_config.max_num_seqs}, max_num_batched_tokens "
-          f"{config.scheduler_config.max_num_batched_tokens}, block_size {config.cache_config.block_size}, "
-          f"prefix caching {config.cache_config.enable_prefix_caching}, LD_PRELOAD {os.environ.get('LD_PRELOAD')}")
+    print(
+        f"max_num_seqs {config.scheduler_config.max_num_seqs}, max_num_batched_tokens "
+        f"{config.scheduler_config.max_num_batched_tokens}, block_size {config.cache_config.block_size}, "
+        f"prefix caching {config.cache_config.enable_prefix_caching}, LD_PRELOAD {os.environ.get('LD_PRELOAD')}"
+    )
     (throughput if args.mode == "throughput" else latency)(llm, workload, args.repeats)
 
 

@@ -9,9 +9,18 @@ engine that speculates with ``draft`` gets its own proposer, which owns the draf
 from typing import TYPE_CHECKING
 
 from spyglass.core import plugin_api
-from spyglass.core.plugin_api import EngineConfig, EngineInfo, PluginContext, Request, dtype_named, hookimpl
+from spyglass.core.plugin_api import (
+    EngineConfig,
+    EngineInfo,
+    PluginContext,
+    Request,
+    dtype_named,
+    hookimpl,
+)
 
-if TYPE_CHECKING:  # plugin_api loads the engine (and torch) when they are first used: when drafting starts
+if (
+    TYPE_CHECKING
+):  # plugin_api loads the engine (and torch) when they are first used: when drafting starts
     from spyglass.core.plugin_api import DraftEngine
 
 
@@ -21,7 +30,7 @@ class DraftModelProposer:
     method = "draft"
 
     def __init__(self, context: PluginContext):
-        self.drafter: "DraftEngine | None" = None
+        self.drafter: DraftEngine | None = None
 
     @hookimpl
     def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:

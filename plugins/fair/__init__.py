@@ -33,7 +33,9 @@ class FairPolicy:
         self.default_weight = default_weight
         if any(w <= 0 for w in [default_weight, *self.weights.values()]):
             raise ValueError("fair-share weights must be positive")
-        self.admitted: dict[str, float] = {}  # admissions per active tenant (idle tenants are dropped)
+        self.admitted: dict[
+            str, float
+        ] = {}  # admissions per active tenant (idle tenants are dropped)
         self._counted: weakref.WeakSet[Request] = weakref.WeakSet()
         self._last_waiting: list[Request] = []
 
@@ -46,7 +48,9 @@ class FairPolicy:
         """The tenant's weight."""
         return self.weights.get(tenant, self.default_weight)
 
-    def admission_order(self, waiting: Sequence[Request], running: Sequence[Request]) -> Iterable[Request]:
+    def admission_order(
+        self, waiting: Sequence[Request], running: Sequence[Request]
+    ) -> Iterable[Request]:
         """Interleave tenants: the k-th (from 0) waiting request of tenant t ranks at (admitted_t + k) / weight_t."""
         self._count_admissions(running)
         active = {tenant_of(r) for r in waiting} | {tenant_of(r) for r in running}
@@ -59,7 +63,9 @@ class FairPolicy:
         keyed = []
         for index, request in enumerate(waiting):
             tenant = tenant_of(request)
-            keyed.append(((self.admitted[tenant] + queued[tenant]) / self.weight(tenant), index, request))
+            keyed.append(
+                ((self.admitted[tenant] + queued[tenant]) / self.weight(tenant), index, request)
+            )
             queued[tenant] += 1
         keyed.sort(key=lambda item: item[:2])
         self._last_waiting = list(waiting)
@@ -89,4 +95,8 @@ def spyglass_scheduling_policy(name, config):
     """Provide the ``fair`` policy, weighted by the ``fair_weights`` plugin option or ``SPYGLASS_FAIR_WEIGHTS``."""
     if name != "fair":
         return None
-    return FairPolicy(parse_tenant_values(config.plugin_options.get("fair_weights") or os.environ.get(WEIGHTS_ENV)))
+    return FairPolicy(
+        parse_tenant_values(
+            config.plugin_options.get("fair_weights") or os.environ.get(WEIGHTS_ENV)
+        )
+    )

@@ -11,7 +11,9 @@ class FcfsPolicy:
     name = "fcfs"
     waiting_classes = ("default",)
 
-    def admission_order(self, waiting: Sequence[Request], running: Sequence[Request]) -> Iterable[Request]:
+    def admission_order(
+        self, waiting: Sequence[Request], running: Sequence[Request]
+    ) -> Iterable[Request]:
         """The waiting queue as it stands (preempted requests were put back at its head)."""
         return waiting
 

@@ -33,7 +33,9 @@ class MetricsPlugin:
     @hookimpl
     def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
         """Start recording for this engine, unless metrics are switched off."""
-        self.recorder = MetricsRecorder(info, self.settings, config) if self.settings.metrics else None
+        self.recorder = (
+            MetricsRecorder(info, self.settings, config) if self.settings.metrics else None
+        )
 
     @hookimpl
     def spyglass_engine_stopped(self, info: EngineInfo) -> None:
@@ -67,7 +69,9 @@ class MetricsPlugin:
             self.recorder.request_finished(request, reason)
 
     @hookimpl
-    def spyglass_drafts_verified(self, request: Request, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+    def spyglass_drafts_verified(
+        self, request: Request, num_draft_tokens: int, num_accepted_tokens: int
+    ) -> None:
         """Speculative decoding: proposals, draft tokens, accepted tokens and acceptance by position."""
         if self.recorder is not None:
             self.recorder.drafts_verified(num_draft_tokens, num_accepted_tokens)

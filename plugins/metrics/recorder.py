@@ -1,6 +1,7 @@
 """`MetricsRecorder`: one engine's Prometheus series, recorded from its hook events."""
 
 from prometheus_client.metrics import MetricWrapperBase
+
 from spyglass.core.plugin_api import EngineConfig, EngineInfo, FinishReason, Request, StepStats
 from spyglass.telemetry import metrics as m
 from spyglass.telemetry.settings import TelemetrySettings
@@ -19,15 +20,21 @@ def _exemplar(request: Request) -> dict[str, str] | None:
 class MetricsRecorder:
     """Records one engine's metrics; label children are bound once, here."""
 
-    def __init__(self, info: EngineInfo, settings: TelemetrySettings, config: EngineConfig | None = None):
+    def __init__(
+        self, info: EngineInfo, settings: TelemetrySettings, config: EngineConfig | None = None
+    ):
         model = settings.served_model_name or info.model_name
         self.model = model
         self.series = series = m.EngineSeries(model, info.engine_id)
-        self.calls: dict[str, list[int]] = {}  # API call id -> [choices still running, longest output so far]
+        self.calls: dict[
+            str, list[int]
+        ] = {}  # API call id -> [choices still running, longest output so far]
         self.settings = settings
         self.hook_errors = getattr(info, "hook_errors", {})
         self.hook_errors_seen: dict[str, int] = {}
-        self.progress: dict[str, tuple[int, float]] = {}  # req_id -> (output tokens seen, last token time)
+        self.progress: dict[
+            str, tuple[int, float]
+        ] = {}  # req_id -> (output tokens seen, last token time)
         self.live: dict[str, Request] = {}
         self.waiting_classes: set[str] = set()
         self.running = series.labels(m.NUM_REQUESTS_RUNNING)
@@ -52,7 +59,10 @@ class MetricsRecorder:
         self.max_generation_tokens = series.labels(m.REQUEST_MAX_NUM_GENERATION_TOKENS)
         self.iteration_tokens = series.labels(m.ITERATION_TOKENS)
         self.step_duration = series.labels(m.ENGINE_STEP_DURATION)
-        self.step_phases = {p: series.labels(m.ENGINE_STEP_PHASE_DURATION, p) for p in ("schedule", "model", "update")}
+        self.step_phases = {
+            p: series.labels(m.ENGINE_STEP_PHASE_DURATION, p)
+            for p in ("schedule", "model", "update")
+        }
         self.batch_size = series.labels(m.ENGINE_STEP_BATCH_SIZE)
         self.mask_time = series.labels(m.STRUCTURED_OUTPUT_MASK_TIME)
         self.slo_requests = series.labels(m.SLO_REQUESTS)
@@ -65,7 +75,11 @@ class MetricsRecorder:
         series.labels(m.SLO_TTFT_TARGET).set(settings.slo_ttft_s)
         series.labels(m.SLO_TPOT_TARGET).set(settings.slo_tpot_s)
         series.labels(
-            m.CACHE_CONFIG_INFO, str(info.block_size), str(info.num_kv_blocks), info.dtype, str(info.max_model_len),
+            m.CACHE_CONFIG_INFO,
+            str(info.block_size),
+            str(info.num_kv_blocks),
+            info.dtype,
+            str(info.max_model_len),
             str(info.max_num_seqs),
         ).set(1)
         self._export_zeros(info, config)
@@ -97,12 +111,23 @@ class MetricsRecorder:
             for position in range(config.num_speculative_tokens):
                 self.series.labels(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS, str(position))
         for operation in ("chat", "text_completion"):
-            self.series.child(m.GEN_AI_TIME_TO_FIRST_TOKEN, operation, PROVIDER, self.model, self.series.engine)
-            self.series.child(m.GEN_AI_TIME_PER_OUTPUT_TOKEN, operation, PROVIDER, self.model, self.series.engine)
-            self.series.child(m.GEN_AI_REQUEST_DURATION, operation, PROVIDER, self.model, self.series.engine, "")
+            self.series.child(
+                m.GEN_AI_TIME_TO_FIRST_TOKEN, operation, PROVIDER, self.model, self.series.engine
+            )
+            self.series.child(
+                m.GEN_AI_TIME_PER_OUTPUT_TOKEN, operation, PROVIDER, self.model, self.series.engine
+            )
+            self.series.child(
+                m.GEN_AI_REQUEST_DURATION, operation, PROVIDER, self.model, self.series.engine, ""
+            )
 
     def _gen_ai(self, request: Request) -> tuple[str, str, str, str]:
-        return (request.attributes.get("operation", "text_completion"), PROVIDER, self.model, self.series.engine)
+        return (
+            request.attributes.get("operation", "text_completion"),
+            PROVIDER,
+            self.model,
+            self.series.engine,
+        )
 
     def request_added(self, request: Request) -> None:
         self.live[request.req_id] = request
@@ -127,7 +152,9 @@ class MetricsRecorder:
         ttft = request.times.first_token - request.times.arrival
         exemplar = _exemplar(request)
         self.ttft.observe(ttft, exemplar)
-        self.series.child(m.GEN_AI_TIME_TO_FIRST_TOKEN, *self._gen_ai(request)).observe(ttft, exemplar)
+        self.series.child(m.GEN_AI_TIME_TO_FIRST_TOKEN, *self._gen_ai(request)).observe(
+            ttft, exemplar
+        )
         self.prompt_tokens.inc(request.num_prompt_tokens)
 
     def _token_progress(self, request: Request) -> None:
@@ -176,7 +203,9 @@ class MetricsRecorder:
         e2e = times.finished - times.arrival
         self.e2e.observe(e2e, exemplar)
         error_type = "error" if reason is FinishReason.ERROR else ""
-        self.series.child(m.GEN_AI_REQUEST_DURATION, *self._gen_ai(request), error_type).observe(e2e, exemplar)
+        self.series.child(m.GEN_AI_REQUEST_DURATION, *self._gen_ai(request), error_type).observe(
+            e2e, exemplar
+        )
         if times.first_scheduled:
             self.queue_time.observe(times.first_scheduled - times.arrival, exemplar)
             self.inference_time.observe(times.finished - times.first_scheduled, exemplar)
@@ -187,7 +216,9 @@ class MetricsRecorder:
             if request.num_output_tokens > 1:
                 tpot = (times.last_token - times.first_token) / (request.num_output_tokens - 1)
                 self.tpot.observe(tpot, exemplar)
-                self.series.child(m.GEN_AI_TIME_PER_OUTPUT_TOKEN, *self._gen_ai(request)).observe(tpot, exemplar)
+                self.series.child(m.GEN_AI_TIME_PER_OUTPUT_TOKEN, *self._gen_ai(request)).observe(
+                    tpot, exemplar
+                )
         self.prompt_len.observe(request.num_prompt_tokens)
         self.generation_len.observe(request.num_output_tokens)
         self.request_preemptions.observe(request.num_preemptions)
@@ -199,7 +230,10 @@ class MetricsRecorder:
     def _judge_slo(self, request: Request, tpot: float | None) -> None:
         """Count the request against the TTFT and TPOT targets; a request without a token meets neither."""
         times = request.times
-        ttft_ok = bool(times.first_token) and times.first_token - times.arrival <= self.settings.slo_ttft_s
+        ttft_ok = (
+            bool(times.first_token)
+            and times.first_token - times.arrival <= self.settings.slo_ttft_s
+        )
         tpot_ok = bool(times.first_token) and (tpot is None or tpot <= self.settings.slo_tpot_s)
         self.slo_requests.inc()
         if ttft_ok:

@@ -15,7 +15,15 @@ scheduled, labelled with the engine's model name and id. The entry point names
 
 import weakref
 
-from spyglass.core.plugin_api import BlockPool, EngineConfig, EngineInfo, PluginContext, PrefixMatch, Request, hookimpl
+from spyglass.core.plugin_api import (
+    BlockPool,
+    EngineConfig,
+    EngineInfo,
+    PluginContext,
+    PrefixMatch,
+    Request,
+    hookimpl,
+)
 from spyglass.telemetry import metrics as m
 from spyglass.telemetry import settings as telemetry_settings
 
@@ -23,7 +31,10 @@ ROOT_HASH = 0x5EED_5FC1  # the "parent" of every request's first block
 
 
 def block_hashes(
-    request: Request, num_blocks: int, block_size: int, names: "weakref.WeakKeyDictionary[Request, list[int]]"
+    request: Request,
+    num_blocks: int,
+    block_size: int,
+    names: "weakref.WeakKeyDictionary[Request, list[int]]",
 ) -> list[int]:
     """The chained names of the request's first ``num_blocks`` blocks (all must be full of known tokens).
 
@@ -47,7 +58,9 @@ class PrefixCachePlugin:
         self.series: m.EngineSeries | None = None
 
     @hookimpl
-    def spyglass_match_prefix(self, request: Request, block_pool: BlockPool, block_size: int) -> PrefixMatch | None:
+    def spyglass_match_prefix(
+        self, request: Request, block_pool: BlockPool, block_size: int
+    ) -> PrefixMatch | None:
         """The longest run of the request's leading blocks that the pool caches; never its last prompt token."""
         num_blocks = (request.num_tokens - 1) // block_size
         block_ids = []
@@ -62,7 +75,12 @@ class PrefixCachePlugin:
 
     @hookimpl
     def spyglass_blocks_full(
-        self, request: Request, block_ids: list[int], num_new: int, block_pool: BlockPool, block_size: int
+        self,
+        request: Request,
+        block_ids: list[int],
+        num_new: int,
+        block_pool: BlockPool,
+        block_size: int,
     ) -> None:
         """Name the newly filled blocks in the pool's hash map."""
         names = block_hashes(request, len(block_ids), block_size, self.names)
@@ -73,7 +91,9 @@ class PrefixCachePlugin:
     def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
         """Bind the counters to this engine's labels (when its metrics are on)."""
         if self.settings.metrics:
-            self.series = m.EngineSeries(self.settings.served_model_name or info.model_name, info.engine_id)
+            self.series = m.EngineSeries(
+                self.settings.served_model_name or info.model_name, info.engine_id
+            )
 
     @hookimpl
     def spyglass_engine_stopped(self, info: EngineInfo) -> None:

@@ -19,9 +19,13 @@ class PriorityPolicy:
     """Admit by (priority, arrival); preempt the least important (highest number, newest)."""
 
     name = "priority"
-    waiting_classes = ("priority_0",)  # the default priority; others appear with their first request
+    waiting_classes = (
+        "priority_0",
+    )  # the default priority; others appear with their first request
 
-    def admission_order(self, waiting: Sequence[Request], running: Sequence[Request]) -> Iterable[Request]:
+    def admission_order(
+        self, waiting: Sequence[Request], running: Sequence[Request]
+    ) -> Iterable[Request]:
         """Waiting requests by priority, then arrival."""
         return sorted(waiting, key=_rank)
 
@@ -29,10 +33,15 @@ class PriorityPolicy:
         """The least important candidate (possibly ``needy`` itself)."""
         return max(candidates, key=_rank)
 
-    def should_preempt_for(self, waiting_request: Request, running: Sequence[Request]) -> Request | None:
+    def should_preempt_for(
+        self, waiting_request: Request, running: Sequence[Request]
+    ) -> Request | None:
         """The least important running request, if strictly less important than ``waiting_request``."""
         victim = max(running, key=_rank, default=None)
-        if victim is not None and victim.sampling_params.priority > waiting_request.sampling_params.priority:
+        if (
+            victim is not None
+            and victim.sampling_params.priority > waiting_request.sampling_params.priority
+        ):
             return victim
         return None
 

@@ -7,9 +7,16 @@ Lines go to the ``spyglass.requests`` logger with ``req_id``, ``trace_id``, ``sp
 
 import logging
 
-from spyglass.core.plugin_api import EngineConfig, EngineInfo, FinishReason, PluginContext, Request, hookimpl
-from spyglass.telemetry.logging import get_logger, request_fields
+from spyglass.core.plugin_api import (
+    EngineConfig,
+    EngineInfo,
+    FinishReason,
+    PluginContext,
+    Request,
+    hookimpl,
+)
 from spyglass.telemetry import settings as telemetry_settings
+from spyglass.telemetry.logging import get_logger, request_fields
 
 LOGGER_NAME = "spyglass.requests"
 log = get_logger(LOGGER_NAME)  # a stateless wrapper around logging.getLogger(LOGGER_NAME)
@@ -39,7 +46,9 @@ def summary(request: Request, reason: FinishReason, engine_id: str = "") -> dict
         "e2e_s": _seconds(times.finished, times.arrival),
     }
     if request.num_output_tokens > 1 and times.first_token:
-        fields["tpot_s"] = round((times.last_token - times.first_token) / (request.num_output_tokens - 1), 6)
+        fields["tpot_s"] = round(
+            (times.last_token - times.first_token) / (request.num_output_tokens - 1), 6
+        )
     if request.error:
         fields["error"] = request.error
     return fields

@@ -10,15 +10,26 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from spyglass.core import plugin_api
-from spyglass.core.plugin_api import EngineConfig, EngineInfo, PluginContext, Request, dtype_named, hookimpl
+from spyglass.core.plugin_api import (
+    EngineConfig,
+    EngineInfo,
+    PluginContext,
+    Request,
+    dtype_named,
+    hookimpl,
+)
 
-if TYPE_CHECKING:  # plugin_api loads the engine (and torch) when they are first used: when drafting starts
+if (
+    TYPE_CHECKING
+):  # plugin_api loads the engine (and torch) when they are first used: when drafting starts
     from spyglass.core.plugin_api import Checkpoint, DraftEngine
 
 
 def truncate_layers(checkpoint: "Checkpoint", num_layers: int) -> "Checkpoint":
     """The checkpoint with only its first ``num_layers`` decoder layers."""
-    dropped = tuple(f"model.layers.{i}." for i in range(num_layers, checkpoint.arch.num_hidden_layers))
+    dropped = tuple(
+        f"model.layers.{i}." for i in range(num_layers, checkpoint.arch.num_hidden_layers)
+    )
     weights = {name: t for name, t in checkpoint.weights.items() if not name.startswith(dropped)}
     arch = dataclasses.replace(checkpoint.arch, num_hidden_layers=num_layers)
     return dataclasses.replace(checkpoint, arch=arch, weights=weights)
@@ -30,7 +41,7 @@ class SelfDraftProposer:
     method = "self"
 
     def __init__(self, context: PluginContext):
-        self.drafter: "DraftEngine | None" = None
+        self.drafter: DraftEngine | None = None
 
     @hookimpl
     def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
@@ -38,7 +49,9 @@ class SelfDraftProposer:
         if config.speculative != self.method:
             return
         options = config.plugin_options
-        checkpoint = plugin_api.load_checkpoint(config.model, dtype_named(options.get("self_draft_dtype", info.dtype)))
+        checkpoint = plugin_api.load_checkpoint(
+            config.model, dtype_named(options.get("self_draft_dtype", info.dtype))
+        )
         if "self_draft_layers" in options:
             checkpoint = truncate_layers(checkpoint, int(options["self_draft_layers"]))
         self.drafter = plugin_api.DraftEngine(checkpoint, config)

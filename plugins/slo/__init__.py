@@ -41,7 +41,9 @@ class SloPolicy:
     def __init__(self, default_ttft_s: float, tenant_ttft_s: dict[str, float] | None = None):
         self.default_ttft_s = default_ttft_s
         self.tenant_ttft_s = dict(tenant_ttft_s or {})
-        self.misses_counter = None  # the engine's slo_deadline_misses child, once it has started with metrics on
+        self.misses_counter = (
+            None  # the engine's slo_deadline_misses child, once it has started with metrics on
+        )
         self.num_deadline_misses = 0
         # Requests this policy has seen, so the hooks below judge only this engine's requests.
         self._seen: weakref.WeakSet[Request] = weakref.WeakSet()
@@ -57,7 +59,9 @@ class SloPolicy:
         """When the first token is due (``time.monotonic()`` clock)."""
         return request.times.arrival + self.ttft_target(request)
 
-    def admission_order(self, waiting: Sequence[Request], running: Sequence[Request]) -> Iterable[Request]:
+    def admission_order(
+        self, waiting: Sequence[Request], running: Sequence[Request]
+    ) -> Iterable[Request]:
         """Waiting requests, earliest deadline first."""
         self._seen.update(waiting)
         return sorted(waiting, key=self.deadline)
@@ -98,7 +102,9 @@ class SloPlugin:
         """The ``slo`` policy; tenant targets from ``slo_ttft`` / ``SPYGLASS_SLO_TTFT``, default ``--slo-ttft``."""
         if name != "slo":
             return None
-        tenants = parse_tenant_values(config.plugin_options.get("slo_ttft") or os.environ.get(TENANT_TTFT_ENV))
+        tenants = parse_tenant_values(
+            config.plugin_options.get("slo_ttft") or os.environ.get(TENANT_TTFT_ENV)
+        )
         self.policy = SloPolicy(self.settings.slo_ttft_s, tenants)
         return self.policy
 
@@ -106,7 +112,9 @@ class SloPlugin:
     def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
         """Bind the deadline-miss counter to this engine's labels (when its metrics are on)."""
         if self.policy is not None and self.settings.metrics:
-            self.series = m.EngineSeries(self.settings.served_model_name or info.model_name, info.engine_id)
+            self.series = m.EngineSeries(
+                self.settings.served_model_name or info.model_name, info.engine_id
+            )
             self.policy.misses_counter = self.series.labels(m.SLO_DEADLINE_MISSES)
 
     @hookimpl

@@ -17,7 +17,9 @@ class StaticPolicy:
     name = "static"
     waiting_classes = ("default",)
 
-    def admission_order(self, waiting: Sequence[Request], running: Sequence[Request]) -> Iterable[Request]:
+    def admission_order(
+        self, waiting: Sequence[Request], running: Sequence[Request]
+    ) -> Iterable[Request]:
         """The waiting queue when nothing runs, else nobody."""
         return () if running else waiting
 

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 
 import llguidance
 
-if TYPE_CHECKING:  # masks arrive as tensors; the plugin itself (and `spyglass plugins`) loads without torch
+if (
+    TYPE_CHECKING
+):  # masks arrive as tensors; the plugin itself (and `spyglass plugins`) loads without torch
     import torch
 
 from spyglass.core.plugin_api import (
@@ -49,7 +51,9 @@ class LLGuidanceConstraint(TokenConstraint):
         # Straight into the tensor's memory. (llguidance.torch does the same, but importing it loads
         # torch's compiler stack for one decorator: seconds on every engine start.)
         target = bitmask[row]
-        self.matcher.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * target.element_size())
+        self.matcher.unsafe_compute_mask_ptr(
+            target.data_ptr(), target.numel() * target.element_size()
+        )
 
     def accept(self, token_id: int) -> bool:
         return self.matcher.consume_token(token_id)
@@ -62,9 +66,13 @@ class LLGuidanceConstraint(TokenConstraint):
 
     @classmethod
     def fill_bitmasks(cls, constraints, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
-        pairs = [(constraint.matcher, row) for constraint, row in zip(constraints, rows, strict=True)]
+        pairs = [
+            (constraint.matcher, row) for constraint, row in zip(constraints, rows, strict=True)
+        ]
         words = bitmask.shape[1]
-        constraints[0].executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, bitmask.shape[0])
+        constraints[0].executor.unsafe_compute_mask_ptr(
+            pairs, bitmask.data_ptr(), words * 4, bitmask.shape[0]
+        )
 
 
 def grammar_text(spec: StructuredOutput) -> str:
@@ -76,7 +84,11 @@ def grammar_text(spec: StructuredOutput) -> str:
             raise ValueError("the JSON schema must be an object")
         return llguidance.grammar_from("json_schema", json.dumps(spec.value))
     if spec.kind == "choice":
-        if not isinstance(spec.value, list) or not spec.value or not all(isinstance(c, str) for c in spec.value):
+        if (
+            not isinstance(spec.value, list)
+            or not spec.value
+            or not all(isinstance(c, str) for c in spec.value)
+        ):
             raise ValueError("choice must be a non-empty list of strings")
         return llguidance.grammar_from("choice", json.dumps(spec.value))
     if not isinstance(spec.value, str) or not spec.value:
@@ -99,7 +111,9 @@ class StructuredOutputPlugin:
     def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
         """Export this engine's grammar compile times (``spyglass:structured_output_compile_seconds``)."""
         if self._telemetry.metrics:
-            self._series = m.EngineSeries(self._telemetry.served_model_name or info.model_name, info.engine_id)
+            self._series = m.EngineSeries(
+                self._telemetry.served_model_name or info.model_name, info.engine_id
+            )
             self._compile_seconds = self._series.labels(m.STRUCTURED_OUTPUT_COMPILE_TIME)
 
     @hookimpl
@@ -126,7 +140,9 @@ class StructuredOutputPlugin:
         """A fresh matcher for ``spec``, from the cached grammar."""
         if self._tokenizer is None:
             self._tokenizer = llguidance.LLTokenizer(
-                tokenizer.backend.to_str(), n_vocab=vocab_size, eos_token=list(tokenizer.eos_token_ids)
+                tokenizer.backend.to_str(),
+                n_vocab=vocab_size,
+                eos_token=list(tokenizer.eos_token_ids),
             )
             self._executor = llguidance.LLExecutor(num_threads=2)
         # Keys keep their order: a schema's property order is the order the JSON is generated in.

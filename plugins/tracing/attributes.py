@@ -93,7 +93,9 @@ def response_format_attributes(request: Request) -> dict:
         "gen_ai.output.type": "json" if spec.kind in ("json_schema", "json_object") else "text",
     }
     if spec.value is not None:
-        attrs["spyglass.response_format.spec"] = spec.value if isinstance(spec.value, str) else json.dumps(spec.value)
+        attrs["spyglass.response_format.spec"] = (
+            spec.value if isinstance(spec.value, str) else json.dumps(spec.value)
+        )
     return attrs
 
 
@@ -133,7 +135,8 @@ def input_content_attributes(request: Request, prompt_text: str) -> dict:
             attrs[f"llm.input_messages.{i}.message.role"] = str(message.get("role", ""))
             attrs[f"llm.input_messages.{i}.message.content"] = _text(message.get("content"))
         genai = [
-            {"role": m.get("role"), "parts": [{"type": "text", "content": _text(m.get("content"))}]} for m in messages
+            {"role": m.get("role"), "parts": [{"type": "text", "content": _text(m.get("content"))}]}
+            for m in messages
         ]
     else:
         genai = [{"role": "user", "parts": [{"type": "text", "content": prompt_text}]}]
@@ -143,7 +146,11 @@ def input_content_attributes(request: Request, prompt_text: str) -> dict:
 
 def output_content_attributes(text: str, reason: FinishReason) -> dict:
     """Completion content (only when content tracing is on)."""
-    message = {"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": reason.value}
+    message = {
+        "role": "assistant",
+        "parts": [{"type": "text", "content": text}],
+        "finish_reason": reason.value,
+    }
     return {
         "output.value": text,
         "output.mime_type": "text/plain",
@@ -177,8 +184,12 @@ def finish_attributes(request: Request, reason: FinishReason) -> dict:
     if request.num_draft_tokens:
         attrs["spyglass.spec.num_draft_tokens"] = request.num_draft_tokens
         attrs["spyglass.spec.num_accepted_tokens"] = request.num_accepted_tokens
-        attrs["spyglass.spec.acceptance_rate"] = request.num_accepted_tokens / request.num_draft_tokens
-        attrs["spyglass.spec.mean_accepted_length"] = request.num_accepted_tokens / request.num_spec_steps
+        attrs["spyglass.spec.acceptance_rate"] = (
+            request.num_accepted_tokens / request.num_draft_tokens
+        )
+        attrs["spyglass.spec.mean_accepted_length"] = (
+            request.num_accepted_tokens / request.num_spec_steps
+        )
     if times.first_scheduled:
         attrs["gen_ai.latency.time_in_queue"] = times.first_scheduled - times.arrival
     if times.first_token:
@@ -187,9 +198,13 @@ def finish_attributes(request: Request, reason: FinishReason) -> dict:
         attrs["gen_ai.latency.time_in_model_prefill"] = times.first_token - times.first_scheduled
         attrs["gen_ai.latency.time_in_model_decode"] = times.last_token - times.first_token
         if output_tokens > 1:
-            attrs["gen_ai.latency.time_per_output_token"] = (times.last_token - times.first_token) / (output_tokens - 1)
+            attrs["gen_ai.latency.time_per_output_token"] = (
+                times.last_token - times.first_token
+            ) / (output_tokens - 1)
     if reason is FinishReason.ABORT:
-        attrs["error.type"] = "abort"  # the client went away: marked, but not a server error (status unset)
+        attrs["error.type"] = (
+            "abort"  # the client went away: marked, but not a server error (status unset)
+        )
     return attrs
 
 

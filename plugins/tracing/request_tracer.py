@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind
+
 from spyglass.core.plugin_api import EngineInfo, FinishReason, Request, StepStats
 from spyglass.plugins.tracing import attributes as attrs
 from spyglass.plugins.tracing import root_span
@@ -39,7 +40,11 @@ class RequestTracer:
         self.settings = settings
         self.traces: dict[str, RequestTrace] = {}
         self.step_links: list[Link] = []
-        self.steps = StepSpans(tracer, self.model, settings.trace_steps_interval_s) if settings.trace_steps else None
+        self.steps = (
+            StepSpans(tracer, self.model, settings.trace_steps_interval_s)
+            if settings.trace_steps
+            else None
+        )
 
     # -- phases ---------------------------------------------------------------------------------
 
@@ -53,7 +58,9 @@ class RequestTracer:
         if root_span.ended_at(rt.root) is not None:
             return
         context = trace.set_span_in_context(rt.span)
-        rt.phase = self.tracer.start_span(name, context=context, start_time=start_ns, attributes=attributes)
+        rt.phase = self.tracer.start_span(
+            name, context=context, start_time=start_ns, attributes=attributes
+        )
         rt.phase_name = name
         rt.outputs_at_phase_start = rt.request.num_output_tokens
 
@@ -96,7 +103,10 @@ class RequestTracer:
             context=parent if isinstance(parent, Context) else Context(),
             kind=SpanKind.INTERNAL,
             start_time=start,
-            attributes={**attrs.request_attributes(request, self.model), "spyglass.engine.id": self.engine_id},
+            attributes={
+                **attrs.request_attributes(request, self.model),
+                "spyglass.engine.id": self.engine_id,
+            },
         )
         prompt_text = self._prompt_text(request) if self.settings.trace_content else None
         if prompt_text is not None:
@@ -117,7 +127,13 @@ class RequestTracer:
         if resumed:
             rt.span.add_event("resumed", timestamp=now)
         self._enter(
-            rt, "prefill", now, **{"spyglass.resumed": resumed, "spyglass.num_cached_tokens": request.num_cached_tokens}
+            rt,
+            "prefill",
+            now,
+            **{
+                "spyglass.resumed": resumed,
+                "spyglass.num_cached_tokens": request.num_cached_tokens,
+            },
         )
 
     def first_token(self, request: Request) -> None:
@@ -133,8 +149,14 @@ class RequestTracer:
         if rt is None:
             return
         now = time.time_ns()
-        rt.span.add_event("preempted", {"spyglass.num_computed_tokens": request.num_computed_tokens}, timestamp=now)
-        self._enter(rt, "preempted", now, **{"spyglass.num_output_tokens": request.num_output_tokens})
+        rt.span.add_event(
+            "preempted",
+            {"spyglass.num_computed_tokens": request.num_computed_tokens},
+            timestamp=now,
+        )
+        self._enter(
+            rt, "preempted", now, **{"spyglass.num_output_tokens": request.num_output_tokens}
+        )
 
     def finished(self, request: Request, reason: FinishReason) -> None:
         rt = self.traces.pop(request.req_id, None)
@@ -145,7 +167,9 @@ class RequestTracer:
         end = max(self._cut(rt, epoch_ns(request.times.finished)), rt.span.start_time)
         self._leave(rt, end)
         span = rt.span
-        span.add_event("finished", {"gen_ai.response.finish_reasons": [reason.value]}, timestamp=end)
+        span.add_event(
+            "finished", {"gen_ai.response.finish_reasons": [reason.value]}, timestamp=end
+        )
         span.set_attributes(attrs.finish_attributes(request, reason))
         output_text = None
         if self.settings.trace_content and self.tokenizer is not None:

@@ -19,6 +19,7 @@ import json
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
 from spyglass.core.plugin_api import FinishReason, Request
 from spyglass.plugins.tracing import attributes as attrs
 
@@ -58,12 +59,16 @@ def on_added(span: Span, request: Request, model: str, prompt_text: str | None) 
     if prompt_text is not None:
         messages = extra.get("messages")
         if messages:
-            span.set_attributes({"input.value": json.dumps(messages), "input.mime_type": "application/json"})
+            span.set_attributes(
+                {"input.value": json.dumps(messages), "input.mime_type": "application/json"}
+            )
         else:
             span.set_attributes({"input.value": prompt_text, "input.mime_type": "text/plain"})
 
 
-def on_finished(span: Span, request: Request, reason: FinishReason, output_text: str | None) -> None:
+def on_finished(
+    span: Span, request: Request, reason: FinishReason, output_text: str | None
+) -> None:
     """The output (content capture on) and, for an engine failure, the error."""
     if output_text is not None:
         span.set_attributes({"output.value": output_text, "output.mime_type": "text/plain"})

@@ -12,6 +12,7 @@ trace per busy interval beside the request traces, and a step is one click from 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span
+
 from spyglass.core.plugin_api import StepStats
 from spyglass.telemetry.tracing import perf_counter_to_epoch_ns
 

@@ -14,7 +14,14 @@ import openai
 import pytest
 
 TINY_ARGS = [
-    "--served-model-name", "tiny", "--kv-cache-memory", "64MiB", "--max-body-bytes", "1MiB", "--num-threads", "1"
+    "--served-model-name",
+    "tiny",
+    "--kv-cache-memory",
+    "64MiB",
+    "--max-body-bytes",
+    "1MiB",
+    "--num-threads",
+    "1",
 ]
 
 
@@ -51,12 +58,23 @@ def _free_port() -> int:
 def start_server(model: str | None, log_dir: Path, *extra: str, env: dict | None = None) -> Server:
     """Start ``python -m spyglass.core.cli.main serve`` on a free port and wait until /health answers 200."""
     port = _free_port()
-    command = [sys.executable, "-m", "spyglass.core.cli.main", "serve", *([model] if model else []),
-               "--host", "127.0.0.1", "--port", str(port), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "spyglass.core.cli.main",
+        "serve",
+        *([model] if model else []),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
     log_path = log_dir / f"server-{port}.log"
     with log_path.open("wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **(env or {})})
+        process = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     server = Server(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -83,7 +101,9 @@ def tiny_server(tiny_llama_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_client(tiny_server) -> openai.OpenAI:
     """The official OpenAI client pointed at the tiny server."""
-    return openai.OpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(
+        base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
+    )
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
@@ -121,7 +141,9 @@ def wait_for_fixture():
 @pytest.fixture(scope="session")
 def real_server(default_model_path, tmp_path_factory):
     """The real default model (SmolLM2-135M-Instruct), started without a MODEL argument."""
-    server = start_server(None, tmp_path_factory.mktemp("real_server"), "--kv-cache-memory", "256MiB")
+    server = start_server(
+        None, tmp_path_factory.mktemp("real_server"), "--kv-cache-memory", "256MiB"
+    )
     yield server
     server.stop()
 
@@ -129,4 +151,6 @@ def real_server(default_model_path, tmp_path_factory):
 @pytest.fixture(scope="session")
 def real_client(real_server) -> openai.OpenAI:
     """The official OpenAI client pointed at the real-model server."""
-    return openai.OpenAI(base_url=f"{real_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(
+        base_url=f"{real_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
+    )

@@ -10,7 +10,10 @@ WEATHER = {
     "description": "Weather forecast for a city",
     "input_schema": {
         "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "properties": {
+            "city": {"type": "string", "maxLength": 40},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+        },
         "required": ["city", "unit"],
         "additionalProperties": False,
     },
@@ -20,33 +23,51 @@ ASK = [{"role": "user", "content": "What is the weather in Rome?"}]
 
 @pytest.fixture(scope="module")
 def client(real_server):
-    return anthropic.Anthropic(base_url=real_server.base_url, api_key="unused", max_retries=0, timeout=120)
+    return anthropic.Anthropic(
+        base_url=real_server.base_url, api_key="unused", max_retries=0, timeout=120
+    )
 
 
 def test_message_with_system_and_usage(client):
     message = client.messages.create(
-        model=MODEL, max_tokens=24, system="Answer in one short sentence.", extra_body={"temperature": 0},
+        model=MODEL,
+        max_tokens=24,
+        system="Answer in one short sentence.",
+        extra_body={"temperature": 0},
         messages=[{"role": "user", "content": "What is the capital of France?"}],
     )
-    assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg")
+    assert (
+        message.type == "message" and message.role == "assistant" and message.id.startswith("msg")
+    )
     assert message.content[0].type == "text" and "Paris" in message.content[0].text
     assert message.stop_reason in ("end_turn", "max_tokens")
     assert message.usage.input_tokens > 10 and 0 < message.usage.output_tokens <= 24
 
 
 def test_stream_text_equals_the_whole_message(client):
-    options = dict(model=MODEL, max_tokens=20, extra_body={"temperature": 0}, messages=[{"role": "user", "content": "Count to five."}])
+    options = dict(
+        model=MODEL,
+        max_tokens=20,
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "Count to five."}],
+    )
     whole = client.messages.create(**options)
     with client.messages.stream(**options) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert streamed == whole.content[0].text == final.content[0].text
-    assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
+    assert (
+        final.stop_reason == whole.stop_reason
+        and final.usage.output_tokens == whole.usage.output_tokens
+    )
 
 
 def test_stop_sequences_report_the_sequence(client):
     message = client.messages.create(
-        model=MODEL, max_tokens=40, extra_body={"temperature": 0}, stop_sequences=["2"],
+        model=MODEL,
+        max_tokens=40,
+        extra_body={"temperature": 0},
+        stop_sequences=["2"],
         messages=[{"role": "user", "content": "Count from 1 to 5, digits separated by spaces."}],
     )
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == "2"
@@ -54,32 +75,63 @@ def test_stop_sequences_report_the_sequence(client):
 
 
 def test_tool_use_round_trip(client):
-    first = client.messages.create(model=MODEL, max_tokens=120, extra_body={"temperature": 0}, tools=[WEATHER],
-                                   tool_choice={"type": "any", "disable_parallel_tool_use": True}, messages=ASK)
+    first = client.messages.create(
+        model=MODEL,
+        max_tokens=120,
+        extra_body={"temperature": 0},
+        tools=[WEATHER],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        messages=ASK,
+    )
     assert first.stop_reason == "tool_use"
     (use,) = [block for block in first.content if block.type == "tool_use"]
     assert use.name == "get_weather" and use.id.startswith("toolu_")
     jsonschema.validate(use.input, WEATHER["input_schema"])
     final = client.messages.create(
-        model=MODEL, max_tokens=40, extra_body={"temperature": 0}, tools=[WEATHER], tool_choice={"type": "none"},
-        messages=[*ASK, {"role": "assistant", "content": first.content},
-                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 28 C"}]}],
+        model=MODEL,
+        max_tokens=40,
+        extra_body={"temperature": 0},
+        tools=[WEATHER],
+        tool_choice={"type": "none"},
+        messages=[
+            *ASK,
+            {"role": "assistant", "content": first.content},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 28 C"}
+                ],
+            },
+        ],
     )
     assert final.content[0].type == "text" and final.content[0].text
     assert final.stop_reason in ("end_turn", "max_tokens")
 
 
 def test_streamed_tool_use_matches(client):
-    options = dict(model=MODEL, max_tokens=120, extra_body={"temperature": 0}, tools=[WEATHER],
-                   tool_choice={"type": "tool", "name": "get_weather"}, messages=ASK)
+    options = dict(
+        model=MODEL,
+        max_tokens=120,
+        extra_body={"temperature": 0},
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        messages=ASK,
+    )
     whole = client.messages.create(**options)
     with client.messages.stream(**options) as stream:
         final = stream.get_final_message()
-    assert [(b.type, b.name, b.input) for b in final.content] == [(b.type, b.name, b.input) for b in whole.content]
+    assert [(b.type, b.name, b.input) for b in final.content] == [
+        (b.type, b.name, b.input) for b in whole.content
+    ]
     assert final.stop_reason == "tool_use"
 
 
 def test_bad_tool_choice_is_a_400(client):
     with pytest.raises(anthropic.BadRequestError):
-        client.messages.create(model=MODEL, max_tokens=5, tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"},
-                               messages=ASK)
+        client.messages.create(
+            model=MODEL,
+            max_tokens=5,
+            tools=[WEATHER],
+            tool_choice={"type": "tool", "name": "nope"},
+            messages=ASK,
+        )

@@ -14,7 +14,9 @@ from spyglass.core.engine.config import EngineConfig
 @pytest.fixture(scope="module")
 def client(tiny_llama_dir):
     config = EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1)
-    with TestClient(create_app(config, ServerOptions(served_model_name="tiny", shutdown_timeout=1))) as client:
+    with TestClient(
+        create_app(config, ServerOptions(served_model_name="tiny", shutdown_timeout=1))
+    ) as client:
         yield client
 
 
@@ -39,7 +41,12 @@ def _break_the_model(client, monkeypatch, after_steps: int = 0):
 
 def test_engine_failure_mid_stream_sends_error_event_then_done(client, monkeypatch):
     _break_the_model(client, monkeypatch, after_steps=3)
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "stream": True, "ignore_eos": True}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 50,
+        "stream": True,
+        "ignore_eos": True,
+    }
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200
     events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
@@ -63,7 +70,10 @@ def test_draining_server_refuses_work_with_503(client):
         health = client.get("/health")  # liveness: the process is fine while it drains
         assert health.status_code == 200 and health.json()["status"] == "draining"
         response = client.post("/v1/completions", json={"prompt": "hi"})
-        assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
+        assert (
+            response.status_code == 503
+            and response.json()["error"]["type"] == "service_unavailable"
+        )
     finally:
         serving.draining = False
     assert client.get("/health").status_code == 200 and client.get("/ready").status_code == 200
@@ -88,25 +98,37 @@ def test_too_long_text_is_refused_before_tokenizing(client):
     serving = client.app.state.serving
     response = client.post("/v1/completions", json={"prompt": "a" * (serving.max_prompt_bytes + 1)})
     assert response.status_code == 400
-    assert response.json()["error"]["param"] == "prompt" and "too long" in response.json()["error"]["message"]
+    assert (
+        response.json()["error"]["param"] == "prompt"
+        and "too long" in response.json()["error"]["message"]
+    )
 
 
-def test_a_crashed_engine_loop_is_reported_for_the_process_to_exit(tiny_llama_dir, monkeypatch, wait_for):
+def test_a_crashed_engine_loop_is_reported_for_the_process_to_exit(
+    tiny_llama_dir, monkeypatch, wait_for
+):
     crashes = []
     config = EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1)
     app = create_app(config, ServerOptions(shutdown_timeout=1), on_engine_crash=crashes.append)
     with TestClient(app) as client:
         engine = _engine_of(client)
-        monkeypatch.setattr(engine, "step", lambda: 1 / 0)  # a bug in the loop itself, not in one request
+        monkeypatch.setattr(
+            engine, "step", lambda: 1 / 0
+        )  # a bug in the loop itself, not in one request
         response = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
-        assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unavailable"
+        assert (
+            response.status_code == 503 and response.json()["error"]["code"] == "engine_unavailable"
+        )
         assert [type(error) for error in crashes] == [ZeroDivisionError]
         wait_for(lambda: client.get("/health").status_code == 503)
 
 
 def test_cors_is_off_unless_origins_are_allowed(client, tiny_llama_dir):
     preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
-    assert "access-control-allow-origin" not in client.options("/v1/completions", headers=preflight).headers
+    assert (
+        "access-control-allow-origin"
+        not in client.options("/v1/completions", headers=preflight).headers
+    )
     config = EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1)
     options = ServerOptions(allowed_origins=["https://app.example"], shutdown_timeout=1)
     with TestClient(create_app(config, options)) as cors_client:
@@ -115,4 +137,3 @@ def test_cors_is_off_unless_origins_are_allowed(client, tiny_llama_dir):
         assert response.headers["access-control-allow-origin"] == "https://app.example"
         refused = cors_client.options("/v1/completions", headers=preflight)
         assert "access-control-allow-origin" not in refused.headers
-

@@ -9,8 +9,21 @@ from spyglass.core.cli.bench.workloads import w3_workload
 
 def test_bench_serve_reports_latencies(tiny_server, tmp_path):
     out = tmp_path / "serve.json"
-    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "serve", "--base-url", tiny_server.base_url,
-               "--num-prompts", "4", "--concurrency", "2", "--json", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "spyglass.core.cli.main",
+        "bench",
+        "serve",
+        "--base-url",
+        tiny_server.base_url,
+        "--num-prompts",
+        "4",
+        "--concurrency",
+        "2",
+        "--json",
+        str(out),
+    ]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "Mean TTFT (ms):" in finished.stdout and "P99 ITL (ms):" in finished.stdout
@@ -23,8 +36,19 @@ def test_bench_serve_reports_latencies(tiny_server, tmp_path):
 
 
 def test_bench_serve_with_a_rate(tiny_server):
-    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "serve", "--base-url", tiny_server.base_url,
-               "--num-prompts", "3", "--rate", "20"]
+    command = [
+        sys.executable,
+        "-m",
+        "spyglass.core.cli.main",
+        "bench",
+        "serve",
+        "--base-url",
+        tiny_server.base_url,
+        "--num-prompts",
+        "3",
+        "--rate",
+        "20",
+    ]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "Successful requests:                    3" in finished.stdout
@@ -32,9 +56,25 @@ def test_bench_serve_with_a_rate(tiny_server):
 
 def test_bench_soak_loses_nothing_and_leaks_no_blocks(tiny_server, tmp_path):
     out = tmp_path / "soak.json"
-    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "soak", "--base-url", tiny_server.base_url,
-               "--num-requests", "60", "--disconnect-share", "0.3", "--concurrency", "6", "--max-tokens", "24",
-               "--json", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "spyglass.core.cli.main",
+        "bench",
+        "soak",
+        "--base-url",
+        tiny_server.base_url,
+        "--num-requests",
+        "60",
+        "--disconnect-share",
+        "0.3",
+        "--concurrency",
+        "6",
+        "--max-tokens",
+        "24",
+        "--json",
+        str(out),
+    ]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     report = json.loads(out.read_text())

@@ -17,12 +17,20 @@ def _all_free(server) -> bool:
 
 
 def test_32_concurrent_streaming_clients(tiny_server, wait_for):
-    client = openai.AsyncOpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(
+        base_url=f"{tiny_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
+    )
 
     async def one(i: int):
         stream = await client.completions.create(
-            model="tiny", prompt=f"Request number {i}", max_tokens=8 + i, temperature=0.9, seed=i, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            model="tiny",
+            prompt=f"Request number {i}",
+            max_tokens=8 + i,
+            temperature=0.9,
+            seed=i,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
         )
         text, usage, finish = "", None, None
         async for chunk in stream:
@@ -47,8 +55,14 @@ def test_32_concurrent_streaming_clients(tiny_server, wait_for):
 
 
 def test_disconnect_mid_stream_aborts_the_request(tiny_server, wait_for):
-    body = {"model": "tiny", "prompt": "Tell me everything", "max_tokens": 12000, "stream": True,
-            "ignore_eos": True, "n": 2}
+    body = {
+        "model": "tiny",
+        "prompt": "Tell me everything",
+        "max_tokens": 12000,
+        "stream": True,
+        "ignore_eos": True,
+        "n": 2,
+    }
     with httpx.Client(timeout=30) as client:
         with client.stream("POST", f"{tiny_server.base_url}/v1/completions", json=body) as response:
             assert response.status_code == 200
@@ -62,14 +76,23 @@ def test_disconnect_mid_stream_aborts_the_request(tiny_server, wait_for):
                     break
     # Closing the connection must abort both engine requests long before 12000 tokens.
     wait_for(lambda: _all_free(tiny_server), timeout=10)
-    response = httpx.post(f"{tiny_server.base_url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    response = httpx.post(
+        f"{tiny_server.base_url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}
+    )
     assert response.status_code == 200
 
 
 def test_disconnect_of_a_chat_stream(tiny_server, wait_for):
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 12000, "stream": True, "ignore_eos": True}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 12000,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.Client(timeout=30) as client:
-        with client.stream("POST", f"{tiny_server.base_url}/v1/chat/completions", json=body) as response:
+        with client.stream(
+            "POST", f"{tiny_server.base_url}/v1/chat/completions", json=body
+        ) as response:
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
     wait_for(lambda: _all_free(tiny_server), timeout=10)
@@ -77,13 +100,24 @@ def test_disconnect_of_a_chat_stream(tiny_server, wait_for):
 
 def test_debug_views_show_a_live_request_then_its_blocks_back(tiny_server, wait_for):
     # Long enough to be still generating when the debug views are read.
-    body = {"model": "tiny", "prompt": "hello there", "max_tokens": 1000, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{tiny_server.base_url}/v1/completions", json=body, timeout=60) as stream:
+    body = {
+        "model": "tiny",
+        "prompt": "hello there",
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST", f"{tiny_server.base_url}/v1/completions", json=body, timeout=60
+    ) as stream:
         lines = stream.iter_lines()  # kept: a dropped iterator closes the response
         assert next(lines).startswith("data: ")
         [request] = httpx.get(f"{tiny_server.base_url}/debug/requests", timeout=10).json()
         assert request["status"] == "running" and request["num_prompt_tokens"] > 0
-        assert request["num_blocks"] > 0 and request["num_computed_tokens"] >= request["num_prompt_tokens"]
+        assert (
+            request["num_blocks"] > 0
+            and request["num_computed_tokens"] >= request["num_prompt_tokens"]
+        )
         assert _kv(tiny_server)["kv_usage"] > 0
     # The client went away: the request is aborted and its blocks return to the pool.
     wait_for(lambda: _all_free(tiny_server))

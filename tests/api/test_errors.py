@@ -64,8 +64,12 @@ def test_bad_input_gets_openai_error(tiny_server, path, body, status, param):
 
 def test_oversized_body_gets_413(tiny_server):
     body = b'{"prompt": "' + b"a" * (2 << 20) + b'"}'
-    response = httpx.post(f"{tiny_server.base_url}{COMPLETIONS}", content=body,
-                          headers={"content-type": "application/json"}, timeout=30)
+    response = httpx.post(
+        f"{tiny_server.base_url}{COMPLETIONS}",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
     assert response.status_code == 413
     assert response.json()["error"]["type"] == "invalid_request_error"
 
@@ -77,5 +81,7 @@ def test_unknown_route_and_method_are_openai_shaped(tiny_server):
 
 
 def test_model_may_be_omitted(tiny_server):
-    response = httpx.post(f"{tiny_server.base_url}{COMPLETIONS}", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+    response = httpx.post(
+        f"{tiny_server.base_url}{COMPLETIONS}", json={"prompt": "hi", "max_tokens": 2}, timeout=30
+    )
     assert response.status_code == 200 and response.json()["model"] == "tiny"

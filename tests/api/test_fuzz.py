@@ -15,8 +15,18 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.generation import GenerationMode
 
 # A short context keeps every valid case cheap: max_tokens is bounded by what is left of it.
-FUZZ_ARGS = ["--served-model-name", "tiny", "--kv-cache-memory", "16MiB", "--num-threads", "1",
-             "--max-model-len", "48", "--max-queued-requests", "256"]
+FUZZ_ARGS = [
+    "--served-model-name",
+    "tiny",
+    "--kv-cache-memory",
+    "16MiB",
+    "--num-threads",
+    "1",
+    "--max-model-len",
+    "48",
+    "--max-queued-requests",
+    "256",
+]
 CASES_PER_OPERATION = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 40}
 
 
@@ -28,7 +38,9 @@ def _tamed(body):
     """
     if not isinstance(body, dict):
         return body
-    tamed = {key: value for key, value in body.items() if key not in ("model", "max_completion_tokens")}
+    tamed = {
+        key: value for key, value in body.items() if key not in ("model", "max_completion_tokens")
+    }
     tamed["max_output_tokens" if "input" in body else "max_tokens"] = 2
     if isinstance(tamed.get("prompt"), list):
         tamed["prompt"] = "fuzz"
@@ -49,15 +61,24 @@ def test_no_case_gets_a_server_error(server_factory, tiny_llama_dir):
         if mode == GenerationMode.NEGATIVE and operation.method.upper() != "POST":
             continue  # nothing to get wrong in a GET without parameters
 
-        @settings(max_examples=CASES_PER_OPERATION[mode], deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=CASES_PER_OPERATION[mode],
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=operation.as_strategy(generation_mode=mode))
         def run(case):
-            for body in (case.body, _tamed(case.body)) if mode == GenerationMode.POSITIVE else (case.body,):
+            for body in (
+                (case.body, _tamed(case.body)) if mode == GenerationMode.POSITIVE else (case.body,)
+            ):
                 case.body = body
                 response = case.call(base_url=base_url, session=session, timeout=60)
                 seen.setdefault((operation.label, mode), set()).add(response.status_code)
-                assert response.status_code < 500, f"{case.method} {case.path} {case.body!r}: {response.text}"
+                assert response.status_code < 500, (
+                    f"{case.method} {case.path} {case.body!r}: {response.text}"
+                )
                 assert httpx.get(f"{base_url}/health").status_code == 200
 
         run()

@@ -40,7 +40,9 @@ def test_a_poisoned_request_leaves_its_batch_alone(tiny_server):
     alone = _texts(tiny_server, prompts)
     poison = {"prompt": "hi", "max_tokens": 4, "top_k": 9223372036854775808}
     rejected: list[httpx.Response] = []
-    sender = threading.Thread(target=lambda: rejected.append(_post(tiny_server, COMPLETIONS, poison)))
+    sender = threading.Thread(
+        target=lambda: rejected.append(_post(tiny_server, COMPLETIONS, poison))
+    )
     sender.start()
     together = _texts(tiny_server, prompts)
     sender.join()
@@ -48,11 +50,14 @@ def test_a_poisoned_request_leaves_its_batch_alone(tiny_server):
     assert together == alone
 
 
-@pytest.mark.parametrize("body", [
-    {"prompt": [4294967296]},
-    {"prompt": [[1, 2], [2**63]]},
-    {"prompt": [[[[[1]]]]]},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": [4294967296]},
+        {"prompt": [[1, 2], [2**63]]},
+        {"prompt": [[[[[1]]]]]},
+    ],
+)
 def test_token_ids_are_checked_before_use(tiny_server, body):
     response = _post(tiny_server, COMPLETIONS, body)
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
@@ -62,8 +67,12 @@ def test_token_ids_are_checked_before_use(tiny_server, body):
 def test_deeply_nested_json_is_a_400(tiny_server, where):
     nested = "[" * 1000 + "]" * 1000
     body = f'{{"prompt": {nested}}}' if where == "prompt" else f'{{"prompt": "hi", "x": {nested}}}'
-    response = httpx.post(f"{tiny_server.base_url}{COMPLETIONS}", content=body,
-                          headers={"content-type": "application/json"}, timeout=30)
+    response = httpx.post(
+        f"{tiny_server.base_url}{COMPLETIONS}",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
     assert response.status_code == 400, response.text
     assert httpx.get(f"{tiny_server.base_url}/health").status_code == 200
 
@@ -84,20 +93,32 @@ def test_fan_out_counts_against_the_queue_limit(tiny_server):
     assert "2048 engine requests" in response.json()["error"]["message"]
     assert _kv(tiny_server)["num_requests"] == 0
     response = _post(tiny_server, COMPLETIONS, {"prompt": ["hi"] * 300, "max_tokens": 1})
-    assert response.status_code == 400 and "at most 256 prompts" in response.json()["error"]["message"]
+    assert (
+        response.status_code == 400 and "at most 256 prompts" in response.json()["error"]["message"]
+    )
     stops = {"prompt": "hi", "stop": [f"s{i}" for i in range(17)]}
     assert _post(tiny_server, COMPLETIONS, stops).json()["error"]["param"] == "stop"
 
 
 def test_a_tiny_temperature_samples_greedily(tiny_server):
-    greedy = _post(tiny_server, COMPLETIONS, {"prompt": "hi", **GREEDY}).json()["choices"][0]["text"]
+    greedy = _post(tiny_server, COMPLETIONS, {"prompt": "hi", **GREEDY}).json()["choices"][0][
+        "text"
+    ]
     tiny = _post(tiny_server, COMPLETIONS, {"prompt": "hi", **GREEDY, "temperature": 1e-40}).json()
     assert tiny["choices"][0]["text"] == greedy
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("max_tokens", "10"), ("stream", "true"), ("echo", 1), ("n", 1.0), ("temperature", "0.5"), ("top_k", True),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", "10"),
+        ("stream", "true"),
+        ("echo", 1),
+        ("n", 1.0),
+        ("temperature", "0.5"),
+        ("top_k", True),
+    ],
+)
 def test_wrong_types_are_refused_not_coerced(tiny_server, field, value):
     response = _post(tiny_server, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, field: value})
     assert response.status_code == 400 and response.json()["error"]["param"] == field
@@ -105,37 +126,58 @@ def test_wrong_types_are_refused_not_coerced(tiny_server, field, value):
 
 def test_only_json_bodies_are_read(tiny_server):
     url = f"{tiny_server.base_url}{COMPLETIONS}"
-    plain = httpx.post(url, content=b'{"prompt": "hi"}', headers={"content-type": "text/plain"}, timeout=30)
+    plain = httpx.post(
+        url, content=b'{"prompt": "hi"}', headers={"content-type": "text/plain"}, timeout=30
+    )
     assert plain.status_code == 415 and plain.json()["error"]["code"] == "unsupported_media_type"
     missing = httpx.post(url, content=b'{"prompt": "hi"}', timeout=30)
     assert missing.status_code == 415
     empty = httpx.post(url, content=b"", headers={"content-type": "application/json"}, timeout=30)
     assert empty.status_code == 400 and "empty" in empty.json()["error"]["message"]
-    charset = httpx.post(url, content=b'{"prompt": "hi", "max_tokens": 1}',
-                         headers={"content-type": "application/json; charset=utf-8"}, timeout=30)
+    charset = httpx.post(
+        url,
+        content=b'{"prompt": "hi", "max_tokens": 1}',
+        headers={"content-type": "application/json; charset=utf-8"},
+        timeout=30,
+    )
     assert charset.status_code == 200
 
 
-@pytest.mark.parametrize(("path", "field", "value"), [
-    (CHAT, "functions", [{"name": "f"}]),
-    (CHAT, "function_call", "auto"),
-    (COMPLETIONS, "tools", [{"type": "function", "function": {"name": "f"}}]),
-    (COMPLETIONS, "tool_choice", "auto"),
-    (COMPLETIONS, "suffix", "end"),
-])
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        (CHAT, "functions", [{"name": "f"}]),
+        (CHAT, "function_call", "auto"),
+        (COMPLETIONS, "tools", [{"type": "function", "function": {"name": "f"}}]),
+        (COMPLETIONS, "tool_choice", "auto"),
+        (COMPLETIONS, "suffix", "end"),
+    ],
+)
 def test_unimplemented_fields_are_refused_by_name(tiny_server, path, field, value):
     base = {"messages": [{"role": "user", "content": "hi"}]} if path == CHAT else {"prompt": "hi"}
     response = _post(tiny_server, path, {**base, "max_tokens": 2, field: value})
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["param"] == field and error["code"] == "unsupported_parameter" and field in error["message"]
+    assert (
+        error["param"] == field
+        and error["code"] == "unsupported_parameter"
+        and field in error["message"]
+    )
 
 
 def test_neutral_values_of_unimplemented_fields_are_fine(tiny_server):
-    neutral = {"tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {}, "tools": []}
+    neutral = {
+        "tool_choice": "none",
+        "response_format": {"type": "text"},
+        "logit_bias": {},
+        "tools": [],
+    }
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **neutral}
     assert _post(tiny_server, CHAT, body).status_code == 200
-    assert _post(tiny_server, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "best_of": 1}).status_code == 200
+    assert (
+        _post(tiny_server, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "best_of": 1}).status_code
+        == 200
+    )
 
 
 def test_best_of_returns_the_candidate_with_the_highest_cumulative_logprob(tiny_server):
@@ -143,15 +185,21 @@ def test_best_of_returns_the_candidate_with_the_highest_cumulative_logprob(tiny_
     base = {"prompt": "hi", "max_tokens": 6, "temperature": 1.0, "seed": 7, "logprobs": 0}
     all_three = _post(tiny_server, COMPLETIONS, {**base, "n": 3}).json()
     best = _post(tiny_server, COMPLETIONS, {**base, "best_of": 3}).json()
-    ranked = sorted(all_three["choices"], key=lambda c: sum(c["logprobs"]["token_logprobs"]), reverse=True)
+    ranked = sorted(
+        all_three["choices"], key=lambda c: sum(c["logprobs"]["token_logprobs"]), reverse=True
+    )
     (choice,) = best["choices"]
     assert choice["index"] == 0 and choice["text"] == ranked[0]["text"]
-    assert best["usage"]["completion_tokens"] == all_three["usage"]["completion_tokens"]  # every candidate counts
+    assert (
+        best["usage"]["completion_tokens"] == all_three["usage"]["completion_tokens"]
+    )  # every candidate counts
     plain = _post(tiny_server, COMPLETIONS, {"prompt": "hi", "max_tokens": 3, "best_of": 2}).json()
     assert plain["choices"][0]["logprobs"] is None  # ranked by logprobs, which were not asked for
 
 
-@pytest.mark.parametrize("extra", [{"best_of": 1, "n": 2}, {"best_of": 2, "stream": True}, {"best_of": 129}])
+@pytest.mark.parametrize(
+    "extra", [{"best_of": 1, "n": 2}, {"best_of": 2, "stream": True}, {"best_of": 129}]
+)
 def test_best_of_that_cannot_be_met_is_a_400(tiny_server, extra):
     response = _post(tiny_server, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, **extra})
     assert response.status_code == 400 and response.json()["error"]["param"] == "best_of"
@@ -166,7 +214,9 @@ def test_draining_server_keeps_listening_and_is_not_ready(server_factory, tiny_l
 
     def stream() -> None:
         body = {"prompt": "Go on", "max_tokens": 12000, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{server.base_url}{COMPLETIONS}", json=body, timeout=60) as response:
+        with httpx.stream(
+            "POST", f"{server.base_url}{COMPLETIONS}", json=body, timeout=60
+        ) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     lines.append(line)
@@ -198,8 +248,18 @@ def test_unknown_draft_proposer_fails_the_start(tiny_llama_dir, tmp_path):
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "spyglass.core.cli.main", "serve", str(tiny_llama_dir), "--port", "9",
-               "--speculative", "nosuch", *TINY_ARGS]
+    command = [
+        sys.executable,
+        "-m",
+        "spyglass.core.cli.main",
+        "serve",
+        str(tiny_llama_dir),
+        "--port",
+        "9",
+        "--speculative",
+        "nosuch",
+        *TINY_ARGS,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "no plugin provides the draft proposer 'nosuch'" in result.stdout + result.stderr

@@ -14,11 +14,18 @@ def test_default_model_is_served(real_client):
 
 
 def test_chat_answers_and_counts_tokens_like_the_tokenizer(real_client, hf_gguf_tokenizer):
-    response = real_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, max_tokens=40,
-                                                   temperature=0, logprobs=True)
+    response = real_client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=QUESTION,
+        max_tokens=40,
+        temperature=0,
+        logprobs=True,
+    )
     choice = response.choices[0]
     assert "Paris" in choice.message.content and choice.finish_reason == "stop"
-    expected_prompt = hf_gguf_tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True)
+    expected_prompt = hf_gguf_tokenizer.apply_chat_template(
+        QUESTION, add_generation_prompt=True, tokenize=True
+    )
     if not isinstance(expected_prompt, list):  # newer transformers return a BatchEncoding
         expected_prompt = expected_prompt["input_ids"]
     assert response.usage.prompt_tokens == len(expected_prompt)
@@ -30,20 +37,33 @@ def test_chat_answers_and_counts_tokens_like_the_tokenizer(real_client, hf_gguf_
 
 def test_completion_stop_string_and_prompt_count(real_client, hf_gguf_tokenizer):
     prompt = "The capital of France is"
-    response = real_client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=16,
-                                              temperature=0, stop=["."])
-    assert response.choices[0].text.strip() == "Paris" and response.choices[0].finish_reason == "stop"
+    response = real_client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=16, temperature=0, stop=["."]
+    )
+    assert (
+        response.choices[0].text.strip() == "Paris" and response.choices[0].finish_reason == "stop"
+    )
     assert response.usage.prompt_tokens == len(hf_gguf_tokenizer.encode(prompt))
 
 
 def test_seeded_chat_stream_equals_non_stream(real_client):
     messages = [{"role": "user", "content": "Write a short poem about the sea."}]
-    kwargs = dict(model="SmolLM2-135M-Instruct", messages=messages, max_tokens=32, temperature=0.9, top_p=0.95,
-                  seed=1234)
+    kwargs = dict(
+        model="SmolLM2-135M-Instruct",
+        messages=messages,
+        max_tokens=32,
+        temperature=0.9,
+        top_p=0.95,
+        seed=1234,
+    )
     full = real_client.chat.completions.create(**kwargs)
     again = real_client.chat.completions.create(**kwargs)
     assert full.choices[0].message.content == again.choices[0].message.content
-    chunks = list(real_client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    chunks = list(
+        real_client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kwargs
+        )
+    )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == full.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens

@@ -26,8 +26,14 @@ def test_health_version_metrics_schema(tiny_server):
     assert {"/v1/completions", "/v1/chat/completions", "/v1/models"} <= set(schema["paths"])
 
 
-def _stream_until_first_event(client: httpx.Client, url: str, body: dict, headers: dict, started: threading.Event,
-                              events: list):
+def _stream_until_first_event(
+    client: httpx.Client,
+    url: str,
+    body: dict,
+    headers: dict,
+    started: threading.Event,
+    events: list,
+):
     try:
         with client.stream("POST", url, json=body, headers=headers) as response:
             events.append(response.status_code)
@@ -40,41 +46,67 @@ def _stream_until_first_event(client: httpx.Client, url: str, body: dict, header
 
 
 def test_api_key_and_queue_limit(server_factory, tiny_llama_dir, wait_for):
-    server = server_factory(str(tiny_llama_dir), *TINY_ARGS, "--max-num-seqs", "1", "--max-queued-requests", "1",
-                            "--metrics-require-key", env={"SPYGLASS_API_KEY": "sekret"})
+    server = server_factory(
+        str(tiny_llama_dir),
+        *TINY_ARGS,
+        "--max-num-seqs",
+        "1",
+        "--max-queued-requests",
+        "1",
+        "--metrics-require-key",
+        env={"SPYGLASS_API_KEY": "sekret"},
+    )
     base, auth = server.base_url, {"Authorization": "Bearer sekret"}
     assert httpx.get(f"{base}/health").status_code == 200
     for path in ("/v1/models", "/metrics", "/debug/kv"):
         response = httpx.get(f"{base}{path}")
         assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
-        assert httpx.get(f"{base}{path}", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert (
+            httpx.get(f"{base}{path}", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        )
         assert httpx.get(f"{base}{path}", headers=auth).status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).models.list()
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="sekret", max_retries=0)
-    assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens >= 1
+    assert (
+        client.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens
+        >= 1
+    )
 
     # One running (max-num-seqs 1) and one waiting: the queue is full, the next request gets a 429.
     streams = [threading.Event(), threading.Event()]
     outputs: list[list] = [[], []]
     with httpx.Client(timeout=60) as running_client, httpx.Client(timeout=60) as waiting_client:
         threads = [
-            threading.Thread(target=_stream_until_first_event, daemon=True,
-                             args=(c, f"{base}/v1/completions", LONG, auth, streams[i], outputs[i]))
+            threading.Thread(
+                target=_stream_until_first_event,
+                daemon=True,
+                args=(c, f"{base}/v1/completions", LONG, auth, streams[i], outputs[i]),
+            )
             for i, c in enumerate((running_client, waiting_client))
         ]
         threads[0].start()
         streams[0].wait(30)
         threads[1].start()
         wait_for(lambda: httpx.get(f"{base}/debug/kv", headers=auth).json()["num_waiting"] == 1)
-        wait_for(lambda: httpx.post(f"{base}/v1/completions", json={"prompt": "x"}, headers=auth).status_code == 429)
+        wait_for(
+            lambda: (
+                httpx.post(f"{base}/v1/completions", json={"prompt": "x"}, headers=auth).status_code
+                == 429
+            )
+        )
         response = httpx.post(f"{base}/v1/completions", json={"prompt": "x"}, headers=auth)
         assert response.status_code == 429 and response.headers["retry-after"]
         assert response.json()["error"]["type"] == "rate_limit_error"
         running_client.close()
         waiting_client.close()
     wait_for(lambda: httpx.get(f"{base}/debug/kv", headers=auth).json()["num_requests"] == 0)
-    assert httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=auth).status_code == 200
+    assert (
+        httpx.post(
+            f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=auth
+        ).status_code
+        == 200
+    )
 
 
 def test_sigterm_drains_and_exits_zero(server_factory, tiny_llama_dir):

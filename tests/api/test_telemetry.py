@@ -21,7 +21,9 @@ def _quantiles(histogram: str) -> list[str]:
         f"histogram_quantile({q}, sum by(le) (rate({histogram}_bucket{SELECTOR}{RATE})))"
         for q in (0.5, 0.9, 0.95, 0.99)
     ]
-    return queries + [f"rate({histogram}_sum{SELECTOR}{RATE}) / rate({histogram}_count{SELECTOR}{RATE})"]
+    return queries + [
+        f"rate({histogram}_sum{SELECTOR}{RATE}) / rate({histogram}_count{SELECTOR}{RATE})"
+    ]
 
 
 # Written from the metric names vLLM's Grafana dashboard charts (the issue lists them), in its shapes.
@@ -58,12 +60,17 @@ def log_records(server) -> list[dict]:
     return [json.loads(line) for line in server.log().splitlines() if line.strip()]
 
 
-def test_vllm_dashboard_queries_find_data_and_logs_are_json(tiny_llama_dir, server_factory, start_prometheus):
+def test_vllm_dashboard_queries_find_data_and_logs_are_json(
+    tiny_llama_dir, server_factory, start_prometheus
+):
     server = server_factory(str(tiny_llama_dir), *SERVE_ARGS, "--metrics-namespace", "vllm")
     prometheus = start_prometheus(server.base_url.removeprefix("http://"))
     prometheus.wait_for_scrapes(1)
     # Before the first request, the series are there at zero.
-    for query in (f"vllm:request_success_total{SELECTOR}", f"vllm:e2e_request_latency_seconds_count{SELECTOR}"):
+    for query in (
+        f"vllm:request_success_total{SELECTOR}",
+        f"vllm:e2e_request_latency_seconds_count{SELECTOR}",
+    ):
         assert prometheus.api("/api/v1/query", query=query)["data"]["result"], query
 
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
@@ -72,7 +79,9 @@ def test_vllm_dashboard_queries_find_data_and_logs_are_json(tiny_llama_dir, serv
             json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "n": 2},
             headers={"X-Request-Id": "client-request-1"},
         )
-        completion = client.post("/v1/completions", json={"prompt": "Once upon", "max_tokens": 3, "stream": True})
+        completion = client.post(
+            "/v1/completions", json={"prompt": "Once upon", "max_tokens": 3, "stream": True}
+        )
         missing = client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
         scrape = client.get("/metrics")
     assert [r.status_code for r in (chat, completion, missing, scrape)] == [200, 200, 404, 200]
@@ -101,10 +110,16 @@ def test_vllm_dashboard_queries_find_data_and_logs_are_json(tiny_llama_dir, serv
     assert all({"trace_id", "span_id"} <= r.keys() for r in finished)
 
 
-def test_traces_in_phoenix_show_root_spans_errors_and_aborts(tiny_llama_dir, server_factory, phoenix, wait_for):
+def test_traces_in_phoenix_show_root_spans_errors_and_aborts(
+    tiny_llama_dir, server_factory, phoenix, wait_for
+):
     project = f"spyglass-serve-{uuid.uuid4().hex[:8]}"
     server = server_factory(
-        str(tiny_llama_dir), *SERVE_ARGS, "--otlp-traces-endpoint", phoenix.http_traces, "--trace-content",
+        str(tiny_llama_dir),
+        *SERVE_ARGS,
+        "--otlp-traces-endpoint",
+        phoenix.http_traces,
+        "--trace-content",
         env={"OTEL_SERVICE_NAME": project},
     )
     messages = [{"role": "user", "content": "Tell me about lighthouses"}]
@@ -115,17 +130,28 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(tiny_llama_dir, ser
             headers={"X-Request-Id": "phoenix-1", "X-Session-Id": "session-1"},
         )
         missing = client.post("/v1/chat/completions", json={"model": "nope", "messages": messages})
-        body = {"prompt": "Once upon a time", "max_tokens": 5000, "ignore_eos": True, "stream": True}
+        body = {
+            "prompt": "Once upon a time",
+            "max_tokens": 5000,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with client.stream("POST", "/v1/completions", json=body) as stream:
             next(stream.iter_lines())  # the first chunk, then the client goes away
-        aborted = re.compile(r'spyglass:request_success_total\{engine="\d+",finished_reason="abort",model_name="tiny"\} 1\.0')
+        aborted = re.compile(
+            r'spyglass:request_success_total\{engine="\d+",finished_reason="abort",model_name="tiny"\} 1\.0'
+        )
         wait_for(lambda: aborted.search(client.get("/metrics").text), timeout=60)
     assert (chat.status_code, missing.status_code) == (200, 404)
     assert server.stop() == 0  # flushes the spans
 
-    spans = phoenix.spans(project, expected=11)  # 5 per generation (root, LLM, queue, prefill, decode), the 404
+    spans = phoenix.spans(
+        project, expected=11
+    )  # 5 per generation (root, LLM, queue, prefill, decode), the 404
     by_id = {s["context"]["span_id"]: s for s in spans}
-    roots = {s["attributes"].get("spyglass.http.request_id"): s for s in spans if not s["parent_id"]}
+    roots = {
+        s["attributes"].get("spyglass.http.request_id"): s for s in spans if not s["parent_id"]
+    }
     root = roots["phoenix-1"]
     _, trace_id, span_id, _ = chat.headers["traceparent"].split("-")
     assert (root["context"]["trace_id"], root["context"]["span_id"]) == (trace_id, span_id)
@@ -142,12 +168,18 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(tiny_llama_dir, ser
     not_found = roots[missing.headers["x-request-id"]]
     assert not_found["attributes"]["error.type"] == "404" and not_found["status_code"] == "UNSET"
 
-    (abort,) = [s for s in spans if s["attributes"].get("error.type") == "abort" and s["span_kind"] == "LLM"]
+    (abort,) = [
+        s for s in spans if s["attributes"].get("error.type") == "abort" and s["span_kind"] == "LLM"
+    ]
     assert abort["status_code"] == "UNSET"
     parent = by_id[abort["parent_id"]]
     assert datetime.fromisoformat(abort["end_time"]) <= datetime.fromisoformat(parent["end_time"])
     # The HTTP root span says the client left too (not a server error: status unset).
     assert parent["attributes"]["error.type"] == "abort" and parent["status_code"] == "UNSET"
 
-    (line,) = [r for r in log_records(server) if r["event"] == "request finished" and r["request_id"] == "phoenix-1"]
+    (line,) = [
+        r
+        for r in log_records(server)
+        if r["event"] == "request finished" and r["request_id"] == "phoenix-1"
+    ]
     assert (line["trace_id"], line["span_id"]) == (trace_id, llm["context"]["span_id"])

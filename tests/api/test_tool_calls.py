@@ -24,31 +24,64 @@ WEATHER_PARAMETERS = {
     "additionalProperties": False,
 }
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
-                                      "parameters": WEATHER_PARAMETERS}},
-    {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
-                                                     "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather forecast for a city",
+            "parameters": WEATHER_PARAMETERS,
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Local time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 40}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 ASK = [{"role": "user", "content": "What will the weather be in Paris tomorrow?"}]
 
 
 def test_required_calls_parse_and_validate_twenty_times_of_twenty(real_client):
     response = real_client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
-        temperature=0.8, seed=5, n=20, max_tokens=200,
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0.8,
+        seed=5,
+        n=20,
+        max_tokens=200,
     )
     for choice in response.choices:
         assert choice.finish_reason == "tool_calls", choice.message
         (call,) = choice.message.tool_calls
         assert call.type == "function" and call.id.startswith("call_")
-        schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == call.function.name)
+        schema = next(
+            t["function"]["parameters"]
+            for t in TOOLS
+            if t["function"]["name"] == call.function.name
+        )
         jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
 def test_streamed_tool_call_deltas_concatenate_to_the_whole_call(real_client):
-    options = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=200,
-                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    options = dict(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        temperature=0,
+        max_tokens=200,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     whole = real_client.chat.completions.create(**options).choices[0]
     names, arguments, finish = {}, {}, None
     for chunk in real_client.chat.completions.create(stream=True, **options):
@@ -56,16 +89,28 @@ def test_streamed_tool_call_deltas_concatenate_to_the_whole_call(real_client):
             for delta in choice.delta.tool_calls or []:
                 if delta.function.name:
                     names[delta.index] = delta.function.name
-                arguments[delta.index] = arguments.get(delta.index, "") + (delta.function.arguments or "")
+                arguments[delta.index] = arguments.get(delta.index, "") + (
+                    delta.function.arguments or ""
+                )
             finish = choice.finish_reason or finish
     assert finish == whole.finish_reason == "tool_calls"
-    assert [names[0], arguments[0]] == [whole.message.tool_calls[0].function.name, whole.message.tool_calls[0].function.arguments]
+    assert [names[0], arguments[0]] == [
+        whole.message.tool_calls[0].function.name,
+        whole.message.tool_calls[0].function.arguments,
+    ]
     jsonschema.validate(json.loads(arguments[0]), WEATHER_PARAMETERS)
 
 
 def test_tool_calls_stream_token_by_token_and_the_client_helper_assembles_them(real_client):
-    options = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=200, tool_choice="required",
-                   parallel_tool_calls=False)
+    options = dict(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        temperature=0,
+        max_tokens=200,
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
     whole = real_client.chat.completions.create(**options).choices[0].message
     deltas = []
     with real_client.chat.completions.stream(**options) as stream:
@@ -74,24 +119,53 @@ def test_tool_calls_stream_token_by_token_and_the_client_helper_assembles_them(r
                 deltas += [d for c in event.chunk.choices for d in c.delta.tool_calls or []]
         final = stream.get_final_completion().choices[0]
     # The first delta of a call names it (with its id); the arguments follow in many small fragments.
-    assert deltas[0].id.startswith("call_") and deltas[0].function.name == whole.tool_calls[0].function.name
+    assert (
+        deltas[0].id.startswith("call_")
+        and deltas[0].function.name == whole.tool_calls[0].function.name
+    )
     assert sum(1 for d in deltas if d.function.arguments) > 3
     assert final.finish_reason == "tool_calls"
-    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
-        [(c.function.name, c.function.arguments) for c in whole.tool_calls]
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in whole.tool_calls
+    ]
 
 
 def test_round_trip_call_result_answer(real_client):
-    first = real_client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0,
-        max_tokens=200,
-    ).choices[0].message
-    history = [*ASK, first.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": '{"forecast": "sunny, 24 C"}'}]
+    first = (
+        real_client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=0,
+            max_tokens=200,
+        )
+        .choices[0]
+        .message
+    )
+    history = [
+        *ASK,
+        first.model_dump(exclude_none=True),
+        {
+            "role": "tool",
+            "tool_call_id": first.tool_calls[0].id,
+            "content": '{"forecast": "sunny, 24 C"}',
+        },
+    ]
     final = real_client.chat.completions.create(
-        model=MODEL, messages=history, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=60,
+        model=MODEL,
+        messages=history,
+        tools=TOOLS,
+        tool_choice="none",
+        temperature=0,
+        max_tokens=60,
     ).choices[0]
-    assert final.finish_reason in ("stop", "length") and final.message.content and not final.message.tool_calls
+    assert (
+        final.finish_reason in ("stop", "length")
+        and final.message.content
+        and not final.message.tool_calls
+    )
 
 
 def test_fallback_prompt_lists_tools_and_writes_calls_and_results(default_checkpoint):
@@ -99,18 +173,30 @@ def test_fallback_prompt_lists_tools_and_writes_calls_and_results(default_checkp
     assert not tokenizer.template_takes_tools
     messages = [
         ChatMessage("user", "Weather in Oslo?"),
-        ChatMessage("assistant", None, tool_calls=[ToolCall(id="call_1", function=FunctionCall("get_weather", '{"city": "Oslo"}'))]),
+        ChatMessage(
+            "assistant",
+            None,
+            tool_calls=[
+                ToolCall(id="call_1", function=FunctionCall("get_weather", '{"city": "Oslo"}'))
+            ],
+        ),
         ChatMessage("tool", "rain", tool_call_id="call_1"),
     ]
     _, prompt = render_messages(messages, tokenizer, ToolUse(TOOLS, "auto"))
     assert "<tools>" in prompt and '"get_weather"' in prompt
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in prompt
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+        in prompt
+    )
     assert "<|im_start|>user\n<tool_response>\nrain\n</tool_response>" in prompt
 
 
 def test_hermes_parser_keeps_what_it_cannot_parse():
-    text = 'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>not json</tool_call>' \
-           '<tool_call>{"name": "b", "arguments": {}}'
+    text = (
+        'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+        "<tool_call>not json</tool_call>"
+        '<tool_call>{"name": "b", "arguments": {}}'
+    )
     content, calls = HermesToolCallParser().parse(text)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("a", {"x": 1}), ("b", {})]
     assert content == "Let me check.\n\n<tool_call>not json</tool_call>"
@@ -130,33 +216,55 @@ def test_hermes_stream_assembles_to_the_whole_parse_however_the_text_is_cut(text
     whole = HermesToolCallParser().parse(text)
     for size in (1, 2, 3, 7):
         stream = HermesToolCallParser().stream()
-        pieces = [p for i in range(0, len(text), size) for p in stream.feed(text[i : i + size])] + stream.finish()
+        pieces = [
+            p for i in range(0, len(text), size) for p in stream.feed(text[i : i + size])
+        ] + stream.finish()
         assert collect(pieces) == whole
 
 
 def test_hermes_stream_names_the_call_before_its_arguments_end():
     stream = HermesToolCallParser().stream()
     assert stream.feed('Ok <tool_call>\n{"name": "get_w') == [ToolCallPiece("content", "Ok")]
-    assert stream.feed('eather", "arguments": {"ci') == [ToolCallPiece("call", "get_weather"),
-                                                        ToolCallPiece("arguments", '{"ci')]
-    assert stream.feed('ty": "Rome"}}\n</tool_call>') == [ToolCallPiece("arguments", 'ty": "Rome"}')]
+    assert stream.feed('eather", "arguments": {"ci') == [
+        ToolCallPiece("call", "get_weather"),
+        ToolCallPiece("arguments", '{"ci'),
+    ]
+    assert stream.feed('ty": "Rome"}}\n</tool_call>') == [
+        ToolCallPiece("arguments", 'ty": "Rome"}')
+    ]
     assert stream.finish() == []
 
 
 def test_constrained_calls_stream_like_hermes_blocks():
-    text = '[{"name": "get_time", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]'
+    text = (
+        '[{"name": "get_time", "arguments": {"city": "Oslo"}}, '
+        '{"name": "get_weather", "arguments": {"city": "Rome"}}]'
+    )
     stream = JsonCallsStream(parallel=True)
-    pieces = [p for i in range(0, len(text), 4) for p in stream.feed(text[i : i + 4])] + stream.finish()
-    assert collect(pieces) == (None, [ParsedToolCall("get_time", '{"city": "Oslo"}'),
-                                      ParsedToolCall("get_weather", '{"city": "Rome"}')])
+    pieces = [
+        p for i in range(0, len(text), 4) for p in stream.feed(text[i : i + 4])
+    ] + stream.finish()
+    assert collect(pieces) == (
+        None,
+        [
+            ParsedToolCall("get_time", '{"city": "Oslo"}'),
+            ParsedToolCall("get_weather", '{"city": "Rome"}'),
+        ],
+    )
 
 
 @pytest.mark.parametrize(
     "extra, param",
     [
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+        ),
         ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools"),
     ],
 )
@@ -168,4 +276,6 @@ def test_bad_tool_requests_are_400s(tiny_client, extra, param):
 
 def test_completions_refuse_tools(tiny_client):
     with pytest.raises(openai.BadRequestError, match="tools"):
-        tiny_client.completions.create(model="tiny", prompt="x", max_tokens=3, extra_body={"tools": TOOLS})
+        tiny_client.completions.create(
+            model="tiny", prompt="x", max_tokens=3, extra_body={"tools": TOOLS}
+        )

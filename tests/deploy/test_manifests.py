@@ -26,7 +26,10 @@ from spyglass.telemetry import metrics  # noqa: E402
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 KUBERNETES_VERSIONS = ("1.25.0", kubernetes_validate.latest_version())
-_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
 SERVICE_MONITOR = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -41,7 +44,12 @@ SERVICE_MONITOR = {
             "properties": {
                 "selector": {
                     "type": "object",
-                    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+                    "properties": {
+                        "matchLabels": {
+                            "type": "object",
+                            "additionalProperties": {"type": "string"},
+                        }
+                    },
                 },
                 "endpoints": {
                     "type": "array",
@@ -64,8 +72,12 @@ SERVICE_MONITOR = {
 
 
 def _documents() -> list[dict]:
-    return [doc for path in sorted((DEPLOY / "kubernetes").glob("*.yaml"))
-            for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return [
+        doc
+        for path in sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
 
 
 def _one(kind: str) -> dict:
@@ -84,9 +96,16 @@ def _exported_metric_names() -> set[str]:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_built_in_kinds_match_the_kubernetes_schemas(version):
     built_in = [doc for doc in _documents() if doc["kind"] != "ServiceMonitor"]
-    assert {doc["kind"] for doc in built_in} == {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler"}
+    assert {doc["kind"] for doc in built_in} == {
+        "Deployment",
+        "Service",
+        "ConfigMap",
+        "HorizontalPodAutoscaler",
+    }
     for doc in built_in:
-        kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError with the path
+        kubernetes_validate.validate(
+            doc, version, strict=True
+        )  # raises ValidationError with the path
 
 
 def test_service_monitor_has_the_crd_fields_and_finds_the_service():
@@ -104,13 +123,21 @@ def test_service_monitor_has_the_crd_fields_and_finds_the_service():
 def test_service_and_probes_reach_the_server():
     deployment, service = _one("Deployment"), _one("Service")
     pod = deployment["spec"]["template"]
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert (
+        deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    )
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     (container,) = pod["spec"]["containers"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert {port["targetPort"] for port in service["spec"]["ports"]} <= ports.keys()
-    probes = {name: container[name]["httpGet"] for name in ("startupProbe", "livenessProbe", "readinessProbe")}
-    assert probes["readinessProbe"]["path"] == "/ready" and probes["livenessProbe"]["path"] == "/health"
+    probes = {
+        name: container[name]["httpGet"]
+        for name in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert (
+        probes["readinessProbe"]["path"] == "/ready"
+        and probes["livenessProbe"]["path"] == "/health"
+    )
     for probe in probes.values():
         assert probe["path"] in _server_routes() and probe["port"] in ports
 
@@ -122,8 +149,11 @@ def test_service_and_probes_reach_the_server():
 
 def test_autoscaler_scales_the_deployment_on_a_metric_the_server_exports():
     hpa, adapter = _one("HorizontalPodAutoscaler"), _one("ConfigMap")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": _one("Deployment")["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": _one("Deployment")["metadata"]["name"],
+    }
     (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
     series = rule["seriesQuery"].split("{")[0].strip("'\"")
     assert series == "spyglass:num_requests_waiting" and series in _exported_metric_names()
@@ -135,8 +165,15 @@ def test_autoscaler_scales_the_deployment_on_a_metric_the_server_exports():
 def test_cpu_dockerfile_installs_the_cpu_torch_and_runs_a_valid_serve_command():
     text = (DEPLOY / "Dockerfile.cpu").read_text()
     installs = [line for line in text.splitlines() if "pip install" in line and "torch" in line]
-    assert installs == ["RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]
+    assert installs == [
+        "RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"
+    ]
     assert "cu1" not in text and "nvidia" not in text.lower()
-    command = yaml.safe_load(next(line for line in text.splitlines() if line.startswith("CMD "))[4:])
+    command = yaml.safe_load(
+        next(line for line in text.splitlines() if line.startswith("CMD "))[4:]
+    )
     args = build_parser(command).parse_args(command)
-    assert args.model_positional == _one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"][1]
+    assert (
+        args.model_positional
+        == _one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"][1]
+    )

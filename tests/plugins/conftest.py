@@ -6,8 +6,6 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from spyglass.core.loaders.checkpoint import Checkpoint
-from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.outputs import RequestOutput
@@ -15,6 +13,8 @@ from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import create_plugin_manager
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.loaders.load import load_checkpoint
 
 _req_ids = itertools.count()
 
@@ -33,9 +33,17 @@ def make_engine(tiny_llama_dir, tiny_checkpoint) -> Callable[..., LLMEngine]:
     """
 
     def make(plugins=("fcfs", "prefix_cache"), extra=(), **options) -> LLMEngine:
-        options = {"dtype": "float32", "device": "cpu", "num_kv_blocks": 64, "block_size": 4, **options}
+        options = {
+            "dtype": "float32",
+            "device": "cpu",
+            "num_kv_blocks": 64,
+            "block_size": 4,
+            **options,
+        }
         config = EngineConfig(model=str(tiny_llama_dir), plugins=list(plugins), **options)
-        pm = create_plugin_manager(config.plugins, config.disabled_plugins, PluginContext.for_config(config))
+        pm = create_plugin_manager(
+            config.plugins, config.disabled_plugins, PluginContext.for_config(config)
+        )
         for plugin in extra:
             pm.register(plugin)
         return LLMEngine(config, plugin_manager=pm, checkpoint=tiny_checkpoint)
@@ -55,13 +63,17 @@ def make_default_engine(default_model_path, default_checkpoint) -> Callable[...,
     return make
 
 
-def add(engine: LLMEngine, prompt: Sequence[int], params: SamplingParams | None = None, **attributes) -> Request:
+def add(
+    engine: LLMEngine, prompt: Sequence[int], params: SamplingParams | None = None, **attributes
+) -> Request:
     """Queue one greedy request with a fresh id."""
     params = params or SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     return engine.add_request(f"req-{next(_req_ids)}", list(prompt), params, attributes=attributes)
 
 
-def drain(engine: LLMEngine, check_integrity: bool = True, max_steps: int = 5000) -> dict[str, RequestOutput]:
+def drain(
+    engine: LLMEngine, check_integrity: bool = True, max_steps: int = 5000
+) -> dict[str, RequestOutput]:
     """Step until nothing is left, checking the KV bookkeeping after every step; final outputs by id."""
     finished: dict[str, RequestOutput] = {}
     for _ in range(max_steps):

@@ -27,7 +27,9 @@ def read_lines(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_engine_writes_one_audit_line_per_finished_request(make_engine, driver, tmp_path, monkeypatch):
+def test_engine_writes_one_audit_line_per_finished_request(
+    make_engine, driver, tmp_path, monkeypatch
+):
     log = tmp_path / "audit.jsonl"
     monkeypatch.setenv("SPYGLASS_AUDIT_LOG", str(log))
     engine = make_engine(plugins=["fcfs", "prefix_cache", "audit"])
@@ -63,7 +65,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_a_real_server_loads_the_plugin_and_takes_priority_tenant_and_deadline(tiny_llama_dir, tmp_path):
+def test_a_real_server_loads_the_plugin_and_takes_priority_tenant_and_deadline(
+    tiny_llama_dir, tmp_path
+):
     log, port = tmp_path / "audit.jsonl", _free_port()
     command = [sys.executable, "-m", "spyglass.core.cli.main", "serve", str(tiny_llama_dir), "--host", "127.0.0.1",
                "--port", str(port), "--served-model-name", "tiny", "--kv-cache-memory", "64MiB",
@@ -86,16 +90,26 @@ def test_a_real_server_loads_the_plugin_and_takes_priority_tenant_and_deadline(t
         body = {"model": "tiny", "prompt": "Spyglass audit test " * 4, "max_tokens": 3, "temperature": 0,
                 "priority": 3, "ttft_slo_s": 5.0}  # fmt: skip
         responses = [
-            httpx.post(f"{base}/v1/completions", json=body, headers={"X-Spyglass-Tenant": "acme"}, timeout=60)
+            httpx.post(
+                f"{base}/v1/completions",
+                json=body,
+                headers={"X-Spyglass-Tenant": "acme"},
+                timeout=60,
+            )
             for _ in range(2)
         ]
         assert [r.status_code for r in responses] == [200, 200], responses[0].text
         usage = responses[1].json()["usage"]
-        assert usage["prompt_tokens_details"]["cached_tokens"] > 0  # the prefix cache is on by default
+        assert (
+            usage["prompt_tokens_details"]["cached_tokens"] > 0
+        )  # the prefix cache is on by default
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
     lines = read_lines(log)
     assert len(lines) == 2
-    assert all(line["priority"] == 3 and line["tenant"] == "acme" and line["reason"] == "length" for line in lines)
+    assert all(
+        line["priority"] == 3 and line["tenant"] == "acme" and line["reason"] == "length"
+        for line in lines
+    )
     assert lines[1]["cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]

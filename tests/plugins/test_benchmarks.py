@@ -16,7 +16,9 @@ def test_bench_policies_prints_a_row_per_policy_and_class(tiny_llama_dir, capsys
     assert run(argv) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [(row[0], row[1]) for row in rows] == [
-        (policy, cls) for policy in ("fcfs", "static", "priority", "fair", "slo") for cls in ("batch", "interactive")
+        (policy, cls)
+        for policy in ("fcfs", "static", "priority", "fair", "slo")
+        for cls in ("batch", "interactive")
     ]
 
 
@@ -25,7 +27,11 @@ def test_bench_prefix_cache_reports_hits_only_with_the_cache(tiny_llama_dir, cap
             "--num-questions", "4", "--question-len", "4", "--output-len", "2", "--plugins", "fcfs"]  # fmt: skip
     assert run(argv) == 0
     out = capsys.readouterr().out
-    rows = {line[:14].strip(): line.split() for line in out.splitlines() if line.startswith(("no cache", "prefix"))}
+    rows = {
+        line[:14].strip(): line.split()
+        for line in out.splitlines()
+        if line.startswith(("no cache", "prefix"))
+    }
     assert rows["no cache"][-1] == "0%" and rows["prefix cache"][-1] != "0%"
     assert "median TTFT speed-up" in out
 
@@ -39,7 +45,9 @@ def test_bench_throughput_reports_every_telemetry_level_at_toy_scale(tiny_llama_
     assert run(argv) == 0
     out = capsys.readouterr().out
     assert "w1: 3 requests, 384 prompt tokens, 384 output tokens" in out
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("telemetry-")}
+    rows = {
+        line.split()[0]: line.split() for line in out.splitlines() if line.startswith("telemetry-")
+    }
     assert set(rows) == {"telemetry-off", "telemetry-metrics", "telemetry-full"}
     assert rows["telemetry-off"][-1] == "1.00x"
     # Later engines in the process (other tests, a server) get the telemetry they had before.
@@ -50,15 +58,28 @@ def test_bench_throughput_rotates_which_configuration_runs_first():
     from spyglass.core.cli.bench.throughput import _rotated
 
     configurations = ["off", "metrics", "full"]
-    assert [_rotated(configurations, repeat)[0] for repeat in range(4)] == ["off", "metrics", "full", "off"]
-    assert all(sorted(_rotated(configurations, repeat)) == sorted(configurations) for repeat in range(3))
+    assert [_rotated(configurations, repeat)[0] for repeat in range(4)] == [
+        "off",
+        "metrics",
+        "full",
+        "off",
+    ]
+    assert all(
+        sorted(_rotated(configurations, repeat)) == sorted(configurations) for repeat in range(3)
+    )
 
 
-def test_bench_throughput_compares_a_json_schema_run_generating_as_many_tokens(tiny_llama_dir, capsys):
+def test_bench_throughput_compares_a_json_schema_run_generating_as_many_tokens(
+    tiny_llama_dir, capsys
+):
     argv = ["bench", "throughput", "--model", str(tiny_llama_dir), *TINY, "--workloads", "w1", "--num-requests", "2",
             "--repeats", "1", "--compare-schema"]  # fmt: skip
     assert run(argv) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("fcfs", "json-schema "))}
+    rows = {
+        line.split()[0]: line.split()
+        for line in out.splitlines()
+        if line.startswith(("fcfs", "json-schema "))
+    }
     assert set(rows) == {"fcfs", "json-schema"} and rows["fcfs"][-1] == "1.00x"
     assert "json-schema / fcfs time:" in out

@@ -78,7 +78,9 @@ def assert_failed_alone(engine, driver, poisoned, healthy, outputs, message: str
 def test_prefix_match_error_fails_only_that_request(make_engine, driver):
     engine = make_engine(plugins=["fcfs"], extra=[RaisingPrefixCache()])
     poisoned, healthy, outputs = run_mixed(engine, driver)
-    assert_failed_alone(engine, driver, poisoned, healthy, outputs, "(spyglass_match_prefix) failed: KeyError")
+    assert_failed_alone(
+        engine, driver, poisoned, healthy, outputs, "(spyglass_match_prefix) failed: KeyError"
+    )
 
 
 def test_malformed_prefix_match_fails_the_request(make_engine, driver):
@@ -87,7 +89,11 @@ def test_malformed_prefix_match_fails_the_request(make_engine, driver):
     class Liar:
         @hookimpl
         def spyglass_match_prefix(self, request, block_pool, block_size):
-            return PrefixMatch((10_000,), block_size) if request.prompt_token_ids[0] == POISON else None
+            return (
+                PrefixMatch((10_000,), block_size)
+                if request.prompt_token_ids[0] == POISON
+                else None
+            )
 
     engine = make_engine(plugins=["fcfs"], extra=[Liar()])
     poisoned, healthy, outputs = run_mixed(engine, driver)
@@ -106,15 +112,22 @@ class FaultyOrder(FcfsPolicy):
 
 
 def test_admission_order_error_fails_the_waiting_requests_only(make_engine, driver):
-    engine = make_engine(plugins=[], extra=[PolicyPlugin(FaultyOrder())], scheduling_policy="faulty")
+    engine = make_engine(
+        plugins=[], extra=[PolicyPlugin(FaultyOrder())], scheduling_policy="faulty"
+    )
     running = driver.add(engine, [40] * 6, greedy(6))
     engine.step()
     poisoned = driver.add(engine, [POISON] * 6, greedy())
     outputs = driver.drain(engine)
     assert outputs[running.req_id].outputs[0].finish_reason == "length"
     assert poisoned.finish_reason.value == "error"
-    assert "scheduling policy 'faulty' failed in admission_order: ValueError: bad ordering" == poisoned.error
-    assert engine.hooks.num_errors["faulty.admission_order"] == 1  # exported as plugin_hook_errors_total
+    assert (
+        poisoned.error
+        == "scheduling policy 'faulty' failed in admission_order: ValueError: bad ordering"
+    )
+    assert (
+        engine.hooks.num_errors["faulty.admission_order"] == 1
+    )  # exported as plugin_hook_errors_total
 
 
 class FaultyVictim(FcfsPolicy):
@@ -128,11 +141,20 @@ class FaultyVictim(FcfsPolicy):
 
 def test_choose_victim_error_fails_the_needy_request(make_engine, driver):
     # 6 blocks of 4 tokens: three 8-token prompts (2 blocks each) fill the pool, then must grow.
-    engine = make_engine(plugins=[], extra=[PolicyPlugin(FaultyVictim())], scheduling_policy="faulty", num_kv_blocks=6)
-    poisoned = driver.add(engine, [POISON] * 8, greedy(8))  # first in the batch: first to need a third block
+    engine = make_engine(
+        plugins=[],
+        extra=[PolicyPlugin(FaultyVictim())],
+        scheduling_policy="faulty",
+        num_kv_blocks=6,
+    )
+    poisoned = driver.add(
+        engine, [POISON] * 8, greedy(8)
+    )  # first in the batch: first to need a third block
     healthy = [driver.add(engine, [20 + i] * 8, greedy()) for i in range(2)]
     outputs = driver.drain(engine)
-    assert_failed_alone(engine, driver, poisoned, healthy, outputs, "failed in choose_victim: ValueError")
+    assert_failed_alone(
+        engine, driver, poisoned, healthy, outputs, "failed in choose_victim: ValueError"
+    )
 
 
 class FaultyPreempt(PriorityPolicy):
@@ -209,7 +231,9 @@ class Nameless:
         raise RuntimeError("no label")
 
 
-@pytest.mark.parametrize("policy", [Nameless(), "fcfs", FcfsPolicy], ids=["nameless", "a-string", "a-class"])
+@pytest.mark.parametrize(
+    "policy", [Nameless(), "fcfs", FcfsPolicy], ids=["nameless", "a-string", "a-class"]
+)
 def test_a_policy_that_breaks_the_protocol_fails_the_start(make_engine, policy):
     with pytest.raises(TypeError, match="SchedulingPolicy protocol"):
         make_engine(plugins=[], extra=[PolicyPlugin(policy)], scheduling_policy="faulty")
@@ -228,8 +252,11 @@ class Proposer:
         return {r.req_id: self.drafts for r in requests}
 
 
-@pytest.mark.parametrize("drafts", [[5, 10**9, 6], [5, -1], ["x"], RuntimeError("drafter down")],
-                         ids=["out-of-vocab", "negative", "not-an-int", "raises"])
+@pytest.mark.parametrize(
+    "drafts",
+    [[5, 10**9, 6], [5, -1], ["x"], RuntimeError("drafter down")],
+    ids=["out-of-vocab", "negative", "not-an-int", "raises"],
+)
 def test_a_bad_proposer_costs_speculation_not_requests(make_engine, driver, drafts):
     prompt = [5, 6, 7, 8] * 3
     plain = make_engine(plugins=["fcfs"])

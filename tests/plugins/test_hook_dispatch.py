@@ -44,14 +44,23 @@ class Wrapper:
 def test_event_hooks_follow_pluggy_order_and_wrappers(make_engine):
     calls: list = []
     # Registered in this order: pluggy calls the last registered first, tryfirst before all of them.
-    plugins = [First("first", calls), Recorder("early", calls), Recorder("late", calls, fail=True), Wrapper(calls)]
+    plugins = [
+        First("first", calls),
+        Recorder("early", calls),
+        Recorder("late", calls, fail=True),
+        Wrapper(calls),
+    ]
     engine = make_engine(extra=plugins)
     request = add(engine, [1, 2, 3])
     drain(engine)
     mine = [label for label, req_id in calls if req_id == request.req_id]
     assert mine == ["wrapper-before", "first", "late", "early", "wrapper-after"]
     # "late" raised: counted under its plugin name, and "early" and the wrapper still ran.
-    late_errors = [key for key, count in engine.hooks.num_errors.items() if count and "spyglass_request_finished" in key]
+    late_errors = [
+        key
+        for key, count in engine.hooks.num_errors.items()
+        if count and "spyglass_request_finished" in key
+    ]
     assert len(late_errors) == 1 and engine.hooks.num_errors[late_errors[0]] == 1
     engine.shutdown()
 
@@ -75,5 +84,8 @@ def test_a_plugin_that_cannot_be_imported_is_named(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: spyglass-broken\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[spyglass]\nbroken = spyglass_no_such_module:Plugin\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(RuntimeError, match=r"plugin 'broken' \(spyglass_no_such_module:Plugin\) could not be loaded"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"plugin 'broken' \(spyglass_no_such_module:Plugin\) could not be loaded",
+    ):
         create_plugin_manager(["fcfs", "broken"])

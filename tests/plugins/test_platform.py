@@ -8,18 +8,33 @@ from pathlib import Path
 import pytest
 
 from spyglass.core.cli import plugins as cli_plugins
-from spyglass.core.engine import hook_catalogue
-from spyglass.core.engine import hookspecs
-from spyglass.core.engine.plugin_manager import ENTRY_POINT_GROUP, create_plugin_manager, describe_plugins
+from spyglass.core.engine import hook_catalogue, hookspecs
+from spyglass.core.engine.plugin_manager import (
+    ENTRY_POINT_GROUP,
+    create_plugin_manager,
+    describe_plugins,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILT_INS = {"fcfs", "static", "priority", "fair", "slo", "prefix_cache", "metrics", "tracing", "request_log"}
+BUILT_INS = {
+    "fcfs",
+    "static",
+    "priority",
+    "fair",
+    "slo",
+    "prefix_cache",
+    "metrics",
+    "tracing",
+    "request_log",
+}
 AUDIT = ROOT / "examples" / "plugins" / "spyglass-audit"
 
 
 def test_built_ins_are_ordinary_entry_points():
-    entry_points = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    assert BUILT_INS <= entry_points.keys()
+    entry_points = {
+        ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    }
+    assert entry_points.keys() >= BUILT_INS
     pm = create_plugin_manager()
     for name in BUILT_INS:
         plugin = pm.get_plugin(name)
@@ -33,7 +48,10 @@ def test_built_ins_are_ordinary_entry_points():
 def test_enable_disable_and_unknown_names():
     names = {name for name, _ in describe_plugins(create_plugin_manager(["fcfs", "prefix_cache"]))}
     assert names == {"fcfs", "prefix_cache"}
-    names = {name for name, _ in describe_plugins(create_plugin_manager(disabled=["prefix_cache", "tracing"]))}
+    names = {
+        name
+        for name, _ in describe_plugins(create_plugin_manager(disabled=["prefix_cache", "tracing"]))
+    }
     assert "fcfs" in names and not names & {"prefix_cache", "tracing"}
     with pytest.raises(ValueError, match="unknown plugin"):
         create_plugin_manager(["no_such_plugin"])
@@ -45,7 +63,10 @@ def test_spyglass_plugins_lists_plugins_and_hooks(capsys):
     lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
     assert "tracing" not in lines
     assert lines["prefix_cache"].split(", ") == [
-        "spyglass_blocks_full", "spyglass_engine_started", "spyglass_engine_stopped", "spyglass_match_prefix",
+        "spyglass_blocks_full",
+        "spyglass_engine_started",
+        "spyglass_engine_stopped",
+        "spyglass_match_prefix",
         "spyglass_request_scheduled",
     ]
     assert lines["priority"] == "spyglass_scheduling_policy"
@@ -59,7 +80,9 @@ def test_every_hookspec_has_a_docstring():
 
 def test_hook_catalogue_is_current():
     committed = (ROOT / "docs" / "hooks.md").read_text()
-    assert committed == hook_catalogue.render(), "run: python -m spyglass.core.engine.hook_catalogue > docs/hooks.md"
+    assert committed == hook_catalogue.render(), (
+        "run: python -m spyglass.core.engine.hook_catalogue > docs/hooks.md"
+    )
     guide = (ROOT / "docs" / "plugins.md").read_text()
     assert "hooks.md" in guide and "hook_catalogue" in guide
 
@@ -73,7 +96,7 @@ follow_imports = silent
 follow_imports = skip
 """
 
-BAD_PLUGIN = '''
+BAD_PLUGIN = """
 from collections.abc import Iterable, Sequence
 
 from spyglass.core.plugin_api import (
@@ -101,7 +124,7 @@ def spyglass_request_finished(request: Request, reason: int) -> None:
 @implements(hookspecs.spyglass_step_finished)
 def spyglass_step_finished(step: StepStats) -> None:
     pass
-'''
+"""
 
 
 def run_mypy(tmp_path: Path, target: Path) -> subprocess.CompletedProcess:
@@ -115,12 +138,16 @@ def run_mypy(tmp_path: Path, target: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "mypy", "--strict", "--config-file", str(tmp_path / "mypy.ini"),
                "--cache-dir", str(tmp_path / "cache"), str(target)]  # fmt: skip
     env = {"MYPYPATH": str(tmp_path / "stubs"), "PATH": "/usr/bin:/bin"}
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    return subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
 
 
 def test_example_plugin_passes_mypy_strict_and_a_wrong_one_does_not(tmp_path):
     good = run_mypy(tmp_path, AUDIT / "spyglass_audit")
-    assert good.returncode == 0, good.stdout + good.stderr  # no error from Spyglass's own files either
+    assert good.returncode == 0, (
+        good.stdout + good.stderr
+    )  # no error from Spyglass's own files either
     bad_file = tmp_path / "bad_plugin.py"
     bad_file.write_text(BAD_PLUGIN)
     bad = run_mypy(tmp_path, bad_file)
@@ -128,8 +155,10 @@ def test_example_plugin_passes_mypy_strict_and_a_wrong_one_does_not(tmp_path):
     assert 'expected "Callable[[Request, FinishReason], None]"' in bad.stdout
     assert '"Request" has no attribute "num_output_token"' in bad.stdout
     assert 'expected "def (stats: StepStats) -> None"' in bad.stdout
-    assert 'Cannot instantiate abstract class "HalfPolicy" with abstract attributes "choose_victim" and ' \
-           '"waiting_class"' in bad.stdout
+    assert (
+        'Cannot instantiate abstract class "HalfPolicy" with abstract attributes "choose_victim" and '
+        '"waiting_class"' in bad.stdout
+    )
     assert "stubs/spyglass" not in bad.stdout  # every error is the plugin's
 
 
@@ -152,8 +181,15 @@ def test_factories_get_the_engine_context_and_modules_stay_modules():
 
     telemetry = TelemetrySettings(metrics=False)
     context = PluginContext.for_config(EngineConfig(engine_id="e7", telemetry=telemetry))
-    assert (context.engine_id, context.config.engine_id, context.telemetry) == ("e7", "e7", telemetry)
-    assert PluginContext.for_config(EngineConfig()).engine_id != PluginContext.for_config(EngineConfig()).engine_id
+    assert (context.engine_id, context.config.engine_id, context.telemetry) == (
+        "e7",
+        "e7",
+        telemetry,
+    )
+    assert (
+        PluginContext.for_config(EngineConfig()).engine_id
+        != PluginContext.for_config(EngineConfig()).engine_id
+    )
 
     class Plugin:
         def __init__(self, context):
@@ -174,5 +210,7 @@ def test_the_guide_names_every_engine_option():
     from spyglass.core.engine.config import EngineConfig
 
     guide = (ROOT / "docs" / "plugins.md").read_text()
-    missing = [field.name for field in dataclasses.fields(EngineConfig) if f"`{field.name}`" not in guide]
+    missing = [
+        field.name for field in dataclasses.fields(EngineConfig) if f"`{field.name}`" not in guide
+    ]
     assert not missing, f"docs/plugins.md does not name the LLM(**engine_options) names {missing}"

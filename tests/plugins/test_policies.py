@@ -17,10 +17,15 @@ def admission_order(requests) -> list:
 
 def test_priority_admits_lower_numbers_first(make_engine, driver):
     engine = make_engine(plugins=["priority"], scheduling_policy="priority", max_num_seqs=1)
-    requests = [driver.add(engine, [10 + i] * 6, greedy(2, priority=p)) for i, p in enumerate([3, 1, 2, 1])]
+    requests = [
+        driver.add(engine, [10 + i] * 6, greedy(2, priority=p)) for i, p in enumerate([3, 1, 2, 1])
+    ]
     driver.drain(engine)
     assert [r.sampling_params.priority for r in admission_order(requests)] == [1, 1, 2, 3]
-    assert admission_order(requests)[:2] == [requests[1], requests[3]]  # equal priority: arrival order
+    assert admission_order(requests)[:2] == [
+        requests[1],
+        requests[3],
+    ]  # equal priority: arrival order
 
 
 @pytest.mark.parametrize("policy", ["priority", "fcfs"])
@@ -58,14 +63,19 @@ def test_fcfs_refills_the_batch_as_soon_as_a_seat_frees(make_engine, driver):
 
 def test_fair_alternates_tenants(make_engine, driver):
     engine = make_engine(plugins=["fair"], scheduling_policy="fair", max_num_seqs=1)
-    requests = [driver.add(engine, [30 + i] * 5, greedy(2), tenant=t) for i, t in enumerate("AAABBB")]
+    requests = [
+        driver.add(engine, [30 + i] * 5, greedy(2), tenant=t) for i, t in enumerate("AAABBB")
+    ]
     driver.drain(engine)
     assert [r.attributes["tenant"] for r in admission_order(requests)] == list("ABABAB")
 
 
 def test_fair_weights_from_plugin_options(make_engine, driver):
     engine = make_engine(
-        plugins=["fair"], scheduling_policy="fair", max_num_seqs=1, plugin_options={"fair_weights": "A=2"}
+        plugins=["fair"],
+        scheduling_policy="fair",
+        max_num_seqs=1,
+        plugin_options={"fair_weights": "A=2"},
     )
     requests = [driver.add(engine, [30 + i] * 5, greedy(1), user=t) for i, t in enumerate("AAAABB")]
     driver.drain(engine)
@@ -75,19 +85,36 @@ def test_fair_weights_from_plugin_options(make_engine, driver):
 
 def test_slo_runs_earliest_deadline_first_and_counts_misses(make_engine, driver):
     engine = make_engine(
-        plugins=["slo"], scheduling_policy="slo", max_num_seqs=1, plugin_options={"slo_ttft": "gold=0.5"}
+        plugins=["slo"],
+        scheduling_policy="slo",
+        max_num_seqs=1,
+        plugin_options={"slo_ttft": "gold=0.5"},
     )
     targets = [30.0, 10.0, None, 20.0]  # None: the tenant default, 0.5 s
     requests = [
-        driver.add(engine, [40 + i] * 5, greedy(2, extra={} if t is None else {"ttft_slo_s": t}), tenant="gold")
+        driver.add(
+            engine,
+            [40 + i] * 5,
+            greedy(2, extra={} if t is None else {"ttft_slo_s": t}),
+            tenant="gold",
+        )
         for i, t in enumerate(targets)
     ]
     late = driver.add(engine, [50] * 5, greedy(2, extra={"ttft_slo_s": 0.0}))
-    before = REGISTRY.get_sample_value("spyglass:slo_deadline_misses_total", {"model_name": engine.model_name, "engine": engine.engine_id}) or 0
+    before = (
+        REGISTRY.get_sample_value(
+            "spyglass:slo_deadline_misses_total",
+            {"model_name": engine.model_name, "engine": engine.engine_id},
+        )
+        or 0
+    )
     driver.drain(engine)
     assert admission_order(requests + [late])[0] is late
     assert admission_order(requests) == [requests[2], requests[1], requests[3], requests[0]]
     policy = engine.scheduler.policy
     assert policy.num_deadline_misses >= 1
-    after = REGISTRY.get_sample_value("spyglass:slo_deadline_misses_total", {"model_name": engine.model_name, "engine": engine.engine_id})
+    after = REGISTRY.get_sample_value(
+        "spyglass:slo_deadline_misses_total",
+        {"model_name": engine.model_name, "engine": engine.engine_id},
+    )
     assert after - before == policy.num_deadline_misses

@@ -59,9 +59,13 @@ def test_generated_tokens_are_cached_too(make_engine, driver):
     engine = make_engine()
     first = driver.add(engine, [7, 8, 9, 10, 11], greedy(8))
     driver.drain(engine)
-    follow_up = driver.add(engine, first.all_token_ids + [12], greedy(2))  # a multi-turn continuation
+    follow_up = driver.add(
+        engine, first.all_token_ids + [12], greedy(2)
+    )  # a multi-turn continuation
     driver.drain(engine)
-    assert follow_up.num_cached_tokens == 12  # 13 known tokens: three full blocks, the last one recomputed
+    assert (
+        follow_up.num_cached_tokens == 12
+    )  # 13 known tokens: three full blocks, the last one recomputed
 
 
 def test_chained_hashes_depend_on_every_earlier_block(make_engine, driver):
@@ -83,7 +87,9 @@ def test_eviction_under_a_tiny_kv_budget(make_engine, driver):
     driver.drain(engine)
     assert hit.num_cached_tokens == 8
     pool = engine.kv.pool
-    assert len(pool._cached) > 0 and pool.num_free_blocks == pool.num_blocks  # cached blocks sit in the free queue
+    assert (
+        len(pool._cached) > 0 and pool.num_free_blocks == pool.num_blocks
+    )  # cached blocks sit in the free queue
     for i in range(3):  # unrelated work needing every block evicts the cached ones, oldest first
         driver.add(engine, list(range(700 + 40 * i, 728 + 40 * i)), greedy(4))
         driver.drain(engine)
@@ -93,17 +99,25 @@ def test_eviction_under_a_tiny_kv_budget(make_engine, driver):
     assert again.num_cached_tokens == 0
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     seed=st.integers(0, 2**16),
     num_requests=st.integers(2, 10),
     num_blocks=st.integers(6, 16),
     abort_rate=st.sampled_from([0.0, 0.1, 0.3]),
 )
-def test_integrity_under_random_shared_prefix_load(make_engine, driver, seed, num_requests, num_blocks, abort_rate):
+def test_integrity_under_random_shared_prefix_load(
+    make_engine, driver, seed, num_requests, num_blocks, abort_rate
+):
     rng = random.Random(seed)
-    engine = make_engine(num_kv_blocks=num_blocks, max_num_batched_tokens=16, max_num_seqs=rng.choice([2, 4, 8]))
-    prefixes = [[rng.randrange(100, 200) for _ in range(rng.choice([0, 3, 4, 8]))] for _ in range(3)]
+    engine = make_engine(
+        num_kv_blocks=num_blocks, max_num_batched_tokens=16, max_num_seqs=rng.choice([2, 4, 8])
+    )
+    prefixes = [
+        [rng.randrange(100, 200) for _ in range(rng.choice([0, 3, 4, 8]))] for _ in range(3)
+    ]
     pending = []
     for _ in range(num_requests):
         prompt = rng.choice(prefixes) + [rng.randrange(100, 200) for _ in range(rng.randint(1, 6))]
@@ -119,7 +133,9 @@ def test_integrity_under_random_shared_prefix_load(make_engine, driver, seed, nu
         if not pending and not engine.has_unfinished_requests:
             break
     assert not engine.has_unfinished_requests
-    assert all(r.finish_reason is not None and r.finish_reason.value in ("length", "abort") for r in live)
+    assert all(
+        r.finish_reason is not None and r.finish_reason.value in ("length", "abort") for r in live
+    )
     assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
 
 

@@ -10,7 +10,11 @@ import re
 import jsonschema
 import pytest
 
-from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams, StructuredOutput
+from spyglass.core.engine.sampling_params import (
+    InvalidRequestError,
+    SamplingParams,
+    StructuredOutput,
+)
 
 PLUGINS = ("fcfs", "structured_output")
 PROMPT = list(range(100, 120))
@@ -30,15 +34,25 @@ CITY_SCHEMA = {
 }
 
 
-def _params(spec: StructuredOutput, seed: int, temperature: float = 1.0, max_tokens: int = 200) -> SamplingParams:
-    return SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens, structured_output=spec)
+def _params(
+    spec: StructuredOutput, seed: int, temperature: float = 1.0, max_tokens: int = 200
+) -> SamplingParams:
+    return SamplingParams(
+        temperature=temperature, seed=seed, max_tokens=max_tokens, structured_output=spec
+    )
 
 
 @pytest.mark.parametrize(
     "spec, matches",
     [
-        (StructuredOutput("regex", r"[0-9]{3}-[a-z]{2,4}"), lambda text: re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", text)),
-        (StructuredOutput("choice", ["red", "green", "blue"]), lambda text: text in ("red", "green", "blue")),
+        (
+            StructuredOutput("regex", r"[0-9]{3}-[a-z]{2,4}"),
+            lambda text: re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", text),
+        ),
+        (
+            StructuredOutput("choice", ["red", "green", "blue"]),
+            lambda text: text in ("red", "green", "blue"),
+        ),
         (
             StructuredOutput("grammar", 'start: "(" NUMBER ("+" NUMBER)* ")"\nNUMBER: /[1-9]/'),
             lambda text: re.fullmatch(r"\([1-9](\+[1-9])*\)", text),
@@ -61,9 +75,14 @@ def test_random_model_output_always_matches(make_engine, driver, spec, matches):
 def test_default_model_json_schema_is_valid_twenty_times_of_twenty(make_default_engine, driver):
     engine = make_default_engine(plugins=PLUGINS)
     tokenizer = engine.tokenizer
-    prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "Describe Lyon as JSON."}]))
+    prompt = tokenizer.encode(
+        tokenizer.apply_chat_template([{"role": "user", "content": "Describe Lyon as JSON."}])
+    )
     spec = StructuredOutput("json_schema", CITY_SCHEMA)
-    requests = [driver.add(engine, prompt, _params(spec, seed, temperature=0.0 if seed < 2 else 0.8)) for seed in range(20)]
+    requests = [
+        driver.add(engine, prompt, _params(spec, seed, temperature=0.0 if seed < 2 else 0.8))
+        for seed in range(20)
+    ]
     outputs = driver.drain(engine)
     for request in requests:
         output = outputs[request.req_id].outputs[0]
@@ -75,9 +94,18 @@ def test_json_object_always_parses(make_default_engine, driver):
     engine = make_default_engine(plugins=PLUGINS)
     tokenizer = engine.tokenizer
     spec = StructuredOutput("json_object")
-    questions = ('Return {"name": "Bob", "age": 30} as JSON.', "A JSON object with the keys city and country for Paris.")
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in questions]
-    requests = [driver.add(engine, prompt, _params(spec, 0, temperature=0.0, max_tokens=300)) for prompt in prompts]
+    questions = (
+        'Return {"name": "Bob", "age": 30} as JSON.',
+        "A JSON object with the keys city and country for Paris.",
+    )
+    prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}]))
+        for q in questions
+    ]
+    requests = [
+        driver.add(engine, prompt, _params(spec, 0, temperature=0.0, max_tokens=300))
+        for prompt in prompts
+    ]
     outputs = driver.drain(engine)
     for request in requests:
         assert outputs[request.req_id].outputs[0].finish_reason == "stop"
@@ -93,7 +121,9 @@ def test_speculative_decoding_with_a_schema_gives_the_same_output(make_default_e
         engine = make_default_engine(plugins=(*PLUGINS, "ngram"), speculative=method)
         tokenizer = engine.tokenizer
         question = 'Repeat exactly: {"city": "Lyon", "kind": "town", "population": 500000, "landmarks": ["Fourviere"]}'
-        prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": question}]))
+        prompt = tokenizer.encode(
+            tokenizer.apply_chat_template([{"role": "user", "content": question}])
+        )
         request = driver.add(engine, prompt, _params(spec, 0, temperature=0.0))
         texts[method] = driver.drain(engine)[request.req_id].outputs[0].text
         if method:
@@ -105,11 +135,16 @@ def test_speculative_decoding_with_a_schema_gives_the_same_output(make_default_e
 def test_preemption_keeps_the_constrained_output(make_engine, driver):
     spec = StructuredOutput("regex", r"(ab|cd|ef){5,8}")
     baseline = make_engine(plugins=PLUGINS, num_kv_blocks=256)
-    expected = [driver.add(baseline, PROMPT[: 8 + i], _params(spec, i, 0.0, max_tokens=30)) for i in range(6)]
+    expected = [
+        driver.add(baseline, PROMPT[: 8 + i], _params(spec, i, 0.0, max_tokens=30))
+        for i in range(6)
+    ]
     outputs = driver.drain(baseline)
     want = [outputs[r.req_id].outputs[0].text for r in expected]
     tight = make_engine(plugins=PLUGINS, num_kv_blocks=14)
-    requests = [driver.add(tight, PROMPT[: 8 + i], _params(spec, i, 0.0, max_tokens=30)) for i in range(6)]
+    requests = [
+        driver.add(tight, PROMPT[: 8 + i], _params(spec, i, 0.0, max_tokens=30)) for i in range(6)
+    ]
     outputs = driver.drain(tight)
     assert sum(r.num_preemptions for r in requests) > 0
     assert [outputs[r.req_id].outputs[0].text for r in requests] == want
@@ -118,13 +153,23 @@ def test_preemption_keeps_the_constrained_output(make_engine, driver):
 
 def test_logit_bias_forces_and_forbids_tokens(make_engine, driver):
     engine = make_engine(plugins=("fcfs",))
-    plain = driver.add(engine, PROMPT, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    forced = driver.add(engine, PROMPT, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={7: 100}))
+    plain = driver.add(
+        engine, PROMPT, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    )
+    forced = driver.add(
+        engine,
+        PROMPT,
+        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={7: 100}),
+    )
     outputs = driver.drain(engine)
     greedy = outputs[plain.req_id].outputs[0].token_ids
     assert outputs[forced.req_id].outputs[0].token_ids == [7, 7, 7, 7]
     banned = driver.add(
-        engine, PROMPT, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={greedy[0]: -100})
+        engine,
+        PROMPT,
+        SamplingParams(
+            temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={greedy[0]: -100}
+        ),
     )
     assert driver.drain(engine)[banned.req_id].outputs[0].token_ids[0] != greedy[0]
     with pytest.raises(InvalidRequestError, match="logit_bias"):
@@ -137,7 +182,9 @@ def test_invalid_specs_and_missing_backend_are_request_errors(make_engine, drive
     engine = make_engine(plugins=PLUGINS)
     for spec in (
         StructuredOutput("regex", "(unclosed"),
-        StructuredOutput("json_schema", {"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
+        StructuredOutput(
+            "json_schema", {"type": "object", "properties": {"a": {"type": "no-such-type"}}}
+        ),
         StructuredOutput("choice", []),
         StructuredOutput("grammar", "start: undefined_rule"),
     ):
@@ -152,7 +199,9 @@ def test_invalid_specs_and_missing_backend_are_request_errors(make_engine, drive
 
 def test_each_engine_has_its_own_backend_instance(make_engine):
     first, second = make_engine(plugins=PLUGINS), make_engine(plugins=PLUGINS)
-    assert first.plugin_manager.get_plugin("structured_output") is not second.plugin_manager.get_plugin("structured_output")
+    assert first.plugin_manager.get_plugin(
+        "structured_output"
+    ) is not second.plugin_manager.get_plugin("structured_output")
 
 
 def test_a_constraint_the_vocabulary_cannot_start_is_refused(make_engine, driver):

@@ -34,12 +34,16 @@ def greedy(max_tokens: int = 3) -> SamplingParams:
 
 
 def sample(name: str, engine, model: str, **labels) -> float | None:
-    return REGISTRY.get_sample_value(name, {"model_name": model, "engine": engine.engine_id, **labels})
+    return REGISTRY.get_sample_value(
+        name, {"model_name": model, "engine": engine.engine_id, **labels}
+    )
 
 
 def engine_series(engine_id: str) -> list[str]:
     """Every sample in the registry labelled with this engine id."""
-    return [s.name for m in REGISTRY.collect() for s in m.samples if s.labels.get("engine") == engine_id]
+    return [
+        s.name for m in REGISTRY.collect() for s in m.samples if s.labels.get("engine") == engine_id
+    ]
 
 
 @pytest.fixture
@@ -59,7 +63,11 @@ def request_lines():
     stream, root = io.StringIO(), logging.getLogger()
     handlers, level = root.handlers[:], root.level
     setup_logging(logging.INFO, json=True, stream=stream)
-    yield lambda: [r for r in map(json.loads, stream.getvalue().splitlines()) if r["event"] == "request finished"]
+    yield lambda: [
+        r
+        for r in map(json.loads, stream.getvalue().splitlines())
+        if r["event"] == "request finished"
+    ]
     root.handlers[:], root.level = handlers, level
 
 
@@ -77,7 +85,9 @@ class StopWatch:
 
 def test_two_unrelated_engines_keep_their_own_telemetry(make_engine, driver, spans, request_lines):
     a = make_engine(TELEMETRY_PLUGINS, telemetry=TelemetrySettings(served_model_name="alpha"))
-    b = make_engine(TELEMETRY_PLUGINS, telemetry=TelemetrySettings(served_model_name="beta", metrics=True))
+    b = make_engine(
+        TELEMETRY_PLUGINS, telemetry=TelemetrySettings(served_model_name="beta", metrics=True)
+    )
     assert a.engine_id != b.engine_id
     for name in ("metrics", "tracing", "prefix_cache", "request_log"):
         assert a.plugin_manager.get_plugin(name) is not b.plugin_manager.get_plugin(name)
@@ -96,33 +106,60 @@ def test_two_unrelated_engines_keep_their_own_telemetry(make_engine, driver, spa
     by_engine = {s.attributes["spyglass.engine.id"]: [] for s in request_spans}
     for span in request_spans:
         by_engine[span.attributes["spyglass.engine.id"]].append(span.name)
-    assert by_engine == {a.engine_id: ["text_completion alpha"] * 2, b.engine_id: ["text_completion beta"]}
+    assert by_engine == {
+        a.engine_id: ["text_completion alpha"] * 2,
+        b.engine_id: ["text_completion beta"],
+    }
 
     lines = {line["req_id"]: line["engine"] for line in request_lines()}
-    assert lines == {**{r.req_id: a.engine_id for r in a_requests}, **{r.req_id: b.engine_id for r in b_requests}}
+    assert lines == {
+        **{r.req_id: a.engine_id for r in a_requests},
+        **{r.req_id: b.engine_id for r in b_requests},
+    }
 
     # B stops; A keeps serving, with its metrics, traces and log lines.
     b.shutdown()
-    assert sample("spyglass:engine_ready", b, "beta") == 0 and sample("spyglass:engine_ready", a, "alpha") == 1
+    assert (
+        sample("spyglass:engine_ready", b, "beta") == 0
+        and sample("spyglass:engine_ready", a, "alpha") == 1
+    )
     assert engine_series(b.engine_id) == ["spyglass:engine_ready"]
     later = driver.add(a, list(range(60, 66)), greedy())
     driver.drain(a)
     assert sample("spyglass:request_success_total", a, "alpha", finished_reason="length") == 3
-    assert request_lines()[-1]["req_id"] == later.req_id and request_lines()[-1]["engine"] == a.engine_id
-    assert len([s for s in spans.get_finished_spans() if s.attributes.get("spyglass.engine.id") == a.engine_id]) == 3
+    assert (
+        request_lines()[-1]["req_id"] == later.req_id
+        and request_lines()[-1]["engine"] == a.engine_id
+    )
+    assert (
+        len(
+            [
+                s
+                for s in spans.get_finished_spans()
+                if s.attributes.get("spyglass.engine.id") == a.engine_id
+            ]
+        )
+        == 3
+    )
 
 
-def test_a_draft_engine_belongs_to_its_proposer_and_stops_with_its_target(make_engine, driver, tiny_llama_dir):
+def test_a_draft_engine_belongs_to_its_proposer_and_stops_with_its_target(
+    make_engine, driver, tiny_llama_dir
+):
     options = {"speculative": "draft", "num_speculative_tokens": 2}
     options["plugin_options"] = {"draft_model": str(tiny_llama_dir)}
     plugins = ["fcfs", "prefix_cache", "metrics", "draft_model"]
-    target = make_engine(plugins, telemetry=TelemetrySettings(served_model_name="target"), **options)
+    target = make_engine(
+        plugins, telemetry=TelemetrySettings(served_model_name="target"), **options
+    )
     other = make_engine(plugins, telemetry=TelemetrySettings(served_model_name="other"), **options)
     proposer = target.plugin_manager.get_plugin("draft_model")
     draft = proposer.drafter.engine
     assert draft.engine_id == f"{target.engine_id}-draft"
     assert other.plugin_manager.get_plugin("draft_model").drafter.engine is not draft
-    assert draft.plugin_manager.get_plugin("prefix_cache") is not target.plugin_manager.get_plugin("prefix_cache")
+    assert draft.plugin_manager.get_plugin("prefix_cache") is not target.plugin_manager.get_plugin(
+        "prefix_cache"
+    )
     assert not draft.context.telemetry.metrics and not draft.context.telemetry.tracing
     watch = StopWatch()
     draft.plugin_manager.register(watch)
@@ -140,7 +177,9 @@ def test_a_draft_engine_belongs_to_its_proposer_and_stops_with_its_target(make_e
 
     target.shutdown()
     assert watch.stopped and proposer.drafter is None and not draft.has_unfinished_requests
-    assert other.plugin_manager.get_plugin("draft_model").drafter is not None  # the other target's draft lives on
+    assert (
+        other.plugin_manager.get_plugin("draft_model").drafter is not None
+    )  # the other target's draft lives on
 
 
 def _contents(value):
@@ -155,7 +194,9 @@ def _contents(value):
 
 
 def _plugin_module_state() -> dict:
-    modules = [name for name in sys.modules if name.startswith(("spyglass.plugins.", "spyglass_audit"))]
+    modules = [
+        name for name in sys.modules if name.startswith(("spyglass.plugins.", "spyglass_audit"))
+    ]
     return {
         (module, name): (id(value), _contents(value))
         for module in modules

@@ -3,10 +3,9 @@
 import asyncio
 import json
 
-from litestar.testing import TestClient
-
 import pytest
 import uvicorn
+from litestar.testing import TestClient
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,19 +23,29 @@ SYSTEM = "You are a careful assistant. " * 40  # 1,160 characters: 4 full blocks
 
 
 def _chat(system: str, user: str) -> bytes:
-    return json.dumps({"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}).encode()
+    return json.dumps(
+        {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+    ).encode()
 
 
 def test_requests_sharing_a_system_prompt_share_their_leading_block_names():
-    first, second = (prefix_blocks(routing_text(_chat(SYSTEM, user))) for user in ("hi", "what is 2+2?"))
+    first, second = (
+        prefix_blocks(routing_text(_chat(SYSTEM, user))) for user in ("hi", "what is 2+2?")
+    )
     shared = len("system: " + SYSTEM) // BLOCK_CHARS
     assert first[:shared] == second[:shared] and len(first) >= shared
     other = prefix_blocks(routing_text(_chat("Be terse. " + SYSTEM, "hi")))
-    assert not set(other) & set(first)  # names are chained from the start: no match after a difference
+    assert not set(other) & set(
+        first
+    )  # names are chained from the start: no match after a difference
 
 
 def test_routing_text_of_each_request_shape():
-    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]}
+    parts = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}
+        ]
+    }
     assert routing_text(json.dumps(parts).encode()) == "user: a"
     anthropic = {"system": "S", "messages": [{"role": "user", "content": "q"}]}
     assert routing_text(json.dumps(anthropic).encode()) == "system: S\x1euser: q"
@@ -74,13 +83,21 @@ async def _with_lifespan(app, scenario):
 def test_call_app_streams_a_real_app_and_closing_it_aborts_the_request(tiny_llama_dir):
     config = EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1)
     app = create_app(config, ServerOptions(served_model_name="tiny", shutdown_timeout=1))
-    body = json.dumps({"prompt": "Once upon", "max_tokens": 5000, "ignore_eos": True, "stream": True}).encode()
-    request = ForwardedRequest("POST", "/v1/completions", b"", [(b"content-type", b"application/json")], body)
+    body = json.dumps(
+        {"prompt": "Once upon", "max_tokens": 5000, "ignore_eos": True, "stream": True}
+    ).encode()
+    request = ForwardedRequest(
+        "POST", "/v1/completions", b"", [(b"content-type", b"application/json")], body
+    )
 
     async def scenario():
         async_engine = app.state.serving.async_engine
-        short = ForwardedRequest(request.method, request.path, b"", request.headers, body.replace(b"5000", b"3"))
-        chunks = [item async for item in call_app(app, short)]  # ends: the app is told the response went out
+        short = ForwardedRequest(
+            request.method, request.path, b"", request.headers, body.replace(b"5000", b"3")
+        )
+        chunks = [
+            item async for item in call_app(app, short)
+        ]  # ends: the app is told the response went out
         assert chunks[-1] == b"data: [DONE]\n\n" and len(chunks) == 1 + 3 + 1
         stream = call_app(app, request, [(b"x-spyglass-replica", b"7")])
         start, first = await anext(stream), await anext(stream)
@@ -119,19 +136,30 @@ def test_ingress_forwards_with_its_trace_context_and_answers_503_when_no_replica
         yield ResponseStart(201, [(b"traceparent", b"replica's"), (b"x-a", b"1")])
         yield b"ok"
 
-    ingress = TelemetryMiddleware(IngressApp(open_stream, 1 << 20, (ConnectionError,), frozenset({"/v1/completions"})))
+    ingress = TelemetryMiddleware(
+        IngressApp(open_stream, 1 << 20, (ConnectionError,), frozenset({"/v1/completions"}))
+    )
     with TestClient(ingress) as client:
         failed = client.post("/v1/completions", content=_chat(SYSTEM, "hi"))  # two tries, both died
-        served = client.post("/v1/completions", content=_chat(SYSTEM, "hi"), headers={"x-request-id": "r1"})
+        served = client.post(
+            "/v1/completions", content=_chat(SYSTEM, "hi"), headers={"x-request-id": "r1"}
+        )
         too_big = client.post("/v1/completions", content=b"x" * (2 << 20))
         metrics = client.get("/metrics")
     assert failed.status_code == 503 and failed.json()["error"]["code"] == "replica_unavailable"
     assert (served.status_code, served.text, served.headers["x-a"]) == (201, "ok", "1")
     assert served.headers["x-request-id"] == "r1"
-    ingress_span = next(s for s in spans.get_finished_spans() if s.attributes["spyglass.http.request_id"] == "r1")
+    ingress_span = next(
+        s for s in spans.get_finished_spans() if s.attributes["spyglass.http.request_id"] == "r1"
+    )
     assert ingress_span.name == "POST /v1/completions"
-    trace_id, span_id = (format(ingress_span.context.trace_id, "032x"), format(ingress_span.context.span_id, "016x"))
-    assert served.headers["traceparent"].startswith(f"00-{trace_id}-{span_id}-")  # the ingress's, not the replica's
+    trace_id, span_id = (
+        format(ingress_span.context.trace_id, "032x"),
+        format(ingress_span.context.span_id, "016x"),
+    )
+    assert served.headers["traceparent"].startswith(
+        f"00-{trace_id}-{span_id}-"
+    )  # the ingress's, not the replica's
     forwarded = dict(seen[-1].headers)
     assert forwarded[b"traceparent"] == served.headers["traceparent"].encode()
     assert forwarded[b"x-request-id"] == b"r1"

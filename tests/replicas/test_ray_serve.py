@@ -30,9 +30,11 @@ from spyglass.telemetry import settings as telemetry_settings  # noqa: E402
 APP = "spyglass-test"
 SYSTEM_PROMPTS = [  # two long system prompts (about 90 tokens each, several KV blocks), three questions each
     "You are Ada, a meticulous assistant for a railway company. Answer questions about timetables, fares, "
-    "platforms and delays. Always state the station names in full and never guess a platform number. " * 3,
+    "platforms and delays. Always state the station names in full and never guess a platform number. "
+    * 3,
     "You are Bo, a patient tutor of elementary geometry. Explain each step, name every theorem you use, "
-    "and finish with a one-sentence summary that a ten-year-old could follow without any drawing. " * 3,
+    "and finish with a one-sentence summary that a ten-year-old could follow without any drawing. "
+    * 3,
 ]
 QUESTIONS = ["When is the next train?", "How much is a return ticket?", "Is the 9:15 late?"]
 
@@ -40,9 +42,16 @@ QUESTIONS = ["When is the next train?", "How much is a return ticket?", "Is the 
 def _requests() -> list[dict]:
     """Interleaved: A1, B1, A2, B2, A3, B3."""
     return [
-        {"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
-         "max_tokens": 2, "temperature": 0}
-        for question in QUESTIONS for system in SYSTEM_PROMPTS
+        {
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": question},
+            ],
+            "max_tokens": 2,
+            "temperature": 0,
+        }
+        for question in QUESTIONS
+        for system in SYSTEM_PROMPTS
     ]
 
 
@@ -70,7 +79,9 @@ class _OtlpReceiver(BaseHTTPRequestHandler):
     spans: ClassVar[list] = []
 
     def do_POST(self):
-        request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+        request = ExportTraceServiceRequest.FromString(
+            self.rfile.read(int(self.headers["Content-Length"]))
+        )
         for resource_spans in request.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 self.spans.extend(scope_spans.spans)
@@ -99,7 +110,9 @@ class Cluster:
             total = defaultdict(float)
             for s in samples:
                 total[s.name] += s.value
-            counts[str(rank)] = tuple(total[f"spyglass:prefix_cache_{name}_total"] for name in ("queries", "hits"))
+            counts[str(rank)] = tuple(
+                total[f"spyglass:prefix_cache_{name}_total"] for name in ("queries", "hits")
+            )
         return counts
 
 
@@ -112,15 +125,31 @@ def cluster(tiny_llama_dir):
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     env = {"OTEL_BSP_SCHEDULE_DELAY": "100"}  # replicas export spans within 0.1 s
     if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]  # spyglass from this checkout when it is not installed
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=128 << 20,
-             runtime_env={"env_vars": env})
+        env["PYTHONPATH"] = os.environ[
+            "PYTHONPATH"
+        ]  # spyglass from this checkout when it is not installed
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=128 << 20,
+        runtime_env={"env_vars": env},
+    )
     port, replica_port = _free_ports(1), _free_ports(2)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    telemetry = telemetry_settings.TelemetrySettings(otlp_traces_endpoint=f"http://127.0.0.1:{receiver.server_port}")
-    options = ServerOptions(host="127.0.0.1", port=port, served_model_name="tiny", shutdown_timeout=2)
-    application = build_application(EngineConfig(model=str(tiny_llama_dir), **ENGINE), options, telemetry,
-                                    num_replicas=2, replica_port=replica_port)
+    telemetry = telemetry_settings.TelemetrySettings(
+        otlp_traces_endpoint=f"http://127.0.0.1:{receiver.server_port}"
+    )
+    options = ServerOptions(
+        host="127.0.0.1", port=port, served_model_name="tiny", shutdown_timeout=2
+    )
+    application = build_application(
+        EngineConfig(model=str(tiny_llama_dir), **ENGINE),
+        options,
+        telemetry,
+        num_replicas=2,
+        replica_port=replica_port,
+    )
     serve.run(application, name=APP, route_prefix="/")
     yield Cluster(f"http://127.0.0.1:{port}", replica_port)
     serve.shutdown()
@@ -134,8 +163,10 @@ def single_engine_hit_rate(model_dir) -> float:
 
     def counts():
         samples = [s for family in REGISTRY.collect() for s in family.samples]
-        return [sum(s.value for s in samples if s.name == f"spyglass:prefix_cache_{name}_total")
-                for name in ("queries", "hits")]
+        return [
+            sum(s.value for s in samples if s.name == f"spyglass:prefix_cache_{name}_total")
+            for name in ("queries", "hits")
+        ]
 
     config = EngineConfig(model=str(model_dir), **ENGINE)
     with TestClient(create_app(config, ServerOptions(served_model_name="tiny"))) as client:
@@ -160,21 +191,30 @@ def test_router_prefers_the_prefix_holder_unless_its_queue_is_too_long():
 
     async def scenario():
         deployment = DeploymentID("EngineReplica", APP)
-        router = PrefixAffinityRouter(deployment, DeploymentHandleSource.UNKNOWN, use_replica_queue_len_cache=True)
+        router = PrefixAffinityRouter(
+            deployment, DeploymentHandleSource.UNKNOWN, use_replica_queue_len_cache=True
+        )
         router.initialize_state(max_load_gap=2)
         replicas = [SimpleNamespace(replica_id=ReplicaID(f"r{i}", deployment)) for i in range(3)]
         body = json.dumps(_requests()[0]).encode()
-        request = ForwardedRequest("POST", "/v1/chat/completions", b"", [], body, prefix_blocks(routing_text(body)))
+        request = ForwardedRequest(
+            "POST", "/v1/chat/completions", b"", [], body, prefix_blocks(routing_text(body))
+        )
         pending = PendingRequest(args=[request], kwargs={}, metadata=None)
         (first,) = await router.choose_replicas(replicas, pending)  # nobody has it: two at random
         assert len(first) == 2
         router.on_request_routed(pending, replicas[1].replica_id, None)
-        assert await router.choose_replicas(replicas, pending) == [[replicas[1]], [replicas[0], replicas[2]]]
+        assert await router.choose_replicas(replicas, pending) == [
+            [replicas[1]],
+            [replicas[0], replicas[2]],
+        ]
         for replica, queue_len in zip(replicas, (0, 3, 1)):
             router._replica_queue_len_cache.update(replica.replica_id, queue_len)
         assert len((await router.choose_replicas(replicas, pending))[0]) == 2  # 3 - 0 > 2: by load
         router._replica_queue_len_cache.update(replicas[1].replica_id, 2)
-        assert (await router.choose_replicas(replicas, pending))[0] == [replicas[1]]  # 2 - 0 <= 2: affinity
+        assert (await router.choose_replicas(replicas, pending))[0] == [
+            replicas[1]
+        ]  # 2 - 0 <= 2: affinity
         router.on_replica_actor_died(replicas[1].replica_id)
         assert len(router.table) == 0
 
@@ -195,27 +235,37 @@ def test_requests_sharing_a_system_prompt_go_to_the_replica_that_has_it(cluster,
     queries = sum(after[r][0] - before[r][0] for r in after)
     hits = sum(after[r][1] - before[r][1] for r in after)
     single = single_engine_hit_rate(tiny_llama_dir)
-    print(f"prefix hit rate: 2 replicas {hits / queries:.3f} ({hits:.0f}/{queries:.0f}), one engine {single:.3f}")
+    print(
+        f"prefix hit rate: 2 replicas {hits / queries:.3f} ({hits:.0f}/{queries:.0f}), one engine {single:.3f}"
+    )
     assert single > 0.5 and hits / queries >= 0.9 * single
 
 
 def test_streaming_and_client_disconnect_abort_through_the_ingress(cluster):
     body = {"prompt": "Once upon a time", "max_tokens": 20, "stream": True}
-    with httpx.stream("POST", f"{cluster.base_url}/v1/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    with httpx.stream(
+        "POST", f"{cluster.base_url}/v1/completions", json=body, timeout=60
+    ) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith(
+            "text/event-stream"
+        )
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]" and len(events) > 2
     assert json.loads(events[0][6:])["object"] == "text_completion"
 
     long = {**body, "max_tokens": 8000, "ignore_eos": True}
-    with httpx.stream("POST", f"{cluster.base_url}/v1/completions", json=long, timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{cluster.base_url}/v1/completions", json=long, timeout=60
+    ) as response:
         replica = cluster.replica_url(response.headers["x-spyglass-replica"])
         lines = response.iter_lines()
         next(line for line in lines if line.startswith("data: "))
         assert httpx.get(f"{replica}/debug/kv").json()["num_requests"] == 1
     # The client hung up mid-stream: the replica's engine aborts the request and its blocks come back.
     deadline = time.monotonic() + 30
-    while (kv := httpx.get(f"{replica}/debug/kv").json())["num_requests"] and time.monotonic() < deadline:
+    while (kv := httpx.get(f"{replica}/debug/kv").json())[
+        "num_requests"
+    ] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert kv["num_requests"] == 0 and kv["num_free_blocks"] == kv["num_blocks"]
 
@@ -224,7 +274,9 @@ def test_the_trace_continues_from_the_ingress_into_the_replica(cluster):
     trace_id, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     headers = {"traceparent": f"00-{trace_id}-{client_span}-01"}
     body = {"messages": [{"role": "user", "content": "trace me"}], "max_tokens": 2}
-    response = httpx.post(f"{cluster.base_url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    response = httpx.post(
+        f"{cluster.base_url}/v1/chat/completions", json=body, headers=headers, timeout=60
+    )
     assert response.status_code == 200
 
     def spans():
@@ -237,7 +289,9 @@ def test_the_trace_continues_from_the_ingress_into_the_replica(cluster):
     for span in spans():
         by_parent[span.parent_span_id.hex()].append(span)
     (ingress,) = by_parent[client_span]  # the ingress's SERVER span, child of the client's
-    (replica,) = by_parent[ingress.span_id.hex()]  # the replica's SERVER span, child of the ingress's
+    (replica,) = by_parent[
+        ingress.span_id.hex()
+    ]  # the replica's SERVER span, child of the ingress's
     assert ingress.name == replica.name == "POST /v1/chat/completions"
     engine_spans = by_parent[replica.span_id.hex()]
     assert any(s.name.startswith("chat") for s in engine_spans), [s.name for s in spans()]
@@ -251,13 +305,24 @@ def test_ingress_metrics_are_labelled_ingress(cluster):
 
 
 def test_a_killed_replica_is_replaced_while_the_other_serves(cluster):
-    body = {"messages": [{"role": "system", "content": SYSTEM_PROMPTS[0]}, {"role": "user", "content": "hi"}],
-            "max_tokens": 2}
+    body = {
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPTS[0]},
+            {"role": "user", "content": "hi"},
+        ],
+        "max_tokens": 2,
+    }
     with httpx.Client(base_url=cluster.base_url, timeout=120) as client:
         first = client.post("/v1/chat/completions", json=body)
-        victim_rank, victim_id = first.headers["x-spyglass-replica"], first.headers["x-spyglass-replica-id"]
-        (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a["name"].endswith("#" + victim_id)]
+        victim_rank, victim_id = (
+            first.headers["x-spyglass-replica"],
+            first.headers["x-spyglass-replica-id"],
+        )
+        (name,) = [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].endswith("#" + victim_id)
+        ]
         ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
         killed_at = time.monotonic()
         # The other replica serves the same prefix at once; no request fails.
@@ -270,7 +335,11 @@ def test_a_killed_replica_is_replaced_while_the_other_serves(cluster):
             states = serve.status().applications[APP].deployments["EngineReplica"].replica_states
             actors = ray.util.list_named_actors(all_namespaces=True)
             names = [a["name"] for a in actors if "#EngineReplica#" in a["name"]]
-            if states == {"RUNNING": 2} and len(names) == 2 and not any(victim_id in n for n in names):
+            if (
+                states == {"RUNNING": 2}
+                and len(names) == 2
+                and not any(victim_id in n for n in names)
+            ):
                 break
             time.sleep(1)
         assert states == {"RUNNING": 2} and not any(victim_id in n for n in names)

@@ -1,10 +1,10 @@
 """Speculative decoding: greedy identity for every proposer, unchanged sampling distribution, KV integrity."""
 
 import collections
+import itertools
 
 import pytest
 
-from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
@@ -50,7 +50,9 @@ class Acceptance:
 
 def _with_plugins(config: EngineConfig, *plugins) -> LLMEngine:
     """An engine with ``plugins`` registered before it starts (a proposer is checked at start)."""
-    pm = create_plugin_manager(config.plugins, config.disabled_plugins, PluginContext.for_config(config))
+    pm = create_plugin_manager(
+        config.plugins, config.disabled_plugins, PluginContext.for_config(config)
+    )
     for plugin in plugins:
         pm.register(plugin)
     return LLMEngine(config, plugin_manager=pm)
@@ -58,8 +60,14 @@ def _with_plugins(config: EngineConfig, *plugins) -> LLMEngine:
 
 def _engine(model, speculative=None, checkpoint=None, **options) -> LLMEngine:
     config = EngineConfig(
-        model=model, dtype="float32", speculative=speculative, num_speculative_tokens=3,
-        max_num_batched_tokens=64, num_kv_blocks=40, block_size=8, **options,
+        model=model,
+        dtype="float32",
+        speculative=speculative,
+        num_speculative_tokens=3,
+        max_num_batched_tokens=64,
+        num_kv_blocks=40,
+        block_size=8,
+        **options,
     )
     return LLMEngine(config, checkpoint=checkpoint)
 
@@ -84,7 +92,9 @@ def greedy_reference(default_model_path):
         ("self", {"self_draft_dtype": "bfloat16"}),
     ],
 )
-def test_greedy_output_is_identical_with_speculation(default_model_path, greedy_reference, speculative, options):
+def test_greedy_output_is_identical_with_speculation(
+    default_model_path, greedy_reference, speculative, options
+):
     # A tiny KV budget and small chunks: speculation runs beside chunked prefill, preemption and prefix reuse.
     engine = _engine(str(default_model_path), speculative, plugin_options=options)
     counter = Acceptance()
@@ -95,9 +105,13 @@ def test_greedy_output_is_identical_with_speculation(default_model_path, greedy_
 
 
 @pytest.mark.slow
-def test_greedy_identity_with_a_separate_draft_model(default_model_path, greedy_reference, tiny_llama_dir):
+def test_greedy_identity_with_a_separate_draft_model(
+    default_model_path, greedy_reference, tiny_llama_dir
+):
     # A tiny random model sharing the vocabulary: nearly every draft is rejected, output must not change.
-    engine = _engine(str(default_model_path), "draft", plugin_options={"draft_model": str(tiny_llama_dir)})
+    engine = _engine(
+        str(default_model_path), "draft", plugin_options={"draft_model": str(tiny_llama_dir)}
+    )
     counter = Acceptance()
     engine.plugin_manager.register(counter)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -111,9 +125,11 @@ class BigramProposer:
     def __init__(self, sequences: list[list[int]]):
         successors: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
         for sequence in sequences:
-            for previous, token in zip(sequence, sequence[1:]):
+            for previous, token in itertools.pairwise(sequence):
                 successors[previous][token] += 1
-        self.next_token = {previous: counts.most_common(1)[0][0] for previous, counts in successors.items()}
+        self.next_token = {
+            previous: counts.most_common(1)[0][0] for previous, counts in successors.items()
+        }
 
     @hookimpl
     def spyglass_propose_drafts(self, method, requests, num_speculative_tokens):
@@ -150,16 +166,26 @@ def test_sampled_distribution_is_unchanged(tiny_llama_dir):
     fixed, so the outcome is deterministic.
     """
     num_samples = 1200
-    options = dict(model=str(tiny_llama_dir), dtype="float32", max_num_seqs=256, num_kv_blocks=2048, block_size=16)
+    options = dict(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        max_num_seqs=256,
+        num_kv_blocks=2048,
+        block_size=16,
+    )
     reference = _sample(LLMEngine(EngineConfig(**options)), num_samples)
     counter = Acceptance()
     engine = _with_plugins(
-        EngineConfig(**options, speculative="test", num_speculative_tokens=2), BigramProposer(reference), counter
+        EngineConfig(**options, speculative="test", num_speculative_tokens=2),
+        BigramProposer(reference),
+        counter,
     )
     speculative = collections.Counter(tuple(s[1:3]) for s in _sample(engine, num_samples))
     # Whatever the proposer learnt from the reference, correct verification leaves the distribution as it was.
     plain = collections.Counter(tuple(s[1:3]) for s in reference)
-    assert 0.1 < counter.accepted / counter.drafts < 0.95, "both acceptance and rejection must be exercised"
+    assert 0.1 < counter.accepted / counter.drafts < 0.95, (
+        "both acceptance and rejection must be exercised"
+    )
     cells = [c for c in set(plain) | set(speculative) if plain[c] + speculative[c] >= 10]
     statistic = sum((plain[c] - speculative[c]) ** 2 / (plain[c] + speculative[c]) for c in cells)
     critical = CHI2_CRITICAL_0_001[min(len(cells) - 1, max(CHI2_CRITICAL_0_001))]
@@ -169,9 +195,29 @@ def test_sampled_distribution_is_unchanged(tiny_llama_dir):
 
 # Upper 0.001 quantiles of the chi-square distribution by degrees of freedom.
 CHI2_CRITICAL_0_001 = {
-    4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59, 11: 31.26, 12: 32.91, 13: 34.53,
-    14: 36.12, 15: 37.70, 16: 39.25, 17: 40.79, 18: 42.31, 19: 43.82, 20: 45.31, 21: 46.80, 22: 48.27,
-    23: 49.73, 24: 51.18, 25: 52.62, 26: 54.05,
+    4: 18.47,
+    5: 20.52,
+    6: 22.46,
+    7: 24.32,
+    8: 26.12,
+    9: 27.88,
+    10: 29.59,
+    11: 31.26,
+    12: 32.91,
+    13: 34.53,
+    14: 36.12,
+    15: 37.70,
+    16: 39.25,
+    17: 40.79,
+    18: 42.31,
+    19: 43.82,
+    20: 45.31,
+    21: 46.80,
+    22: 48.27,
+    23: 49.73,
+    24: 51.18,
+    25: 52.62,
+    26: 54.05,
 }
 
 
@@ -198,10 +244,15 @@ def test_speculation_is_counted_in_metrics(tiny_llama_dir):
         name: REGISTRY.get_sample_value(f"spyglass:spec_decode_{name}_total", labels) or 0.0
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
     }
-    engine.add_request("r", [5, 6, 7, 8] * 12, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    engine.add_request(
+        "r", [5, 6, 7, 8] * 12, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    )
     while engine.has_unfinished_requests:
         engine.step()
-    after = {name: REGISTRY.get_sample_value(f"spyglass:spec_decode_{name}_total", labels) for name in before}
+    after = {
+        name: REGISTRY.get_sample_value(f"spyglass:spec_decode_{name}_total", labels)
+        for name in before
+    }
     assert counter.drafts > 0
     assert after["num_draft_tokens"] - before["num_draft_tokens"] == counter.drafts
     assert after["num_accepted_tokens"] - before["num_accepted_tokens"] == counter.accepted

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
+
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry import metrics
 from spyglass.telemetry.exposition import render_metrics
@@ -39,7 +40,9 @@ GRAFANA_SCHEMA_PACKAGES = ["@grafana/schema@13.2.3", "typescript@7.0.2"]
 
 @pytest.fixture(scope="module")
 def generate():
-    spec = importlib.util.spec_from_file_location("spyglass_dashboards_generate", DASHBOARDS / "generate.py")
+    spec = importlib.util.spec_from_file_location(
+        "spyglass_dashboards_generate", DASHBOARDS / "generate.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -52,7 +55,9 @@ def expressions(dashboard: dict) -> list[str]:
 
 def variable_query(dashboard: dict) -> str:
     """The ``model_name`` variable's Grafana query, ``label_values(metric, model_name)``."""
-    return next(v["query"]["query"] for v in dashboard["templating"]["list"] if v["name"] == "model_name")
+    return next(
+        v["query"]["query"] for v in dashboard["templating"]["list"] if v["name"] == "model_name"
+    )
 
 
 def metric_names(expr: str) -> set[str]:
@@ -67,20 +72,32 @@ def family(sample_name: str) -> str:
 
 
 def test_committed_dashboard_is_current_and_charts_every_metric(generate):
-    assert (DASHBOARDS / "spyglass.json").read_text() == generate.render(), "run python dashboards/generate.py"
+    assert (DASHBOARDS / "spyglass.json").read_text() == generate.render(), (
+        "run python dashboards/generate.py"
+    )
     dashboard = json.loads(generate.render())
-    charted = {family(n) for expr in expressions(dashboard) + [variable_query(dashboard)] for n in metric_names(expr)}
+    charted = {
+        family(n)
+        for expr in expressions(dashboard) + [variable_query(dashboard)]
+        for n in metric_names(expr)
+    }
     defined = {v._name for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)}
     defined |= {metrics.DEVICE_UTILIZATION, metrics.DEVICE_MEMORY_USED}
     assert defined - NOT_CHARTED - charted == set()
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     assert any(t.get("exemplar") for p in dashboard["panels"] for t in p.get("targets", []))
-    assert all(t["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"] for t in p.get("targets", []))
+    assert all(
+        t["datasource"]["uid"] == "${datasource}"
+        for p in dashboard["panels"]
+        for t in p.get("targets", [])
+    )
 
 
 def test_provisioning_points_at_the_dashboard_and_prometheus():
-    datasources = yaml.safe_load((DASHBOARDS / "grafana/provisioning/datasources/datasources.yaml").read_text())
+    datasources = yaml.safe_load(
+        (DASHBOARDS / "grafana/provisioning/datasources/datasources.yaml").read_text()
+    )
     (prometheus,) = [d for d in datasources["datasources"] if d["type"] == "prometheus"]
     dashboard = json.loads((DASHBOARDS / "spyglass.json").read_text())
     default = next(v for v in dashboard["templating"]["list"] if v["name"] == "datasource")
@@ -93,19 +110,36 @@ def test_provisioning_points_at_the_dashboard_and_prometheus():
     for service in compose["services"].values():
         for volume in service.get("volumes", []):
             assert (DASHBOARDS / volume.split(":")[0]).exists(), volume
-    provider = yaml.safe_load((DASHBOARDS / "grafana/provisioning/dashboards/dashboards.yaml").read_text())
-    mounted = [v.split(":")[1] for v in compose["services"]["grafana"]["volumes"] if v.startswith("./spyglass.json")]
+    provider = yaml.safe_load(
+        (DASHBOARDS / "grafana/provisioning/dashboards/dashboards.yaml").read_text()
+    )
+    mounted = [
+        v.split(":")[1]
+        for v in compose["services"]["grafana"]["volumes"]
+        if v.startswith("./spyglass.json")
+    ]
     assert Path(mounted[0]).parent == Path(provider["providers"][0]["options"]["path"])
 
 
 def test_dashboard_type_checks_against_grafana_schema(generate, tmp_path, require_tool):
     require_tool("npm")
-    cache = Path(os.environ.get("SPYGLASS_CACHE_DIR") or Path.home() / ".cache" / "spyglass") / "grafana-schema"
+    cache = (
+        Path(os.environ.get("SPYGLASS_CACHE_DIR") or Path.home() / ".cache" / "spyglass")
+        / "grafana-schema"
+    )
     tsc = cache / "node_modules" / ".bin" / "tsc"
     if not tsc.exists():
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            ["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund", *GRAFANA_SCHEMA_PACKAGES],
+            [
+                "npm",
+                "install",
+                "--prefix",
+                str(cache),
+                "--no-audit",
+                "--no-fund",
+                *GRAFANA_SCHEMA_PACKAGES,
+            ],
             check=True,
             capture_output=True,
             timeout=300,
@@ -190,7 +224,9 @@ def test_every_query_parses_and_finds_data_in_prometheus(
     model = re.escape(engine.model_name)
     dashboard = json.loads(generate.render())
     (variable_metric,) = metric_names(variable_query(dashboard))
-    values = prometheus.api("/api/v1/label/model_name/values", **{"match[]": variable_metric})["data"]
+    values = prometheus.api("/api/v1/label/model_name/values", **{"match[]": variable_metric})[
+        "data"
+    ]
     assert engine.model_name in values
     for expr in expressions(dashboard):
         query = expr.replace("$__rate_interval", "1m").replace("$model_name", model)
@@ -201,7 +237,11 @@ def test_every_query_parses_and_finds_data_in_prometheus(
         if not {family(n) for n in metric_names(expr)} & EVENT_ONLY:
             assert result["data"]["result"], f"no data for {expr}"
 
-    traced = {format(s.context.trace_id, "032x") for s in span_exporter.get_finished_spans() if s.parent is None}
+    traced = {
+        format(s.context.trace_id, "032x")
+        for s in span_exporter.get_finished_spans()
+        if s.parent is None
+    }
     exemplars = prometheus.api(
         "/api/v1/query_exemplars",
         query=f"{metrics.TIME_TO_FIRST_TOKEN._name}_bucket",

@@ -7,6 +7,7 @@ from litestar import Litestar, get
 from litestar.params import FromPath
 from opentelemetry import context, trace
 from prometheus_client import REGISTRY
+
 from spyglass.telemetry.http import TelemetryMiddleware, remember_exception
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -16,7 +17,10 @@ PARENT_ID = "00f067aa0ba902b7"
 @get("/v1/items/{item_id:int}")
 async def item(item_id: FromPath[int]) -> dict:
     span_context = trace.get_current_span(context.get_current()).get_span_context()
-    return {"trace_id": format(span_context.trace_id, "032x"), "span_id": format(span_context.span_id, "016x")}
+    return {
+        "trace_id": format(span_context.trace_id, "032x"),
+        "span_id": format(span_context.span_id, "016x"),
+    }
 
 
 @get("/metrics")
@@ -30,16 +34,24 @@ async def boom() -> None:
 
 
 def count(route: str, status: str) -> float:
-    return REGISTRY.get_sample_value("spyglass:http_requests_total", {"route": route, "status": status}) or 0.0
+    return (
+        REGISTRY.get_sample_value(
+            "spyglass:http_requests_total", {"route": route, "status": status}
+        )
+        or 0.0
+    )
 
 
 async def _requests(app):
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
         traced = await client.get(
-            "/v1/items/3", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "X-Request-Id": "abc-123"}
+            "/v1/items/3",
+            headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "X-Request-Id": "abc-123"},
         )
-        fresh = await client.get("/v1/items/4", headers={"X-Request-Id": "not a token " + "x" * 200})
+        fresh = await client.get(
+            "/v1/items/4", headers={"X-Request-Id": "not a token " + "x" * 200}
+        )
         missing = await client.get("/nope")
         scrape = await client.get("/metrics")
         failed = await client.get("/boom")
@@ -48,10 +60,18 @@ async def _requests(app):
 
 def test_server_spans_parent_on_traceparent_and_requests_are_counted(span_exporter):
     app = TelemetryMiddleware(
-        Litestar([item, metrics, boom], debug=False, logging_config=None, after_exception=[remember_exception])
+        Litestar(
+            [item, metrics, boom],
+            debug=False,
+            logging_config=None,
+            after_exception=[remember_exception],
+        )
     )
     route = "/v1/items/{item_id}"  # the template, not the path: bounded label values
-    before = {key: count(*key) for key in [(route, "200"), ("unmatched", "404"), ("/metrics", "200"), ("/boom", "500")]}
+    before = {
+        key: count(*key)
+        for key in [(route, "200"), ("unmatched", "404"), ("/metrics", "200"), ("/boom", "500")]
+    }
     traced, fresh, missing, scrape, failed = asyncio.run(_requests(app))
     statuses = [r.status_code for r in (traced, fresh, missing, scrape, failed)]
     assert statuses == [200, 200, 404, 200, 500]
@@ -61,7 +81,10 @@ def test_server_spans_parent_on_traceparent_and_requests_are_counted(span_export
     assert server.name == f"GET {route}" and server.kind == trace.SpanKind.SERVER
     assert format(server.context.trace_id, "032x") == TRACE_ID == traced.json()["trace_id"]
     assert server.parent.span_id == int(PARENT_ID, 16) and server.parent.is_remote
-    assert server.attributes["http.route"] == route and server.attributes["http.response.status_code"] == 200
+    assert (
+        server.attributes["http.route"] == route
+        and server.attributes["http.response.status_code"] == 200
+    )
     assert server.attributes["url.path"] == "/v1/items/3"
 
     own = spans[int(fresh.json()["span_id"], 16)]
@@ -69,18 +92,28 @@ def test_server_spans_parent_on_traceparent_and_requests_are_counted(span_export
     names = sorted(s.name for s in spans.values())
     assert names == ["GET", "GET /boom", f"GET {route}", f"GET {route}"]  # no span for the scrape
     (error_span,) = [s for s in spans.values() if s.name == "GET /boom"]
-    assert error_span.status.status_code == trace.StatusCode.ERROR and error_span.attributes["error.type"] == "500"
+    assert (
+        error_span.status.status_code == trace.StatusCode.ERROR
+        and error_span.attributes["error.type"] == "500"
+    )
     (exception,) = [e for e in error_span.events if e.name == "exception"]
     assert exception.attributes["exception.type"] == "RuntimeError"
     (missing_span,) = [s for s in spans.values() if s.name == "GET"]
-    assert missing_span.attributes["error.type"] == "404"  # a client error: marked, status left unset
+    assert (
+        missing_span.attributes["error.type"] == "404"
+    )  # a client error: marked, status left unset
     assert missing_span.status.status_code == trace.StatusCode.UNSET
 
     # The request id: the client's when it is a plain token, else one the server makes; on every response.
-    assert traced.headers["x-request-id"] == "abc-123" == server.attributes["spyglass.http.request_id"]
+    assert (
+        traced.headers["x-request-id"] == "abc-123" == server.attributes["spyglass.http.request_id"]
+    )
     assert len(fresh.headers["x-request-id"]) == 32 and scrape.headers["x-request-id"]
     # traceparent names the server span, so a client can find its trace.
-    assert traced.headers["traceparent"] == f"00-{TRACE_ID}-{format(server.context.span_id, '016x')}-01"
+    assert (
+        traced.headers["traceparent"]
+        == f"00-{TRACE_ID}-{format(server.context.span_id, '016x')}-01"
+    )
     assert fresh.headers["traceparent"].split("-")[1] == format(own.context.trace_id, "032x")
     assert "traceparent" not in scrape.headers  # no span for a scrape
 
@@ -88,7 +121,10 @@ def test_server_spans_parent_on_traceparent_and_requests_are_counted(span_export
     assert count("unmatched", "404") - before[("unmatched", "404")] == 1
     assert count("/metrics", "200") - before[("/metrics", "200")] == 1
     assert count("/boom", "500") - before[("/boom", "500")] == 1
-    assert REGISTRY.get_sample_value("spyglass:http_request_duration_seconds_count", {"route": route}) >= 2
+    assert (
+        REGISTRY.get_sample_value("spyglass:http_request_duration_seconds_count", {"route": route})
+        >= 2
+    )
 
 
 def test_lifespan_passes_through():
@@ -108,7 +144,9 @@ def test_a_client_that_leaves_mid_response_marks_the_server_span_aborted(span_ex
         assert (await receive())["type"] == "http.disconnect"  # how a streaming handler learns it
 
     async def client_leaves():
-        messages = iter([{"type": "http.request", "body": b"", "more_body": False}, {"type": "http.disconnect"}])
+        messages = iter(
+            [{"type": "http.request", "body": b"", "more_body": False}, {"type": "http.disconnect"}]
+        )
 
         async def receive():
             return next(messages)
@@ -116,12 +154,21 @@ def test_a_client_that_leaves_mid_response_marks_the_server_span_aborted(span_ex
         async def send(message):
             pass
 
-        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "scheme": "http"}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/completions",
+            "headers": [],
+            "scheme": "http",
+        }
         await receive()  # the request body, read by the server before the handler runs
         await TelemetryMiddleware(streaming)(scope, receive, send)
 
     asyncio.run(client_leaves())
     (span,) = span_exporter.get_finished_spans()
-    assert span.attributes["error.type"] == "abort" and span.attributes["http.response.status_code"] == 200
+    assert (
+        span.attributes["error.type"] == "abort"
+        and span.attributes["http.response.status_code"] == 200
+    )
     assert [event.name for event in span.events] == ["client disconnected"]
     assert span.status.status_code == trace.StatusCode.UNSET  # the server did nothing wrong

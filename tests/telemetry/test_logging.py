@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry.logging import setup_logging
 
@@ -39,17 +40,31 @@ def test_one_summary_line_per_request_with_trace_ids(
     engine.add_request("r1", prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True), PROMPT)
     outputs = run_to_completion(engine)
     (record,) = lines(log_stream, "request finished")
-    (span,) = [s for s in span_exporter.get_finished_spans() if s.name.startswith("text_completion")]
-    assert record["req_id"] == "r1" and record["level"] == "info" and record["logger"] == "spyglass.requests"
+    (span,) = [
+        s for s in span_exporter.get_finished_spans() if s.name.startswith("text_completion")
+    ]
+    assert (
+        record["req_id"] == "r1"
+        and record["level"] == "info"
+        and record["logger"] == "spyglass.requests"
+    )
     assert record["trace_id"] == format(span.context.trace_id, "032x")
     assert record["span_id"] == format(span.context.span_id, "016x")
-    assert (record["finish_reason"], record["prompt_tokens"], record["output_tokens"]) == ("length", len(prompt_ids), 4)
+    assert (record["finish_reason"], record["prompt_tokens"], record["output_tokens"]) == (
+        "length",
+        len(prompt_ids),
+        4,
+    )
     assert 0 <= record["queue_s"] <= record["ttft_s"] <= record["e2e_s"] and record["tpot_s"] > 0
     assert record["prefill_s"] >= 0 and record["decode_s"] >= 0
     if log_content:
         assert record["prompt"] == PROMPT and record["output"] == outputs["r1"].outputs[0].text
     else:
-        assert PROMPT not in log_stream.getvalue() and "prompt" not in record and "output" not in record
+        assert (
+            PROMPT not in log_stream.getvalue()
+            and "prompt" not in record
+            and "output" not in record
+        )
 
 
 def test_console_rendering_and_lines_without_a_trace(use_settings, make_engine, run_to_completion):
@@ -71,11 +86,25 @@ def test_console_rendering_and_lines_without_a_trace(use_settings, make_engine, 
 
 def test_cli_commands_log_json_to_stderr_and_keep_stdout(tiny_llama_dir):
     """Every command goes through the same `setup_logging` (cli.main); ``generate`` stands for them."""
-    command = [sys.executable, "-m", "spyglass.core.cli.main", "generate", "Hello", "--model", str(tiny_llama_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "spyglass.core.cli.main",
+        "generate",
+        "Hello",
+        "--model",
+        str(tiny_llama_dir),
+    ]
     command += ["--max-tokens", "3", "--dtype", "float32", "--num-threads", "1"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
     records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
     assert all({"timestamp", "level", "logger", "event"} <= r.keys() for r in records)
     (finished,) = [r for r in records if r["event"] == "request finished"]
-    assert finished["req_id"] == "cli" and finished["output_tokens"] == 3 and finished["request_id"] == ""
-    assert "request finished" not in result.stdout and "engine started" not in result.stdout  # the completion only
+    assert (
+        finished["req_id"] == "cli"
+        and finished["output_tokens"] == 3
+        and finished["request_id"] == ""
+    )
+    assert (
+        "request finished" not in result.stdout and "engine started" not in result.stdout
+    )  # the completion only

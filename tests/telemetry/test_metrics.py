@@ -4,6 +4,7 @@ import re
 
 import pytest
 from prometheus_client import REGISTRY
+
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.plugin_manager import create_plugin_manager
 from spyglass.core.engine.sampling_params import SamplingParams
@@ -19,7 +20,9 @@ class Registry:
         self.model = model
         self.engine = engine
         self.before = {
-            (s.name, tuple(sorted(s.labels.items()))): s.value for m in REGISTRY.collect() for s in m.samples
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for m in REGISTRY.collect()
+            for s in m.samples
         }
 
     def value(self, name: str, **labels) -> float:
@@ -30,7 +33,9 @@ class Registry:
     def delta(self, name: str, **labels) -> float:
         labels.setdefault("model_name", self.model)
         labels.setdefault("engine", self.engine)
-        return self.value(name, **labels) - self.before.get((name, tuple(sorted(labels.items()))), 0.0)
+        return self.value(name, **labels) - self.before.get(
+            (name, tuple(sorted(labels.items()))), 0.0
+        )
 
 
 @pytest.fixture
@@ -49,18 +54,34 @@ def test_series_exist_at_zero_before_the_first_request(engine_and_registry):
     for reason in ("stop", "length", "abort", "error"):
         assert reg.value("spyglass:request_success_total", finished_reason=reason) == 0
     for scheduling_class in ("on_time", "missed"):
-        assert reg.value("spyglass:num_requests_waiting_by_class", scheduling_class=scheduling_class) == 0
-    assert reg.value("spyglass:plugin_hook_errors_total", plugin="request_log", hook="spyglass_request_finished") == 0
+        assert (
+            reg.value("spyglass:num_requests_waiting_by_class", scheduling_class=scheduling_class)
+            == 0
+        )
+    assert (
+        reg.value(
+            "spyglass:plugin_hook_errors_total",
+            plugin="request_log",
+            hook="spyglass_request_finished",
+        )
+        == 0
+    )
     assert reg.value("spyglass:e2e_request_latency_seconds_count") == 0
     assert reg.value("spyglass:engine_ready") == 1
-    info = {"block_size": "16", "num_gpu_blocks": str(engine.info.num_kv_blocks), "cache_dtype": "float32"}
+    info = {
+        "block_size": "16",
+        "num_gpu_blocks": str(engine.info.num_kv_blocks),
+        "cache_dtype": "float32",
+    }
     info |= {"max_model_len": str(engine.max_model_len), "max_num_seqs": "128"}
     assert reg.value("spyglass:cache_config_info", **info) == 1
     assert reg.value("spyglass:tensor_parallel_size") == 1
     engine.shutdown()
     assert reg.value("spyglass:engine_ready") == 0  # kept, at 0, for the not-ready alert
     labels = {"model_name": "tiny", "engine": engine.engine_id}
-    assert REGISTRY.get_sample_value("spyglass:e2e_request_latency_seconds_count", labels) is None  # the rest: removed
+    assert (
+        REGISTRY.get_sample_value("spyglass:e2e_request_latency_seconds_count", labels) is None
+    )  # the rest: removed
 
 
 def test_per_call_histograms_count_each_api_call_once(engine_and_registry, run_to_completion):
@@ -70,7 +91,10 @@ def test_per_call_histograms_count_each_api_call_once(engine_and_registry, run_t
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         engine.add_request(f"cmpl-9-{index}", [1, 2, 3], params, attributes=call)
     run_to_completion(engine)
-    assert reg.delta("spyglass:request_params_n_count") == 1 and reg.delta("spyglass:request_params_n_sum") == 3
+    assert (
+        reg.delta("spyglass:request_params_n_count") == 1
+        and reg.delta("spyglass:request_params_n_sum") == 3
+    )
     assert reg.delta("spyglass:request_max_num_generation_tokens_count") == 1
     assert reg.delta("spyglass:request_max_num_generation_tokens_sum") == 5  # the longest choice
     assert reg.delta("spyglass:request_params_max_tokens_sum") == 2 + 5 + 3
@@ -78,12 +102,16 @@ def test_per_call_histograms_count_each_api_call_once(engine_and_registry, run_t
 
 
 def test_request_and_step_metrics_after_a_run(engine_and_registry, run_to_completion):
-    engine, reg = engine_and_registry({"slo_ttft_s": 1000.0, "slo_tpot_s": 1000.0}, max_num_batched_tokens=8)
+    engine, reg = engine_and_registry(
+        {"slo_ttft_s": 1000.0, "slo_tpot_s": 1000.0}, max_num_batched_tokens=8
+    )
     prompts = [list(range(10, 22)), list(range(30, 35)), list(range(40, 43))]
     max_tokens = [6, 4, 1]
     for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
         attributes = {"operation": "chat"} if i == 0 else None
-        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n, ignore_eos=True), attributes=attributes)
+        engine.add_request(
+            f"r{i}", prompt, SamplingParams(max_tokens=n, ignore_eos=True), attributes=attributes
+        )
     run_to_completion(engine)
 
     assert reg.delta("spyglass:request_success_total", finished_reason="length") == 3
@@ -97,7 +125,9 @@ def test_request_and_step_metrics_after_a_run(engine_and_registry, run_to_comple
         "request_decode_time",
     ):
         assert reg.delta(f"spyglass:{name}_seconds_count") == 3, name
-    assert reg.delta("spyglass:request_time_per_output_token_seconds_count") == 2  # one-token requests have none
+    assert (
+        reg.delta("spyglass:request_time_per_output_token_seconds_count") == 2
+    )  # one-token requests have none
     assert reg.delta("spyglass:inter_token_latency_seconds_count") == sum(n - 1 for n in max_tokens)
     assert reg.delta("spyglass:request_prompt_tokens_sum") == sum(map(len, prompts))
     assert reg.delta("spyglass:request_generation_tokens_sum") == sum(max_tokens)
@@ -107,10 +137,18 @@ def test_request_and_step_metrics_after_a_run(engine_and_registry, run_to_comple
     assert steps >= computed / 8
     assert reg.delta("spyglass:engine_step_batch_size_count") == steps
     assert reg.delta("spyglass:engine_step_phase_duration_seconds_count", phase="model") == steps
-    assert reg.value("spyglass:num_requests_running") == reg.value("spyglass:num_requests_waiting") == 0
+    assert (
+        reg.value("spyglass:num_requests_running")
+        == reg.value("spyglass:num_requests_waiting")
+        == 0
+    )
     assert reg.value("spyglass:num_requests_waiting_by_class", scheduling_class="default") == 0
     assert reg.value("spyglass:kv_cache_usage_perc") == 0
-    assert reg.delta("spyglass:slo_requests_total") == reg.delta("spyglass:slo_met_requests_total") == 3
+    assert (
+        reg.delta("spyglass:slo_requests_total")
+        == reg.delta("spyglass:slo_met_requests_total")
+        == 3
+    )
     assert reg.value("spyglass:slo_ttft_target_seconds") == 1000.0
 
     gen_ai = {"gen_ai_provider_name": "spyglass", "gen_ai_request_model": engine.model_name, "model_name": None,
@@ -120,22 +158,37 @@ def test_request_and_step_metrics_after_a_run(engine_and_registry, run_to_comple
     text = {**chat, "gen_ai_operation_name": "text_completion"}
     assert REGISTRY.get_sample_value("gen_ai_server_time_to_first_token_seconds_count", chat) >= 1
     assert REGISTRY.get_sample_value("gen_ai_server_time_per_output_token_seconds_count", text) >= 1
-    assert REGISTRY.get_sample_value("gen_ai_server_request_duration_seconds_count", {**text, "error_type": ""}) >= 2
+    assert (
+        REGISTRY.get_sample_value(
+            "gen_ai_server_request_duration_seconds_count", {**text, "error_type": ""}
+        )
+        >= 2
+    )
 
 
 def test_gauges_mid_run_slo_misses_preemptions_and_aborts(engine_and_registry):
-    engine, reg = engine_and_registry({"slo_ttft_s": 1e-9, "slo_tpot_s": 1e-9}, num_kv_blocks=4, block_size=16)
+    engine, reg = engine_and_registry(
+        {"slo_ttft_s": 1e-9, "slo_tpot_s": 1e-9}, num_kv_blocks=4, block_size=16
+    )
     for req_id in ("a", "b"):
-        engine.add_request(req_id, list(range(1, 21)), SamplingParams(max_tokens=30, ignore_eos=True))
+        engine.add_request(
+            req_id, list(range(1, 21)), SamplingParams(max_tokens=30, ignore_eos=True)
+        )
     engine.step()
     assert reg.value("spyglass:num_requests_running") == 2
     assert 0 < reg.value("spyglass:kv_cache_usage_perc") <= 1
     while engine.has_unfinished_requests:
         engine.step()
     assert reg.delta("spyglass:num_preemptions_total") >= 1
-    assert reg.delta("spyglass:request_num_preemptions_sum") == reg.delta("spyglass:num_preemptions_total")
+    assert reg.delta("spyglass:request_num_preemptions_sum") == reg.delta(
+        "spyglass:num_preemptions_total"
+    )
     assert reg.delta("spyglass:slo_requests_total") == 2
-    assert reg.delta("spyglass:slo_ttft_met_requests_total") == reg.delta("spyglass:slo_met_requests_total") == 0
+    assert (
+        reg.delta("spyglass:slo_ttft_met_requests_total")
+        == reg.delta("spyglass:slo_met_requests_total")
+        == 0
+    )
 
     engine.add_request("c", [5, 6, 7], SamplingParams(max_tokens=20))
     engine.step()
@@ -144,17 +197,23 @@ def test_gauges_mid_run_slo_misses_preemptions_and_aborts(engine_and_registry):
     assert reg.delta("spyglass:slo_requests_total") == 2  # aborts are not judged
 
 
-def test_exemplars_link_latency_buckets_to_traces(engine_and_registry, span_exporter, run_to_completion):
+def test_exemplars_link_latency_buckets_to_traces(
+    engine_and_registry, span_exporter, run_to_completion
+):
     engine, _ = engine_and_registry({})
     engine.add_request("ex", [1, 2, 3, 4], SamplingParams(max_tokens=3, ignore_eos=True))
     run_to_completion(engine)
-    (span,) = [s for s in span_exporter.get_finished_spans() if s.name.startswith("text_completion")]
+    (span,) = [
+        s for s in span_exporter.get_finished_spans() if s.name.startswith("text_completion")
+    ]
     trace_id = format(span.context.trace_id, "032x")
     body, content_type = render_metrics("application/openmetrics-text; version=1.0.0")
     text = body.decode()
     assert content_type.startswith("application/openmetrics-text")
     assert text.rstrip().endswith("# EOF")
-    assert not re.search(r"^(# \w+ )?spyglass_", text, re.MULTILINE)  # client_python#1177 would mangle the colon
+    assert not re.search(
+        r"^(# \w+ )?spyglass_", text, re.MULTILINE
+    )  # client_python#1177 would mangle the colon
     for name in ("time_to_first_token", "e2e_request_latency", "request_time_per_output_token"):
         pattern = rf'^spyglass:{name}_seconds_bucket\{{.*\}} \S+ # \{{trace_id="{trace_id}"\}}'
         assert re.search(pattern, text, re.MULTILINE), name
@@ -179,7 +238,9 @@ def test_plugin_hook_errors_are_counted(use_settings, tiny_llama_dir, run_to_com
     reg = Registry(engine.model_name, engine.engine_id)
     engine.add_request("e", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
     run_to_completion(engine)
-    errors = reg.delta("spyglass:plugin_hook_errors_total", plugin="failing", hook="spyglass_step_finished")
+    errors = reg.delta(
+        "spyglass:plugin_hook_errors_total", plugin="failing", hook="spyglass_step_finished"
+    )
     engine.shutdown()
     assert errors == engine.hooks.num_errors["failing.spyglass_step_finished"] == 3
 
@@ -205,9 +266,14 @@ def test_constant_labels_are_added_to_every_sample_at_scrape_time(use_settings):
     Histogram("spyglass:waits_seconds", "Waits.", registry=registry, buckets=(1.0,)).observe(0.5)
     use_settings(metrics_labels=(("replica", "1"),), metrics_namespace="vllm")
     body, _ = render_metrics("text/plain", registry=registry)
-    samples = [s for family in text_string_to_metric_families(body.decode()) for s in family.samples]
+    samples = [
+        s for family in text_string_to_metric_families(body.decode()) for s in family.samples
+    ]
     assert samples and all(s.labels.get("replica") == "1" for s in samples)
-    assert any(s.name == "vllm:things_total" and s.labels == {"replica": "1", "model_name": "m"} for s in samples)
+    assert any(
+        s.name == "vllm:things_total" and s.labels == {"replica": "1", "model_name": "m"}
+        for s in samples
+    )
     openmetrics, _ = render_metrics("application/openmetrics-text", registry=registry)
     assert 'vllm:waits_seconds_bucket{le="1.0",replica="1"} 1.0' in openmetrics.decode()
     with pytest.raises(ValueError, match="label name"):

@@ -3,6 +3,7 @@
 import uuid
 
 import pytest
+
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry import tracing
 from spyglass.telemetry.settings import TelemetrySettings
@@ -11,11 +12,15 @@ PROMPT = "Tell me about lighthouses"
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
-def test_request_spans_reach_phoenix(phoenix, protocol, monkeypatch, use_settings, make_engine, run_to_completion):
+def test_request_spans_reach_phoenix(
+    phoenix, protocol, monkeypatch, use_settings, make_engine, run_to_completion
+):
     project = f"spyglass-test-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("OTEL_SERVICE_NAME", project)
     endpoint = phoenix.http_traces if protocol == "http/protobuf" else phoenix.grpc
-    settings = TelemetrySettings(otlp_traces_endpoint=endpoint, otlp_protocol=protocol, trace_content=True)
+    settings = TelemetrySettings(
+        otlp_traces_endpoint=endpoint, otlp_protocol=protocol, trace_content=True
+    )
     provider = tracing.build_tracer_provider(settings)
     assert provider.resource.attributes["openinference.project.name"] == project
     tracing.set_tracer_provider(provider)
@@ -24,7 +29,11 @@ def test_request_spans_reach_phoenix(phoenix, protocol, monkeypatch, use_setting
         engine = make_engine()
         prompt_ids = engine.tokenizer.encode(PROMPT)
         engine.add_request(
-            "p1", prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True), PROMPT, attributes={"operation": "chat"}
+            "p1",
+            prompt_ids,
+            SamplingParams(max_tokens=4, ignore_eos=True),
+            PROMPT,
+            attributes={"operation": "chat"},
         )
         run_to_completion(engine)
         assert provider.force_flush(30_000)

@@ -9,6 +9,7 @@ from typing import ClassVar
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
 from spyglass.telemetry import tracing
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
 from spyglass.telemetry.settings import TelemetrySettings
@@ -42,8 +43,14 @@ def parse(*argv: str) -> TelemetrySettings:
 
 def test_cli_options():
     assert parse() == TelemetrySettings()
-    assert (parse("--telemetry", "off").metrics, parse("--telemetry", "off").tracing) == (False, False)
-    assert (parse("--telemetry", "metrics").metrics, parse("--telemetry", "metrics").tracing) == (True, False)
+    assert (parse("--telemetry", "off").metrics, parse("--telemetry", "off").tracing) == (
+        False,
+        False,
+    )
+    assert (parse("--telemetry", "metrics").metrics, parse("--telemetry", "metrics").tracing) == (
+        True,
+        False,
+    )
     s = parse(
         "--otlp-traces-endpoint",
         "http://x:4317",
@@ -74,7 +81,10 @@ def test_served_model_name_comes_from_the_serve_option():
     parser = argparse.ArgumentParser()
     parser.add_argument("--served-model-name")
     add_telemetry_arguments(parser)
-    assert settings_from_args(parser.parse_args(["--served-model-name", "tiny"])).served_model_name == "tiny"
+    assert (
+        settings_from_args(parser.parse_args(["--served-model-name", "tiny"])).served_model_name
+        == "tiny"
+    )
 
 
 def test_no_provider_without_an_endpoint_or_with_tracing_off(monkeypatch):
@@ -106,7 +116,9 @@ class _Receiver(BaseHTTPRequestHandler):
 def test_otlp_http_wire_follows_the_environment(monkeypatch):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}/api/public/otel")
+    monkeypatch.setenv(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}/api/public/otel"
+    )
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Basic cGs6c2s=")
     provider = tracing.build_tracer_provider(TelemetrySettings())
     provider.get_tracer("t").start_span("hello").end()
@@ -115,16 +127,27 @@ def test_otlp_http_wire_follows_the_environment(monkeypatch):
     server.shutdown()
     (path, headers, body), *_ = _Receiver.received
     assert path == "/api/public/otel/v1/traces"  # Langfuse's endpoint shape
-    assert headers["Authorization"] == "Basic cGs6c2s=" and headers["Content-Type"] == "application/x-protobuf"
+    assert (
+        headers["Authorization"] == "Basic cGs6c2s="
+        and headers["Content-Type"] == "application/x-protobuf"
+    )
     assert b"hello" in body and b"openinference.project.name" in body
 
 
 def test_exporter_from_option_and_environment(monkeypatch):
-    provider = tracing.build_tracer_provider(TelemetrySettings(otlp_traces_endpoint="http://127.0.0.1:6006"))
+    provider = tracing.build_tracer_provider(
+        TelemetrySettings(otlp_traces_endpoint="http://127.0.0.1:6006")
+    )
     exporter = _exporter(provider)
-    assert isinstance(exporter, HttpExporter) and exporter._endpoint == "http://127.0.0.1:6006/v1/traces"
+    assert (
+        isinstance(exporter, HttpExporter)
+        and exporter._endpoint == "http://127.0.0.1:6006/v1/traces"
+    )
     assert isinstance(
-        _exporter(tracing.build_tracer_provider(TelemetrySettings(otlp_traces_endpoint="http://h:4317"))), GrpcExporter
+        _exporter(
+            tracing.build_tracer_provider(TelemetrySettings(otlp_traces_endpoint="http://h:4317"))
+        ),
+        GrpcExporter,
     )
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://cloud.langfuse.com/api/public/otel")
@@ -157,5 +180,7 @@ def test_telemetry_plugins_come_through_entry_points():
 
     hooks = dict(describe_plugins(create_plugin_manager()))
     assert {"spyglass_request_finished", "spyglass_step_finished"} <= set(hooks["metrics"])
-    assert {"spyglass_request_added", "spyglass_step_started", "spyglass_request_preempted"} <= set(hooks["tracing"])
+    assert {"spyglass_request_added", "spyglass_step_started", "spyglass_request_preempted"} <= set(
+        hooks["tracing"]
+    )
     assert "spyglass_request_finished" in hooks["request_log"]

@@ -4,12 +4,16 @@ definitions, and metrics for grammar compile time and per-step mask time."""
 import json
 
 from prometheus_client import REGISTRY
+
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER_TOOL = {
     "type": "function",
-    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
 }
 
 
@@ -23,9 +27,16 @@ def test_response_format_and_tools_on_spans_and_grammar_timings_in_metrics(
 ):
     use_settings()
     engine = make_engine()
-    constrained = SamplingParams(max_tokens=12, temperature=0, structured_output=StructuredOutput("json_schema", SCHEMA))
+    constrained = SamplingParams(
+        max_tokens=12, temperature=0, structured_output=StructuredOutput("json_schema", SCHEMA)
+    )
     prompt_ids = engine.tokenizer.encode("Where is it warm?")
-    engine.add_request("with-schema-1", prompt_ids, constrained, attributes={"operation": "chat", "tools": [WEATHER_TOOL]})
+    engine.add_request(
+        "with-schema-1",
+        prompt_ids,
+        constrained,
+        attributes={"operation": "chat", "tools": [WEATHER_TOOL]},
+    )
     engine.add_request("with-schema-2", prompt_ids, constrained)  # the same schema: compiled once
     engine.add_request("plain", prompt_ids, SamplingParams(max_tokens=3, temperature=0))
     outputs = run_to_completion(engine)
@@ -42,4 +53,6 @@ def test_response_format_and_tools_on_spans_and_grammar_timings_in_metrics(
     assert _count("spyglass:structured_output_compile_seconds", engine) == 1
     # Every step that sampled for a constrained request filled masks: one per output token at least.
     num_tokens = len(outputs["with-schema-1"].outputs[0].token_ids)
-    assert num_tokens > 0 and _count("spyglass:structured_output_mask_seconds", engine) >= num_tokens
+    assert (
+        num_tokens > 0 and _count("spyglass:structured_output_mask_seconds", engine) >= num_tokens
+    )

@@ -6,11 +6,26 @@ from spyglass.core.cli.main import add_subcommands
 
 BENCHMARKS = {
     "throughput": ("spyglass.core.cli.bench.throughput", "offline throughput on W1 / W3"),
-    "serve": ("spyglass.core.cli.bench.serve", "online serving latency and throughput against a running server"),
-    "soak": ("spyglass.core.cli.bench.soak", "many requests with random client disconnects against a running server"),
-    "latency": ("spyglass.core.cli.bench.latency", "batch-1 decode latency, with and without speculation"),
-    "policies": ("spyglass.core.cli.bench.policies", "mixed interactive + batch workload under each scheduling policy"),
-    "prefix-cache": ("spyglass.core.cli.bench.prefix_cache", "shared system prompt: TTFT with and without the prefix cache"),
+    "serve": (
+        "spyglass.core.cli.bench.serve",
+        "online serving latency and throughput against a running server",
+    ),
+    "soak": (
+        "spyglass.core.cli.bench.soak",
+        "many requests with random client disconnects against a running server",
+    ),
+    "latency": (
+        "spyglass.core.cli.bench.latency",
+        "batch-1 decode latency, with and without speculation",
+    ),
+    "policies": (
+        "spyglass.core.cli.bench.policies",
+        "mixed interactive + batch workload under each scheduling policy",
+    ),
+    "prefix-cache": (
+        "spyglass.core.cli.bench.prefix_cache",
+        "shared system prompt: TTFT with and without the prefix cache",
+    ),
 }
 
 

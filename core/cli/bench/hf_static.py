@@ -29,18 +29,31 @@ class HFStaticBatching:
 
     def run(self, workload: list[BenchRequest]) -> RunResult:
         """Generate the whole workload as one batch in a child process; its timing of ``generate`` alone."""
-        command = [sys.executable, "-m", "spyglass.core.cli.bench.hf_static", "--dtype", self.dtype,
-                   "--num-threads", str(torch.get_num_threads())]
+        command = [
+            sys.executable,
+            "-m",
+            "spyglass.core.cli.bench.hf_static",
+            "--dtype",
+            self.dtype,
+            "--num-threads",
+            str(torch.get_num_threads()),
+        ]
         if self.model is not None:
             command += ["--model", self.model]
-        requests = [{"prompt_token_ids": r.prompt_token_ids, "output_len": r.output_len} for r in workload]
-        child = subprocess.run(command, input=json.dumps(requests), capture_output=True, text=True, check=False)
+        requests = [
+            {"prompt_token_ids": r.prompt_token_ids, "output_len": r.output_len} for r in workload
+        ]
+        child = subprocess.run(
+            command, input=json.dumps(requests), capture_output=True, text=True, check=False
+        )
         if child.returncode != 0:
             raise RuntimeError(f"HF static batching failed:\n{child.stderr[-2000:]}")
         return RunResult(**json.loads(child.stdout.strip().splitlines()[-1]))
 
 
-def _generate(model_path: str | None, dtype: torch.dtype, workload: list[BenchRequest]) -> RunResult:
+def _generate(
+    model_path: str | None, dtype: torch.dtype, workload: list[BenchRequest]
+) -> RunResult:
     """Load the model and generate the workload as one batch (prompts must share a length, as in W1)."""
     from transformers import AutoModelForCausalLM
 
@@ -64,7 +77,9 @@ def _generate(model_path: str | None, dtype: torch.dtype, workload: list[BenchRe
             pad_token_id=0,
         )
         seconds = time.perf_counter() - start
-    return RunResult(seconds, input_ids.numel(), (out.shape[1] - input_ids.shape[1]) * len(workload))
+    return RunResult(
+        seconds, input_ids.numel(), (out.shape[1] - input_ids.shape[1]) * len(workload)
+    )
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ rate and whether the output equals the non-speculative output token for token.
 import statistics
 import time
 
-from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import SamplingParams
 
@@ -19,13 +19,19 @@ PARAGRAPH = (
     "For a language model server, that means seeing how long each request waited, how its prompt was split "
     "into chunks, which blocks of the key-value cache it used, and why it finished when it did."
 )
-CODE = "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n    return total / len(values)\n"
+CODE = (
+    "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
+    "    return total / len(values)\n"
+)
 WORKLOADS = {
     "copy": [
         f"Rewrite this paragraph, keeping every sentence but fixing nothing:\n\n{PARAGRAPH}",
         f"Add a docstring to this function and return the whole function:\n\n{CODE}",
     ],
-    "open": ["Write a short story about a lighthouse keeper.", "Explain how a bicycle stays upright."],
+    "open": [
+        "Write a short story about a lighthouse keeper.",
+        "Explain how a bicycle stays upright.",
+    ],
 }
 
 
@@ -45,7 +51,9 @@ class SpecCounter:
 
 def add_parser(subparsers, argv) -> None:
     """Register ``bench latency``."""
-    parser = subparsers.add_parser("latency", help="batch-1 decode latency, with and without speculation")
+    parser = subparsers.add_parser(
+        "latency", help="batch-1 decode latency, with and without speculation"
+    )
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
     add_engine_arguments(parser)
@@ -53,8 +61,14 @@ def add_parser(subparsers, argv) -> None:
 
 
 def _generate(engine: LLMEngine, prompt: str, max_tokens: int) -> tuple[float, list[int]]:
-    token_ids = engine.tokenizer.encode(engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]))
-    engine.add_request(f"latency-{time.monotonic_ns()}", token_ids, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    token_ids = engine.tokenizer.encode(
+        engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    )
+    engine.add_request(
+        f"latency-{time.monotonic_ns()}",
+        token_ids,
+        SamplingParams(temperature=0.0, max_tokens=max_tokens),
+    )
     start = time.perf_counter()
     first = None
     output_ids: list[int] = []
@@ -86,16 +100,29 @@ def run(args) -> int:
                     outputs[method, workload, index] = ids
                 engine.plugin_manager.unregister(counter)
     first = engines[None]
-    print(f"model {first.model_name} dtype {first.info.dtype} k={args.num_speculative_tokens} batch 1, "
-          f"{args.max_tokens} tokens, median of {args.repeats} rounds")
-    print(f"{'workload':<9}{'method':<9}{'ms/token':>10}{'speed-up':>10}{'accepted':>10}{'identical':>11}")
+    print(
+        f"model {first.model_name} dtype {first.info.dtype} k={args.num_speculative_tokens} batch 1, "
+        f"{args.max_tokens} tokens, median of {args.repeats} rounds"
+    )
+    print(
+        f"{'workload':<9}{'method':<9}{'ms/token':>10}{'speed-up':>10}{'accepted':>10}{'identical':>11}"
+    )
     for workload, prompts in WORKLOADS.items():
         base = statistics.median(samples[None, workload])
         for method in methods:
             median = statistics.median(samples[method, workload])
             counter = counters[method][workload]
-            rate = counter.num_accepted_tokens / counter.num_draft_tokens if counter.num_draft_tokens else 0.0
-            same = all(outputs[method, workload, i] == outputs[None, workload, i] for i in range(len(prompts)))
-            print(f"{workload:<9}{method or 'none':<9}{median * 1e3:>10.1f}{base / median:>9.2f}x"
-                  f"{rate:>10.0%}{'yes' if same else 'NO':>11}")
+            rate = (
+                counter.num_accepted_tokens / counter.num_draft_tokens
+                if counter.num_draft_tokens
+                else 0.0
+            )
+            same = all(
+                outputs[method, workload, i] == outputs[None, workload, i]
+                for i in range(len(prompts))
+            )
+            print(
+                f"{workload:<9}{method or 'none':<9}{median * 1e3:>10.1f}{base / median:>9.2f}x"
+                f"{rate:>10.0%}{'yes' if same else 'NO':>11}"
+            )
     return 0

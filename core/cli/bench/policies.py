@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.sampling_params import SamplingParams
 
@@ -34,8 +34,12 @@ class RequestClass:
 
 def add_parser(subparsers, argv) -> None:
     """Register ``bench policies``."""
-    parser = subparsers.add_parser("policies", help="mixed interactive + batch workload under each scheduling policy")
-    parser.add_argument("--policies", default=POLICIES, help=f"comma-separated (default {POLICIES})")
+    parser = subparsers.add_parser(
+        "policies", help="mixed interactive + batch workload under each scheduling policy"
+    )
+    parser.add_argument(
+        "--policies", default=POLICIES, help=f"comma-separated (default {POLICIES})"
+    )
     parser.add_argument("--num-interactive", type=int, default=32)
     parser.add_argument("--interactive-prompt-len", type=int, default=32)
     parser.add_argument("--interactive-output-len", type=int, default=16)
@@ -57,17 +61,27 @@ def workload(args, vocab_size: int) -> list[tuple[RequestClass, list[int]]]:
                      args.interactive_ttft_slo),
     ]  # fmt: skip
     rng = np.random.default_rng(args.seed)
-    return [(c, rng.integers(100, vocab_size, size=c.prompt_len).tolist()) for c in classes for _ in range(c.count)]
+    return [
+        (c, rng.integers(100, vocab_size, size=c.prompt_len).tolist())
+        for c in classes
+        for _ in range(c.count)
+    ]
 
 
-def run_policy(engine: LLMEngine, requests: list[tuple[RequestClass, list[int]]]) -> tuple[float, list[Request]]:
+def run_policy(
+    engine: LLMEngine, requests: list[tuple[RequestClass, list[int]]]
+) -> tuple[float, list[Request]]:
     """Queue every request, step to the end; (start time, the finished requests)."""
     start = time.monotonic()
     live = []
     for index, (cls, prompt) in enumerate(requests):
         params = SamplingParams(temperature=0.0, max_tokens=cls.output_len, ignore_eos=True, priority=cls.priority,
                                 extra={"ttft_slo_s": cls.ttft_slo_s})  # fmt: skip
-        live.append(engine.add_request(f"{cls.name}-{index}", prompt, params, attributes={"tenant": cls.name}))
+        live.append(
+            engine.add_request(
+                f"{cls.name}-{index}", prompt, params, attributes={"tenant": cls.name}
+            )
+        )
     while engine.has_unfinished_requests:
         engine.step()
     return start, live
@@ -75,7 +89,11 @@ def run_policy(engine: LLMEngine, requests: list[tuple[RequestClass, list[int]]]
 
 def warm_up(engine: LLMEngine) -> None:
     """One short request first, so one-off start-up costs (allocations, kernel selection) are not measured."""
-    engine.add_request("warm-up", list(range(100, 164)), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    engine.add_request(
+        "warm-up",
+        list(range(100, 164)),
+        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+    )
     while engine.has_unfinished_requests:
         engine.step()
 

@@ -34,23 +34,47 @@ class RequestResult:
 
 def add_parser(subparsers, argv) -> None:
     """Register ``bench serve``."""
-    parser = subparsers.add_parser("serve", help="online serving latency and throughput against a running server")
+    parser = subparsers.add_parser(
+        "serve", help="online serving latency and throughput against a running server"
+    )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     load = parser.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=float, default=math.inf, help="Poisson arrivals per second (default: all at once)")
-    load.add_argument("--concurrency", type=int, default=None, help="clients sending back to back, instead of --rate")
+    load.add_argument(
+        "--rate",
+        type=float,
+        default=math.inf,
+        help="Poisson arrivals per second (default: all at once)",
+    )
+    load.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="clients sending back to back, instead of --rate",
+    )
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--seed", type=int, default=3, help="W3 workload seed")
-    parser.add_argument("--vocab-size", type=int, default=49152, help="token ids are drawn below this (model vocab)")
+    parser.add_argument(
+        "--vocab-size", type=int, default=49152, help="token ids are drawn below this (model vocab)"
+    )
     parser.add_argument("--model", default=None, help="model name to send (default: omitted)")
     parser.add_argument("--api-key", default=os.environ.get("SPYGLASS_API_KEY"))
-    parser.add_argument("--json", dest="json_path", default=None, help="also write the results to this JSON file")
+    parser.add_argument(
+        "--json", dest="json_path", default=None, help="also write the results to this JSON file"
+    )
     parser.set_defaults(run=run)
 
 
-async def _send(client: httpx.AsyncClient, request: BenchRequest, model: str | None) -> RequestResult:
-    body = {"prompt": request.prompt_token_ids, "max_tokens": request.output_len, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+async def _send(
+    client: httpx.AsyncClient, request: BenchRequest, model: str | None
+) -> RequestResult:
+    body = {
+        "prompt": request.prompt_token_ids,
+        "max_tokens": request.output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if model:
         body["model"] = model
     result = RequestResult(ok=False, prompt_len=len(request.prompt_token_ids))
@@ -86,7 +110,9 @@ async def _send(client: httpx.AsyncClient, request: BenchRequest, model: str | N
 async def _run_load(args, workload: list[BenchRequest]) -> tuple[list[RequestResult], float]:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=None, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=args.base_url, headers=headers, timeout=None, limits=limits
+    ) as client:
         start = time.perf_counter()
         if args.concurrency:
             results = await _closed_loop(client, workload, args.concurrency, args.model)
@@ -120,8 +146,12 @@ async def _open_loop(client, workload, rate: float, seed: int, model) -> list[Re
 def _percentiles(values: list[float]) -> dict[str, float]:
     """Mean, median, P90 and P99 in milliseconds (zeros when there are no values)."""
     data = np.array(values or [0.0]) * 1000
-    return {"mean": float(data.mean()), "median": float(np.median(data)),
-            "p90": float(np.percentile(data, 90)), "p99": float(np.percentile(data, 99))}
+    return {
+        "mean": float(data.mean()),
+        "median": float(np.median(data)),
+        "p90": float(np.percentile(data, 90)),
+        "p99": float(np.percentile(data, 99)),
+    }
 
 
 def summarize(results: list[RequestResult], duration: float) -> dict:
@@ -152,18 +182,23 @@ def _print(summary: dict, load: str) -> None:
     print("{:=^50}".format(" Serving Benchmark Result "))
     print(line.format("Load:", load))
     for label, key, fmt in [
-        ("Successful requests:", "completed", "{}"), ("Failed requests:", "failed", "{}"),
-        ("Benchmark duration (s):", "duration_s", "{:.2f}"), ("Total input tokens:", "total_input_tokens", "{}"),
+        ("Successful requests:", "completed", "{}"),
+        ("Failed requests:", "failed", "{}"),
+        ("Benchmark duration (s):", "duration_s", "{:.2f}"),
+        ("Total input tokens:", "total_input_tokens", "{}"),
         ("Total generated tokens:", "total_output_tokens", "{}"),
         ("Request throughput (req/s):", "request_throughput", "{:.2f}"),
         ("Output token throughput (tok/s):", "output_throughput", "{:.2f}"),
         ("Total token throughput (tok/s):", "total_token_throughput", "{:.2f}"),
     ]:
         print(line.format(label, fmt.format(summary[key])))
-    for title, key, name in [("Time to First Token", "ttft_ms", "TTFT"), ("Time per Output Token (excl. 1st token)",
-                             "tpot_ms", "TPOT"), ("Inter-token Latency", "itl_ms", "ITL"), ("End-to-end Latency",
-                             "e2e_ms", "E2E")]:
-        print("{:-^50}".format(title))
+    for title, key, name in [
+        ("Time to First Token", "ttft_ms", "TTFT"),
+        ("Time per Output Token (excl. 1st token)", "tpot_ms", "TPOT"),
+        ("Inter-token Latency", "itl_ms", "ITL"),
+        ("End-to-end Latency", "e2e_ms", "E2E"),
+    ]:
+        print(f"{title:-^50}")
         stats = summary[key]
         for stat, label in [("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")]:
             print(line.format(f"{label} {name} (ms):", f"{stats[stat]:.2f}"))
@@ -182,8 +217,13 @@ def run(args) -> int:
     load = f"concurrency {args.concurrency}" if args.concurrency else f"rate {args.rate} req/s"
     _print(summary, load)
     if args.json_path:
-        record = {"base_url": args.base_url, "load": load, "num_prompts": args.num_prompts, **summary,
-                  "per_request": [asdict(r) for r in results]}
+        record = {
+            "base_url": args.base_url,
+            "load": load,
+            "num_prompts": args.num_prompts,
+            **summary,
+            "per_request": [asdict(r) for r in results],
+        }
         with open(args.json_path, "w") as out:
             json.dump(record, out, indent=2)
     return 0 if summary["failed"] == 0 else 1

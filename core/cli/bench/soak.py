@@ -19,7 +19,24 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 _RSS = re.compile(r"^process_resident_memory_bytes (\S+)$", re.MULTILINE)
-WORDS = "the a sea cat ship light river stone bright slow early window over under and of".split()
+WORDS = [
+    "the",
+    "a",
+    "sea",
+    "cat",
+    "ship",
+    "light",
+    "river",
+    "stone",
+    "bright",
+    "slow",
+    "early",
+    "window",
+    "over",
+    "under",
+    "and",
+    "of",
+]
 
 
 @dataclass(slots=True)
@@ -43,23 +60,36 @@ class SoakReport:
 
 def add_parser(subparsers, argv) -> None:
     """Register ``bench soak``."""
-    parser = subparsers.add_parser("soak", help="requests with random client disconnects against a running server")
+    parser = subparsers.add_parser(
+        "soak", help="requests with random client disconnects against a running server"
+    )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument("--num-requests", type=int, default=1000)
-    parser.add_argument("--disconnect-share", type=float, default=0.2, help="share of requests that hang up early")
+    parser.add_argument(
+        "--disconnect-share", type=float, default=0.2, help="share of requests that hang up early"
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--api-key", default=os.environ.get("SPYGLASS_API_KEY"))
-    parser.add_argument("--json", dest="json_path", default=None, help="also write the report to this JSON file")
+    parser.add_argument(
+        "--json", dest="json_path", default=None, help="also write the report to this JSON file"
+    )
     parser.set_defaults(run=run)
 
 
-async def _one(client: httpx.AsyncClient, rng: random.Random, max_tokens: int, disconnect: bool) -> str:
+async def _one(
+    client: httpx.AsyncClient, rng: random.Random, max_tokens: int, disconnect: bool
+) -> str:
     """Send one request; its outcome: "completed", "aborted", or an error label."""
     stream = rng.random() < 0.5
-    body = {"prompt": " ".join(rng.choices(WORDS, k=rng.randint(3, 40))), "max_tokens": rng.randint(1, max_tokens),
-            "temperature": rng.choice([0.0, 0.8]), "ignore_eos": True, "stream": stream}
+    body = {
+        "prompt": " ".join(rng.choices(WORDS, k=rng.randint(3, 40))),
+        "max_tokens": rng.randint(1, max_tokens),
+        "temperature": rng.choice([0.0, 0.8]),
+        "ignore_eos": True,
+        "stream": stream,
+    }
     if not stream:
         call = asyncio.ensure_future(client.post("/v1/completions", json=body))
         if disconnect:
@@ -88,8 +118,15 @@ async def _server_state(client: httpx.AsyncClient) -> tuple[dict, float | None]:
     return kv, float(match.group(1)) / 2**20 if match else None
 
 
-async def soak(base_url: str, num_requests: int, disconnect_share: float, concurrency: int, max_tokens: int,
-               seed: int = 0, api_key: str | None = None) -> SoakReport:
+async def soak(
+    base_url: str,
+    num_requests: int,
+    disconnect_share: float,
+    concurrency: int,
+    max_tokens: int,
+    seed: int = 0,
+    api_key: str | None = None,
+) -> SoakReport:
     """Run the soak and wait (up to 30 s) for the server to go idle before reading its KV and memory."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     rng = random.Random(seed)
@@ -125,11 +162,26 @@ async def soak(base_url: str, num_requests: int, disconnect_share: float, concur
 def run(args) -> int:
     """Run the soak, print the report; exit 1 if any request was lost or any KV block leaked."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    report = asyncio.run(soak(args.base_url, args.num_requests, args.disconnect_share, args.concurrency,
-                              args.max_tokens, args.seed, args.api_key))
-    rss = f"{report.rss_start_mib:.0f} -> {report.rss_end_mib:.0f} MiB" if report.rss_start_mib else "unknown"
-    print(f"{report.num_requests} requests in {report.duration_s:.1f} s: {report.completed} completed, "
-          f"{report.aborted} aborted by the client, {report.lost} lost {report.errors or ''}")
+    report = asyncio.run(
+        soak(
+            args.base_url,
+            args.num_requests,
+            args.disconnect_share,
+            args.concurrency,
+            args.max_tokens,
+            args.seed,
+            args.api_key,
+        )
+    )
+    rss = (
+        f"{report.rss_start_mib:.0f} -> {report.rss_end_mib:.0f} MiB"
+        if report.rss_start_mib
+        else "unknown"
+    )
+    print(
+        f"{report.num_requests} requests in {report.duration_s:.1f} s: {report.completed} completed, "
+        f"{report.aborted} aborted by the client, {report.lost} lost {report.errors or ''}"
+    )
     print(f"KV blocks in use when idle: {report.kv_blocks_in_use}; server RSS {rss}")
     if args.json_path:
         with open(args.json_path, "w") as out:

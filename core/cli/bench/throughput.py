@@ -16,13 +16,12 @@ import time
 import torch
 
 from spyglass.core.cli.bench.hf_static import HFStaticBatching
-from spyglass.core.cli.bench.span_sink import sink_tracer_provider
 from spyglass.core.cli.bench.results import RunResult
+from spyglass.core.cli.bench.span_sink import sink_tracer_provider
 from spyglass.core.cli.bench.workloads import WORKLOADS, BenchRequest
-from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
-from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry import tracing
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
 
@@ -31,20 +30,31 @@ def add_parser(subparsers, argv) -> None:
     """Register ``bench throughput``."""
     parser = subparsers.add_parser("throughput", help="offline throughput on W1 / W3")
     parser.add_argument("--workloads", default="w1,w3", help="comma-separated: w1, w3")
-    parser.add_argument("--num-requests", type=int, default=None, help="override the workload's request count")
+    parser.add_argument(
+        "--num-requests", type=int, default=None, help="override the workload's request count"
+    )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--compare-hf", action="store_true", help="also time HF transformers static batching on W1")
     parser.add_argument(
-        "--compare-policies", default="", help="comma-separated scheduling policies to run beside --policy"
+        "--compare-hf", action="store_true", help="also time HF transformers static batching on W1"
     )
     parser.add_argument(
-        "--compare-schema", action="store_true", help="also run every request constrained by a JSON schema"
+        "--compare-policies",
+        default="",
+        help="comma-separated scheduling policies to run beside --policy",
     )
     parser.add_argument(
-        "--compare-telemetry", default="", help="comma-separated telemetry levels (off, metrics, full) to run beside --telemetry"
+        "--compare-schema",
+        action="store_true",
+        help="also run every request constrained by a JSON schema",
     )
     parser.add_argument(
-        "--compare-tensor-parallel", default="",
+        "--compare-telemetry",
+        default="",
+        help="comma-separated telemetry levels (off, metrics, full) to run beside --telemetry",
+    )
+    parser.add_argument(
+        "--compare-tensor-parallel",
+        default="",
         help="comma-separated tensor-parallel sizes to run beside --tensor-parallel-size, e.g. 2",
     )
     add_engine_arguments(parser)
@@ -73,7 +83,9 @@ BENCH_SCHEMA = {
 }
 
 
-def run_engine(engine: LLMEngine, workload: list[BenchRequest], schema: dict | None = None) -> RunResult:
+def run_engine(
+    engine: LLMEngine, workload: list[BenchRequest], schema: dict | None = None
+) -> RunResult:
     """Run every request of ``workload`` to completion on ``engine`` (greedy, ignore_eos), each constrained by
     ``schema`` when given.
 
@@ -82,14 +94,21 @@ def run_engine(engine: LLMEngine, workload: list[BenchRequest], schema: dict | N
     """
     constraint = None if schema is None else StructuredOutput("json_schema", schema)
     if constraint is not None:
-        engine.add_request("bench-warmup", workload[0].prompt_token_ids,
-                           SamplingParams(temperature=0.0, max_tokens=2, structured_output=constraint))
+        engine.add_request(
+            "bench-warmup",
+            workload[0].prompt_token_ids,
+            SamplingParams(temperature=0.0, max_tokens=2, structured_output=constraint),
+        )
         while engine.has_unfinished_requests:
             engine.step()
     start = time.perf_counter()
     for index, request in enumerate(workload):
-        params = SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True,
-                                structured_output=constraint)
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=request.output_len,
+            ignore_eos=True,
+            structured_output=constraint,
+        )
         engine.add_request(f"bench-{index}", request.prompt_token_ids, params)
     num_output = 0
     while engine.has_unfinished_requests:
@@ -105,16 +124,27 @@ def _median(results: list[RunResult]) -> RunResult:
 
 
 def _configurations(args) -> list[tuple[str, str, str, int, dict | None]]:
-    """(label, policy, telemetry level, tensor-parallel size, JSON schema) per configuration; the first is the baseline."""
+    """(label, policy, telemetry level, tensor-parallel size, JSON schema) per configuration.
+
+    The first is the baseline.
+    """
     policies = [args.scheduling_policy] + [p for p in args.compare_policies.split(",") if p]
     levels = [args.telemetry] + [t for t in args.compare_telemetry.split(",") if t]
-    sizes = [args.tensor_parallel_size] + [int(n) for n in args.compare_tensor_parallel.split(",") if n]
+    sizes = [args.tensor_parallel_size] + [
+        int(n) for n in args.compare_tensor_parallel.split(",") if n
+    ]
     configurations = []
     for policy in policies:
         for level in levels:
-            label = policy if len(levels) == 1 else (f"telemetry-{level}" if len(policies) == 1 else f"{policy}/{level}")
+            label = (
+                policy
+                if len(levels) == 1
+                else (f"telemetry-{level}" if len(policies) == 1 else f"{policy}/{level}")
+            )
             for size in sizes:
-                configurations.append((label if len(sizes) == 1 else f"{label}/tp{size}", policy, level, size, None))
+                configurations.append(
+                    (label if len(sizes) == 1 else f"{label}/tp{size}", policy, level, size, None)
+                )
     if args.compare_schema:
         configurations.append(("json-schema", policies[0], levels[0], sizes[0], BENCH_SCHEMA))
     return configurations
@@ -132,9 +162,18 @@ def _rotated(configurations: list, repeat: int) -> list:
 
 def _fresh_engine(args, policy: str, level: str, tensor_parallel_size: int) -> LLMEngine:
     """An engine whose telemetry plugins follow ``level``; full tracing exports into an encoding sink."""
-    telemetry = dataclasses.replace(settings_from_args(args), metrics=level != "off", tracing=level == "full")
+    telemetry = dataclasses.replace(
+        settings_from_args(args), metrics=level != "off", tracing=level == "full"
+    )
     tracing.set_tracer_provider(sink_tracer_provider()[0] if level == "full" else None)
-    return LLMEngine(engine_config_from_args(args, scheduling_policy=policy, telemetry=telemetry, tensor_parallel_size=tensor_parallel_size))
+    return LLMEngine(
+        engine_config_from_args(
+            args,
+            scheduling_policy=policy,
+            telemetry=telemetry,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+    )
 
 
 def _timed_run(args, configuration: tuple, workload: list[BenchRequest]) -> RunResult:
@@ -163,15 +202,27 @@ def run(args) -> int:
 
 def _run_all(args, configurations: list[tuple[str, str, str, int, dict | None]]) -> None:
     probe = _fresh_engine(args, *configurations[0][1:4])
-    print(f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
-          f"kv blocks {probe.info.num_kv_blocks} threads {torch.get_num_threads()}")
+    print(
+        f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
+        f"kv blocks {probe.info.num_kv_blocks} threads {torch.get_num_threads()}"
+    )
     vocab = probe.arch.vocab_size
     probe.shutdown()
     del probe
-    hf = HFStaticBatching(args.model, engine_config_from_args(args).torch_dtype()) if args.compare_hf else None
+    hf = (
+        HFStaticBatching(args.model, engine_config_from_args(args).torch_dtype())
+        if args.compare_hf
+        else None
+    )
     for name in [w for w in args.workloads.split(",") if w]:
-        workload = WORKLOADS[name](vocab) if args.num_requests is None else WORKLOADS[name](vocab, args.num_requests)
-        runs: dict[str, list[RunResult]] = {configuration[0]: [] for configuration in configurations}
+        workload = (
+            WORKLOADS[name](vocab)
+            if args.num_requests is None
+            else WORKLOADS[name](vocab, args.num_requests)
+        )
+        runs: dict[str, list[RunResult]] = {
+            configuration[0]: [] for configuration in configurations
+        }
         if hf and name == "w1":
             runs["hf-static"] = []
         for repeat in range(args.repeats):
@@ -180,23 +231,33 @@ def _run_all(args, configurations: list[tuple[str, str, str, int, dict | None]])
                 runs[configuration[0]].append(_timed_run(args, configuration, workload))
             if "hf-static" in runs:
                 runs["hf-static"].append(hf.run(workload))
-        _report(name, workload, {label: _median(r) for label, r in runs.items()}, configurations[0][0])
+        _report(
+            name, workload, {label: _median(r) for label, r in runs.items()}, configurations[0][0]
+        )
 
 
-def _report(name: str, workload: list[BenchRequest], medians: dict[str, RunResult], baseline: str) -> None:
-    print(f"\n{name}: {len(workload)} requests, {sum(len(r.prompt_token_ids) for r in workload)} prompt tokens, "
-          f"{sum(r.output_len for r in workload)} output tokens (median of runs)")
+def _report(
+    name: str, workload: list[BenchRequest], medians: dict[str, RunResult], baseline: str
+) -> None:
+    print(
+        f"\n{name}: {len(workload)} requests, {sum(len(r.prompt_token_ids) for r in workload)} prompt tokens, "
+        f"{sum(r.output_len for r in workload)} output tokens (median of runs)"
+    )
     print(f"{'config':<22}{'seconds':>9}{'out tok/s':>11}{'total tok/s':>13}  vs {baseline}")
     reference = medians[baseline].output_tokens_per_s
     for label, result in medians.items():
         ratio = result.output_tokens_per_s / reference
-        print(f"{label:<22}{result.seconds:>9.2f}{result.output_tokens_per_s:>11.1f}"
-              f"{result.total_tokens_per_s:>13.1f}  {ratio:.2f}x")
+        print(
+            f"{label:<22}{result.seconds:>9.2f}{result.output_tokens_per_s:>11.1f}"
+            f"{result.total_tokens_per_s:>13.1f}  {ratio:.2f}x"
+        )
     if "json-schema" in medians:
         schema, plain = medians["json-schema"], medians[baseline]
         cost = schema.seconds / plain.seconds - 1
-        print(f"json-schema / {baseline} time: {1 + cost:.3f}x ({cost:+.1%} for the schema; "
-              f"{schema.num_output_tokens} vs {plain.num_output_tokens} tokens generated)")
+        print(
+            f"json-schema / {baseline} time: {1 + cost:.3f}x ({cost:+.1%} for the schema; "
+            f"{schema.num_output_tokens} vs {plain.num_output_tokens} tokens generated)"
+        )
     if "hf-static" in medians:
         gain = reference / medians["hf-static"].output_tokens_per_s
         print(f"spyglass / hf-static output throughput: {gain:.2f}x")

@@ -63,7 +63,8 @@ class AuditPlugin:
         """Open the audit file named by ``SPYGLASS_AUDIT_LOG`` (appending), if any."""
         path = os.environ.get(ENV)
         self.model = info.model_name
-        self.sink = open(path, "a", encoding="utf-8", buffering=1) if path else None
+        # Open for the engine's life, closed in spyglass_engine_stopped.
+        self.sink = open(path, "a", encoding="utf-8", buffering=1) if path else None  # noqa: SIM115
 
     @implements(hookspecs.spyglass_request_finished)
     def spyglass_request_finished(self, request: Request, reason: FinishReason) -> None:
