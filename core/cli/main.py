@@ -6,6 +6,7 @@ command's parser, which keeps its heavy imports (torch, the engine, the HTTP sta
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -51,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     # One log schema for every command (JSON lines unless stderr is a terminal); stdout stays the command's.
     setup_logging(stream=sys.stderr)
+    for name in getattr(
+        args, "quiet_loggers", ()
+    ):  # a command's own choice (bench: no per-request lines)
+        logging.getLogger(name).setLevel(logging.WARNING)
     return args.run(args) or 0
 
 

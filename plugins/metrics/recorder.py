@@ -197,6 +197,11 @@ class MetricsRecorder:
         self._token_progress(request)
         self.live.pop(request.req_id, None)
         self.progress.pop(request.req_id, None)
+        if not self.live:
+            # The engine may now sit idle with no step to refresh the gauges (an abort between steps).
+            self.running.set(0)
+            self.waiting.set(0)
+            self.kv_usage.set(0)
         times = request.times
         exemplar = _exemplar(request)
         self.series.labels(m.REQUEST_SUCCESS, reason.value).inc()

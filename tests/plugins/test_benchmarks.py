@@ -83,3 +83,19 @@ def test_bench_throughput_compares_a_json_schema_run_generating_as_many_tokens(
     }
     assert set(rows) == {"fcfs", "json-schema"} and rows["fcfs"][-1] == "1.00x"
     assert "json-schema / fcfs time:" in out
+
+
+def test_benches_keep_per_request_log_lines_out_unless_asked(tiny_llama_dir):
+    import subprocess
+    import sys
+
+    def stderr(*bench_options: str) -> str:
+        argv = ["bench", *bench_options, "prefix-cache", "--model", str(tiny_llama_dir), *TINY, "--system-len", "16",
+                "--num-questions", "2", "--question-len", "4", "--output-len", "2", "--plugins", "fcfs,request_log"]  # fmt: skip
+        command = [sys.executable, "-m", "spyglass.core.cli.main", *argv]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stderr
+
+    assert "request finished" not in stderr()
+    assert "request finished" in stderr("--log-requests")

@@ -192,8 +192,17 @@ def test_gauges_mid_run_slo_misses_preemptions_and_aborts(engine_and_registry):
 
     engine.add_request("c", [5, 6, 7], SamplingParams(max_tokens=20))
     engine.step()
+    assert (
+        reg.value("spyglass:num_requests_running") == 1
+        and reg.value("spyglass:kv_cache_usage_perc") > 0
+    )
     engine.abort("c")
     assert reg.delta("spyglass:request_success_total", finished_reason="abort") == 1
+    # No step follows the abort (the engine is idle): the gauges do not keep reading the last step.
+    assert (
+        reg.value("spyglass:num_requests_running") == 0
+        and reg.value("spyglass:kv_cache_usage_perc") == 0
+    )
     assert reg.delta("spyglass:slo_requests_total") == 2  # aborts are not judged
 
 

@@ -32,4 +32,12 @@ BENCHMARKS = {
 def add_parser(subparsers, argv: Sequence[str]) -> None:
     """Register ``bench`` and its benchmarks."""
     parser = subparsers.add_parser("bench", help="run a benchmark")
+    parser.add_argument(
+        "--log-requests",
+        dest="quiet_loggers",
+        action="store_const",
+        const=(),
+        default=("spyglass.requests",),
+        help="keep the per-request log lines (off by default: they would drown the tables)",
+    )
     add_subcommands(parser.add_subparsers(dest="benchmark", required=True), BENCHMARKS, argv)
