@@ -10,7 +10,9 @@ from typing import Callable
 
 import torch
 
-from spyglass.kernels import cpu_attention, cpu_layer_ops, cpu_native, torch_attention, torch_norm_rope
+from spyglass.kernels import (
+    cpu_attention, cpu_layer_ops, cpu_moe, cpu_native, torch_attention, torch_moe, torch_norm_rope,
+)
 
 _CHOICES = ("auto", "cpu", "torch", "triton")
 
@@ -18,7 +20,8 @@ _CHOICES = ("auto", "cpu", "torch", "triton")
 @dataclass(frozen=True)
 class AttentionBackend:
     """One consistent set of kernels: KV store and paged attention (contract: `torch_attention`),
-    and the elementwise layer ops (contract: `torch_norm_rope`)."""
+    the elementwise layer ops (contract: `torch_norm_rope`) and the grouped MoE experts (contract:
+    `torch_moe.fused_experts`)."""
 
     name: str
     store_kv: Callable
@@ -28,6 +31,7 @@ class AttentionBackend:
     rotary_embedding_: Callable = torch_norm_rope.rotary_embedding_
     silu_and_mul: Callable = torch_norm_rope.silu_and_mul
     gelu_tanh_and_mul: Callable = torch_norm_rope.gelu_tanh_and_mul
+    fused_experts: Callable = torch_moe.fused_experts
 
 
 def _torch_backend() -> AttentionBackend:
@@ -45,6 +49,7 @@ def _cpu_backend() -> AttentionBackend:
     return AttentionBackend(
         name, cpu_attention.store_kv, cpu_attention.paged_attention, cpu_attention.cache_shape,
         cpu_layer_ops.add_rms_norm, cpu_layer_ops.rotary_embedding_, cpu_layer_ops.silu_and_mul,
+        fused_experts=cpu_moe.fused_experts,
     )
 
 
@@ -55,9 +60,11 @@ def _triton_backend() -> AttentionBackend:
     store = importlib.import_module("spyglass.kernels.triton_store_kv")
     attention = importlib.import_module("spyglass.kernels.triton_attention")
     norm_rope = importlib.import_module("spyglass.kernels.triton_norm_rope")
+    moe = importlib.import_module("spyglass.kernels.triton_moe")
     return AttentionBackend(
         "triton", store.store_kv, attention.paged_attention,
         add_rms_norm=norm_rope.add_rms_norm, rotary_embedding_=norm_rope.rotary_embedding_,
+        fused_experts=moe.fused_experts,
     )
 
 

@@ -1,4 +1,4 @@
-"""Typed ctypes bindings for the compiled CPU kernels (native/paged_attention.cpp, native/layer_ops.cpp).
+"""Typed ctypes bindings for the compiled CPU kernels (native/paged_attention.cpp, layer_ops.cpp, moe.cpp).
 
 `NativeKernels` is one instruction-set variant's build (see `cpu_isa`); the module-level functions
 call the variant this CPU runs best (`SPYGLASS_KERNEL_VARIANT` names another runnable one). Every
@@ -22,7 +22,9 @@ _SIGNATURES = {
     ("layer_ops", "rotary_embedding"): [_P] + [_I] * 5 + [_P, _P, _P, _I, _I],
     ("layer_ops", "silu_and_mul"): [_P, _I, _I, _I, _P],
     ("layer_ops", "store_kv"): [_P, _P, _I, _P, _I, _I, _I, _I, _P, _P],
+    ("moe", "fused_experts"): [_P, _I, _P, _P, _P, _P, _P] + [_I] * 7 + [_P],
 }
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 
 class NativeKernels:
@@ -112,6 +114,24 @@ class NativeKernels:
             head_dim, num_blocks * block_size, k_cache.data_ptr(), v_cache.data_ptr(),
         )
 
+    def fused_experts(self, x, w13, w2, sorted_pairs, counts, topk_weights, top_k: int, activation: str) -> torch.Tensor:
+        """`torch_moe.fused_experts` given the pairs already sorted by expert (`torch_moe.sort_by_expert`);
+        x's rows may be strided, the weights contiguous in x's dtype."""
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        sorted_pairs = sorted_pairs.to(torch.int64).contiguous()
+        offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=offsets[1:])
+        pair_weights = topk_weights.to(torch.float32).contiguous()
+        num_experts, double_inter, hidden = w13.shape
+        out = torch.empty(x.shape[0], hidden, dtype=x.dtype)
+        self.function("fused_experts", x.dtype)(
+            x.data_ptr(), x.stride(0), w13.data_ptr(), w2.data_ptr(), sorted_pairs.data_ptr(), offsets.data_ptr(),
+            pair_weights.data_ptr(), x.shape[0], top_k, num_experts, hidden, double_inter // 2,
+            _ACTIVATIONS[activation], torch.get_num_threads(), out.data_ptr(),
+        )
+        return out
+
 
 @functools.cache
 def for_variant(name: str) -> NativeKernels:
@@ -158,6 +178,11 @@ def rotary_embedding_(*args, **kwargs) -> None:
 def silu_and_mul(*args, **kwargs) -> torch.Tensor:
     """`NativeKernels.silu_and_mul` of the default variant."""
     return default().silu_and_mul(*args, **kwargs)
+
+
+def fused_experts(*args, **kwargs) -> torch.Tensor:
+    """`NativeKernels.fused_experts` of the default variant."""
+    return default().fused_experts(*args, **kwargs)
 
 
 def store_kv(*args, **kwargs) -> None:

@@ -7,11 +7,14 @@ from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.linear import make_linear
 from spyglass.core.models.rope import RotaryEmbedding
-from spyglass.core.models.quantization import cat_rows
+from spyglass.core.models.quantization import QuantizedWeight, cat_rows
 from spyglass.kernels.backend import AttentionBackend
+from spyglass.kernels.torch_moe import sort_by_expert
 
 # HF activation name -> the backend op applying it to the gate half of a fused [gate | up] row.
 _GATED_ACTIVATIONS = {"silu": "silu_and_mul", "gelu_pytorch_tanh": "gelu_tanh_and_mul"}
+# HF activation name -> the `torch_moe.fused_experts` activation.
+_EXPERT_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 def gated_activation(hidden_act: str) -> str:
@@ -99,18 +102,29 @@ class SparseMoE:
     """Top-k routed experts (softmax over the router's logits, optionally renormalised over the chosen k),
     plus a sigmoid-gated shared expert where the family has one (Qwen2-MoE).
 
-    Tokens are grouped by expert (`grouped`): each expert that received any runs once over its tokens.
-    Inside a CUDA-graph capture, where the host cannot read the routing, every expert runs over every
-    token instead and the routing weights (zero for experts not chosen) mix them (`dense`).
+    Float expert weights are stacked once (``w13 [experts, 2 * inter, hidden]`` gate then up rows,
+    ``w2 [experts, hidden, inter]``) and every expert runs in one grouped backend call
+    (`torch_moe.fused_experts` is the contract). Experts kept in quantized blocks stay per-expert
+    `GatedMLP`s, run one matmul chain per active expert (`looped`).
     """
 
-    __slots__ = ("router", "experts", "shared", "shared_gate", "top_k", "renormalize")
+    __slots__ = ("router", "w13", "w2", "experts", "activation", "shared", "shared_gate", "top_k", "renormalize")
 
     def __init__(self, weights, prefix: str, arch: ModelArchConfig, names: tuple[str, str, str]):
         self.router = make_linear(weights[f"{prefix}.gate.weight"])
-        self.experts = [
-            GatedMLP(weights, f"{prefix}.experts.{e}", arch.hidden_act, names) for e in range(arch.num_experts)
-        ]
+        experts = [f"{prefix}.experts.{e}" for e in range(arch.num_experts)]
+        gate, up, down = names
+        if any(isinstance(w, QuantizedWeight) for name, w in weights.items() if name.startswith(f"{prefix}.experts.")):
+            self.experts = [GatedMLP(weights, e, arch.hidden_act, names) for e in experts]
+            self.w13 = self.w2 = None
+        else:
+            self.experts = None
+            self.w13 = torch.stack([
+                _fused(weights, f"{e}.gate_up_proj.weight", [f"{e}.{gate}.weight", f"{e}.{up}.weight"]) for e in experts
+            ])
+            self.w2 = torch.stack([weights[f"{e}.{down}.weight"] for e in experts])
+        gated_activation(arch.hidden_act)
+        self.activation = _EXPERT_ACTIVATIONS[arch.hidden_act]
         has_shared = arch.shared_expert_intermediate_size > 0
         self.shared = GatedMLP(weights, f"{prefix}.shared_expert", arch.hidden_act) if has_shared else None
         self.shared_gate = make_linear(weights[f"{prefix}.shared_expert_gate.weight"]) if has_shared else None
@@ -128,31 +142,24 @@ class SparseMoE:
     def __call__(self, x: torch.Tensor, ops: AttentionBackend) -> torch.Tensor:
         """The weighted sum of each token's experts (and the shared expert) for ``x [num_tokens, hidden]``."""
         weights, chosen = self.route(x)
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        out = (self.dense if capturing else self.grouped)(x, weights, chosen, ops)
+        if self.experts is None:
+            out = ops.fused_experts(x, self.w13, self.w2, weights, chosen, self.activation)
+        else:
+            out = self.looped(x, weights, chosen, ops)
         if self.shared is not None:
             out += torch.sigmoid(self.shared_gate(x)) * self.shared(x, ops)
         return out
 
-    def grouped(self, x, weights, chosen, ops: AttentionBackend) -> torch.Tensor:
-        """The routed experts' sum: (token, expert) pairs sorted by expert, one matmul chain per active expert."""
-        weights, chosen = weights.flatten(), chosen.flatten()
-        order = chosen.argsort(stable=True)
-        counts = torch.bincount(chosen, minlength=len(self.experts)).tolist()
+    def looped(self, x, weights, chosen, ops: AttentionBackend) -> torch.Tensor:
+        """The routed experts' sum for per-expert (quantized) weights: one matmul chain per active expert."""
+        sorted_pairs, counts = sort_by_expert(chosen, len(self.experts))
+        weights = weights.flatten()
         out = torch.zeros_like(x)
         start = 0
-        for expert, count in zip(self.experts, counts):
+        for expert, count in zip(self.experts, counts.tolist()):
             if count:
-                pairs = order[start : start + count]
+                pairs = sorted_pairs[start : start + count]
                 tokens = pairs // self.top_k
                 out.index_add_(0, tokens, expert(x[tokens], ops) * weights[pairs, None])
                 start += count
-        return out
-
-    def dense(self, x, weights, chosen, ops: AttentionBackend) -> torch.Tensor:
-        """The same sum without reading the routing on the host: every expert over every token."""
-        gates = torch.zeros(x.shape[0], len(self.experts), dtype=x.dtype, device=x.device).scatter_(1, chosen, weights)
-        out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            out += expert(x, ops) * gates[:, e : e + 1]
         return out

@@ -12,8 +12,10 @@ import torch
 
 from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.quantization import quantize_int8
 from spyglass.core.models.registry import build_model
 from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.kernels import torch_moe
 from spyglass.kernels.backend import select_backend
 
 NUM_TOKENS = 8
@@ -140,7 +142,22 @@ def test_moe_dense_path_equals_grouped(tiny_family_dir, name):
     x = torch.randn(37, checkpoint.arch.hidden_size, generator=torch.Generator().manual_seed(0))
     weights, chosen = moe.route(x)
     assert len(chosen.unique()) > 1
-    torch.testing.assert_close(moe.dense(x, weights, chosen, backend), moe.grouped(x, weights, chosen, backend))
+    args = (x, moe.w13, moe.w2, weights, chosen, moe.activation)
+    torch.testing.assert_close(torch_moe.dense_experts(*args), torch_moe.fused_experts(*args))
+
+
+@torch.inference_mode()
+def test_moe_with_quantized_experts_runs_each_expert_in_blocks(tiny_family_dir):
+    # Experts kept in GGUF blocks take the per-expert loop; int8 activations keep it close to the float layer.
+    checkpoint = load_checkpoint(str(tiny_family_dir("qwen2-moe")), torch.float32)
+    backend = select_backend(torch.device("cpu"), "cpu")
+    quantized = {n: quantize_int8(w) if ".experts." in n else w for n, w in checkpoint.weights.items()}
+    moe = build_model(checkpoint.arch, quantized, backend, torch.device("cpu")).layers[0].mlp
+    reference = build_model(checkpoint.arch, checkpoint.weights, backend, torch.device("cpu")).layers[0].mlp
+    assert moe.w13 is None and reference.experts is None
+    x = torch.randn(19, checkpoint.arch.hidden_size, generator=torch.Generator().manual_seed(1))
+    want = reference(x, backend)
+    assert (moe(x, backend) - want).norm() / want.norm() < 5e-2
 
 
 # Our tiny families with a llama.cpp architecture whose GGUF files carry a byte-level BPE vocabulary
