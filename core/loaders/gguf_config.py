@@ -142,7 +142,7 @@ def _rope_scaling(reader: GGUFReader, name: str, tensor_names: set[str]) -> dict
 
 def _longrope(reader: GGUFReader, name: str) -> dict:
     """Phi-3's LongRoPE: the factors are tensors, the pretraining length and attention factor metadata."""
-    factors = {tensor.name: [float(f) for f in tensor.data] for tensor in reader.tensors if "rope_factors" in tensor.name}
+    factors = {t.name: [float(f) for f in t.data] for t in reader.tensors if t.name.startswith("rope_factors")}
     original = field(reader, f"{name}.rope.scaling.original_context_length")
     scaling = {
         "rope_type": "longrope",

@@ -61,8 +61,8 @@ def read_tokenizer(reader: GGUFReader, eos_token_ids: tuple[int, ...]) -> Tokeni
         _field(reader, f"tokenizer.ggml.{key}_token_id", None) for key in ("bos", "eos", "unknown", "padding")
     }
     vocab = backend.get_vocab()
-    # Only tokens whose text maps back to their own id: llama.cpp sometimes marks as control a token
-    # whose text is not byte-level spelled (gpt2 vocabularies), and adding that text would create a new id past the vocab.
+    # Only tokens whose text maps back to their own id: llama.cpp sometimes marks as control a token whose
+    # text is not byte-level spelled (gpt2 vocabularies), and adding that text would create a new id past the vocab.
     special = [i for i, kind in enumerate(token_types) if kind == TokenType.CONTROL or i in named_specials]
     backend.add_special_tokens(
         [AddedToken(tokens[i], normalized=False, special=True) for i in special if vocab.get(tokens[i]) == i]
@@ -144,7 +144,9 @@ def _sentencepiece_bpe(
     prefix = [normalizers.Prepend(_SPACE)] if add_space_prefix else []
     backend.normalizer = normalizers.Sequence([*prefix, normalizers.Replace(" ", _SPACE)])
     strip = [decoders.Strip(" ", 1, 0)] if add_space_prefix else []
-    backend.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(), *strip])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
+    )
     return backend
 
 

@@ -203,7 +203,8 @@ def _stack_experts(state: dict, per_expert: bool) -> None:
     for name in list(state):
         match = pattern.fullmatch(name)
         if match:
-            groups.setdefault(f"model.layers.{match[1]}.{match[2]}.experts.{match[4]}", []).append((int(match[3]), name))
+            stacked = f"model.layers.{match[1]}.{match[2]}.experts.{match[4]}"
+            groups.setdefault(stacked, []).append((int(match[3]), name))
     proj_names = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
     for stacked, members in groups.items():
         if per_expert:
