@@ -351,6 +351,7 @@ TINY_FAMILIES = {
             head_dim=16,
             sliding_window=_WINDOW,
             layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=16,  # = head_dim, as in every Gemma 3 but the 27B (which llama.cpp assumes)
             rope_parameters={
                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},

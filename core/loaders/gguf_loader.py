@@ -1,27 +1,20 @@
-"""Load a GGUF file (llama, qwen2, qwen3, qwen2moe, qwen3moe) into a Checkpoint: config, weights, tokenizer."""
+"""Load a GGUF file (llama, qwen2, qwen3, qwen2moe, qwen3moe, phi3, gemma2, gemma3) into a Checkpoint."""
 
-import logging
 import re
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader, TokenType
+from gguf import GGUFReader
 from gguf.quants import dequantize
 from tqdm import tqdm
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-from tokenizers import Tokenizer as BackendTokenizer
 
 from spyglass.core.loaders.checkpoint import Checkpoint
-from spyglass.core.loaders.gguf_config import field as _field
-from spyglass.core.loaders.gguf_config import read_arch
+from spyglass.core.loaders.gguf_config import gguf_architecture, read_arch
+from spyglass.core.loaders.gguf_tokenizer import read_tokenizer
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight, from_gguf
-from spyglass.core.tokenizer import Tokenizer
 from spyglass.kernels.cpu_quant import SUPPORTED_TYPES
-
-log = logging.getLogger(__name__)
 
 # llama.cpp tensor name suffix -> HF name suffix, inside ``blk.{i}.`` / ``model.layers.{i}.``.
 _LAYER_NAMES = {
@@ -42,37 +35,37 @@ _LAYER_NAMES = {
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
-# Every expert's projection in one 3-D tensor, split into HF's per-expert names on load.
-_EXPERT_STACKS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+# Where the architectures' HF names differ from the table above. Gemma has four norms per layer;
+# Phi-3 stores q/k/v as one matrix and gate/up as one (gate rows first), as HF does.
+_ARCH_LAYER_NAMES = {
+    "gemma2": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate"},
+}
+_ARCH_LAYER_NAMES["gemma3"] = _ARCH_LAYER_NAMES["gemma2"]
+# Every expert's projection in one 3-D tensor (or, in older Mixtral files, one tensor per expert:
+# ``blk.N.ffn_gate.E``), split into HF's per-expert names on load.
+_EXPERT_STACKS = {"ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down"}
+_EXPERT_NAMES = {
+    "mixtral": "block_sparse_moe.experts.{}.w{}",
+    None: "mlp.experts.{}.{}_proj",
+}
+_MIXTRAL_W = {"gate": 1, "down": 2, "up": 3}
+_PER_EXPERT_TENSOR = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
+# Metadata stored as tensors (read by gguf_config).
+_NOT_WEIGHTS = {"rope_factors_long.weight", "rope_factors_short.weight"}
+# llama.cpp's Gemma converters store RMSNorm weights with Gemma's "1 +" added; HF's names hold w.
+_NORM_SHIFTED = {"gemma2", "gemma3"}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-
-# Split regexes for ``tokenizer.ggml.pre`` values whose vocabulary was not trained on GPT-2's split
-# (same table as llama.cpp / transformers). Anything else falls back to GPT-2's byte-level regex.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_PRE_TOKENIZER_SPLITS = {
-    "llama3": _LLAMA3_SPLIT,
-    "llama-v3": _LLAMA3_SPLIT,
-    "llama-bpe": _LLAMA3_SPLIT,
-    "smaug-bpe": _LLAMA3_SPLIT,
-    "dbrx": _LLAMA3_SPLIT,
-    "falcon3": _LLAMA3_SPLIT,
-    "qwen2": _QWEN2_SPLIT,
-    "deepseek-r1-qwen": _QWEN2_SPLIT,
-}
-_GPT2_PRE_TOKENIZERS = {None, "default", "gpt-2", "gpt2"}
-
 
 def load_gguf(path: str | Path, dtype: torch.dtype, keep_quantized: bool = False) -> Checkpoint:
     """Load a GGUF file of an architecture `gguf_config` reads, dequantizing every tensor to ``dtype``.
@@ -87,19 +80,29 @@ def load_gguf(path: str | Path, dtype: torch.dtype, keep_quantized: bool = False
     except (ValueError, OSError) as exc:
         raise ValueError(f"Cannot read {path} as a GGUF file: {exc}") from exc
     arch = read_arch(reader)
-    weights = _read_weights(reader, arch, dtype, keep_quantized)
-    return Checkpoint(path.stem, arch, weights, _read_tokenizer(reader, arch.eos_token_ids))
+    weights = _read_weights(reader, gguf_architecture(reader), arch, dtype, keep_quantized)
+    return Checkpoint(path.stem, arch, weights, read_tokenizer(reader, arch.eos_token_ids))
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _expert_name(architecture: str, layer: str, proj: str, expert: str) -> str:
+    pattern = _EXPERT_NAMES.get(architecture, _EXPERT_NAMES[None])
+    return f"model.layers.{layer}." + pattern.format(expert, _MIXTRAL_W[proj] if architecture == "mixtral" else proj)
+
+
+def _hf_name(gguf_name: str, architecture: str) -> str | None:
+    """HF's name for a GGUF tensor; ``{}`` stands for the expert index of a 3-D expert stack."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    per_expert = _PER_EXPERT_TENSOR.fullmatch(gguf_name)
+    if per_expert is not None:
+        return _expert_name(architecture, per_expert[1], per_expert[2], per_expert[3]) + ".weight"
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match is not None and match[2] in _EXPERT_STACKS:
-        return f"model.layers.{match[1]}.mlp.experts.{{}}.{_EXPERT_STACKS[match[2]]}.{match[3]}"
-    if match is None or match[2] not in _LAYER_NAMES:
+        return _expert_name(architecture, match[1], _EXPERT_STACKS[match[2]], "{}") + f".{match[3]}"
+    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(architecture, {})}
+    if match is None or match[2] not in names:
         return None
-    return f"model.layers.{match[1]}.{_LAYER_NAMES[match[2]]}.{match[3]}"
+    return f"model.layers.{match[1]}.{names[match[2]]}.{match[3]}"
 
 
 def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -110,22 +113,26 @@ def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _read_weights(
-    reader: GGUFReader, arch: ModelArchConfig, dtype: torch.dtype, keep_quantized: bool
+    reader: GGUFReader, gguf_arch: str, arch: ModelArchConfig, dtype: torch.dtype, keep_quantized: bool
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     weights = {}
     # A progress bar on a terminal only (the conversion runs once per model; later starts use the cache).
     for tensor in tqdm(reader.tensors, desc="converting weights", unit="tensor", disable=None):
-        name = _hf_name(tensor.name)
+        if tensor.name in _NOT_WEIGHTS:
+            continue
+        name = _hf_name(tensor.name, arch.architecture)
         if name is None:
             raise ValueError(f"Unexpected tensor {tensor.name!r} in GGUF file; it is not a {arch.architecture} tensor.")
         # Blocks run along a row, so whole rows of blocks permute like rows of values.
         keep = keep_quantized and tensor.tensor_type in SUPPORTED_TYPES and tensor.data.ndim == 2
         values = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
-        # Only llama.cpp's llama converter interleaves the rotary halves of q and k.
-        if arch.architecture == "llama" and ".q_proj." in name:
+        # Only llama.cpp's llama converter (Llama, Mistral, Mixtral) interleaves the rotary halves of q and k.
+        if gguf_arch == "llama" and ".q_proj." in name:
             values = _unpermute_rotary_rows(values, arch.num_attention_heads)
-        elif arch.architecture == "llama" and ".k_proj." in name:
+        elif gguf_arch == "llama" and ".k_proj." in name:
             values = _unpermute_rotary_rows(values, arch.num_key_value_heads)
+        elif gguf_arch in _NORM_SHIFTED and name.endswith("norm.weight"):
+            values = values - 1.0  # dequantized norms are float32 arrays
         elif name.endswith("shared_expert_gate.weight"):
             values = values.reshape(1, -1)  # llama.cpp stores the [1, hidden] gate as a vector
         # Copy: the reader memory-maps the file, and the result must outlive it and be writable.
@@ -139,80 +146,3 @@ def _read_weights(
     return weights
 
 
-def _read_tokenizer(reader: GGUFReader, eos_token_ids: tuple[int, ...]) -> Tokenizer:
-    model = _field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(
-            f"GGUF tokenizer type {model!r} is not supported; only byte-level BPE ('gpt2') vocabularies load. "
-            "Use the model's Hugging Face directory instead."
-        )
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    merges = _field(reader, "tokenizer.ggml.merges")
-    backend = _byte_level_bpe(tokens, merges, _field(reader, "tokenizer.ggml.pre", None))
-
-    bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
-    named_specials = {
-        _field(reader, f"tokenizer.ggml.{key}_token_id", None) for key in ("bos", "eos", "unknown", "padding")
-    }
-    token_types = _field(reader, "tokenizer.ggml.token_type", [])
-    vocab = backend.get_vocab()
-    # Only tokens whose text maps back to their own id: llama.cpp sometimes marks as control a token
-    # whose text is not byte-level spelled, and adding that text would create a new id past the vocab.
-    special = [i for i, kind in enumerate(token_types) if kind == TokenType.CONTROL or i in named_specials]
-    backend.add_special_tokens(
-        [AddedToken(tokens[i], normalized=False, special=True) for i in special if vocab.get(tokens[i]) == i]
-    )
-    user_defined = [i for i, kind in enumerate(token_types) if kind == TokenType.USER_DEFINED]
-    # Not special (kept when decoding) but always matched whole, as llama.cpp does.
-    backend.add_tokens([AddedToken(tokens[i], normalized=False) for i in user_defined if vocab.get(tokens[i]) == i])
-
-    return Tokenizer(
-        backend,
-        chat_template=_field(reader, "tokenizer.chat_template", None),
-        bos_token_id=bos,
-        eos_token_ids=eos_token_ids,
-        add_bos_token=_field(reader, "tokenizer.ggml.add_bos_token", False),
-    )
-
-
-@cache
-def _byte_spelling() -> dict[int, str]:
-    # GPT-2's reversible byte -> printable character table: printable Latin-1 bytes stand for
-    # themselves, the rest are shifted to code points from 256 up.
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in printable}
-    extra = (b for b in range(256) if b not in table)
-    table.update({b: chr(256 + n) for n, b in enumerate(extra)})
-    return table
-
-
-def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None) -> BackendTokenizer:
-    spelling = _byte_spelling()
-    alphabet = set(spelling.values())
-    # Some converters store a token's raw text instead of its byte-level spelling; respell those.
-    vocab = {
-        token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8")): i
-        for i, token in enumerate(tokens)
-    }
-    backend = BackendTokenizer(models.BPE(vocab, [tuple(m.split(" ")) for m in merges], fuse_unk=False))
-    backend.pre_tokenizer = _pre_tokenizer(pre)
-    backend.decoder = decoders.ByteLevel()
-    return backend
-
-
-def _pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
-    if pre in _PRE_TOKENIZER_SPLITS:
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_PRE_TOKENIZER_SPLITS[pre]), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    if pre == "smollm":
-        # SmolLM's own tokenizer.json: single digits, then GPT-2's split.
-        return pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-        )
-    if pre not in _GPT2_PRE_TOKENIZERS:
-        log.warning("Unknown GGUF pre-tokenizer %r; splitting text like GPT-2, which may not match the model.", pre)
-    return pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -1,6 +1,8 @@
 """Engine-test fixtures: engines built on shared checkpoints, a driver that runs them to completion, a preemption counter."""
 
 import itertools
+import math
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -193,10 +195,83 @@ def same_greedy() -> Callable[..., bool]:
     return assert_same_greedy
 
 
-def _write_gguf(hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path) -> Path:
+def _stack_experts(state: dict, per_expert: bool) -> None:
+    """Per-expert projections -> one [experts, out, in] tensor each, as llama.cpp's converters write them;
+    with ``per_expert``, named per expert (``blk.N.ffn_gate.E``) as older llama.cpp Mixtral files are."""
+    pattern = re.compile(r"model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for name in list(state):
+        match = pattern.fullmatch(name)
+        if match:
+            stacked = f"model.layers.{match[1]}.{match[2]}.experts.{match[4]}"
+            groups.setdefault(stacked, []).append((int(match[3]), name))
+    proj_names = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
+    for stacked, members in groups.items():
+        if per_expert:
+            layer, proj = stacked.split(".")[2], proj_names[stacked.rsplit(".", 1)[1]]
+            for e, name in members:
+                state[f"blk.{layer}.ffn_{proj}.{e}.weight"] = state.pop(name)
+        else:
+            state[f"{stacked}.weight"] = np.stack([state.pop(name) for _, name in sorted(members)])
+
+
+def _llama_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    # convert_hf_to_gguf.LlamaModel.permute: rotate-half rows -> interleaved pairs.
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _add_family_metadata(writer, gguf_arch: str, config: dict, state: dict) -> None:
+    """What llama.cpp's converter for ``gguf_arch`` adds beyond the shape (plus Mistral's window, which
+    it drops; see docs/models.md)."""
+    import gguf
+
+    rope = config["rope_parameters"]
+    rope = rope.get("full_attention", rope)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_type") == "longrope":  # Phi3MiniModel
+        original = config["original_max_position_embeddings"]
+        scale = config["max_position_embeddings"] / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        writer.add_rope_scaling_orig_ctx_len(original)
+        state["rope_factors_long.weight"] = np.array(rope["long_factor"], dtype=np.float32)
+        state["rope_factors_short.weight"] = np.array(rope["short_factor"], dtype=np.float32)
+    if config.get("sliding_window"):
+        writer.add_sliding_window(config["sliding_window"])
+    if gguf_arch == "gemma2":
+        writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if gguf_arch == "gemma3" and config["layer_types"][:2] == ["sliding_attention", "full_attention"]:
+        writer.add_sliding_window_pattern(2)  # llama.cpp assumes 6 when the key is absent
+    if gguf_arch.startswith("gemma"):
+        for name in state:
+            if name.endswith("norm.weight"):
+                state[name] = state[name] + 1  # Gemma converters store 1 + w
+    if gguf_arch == "llama":
+        heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+        for name in state:
+            if name.endswith("q_proj.weight") or name.endswith("k_proj.weight"):
+                state[name] = _llama_permute(state[name], heads if ".q_proj." in name else kv_heads)
+    num_experts = config.get("num_experts") or config.get("num_local_experts")
+    if num_experts:
+        writer.add_expert_count(num_experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        if config.get("moe_intermediate_size"):
+            writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if config.get("shared_expert_intermediate_size"):
+            writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+
+
+def _write_gguf(hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path, per_expert: bool = False) -> Path:
     """Write the float32 HF checkpoint in ``hf_dir`` as llama.cpp's converter would for ``gguf_arch``
-    (its tensor names, per-expert projections stacked into 3-D tensors, its metadata keys), with the
-    tokenizer metadata of the GGUF file ``tokenizer_source``."""
+    (its tensor names, q/k row order and norm offsets, experts stacked into 3-D tensors, its metadata
+    keys), with the tokenizer metadata of the GGUF file ``tokenizer_source``."""
     import json
 
     import gguf
@@ -205,13 +280,6 @@ def _write_gguf(hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path
     config = json.loads((hf_dir / "config.json").read_text())
     state = {name: tensor.numpy() for name, tensor in load_file(hf_dir / "model.safetensors").items()}
     num_layers = config["num_hidden_layers"]
-    for i in range(num_layers):
-        experts = f"model.layers.{i}.mlp.experts"
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            names = sorted((n for n in state if n.startswith(f"{experts}.") and f".{proj}." in n),
-                           key=lambda n: int(n.split(".")[5]))
-            if names:
-                state[f"{experts}.{proj}.weight"] = np.stack([state.pop(n) for n in names])
     writer = gguf.GGUFWriter(path, gguf_arch)
     writer.add_block_count(num_layers)
     writer.add_context_length(config["max_position_embeddings"])
@@ -222,19 +290,9 @@ def _write_gguf(hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    if config["rope_parameters"].get("rope_type") == "yarn":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        writer.add_rope_scaling_factor(config["rope_parameters"]["factor"])
-        writer.add_rope_scaling_orig_ctx_len(config["rope_parameters"]["original_max_position_embeddings"])
-    num_experts = config.get("num_experts") or config.get("num_local_experts")
-    if num_experts:
-        writer.add_expert_count(num_experts)
-        writer.add_expert_used_count(config["num_experts_per_tok"])
-        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
-        if config.get("shared_expert_intermediate_size"):
-            writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    _add_family_metadata(writer, gguf_arch, config, state)
+    _stack_experts(state, per_expert)
     source = gguf.GGUFReader(tokenizer_source)
     for key, value in source.fields.items():
         if key.startswith("tokenizer."):
@@ -242,7 +300,8 @@ def _write_gguf(hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path
             writer.add_key_value(key, value.contents(), value.types[0], sub_type)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[gguf_arch.upper()], num_layers)
     for name, tensor in state.items():
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor)
+        gguf_name = name if name.startswith(("blk.", "rope_factors")) else None
+        writer.add_tensor(gguf_name or names.get_name(name, try_suffixes=(".weight", ".bias")), tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -252,6 +311,8 @@ def _write_gguf(hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path
 
 @pytest.fixture(scope="session")
 def gguf_from_hf(default_model_path) -> Callable[[Path, str, Path], Path]:
-    """``write(hf_dir, gguf_arch, path)``: a GGUF file of a tiny HF checkpoint, written as llama.cpp's
-    converter writes that architecture, with the default model's tokenizer."""
-    return lambda hf_dir, gguf_arch, path: _write_gguf(hf_dir, gguf_arch, path, default_model_path)
+    """``write(hf_dir, gguf_arch, path, per_expert=False)``: a GGUF file of a tiny HF checkpoint, written as
+    llama.cpp's converter writes that architecture, with the default model's tokenizer."""
+    return lambda hf_dir, gguf_arch, path, per_expert=False: _write_gguf(
+        hf_dir, gguf_arch, path, default_model_path, per_expert
+    )
