@@ -90,8 +90,27 @@ def test_benches_keep_per_request_log_lines_out_unless_asked(tiny_llama_dir):
     import sys
 
     def stderr(*bench_options: str) -> str:
-        argv = ["bench", *bench_options, "prefix-cache", "--model", str(tiny_llama_dir), *TINY, "--system-len", "16",
-                "--num-questions", "2", "--question-len", "4", "--output-len", "2", "--plugins", "fcfs,request_log"]  # fmt: skip
+        workload = [
+            "--system-len",
+            "16",
+            "--num-questions",
+            "2",
+            "--question-len",
+            "4",
+            "--output-len",
+            "2",
+        ]
+        plugins = ["--plugins", "fcfs,request_log"]
+        argv = [
+            "bench",
+            *bench_options,
+            "prefix-cache",
+            "--model",
+            str(tiny_llama_dir),
+            *TINY,
+            *workload,
+            *plugins,
+        ]
         command = [sys.executable, "-m", "spyglass.core.cli.main", *argv]
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-2000:]
