@@ -168,8 +168,9 @@ class KVCacheManager:
         references: dict[int, int] = {}
         for req_id, table in self.block_tables.items():
             num_released = self._num_released.get(req_id, 0)
-            if table[:num_released] != [self.null_block_id] * num_released or self.null_block_id in table[num_released:]:
-                raise BlockPoolIntegrityError(f"request {req_id}: null block entries disagree with {num_released} released")
+            null = self.null_block_id
+            if table[:num_released] != [null] * num_released or null in table[num_released:]:
+                raise BlockPoolIntegrityError(f"request {req_id}: null entries disagree with {num_released} released")
             for block_id in table[num_released:]:
                 references[block_id] = references.get(block_id, 0) + 1
         self.pool.check_integrity(references)
