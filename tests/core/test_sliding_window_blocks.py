@@ -107,7 +107,7 @@ def test_integrity_catches_a_stray_null_entry():
     request = make_request("a", 12)
     assert kv.allocate_slots(request, 12)
     kv.block_tables["a"][1] = kv.null_block_id  # released without being given back
-    with pytest.raises(BlockPoolIntegrityError, match="null block"):
+    with pytest.raises(BlockPoolIntegrityError, match="null entries"):
         kv.check_integrity()
 
 
