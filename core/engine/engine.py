@@ -85,11 +85,12 @@ class LLMEngine:
             checkpoint.arch.max_position_embeddings,
             num_blocks * config.block_size,
         )
-        self.runner = runner_class(model, num_blocks, config.block_size, self.device)
+        # A model whose every layer slides frees the blocks that leave the window (see KVCacheManager).
+        self.kv = KVCacheManager(BlockPool(num_blocks), config.block_size, self.hooks, checkpoint.arch.kv_window())
+        self.runner = runner_class(model, self.kv.num_cache_blocks, config.block_size, self.device)
         if config.cuda_graphs and self.device.type == "cuda":
             seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
             log.info("CUDA graph capture took %.2f s", seconds)
-        self.kv = KVCacheManager(BlockPool(num_blocks), config.block_size, self.hooks)
         policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
         if policy is None:
             raise ValueError(f"no plugin provides the scheduling policy {config.scheduling_policy!r}")
@@ -471,7 +472,7 @@ class LLMEngine:
             num_output_tokens=request.num_output_tokens,
             num_computed_tokens=request.num_computed_tokens,
             num_cached_tokens=request.num_cached_tokens,
-            num_blocks=len(self.kv.block_tables.get(request.req_id, ())),
+            num_blocks=self.kv.num_held_blocks(request.req_id),
             num_preemptions=request.num_preemptions,
             arrival_time=request.times.arrival,
         )

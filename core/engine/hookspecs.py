@@ -123,7 +123,9 @@ def spyglass_blocks_full(
     """The last ``num_new`` of ``block_ids`` (the request's full blocks, in token order) just filled.
 
     Block ``i`` holds the KV of tokens ``[i * block_size, (i + 1) * block_size)``. A prefix cache
-    registers them here with ``block_pool.cache_block(block_id, hash)``.
+    registers them here with ``block_pool.cache_block(block_id, hash)``. For a model whose every
+    layer slides, leading entries that left the window were already released and name the null
+    block (an id outside ``block_pool``, never to be cached); the ``num_new`` last never do.
     """
 
 

@@ -58,3 +58,12 @@ class ModelArchConfig:
         """The sliding window of ``layer``, or None when it attends to its whole context."""
         sliding = self.layer_types[layer] == SLIDING if self.layer_types else True
         return self.sliding_window if sliding else None
+
+    def kv_window(self) -> int | None:
+        """The widest window when every layer slides (Mistral), else None (a full-attention layer sees all).
+
+        KV older than this many positions before a request's next token is dead for every layer, so
+        the KV cache may give its blocks back (see `KVCacheManager`).
+        """
+        windows = [self.window(layer) for layer in range(self.num_hidden_layers)]
+        return None if not windows or None in windows else max(windows)

@@ -1,4 +1,5 @@
-"""Random workloads on the tiny Llama: arrivals between steps, aborts, a KV budget small enough to preempt.
+"""Random workloads on the tiny Llama (and the sliding-window Mistral): arrivals between steps, aborts,
+a KV budget small enough to preempt.
 
 After every step the KV bookkeeping must be consistent; at the end every block is back in the
 pool, nothing is left queued, and every request ended exactly once with a reason.
@@ -8,10 +9,12 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.loaders.load import load_checkpoint
 
 STOP_CHOICES = [[], [], [], ["e"], [" a", "\n"], ["the"]]
 
@@ -143,6 +146,8 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
         engine.kv.check_integrity()
         for request in engine.scheduler.running:
             assert len(engine.kv.block_table(request.req_id)) * workload.block_size >= request.num_computed_tokens
+            # Steps a request spent with blocks given back (sliding-window models only).
+            stats["released"] += engine.kv.num_held_blocks(request.req_id) < len(engine.kv.block_table(request.req_id))
         step += 1
         if step > max(p.arrival_step for p in plans.values()) and not engine.has_unfinished_requests:
             break
@@ -181,10 +186,25 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
 
 
 def test_random_workloads(make_tiny_engine, count_preemptions):
+    check_random_workloads(make_tiny_engine, count_preemptions, max_examples=100)
+
+
+def test_random_workloads_sliding_window(tiny_family_dir, tiny_engine_factory, count_preemptions):
+    # The tiny Mistral (every layer slides over 16 positions) gives blocks back as requests advance.
+    path = tiny_family_dir("mistral")
+    make_engine = tiny_engine_factory(path, load_checkpoint(str(path), torch.float32))
+    assert make_engine().kv.sliding_window == 16
+    totals = check_random_workloads(make_engine, count_preemptions, max_examples=40)
+    assert totals["released"] >= 100
+
+
+def check_random_workloads(make_tiny_engine, count_preemptions, max_examples: int) -> Counter:
+    """Run ``max_examples`` hypothesis workloads on engines from ``make_tiny_engine``; check they reach every path."""
     totals = Counter()
 
     @settings(
-        max_examples=100, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+        max_examples=max_examples, deadline=None, derandomize=True, database=None,
+        suppress_health_check=[HealthCheck.too_slow],
     )
     @given(workloads())
     def check(workload: Workload):
@@ -202,6 +222,7 @@ def test_random_workloads(make_tiny_engine, count_preemptions):
     # The strategy must actually reach the interesting paths, not only pass vacuously.
     assert totals["preemptions"] >= 10 and totals["aborts"] >= 10
     assert totals["length"] and totals["stop"] and totals["abort"] and totals["cached_tokens"]
+    return totals
 
 
 def test_fixed_workload_preempts_and_aborts(make_tiny_engine, count_preemptions):

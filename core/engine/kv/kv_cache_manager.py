@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from typing import Any
 
-from spyglass.core.engine.kv.block_pool import BlockPool
+from spyglass.core.engine.kv.block_pool import BlockPool, BlockPoolIntegrityError
 from spyglass.core.engine.request import Request
 
 
@@ -27,14 +27,32 @@ class KVCacheManager:
     ``hooks`` is the plugin manager's hook relay: the prefix lookup (`spyglass_match_prefix`)
     and the full-block announcement (`spyglass_blocks_full`) go through it, so prefix caching
     is a plugin.
+
+    With a ``sliding_window`` ``w`` (set when every layer of the model slides, see
+    `ModelArchConfig.kv_window`), blocks that no layer can read again go back to the pool as the
+    request advances: before each allocation, the blocks wholly before position
+    ``num_computed_tokens - w + 1`` (the first position the next step's first row sees) are freed
+    and their table entries point at `null_block_id`. Tables keep their positional layout (entry
+    ``i`` holds positions ``i * block_size ..``); the null block is one extra cache block past the
+    pool's (the runner allocates ``num_cache_blocks``), never allocated or cached, never written,
+    so it stays zero and attention's masked reads of it are harmless.
     """
 
-    def __init__(self, pool: BlockPool, block_size: int, hooks: Any):
+    def __init__(self, pool: BlockPool, block_size: int, hooks: Any, sliding_window: int | None = None):
         self.pool = pool
         self.block_size = block_size
         self.hooks = hooks
+        self.sliding_window = sliding_window
+        self.null_block_id = pool.num_blocks
         self.block_tables: dict[str, list[int]] = {}
         self._num_announced_full: dict[str, int] = {}
+        # Per request, how many leading table entries were released (all point at the null block).
+        self._num_released: dict[str, int] = {}
+
+    @property
+    def num_cache_blocks(self) -> int:
+        """Blocks the KV cache tensors need: the pool's, plus the null block when blocks are released."""
+        return self.pool.num_blocks + (self.sliding_window is not None)
 
     def match_prefix(self, request: Request) -> PrefixMatch:
         """Ask plugins for cached blocks covering the start of a request with nothing computed yet.
@@ -59,9 +77,11 @@ class KVCacheManager:
         """Make room for ``num_new_tokens`` more tokens after the computed ones (and any prefix hit).
 
         Returns False, changing nothing, when the pool cannot supply the blocks: the scheduler
-        then preempts someone or waits.
+        then preempts someone or waits. Blocks out of the window are released first (even then), so
+        they count as free.
         """
         table = self.block_tables.get(request.req_id, [])
+        self._release_out_of_window(request, table)
         num_total = request.num_computed_tokens + prefix.num_tokens + num_new_tokens
         num_needed = -(-num_total // self.block_size) - len(table) - len(prefix.block_ids)
         num_revived = sum(1 for b in prefix.block_ids if self.pool.blocks[b].ref_cnt == 0)
@@ -82,6 +102,8 @@ class KVCacheManager:
         """
         if num_needed <= 0:
             return 0
+        if self.sliding_window is not None:
+            return num_needed  # an extent would hold blocks far ahead of a window that reads few
         rounded = -(-(num_held + num_needed) // EXTENT_BLOCKS) * EXTENT_BLOCKS - num_held
         if self.pool.num_free_blocks - rounded < self.pool.num_blocks // 2:
             return num_needed
@@ -91,7 +113,33 @@ class KVCacheManager:
         """Return all of a request's blocks, tail first so that shared prefixes stay cached longest."""
         table = self.block_tables.pop(request.req_id, [])
         self._num_announced_full.pop(request.req_id, None)
-        self.pool.free(table[::-1])
+        num_released = self._num_released.pop(request.req_id, 0)
+        self.pool.free(table[num_released:][::-1])
+
+    def _release_out_of_window(self, request: Request, table: list[int]) -> None:
+        """Free the table's blocks that the next step cannot see, in place (the null block takes their entries).
+
+        The next step's first row sits at ``p = num_computed_tokens`` and sees positions ``> p - w``;
+        later rows see later ones. Block ``i`` ends at position ``(i + 1) * block_size - 1``, so it
+        is dead once ``(i + 1) * block_size <= p - w + 1``. Dead blocks are full and were announced
+        (`announce_full_blocks` runs when tokens are computed, before the next allocation), so a
+        prefix cache keeps them cached in the free queue like a finished request's.
+        """
+        if self.sliding_window is None or not table:
+            return
+        num_dead = (request.num_computed_tokens - self.sliding_window + 1) // self.block_size
+        num_dead = min(num_dead, len(table))
+        start = self._num_released.get(request.req_id, 0)
+        if num_dead <= start:
+            return
+        dead = table[start:num_dead]
+        table[start:num_dead] = [self.null_block_id] * len(dead)
+        self._num_released[request.req_id] = num_dead
+        self.pool.free(dead[::-1])
+
+    def num_held_blocks(self, req_id: str) -> int:
+        """Pool blocks a request holds now (its table's length less the entries released to the null block)."""
+        return len(self.block_tables.get(req_id, ())) - self._num_released.get(req_id, 0)
 
     def announce_full_blocks(self, request: Request) -> None:
         """Tell plugins about blocks that became full of computed tokens since the last call."""
@@ -109,13 +157,20 @@ class KVCacheManager:
             self._num_announced_full[request.req_id] = num_full
 
     def block_table(self, req_id: str) -> list[int]:
-        """The blocks of a request, in token order."""
+        """The blocks of a request, in token order (released ones read as `null_block_id`)."""
         return self.block_tables[req_id]
 
     def check_integrity(self) -> None:
-        """Check the pool against the block tables (see `BlockPool.check_integrity`)."""
+        """Check the pool against the block tables (see `BlockPool.check_integrity`).
+
+        Also: a table's released entries are exactly its leading ones, and only they name the null block.
+        """
         references: dict[int, int] = {}
-        for table in self.block_tables.values():
-            for block_id in table:
+        for req_id, table in self.block_tables.items():
+            num_released = self._num_released.get(req_id, 0)
+            null = self.null_block_id
+            if table[:num_released] != [null] * num_released or null in table[num_released:]:
+                raise BlockPoolIntegrityError(f"request {req_id}: null entries disagree with {num_released} released")
+            for block_id in table[num_released:]:
                 references[block_id] = references.get(block_id, 0) + 1
         self.pool.check_integrity(references)
