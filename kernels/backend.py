@@ -5,13 +5,19 @@ Triton is imported only when its backend is selected, so CPU installs without tr
 
 import importlib
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from spyglass.kernels import (
-    cpu_attention, cpu_layer_ops, cpu_moe, cpu_native, torch_attention, torch_moe, torch_norm_rope,
+    cpu_attention,
+    cpu_layer_ops,
+    cpu_moe,
+    cpu_native,
+    torch_attention,
+    torch_moe,
+    torch_norm_rope,
 )
 
 _CHOICES = ("auto", "cpu", "torch", "triton")
@@ -47,8 +53,13 @@ def _cpu_backend() -> AttentionBackend:
     """
     name = "cpu" if cpu_native.build() else "cpu-torch"
     return AttentionBackend(
-        name, cpu_attention.store_kv, cpu_attention.paged_attention, cpu_attention.cache_shape,
-        cpu_layer_ops.add_rms_norm, cpu_layer_ops.rotary_embedding_, cpu_layer_ops.silu_and_mul,
+        name,
+        cpu_attention.store_kv,
+        cpu_attention.paged_attention,
+        cpu_attention.cache_shape,
+        cpu_layer_ops.add_rms_norm,
+        cpu_layer_ops.rotary_embedding_,
+        cpu_layer_ops.silu_and_mul,
         fused_experts=cpu_moe.fused_experts,
     )
 
@@ -56,14 +67,19 @@ def _cpu_backend() -> AttentionBackend:
 def _triton_backend() -> AttentionBackend:
     """The Triton kernels, importing triton now; raises ImportError with a hint when it is missing."""
     if importlib.util.find_spec("triton") is None:
-        raise ImportError("the triton attention backend needs the 'triton' package (pip install 'spyglass[gpu]')")
+        raise ImportError(
+            "the triton attention backend needs the 'triton' package (pip install 'spyglass[gpu]')"
+        )
     store = importlib.import_module("spyglass.kernels.triton_store_kv")
     attention = importlib.import_module("spyglass.kernels.triton_attention")
     norm_rope = importlib.import_module("spyglass.kernels.triton_norm_rope")
     moe = importlib.import_module("spyglass.kernels.triton_moe")
     return AttentionBackend(
-        "triton", store.store_kv, attention.paged_attention,
-        add_rms_norm=norm_rope.add_rms_norm, rotary_embedding_=norm_rope.rotary_embedding_,
+        "triton",
+        store.store_kv,
+        attention.paged_attention,
+        add_rms_norm=norm_rope.add_rms_norm,
+        rotary_embedding_=norm_rope.rotary_embedding_,
         fused_experts=moe.fused_experts,
     )
 
@@ -76,7 +92,9 @@ def select_backend(device: torch.device, force: str | None = None) -> AttentionB
     """
     choice = force or "auto"
     if choice not in _CHOICES:
-        raise ValueError(f"unknown attention backend {force!r}; expected one of {', '.join(_CHOICES)}")
+        raise ValueError(
+            f"unknown attention backend {force!r}; expected one of {', '.join(_CHOICES)}"
+        )
     if choice == "auto":
         choice = "triton" if torch.device(device).type == "cuda" else "cpu"
     return {"triton": _triton_backend, "cpu": _cpu_backend, "torch": _torch_backend}[choice]()

@@ -12,7 +12,9 @@ import torch
 from spyglass.kernels import cpu_native, torch_attention
 
 
-def cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+def cache_shape(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+) -> tuple[int, ...]:
     """The shape of one layer's K (or V) cache in this layout."""
     return (num_kv_heads, num_blocks, block_size, head_dim)
 
@@ -33,8 +35,12 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     if not bool(keep.all()):
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
-    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1).to(k_cache.dtype))
-    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1).to(v_cache.dtype))
+    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(
+        1, slot_mapping, key.transpose(0, 1).to(k_cache.dtype)
+    )
+    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(
+        1, slot_mapping, value.transpose(0, 1).to(v_cache.dtype)
+    )
 
 
 def _rows_of_contiguous_heads(x: torch.Tensor) -> bool:
@@ -46,7 +52,14 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """``[num_kv_heads, len(block_ids) * block_size, head_dim]``: the named blocks, in order."""
     block_ids = block_ids.long()
     num_kv_heads, _, block_size, head_dim = cache.shape
-    out = torch.empty(num_kv_heads, block_ids.numel(), block_size, head_dim, dtype=cache.dtype, device=cache.device)
+    out = torch.empty(
+        num_kv_heads,
+        block_ids.numel(),
+        block_size,
+        head_dim,
+        dtype=cache.dtype,
+        device=cache.device,
+    )
     # One dim-0 gather per head takes torch's memcpy path; a dim-1 gather is element-wise and 2-3x slower.
     for head in range(num_kv_heads):
         torch.index_select(cache[head], 0, block_ids, out=out[head])
@@ -54,8 +67,17 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
 
 
 def paged_attention(
-    query, k_cache, v_cache, block_tables, context_lens, query_start_loc, max_query_len: int,
-    max_context_len: int, scale: float, sliding_window: int | None = None, softcap: float | None = None,
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    query_start_loc,
+    max_query_len: int,
+    max_context_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its paged context (see `torch_attention`).
 
@@ -64,18 +86,35 @@ def paged_attention(
     """
     if k_cache.dtype == query.dtype and cpu_native.available(query.dtype):
         return cpu_native.paged_attention(
-            query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, sliding_window, softcap
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            query_start_loc,
+            scale,
+            sliding_window,
+            softcap,
         )
     return torch_attention.attend_by_request_kind(
-        query, block_tables, context_lens, query_start_loc, max_query_len, max_context_len,
+        query,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        max_query_len,
+        max_context_len,
         decode=lambda q, tables, lens, longest: _decode(
             q, k_cache, v_cache, tables, lens, longest, scale, sliding_window, softcap
         ),
-        single=lambda q, table, length: _request(q, k_cache, v_cache, table, length, scale, sliding_window, softcap),
+        single=lambda q, table, length: _request(
+            q, k_cache, v_cache, table, length, scale, sliding_window, softcap
+        ),
     )
 
 
-def _request(q, k_cache, v_cache, block_table, context_len: int, scale: float, window, softcap) -> torch.Tensor:
+def _request(
+    q, k_cache, v_cache, block_table, context_len: int, scale: float, window, softcap
+) -> torch.Tensor:
     """One request's several new tokens over its gathered context."""
     num_blocks = -(-context_len // k_cache.shape[2])
     k = _gather(k_cache, block_table[:num_blocks])[:, :context_len]
@@ -83,7 +122,17 @@ def _request(q, k_cache, v_cache, block_table, context_len: int, scale: float, w
     return torch_attention.attend_rows(q, k, v, scale, window, softcap)
 
 
-def _decode(query, k_cache, v_cache, block_tables, context_lens, max_context_len: int, scale: float, window, softcap):
+def _decode(
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    max_context_len: int,
+    scale: float,
+    window,
+    softcap,
+):
     """One new token per request: all contexts gathered into one padded batch, two batched matmuls.
 
     Query heads are grouped by the KV head they share (K and V are never repeated); scores and

@@ -34,8 +34,14 @@ _X86_VARIANTS = (
         ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni"),
         frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni"}),
     ),
-    KernelVariant("avx512", ("-march=x86-64-v4",), frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"})),
-    KernelVariant("avx2", ("-march=x86-64-v3",), frozenset({"avx2", "fma", "f16c", "bmi2", "movbe"})),
+    KernelVariant(
+        "avx512",
+        ("-march=x86-64-v4",),
+        frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}),
+    ),
+    KernelVariant(
+        "avx2", ("-march=x86-64-v3",), frozenset({"avx2", "fma", "f16c", "bmi2", "movbe"})
+    ),
     KernelVariant("portable", ("-march=x86-64-v2",), frozenset({"sse4_2", "ssse3", "popcnt"})),
 )
 _GENERIC_PORTABLE = KernelVariant("portable", (), frozenset())

@@ -11,7 +11,9 @@ from spyglass.kernels import cpu_native, torch_norm_rope
 
 def _native(*tensors: torch.Tensor | None) -> bool:
     dtype = tensors[0].dtype
-    return cpu_native.available(dtype) and all(t is None or (t.dtype == dtype and t.stride(-1) == 1) for t in tensors)
+    return cpu_native.available(dtype) and all(
+        t is None or (t.dtype == dtype and t.stride(-1) == 1) for t in tensors
+    )
 
 
 def add_rms_norm(x, residual, weight, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

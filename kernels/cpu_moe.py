@@ -14,10 +14,16 @@ from spyglass.kernels import cpu_native, torch_moe
 def fused_experts(x, w13, w2, topk_weights, topk_ids, activation: str = "silu") -> torch.Tensor:
     """``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])``; see `torch_moe.fused_experts`."""
     native = (
-        cpu_native.available(x.dtype) and w13.dtype == w2.dtype == x.dtype and x.stride(-1) == 1
-        and w13.is_contiguous() and w2.is_contiguous() and activation in torch_moe.ACTIVATIONS
+        cpu_native.available(x.dtype)
+        and w13.dtype == w2.dtype == x.dtype
+        and x.stride(-1) == 1
+        and w13.is_contiguous()
+        and w2.is_contiguous()
+        and activation in torch_moe.ACTIVATIONS
     )
     if not native:
         return torch_moe.fused_experts(x, w13, w2, topk_weights, topk_ids, activation)
     sorted_pairs, counts = torch_moe.sort_by_expert(topk_ids, w13.shape[0])
-    return cpu_native.fused_experts(x, w13, w2, sorted_pairs, counts, topk_weights, topk_ids.shape[1], activation)
+    return cpu_native.fused_experts(
+        x, w13, w2, sorted_pairs, counts, topk_weights, topk_ids.shape[1], activation
+    )

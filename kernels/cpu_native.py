@@ -50,8 +50,16 @@ class NativeKernels:
         return self._functions[(name, dtype)]
 
     def paged_attention(
-        self, query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale: float,
-        sliding_window: int | None = None, softcap: float | None = None,
+        self,
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Causal attention of every request's new tokens over its paged context, ``[tokens, heads, dim]``.
 
@@ -67,10 +75,25 @@ class NativeKernels:
         num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
         out = torch.empty(query.shape, dtype=query.dtype)
         self.function("paged_attention", query.dtype)(
-            query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
-            query_start_loc.data_ptr(), block_tables.shape[0], query.shape[1], num_kv_heads, head_dim, num_blocks,
-            block_size, block_tables.stride(0), query.stride(0), scale, sliding_window or 0, softcap or 0.0,
-            torch.get_num_threads(), out.data_ptr(),
+            query.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            block_tables.data_ptr(),
+            context_lens.data_ptr(),
+            query_start_loc.data_ptr(),
+            block_tables.shape[0],
+            query.shape[1],
+            num_kv_heads,
+            head_dim,
+            num_blocks,
+            block_size,
+            block_tables.stride(0),
+            query.stride(0),
+            scale,
+            sliding_window or 0,
+            softcap or 0.0,
+            torch.get_num_threads(),
+            out.data_ptr(),
         )
         return out
 
@@ -80,9 +103,17 @@ class NativeKernels:
         out = torch.empty(num_tokens, width, dtype=x.dtype)
         summed = torch.empty(num_tokens, width, dtype=x.dtype)
         self.function("add_rms_norm", x.dtype)(
-            x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
-            0 if residual is None else residual.stride(0), weight.data_ptr(), eps, num_tokens, width,
-            torch.get_num_threads(), out.data_ptr(), summed.data_ptr(),
+            x.data_ptr(),
+            x.stride(0),
+            None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0),
+            weight.data_ptr(),
+            eps,
+            num_tokens,
+            width,
+            torch.get_num_threads(),
+            out.data_ptr(),
+            summed.data_ptr(),
         )
         return out, summed
 
@@ -91,8 +122,17 @@ class NativeKernels:
         positions = positions.to(torch.int64).contiguous()
         num_tokens, num_heads, head_dim = x.shape
         self.function("rotary_embedding", x.dtype)(
-            x.data_ptr(), x.stride(0), x.stride(1), num_tokens, num_heads, head_dim, positions.data_ptr(),
-            cos.data_ptr(), sin.data_ptr(), cos.stride(0), torch.get_num_threads(),
+            x.data_ptr(),
+            x.stride(0),
+            x.stride(1),
+            num_tokens,
+            num_heads,
+            head_dim,
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            cos.stride(0),
+            torch.get_num_threads(),
         )
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -110,11 +150,21 @@ class NativeKernels:
         slot_mapping = slot_mapping.to(torch.int64).contiguous()
         num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
         self.function("store_kv", key.dtype)(
-            key.data_ptr(), value.data_ptr(), key.stride(0), slot_mapping.data_ptr(), key.shape[0], num_kv_heads,
-            head_dim, num_blocks * block_size, k_cache.data_ptr(), v_cache.data_ptr(),
+            key.data_ptr(),
+            value.data_ptr(),
+            key.stride(0),
+            slot_mapping.data_ptr(),
+            key.shape[0],
+            num_kv_heads,
+            head_dim,
+            num_blocks * block_size,
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
         )
 
-    def fused_experts(self, x, w13, w2, sorted_pairs, counts, topk_weights, top_k: int, activation: str) -> torch.Tensor:
+    def fused_experts(
+        self, x, w13, w2, sorted_pairs, counts, topk_weights, top_k: int, activation: str
+    ) -> torch.Tensor:
         """`torch_moe.fused_experts` given the pairs already sorted by expert (`torch_moe.sort_by_expert`);
         x's rows may be strided, the weights contiguous in x's dtype."""
         if x.stride(1) != 1:
@@ -126,9 +176,21 @@ class NativeKernels:
         num_experts, double_inter, hidden = w13.shape
         out = torch.empty(x.shape[0], hidden, dtype=x.dtype)
         self.function("fused_experts", x.dtype)(
-            x.data_ptr(), x.stride(0), w13.data_ptr(), w2.data_ptr(), sorted_pairs.data_ptr(), offsets.data_ptr(),
-            pair_weights.data_ptr(), x.shape[0], top_k, num_experts, hidden, double_inter // 2,
-            _ACTIVATIONS[activation], torch.get_num_threads(), out.data_ptr(),
+            x.data_ptr(),
+            x.stride(0),
+            w13.data_ptr(),
+            w2.data_ptr(),
+            sorted_pairs.data_ptr(),
+            offsets.data_ptr(),
+            pair_weights.data_ptr(),
+            x.shape[0],
+            top_k,
+            num_experts,
+            hidden,
+            double_inter // 2,
+            _ACTIVATIONS[activation],
+            torch.get_num_threads(),
+            out.data_ptr(),
         )
         return out
 
@@ -138,9 +200,13 @@ def for_variant(name: str) -> NativeKernels:
     """The kernels built for the variant called ``name`` (built now if needed; it must run on this CPU)."""
     variant = next((v for v in cpu_isa.kernel_variants() if v.name == name), None)
     if variant is None:
-        raise ValueError(f"unknown kernel variant {name!r}; known: {[v.name for v in cpu_isa.kernel_variants()]}")
+        raise ValueError(
+            f"unknown kernel variant {name!r}; known: {[v.name for v in cpu_isa.kernel_variants()]}"
+        )
     if variant not in cpu_isa.runnable_variants():
-        raise ValueError(f"this CPU cannot run the {name} kernels (it runs {[v.name for v in cpu_isa.runnable_variants()]})")
+        raise ValueError(
+            f"this CPU cannot run the {name} kernels (it runs {[v.name for v in cpu_isa.runnable_variants()]})"
+        )
     return NativeKernels(variant)
 
 

@@ -39,7 +39,9 @@ class QuantKernels:
                 function.argtypes, function.restype = argtypes, None
                 self.functions[name] = function
 
-    def matmul(self, x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int
+    ) -> torch.Tensor:
         """``x [..., k] @ W.T`` as ``[..., n]`` in x's dtype, W being ``n`` rows of ``k`` values in ``data``.
 
         Up to `LARGE_BATCH_ROWS` rows, the int8 kernel (activations rounded to int8 per 32 values);
@@ -47,15 +49,28 @@ class QuantKernels:
         """
         x2 = x.reshape(-1, k).to(torch.float32).contiguous()
         if x2.shape[0] >= LARGE_BATCH_ROWS:
-            return (x2 @ self.dequantize_rows(data, qtype, k).T).reshape(*x.shape[:-1], n).to(x.dtype)
+            return (
+                (x2 @ self.dequantize_rows(data, qtype, k).T).reshape(*x.shape[:-1], n).to(x.dtype)
+            )
         y = torch.empty(x2.shape[0], n, dtype=torch.float32)
         self.functions["quant_matmul"](
-            x2.data_ptr(), data.data_ptr(), int(qtype), x2.shape[0], n, k, torch.get_num_threads(), y.data_ptr()
+            x2.data_ptr(),
+            data.data_ptr(),
+            int(qtype),
+            x2.shape[0],
+            n,
+            k,
+            torch.get_num_threads(),
+            y.data_ptr(),
         )
         return y.reshape(*x.shape[:-1], n).to(x.dtype)
 
     def dequantize_rows(
-        self, data: torch.Tensor, qtype: GGMLQuantizationType, k: int, row_ids: torch.Tensor | None = None
+        self,
+        data: torch.Tensor,
+        qtype: GGMLQuantizationType,
+        k: int,
+        row_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Float32 ``[len(row_ids), k]``: the chosen weight rows dequantized (every row when ``row_ids`` is None)."""
         if row_ids is not None:
@@ -63,8 +78,13 @@ class QuantKernels:
         num_rows = data.shape[0] if row_ids is None else row_ids.numel()
         out = torch.empty(num_rows, k, dtype=torch.float32)
         self.functions["dequantize_rows"](
-            data.data_ptr(), int(qtype), k, None if row_ids is None else row_ids.data_ptr(), num_rows,
-            torch.get_num_threads(), out.data_ptr(),
+            data.data_ptr(),
+            int(qtype),
+            k,
+            None if row_ids is None else row_ids.data_ptr(),
+            num_rows,
+            torch.get_num_threads(),
+            out.data_ptr(),
         )
         return out
 

@@ -77,5 +77,7 @@ def load(name: str, variant: KernelVariant) -> ctypes.CDLL | None:
         return ctypes.CDLL(str(library_path(name, variant)))
     except (OSError, subprocess.CalledProcessError) as error:
         detail = getattr(error, "stderr", "") or error
-        log.warning("could not build the %s CPU kernel (%s); using the pure-torch path", name, detail)
+        log.warning(
+            "could not build the %s CPU kernel (%s); using the pure-torch path", name, detail
+        )
         return None

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 
-def cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+def cache_shape(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+) -> tuple[int, ...]:
     """The shape of one layer's K (or V) cache in this layout (the Triton kernels share it)."""
     return (num_blocks, block_size, num_kv_heads, head_dim)
 
@@ -31,7 +33,9 @@ def store_kv(
     if not bool(keep.all()):
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     k_cache.view(num_slots, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(num_slots, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    v_cache.view(num_slots, *v_cache.shape[2:]).index_copy_(
+        0, slot_mapping, value.to(v_cache.dtype)
+    )
 
 
 def paged_attention(
@@ -64,7 +68,12 @@ def paged_attention(
         ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
     """
     return attend_by_request_kind(
-        query, block_tables, context_lens, query_start_loc, max_query_len, max_context_len,
+        query,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        max_query_len,
+        max_context_len,
         decode=lambda q, tables, lens, longest: _decode_attention(
             q, k_cache, v_cache, tables, lens, longest, scale, sliding_window, softcap
         ),
@@ -75,7 +84,14 @@ def paged_attention(
 
 
 def attend_by_request_kind(
-    query, block_tables, context_lens, query_start_loc, max_query_len: int, max_context_len: int, decode, single
+    query,
+    block_tables,
+    context_lens,
+    query_start_loc,
+    max_query_len: int,
+    max_context_len: int,
+    decode,
+    single,
 ) -> torch.Tensor:
     """Route a step's requests: one-token requests (decodes) together, the others one by one.
 
@@ -93,10 +109,14 @@ def attend_by_request_kind(
     if decodes:
         rows = torch.tensor([starts[r] for r in decodes], device=query.device)
         picked = torch.tensor(decodes, device=query.device)
-        out[rows] = decode(query[rows], block_tables[picked], context_lens[picked], max(lens[r] for r in decodes))
+        out[rows] = decode(
+            query[rows], block_tables[picked], context_lens[picked], max(lens[r] for r in decodes)
+        )
     for r in range(num_reqs):
         if starts[r + 1] - starts[r] > 1:
-            out[starts[r] : starts[r + 1]] = single(query[starts[r] : starts[r + 1]], block_tables[r], lens[r])
+            out[starts[r] : starts[r + 1]] = single(
+                query[starts[r] : starts[r + 1]], block_tables[r], lens[r]
+            )
     return out
 
 
@@ -106,7 +126,9 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int) -> 
     return blocks.flatten(-4, -3)
 
 
-def _request_attention(q, k_cache, v_cache, block_table, context_len: int, scale: float, window, softcap):
+def _request_attention(
+    q, k_cache, v_cache, block_table, context_len: int, scale: float, window, softcap
+):
     block_size = k_cache.shape[1]
     num_blocks = -(-context_len // block_size)
     k = _gather(k_cache, block_table, num_blocks)[:context_len].transpose(0, 1)
@@ -140,8 +162,13 @@ def attend_rows(q, k, v, scale: float, window: int | None, softcap: float | None
         plain_causal = q_len == context_len and window is None
         mask = None if plain_causal else visible_mask(q_len, context_len, window, q.device)
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-            attn_mask=mask, is_causal=plain_causal and q_len > 1, scale=scale, enable_gqa=True,
+            q.transpose(0, 1).unsqueeze(0),
+            k.unsqueeze(0),
+            v.unsqueeze(0),
+            attn_mask=mask,
+            is_causal=plain_causal and q_len > 1,
+            scale=scale,
+            enable_gqa=True,
         )
         return out.squeeze(0).transpose(0, 1)
     num_heads, num_kv_heads, dim = q.shape[1], k.shape[0], q.shape[2]
@@ -150,12 +177,22 @@ def attend_rows(q, k, v, scale: float, window: int | None, softcap: float | None
     scores = soft_cap(torch.matmul(grouped, k.transpose(-1, -2)).float() * scale, softcap)
     scores = scores.view(num_kv_heads, group, q_len, context_len)
     scores.masked_fill_(~visible_mask(q_len, context_len, window, q.device), float("-inf"))
-    out = torch.matmul(scores.softmax(dim=-1).to(q.dtype).view(num_kv_heads, group * q_len, context_len), v)
+    out = torch.matmul(
+        scores.softmax(dim=-1).to(q.dtype).view(num_kv_heads, group * q_len, context_len), v
+    )
     return out.view(num_heads, q_len, dim).transpose(0, 1)
 
 
 def _decode_attention(
-    query, k_cache, v_cache, block_tables, context_lens, max_context_len: int, scale: float, window, softcap
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    max_context_len: int,
+    scale: float,
+    window,
+    softcap,
 ):
     """One new token per request: gather every context into one padded batch and attend with two matmuls.
 

@@ -20,7 +20,9 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tens
     """``(sorted_pairs, counts)``: the flattened (token, k) pair indices ordered by expert (stable, one
     argsort), and how many pairs each expert received (``[num_experts]``)."""
     ids = topk_ids.flatten()
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(
+        0, ids, torch.ones_like(ids)
+    )
     return ids.argsort(stable=True), counts
 
 
@@ -30,7 +32,9 @@ def fused_experts(x, w13, w2, topk_weights, topk_ids, activation: str = "silu") 
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         return dense_experts(x, w13, w2, topk_weights, topk_ids, activation)
     top_k = topk_ids.shape[1]
-    and_mul = torch_norm_rope.silu_and_mul if activation == "silu" else torch_norm_rope.gelu_tanh_and_mul
+    and_mul = (
+        torch_norm_rope.silu_and_mul if activation == "silu" else torch_norm_rope.gelu_tanh_and_mul
+    )
     sorted_pairs, counts = sort_by_expert(topk_ids, w13.shape[0])
     weights = topk_weights.flatten().to(x.dtype)
     out = torch.zeros_like(x)
@@ -47,10 +51,14 @@ def fused_experts(x, w13, w2, topk_weights, topk_ids, activation: str = "silu") 
 
 def dense_experts(x, w13, w2, topk_weights, topk_ids, activation: str = "silu") -> torch.Tensor:
     """`fused_experts` without reading the routing on the host (CUDA-graph safe): every expert over every token."""
-    and_mul = torch_norm_rope.silu_and_mul if activation == "silu" else torch_norm_rope.gelu_tanh_and_mul
+    and_mul = (
+        torch_norm_rope.silu_and_mul if activation == "silu" else torch_norm_rope.gelu_tanh_and_mul
+    )
     gates = torch.zeros(x.shape[0], w13.shape[0], dtype=x.dtype, device=x.device)
     gates.scatter_(1, topk_ids, topk_weights.to(x.dtype))
     out = torch.zeros_like(x)
     for expert in range(w13.shape[0]):
-        out += F.linear(and_mul(F.linear(x, w13[expert])), w2[expert]) * gates[:, expert : expert + 1]
+        out += (
+            F.linear(and_mul(F.linear(x, w13[expert])), w2[expert]) * gates[:, expert : expert + 1]
+        )
     return out

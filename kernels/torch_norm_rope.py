@@ -21,7 +21,9 @@ def add_rms_norm(
     return F.rms_norm(summed, summed.shape[-1:], weight, eps), summed
 
 
-def rotary_embedding_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+def rotary_embedding_(
+    x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> None:
     """Rotate ``x`` in place by each token's position, in the rotate-half (HF / NeoX) layout.
 
     Args:

@@ -136,8 +136,11 @@ def _unified_kernel(
     dims = tl.arange(0, DIM_PAD)
     io_mask = row_mask[:, None] & (dims[None, :] < head_dim)
     token = (q_start + q_idx).to(tl.int64)
-    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :] * stride_qd,
-                mask=io_mask, other=0.0)
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :] * stride_qd,
+        mask=io_mask,
+        other=0.0,
+    )
     if DOT_FP32:
         q = q.to(tl.float32)
     # Bottom-right aligned causal mask: the new tokens are the last q_len of the context.
@@ -155,12 +158,39 @@ def _unified_kernel(
         first_page = tl.maximum(context_len - q_len + tile * BLOCK_Q - WINDOW + 1, 0) // BLOCK_SIZE
     for page in range(first_page, tl.cdiv(kv_limit, BLOCK_SIZE)):
         block_id = tl.load(table + page)
-        acc, m_i, l_i = _attend_page(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_id, page * BLOCK_SIZE,
-                                     kv_limit, q_pos, kv_head, stride_cb, stride_cs, stride_ch, stride_cd,
-                                     head_dim, qk_scale, softcap, BLOCK_SIZE, DIM_PAD, WINDOW, SOFTCAP)
+        acc, m_i, l_i = _attend_page(
+            q,
+            acc,
+            m_i,
+            l_i,
+            k_cache_ptr,
+            v_cache_ptr,
+            block_id,
+            page * BLOCK_SIZE,
+            kv_limit,
+            q_pos,
+            kv_head,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_cd,
+            head_dim,
+            qk_scale,
+            softcap,
+            BLOCK_SIZE,
+            DIM_PAD,
+            WINDOW,
+            SOFTCAP,
+        )
     out = acc / l_i[:, None]
-    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :] * stride_od,
-             out.to(out_ptr.dtype.element_ty), mask=io_mask)
+    tl.store(
+        out_ptr
+        + token[:, None] * stride_ot
+        + head[:, None] * stride_oh
+        + dims[None, :] * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+        mask=io_mask,
+    )
 
 
 @triton.jit
@@ -214,8 +244,14 @@ def _split_k_kernel(
     head = kv_head * GROUP + rows
     dims = tl.arange(0, DIM_PAD)
     io_mask = (rows[:, None] < GROUP) & (dims[None, :] < head_dim)
-    q = tl.load(q_ptr + req.to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :] * stride_qd,
-                mask=io_mask, other=0.0)
+    q = tl.load(
+        q_ptr
+        + req.to(tl.int64) * stride_qt
+        + head[:, None] * stride_qh
+        + dims[None, :] * stride_qd,
+        mask=io_mask,
+        other=0.0,
+    )
     if DOT_FP32:
         q = q.to(tl.float32)
     # Decode: the single new token is the context's last position and sees all of it.
@@ -227,9 +263,30 @@ def _split_k_kernel(
     table = block_tables_ptr + req.to(tl.int64) * stride_bt
     for page in range(first_page, last_page):
         block_id = tl.load(table + page)
-        acc, m_i, l_i = _attend_page(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_id, page * BLOCK_SIZE,
-                                     context_len, q_pos, kv_head, stride_cb, stride_cs, stride_ch, stride_cd,
-                                     head_dim, qk_scale, softcap, BLOCK_SIZE, DIM_PAD, WINDOW, SOFTCAP)
+        acc, m_i, l_i = _attend_page(
+            q,
+            acc,
+            m_i,
+            l_i,
+            k_cache_ptr,
+            v_cache_ptr,
+            block_id,
+            page * BLOCK_SIZE,
+            context_len,
+            q_pos,
+            kv_head,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            stride_cd,
+            head_dim,
+            qk_scale,
+            softcap,
+            BLOCK_SIZE,
+            DIM_PAD,
+            WINDOW,
+            SOFTCAP,
+        )
     nonempty = l_i > 0
     out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
@@ -261,11 +318,17 @@ def _split_k_reduce_kernel(
     lse = tl.load(part_lse_ptr + base + splits, mask=splits < NUM_SPLITS, other=float("-inf"))
     # Partition 0 is never empty (it holds the window's start, or position 0), so the max is finite.
     weight = tl.exp2(lse - tl.max(lse, axis=0))
-    part = tl.load(part_out_ptr + (base + splits[:, None]) * DIM_PAD + dims[None, :],
-                   mask=(splits[:, None] < NUM_SPLITS) & (dims[None, :] < head_dim), other=0.0)
+    part = tl.load(
+        part_out_ptr + (base + splits[:, None]) * DIM_PAD + dims[None, :],
+        mask=(splits[:, None] < NUM_SPLITS) & (dims[None, :] < head_dim),
+        other=0.0,
+    )
     out = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
-    tl.store(out_ptr + req.to(tl.int64) * stride_ot + head * stride_oh + dims * stride_od,
-             out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
+    tl.store(
+        out_ptr + req.to(tl.int64) * stride_ot + head * stride_oh + dims * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+        mask=dims < head_dim,
+    )
 
 
 @functools.cache
@@ -276,8 +339,14 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def num_kv_splits(num_reqs: int, num_kv_heads: int, num_tokens: int, max_query_len: int,
-                  max_context_len: int, num_sms: int) -> int:
+def num_kv_splits(
+    num_reqs: int,
+    num_kv_heads: int,
+    num_tokens: int,
+    max_query_len: int,
+    max_context_len: int,
+    num_sms: int,
+) -> int:
     """How many partitions split-K decode should cut each context into; 1 means use the unified kernel.
 
     Split only decode-only steps whose (request, KV head) programs cannot fill the GPU by themselves,
@@ -336,11 +405,28 @@ def unified_attention(
     block_q = max(block_q, triton.cdiv(_MIN_ROWS, group_pad))
     grid = (num_reqs, triton.cdiv(max_query_len, block_q), k_cache.shape[2])
     _unified_kernel[grid](
-        query, k_cache, v_cache, out, block_tables, context_lens, query_start_loc,
-        *query.stride(), *out.stride(), *k_cache.stride(), block_tables.stride(0),
-        query.shape[2], scale * math.log2(math.e), softcap or 1.0,
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_SIZE=k_cache.shape[1], DIM_PAD=dim_pad,
-        DOT_FP32=_dot_in_fp32(query.dtype), WINDOW=sliding_window or 0, SOFTCAP=softcap is not None,
+        query,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        *query.stride(),
+        *out.stride(),
+        *k_cache.stride(),
+        block_tables.stride(0),
+        query.shape[2],
+        scale * math.log2(math.e),
+        softcap or 1.0,
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        BLOCK_Q=block_q,
+        BLOCK_SIZE=k_cache.shape[1],
+        DIM_PAD=dim_pad,
+        DOT_FP32=_dot_in_fp32(query.dtype),
+        WINDOW=sliding_window or 0,
+        SOFTCAP=softcap is not None,
     )
     return out
 
@@ -360,25 +446,52 @@ def split_k_decode_attention(
     ``num_splits`` partitions attended in parallel, then merged by log-sum-exp."""
     assert k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share a layout"
     num_reqs, num_heads, head_dim = query.shape
-    assert block_tables.shape[0] == num_reqs, "split-K decode needs exactly one query row per request"
+    assert block_tables.shape[0] == num_reqs, (
+        "split-K decode needs exactly one query row per request"
+    )
     out = torch.empty_like(query)
     if num_reqs == 0:
         return out
     group, dim_pad = _head_geometry(query, k_cache)
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    part_out = torch.empty(num_reqs, num_heads, num_splits, dim_pad, dtype=torch.float32, device=query.device)
-    part_lse = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
+    part_out = torch.empty(
+        num_reqs, num_heads, num_splits, dim_pad, dtype=torch.float32, device=query.device
+    )
+    part_lse = torch.empty(
+        num_reqs, num_heads, num_splits, dtype=torch.float32, device=query.device
+    )
     _split_k_kernel[(num_reqs, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, part_out, part_lse, block_tables, context_lens,
-        *query.stride(), *k_cache.stride(), block_tables.stride(0), head_dim, scale * math.log2(math.e),
+        query,
+        k_cache,
+        v_cache,
+        part_out,
+        part_lse,
+        block_tables,
+        context_lens,
+        *query.stride(),
+        *k_cache.stride(),
+        block_tables.stride(0),
+        head_dim,
+        scale * math.log2(math.e),
         softcap or 1.0,
-        NUM_SPLITS=num_splits, GROUP=group, ROWS=max(_MIN_ROWS, triton.next_power_of_2(group)),
-        BLOCK_SIZE=block_size, DIM_PAD=dim_pad, DOT_FP32=_dot_in_fp32(query.dtype),
-        WINDOW=sliding_window or 0, SOFTCAP=softcap is not None,
+        NUM_SPLITS=num_splits,
+        GROUP=group,
+        ROWS=max(_MIN_ROWS, triton.next_power_of_2(group)),
+        BLOCK_SIZE=block_size,
+        DIM_PAD=dim_pad,
+        DOT_FP32=_dot_in_fp32(query.dtype),
+        WINDOW=sliding_window or 0,
+        SOFTCAP=softcap is not None,
     )
     _split_k_reduce_kernel[(num_reqs, num_heads)](
-        part_out, part_lse, out, *out.stride(), head_dim,
-        NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), DIM_PAD=dim_pad,
+        part_out,
+        part_lse,
+        out,
+        *out.stride(),
+        head_dim,
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        DIM_PAD=dim_pad,
     )
     return out
 
@@ -405,10 +518,36 @@ def paged_attention(
     num_reqs = block_tables.shape[0]
     # A window bounds how much of a context any decode reads.
     attended_len = min(max_context_len, sliding_window or max_context_len)
-    splits = num_kv_splits(num_reqs, k_cache.shape[2], query.shape[0], max_query_len, attended_len,
-                           _num_sms(query.device))
+    splits = num_kv_splits(
+        num_reqs,
+        k_cache.shape[2],
+        query.shape[0],
+        max_query_len,
+        attended_len,
+        _num_sms(query.device),
+    )
     if splits > 1:
-        return split_k_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, splits,
-                                        sliding_window, softcap)
-    return unified_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc,
-                             max_query_len, max_context_len, scale, sliding_window, softcap)
+        return split_k_decode_attention(
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            scale,
+            splits,
+            sliding_window,
+            softcap,
+        )
+    return unified_attention(
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        query_start_loc,
+        max_query_len,
+        max_context_len,
+        scale,
+        sliding_window,
+        softcap,
+    )

@@ -23,7 +23,9 @@ def _dot_in_fp32(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and triton.knobs.runtime.interpret
 
 
-def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def align_by_expert(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rows, block_experts)``: pair indices sorted by expert, each expert's run padded to ``block_m``
     rows with the sentinel ``num_pairs``, and the expert of each row block (``num_experts`` past the end).
 
@@ -61,9 +63,23 @@ def _activate(g, ACTIVATION: tl.constexpr):
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, x_stride, w13_ptr, rows_ptr, block_experts_ptr, h_ptr, num_pairs, top_k, num_experts, hidden, inter,
-    ACTIVATION: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    x_stride,
+    w13_ptr,
+    rows_ptr,
+    block_experts_ptr,
+    h_ptr,
+    num_pairs,
+    top_k,
+    num_experts,
+    hidden,
+    inter,
+    ACTIVATION: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_experts_ptr + pid_m)
@@ -81,21 +97,45 @@ def _gate_up_kernel(
     for k0 in range(0, hidden, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < hidden
-        a = tl.load(x_ptr + tokens[:, None] * x_stride + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
+        a = tl.load(
+            x_ptr + tokens[:, None] * x_stride + offs_k[None, :],
+            mask=valid[:, None] & k_mask[None, :],
+            other=0.0,
+        )
         w_mask = k_mask[:, None] & n_mask[None, :]
-        w_gate = tl.load(gate_ptr + offs_n[None, :] * hidden + offs_k[:, None], mask=w_mask, other=0.0)
-        w_up = tl.load(gate_ptr + (inter + offs_n[None, :]) * hidden + offs_k[:, None], mask=w_mask, other=0.0)
+        w_gate = tl.load(
+            gate_ptr + offs_n[None, :] * hidden + offs_k[:, None], mask=w_mask, other=0.0
+        )
+        w_up = tl.load(
+            gate_ptr + (inter + offs_n[None, :]) * hidden + offs_k[:, None], mask=w_mask, other=0.0
+        )
         acc_gate = _dot(a, w_gate, acc_gate, PRECISION, DOT_FP32)
         acc_up = _dot(a, w_up, acc_up, PRECISION, DOT_FP32)
     h = _activate(acc_gate, ACTIVATION) * acc_up
-    tl.store(h_ptr + offs_m[:, None] * inter + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
-             mask=valid[:, None] & n_mask[None, :])
+    tl.store(
+        h_ptr + offs_m[:, None] * inter + offs_n[None, :],
+        h.to(h_ptr.dtype.element_ty),
+        mask=valid[:, None] & n_mask[None, :],
+    )
 
 
 @triton.jit
 def _down_kernel(
-    h_ptr, w2_ptr, rows_ptr, block_experts_ptr, weights_ptr, y_ptr, num_pairs, num_experts, hidden, inter,
-    PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    h_ptr,
+    w2_ptr,
+    rows_ptr,
+    block_experts_ptr,
+    weights_ptr,
+    y_ptr,
+    num_pairs,
+    num_experts,
+    hidden,
+    inter,
+    PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_experts_ptr + pid_m)
@@ -111,13 +151,24 @@ def _down_kernel(
     for k0 in range(0, inter, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < inter
-        a = tl.load(h_ptr + offs_m[:, None] * inter + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(down_ptr + offs_n[None, :] * inter + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        a = tl.load(
+            h_ptr + offs_m[:, None] * inter + offs_k[None, :],
+            mask=valid[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        w = tl.load(
+            down_ptr + offs_n[None, :] * inter + offs_k[:, None],
+            mask=k_mask[:, None] & n_mask[None, :],
+            other=0.0,
+        )
         acc = _dot(a, w, acc, PRECISION, DOT_FP32)
     routing = tl.load(weights_ptr + tl.where(valid, pairs, 0), mask=valid, other=0.0).to(tl.float32)
     safe_pairs = tl.where(valid, pairs, 0)
-    tl.store(y_ptr + safe_pairs[:, None] * hidden + offs_n[None, :], acc * routing[:, None],
-             mask=valid[:, None] & n_mask[None, :])
+    tl.store(
+        y_ptr + safe_pairs[:, None] * hidden + offs_n[None, :],
+        acc * routing[:, None],
+        mask=valid[:, None] & n_mask[None, :],
+    )
 
 
 def fused_experts(x, w13, w2, topk_weights, topk_ids, activation: str = "silu") -> torch.Tensor:
@@ -130,19 +181,49 @@ def fused_experts(x, w13, w2, topk_weights, topk_ids, activation: str = "silu") 
     w13, w2 = w13.contiguous(), w2.contiguous()
     block_m = 16 if num_pairs <= 8 * num_experts else 64
     block_n, block_k = 64, 32
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 models get fp32 products, not tf32
+    precision = (
+        "ieee" if x.dtype == torch.float32 else "tf32"
+    )  # fp32 models get fp32 products, not tf32
     dot_fp32 = _dot_in_fp32(x.dtype)
     rows, block_experts = align_by_expert(topk_ids, num_experts, block_m)
     num_blocks = rows.numel() // block_m
     h = torch.empty(rows.numel(), inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(num_blocks, triton.cdiv(inter, block_n))](
-        x, x.stride(0), w13, rows, block_experts, h, num_pairs, top_k, num_experts, hidden, inter,
-        ACTIVATION=_ACTIVATION_IDS[activation], PRECISION=precision, DOT_FP32=dot_fp32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        x,
+        x.stride(0),
+        w13,
+        rows,
+        block_experts,
+        h,
+        num_pairs,
+        top_k,
+        num_experts,
+        hidden,
+        inter,
+        ACTIVATION=_ACTIVATION_IDS[activation],
+        PRECISION=precision,
+        DOT_FP32=dot_fp32,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
     )
     y = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
     weights = topk_weights.flatten().to(torch.float32).contiguous()
     _down_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
-        h, w2, rows, block_experts, weights, y, num_pairs, num_experts, hidden, inter,
-        PRECISION=precision, DOT_FP32=dot_fp32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        h,
+        w2,
+        rows,
+        block_experts,
+        weights,
+        y,
+        num_pairs,
+        num_experts,
+        hidden,
+        inter,
+        PRECISION=precision,
+        DOT_FP32=dot_fp32,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
     )
     return y.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)

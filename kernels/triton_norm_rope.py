@@ -7,8 +7,17 @@ import triton.language as tl
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr, stride_x, stride_r, hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    sum_ptr,
+    stride_x,
+    stride_r,
+    hidden,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """One program per token row: sum, store the sum, normalise it in fp32, scale by the weight."""
     row = tl.program_id(0).to(tl.int64)
@@ -23,13 +32,25 @@ def _add_rms_norm_kernel(
     s = summed.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / hidden + eps)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * hidden + cols, (s * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + row * hidden + cols, (s * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask
+    )
 
 
 @triton.jit
 def _rotary_kernel(
-    x_ptr, pos_ptr, cos_ptr, sin_ptr, stride_t, stride_h, stride_d, stride_table, num_heads, half,
-    HEADS_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+    x_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_t,
+    stride_h,
+    stride_d,
+    stride_table,
+    num_heads,
+    half,
+    HEADS_PAD: tl.constexpr,
+    HALF_PAD: tl.constexpr,
 ):
     """One program per token rotates all its heads; each half is read once and written once."""
     token = tl.program_id(0).to(tl.int64)
@@ -60,23 +81,45 @@ def add_rms_norm(
     summed = torch.empty_like(out)
     if num_tokens == 0:
         return out, summed
-    assert x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1), "rows must be contiguous"
+    assert x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1), (
+        "rows must be contiguous"
+    )
     _add_rms_norm_kernel[(num_tokens,)](
-        x, x if residual is None else residual, weight, out, summed, x.stride(0),
-        0 if residual is None else residual.stride(0), hidden, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden),
+        x,
+        x if residual is None else residual,
+        weight,
+        out,
+        summed,
+        x.stride(0),
+        0 if residual is None else residual.stride(0),
+        hidden,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=triton.next_power_of_2(hidden),
     )
     return out, summed
 
 
-def rotary_embedding_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+def rotary_embedding_(
+    x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> None:
     """Rotate ``x`` in place by each token's position; see `torch_norm_rope.rotary_embedding_`."""
     num_tokens, num_heads, head_dim = x.shape
     if num_tokens == 0:
         return
-    assert cos.stride() == sin.stride() and cos.stride(-1) == 1, "cos and sin must be row-contiguous alike"
+    assert cos.stride() == sin.stride() and cos.stride(-1) == 1, (
+        "cos and sin must be row-contiguous alike"
+    )
     half = head_dim // 2
     _rotary_kernel[(num_tokens,)](
-        x, positions, cos, sin, *x.stride(), cos.stride(0), num_heads, half,
-        HEADS_PAD=triton.next_power_of_2(num_heads), HALF_PAD=triton.next_power_of_2(half),
+        x,
+        positions,
+        cos,
+        sin,
+        *x.stride(),
+        cos.stride(0),
+        num_heads,
+        half,
+        HEADS_PAD=triton.next_power_of_2(num_heads),
+        HALF_PAD=triton.next_power_of_2(half),
     )

@@ -7,6 +7,7 @@ front only (an import-linter contract in pyproject.toml checks it).
 """
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -14,9 +15,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
+from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.outputs import RequestOutput
-from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription
 from spyglass.core.engine.tool_calls import ToolCallParser
@@ -48,7 +49,9 @@ class AsyncEngine:
         self._drain_timeout = 0.0
 
     @classmethod
-    def load(cls, config: EngineConfig, on_crash: Callable[[BaseException], None] | None = None) -> "AsyncEngine":
+    def load(
+        cls, config: EngineConfig, on_crash: Callable[[BaseException], None] | None = None
+    ) -> "AsyncEngine":
         """Load an engine for ``config`` (blocking: seconds to minutes) and put a front on it; not yet started."""
         return cls(LLMEngine(config), on_crash)
 
@@ -93,7 +96,12 @@ class AsyncEngine:
         added: Future = Future()
 
         def add() -> None:
-            _settle(added, lambda: self._engine.add_request(req_id, prompt_token_ids, params, prompt, attributes))
+            _settle(
+                added,
+                lambda: self._engine.add_request(
+                    req_id, prompt_token_ids, params, prompt, attributes
+                ),
+            )
 
         finished = False
         try:
@@ -170,7 +178,9 @@ class AsyncEngine:
                 return
             try:
                 command()
-            except Exception:  # a command answers through its own future; none may take the loop down
+            except (
+                Exception
+            ):  # a command answers through its own future; none may take the loop down
                 log.exception("engine command failed")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
@@ -184,13 +194,10 @@ class AsyncEngine:
             _put(loop, stream, error)
 
 
-
 def _put(loop: asyncio.AbstractEventLoop, stream: asyncio.Queue, item: object) -> None:
     """Hand ``item`` to a listener's event loop; a loop that has closed has no listener left to tell."""
-    try:
+    with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(stream.put_nowait, item)
-    except RuntimeError:
-        pass
 
 
 def _settle(future: Future, function: Callable[[], object]) -> None:

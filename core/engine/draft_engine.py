@@ -28,7 +28,11 @@ def draft_config(checkpoint: Checkpoint, target: EngineConfig) -> EngineConfig:
     """The draft engine's configuration: the target's shape, half its KV budget, no telemetry."""
     installed = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     option = target.plugin_options.get(DRAFT_PLUGINS_OPTION)
-    plugins = option.split(",") if option else [name for name in DEFAULT_DRAFT_PLUGINS if name in installed]
+    plugins = (
+        option.split(",")
+        if option
+        else [name for name in DEFAULT_DRAFT_PLUGINS if name in installed]
+    )
     return EngineConfig(
         model=target.model,
         dtype=str(next(iter(checkpoint.weights.values())).dtype).removeprefix("torch."),
@@ -41,8 +45,12 @@ def draft_config(checkpoint: Checkpoint, target: EngineConfig) -> EngineConfig:
         plugins=plugins,
         cuda_graphs=target.cuda_graphs,
         engine_id=f"{target.engine_id}-draft" if target.engine_id else None,
-        telemetry=None if target.telemetry is None else replace(target.telemetry, metrics=False, tracing=False),
-        plugin_options={k: v for k, v in target.plugin_options.items() if k != DRAFT_PLUGINS_OPTION},
+        telemetry=None
+        if target.telemetry is None
+        else replace(target.telemetry, metrics=False, tracing=False),
+        plugin_options={
+            k: v for k, v in target.plugin_options.items() if k != DRAFT_PLUGINS_OPTION
+        },
     )
 
 
@@ -50,7 +58,9 @@ class DraftEngine:
     """Proposes drafts by greedy generation on a draft engine built from ``checkpoint`` for ``target``."""
 
     def __init__(self, checkpoint: Checkpoint, target: EngineConfig):
-        self.engine: LLMEngine | None = LLMEngine(draft_config(checkpoint, target), checkpoint=checkpoint)
+        self.engine: LLMEngine | None = LLMEngine(
+            draft_config(checkpoint, target), checkpoint=checkpoint
+        )
         self._ids = itertools.count()
 
     @property
@@ -81,4 +91,3 @@ class DraftEngine:
         if self.engine is not None:
             engine, self.engine = self.engine, None
             engine.shutdown()
-

@@ -7,26 +7,30 @@ from dataclasses import replace
 
 import torch
 
-from spyglass.core.engine.kv.block_pool import BlockPool
-from spyglass.core.loaders.checkpoint import Checkpoint
-from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.detokenizer import IncrementalDetokenizer
+from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.kv.host_memory import keep_freed_memory_mapped
 from spyglass.core.engine.kv.kv_cache_manager import KVCacheManager
-from spyglass.core.engine.runner.model_runner import FatalRunnerError, ModelRunner, RunnerOutput
-from spyglass.core.models.registry import build_model
 from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
 from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import SafeHookRelay, create_plugin_manager
-from spyglass.core.models.quantization import quantize_weights_int8, resolve_mode, weight_bytes
 from spyglass.core.engine.request import FinishReason, Request
-from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams, StructuredOutput
-from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription, RequestSnapshot
+from spyglass.core.engine.runner.model_runner import FatalRunnerError, ModelRunner, RunnerOutput
+from spyglass.core.engine.sampling_params import (
+    InvalidRequestError,
+    SamplingParams,
+    StructuredOutput,
+)
 from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.engine.sched.scheduler_policy import check_policy
+from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription, RequestSnapshot
 from spyglass.core.engine.step_stats import EngineInfo, StepStats
 from spyglass.core.engine.token_constraint import TokenConstraint, allowed_tokens, fill_rows
+from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.loaders.load import load_checkpoint
+from spyglass.core.models.quantization import quantize_weights_int8, resolve_mode, weight_bytes
+from spyglass.core.models.registry import build_model
 from spyglass.kernels import cpu_isa
 from spyglass.kernels.backend import select_backend
 
@@ -36,7 +40,9 @@ log = logging.getLogger("spyglass.engine")
 class LLMEngine:
     """Loads a model, owns the KV cache and the queues, and advances every request one step at a time."""
 
-    def __init__(self, config: EngineConfig, plugin_manager=None, checkpoint: Checkpoint | None = None):
+    def __init__(
+        self, config: EngineConfig, plugin_manager=None, checkpoint: Checkpoint | None = None
+    ):
         # The id and telemetry settings of a given plugin manager's context win: its plugins were made for them.
         known = getattr(plugin_manager, "context", None)
         if known is not None:
@@ -55,22 +61,30 @@ class LLMEngine:
         if self.device.type == "cpu" and dtype == torch.bfloat16 and not cpu_isa.has_native_bf16():
             log.warning(
                 "bfloat16 asked for, but this CPU (%s) has no native bf16 arithmetic: it is emulated and several "
-                "times slower than --dtype float32", cpu_isa.describe(),
+                "times slower than --dtype float32",
+                cpu_isa.describe(),
             )
         self.plugin_manager = plugin_manager or create_plugin_manager(
             config.plugins, config.disabled_plugins, self.context
         )
         self.hooks = SafeHookRelay(self.plugin_manager)
         quantization = resolve_mode(config.quantization, self.device)
-        checkpoint = checkpoint or load_checkpoint(config.model, dtype, keep_quantized=quantization == "auto")
+        checkpoint = checkpoint or load_checkpoint(
+            config.model, dtype, keep_quantized=quantization == "auto"
+        )
         if quantization == "int8":
             checkpoint = replace(checkpoint, weights=quantize_weights_int8(checkpoint.weights))
         self.model_name = checkpoint.name
         self.tokenizer = checkpoint.tokenizer
         self.arch = checkpoint.arch
         self.backend = select_backend(self.device, config.attention_backend)
-        if config.tensor_parallel_size > 1:  # imported here: torch.distributed would slow every other start
-            from spyglass.core.engine.runner.parallel import ParallelModelRunner, launch_tensor_parallel
+        if (
+            config.tensor_parallel_size > 1
+        ):  # imported here: torch.distributed would slow every other start
+            from spyglass.core.engine.runner.parallel import (
+                ParallelModelRunner,
+                launch_tensor_parallel,
+            )
 
             model = launch_tensor_parallel(checkpoint, self.backend, self.device, config)
             runner_class = ParallelModelRunner
@@ -86,15 +100,21 @@ class LLMEngine:
             num_blocks * config.block_size,
         )
         # A model whose every layer slides frees the blocks that leave the window (see KVCacheManager).
-        self.kv = KVCacheManager(BlockPool(num_blocks), config.block_size, self.hooks, checkpoint.arch.kv_window())
+        self.kv = KVCacheManager(
+            BlockPool(num_blocks), config.block_size, self.hooks, checkpoint.arch.kv_window()
+        )
         self.runner = runner_class(model, self.kv.num_cache_blocks, config.block_size, self.device)
         if config.cuda_graphs and self.device.type == "cuda":
             seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
             log.info("CUDA graph capture took %.2f s", seconds)
         policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
         if policy is None:
-            raise ValueError(f"no plugin provides the scheduling policy {config.scheduling_policy!r}")
-        self.scheduler = Scheduler(config, self.kv, check_policy(policy, config.scheduling_policy), self.hooks.count_error)
+            raise ValueError(
+                f"no plugin provides the scheduling policy {config.scheduling_policy!r}"
+            )
+        self.scheduler = Scheduler(
+            config, self.kv, check_policy(policy, config.scheduling_policy), self.hooks.count_error
+        )
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.info = EngineInfo(
@@ -116,16 +136,34 @@ class LLMEngine:
         )
         log.info(
             "engine started: %s on %s (%s), %s (%s), weights %.0f MB (quantization %s), kernels %s, "
-            "%d KV blocks of %d tokens", self.model_name, self.info.device,
-            cpu_isa.describe() if self.device.type == "cpu" else "cuda", self.info.dtype, dtype_reason,
-            weight_bytes(checkpoint.weights) / 1e6, quantization, self.backend.name, num_blocks, config.block_size,
+            "%d KV blocks of %d tokens",
+            self.model_name,
+            self.info.device,
+            cpu_isa.describe() if self.device.type == "cpu" else "cuda",
+            self.info.dtype,
+            dtype_reason,
+            weight_bytes(checkpoint.weights) / 1e6,
+            quantization,
+            self.backend.name,
+            num_blocks,
+            config.block_size,
         )
         self.hooks.spyglass_engine_started(info=self.info, config=config)
-        if config.speculative and self.hooks.spyglass_propose_drafts(
-            method=config.speculative, requests=(), num_speculative_tokens=config.num_speculative_tokens
-        ) is None:
-            self.hooks.spyglass_engine_stopped(info=self.info)  # what the start hooks built (a draft engine) goes
-            raise ValueError(f"no plugin provides the draft proposer {config.speculative!r} (--speculative)")
+        if (
+            config.speculative
+            and self.hooks.spyglass_propose_drafts(
+                method=config.speculative,
+                requests=(),
+                num_speculative_tokens=config.num_speculative_tokens,
+            )
+            is None
+        ):
+            self.hooks.spyglass_engine_stopped(
+                info=self.info
+            )  # what the start hooks built (a draft engine) goes
+            raise ValueError(
+                f"no plugin provides the draft proposer {config.speculative!r} (--speculative)"
+            )
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -144,8 +182,12 @@ class LLMEngine:
             raise InvalidRequestError("the prompt is empty", "prompt")
         if max(prompt_token_ids) >= self.arch.vocab_size or min(prompt_token_ids) < 0:
             raise InvalidRequestError("the prompt has token ids outside the vocabulary", "prompt")
-        if params.logit_bias and not all(0 <= token < self.arch.vocab_size for token in params.logit_bias):
-            raise InvalidRequestError("logit_bias names token ids outside the vocabulary", "logit_bias")
+        if params.logit_bias and not all(
+            0 <= token < self.arch.vocab_size for token in params.logit_bias
+        ):
+            raise InvalidRequestError(
+                "logit_bias names token ids outside the vocabulary", "logit_bias"
+            )
         room = self.max_model_len - len(prompt_token_ids)
         if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
             raise InvalidRequestError(
@@ -165,7 +207,9 @@ class LLMEngine:
         if params.structured_output is not None:
             request.constraint = self._token_constraint(params.structured_output)
         self.requests[req_id] = request
-        self.detokenizers[req_id] = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
+        self.detokenizers[req_id] = IncrementalDetokenizer(
+            self.tokenizer, prompt_token_ids, params.stop
+        )
         self.scheduler.add(request)
         self.hooks.spyglass_request_added(request=request)
         return request
@@ -180,13 +224,19 @@ class LLMEngine:
             raise InvalidRequestError(f"invalid {spec.kind}: {error}", "response_format") from error
         if constraint is None:
             raise InvalidRequestError(
-                "structured output needs a token-constraint plugin, and none is enabled", "response_format"
+                "structured output needs a token-constraint plugin, and none is enabled",
+                "response_format",
             )
-        first = allowed_tokens(fill_rows([constraint], self.arch.vocab_size), self.arch.vocab_size)[0]
-        if not any(constraint.num_valid([token]) for token in first.nonzero().flatten().tolist()[:64]):
+        first = allowed_tokens(fill_rows([constraint], self.arch.vocab_size), self.arch.vocab_size)[
+            0
+        ]
+        if not any(
+            constraint.num_valid([token]) for token in first.nonzero().flatten().tolist()[:64]
+        ):
             # e.g. a choice whose first character this vocabulary cannot spell (byte tokens are missing)
             raise InvalidRequestError(
-                f"no token of this model's vocabulary can start an output matching the {spec.kind}", "response_format"
+                f"no token of this model's vocabulary can start an output matching the {spec.kind}",
+                "response_format",
             )
         return constraint
 
@@ -222,7 +272,9 @@ class LLMEngine:
         if out.is_empty:
             return failed
         scheduled_time = time.perf_counter()
-        self.hooks.spyglass_step_started(step_id=out.step_id, scheduled=tuple(s.request for s in out.scheduled))
+        self.hooks.spyglass_step_started(
+            step_id=out.step_id, scheduled=tuple(s.request for s in out.scheduled)
+        )
         try:
             runner_out = self.runner.execute(out, self.kv.block_tables)
         except FatalRunnerError:
@@ -236,7 +288,9 @@ class LLMEngine:
     def _update(self, out: SchedulerOutput, runner_out: RunnerOutput) -> list[RequestOutput]:
         outputs = []
         now = time.monotonic()
-        for scheduled, token_ids, logprobs in zip(out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs):
+        for scheduled, token_ids, logprobs in zip(
+            out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs
+        ):
             request = scheduled.request
             request.num_computed_tokens += scheduled.num_new_tokens
             if request.is_finished:
@@ -273,13 +327,20 @@ class LLMEngine:
                 )
                 or {}
             )
-        except Exception as error:
+        except Exception:
             # Drafts are an optimisation: without them every request simply decodes one token.
             self.hooks.count_error(self.config.speculative, "spyglass_propose_drafts")
-            log.exception("draft proposer %r failed; decoding without drafts this step", self.config.speculative)
+            log.exception(
+                "draft proposer %r failed; decoding without drafts this step",
+                self.config.speculative,
+            )
             return
         for request in candidates:
-            room = min(k, request.max_tokens - request.num_output_tokens - 1, self.max_model_len - request.num_tokens - 1)
+            room = min(
+                k,
+                request.max_tokens - request.num_output_tokens - 1,
+                self.max_model_len - request.num_tokens - 1,
+            )
             drafts = self._valid_drafts(proposals.get(request.req_id, ()))[: max(room, 0)]
             if request.constraint is not None:
                 # Only drafts the grammar allows are verified: the verifier masks by grammar position.
@@ -292,8 +353,11 @@ class LLMEngine:
         for token_id in drafts:
             if type(token_id) is not int or not 0 <= token_id < self.arch.vocab_size:
                 self.hooks.count_error(self.config.speculative, "spyglass_propose_drafts")
-                log.warning("draft proposer %r proposed %r, not a token id; drafts cut there",
-                            self.config.speculative, token_id)
+                log.warning(
+                    "draft proposer %r proposed %r, not a token id; drafts cut there",
+                    self.config.speculative,
+                    token_id,
+                )
                 break
             valid.append(token_id)
         return valid
@@ -311,7 +375,9 @@ class LLMEngine:
 
     def _append_token(self, request: Request, token_id: int, logprob, now: float) -> None:
         if request.constraint is not None and not request.constraint.accept(token_id):
-            self._finish(request, FinishReason.ERROR, f"the grammar rejected sampled token {token_id}")
+            self._finish(
+                request, FinishReason.ERROR, f"the grammar rejected sampled token {token_id}"
+            )
             return
         request.output_token_ids.append(token_id)
         if request.logprobs is not None:
@@ -330,7 +396,10 @@ class LLMEngine:
         elif detokenizer.matched_stop is not None:
             request.stop_reason = detokenizer.matched_stop
             self._finish(request, FinishReason.STOP)
-        elif request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+        elif (
+            request.num_output_tokens >= request.max_tokens
+            or request.num_tokens >= self.max_model_len
+        ):
             self._finish(request, FinishReason.LENGTH)
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
@@ -354,7 +423,9 @@ class LLMEngine:
         Nothing was committed by the failed step (computed counts advance in `_update`), so the
         reruns recompute the same tokens; one poisoned request thus cannot take its batch with it.
         """
-        log.warning("model step %d failed with %d requests", out.step_id, len(out.scheduled), exc_info=error)
+        log.warning(
+            "model step %d failed with %d requests", out.step_id, len(out.scheduled), exc_info=error
+        )
         if len(out.scheduled) == 1:
             return self._fail_step(out, error)
         outputs = []
@@ -373,8 +444,13 @@ class LLMEngine:
         outputs = []
         for scheduled in out.scheduled:
             request = scheduled.request
-            log.error("request %s failed in model step %d: %s: %s", request.req_id, out.step_id,
-                      type(error).__name__, error)
+            log.error(
+                "request %s failed in model step %d: %s: %s",
+                request.req_id,
+                out.step_id,
+                type(error).__name__,
+                error,
+            )
             self._finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
             outputs.append(self._output(request))
         return outputs
@@ -390,7 +466,9 @@ class LLMEngine:
             token_ids=list(request.output_token_ids),
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             stop_reason=request.stop_reason,
-            logprobs=None if request.logprobs is None else list(request.logprobs),  # a snapshot, like token_ids
+            logprobs=None
+            if request.logprobs is None
+            else list(request.logprobs),  # a snapshot, like token_ids
         )
         return RequestOutput(
             request_id=request.req_id,
@@ -401,7 +479,9 @@ class LLMEngine:
             num_cached_tokens=request.num_cached_tokens,
         )
 
-    def _stats(self, out: SchedulerOutput, runner_out: RunnerOutput, start: float, scheduled_time: float) -> StepStats:
+    def _stats(
+        self, out: SchedulerOutput, runner_out: RunnerOutput, start: float, scheduled_time: float
+    ) -> StepStats:
         end = time.perf_counter()
         num_prefill = sum(1 for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens)
         policy = self.scheduler.policy
@@ -409,7 +489,9 @@ class LLMEngine:
         for request in self.scheduler.waiting:
             try:
                 label = policy.waiting_class(request)
-            except Exception:  # only a metrics label: count it as a hook error, never fail a step for it
+            except (
+                Exception
+            ):  # only a metrics label: count it as a hook error, never fail a step for it
                 self.hooks.count_error(self.scheduler.policy_name, "waiting_class")
                 label = "unknown"
             classes[label] = classes.get(label, 0) + 1
@@ -419,7 +501,9 @@ class LLMEngine:
             num_prefill_reqs=num_prefill,
             num_decode_reqs=len(out.scheduled) - num_prefill,
             num_scheduled_tokens=out.num_scheduled_tokens,
-            num_prefill_tokens=sum(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens),
+            num_prefill_tokens=sum(
+                s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens
+            ),
             num_generated_tokens=sum(len(t) for t in runner_out.sampled_token_ids),
             num_preempted=len(out.preempted),
             num_running=len(self.scheduler.running),
@@ -438,7 +522,9 @@ class LLMEngine:
 
     def abort_all(self) -> list[RequestOutput]:
         """Abort every live request; their final outputs."""
-        return [output for req_id in list(self.requests) if (output := self.abort(req_id)) is not None]
+        return [
+            output for req_id in list(self.requests) if (output := self.abort(req_id)) is not None
+        ]
 
     def shutdown(self) -> None:
         """Abort whatever is left and announce the stop."""
@@ -457,7 +543,9 @@ class LLMEngine:
             num_requests=len(self.requests),
             num_blocks=pool.num_blocks,
             num_free_blocks=pool.num_free_blocks,
-            requests=tuple(map(self._request_snapshot, self.requests.values())) if with_requests else (),
+            requests=tuple(map(self._request_snapshot, self.requests.values()))
+            if with_requests
+            else (),
         )
 
     def describe(self) -> ModelDescription:

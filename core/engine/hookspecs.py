@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from spyglass.core.engine.kv.block_pool import BlockPool
     from spyglass.core.engine.config import EngineConfig
+    from spyglass.core.engine.kv.block_pool import BlockPool
     from spyglass.core.engine.kv.kv_cache_manager import PrefixMatch
     from spyglass.core.engine.request import FinishReason, Request
-    from spyglass.core.engine.sched.scheduler_policy import SchedulingPolicy
     from spyglass.core.engine.sampling_params import StructuredOutput
+    from spyglass.core.engine.sched.scheduler_policy import SchedulingPolicy
     from spyglass.core.engine.step_stats import EngineInfo, StepStats
     from spyglass.core.engine.token_constraint import TokenConstraint
     from spyglass.core.engine.tool_calls import ToolCallParser
@@ -108,7 +108,9 @@ def spyglass_scheduling_policy(name: str, config: "EngineConfig") -> "Scheduling
 
 
 @hookspec(firstresult=True)
-def spyglass_match_prefix(request: "Request", block_pool: "BlockPool", block_size: int) -> "PrefixMatch | None":
+def spyglass_match_prefix(
+    request: "Request", block_pool: "BlockPool", block_size: int
+) -> "PrefixMatch | None":
     """Return cached full blocks holding the request's leading tokens, or None for no reuse.
 
     Called when a request with nothing computed is about to be admitted. The engine takes
@@ -118,7 +120,11 @@ def spyglass_match_prefix(request: "Request", block_pool: "BlockPool", block_siz
 
 @hookspec
 def spyglass_blocks_full(
-    request: "Request", block_ids: "list[int]", num_new: int, block_pool: "BlockPool", block_size: int
+    request: "Request",
+    block_ids: "list[int]",
+    num_new: int,
+    block_pool: "BlockPool",
+    block_size: int,
 ) -> None:
     """The last ``num_new`` of ``block_ids`` (the request's full blocks, in token order) just filled.
 
@@ -144,7 +150,9 @@ def spyglass_propose_drafts(
 
 
 @hookspec
-def spyglass_drafts_verified(request: "Request", num_draft_tokens: int, num_accepted_tokens: int) -> None:
+def spyglass_drafts_verified(
+    request: "Request", num_draft_tokens: int, num_accepted_tokens: int
+) -> None:
     """The request's ``num_draft_tokens`` drafts were verified this step and ``num_accepted_tokens`` accepted.
 
     Accepted drafts are the leading ones; ``num_accepted_tokens`` per position can be derived
@@ -168,7 +176,9 @@ def spyglass_token_constraint(
 
 @hookspec(firstresult=True)
 def spyglass_tool_call_parser(name: str) -> "ToolCallParser | None":
-    """Return the parser of the tool-call format called ``name`` (``hermes``: ``<tool_call>{...}</tool_call>``), or None.
+    """Return the parser of the tool-call format called ``name``, or None if this plugin has none.
+
+    ``hermes`` is the built-in one (``<tool_call>{...}</tool_call>``).
 
     Asked by the HTTP API when a chat, Messages or Responses request offers tools and leaves the
     choice to the model (``tool_choice`` auto): the parser splits the generated text into content

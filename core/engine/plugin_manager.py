@@ -13,7 +13,9 @@ from spyglass.core.engine.plugin_context import PluginContext
 
 log = logging.getLogger("spyglass.plugins")
 
-_GUARDED = "_spyglass_guarded"  # marks an event hook implementation already wrapped by `SafeHookRelay`
+_GUARDED = (
+    "_spyglass_guarded"  # marks an event hook implementation already wrapped by `SafeHookRelay`
+)
 
 ENTRY_POINT_GROUP = "spyglass"
 
@@ -34,7 +36,8 @@ class SafeHookRelay:
         self.num_errors: dict[str, int] = {
             f"{impl.plugin_name}.{name}": 0
             for name, caller in vars(pm.hook).items()
-            if isinstance(caller, pluggy.HookCaller) and not (caller.spec and caller.spec.opts.get("firstresult"))
+            if isinstance(caller, pluggy.HookCaller)
+            and not (caller.spec and caller.spec.opts.get("firstresult"))
             for impl in caller.get_hookimpls()
         }
 
@@ -59,7 +62,9 @@ class SafeHookRelay:
             self.count_error("wrapper", name)
             log.exception("a hook wrapper of %s raised; the engine carries on", name)
 
-    def _guarded(self, hook: str, plugin: str, function: Callable[..., object]) -> Callable[..., object]:
+    def _guarded(
+        self, hook: str, plugin: str, function: Callable[..., object]
+    ) -> Callable[..., object]:
         def guarded(*args: object) -> object:
             try:
                 return function(*args)
@@ -93,7 +98,9 @@ def instantiate(plugin: object, context: PluginContext) -> object | None:
 
 
 def create_plugin_manager(
-    enabled: list[str] | None = None, disabled: list[str] | None = None, context: PluginContext | None = None
+    enabled: list[str] | None = None,
+    disabled: list[str] | None = None,
+    context: PluginContext | None = None,
 ) -> SpyglassPluginManager:
     """A plugin manager with every plugin of the ``spyglass`` entry-point group registered by name.
 
@@ -104,7 +111,9 @@ def create_plugin_manager(
     and state. Without ``context``, one is made for a default `EngineConfig` with these plugins.
     """
     if context is None:
-        context = PluginContext.for_config(EngineConfig(plugins=enabled, disabled_plugins=list(disabled or [])))
+        context = PluginContext.for_config(
+            EngineConfig(plugins=enabled, disabled_plugins=list(disabled or []))
+        )
     pm = SpyglassPluginManager(context)
     available = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     unknown = [n for n in (enabled or []) + (disabled or []) if n not in available]
@@ -116,7 +125,9 @@ def create_plugin_manager(
         try:
             loaded = entry_point.load()
         except Exception as error:  # an import error would otherwise name a module, not the plugin
-            raise RuntimeError(f"plugin {name!r} ({entry_point.value}) could not be loaded: {error}") from error
+            raise RuntimeError(
+                f"plugin {name!r} ({entry_point.value}) could not be loaded: {error}"
+            ) from error
         plugin = instantiate(loaded, context)
         if plugin is not None:
             pm.register(plugin, name=name)
@@ -130,4 +141,3 @@ def describe_plugins(pm: pluggy.PluginManager) -> list[tuple[str, list[str]]]:
         hooks = sorted(caller.name for caller in pm.get_hookcallers(plugin) or [])
         rows.append((name, hooks))
     return rows
-

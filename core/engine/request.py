@@ -81,14 +81,16 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
-        self.times = RequestTimes(arrival=time.monotonic() if arrival_time is None else arrival_time)
-        self.generator: "torch.Generator | None" = None
+        self.times = RequestTimes(
+            arrival=time.monotonic() if arrival_time is None else arrival_time
+        )
+        self.generator: torch.Generator | None = None
         # Set by the engine for a request with structured output: the grammar matcher of its output.
         self.constraint: TokenConstraint | None = None
         if sampling_params.seed is not None:
-            import torch
+            from torch import Generator
 
-            self.generator = torch.Generator().manual_seed(sampling_params.seed)
+            self.generator = Generator().manual_seed(sampling_params.seed)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -21,11 +21,16 @@ class StructuredOutput:
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_OUTPUT_KINDS:
-            raise ValueError(f"structured output kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}")
+            raise ValueError(
+                f"structured output kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}"
+            )
+
 
 # Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): dividing logits by 1e-40 gives inf and NaN.
 GREEDY_TEMPERATURE = 1e-5
-MAX_TOP_K = (1 << 31) - 1  # the sampler builds int64 tensors of these; anything above is "the whole vocabulary"
+MAX_TOP_K = (
+    1 << 31
+) - 1  # the sampler builds int64 tensors of these; anything above is "the whole vocabulary"
 
 
 class InvalidRequestError(ValueError):
@@ -78,15 +83,39 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise `InvalidRequestError` naming the first parameter that is out of range."""
         checks = [
-            (math.isfinite(self.temperature) and self.temperature >= 0, "temperature", "temperature must be >= 0"),
-            (0 <= self.top_k <= MAX_TOP_K, "top_k", f"top_k must be -1 (off) or in [0, {MAX_TOP_K}]"),
+            (
+                math.isfinite(self.temperature) and self.temperature >= 0,
+                "temperature",
+                "temperature must be >= 0",
+            ),
+            (
+                0 <= self.top_k <= MAX_TOP_K,
+                "top_k",
+                f"top_k must be -1 (off) or in [0, {MAX_TOP_K}]",
+            ),
             (0 < self.top_p <= 1, "top_p", "top_p must be in (0, 1]"),
             (0 <= self.min_p <= 1, "min_p", "min_p must be in [0, 1]"),
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "max_tokens must be at least 1"),
-            (-2 <= self.presence_penalty <= 2, "presence_penalty", "presence_penalty must be in [-2, 2]"),
-            (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
+            (
+                self.max_tokens is None or self.max_tokens >= 1,
+                "max_tokens",
+                "max_tokens must be at least 1",
+            ),
+            (
+                -2 <= self.presence_penalty <= 2,
+                "presence_penalty",
+                "presence_penalty must be in [-2, 2]",
+            ),
+            (
+                -2 <= self.frequency_penalty <= 2,
+                "frequency_penalty",
+                "frequency_penalty must be in [-2, 2]",
+            ),
             (self.repetition_penalty > 0, "repetition_penalty", "repetition_penalty must be > 0"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "logprobs must be in [0, 20]"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= 20,
+                "logprobs",
+                "logprobs must be in [0, 20]",
+            ),
             (self.n >= 1, "n", "n must be at least 1"),
             (all(self.stop or ()), "stop", "stop strings must not be empty"),
             (
@@ -107,4 +136,8 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         """True when any presence, frequency or repetition penalty applies."""
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )

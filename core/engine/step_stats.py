@@ -20,7 +20,9 @@ class EngineInfo:
     max_num_seqs: int
     max_num_batched_tokens: int
     attention_backend: str
-    engine_id: str = ""  # the engine's id (`EngineConfig.engine_id`), the ``engine`` label of its metrics
+    engine_id: str = (
+        ""  # the engine's id (`EngineConfig.engine_id`), the ``engine`` label of its metrics
+    )
     vocab_size: int = 0  # the width of the model's logits (token ids are below it)
     waiting_classes: tuple[str, ...] = ()  # the scheduling policy's classes known up front
     tensor_parallel_size: int = 1  # the ranks (processes) that run each forward

@@ -45,7 +45,9 @@ class TokenConstraint:
         raise NotImplementedError
 
     @classmethod
-    def fill_bitmasks(cls, constraints: "Sequence[TokenConstraint]", bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    def fill_bitmasks(
+        cls, constraints: Sequence[TokenConstraint], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
         """`fill_bitmask` for each constraint into its row; subclasses fill them all in one call."""
         for constraint, row in zip(constraints, rows, strict=True):
             constraint.fill_bitmask(bitmask, row)
@@ -64,7 +66,7 @@ def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return ((bitmask.unsqueeze(-1) >> bits) & 1).bool().view(bitmask.shape[0], -1)[:, :vocab_size]
 
 
-def fill_rows(constraints: "Sequence[TokenConstraint]", vocab_size: int) -> torch.Tensor:
+def fill_rows(constraints: Sequence[TokenConstraint], vocab_size: int) -> torch.Tensor:
     """A bitmask with row ``i`` filled by ``constraints[i]``, grouping constraints by backend for batch fills."""
     import torch
 

@@ -91,10 +91,14 @@ def parse_call(text: str) -> ParsedToolCall | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
-    return ParsedToolCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
+    return ParsedToolCall(
+        value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)
+    )
 
 
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(\S)')
+_HEAD = re.compile(
+    r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(\S)'
+)
 
 
 class CallObjectScanner:
@@ -139,7 +143,9 @@ class CallObjectScanner:
         if self.args_start is not None:
             stop = self.args_end if self.args_end is not None else self._scanned
             if stop > self._emitted:
-                pieces.append(ToolCallPiece("arguments", self.text[self._emitted : stop], self.index))
+                pieces.append(
+                    ToolCallPiece("arguments", self.text[self._emitted : stop], self.index)
+                )
                 self._emitted = stop
         return pieces
 
@@ -164,7 +170,11 @@ class CallObjectScanner:
                 self._depth += 1
             elif char in "}]":
                 self._depth -= 1
-                if self.args_start is not None and self.args_end is None and self._depth == self._args_depth:
+                if (
+                    self.args_start is not None
+                    and self.args_end is None
+                    and self._depth == self._args_depth
+                ):
                     self.args_end = i
                 if self._depth == 0:
                     self.end = i
@@ -178,7 +188,10 @@ class CallObjectScanner:
         call = parse_call(self.text if text is None else text)
         if call is None:
             return None
-        return [ToolCallPiece("call", call.name, self.index), ToolCallPiece("arguments", call.arguments, self.index)]
+        return [
+            ToolCallPiece("call", call.name, self.index),
+            ToolCallPiece("arguments", call.arguments, self.index),
+        ]
 
 
 class BufferedToolCallStream:
@@ -198,5 +211,8 @@ class BufferedToolCallStream:
         content, calls = self.parser.parse(self.text)
         pieces = [ToolCallPiece("content", content)] if content else []
         for index, call in enumerate(calls):
-            pieces += [ToolCallPiece("call", call.name, index), ToolCallPiece("arguments", call.arguments, index)]
+            pieces += [
+                ToolCallPiece("call", call.name, index),
+                ToolCallPiece("arguments", call.arguments, index),
+            ]
         return pieces

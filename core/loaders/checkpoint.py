@@ -1,7 +1,6 @@
 """A model loaded on the host: architecture, HF-named weights, tokenizer."""
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 

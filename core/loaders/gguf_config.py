@@ -17,8 +17,14 @@ _MISSING = object()
 # llama.cpp architecture -> ours. Mistral and Mixtral files use "llama": one with experts reads as
 # "mixtral", one with a sliding window as "mistral" (the same model class as "llama" either way).
 _ARCHITECTURES = {
-    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
-    "phi3": "phi3", "gemma2": "gemma2", "gemma3": "gemma3",
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen2moe": "qwen2_moe",
+    "qwen3moe": "qwen3_moe",
+    "phi3": "phi3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
 }
 # llama.cpp renormalises the chosen experts' weights for these (its llama graph does for Mixtral).
 _NORM_TOPK = {"llama", "qwen3moe"}
@@ -42,7 +48,9 @@ def gguf_architecture(reader: GGUFReader) -> str:
     """llama.cpp's name for the file's architecture; ValueError for one that does not load."""
     name = field(reader, "general.architecture")
     if name not in _ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {name!r} is not supported; supported: {', '.join(_ARCHITECTURES)}.")
+        raise ValueError(
+            f"GGUF architecture {name!r} is not supported; supported: {', '.join(_ARCHITECTURES)}."
+        )
     return name
 
 
@@ -54,13 +62,19 @@ def read_arch(reader: GGUFReader) -> ModelArchConfig:
     def get(key: str, default=_MISSING):
         return field(reader, f"{name}.{key}", default)
 
-    hidden, heads, num_layers = get("embedding_length"), get("attention.head_count"), get("block_count")
+    hidden, heads, num_layers = (
+        get("embedding_length"),
+        get("attention.head_count"),
+        get("block_count"),
+    )
     head_dim = get("attention.key_length", hidden // heads)
     eos = field(reader, "tokenizer.ggml.eos_token_id", None)
     # End-of-turn ends generation in llama.cpp too (e.g. Llama 3's <|eot_id|> when eos is <|end_of_text|>).
     eot = field(reader, "tokenizer.ggml.eot_token_id", None)
     num_experts = get("expert_count", 0)
-    moe_layers = tuple(i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" in tensor_names)
+    moe_layers = tuple(
+        i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" in tensor_names
+    )
     sliding_window = get("attention.sliding_window", 0) or None
     architecture = _ARCHITECTURES[name]
     if name == "llama":
@@ -85,9 +99,13 @@ def read_arch(reader: GGUFReader) -> ModelArchConfig:
         eos_token_ids=tuple(dict.fromkeys(i for i in (eos, eot) if i is not None)),
         hidden_act="gelu_pytorch_tanh" if gemma else "silu",
         sliding_window=sliding_window,
-        layer_types=_gemma_layer_types(reader, name, num_layers) if gemma and sliding_window else (),
+        layer_types=_gemma_layer_types(reader, name, num_layers)
+        if gemma and sliding_window
+        else (),
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
-        query_pre_attn_scalar=_query_pre_attn_scalar(reader, name, hidden // heads, head_dim) if gemma else None,
+        query_pre_attn_scalar=_query_pre_attn_scalar(reader, name, hidden // heads, head_dim)
+        if gemma
+        else None,
         attn_logit_softcapping=get("attn_logit_softcapping", None),
         final_logit_softcapping=get("final_logit_softcapping", None),
         # llama.cpp's Gemma 3 rotates sliding layers with base 10000 unless the file says otherwise.
@@ -95,9 +113,12 @@ def read_arch(reader: GGUFReader) -> ModelArchConfig:
         num_experts=num_experts,
         num_experts_per_tok=get("expert_used_count", 0),
         # Mixtral's experts are feed_forward_length wide; the Qwen MoE files name their width separately.
-        moe_intermediate_size=get("expert_feed_forward_length", 0) or (num_experts and get("feed_forward_length", 0)),
+        moe_intermediate_size=get("expert_feed_forward_length", 0)
+        or (num_experts and get("feed_forward_length", 0)),
         shared_expert_intermediate_size=get("expert_shared_feed_forward_length", 0),
-        norm_topk_prob=bool(get("expert_weights_norm", name in _NORM_TOPK)) if num_experts else False,
+        norm_topk_prob=bool(get("expert_weights_norm", name in _NORM_TOPK))
+        if num_experts
+        else False,
         moe_layers=moe_layers,
     )
 
@@ -110,7 +131,9 @@ def _gemma_layer_types(reader: GGUFReader, name: str, num_layers: int) -> tuple[
     return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(num_layers))
 
 
-def _query_pre_attn_scalar(reader: GGUFReader, name: str, hidden_per_head: int, head_dim: int) -> float:
+def _query_pre_attn_scalar(
+    reader: GGUFReader, name: str, hidden_per_head: int, head_dim: int
+) -> float:
     scale = field(reader, f"{name}.attention.scale", None)
     if scale is not None:
         return 1.0 / scale**2
@@ -127,7 +150,9 @@ def _rope_scaling(reader: GGUFReader, name: str, tensor_names: set[str]) -> dict
         return {
             "rope_type": "yarn",
             "factor": field(reader, f"{name}.rope.scaling.factor"),
-            "original_max_position_embeddings": field(reader, f"{name}.rope.scaling.original_context_length"),
+            "original_max_position_embeddings": field(
+                reader, f"{name}.rope.scaling.original_context_length"
+            ),
         }
     if scaling == "linear":
         return {"rope_type": "linear", "factor": field(reader, f"{name}.rope.scaling.factor")}
@@ -142,7 +167,11 @@ def _rope_scaling(reader: GGUFReader, name: str, tensor_names: set[str]) -> dict
 
 def _longrope(reader: GGUFReader, name: str) -> dict:
     """Phi-3's LongRoPE: the factors are tensors, the pretraining length and attention factor metadata."""
-    factors = {t.name: [float(f) for f in t.data] for t in reader.tensors if t.name.startswith("rope_factors")}
+    factors = {
+        t.name: [float(f) for f in t.data]
+        for t in reader.tensors
+        if t.name.startswith("rope_factors")
+    }
     original = field(reader, f"{name}.rope.scaling.original_context_length")
     scaling = {
         "rope_type": "longrope",

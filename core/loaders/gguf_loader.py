@@ -67,6 +67,7 @@ _GLOBAL_NAMES = {
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
+
 def load_gguf(path: str | Path, dtype: torch.dtype, keep_quantized: bool = False) -> Checkpoint:
     """Load a GGUF file of an architecture `gguf_config` reads, dequantizing every tensor to ``dtype``.
 
@@ -86,7 +87,9 @@ def load_gguf(path: str | Path, dtype: torch.dtype, keep_quantized: bool = False
 
 def _expert_name(architecture: str, layer: str, proj: str, expert: str) -> str:
     pattern = _EXPERT_NAMES.get(architecture, _EXPERT_NAMES[None])
-    return f"model.layers.{layer}." + pattern.format(expert, _MIXTRAL_W[proj] if architecture == "mixtral" else proj)
+    return f"model.layers.{layer}." + pattern.format(
+        expert, _MIXTRAL_W[proj] if architecture == "mixtral" else proj
+    )
 
 
 def _hf_name(gguf_name: str, architecture: str) -> str | None:
@@ -109,11 +112,19 @@ def _unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     # convert_hf_to_gguf reorders each head's q/k rows from HF's rotate-half layout (all first halves,
     # then all second halves) to llama.cpp's interleaved pairs: row (h, half, i) -> (h, i, half).
     # This is the inverse; it applies to biases too (1-D), which the converter permutes the same way.
-    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _read_weights(
-    reader: GGUFReader, gguf_arch: str, arch: ModelArchConfig, dtype: torch.dtype, keep_quantized: bool
+    reader: GGUFReader,
+    gguf_arch: str,
+    arch: ModelArchConfig,
+    dtype: torch.dtype,
+    keep_quantized: bool,
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     weights = {}
     # A progress bar on a terminal only (the conversion runs once per model; later starts use the cache).
@@ -122,7 +133,9 @@ def _read_weights(
             continue
         name = _hf_name(tensor.name, arch.architecture)
         if name is None:
-            raise ValueError(f"Unexpected tensor {tensor.name!r} in GGUF file; it is not a {arch.architecture} tensor.")
+            raise ValueError(
+                f"Unexpected tensor {tensor.name!r} in GGUF file; it is not a {arch.architecture} tensor."
+            )
         # Blocks run along a row, so whole rows of blocks permute like rows of values.
         keep = keep_quantized and tensor.tensor_type in SUPPORTED_TYPES and tensor.data.ndim == 2
         values = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
@@ -144,5 +157,3 @@ def _read_weights(
         else:
             weights[name] = torch.from_numpy(np.array(values)).to(dtype)
     return weights
-
-

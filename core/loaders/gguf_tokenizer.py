@@ -46,7 +46,9 @@ def read_tokenizer(reader: GGUFReader, eos_token_ids: tuple[int, ...]) -> Tokeni
         backend = _byte_level_bpe(tokens, merges, _field(reader, "tokenizer.ggml.pre", None))
     elif model == "llama":
         backend = _sentencepiece_bpe(
-            tokens, _field(reader, "tokenizer.ggml.scores"), token_types,
+            tokens,
+            _field(reader, "tokenizer.ggml.scores"),
+            token_types,
             _field(reader, "tokenizer.ggml.unknown_token_id", None),
             _field(reader, "tokenizer.ggml.add_space_prefix", True),
         )
@@ -58,18 +60,27 @@ def read_tokenizer(reader: GGUFReader, eos_token_ids: tuple[int, ...]) -> Tokeni
 
     bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
     named_specials = {
-        _field(reader, f"tokenizer.ggml.{key}_token_id", None) for key in ("bos", "eos", "unknown", "padding")
+        _field(reader, f"tokenizer.ggml.{key}_token_id", None)
+        for key in ("bos", "eos", "unknown", "padding")
     }
     vocab = backend.get_vocab()
     # Only tokens whose text maps back to their own id: llama.cpp sometimes marks as control a token whose
     # text is not byte-level spelled (gpt2 vocabularies), and adding that text would create a new id past the vocab.
-    special = [i for i, kind in enumerate(token_types) if kind == TokenType.CONTROL or i in named_specials]
+    special = [
+        i for i, kind in enumerate(token_types) if kind == TokenType.CONTROL or i in named_specials
+    ]
     backend.add_special_tokens(
-        [AddedToken(tokens[i], normalized=False, special=True) for i in special if vocab.get(tokens[i]) == i]
+        [
+            AddedToken(tokens[i], normalized=False, special=True)
+            for i in special
+            if vocab.get(tokens[i]) == i
+        ]
     )
     user_defined = [i for i, kind in enumerate(token_types) if kind == TokenType.USER_DEFINED]
     # Not special (kept when decoding) but always matched whole, as llama.cpp does.
-    backend.add_tokens([AddedToken(tokens[i], normalized=False) for i in user_defined if vocab.get(tokens[i]) == i])
+    backend.add_tokens(
+        [AddedToken(tokens[i], normalized=False) for i in user_defined if vocab.get(tokens[i]) == i]
+    )
 
     return Tokenizer(
         backend,
@@ -84,7 +95,11 @@ def read_tokenizer(reader: GGUFReader, eos_token_ids: tuple[int, ...]) -> Tokeni
 def _byte_spelling() -> dict[int, str]:
     # GPT-2's reversible byte -> printable character table: printable Latin-1 bytes stand for
     # themselves, the rest are shifted to code points from 256 up.
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {b: chr(b) for b in printable}
     extra = (b for b in range(256) if b not in table)
     table.update({b: chr(256 + n) for n, b in enumerate(extra)})
@@ -99,7 +114,9 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None) -> Ba
         token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8")): i
         for i, token in enumerate(tokens)
     }
-    backend = BackendTokenizer(models.BPE(vocab, [tuple(m.split(" ")) for m in merges], fuse_unk=False))
+    backend = BackendTokenizer(
+        models.BPE(vocab, [tuple(m.split(" ")) for m in merges], fuse_unk=False)
+    )
     backend.pre_tokenizer = _pre_tokenizer(pre)
     backend.decoder = decoders.ByteLevel()
     return backend
@@ -116,10 +133,16 @@ def _pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
     if pre == "smollm":
         # SmolLM's own tokenizer.json: single digits, then GPT-2's split.
         return pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False),
+            ]
         )
     if pre not in _GPT2_PRE_TOKENIZERS:
-        log.warning("Unknown GGUF pre-tokenizer %r; splitting text like GPT-2, which may not match the model.", pre)
+        log.warning(
+            "Unknown GGUF pre-tokenizer %r; splitting text like GPT-2, which may not match the model.",
+            pre,
+        )
     return pre_tokenizers.ByteLevel(add_prefix_space=False)
 
 
@@ -127,7 +150,11 @@ _SPACE = "\u2581"  # SentencePiece's visible space
 
 
 def _sentencepiece_bpe(
-    tokens: list[str], scores: list[float], token_types: list[int], unk_id: int | None, add_space_prefix: bool
+    tokens: list[str],
+    scores: list[float],
+    token_types: list[int],
+    unk_id: int | None,
+    add_space_prefix: bool,
 ) -> BackendTokenizer:
     """SentencePiece BPE as llama.cpp runs it: spaces become ``▁`` (one prepended when the vocabulary says
     so), then the adjacent pair whose merged piece scores highest merges first, and characters no piece
@@ -138,8 +165,13 @@ def _sentencepiece_bpe(
     for i, token in enumerate(tokens):
         vocab.setdefault(token, i)
     unk = tokens[unk_id] if unk_id is not None else None
-    model = models.BPE(vocab, _merges_by_score(tokens, scores, token_types, vocab), unk_token=unk,
-                       fuse_unk=True, byte_fallback=True)
+    model = models.BPE(
+        vocab,
+        _merges_by_score(tokens, scores, token_types, vocab),
+        unk_token=unk,
+        fuse_unk=True,
+        byte_fallback=True,
+    )
     backend = BackendTokenizer(model)
     prefix = [normalizers.Prepend(_SPACE)] if add_space_prefix else []
     backend.normalizer = normalizers.Sequence([*prefix, normalizers.Replace(" ", _SPACE)])

@@ -4,8 +4,8 @@ Accepts both the transformers 4 spellings (``rope_theta``/``rope_scaling``, ``ro
 and the transformers 5 ones (``rope_parameters``, per layer type for Gemma 3).
 """
 
-from spyglass.core.models.model_config import FULL, SLIDING, ModelArchConfig
 from spyglass.core.models.layers import gated_activation
+from spyglass.core.models.model_config import FULL, SLIDING, ModelArchConfig
 from spyglass.core.models.registry import ModelFamily, family_for_hf_class
 from spyglass.core.models.rope import SCALING_TYPES
 
@@ -28,10 +28,19 @@ def read_arch(config: dict, eos_token_ids: tuple[int, ...]) -> ModelArchConfig:
     if config.get("mlp_bias"):
         raise ValueError(f"Unsupported {family.hf_class} variant: MLP biases.")
     rope_theta, rope_scaling, local_rope_theta = _read_rope(config, get)
-    hidden, heads, num_layers = config["hidden_size"], config["num_attention_heads"], config["num_hidden_layers"]
-    sliding_window = None if config.get("use_sliding_window") is False else (get("sliding_window") or None)
+    hidden, heads, num_layers = (
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_hidden_layers"],
+    )
+    sliding_window = (
+        None if config.get("use_sliding_window") is False else (get("sliding_window") or None)
+    )
     num_experts = config.get("num_local_experts") or config.get("num_experts") or 0
-    sparse_step, dense_layers = config.get("decoder_sparse_step") or 1, set(config.get("mlp_only_layers") or ())
+    sparse_step, dense_layers = (
+        config.get("decoder_sparse_step") or 1,
+        set(config.get("mlp_only_layers") or ()),
+    )
     return ModelArchConfig(
         architecture=family.architecture,
         vocab_size=config["vocab_size"],
@@ -46,7 +55,9 @@ def read_arch(config: dict, eos_token_ids: tuple[int, ...]) -> ModelArchConfig:
         max_position_embeddings=get("max_position_embeddings"),
         tie_word_embeddings=get("tie_word_embeddings", False),
         # Qwen2-MoE spells it qkv_bias.
-        attention_bias=bool(config.get("attention_bias", config.get("qkv_bias", defaults.get("attention_bias")))),
+        attention_bias=bool(
+            config.get("attention_bias", config.get("qkv_bias", defaults.get("attention_bias")))
+        ),
         rope_scaling=rope_scaling,
         bos_token_id=config.get("bos_token_id"),
         eos_token_ids=eos_token_ids,
@@ -61,11 +72,14 @@ def read_arch(config: dict, eos_token_ids: tuple[int, ...]) -> ModelArchConfig:
         num_experts=num_experts,
         num_experts_per_tok=config.get("num_experts_per_tok") or 0,
         # Mixtral's experts are intermediate_size wide; the Qwen MoE families name their width separately.
-        moe_intermediate_size=config.get("moe_intermediate_size") or (num_experts and config["intermediate_size"]),
+        moe_intermediate_size=config.get("moe_intermediate_size")
+        or (num_experts and config["intermediate_size"]),
         shared_expert_intermediate_size=config.get("shared_expert_intermediate_size") or 0,
         norm_topk_prob=bool(get("norm_topk_prob", False)),
         moe_layers=tuple(
-            i for i in range(num_layers) if num_experts and i not in dense_layers and (i + 1) % sparse_step == 0
+            i
+            for i in range(num_layers)
+            if num_experts and i not in dense_layers and (i + 1) % sparse_step == 0
         ),
     )
 
@@ -80,13 +94,17 @@ def _read_rope(config: dict, get) -> tuple[float, dict | None, float | None]:
     theta = rope.pop("rope_theta", get("rope_theta", 10000.0))
     partial = rope.pop("partial_rotary_factor", None) or config.get("partial_rotary_factor")
     if partial not in (None, 1.0):
-        raise ValueError("Unsupported rope variant: partial rotary embeddings (partial_rotary_factor < 1).")
+        raise ValueError(
+            "Unsupported rope variant: partial rotary embeddings (partial_rotary_factor < 1)."
+        )
     # Older configs call the key "type"; "default" means no scaling at all.
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
     if rope_type == "default":
         return theta, None, local_theta
     if rope_type not in SCALING_TYPES:
-        raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: {', '.join(SCALING_TYPES)}")
+        raise ValueError(
+            f"unsupported rope scaling {rope_type!r}; supported: {', '.join(SCALING_TYPES)}"
+        )
     if rope_type in ("longrope", "yarn") and config.get("original_max_position_embeddings"):
         # Phi-3 keeps the pretraining length beside the rope parameters; transformers moves it inside.
         rope["original_max_position_embeddings"] = config["original_max_position_embeddings"]

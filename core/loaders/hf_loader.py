@@ -43,17 +43,24 @@ def _shard_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         # The index names exactly the shards in use; other .safetensors files may sit alongside.
-        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        return [
+            path / name
+            for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        ]
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
-        raise ValueError(f"{path} has no *.safetensors weights (PyTorch .bin checkpoints are not supported).")
+        raise ValueError(
+            f"{path} has no *.safetensors weights (PyTorch .bin checkpoints are not supported)."
+        )
     return shards
 
 
 def _read_weights(path: Path, arch: ModelArchConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     weights = {}
     # A progress bar on a terminal only (the conversion runs once per model; later starts use the cache).
-    for shard in tqdm(_shard_files(path), desc=f"converting {path.name}", unit="shard", disable=None):
+    for shard in tqdm(
+        _shard_files(path), desc=f"converting {path.name}", unit="shard", disable=None
+    ):
         weights.update((name, tensor.to(dtype)) for name, tensor in load_file(shard).items())
     if arch.tie_word_embeddings:
         # Tied models may still store a copy of the embedding as lm_head; the model reuses the embedding.

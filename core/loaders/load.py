@@ -12,7 +12,9 @@ from spyglass.core.loaders.gguf_loader import load_gguf
 from spyglass.core.loaders.hf_loader import load_hf_dir
 
 
-def load_checkpoint(model: str | None, dtype: torch.dtype, keep_quantized: bool = False) -> Checkpoint:
+def load_checkpoint(
+    model: str | None, dtype: torch.dtype, keep_quantized: bool = False
+) -> Checkpoint:
     """Load ``model``: None for the default model, a ``.gguf`` file, or a Hugging Face model directory.
 
     Weights are converted to ``dtype``; with ``keep_quantized`` a GGUF file's quantized matrices
@@ -22,23 +24,36 @@ def load_checkpoint(model: str | None, dtype: torch.dtype, keep_quantized: bool 
     """
     if model is None:
         source = ensure_default_model()
-        convert = lambda: load_gguf(source, dtype, keep_quantized)  # noqa: E731
+        convert = lambda: load_gguf(source, dtype, keep_quantized)
     else:
         source = Path(model).expanduser()
         if source.suffix == ".gguf":
             if not source.is_file():
                 raise ValueError(f"GGUF file not found: {model}")
-            convert = lambda: load_gguf(source, dtype, keep_quantized)  # noqa: E731
+            convert = lambda: load_gguf(source, dtype, keep_quantized)
         elif source.is_dir():
-            convert = lambda: load_hf_dir(source, dtype)  # noqa: E731
+            convert = lambda: load_hf_dir(source, dtype)
         else:
             raise ValueError(
                 f"Cannot load model {model!r}: expected a .gguf file or a local Hugging Face model directory "
                 "(with config.json and *.safetensors). Hub model ids are not downloaded; fetch the files first."
             )
-    checkpoint = convert() if not weight_cache.enabled() else weight_cache.cached_checkpoint(
-        cache_dir(), source, f"{dtype}|keep_quantized={keep_quantized and source.suffix == '.gguf'}", convert
+    checkpoint = (
+        convert()
+        if not weight_cache.enabled()
+        else weight_cache.cached_checkpoint(
+            cache_dir(),
+            source,
+            f"{dtype}|keep_quantized={keep_quantized and source.suffix == '.gguf'}",
+            convert,
+        )
     )
     # Named here, not by the cache: the same file is the default model or a path the user gave.
-    name = DEFAULT_MODEL_NAME if model is None else source.stem if source.suffix == ".gguf" else source.name
+    name = (
+        DEFAULT_MODEL_NAME
+        if model is None
+        else source.stem
+        if source.suffix == ".gguf"
+        else source.name
+    )
     return dataclasses.replace(checkpoint, name=name)

@@ -49,16 +49,22 @@ def source_digest(source: Path) -> str:
     return digest.hexdigest()
 
 
-def cached_checkpoint(cache_root: Path, source: Path, options: str, convert: Callable[[], Checkpoint]) -> Checkpoint:
+def cached_checkpoint(
+    cache_root: Path, source: Path, options: str, convert: Callable[[], Checkpoint]
+) -> Checkpoint:
     """The checkpoint converted from ``source`` with ``options`` (dtype, quantization): from the cache when it
     is there, else from ``convert()``, whose result is then stored for the next start."""
-    key = hashlib.sha256(f"{_FORMAT_VERSION}|{source_digest(source)}|{options}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(
+        f"{_FORMAT_VERSION}|{source_digest(source)}|{options}".encode()
+    ).hexdigest()[:24]
     entry = cache_root / "converted" / key
     if (entry / _META).is_file():
         try:
             return _read(entry)
         except (OSError, ValueError, RuntimeError, KeyError) as error:
-            log.warning("the converted weights in %s are unreadable (%s); converting again", entry, error)
+            log.warning(
+                "the converted weights in %s are unreadable (%s); converting again", entry, error
+            )
             shutil.rmtree(entry, ignore_errors=True)
     checkpoint = convert()
     try:
@@ -74,8 +80,14 @@ def _write(checkpoint: Checkpoint, entry: Path) -> None:
     scratch = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".partial-"))
     try:
         # GGUF blocks are saved as their raw bytes, their block types beside them in the metadata.
-        quantized = {name: int(w.qtype) for name, w in checkpoint.weights.items() if isinstance(w, QuantizedWeight)}
-        tensors = {name: w.data if name in quantized else w for name, w in checkpoint.weights.items()}
+        quantized = {
+            name: int(w.qtype)
+            for name, w in checkpoint.weights.items()
+            if isinstance(w, QuantizedWeight)
+        }
+        tensors = {
+            name: w.data if name in quantized else w for name, w in checkpoint.weights.items()
+        }
         torch.save(tensors, scratch / _WEIGHTS)
         tokenizer = checkpoint.tokenizer
         meta = {

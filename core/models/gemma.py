@@ -4,21 +4,33 @@ and for Gemma 3 per-head q/k norms and a separate rope base for the sliding laye
 
 import torch
 
-from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.layers import GatedMLP, SelfAttention
 from spyglass.core.models.linear import make_linear
-from spyglass.core.models.rope import RotaryEmbedding
+from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import lookup_rows
+from spyglass.core.models.rope import RotaryEmbedding
 from spyglass.kernels.backend import AttentionBackend
 
-_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+_NORMS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+)
 
 
 class GemmaLayer:
     """One layer's weights; every norm weight already has Gemma's + 1 folded in."""
 
-    __slots__ = ("input_norm", "attention", "post_attention_norm", "pre_mlp_norm", "post_mlp_norm", "mlp")
+    __slots__ = (
+        "attention",
+        "input_norm",
+        "mlp",
+        "post_attention_norm",
+        "post_mlp_norm",
+        "pre_mlp_norm",
+    )
 
     def __init__(self, weights, arch: ModelArchConfig, layer: int, rope: RotaryEmbedding):
         prefix = f"model.layers.{layer}"
@@ -41,13 +53,21 @@ def weight_names(arch: ModelArchConfig) -> set[str]:
         *(f"self_attn.{p}_norm.weight" for p in "qk" if arch.qk_norm),
         *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
     ]
-    return names | {f"model.layers.{i}.{n}" for i in range(arch.num_hidden_layers) for n in per_layer}
+    return names | {
+        f"model.layers.{i}.{n}" for i in range(arch.num_hidden_layers) for n in per_layer
+    }
 
 
 class GemmaForCausalLM:
     """Gemma 2 / Gemma 3 (text) over the flattened, paged batch; same interface as `LlamaForCausalLM`."""
 
-    def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], backend: AttentionBackend, device):
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        weights: dict[str, torch.Tensor],
+        backend: AttentionBackend,
+        device,
+    ):
         self.arch = arch
         self.backend = backend
         w = {name: t.to(device) for name, t in weights.items()}
@@ -56,12 +76,17 @@ class GemmaForCausalLM:
         # transformers rounds the scale to the weights' dtype before multiplying.
         self.embed_scale = torch.tensor(arch.hidden_size**0.5, dtype=self.dtype).item()
         dtype, positions = self.dtype, arch.max_position_embeddings
-        global_rope = RotaryEmbedding(arch.head_dim, positions, arch.rope_theta, arch.rope_scaling, dtype, device)
+        global_rope = RotaryEmbedding(
+            arch.head_dim, positions, arch.rope_theta, arch.rope_scaling, dtype, device
+        )
         local_rope = global_rope
         if arch.local_rope_theta is not None:
-            local_rope = RotaryEmbedding(arch.head_dim, positions, arch.local_rope_theta, None, dtype, device)
+            local_rope = RotaryEmbedding(
+                arch.head_dim, positions, arch.local_rope_theta, None, dtype, device
+            )
         self.layers = [
-            GemmaLayer(w, arch, i, local_rope if arch.window(i) else global_rope) for i in range(arch.num_hidden_layers)
+            GemmaLayer(w, arch, i, local_rope if arch.window(i) else global_rope)
+            for i in range(arch.num_hidden_layers)
         ]
         self.lm_head = make_linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
 
@@ -70,7 +95,9 @@ class GemmaForCausalLM:
         """The activations' dtype (the float weights', which the norms always are)."""
         return self.final_norm.dtype
 
-    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices) -> torch.Tensor:
+    def forward(
+        self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices
+    ) -> torch.Tensor:
         """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened batch."""
         eps, ops = self.arch.rms_norm_eps, self.backend
         hidden, residual = lookup_rows(self.embed, input_ids, self.dtype) * self.embed_scale, None
@@ -80,7 +107,9 @@ class GemmaForCausalLM:
             hidden, _ = ops.add_rms_norm(hidden, None, layer.post_attention_norm, eps)
             x, residual = ops.add_rms_norm(hidden, residual, layer.pre_mlp_norm, eps)
             hidden, _ = ops.add_rms_norm(layer.mlp(x, ops), None, layer.post_mlp_norm, eps)
-        normed, _ = ops.add_rms_norm(hidden[logits_indices], residual[logits_indices], self.final_norm, eps)
+        normed, _ = ops.add_rms_norm(
+            hidden[logits_indices], residual[logits_indices], self.final_norm, eps
+        )
         logits = self.lm_head(normed).float()
         cap = self.arch.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -3,11 +3,11 @@ mixture of experts. Every projection is made by `make_linear`, so other weight f
 
 import torch
 
-from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.linear import make_linear
-from spyglass.core.models.rope import RotaryEmbedding
+from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight, cat_rows
+from spyglass.core.models.rope import RotaryEmbedding
 from spyglass.kernels.backend import AttentionBackend
 from spyglass.kernels.torch_moe import sort_by_expert
 
@@ -20,7 +20,9 @@ _EXPERT_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 def gated_activation(hidden_act: str) -> str:
     """The backend op name for ``hidden_act``; ValueError for an activation no backend has."""
     if hidden_act not in _GATED_ACTIVATIONS:
-        raise ValueError(f"unsupported MLP activation {hidden_act!r}; supported: {', '.join(_GATED_ACTIVATIONS)}")
+        raise ValueError(
+            f"unsupported MLP activation {hidden_act!r}; supported: {', '.join(_GATED_ACTIVATIONS)}"
+        )
     return _GATED_ACTIVATIONS[hidden_act]
 
 
@@ -33,15 +35,24 @@ class SelfAttention:
     """One layer's attention: fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3, Gemma 3),
     rotary embedding, KV store, paged attention with the layer's window and soft-cap, output projection."""
 
-    __slots__ = ("qkv", "o_proj", "q_norm", "k_norm", "rope", "window", "softcap", "scale", "arch")
+    __slots__ = ("arch", "k_norm", "o_proj", "q_norm", "qkv", "rope", "scale", "softcap", "window")
 
-    def __init__(self, weights, prefix: str, arch: ModelArchConfig, layer: int, rope: RotaryEmbedding,
-                 norm_offset: float = 0.0):
+    def __init__(
+        self,
+        weights,
+        prefix: str,
+        arch: ModelArchConfig,
+        layer: int,
+        rope: RotaryEmbedding,
+        norm_offset: float = 0.0,
+    ):
         attn = f"{prefix}.self_attn"
         names = [f"{attn}.{p}_proj.weight" for p in "qkv"]
         bias = None
         if arch.attention_bias:
-            bias = _fused(weights, f"{attn}.qkv_proj.bias", [n.replace(".weight", ".bias") for n in names])
+            bias = _fused(
+                weights, f"{attn}.qkv_proj.bias", [n.replace(".weight", ".bias") for n in names]
+            )
         self.qkv = make_linear(_fused(weights, f"{attn}.qkv_proj.weight", names), bias)
         self.o_proj = make_linear(weights[f"{attn}.o_proj.weight"])
         # Gemma's norms scale by (1 + weight): the offset folds that into the weight once.
@@ -53,7 +64,9 @@ class SelfAttention:
         self.scale = (arch.query_pre_attn_scalar or arch.head_dim) ** -0.5
         self.arch = arch
 
-    def __call__(self, x, positions, meta: AttentionMetadata, k_cache, v_cache, ops: AttentionBackend):
+    def __call__(
+        self, x, positions, meta: AttentionMetadata, k_cache, v_cache, ops: AttentionBackend
+    ):
         """The attention output ``[num_tokens, hidden]`` of the normed input ``x``; stores this step's K and V."""
         arch = self.arch
         num_tokens, num_heads, head_dim = x.shape[0], arch.num_attention_heads, arch.head_dim
@@ -67,9 +80,17 @@ class SelfAttention:
         v = qkv[:, q_size + kv_size :].view(num_tokens, -1, head_dim)
         ops.store_kv(qk[:, num_heads:], v, k_cache, v_cache, meta.slot_mapping)
         out = ops.paged_attention(
-            qk[:, :num_heads], k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc,
-            meta.max_query_len, meta.max_context_len, self.scale,
-            sliding_window=self.window, softcap=self.softcap,
+            qk[:, :num_heads],
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.context_lens,
+            meta.query_start_loc,
+            meta.max_query_len,
+            meta.max_context_len,
+            self.scale,
+            sliding_window=self.window,
+            softcap=self.softcap,
         )
         return self.o_proj(out.reshape(num_tokens, q_size))
 
@@ -84,10 +105,15 @@ class SelfAttention:
 class GatedMLP:
     """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul."""
 
-    __slots__ = ("gate_up", "down", "activation")
+    __slots__ = ("activation", "down", "gate_up")
 
-    def __init__(self, weights, prefix: str, hidden_act: str,
-                 names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")):
+    def __init__(
+        self,
+        weights,
+        prefix: str,
+        hidden_act: str,
+        names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+    ):
         gate, up, down = (f"{prefix}.{name}.weight" for name in names)
         self.gate_up = make_linear(_fused(weights, f"{prefix}.gate_up_proj.weight", [gate, up]))
         self.down = make_linear(weights[down])
@@ -108,26 +134,51 @@ class SparseMoE:
     `GatedMLP`s, run one matmul chain per active expert (`looped`).
     """
 
-    __slots__ = ("router", "w13", "w2", "experts", "activation", "shared", "shared_gate", "top_k", "renormalize")
+    __slots__ = (
+        "activation",
+        "experts",
+        "renormalize",
+        "router",
+        "shared",
+        "shared_gate",
+        "top_k",
+        "w2",
+        "w13",
+    )
 
     def __init__(self, weights, prefix: str, arch: ModelArchConfig, names: tuple[str, str, str]):
         self.router = make_linear(weights[f"{prefix}.gate.weight"])
         experts = [f"{prefix}.experts.{e}" for e in range(arch.num_experts)]
         gate, up, down = names
-        if any(isinstance(w, QuantizedWeight) for name, w in weights.items() if name.startswith(f"{prefix}.experts.")):
+        if any(
+            isinstance(w, QuantizedWeight)
+            for name, w in weights.items()
+            if name.startswith(f"{prefix}.experts.")
+        ):
             self.experts = [GatedMLP(weights, e, arch.hidden_act, names) for e in experts]
             self.w13 = self.w2 = None
         else:
             self.experts = None
-            self.w13 = torch.stack([
-                _fused(weights, f"{e}.gate_up_proj.weight", [f"{e}.{gate}.weight", f"{e}.{up}.weight"]) for e in experts
-            ])
+            self.w13 = torch.stack(
+                [
+                    _fused(
+                        weights,
+                        f"{e}.gate_up_proj.weight",
+                        [f"{e}.{gate}.weight", f"{e}.{up}.weight"],
+                    )
+                    for e in experts
+                ]
+            )
             self.w2 = torch.stack([weights[f"{e}.{down}.weight"] for e in experts])
         gated_activation(arch.hidden_act)
         self.activation = _EXPERT_ACTIVATIONS[arch.hidden_act]
         has_shared = arch.shared_expert_intermediate_size > 0
-        self.shared = GatedMLP(weights, f"{prefix}.shared_expert", arch.hidden_act) if has_shared else None
-        self.shared_gate = make_linear(weights[f"{prefix}.shared_expert_gate.weight"]) if has_shared else None
+        self.shared = (
+            GatedMLP(weights, f"{prefix}.shared_expert", arch.hidden_act) if has_shared else None
+        )
+        self.shared_gate = (
+            make_linear(weights[f"{prefix}.shared_expert_gate.weight"]) if has_shared else None
+        )
         self.top_k = arch.num_experts_per_tok
         self.renormalize = arch.norm_topk_prob
 

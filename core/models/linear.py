@@ -26,12 +26,16 @@ class Linear:
     other CPUs, devices and dtypes use F.linear unchanged.
     """
 
-    __slots__ = ("weight", "bias", "packed")
+    __slots__ = ("bias", "packed", "weight")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_hint: int = 64):
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_hint: int = 64
+    ):
         self.bias = bias
         self.packed = _can_pack(weight)
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint) if self.packed else weight
+        self.weight = (
+            torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint) if self.packed else weight
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
@@ -42,7 +46,7 @@ class Linear:
 class QuantizedLinear:
     """``y = x @ weight.T + bias`` with the weight kept in GGUF blocks (`QuantizedWeight`), on the CPU."""
 
-    __slots__ = ("weight", "bias")
+    __slots__ = ("bias", "weight")
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None):
         self.weight = weight
@@ -53,6 +57,12 @@ class QuantizedLinear:
         return y if self.bias is None else y + self.bias
 
 
-def make_linear(weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> Linear | QuantizedLinear:
+def make_linear(
+    weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None
+) -> Linear | QuantizedLinear:
     """The linear layer for ``weight``: `QuantizedLinear` for blocks, `Linear` for a float tensor."""
-    return QuantizedLinear(weight, bias) if isinstance(weight, QuantizedWeight) else Linear(weight, bias)
+    return (
+        QuantizedLinear(weight, bias)
+        if isinstance(weight, QuantizedWeight)
+        else Linear(weight, bias)
+    )

@@ -7,12 +7,12 @@ the checkpoint, LongRoPE), and the mixture-of-experts Mixtral, Qwen2-MoE and Qwe
 
 import torch
 
-from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.layers import GatedMLP, SelfAttention, SparseMoE
 from spyglass.core.models.linear import make_linear
-from spyglass.core.models.rope import RotaryEmbedding
+from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import lookup_rows
+from spyglass.core.models.rope import RotaryEmbedding
 from spyglass.kernels.backend import AttentionBackend
 
 # Where a family keeps its experts, and their gate, up and down projections' names.
@@ -23,7 +23,7 @@ _QWEN_EXPERTS = ("mlp", ("gate_proj", "up_proj", "down_proj"))
 class LlamaLayer:
     """One pre-norm decoder layer's weights: attention and a dense or sparse MLP."""
 
-    __slots__ = ("input_norm", "attention", "post_norm", "mlp")
+    __slots__ = ("attention", "input_norm", "mlp", "post_norm")
 
     def __init__(self, weights, arch: ModelArchConfig, layer: int, rope: RotaryEmbedding):
         prefix = f"model.layers.{layer}"
@@ -58,9 +58,15 @@ def weight_names(arch: ModelArchConfig, fused_projections: bool = False) -> set[
             continue
         module, expert_names = _EXPERTS.get(arch.architecture, _QWEN_EXPERTS)
         names.add(f"{prefix}.{module}.gate.weight")
-        names |= {f"{prefix}.{module}.experts.{e}.{p}.weight" for e in range(arch.num_experts) for p in expert_names}
+        names |= {
+            f"{prefix}.{module}.experts.{e}.{p}.weight"
+            for e in range(arch.num_experts)
+            for p in expert_names
+        }
         if arch.shared_expert_intermediate_size:
-            names |= {f"{prefix}.{module}.shared_expert.{p}_proj.weight" for p in ("gate", "up", "down")}
+            names |= {
+                f"{prefix}.{module}.shared_expert.{p}_proj.weight" for p in ("gate", "up", "down")
+            }
             names.add(f"{prefix}.{module}.shared_expert_gate.weight")
     return names
 
@@ -68,14 +74,25 @@ def weight_names(arch: ModelArchConfig, fused_projections: bool = False) -> set[
 class LlamaForCausalLM:
     """A plain-tensor decoder: no nn.Module, so each step is a short, flat sequence of torch ops."""
 
-    def __init__(self, arch: ModelArchConfig, weights: dict[str, torch.Tensor], backend: AttentionBackend, device):
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        weights: dict[str, torch.Tensor],
+        backend: AttentionBackend,
+        device,
+    ):
         self.arch = arch
         self.backend = backend
         w = {name: t.to(device) for name, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
         self.final_norm = w["model.norm.weight"]
         rope = RotaryEmbedding(
-            arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling, self.dtype, device
+            arch.head_dim,
+            arch.max_position_embeddings,
+            arch.rope_theta,
+            arch.rope_scaling,
+            self.dtype,
+            device,
         )
         self.layers = [LlamaLayer(w, arch, i, rope) for i in range(arch.num_hidden_layers)]
         self.lm_head = make_linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
@@ -96,7 +113,10 @@ class LlamaForCausalLM:
         """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened batch."""
         hidden, residual = self.hidden_states(input_ids, positions, meta, kv_caches)
         normed, _ = self.backend.add_rms_norm(
-            hidden[logits_indices], residual[logits_indices], self.final_norm, self.arch.rms_norm_eps
+            hidden[logits_indices],
+            residual[logits_indices],
+            self.final_norm,
+            self.arch.rms_norm_eps,
         )
         return self.lm_head(normed).float()
 

@@ -50,7 +50,9 @@ class QuantizedWeight:
 
     def rows(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The rows ``row_ids`` dequantized to ``dtype`` (an embedding lookup)."""
-        return cpu_quant.dequantize_rows(self.data, self.qtype, self.shape[1], row_ids.reshape(-1)).to(dtype)
+        return cpu_quant.dequantize_rows(
+            self.data, self.qtype, self.shape[1], row_ids.reshape(-1)
+        ).to(dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` in x's dtype."""
@@ -66,7 +68,9 @@ def from_gguf(data: np.ndarray, qtype: GGMLQuantizationType) -> QuantizedWeight:
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
     """``weight [n, k]`` as Q8_0 blocks (gguf's own quantizer): int8 values, a float16 scale per 32."""
     values = weight.detach().to(torch.float32).numpy()
-    return QuantizedWeight(torch.from_numpy(quantize(values, GGMLQuantizationType.Q8_0)), GGMLQuantizationType.Q8_0)
+    return QuantizedWeight(
+        torch.from_numpy(quantize(values, GGMLQuantizationType.Q8_0)), GGMLQuantizationType.Q8_0
+    )
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -76,11 +80,15 @@ def resolve_mode(mode: str, device: torch.device) -> str:
     """
     runs_here = device.type == "cpu" and cpu_quant.available()
     if mode == "int8" and not runs_here:
-        raise ValueError("--quantization int8 needs the CPU and its compiled kernels (a C++ compiler)")
+        raise ValueError(
+            "--quantization int8 needs the CPU and its compiled kernels (a C++ compiler)"
+        )
     return "none" if mode == "auto" and not runs_here else mode
 
 
-def lookup_rows(weight: torch.Tensor | QuantizedWeight, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def lookup_rows(
+    weight: torch.Tensor | QuantizedWeight, row_ids: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """``weight[row_ids]`` in ``dtype``, for an embedding kept in float or in blocks."""
     return weight.rows(row_ids, dtype) if isinstance(weight, QuantizedWeight) else weight[row_ids]
 
@@ -92,7 +100,9 @@ def quantize_weights_int8(weights: dict[str, torch.Tensor]) -> dict:
     quantized are left as they are.
     """
     return {
-        name: quantize_int8(w) if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % _BLOCK == 0 else w
+        name: quantize_int8(w)
+        if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % _BLOCK == 0
+        else w
         for name, w in weights.items()
     }
 
@@ -110,4 +120,6 @@ def cat_rows(weights: list) -> torch.Tensor | QuantizedWeight:
     if len(qtypes) == 1:
         return QuantizedWeight(torch.cat([w.data for w in weights]), qtypes.pop())
     dtype = next((w.dtype for w in weights if isinstance(w, torch.Tensor)), torch.float32)
-    return torch.cat([w if isinstance(w, torch.Tensor) else w.dequantize().to(dtype) for w in weights])
+    return torch.cat(
+        [w if isinstance(w, torch.Tensor) else w.dequantize().to(dtype) for w in weights]
+    )

@@ -4,15 +4,16 @@ The engine, runner, KV cache, scheduler and telemetry see only `CausalLM`; a new
 with that interface, a `weight_names` function, and a `ModelFamily` row here.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
-from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models import gemma, llama
 from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.kernels.backend import AttentionBackend
 
 
@@ -26,8 +27,12 @@ class CausalLM(Protocol):
     def dtype(self) -> torch.dtype: ...
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_indices: torch.Tensor,
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_indices: torch.Tensor,
     ) -> torch.Tensor: ...
 
 
@@ -44,30 +49,97 @@ class ModelFamily:
     qk_norm: bool = False
 
 
-_GEMMA_DEFAULTS = {"hidden_act": "gelu_pytorch_tanh", "sliding_window": 4096, "query_pre_attn_scalar": 256}
+_GEMMA_DEFAULTS = {
+    "hidden_act": "gelu_pytorch_tanh",
+    "sliding_window": 4096,
+    "query_pre_attn_scalar": 256,
+}
 FAMILIES = (
-    ModelFamily("llama", "LlamaForCausalLM", llama.LlamaForCausalLM, llama.weight_names,
-                {"max_position_embeddings": 2048}),
-    ModelFamily("qwen2", "Qwen2ForCausalLM", llama.LlamaForCausalLM, llama.weight_names,
-                {"max_position_embeddings": 32768, "attention_bias": True}),
-    ModelFamily("qwen3", "Qwen3ForCausalLM", llama.LlamaForCausalLM, llama.weight_names,
-                {"max_position_embeddings": 32768}, qk_norm=True),
-    ModelFamily("mistral", "MistralForCausalLM", llama.LlamaForCausalLM, llama.weight_names,
-                {"max_position_embeddings": 131072, "sliding_window": 4096}),
-    ModelFamily("phi3", "Phi3ForCausalLM", llama.LlamaForCausalLM, partial(llama.weight_names, fused_projections=True),
-                {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5}),
-    ModelFamily("gemma2", "Gemma2ForCausalLM", gemma.GemmaForCausalLM, gemma.weight_names,
-                {**_GEMMA_DEFAULTS, "max_position_embeddings": 8192, "tie_word_embeddings": True,
-                 "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}),
-    ModelFamily("gemma3", "Gemma3ForCausalLM", gemma.GemmaForCausalLM, gemma.weight_names,
-                {**_GEMMA_DEFAULTS, "max_position_embeddings": 131072, "tie_word_embeddings": True,
-                 "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0}, qk_norm=True),
-    ModelFamily("mixtral", "MixtralForCausalLM", llama.LlamaForCausalLM, llama.weight_names,
-                {"max_position_embeddings": 131072, "rope_theta": 1000000.0, "norm_topk_prob": True}),
-    ModelFamily("qwen2_moe", "Qwen2MoeForCausalLM", llama.LlamaForCausalLM, llama.weight_names,
-                {"max_position_embeddings": 32768, "attention_bias": True}),
-    ModelFamily("qwen3_moe", "Qwen3MoeForCausalLM", llama.LlamaForCausalLM, llama.weight_names,
-                {"max_position_embeddings": 32768}, qk_norm=True),
+    ModelFamily(
+        "llama",
+        "LlamaForCausalLM",
+        llama.LlamaForCausalLM,
+        llama.weight_names,
+        {"max_position_embeddings": 2048},
+    ),
+    ModelFamily(
+        "qwen2",
+        "Qwen2ForCausalLM",
+        llama.LlamaForCausalLM,
+        llama.weight_names,
+        {"max_position_embeddings": 32768, "attention_bias": True},
+    ),
+    ModelFamily(
+        "qwen3",
+        "Qwen3ForCausalLM",
+        llama.LlamaForCausalLM,
+        llama.weight_names,
+        {"max_position_embeddings": 32768},
+        qk_norm=True,
+    ),
+    ModelFamily(
+        "mistral",
+        "MistralForCausalLM",
+        llama.LlamaForCausalLM,
+        llama.weight_names,
+        {"max_position_embeddings": 131072, "sliding_window": 4096},
+    ),
+    ModelFamily(
+        "phi3",
+        "Phi3ForCausalLM",
+        llama.LlamaForCausalLM,
+        partial(llama.weight_names, fused_projections=True),
+        {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5},
+    ),
+    ModelFamily(
+        "gemma2",
+        "Gemma2ForCausalLM",
+        gemma.GemmaForCausalLM,
+        gemma.weight_names,
+        {
+            **_GEMMA_DEFAULTS,
+            "max_position_embeddings": 8192,
+            "tie_word_embeddings": True,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+        },
+    ),
+    ModelFamily(
+        "gemma3",
+        "Gemma3ForCausalLM",
+        gemma.GemmaForCausalLM,
+        gemma.weight_names,
+        {
+            **_GEMMA_DEFAULTS,
+            "max_position_embeddings": 131072,
+            "tie_word_embeddings": True,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+        },
+        qk_norm=True,
+    ),
+    ModelFamily(
+        "mixtral",
+        "MixtralForCausalLM",
+        llama.LlamaForCausalLM,
+        llama.weight_names,
+        {"max_position_embeddings": 131072, "rope_theta": 1000000.0, "norm_topk_prob": True},
+    ),
+    ModelFamily(
+        "qwen2_moe",
+        "Qwen2MoeForCausalLM",
+        llama.LlamaForCausalLM,
+        llama.weight_names,
+        {"max_position_embeddings": 32768, "attention_bias": True},
+    ),
+    ModelFamily(
+        "qwen3_moe",
+        "Qwen3MoeForCausalLM",
+        llama.LlamaForCausalLM,
+        llama.weight_names,
+        {"max_position_embeddings": 32768},
+        qk_norm=True,
+    ),
 )
 _BY_HF_CLASS = {family.hf_class: family for family in FAMILIES}
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
@@ -81,17 +153,23 @@ def supported_hf_classes() -> str:
 def family_for_hf_class(class_name: str | None) -> ModelFamily:
     """The family of HF class ``class_name``; ValueError naming every supported class otherwise."""
     if class_name not in _BY_HF_CLASS:
-        raise ValueError(f"Unsupported model class {class_name!r}; supported: {supported_hf_classes()}.")
+        raise ValueError(
+            f"Unsupported model class {class_name!r}; supported: {supported_hf_classes()}."
+        )
     return _BY_HF_CLASS[class_name]
 
 
 def family(architecture: str) -> ModelFamily:
     """The family of ``architecture`` (a `ModelArchConfig.architecture`)."""
     if architecture not in _BY_ARCHITECTURE:
-        raise ValueError(f"Unsupported architecture {architecture!r}; supported: {', '.join(_BY_ARCHITECTURE)}.")
+        raise ValueError(
+            f"Unsupported architecture {architecture!r}; supported: {', '.join(_BY_ARCHITECTURE)}."
+        )
     return _BY_ARCHITECTURE[architecture]
 
 
-def build_model(arch: ModelArchConfig, weights: dict[str, torch.Tensor], backend: AttentionBackend, device) -> CausalLM:
+def build_model(
+    arch: ModelArchConfig, weights: dict[str, torch.Tensor], backend: AttentionBackend, device
+) -> CausalLM:
     """The model for ``arch`` over ``weights`` (HF names), on ``device``, running ``backend``'s kernels."""
     return family(arch.architecture).model_class(arch, weights, backend, device)

@@ -4,7 +4,6 @@ import math
 
 import torch
 
-
 # The rope_type values (besides "default") that rotation_angles computes.
 SCALING_TYPES = ("linear", "llama3", "yarn", "longrope")
 
@@ -28,7 +27,9 @@ def _llama3(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def _yarn(head_dim: int, theta: float, scaling: dict, max_positions: int) -> tuple[torch.Tensor, float]:
+def _yarn(
+    head_dim: int, theta: float, scaling: dict, max_positions: int
+) -> tuple[torch.Tensor, float]:
     """YaRN: extrapolate fast-rotating dimensions, interpolate slow ones, blend linearly in between."""
     factor = scaling.get("factor") or max_positions / scaling["original_max_position_embeddings"]
     original_len = scaling.get("original_max_position_embeddings", max_positions)
@@ -41,7 +42,9 @@ def _yarn(head_dim: int, theta: float, scaling: dict, max_positions: int) -> tup
     if scaling.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, head_dim - 1)
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / max(high - low, 0.001)).clamp(0, 1)
+    ramp = (
+        (torch.arange(head_dim // 2, dtype=torch.float64) - low) / max(high - low, 0.001)
+    ).clamp(0, 1)
     inv_freq = _default_frequencies(head_dim, theta)
     extrapolated = 1 - ramp
     inv_freq = inv_freq / factor * (1 - extrapolated) + inv_freq * extrapolated
@@ -59,7 +62,9 @@ def _yarn(head_dim: int, theta: float, scaling: dict, max_positions: int) -> tup
     return inv_freq, attention_factor
 
 
-def _longrope_angles(head_dim: int, theta: float, scaling: dict, max_positions: int) -> tuple[torch.Tensor, float]:
+def _longrope_angles(
+    head_dim: int, theta: float, scaling: dict, max_positions: int
+) -> tuple[torch.Tensor, float]:
     """LongRoPE (Phi-3): positions below ``original_max_position_embeddings`` rotate by the short factors,
     later ones by the long factors. (transformers switches a whole forward pass to the long factors once
     any position passes that length; per position, as here, keeps earlier cached keys valid.)"""
@@ -67,11 +72,17 @@ def _longrope_angles(head_dim: int, theta: float, scaling: dict, max_positions: 
     factor = scaling.get("factor") or max_positions / original_len
     attention_factor = scaling.get("attention_factor")
     if attention_factor is None:
-        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original_len))
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original_len))
+        )
     base = _default_frequencies(head_dim, theta)
     positions = torch.arange(max_positions, dtype=torch.float32)
-    short = torch.outer(positions, (base / torch.tensor(scaling["short_factor"], dtype=torch.float64)).float())
-    long = torch.outer(positions, (base / torch.tensor(scaling["long_factor"], dtype=torch.float64)).float())
+    short = torch.outer(
+        positions, (base / torch.tensor(scaling["short_factor"], dtype=torch.float64)).float()
+    )
+    long = torch.outer(
+        positions, (base / torch.tensor(scaling["long_factor"], dtype=torch.float64)).float()
+    )
     return torch.where(positions.unsqueeze(1) < original_len, short, long), attention_factor
 
 
@@ -94,7 +105,9 @@ def rotation_angles(
         return _longrope_angles(head_dim, theta, scaling, max_positions)
     else:
         raise ValueError(f"unsupported rope scaling {rope_type!r}")
-    return torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float()), attention_factor
+    return torch.outer(
+        torch.arange(max_positions, dtype=torch.float32), inv_freq.float()
+    ), attention_factor
 
 
 class RotaryEmbedding:
@@ -103,7 +116,9 @@ class RotaryEmbedding:
     The backend's ``rotary_embedding_`` applies them to the query and key heads.
     """
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None, dtype, device):
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict | None, dtype, device
+    ):
         angles, attention_factor = rotation_angles(head_dim, max_positions, theta, scaling)
         angles = torch.cat([angles, angles], dim=-1)
         self.cos = (angles.cos() * attention_factor).to(dtype=dtype, device=device)

@@ -1,4 +1,5 @@
-"""Engine-test fixtures: engines built on shared checkpoints, a driver that runs them to completion, a preemption counter."""
+"""Engine-test fixtures: engines built on shared checkpoints, a driver that runs them to completion,
+a preemption counter."""
 
 import itertools
 import math
@@ -10,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from spyglass.core.loaders.checkpoint import Checkpoint
-from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.loaders.load import load_checkpoint
 
 _req_ids = itertools.count()
 
@@ -81,7 +82,13 @@ def tiny_llama_checkpoint(tiny_llama_dir) -> Checkpoint:
 
 def _engine_factory(path, checkpoint: Checkpoint) -> Callable[..., LLMEngine]:
     def make(**options) -> LLMEngine:
-        options = {"dtype": "float32", "device": "cpu", "plugins": ["fcfs"], "num_kv_blocks": 256, **options}
+        options = {
+            "dtype": "float32",
+            "device": "cpu",
+            "plugins": ["fcfs"],
+            "num_kv_blocks": 256,
+            **options,
+        }
         return LLMEngine(EngineConfig(model=str(path), **options), checkpoint=checkpoint)
 
     return make
@@ -124,8 +131,16 @@ def make_default_engine(default_model_path, default_checkpoint) -> Callable[...,
     """Build an engine on the real default model (float32, CPU, only the fcfs plugin), reusing its loaded weights."""
 
     def make(**options) -> LLMEngine:
-        options = {"dtype": "float32", "device": "cpu", "plugins": ["fcfs"], "num_kv_blocks": 128, **options}
-        return LLMEngine(EngineConfig(model=str(default_model_path), **options), checkpoint=default_checkpoint)
+        options = {
+            "dtype": "float32",
+            "device": "cpu",
+            "plugins": ["fcfs"],
+            "num_kv_blocks": 128,
+            **options,
+        }
+        return LLMEngine(
+            EngineConfig(model=str(default_model_path), **options), checkpoint=default_checkpoint
+        )
 
     return make
 
@@ -198,14 +213,23 @@ def same_greedy() -> Callable[..., bool]:
 def _stack_experts(state: dict, per_expert: bool) -> None:
     """Per-expert projections -> one [experts, out, in] tensor each, as llama.cpp's converters write them;
     with ``per_expert``, named per expert (``blk.N.ffn_gate.E``) as older llama.cpp Mixtral files are."""
-    pattern = re.compile(r"model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+    pattern = re.compile(
+        r"model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight"
+    )
     groups: dict[str, list[tuple[int, str]]] = {}
     for name in list(state):
         match = pattern.fullmatch(name)
         if match:
             stacked = f"model.layers.{match[1]}.{match[2]}.experts.{match[4]}"
             groups.setdefault(stacked, []).append((int(match[3]), name))
-    proj_names = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
+    proj_names = {
+        "gate_proj": "gate",
+        "up_proj": "up",
+        "down_proj": "down",
+        "w1": "gate",
+        "w3": "up",
+        "w2": "down",
+    }
     for stacked, members in groups.items():
         if per_expert:
             layer, proj = stacked.split(".")[2], proj_names[stacked.rsplit(".", 1)[1]]
@@ -217,7 +241,11 @@ def _stack_experts(state: dict, per_expert: bool) -> None:
 
 def _llama_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     # convert_hf_to_gguf.LlamaModel.permute: rotate-half rows -> interleaved pairs.
-    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _add_family_metadata(writer, gguf_arch: str, config: dict, state: dict) -> None:
@@ -238,7 +266,9 @@ def _add_family_metadata(writer, gguf_arch: str, config: dict, state: dict) -> N
     if rope.get("rope_type") == "longrope":  # Phi3MiniModel
         original = config["original_max_position_embeddings"]
         scale = config["max_position_embeddings"] / original
-        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        writer.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+        )
         writer.add_rope_scaling_orig_ctx_len(original)
         state["rope_factors_long.weight"] = np.array(rope["long_factor"], dtype=np.float32)
         state["rope_factors_short.weight"] = np.array(rope["short_factor"], dtype=np.float32)
@@ -247,7 +277,10 @@ def _add_family_metadata(writer, gguf_arch: str, config: dict, state: dict) -> N
     if gguf_arch == "gemma2":
         writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(config["final_logit_softcapping"])
-    if gguf_arch == "gemma3" and config["layer_types"][:2] == ["sliding_attention", "full_attention"]:
+    if gguf_arch == "gemma3" and config["layer_types"][:2] == [
+        "sliding_attention",
+        "full_attention",
+    ]:
         writer.add_sliding_window_pattern(2)  # llama.cpp assumes 6 when the key is absent
     if gguf_arch.startswith("gemma"):
         for name in state:
@@ -268,7 +301,9 @@ def _add_family_metadata(writer, gguf_arch: str, config: dict, state: dict) -> N
             writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
 
 
-def _write_gguf(hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path, per_expert: bool = False) -> Path:
+def _write_gguf(
+    hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path, per_expert: bool = False
+) -> Path:
     """Write the float32 HF checkpoint in ``hf_dir`` as llama.cpp's converter would for ``gguf_arch``
     (its tensor names, q/k row order and norm offsets, experts stacked into 3-D tensors, its metadata
     keys), with the tokenizer metadata of the GGUF file ``tokenizer_source``."""
@@ -278,7 +313,9 @@ def _write_gguf(hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path
     from safetensors.torch import load_file
 
     config = json.loads((hf_dir / "config.json").read_text())
-    state = {name: tensor.numpy() for name, tensor in load_file(hf_dir / "model.safetensors").items()}
+    state = {
+        name: tensor.numpy() for name, tensor in load_file(hf_dir / "model.safetensors").items()
+    }
     num_layers = config["num_hidden_layers"]
     writer = gguf.GGUFWriter(path, gguf_arch)
     writer.add_block_count(num_layers)
@@ -301,7 +338,9 @@ def _write_gguf(hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[gguf_arch.upper()], num_layers)
     for name, tensor in state.items():
         gguf_name = name if name.startswith(("blk.", "rope_factors")) else None
-        writer.add_tensor(gguf_name or names.get_name(name, try_suffixes=(".weight", ".bias")), tensor)
+        writer.add_tensor(
+            gguf_name or names.get_name(name, try_suffixes=(".weight", ".bias")), tensor
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

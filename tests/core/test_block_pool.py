@@ -1,9 +1,15 @@
-"""BlockPool and KVCacheManager bookkeeping: allocate, free, touch, cache, lookup, evict, and a check_integrity that bites."""
+"""BlockPool and KVCacheManager bookkeeping: allocate, free, touch, cache, lookup, evict, and a
+check_integrity that bites."""
 
 import pytest
 
 from spyglass.core.engine.kv.block_pool import BlockPool, BlockPoolIntegrityError
-from spyglass.core.engine.kv.kv_cache_manager import EXTENT_BLOCKS, NO_MATCH, KVCacheManager, PrefixMatch
+from spyglass.core.engine.kv.kv_cache_manager import (
+    EXTENT_BLOCKS,
+    NO_MATCH,
+    KVCacheManager,
+    PrefixMatch,
+)
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.sampling_params import SamplingParams
 

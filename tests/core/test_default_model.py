@@ -1,4 +1,5 @@
-"""The real default model (SmolLM2-135M-Instruct, dequantized to float32, greedy) against transformers, and how requests end on it.
+"""The real default model (SmolLM2-135M-Instruct, dequantized to float32, greedy) against
+transformers, and how requests end on it.
 
 One engine serves the whole module: a batch of 16 varied prompts (English, Chinese, code, chat;
 5 to 600 tokens) is generated once and compared with transformers' ``generate`` run one prompt at
@@ -100,7 +101,10 @@ class JobQueue:
 
 '''
 
-CHAT = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+CHAT = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+)
 
 PROMPTS = [
     "The capital of France is",
@@ -116,7 +120,11 @@ PROMPTS = [
     CHAT.format("用一句话解释什么是机器学习。"),
     '{"name": "Alice", "age": 30, "languages": ["English", "French"], "address": {"city": "Paris", "zip":',
     ESSAY[:700],
-    'fn main() {\n    let numbers: Vec<i32> = (1..=10).collect();\n    let evens: Vec<i32> = numbers\n        .iter()\n        .filter(|n| *n % 2 == 0)\n        .cloned()\n        .collect();\n    println!("{:?}", evens);\n    let total: i32 =',
+    (
+        "fn main() {\n    let numbers: Vec<i32> = (1..=10).collect();\n    let evens: Vec<i32> = numbers\n"
+        "        .iter()\n        .filter(|n| *n % 2 == 0)\n        .cloned()\n        .collect();\n"
+        '    println!("{:?}", evens);\n    let total: i32 ='
+    ),
     ESSAY + "\n\nIn one sentence, the main point of this essay is that",
     SOURCE,
 ]
@@ -127,7 +135,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, l
 @pytest.fixture(scope="module")
 def llm(default_model_path) -> LLM:
     # A 256 MiB KV cache (about 350 blocks) holds the whole batch; the 2 GiB default would only cost memory.
-    return LLM(model=str(default_model_path), dtype="float32", quantization="none", kv_cache_memory="256MiB")
+    return LLM(
+        model=str(default_model_path),
+        dtype="float32",
+        quantization="none",
+        kv_cache_memory="256MiB",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -175,13 +188,17 @@ def test_greedy_parity_with_transformers(ours, reference, record_property):
         got = output.outputs[0].token_ids
         assert len(got) == NUM_TOKENS and output.outputs[0].finish_reason == "length"
         end = first_tie(logprobs)
-        assert got[:end] == want[:end], f"prompt {index} differs from transformers before any near-tie"
+        assert got[:end] == want[:end], (
+            f"prompt {index} differs from transformers before any near-tie"
+        )
         if end < NUM_TOKENS:
             num_ties += 1
             # At the tie itself either of the two is right.
             assert got[end] in logprobs[end].topk(2).indices.tolist()
         num_compared += end
-    print(f"\nparity: {num_ties} of {len(ours)} prompts reached a near-tie (<{TIE}); {num_compared} tokens compared")
+    print(
+        f"\nparity: {num_ties} of {len(ours)} prompts reached a near-tie (<{TIE}); {num_compared} tokens compared"
+    )
     record_property("near_ties", num_ties)
     record_property("tokens_compared", num_compared)
     assert num_compared >= len(ours) * NUM_TOKENS // 2
@@ -220,7 +237,9 @@ def test_eos_ends_generation_unless_ignored(llm, ours):
     ending = [o for o in ours if eos in o.outputs[0].token_ids]
     assert ending, "expected some greedy output to reach EOS within 32 tokens"
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS)
-    reruns = llm.generate([{"prompt_token_ids": o.prompt_token_ids} for o in ending], params, use_tqdm=False)
+    reruns = llm.generate(
+        [{"prompt_token_ids": o.prompt_token_ids} for o in ending], params, use_tqdm=False
+    )
     for before, after in zip(ending, reruns):
         full = before.outputs[0].token_ids
         completion = after.outputs[0]

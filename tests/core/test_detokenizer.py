@@ -1,4 +1,5 @@
-"""IncrementalDetokenizer with the real SmolLM2 tokenizer: no broken characters while streaming, stop strings held back."""
+"""IncrementalDetokenizer with the real SmolLM2 tokenizer: no broken characters while streaming,
+stop strings held back."""
 
 import pytest
 
@@ -44,7 +45,9 @@ def test_streaming_never_shows_a_broken_character(tokenizer, prompt, text):
 
 
 def test_special_tokens_are_skipped_in_the_stream(tokenizer):
-    token_ids = tokenizer.encode("<|im_start|>assistant\n你好<|im_end|> more", add_special_tokens=False)
+    token_ids = tokenizer.encode(
+        "<|im_start|>assistant\n你好<|im_end|> more", add_special_tokens=False
+    )
     *_, (detokenizer, _) = stream(tokenizer, "", token_ids, stop=[])
     assert detokenizer.text == tokenizer.decode(token_ids) == "assistant\n你好 more"
 
@@ -59,11 +62,15 @@ def stop_cases(text: str, lengths=(1, 2, 3, 5)):
     return cases
 
 
-@pytest.mark.parametrize("text", TEXTS[:3] + ["The quick brown fox jumps over the lazy dog; the end."])
+@pytest.mark.parametrize(
+    "text", TEXTS[:3] + ["The quick brown fox jumps over the lazy dog; the end."]
+)
 def test_stop_strings_are_held_back_and_cut(tokenizer, text):
     token_ids = tokenizer.encode(text, add_special_tokens=False)
     for stop, before in stop_cases(text).items():
-        for detokenizer, visible in stream(tokenizer, "Say:", token_ids, stop=["never there", stop]):
+        for detokenizer, visible in stream(
+            tokenizer, "Say:", token_ids, stop=["never there", stop]
+        ):
             # Nothing beyond the stop string's start is ever shown, not even a prefix of it.
             assert before.startswith(visible), (stop, visible)
         assert detokenizer.matched_stop == stop
@@ -89,6 +96,8 @@ def test_stop_longer_than_the_text_so_far_hides_everything(tokenizer):
     # Regression: the holdback was sliced as text[:len(text) - holdback], which goes negative while the
     # text is still shorter than the holdback and then showed all but the last few characters.
     token_ids = tokenizer.encode("hi there", add_special_tokens=False)
-    for detokenizer, visible in stream(tokenizer, "", token_ids, stop=["a much longer stop string"]):
+    for detokenizer, visible in stream(
+        tokenizer, "", token_ids, stop=["a much longer stop string"]
+    ):
         assert visible == ""
     assert detokenizer.visible_text(True) == "hi there"

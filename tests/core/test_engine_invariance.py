@@ -7,9 +7,9 @@ prompts and their continuations run past it), and Qwen2-MoE (routed and shared e
 import pytest
 import torch
 
-from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.loaders.load import load_checkpoint
 
 # logprobs=2 lets a mismatch be checked against the top-two gap (see assert_same_greedy).
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
@@ -108,7 +108,9 @@ def test_chunked_prefill_mixed_with_decodes(
     outputs = run_engine(engine, prompts, GREEDY)
     assert max(map(len, prompts)) > max_num_batched_tokens  # so at least one prompt is chunked
     assert all(s.num_scheduled_tokens <= max_num_batched_tokens for s in recorder.steps)
-    assert any(s.num_prefill_reqs and s.num_decode_reqs for s in recorder.steps), "no step mixed prefill and decode"
+    assert any(s.num_prefill_reqs and s.num_decode_reqs for s in recorder.steps), (
+        "no step mixed prefill and decode"
+    )
     for expected, actual in zip(reference, outputs):
         same_greedy(expected, actual)
 
@@ -120,7 +122,9 @@ def test_block_size(make_tiny_engine, run_engine, prompts, reference, same_greed
         same_greedy(expected, actual)
 
 
-def test_forced_preemption(make_tiny_engine, run_engine, count_preemptions, prompts, reference, same_greedy):
+def test_forced_preemption(
+    make_tiny_engine, run_engine, count_preemptions, prompts, reference, same_greedy
+):
     # 20 blocks of 8 = 160 token slots for ~450 tokens of work: requests must lose their blocks and recompute.
     engine = make_tiny_engine(block_size=8, num_kv_blocks=20, max_num_batched_tokens=64)
     if engine.kv.sliding_window is not None:

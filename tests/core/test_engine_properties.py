@@ -145,11 +145,19 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
             record(output)
         engine.kv.check_integrity()
         for request in engine.scheduler.running:
-            assert len(engine.kv.block_table(request.req_id)) * workload.block_size >= request.num_computed_tokens
+            assert (
+                len(engine.kv.block_table(request.req_id)) * workload.block_size
+                >= request.num_computed_tokens
+            )
             # Steps a request spent with blocks given back (sliding-window models only).
-            stats["released"] += engine.kv.num_held_blocks(request.req_id) < len(engine.kv.block_table(request.req_id))
+            stats["released"] += engine.kv.num_held_blocks(request.req_id) < len(
+                engine.kv.block_table(request.req_id)
+            )
         step += 1
-        if step > max(p.arrival_step for p in plans.values()) and not engine.has_unfinished_requests:
+        if (
+            step > max(p.arrival_step for p in plans.values())
+            and not engine.has_unfinished_requests
+        ):
             break
     assert not engine.has_unfinished_requests, f"still busy after {max_steps} steps"
 
@@ -179,7 +187,9 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
         if completion.logprobs is not None:
             assert len(completion.logprobs) == len(completion.token_ids)
     preempted = Counter(preemptions.req_ids)
-    assert {req_id: r.num_preemptions for req_id, r in requests.items() if r.num_preemptions} == preempted
+    assert {
+        req_id: r.num_preemptions for req_id, r in requests.items() if r.num_preemptions
+    } == preempted
     stats["preemptions"] += len(preemptions.req_ids)
     stats["preempted_requests"] += len(set(preemptions.req_ids))
     return stats
@@ -203,7 +213,10 @@ def check_random_workloads(make_tiny_engine, count_preemptions, max_examples: in
     totals = Counter()
 
     @settings(
-        max_examples=max_examples, deadline=None, derandomize=True, database=None,
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
         suppress_health_check=[HealthCheck.too_slow],
     )
     @given(workloads())
@@ -241,7 +254,9 @@ def test_fixed_workload_preempts_and_aborts(make_tiny_engine, count_preemptions)
         )
         for i in range(6)
     )
-    workload = Workload(block_size=8, num_kv_blocks=12, max_num_batched_tokens=32, max_num_seqs=6, requests=plans)
+    workload = Workload(
+        block_size=8, num_kv_blocks=12, max_num_batched_tokens=32, max_num_seqs=6, requests=plans
+    )
     engine = make_tiny_engine(block_size=8, num_kv_blocks=12, max_num_batched_tokens=32)
     stats = run_workload(engine, workload, count_preemptions(engine))
     assert stats["preemptions"] >= 1 and stats["aborts"] == 2

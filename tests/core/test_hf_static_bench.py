@@ -19,4 +19,6 @@ def test_hf_static_batching_generates_every_requested_token_in_a_child_process(d
 
 def test_hf_static_batching_reports_the_child_failure():
     with pytest.raises(RuntimeError, match="HF static batching failed"):
-        HFStaticBatching("/nonexistent/model.gguf", torch.float32).run(w1_workload(49152, num_requests=1))
+        HFStaticBatching("/nonexistent/model.gguf", torch.float32).run(
+            w1_workload(49152, num_requests=1)
+        )

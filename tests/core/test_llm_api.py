@@ -14,7 +14,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir) -> LLM:
     # Every installed plugin, as a user gets them; a small KV budget and context to test the limits.
-    return LLM(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory="8MiB", max_model_len=128)
+    return LLM(
+        model=str(tiny_llama_dir), dtype="float32", kv_cache_memory="8MiB", max_model_len=128
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -43,13 +45,20 @@ def test_request_output_fields(llm):
     assert len(completion.token_ids) == 8
     # A last token that ends inside a character is left out of the text, as in vLLM.
     assert completion.text == tokenizer.decode(completion.token_ids).rstrip("\ufffd")
-    assert (completion.finish_reason, completion.stop_reason, completion.logprobs) == ("length", None, None)
+    assert (completion.finish_reason, completion.stop_reason, completion.logprobs) == (
+        "length",
+        None,
+        None,
+    )
 
 
 def test_outputs_come_back_in_input_order(llm):
     prompts = ["one", "two two", "three three three", "four four four four", "five"]
     # Later prompts ask for fewer tokens, so they finish first.
-    params = [SamplingParams(temperature=0, max_tokens=10 - 2 * i, ignore_eos=True) for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0, max_tokens=10 - 2 * i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.prompt for o in outputs] == prompts
     assert [len(o.outputs[0].token_ids) for o in outputs] == [10, 8, 6, 4, 2]
@@ -61,19 +70,30 @@ def test_outputs_come_back_in_input_order(llm):
 def test_prompt_token_ids(llm):
     token_ids = llm.get_tokenizer().encode("The sky is")
     from_text, from_ids, with_text = llm.generate(
-        ["The sky is", {"prompt_token_ids": token_ids}, {"prompt": "The sky is", "prompt_token_ids": token_ids}],
+        [
+            "The sky is",
+            {"prompt_token_ids": token_ids},
+            {"prompt": "The sky is", "prompt_token_ids": token_ids},
+        ],
         GREEDY,
         use_tqdm=False,
     )
     assert from_ids.prompt is None and with_text.prompt == "The sky is"
     assert from_ids.prompt_token_ids == token_ids
-    assert from_text.outputs[0].token_ids == from_ids.outputs[0].token_ids == with_text.outputs[0].token_ids
+    assert (
+        from_text.outputs[0].token_ids
+        == from_ids.outputs[0].token_ids
+        == with_text.outputs[0].token_ids
+    )
 
 
 def test_one_sampling_params_per_prompt(llm):
     short, long = llm.generate(
         ["a", "b"],
-        [SamplingParams(max_tokens=2, ignore_eos=True), SamplingParams(max_tokens=5, ignore_eos=True)],
+        [
+            SamplingParams(max_tokens=2, ignore_eos=True),
+            SamplingParams(max_tokens=5, ignore_eos=True),
+        ],
         use_tqdm=False,
     )
     assert (len(short.outputs[0].token_ids), len(long.outputs[0].token_ids)) == (2, 5)
@@ -92,9 +112,12 @@ def test_n_completions(llm):
     # A plain request with the n-th derived seed is the n-th completion.
     single = SamplingParams(temperature=1.0, seed=6, max_tokens=6, ignore_eos=True)
     assert (
-        llm.generate("Tell me a story", single, use_tqdm=False)[0].outputs[0].token_ids == output.outputs[1].token_ids
+        llm.generate("Tell me a story", single, use_tqdm=False)[0].outputs[0].token_ids
+        == output.outputs[1].token_ids
     )
-    [greedy] = llm.generate("Tell me a story", SamplingParams(n=2, temperature=0, max_tokens=6), use_tqdm=False)
+    [greedy] = llm.generate(
+        "Tell me a story", SamplingParams(n=2, temperature=0, max_tokens=6), use_tqdm=False
+    )
     assert greedy.outputs[0].token_ids == greedy.outputs[1].token_ids
 
 
@@ -150,7 +173,9 @@ def test_invalid_prompts(llm):
         llm.generate(too_long, SamplingParams(max_tokens=40), use_tqdm=False)
     assert error.value.param == "max_tokens"
     with pytest.raises(InvalidRequestError, match="exceeds"):
-        llm.generate({"prompt_token_ids": [5] * 128}, SamplingParams(max_tokens=None), use_tqdm=False)
+        llm.generate(
+            {"prompt_token_ids": [5] * 128}, SamplingParams(max_tokens=None), use_tqdm=False
+        )
     with pytest.raises(InvalidRequestError, match="empty"):
         llm.generate({"prompt_token_ids": []}, GREEDY, use_tqdm=False)
     vocab_size = llm.engine.arch.vocab_size
@@ -183,10 +208,19 @@ def test_engine_snapshots_are_immutable_views_of_live_requests(llm):
     snapshot = engine.snapshot(with_requests=True)
     request = snapshot.request("snap")
     assert (snapshot.num_running, snapshot.num_waiting, snapshot.num_requests) == (1, 0, 1)
-    assert request.status == "running" and request.num_prompt_tokens == 5 and request.num_output_tokens == 1
-    assert request.num_blocks == snapshot.num_blocks - snapshot.num_free_blocks and snapshot.kv_usage > 0
+    assert (
+        request.status == "running"
+        and request.num_prompt_tokens == 5
+        and request.num_output_tokens == 1
+    )
+    assert (
+        request.num_blocks == snapshot.num_blocks - snapshot.num_free_blocks
+        and snapshot.kv_usage > 0
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         request.status = "finished"
     engine.abort("snap")
-    assert engine.snapshot(with_requests=True) == EngineSnapshot(0, 0, 0, snapshot.num_blocks, snapshot.num_blocks)
+    assert engine.snapshot(with_requests=True) == EngineSnapshot(
+        0, 0, 0, snapshot.num_blocks, snapshot.num_blocks
+    )
     assert request.status == "running"  # the earlier snapshot did not change

@@ -7,10 +7,10 @@ import torch
 from safetensors.torch import load_file
 
 from spyglass.core.loaders import default_model
-from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.loaders.default_model import DEFAULT_MODEL_NAME
 from spyglass.core.loaders.gguf_loader import _unpermute_rotary_rows
 from spyglass.core.loaders.hf_loader import load_hf_dir
+from spyglass.core.loaders.load import load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,12 @@ def test_gguf_arch_matches_transformers_config(default_checkpoint, hf_gguf_model
     arch, config = default_checkpoint.arch, hf_gguf_model.config
     assert arch.architecture == "llama"
     assert (arch.vocab_size, arch.hidden_size, arch.intermediate_size) == (49152, 576, 1536)
-    assert (arch.num_hidden_layers, arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim) == (30, 9, 3, 64)
+    assert (
+        arch.num_hidden_layers,
+        arch.num_attention_heads,
+        arch.num_key_value_heads,
+        arch.head_dim,
+    ) == (30, 9, 3, 64)
     assert arch.rms_norm_eps == pytest.approx(config.rms_norm_eps)
     assert arch.rope_theta == config.rope_parameters["rope_theta"] == 100000.0
     assert arch.max_position_embeddings == config.max_position_embeddings == 8192
@@ -46,8 +51,10 @@ def test_gguf_arch_matches_transformers_config(default_checkpoint, hf_gguf_model
 def test_unpermute_inverts_llama_cpp_permute():
     # llama.cpp's convert_hf_to_gguf.LlamaModel.permute, verbatim.
     def permute(weights, n_head):
-        return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
-            weights.shape
+        return (
+            weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(weights.shape)
         )
 
     w = torch.arange(3 * 8 * 5).reshape(3 * 8, 5).numpy()
@@ -127,7 +134,9 @@ def test_unsupported_architecture_is_rejected(tiny_llama_dir, tmp_path):
         (tmp_path / item.name).symlink_to(item)
     config = json.loads((tiny_llama_dir / "config.json").read_text())
     (tmp_path / "config.json").unlink()
-    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({**config, "architectures": ["GPT2LMHeadModel"]})
+    )
     with pytest.raises(ValueError, match="Unsupported model class 'GPT2LMHeadModel'"):
         load_hf_dir(tmp_path, torch.float32)
 
@@ -139,7 +148,12 @@ def test_serve_lists_supported_architectures_for_an_unsupported_one(tmp_path, ca
     assert main(["serve", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert "Unsupported model class 'GPT2LMHeadModel'" in error
-    for supported in ("LlamaForCausalLM", "MistralForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"):
+    for supported in (
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Gemma3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+    ):
         assert supported in error
 
 
@@ -189,9 +203,20 @@ def test_default_model_download_failure_is_clear(tmp_path, monkeypatch):
     [
         ({"hidden_act": "relu"}, "unsupported MLP activation 'relu'"),
         ({"mlp_bias": True}, "MLP biases"),
-        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
-         "partial rotary"),
-        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, "unsupported rope scaling"),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1e4,
+                    "partial_rotary_factor": 0.5,
+                }
+            },
+            "partial rotary",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
+            "unsupported rope scaling",
+        ),
     ],
     ids=["activation", "mlp bias", "partial rotary", "dynamic rope"],
 )

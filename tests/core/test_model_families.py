@@ -10,11 +10,11 @@ import dataclasses
 import pytest
 import torch
 
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.quantization import quantize_int8
 from spyglass.core.models.registry import build_model
-from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.kernels import torch_moe
 from spyglass.kernels.backend import select_backend
 
@@ -28,16 +28,40 @@ EXPECTED_ARCH = {
     "qwen3": dict(architecture="qwen3", qk_norm=True, head_dim=16),
     "mistral": dict(architecture="mistral", sliding_window=16, layer_types=()),
     "phi3": dict(architecture="phi3", max_position_embeddings=1024),
-    "gemma2": dict(architecture="gemma2", hidden_act="gelu_pytorch_tanh", sliding_window=16,
-                   layer_types=("sliding_attention", "full_attention"), attn_logit_softcapping=1.0,
-                   final_logit_softcapping=2.0, query_pre_attn_scalar=16),
-    "gemma3": dict(architecture="gemma3", qk_norm=True, rope_theta=1000000.0, local_rope_theta=10000.0,
-                   rope_scaling={"rope_type": "linear", "factor": 8.0}),
-    "mixtral": dict(architecture="mixtral", num_experts=4, num_experts_per_tok=2, moe_layers=(0, 1),
-                    norm_topk_prob=True),
-    "qwen2-moe": dict(architecture="qwen2_moe", num_experts=4, shared_expert_intermediate_size=64,
-                      moe_layers=(0, 1), norm_topk_prob=False, attention_bias=True),
-    "qwen3-moe": dict(architecture="qwen3_moe", num_experts=8, moe_layers=(0,), norm_topk_prob=True, qk_norm=True),
+    "gemma2": dict(
+        architecture="gemma2",
+        hidden_act="gelu_pytorch_tanh",
+        sliding_window=16,
+        layer_types=("sliding_attention", "full_attention"),
+        attn_logit_softcapping=1.0,
+        final_logit_softcapping=2.0,
+        query_pre_attn_scalar=16,
+    ),
+    "gemma3": dict(
+        architecture="gemma3",
+        qk_norm=True,
+        rope_theta=1000000.0,
+        local_rope_theta=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    ),
+    "mixtral": dict(
+        architecture="mixtral",
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_layers=(0, 1),
+        norm_topk_prob=True,
+    ),
+    "qwen2-moe": dict(
+        architecture="qwen2_moe",
+        num_experts=4,
+        shared_expert_intermediate_size=64,
+        moe_layers=(0, 1),
+        norm_topk_prob=False,
+        attention_bias=True,
+    ),
+    "qwen3-moe": dict(
+        architecture="qwen3_moe", num_experts=8, moe_layers=(0,), norm_topk_prob=True, qk_norm=True
+    ),
 }
 
 
@@ -64,7 +88,12 @@ def test_config_reads_as_transformers_does(family):
     arch = checkpoint.arch
     for field, value in EXPECTED_ARCH[name].items():
         assert getattr(arch, field) == value, field
-    shape = (arch.hidden_size, arch.num_hidden_layers, arch.num_attention_heads, arch.num_key_value_heads)
+    shape = (
+        arch.hidden_size,
+        arch.num_hidden_layers,
+        arch.num_attention_heads,
+        arch.num_key_value_heads,
+    )
     assert shape == (64, 2, 4, 2)
 
 
@@ -79,9 +108,14 @@ def _prefill_metadata(prompts: list[list[int]], block_size: int) -> AttentionMet
         first += count
     lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
     return AttentionMetadata(
-        slot_mapping=torch.cat(slots), block_tables=tables, context_lens=lens,
-        query_start_loc=torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)]),
-        max_query_len=int(lens.max()), max_context_len=int(lens.max()),
+        slot_mapping=torch.cat(slots),
+        block_tables=tables,
+        context_lens=lens,
+        query_start_loc=torch.cat(
+            [torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)]
+        ),
+        max_query_len=int(lens.max()),
+        max_context_len=int(lens.max()),
     ), first
 
 
@@ -113,10 +147,15 @@ def test_greedy_continuations_match_transformers(family, prompts, run_engine, ti
     for prompt, output in zip(prompts, outputs):
         input_ids = torch.tensor([prompt])
         generated = theirs.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=NUM_TOKENS, do_sample=False,
-            eos_token_id=None, output_logits=True, return_dict_in_generate=True,
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=NUM_TOKENS,
+            do_sample=False,
+            eos_token_id=None,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
-        want = generated.sequences[0, len(prompt):].tolist()
+        want = generated.sequences[0, len(prompt) :].tolist()
         logprobs = torch.cat(generated.logits).float().log_softmax(dim=-1)
         top = logprobs.topk(2, dim=-1).values
         ties = ((top[:, 0] - top[:, 1]) < TIE).nonzero()
@@ -151,9 +190,13 @@ def test_moe_with_quantized_experts_runs_each_expert_in_blocks(tiny_family_dir):
     # Experts kept in GGUF blocks take the per-expert loop; int8 activations keep it close to the float layer.
     checkpoint = load_checkpoint(str(tiny_family_dir("qwen2-moe")), torch.float32)
     backend = select_backend(torch.device("cpu"), "cpu")
-    quantized = {n: quantize_int8(w) if ".experts." in n else w for n, w in checkpoint.weights.items()}
+    quantized = {
+        n: quantize_int8(w) if ".experts." in n else w for n, w in checkpoint.weights.items()
+    }
     moe = build_model(checkpoint.arch, quantized, backend, torch.device("cpu")).layers[0].mlp
-    reference = build_model(checkpoint.arch, checkpoint.weights, backend, torch.device("cpu")).layers[0].mlp
+    reference = (
+        build_model(checkpoint.arch, checkpoint.weights, backend, torch.device("cpu")).layers[0].mlp
+    )
     assert moe.w13 is None and reference.experts is None
     x = torch.randn(19, checkpoint.arch.hidden_size, generator=torch.Generator().manual_seed(1))
     want = reference(x, backend)
@@ -163,23 +206,38 @@ def test_moe_with_quantized_experts_runs_each_expert_in_blocks(tiny_family_dir):
 # Our tiny families with a llama.cpp architecture, and that architecture (the tiny Qwen3-MoE has a dense
 # layer, which llama.cpp's qwen3moe cannot express). Mistral and Mixtral are llama.cpp's "llama".
 GGUF_ARCHITECTURES = {
-    "qwen2-yarn": "qwen2", "qwen3": "qwen3", "qwen2-moe": "qwen2moe", "mistral": "llama", "mixtral": "llama",
-    "phi3": "phi3", "gemma2": "gemma2", "gemma3": "gemma3",
+    "qwen2-yarn": "qwen2",
+    "qwen3": "qwen3",
+    "qwen2-moe": "qwen2moe",
+    "mistral": "llama",
+    "mixtral": "llama",
+    "phi3": "phi3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
 }
 
 
 @pytest.mark.parametrize("name", GGUF_ARCHITECTURES)
 @torch.inference_mode()
-def test_gguf_loads_as_the_hf_directory_does(name, tiny_family_dir, gguf_from_hf, tmp_path, mixed_texts):
+def test_gguf_loads_as_the_hf_directory_does(
+    name, tiny_family_dir, gguf_from_hf, tmp_path, mixed_texts
+):
     hf_dir = tiny_family_dir(name)
     path = gguf_from_hf(hf_dir, GGUF_ARCHITECTURES[name], tmp_path / f"{name}.gguf")
     # Same weights and the same architecture as the directory, so the same outputs, checked above.
-    ours, expected = load_checkpoint(str(path), torch.float32), load_checkpoint(str(hf_dir), torch.float32)
+    ours, expected = (
+        load_checkpoint(str(path), torch.float32),
+        load_checkpoint(str(hf_dir), torch.float32),
+    )
     assert ours.weights.keys() == expected.weights.keys()
     for weight_name, tensor in expected.weights.items():
         # Gemma's norms come back from 1 + w, which float32 rounds (to within an ulp of 1).
-        tolerance = 2**-23 if name.startswith("gemma") and weight_name.endswith("norm.weight") else 0
-        torch.testing.assert_close(ours.weights[weight_name], tensor, rtol=0, atol=tolerance, msg=weight_name)
+        tolerance = (
+            2**-23 if name.startswith("gemma") and weight_name.endswith("norm.weight") else 0
+        )
+        torch.testing.assert_close(
+            ours.weights[weight_name], tensor, rtol=0, atol=tolerance, msg=weight_name
+        )
     # GGUF stores the norm epsilon as a float32.
     assert ours.arch.rms_norm_eps == pytest.approx(expected.arch.rms_norm_eps, rel=1e-6)
     assert dataclasses.replace(ours.arch, rms_norm_eps=expected.arch.rms_norm_eps) == expected.arch
@@ -188,23 +246,32 @@ def test_gguf_loads_as_the_hf_directory_does(name, tiny_family_dir, gguf_from_hf
     from transformers import AutoModelForCausalLM
 
     theirs = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    model = build_model(ours.arch, ours.weights, select_backend(torch.device("cpu"), "torch"), torch.device("cpu"))
+    model = build_model(
+        ours.arch, ours.weights, select_backend(torch.device("cpu"), "torch"), torch.device("cpu")
+    )
     prompts = [ours.tokenizer.encode(text) for text in (mixed_texts[1], mixed_texts[4])]
     meta, num_blocks = _prefill_metadata(prompts, 16)
-    shape = model.backend.cache_shape(num_blocks, 16, ours.arch.num_key_value_heads, ours.arch.head_dim)
+    shape = model.backend.cache_shape(
+        num_blocks, 16, ours.arch.num_key_value_heads, ours.arch.head_dim
+    )
     caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(ours.arch.num_hidden_layers)]
     input_ids = torch.tensor([t for p in prompts for t in p])
     positions = torch.cat([torch.arange(len(p)) for p in prompts])
     logits = model.forward(input_ids, positions, meta, caches, torch.arange(len(input_ids)))
     for prompt, got in zip(prompts, logits.split([len(p) for p in prompts])):
-        torch.testing.assert_close(got, theirs(torch.tensor([prompt])).logits[0].float(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            got, theirs(torch.tensor([prompt])).logits[0].float(), rtol=1e-4, atol=1e-4
+        )
 
 
 def test_gguf_mixtral_with_per_expert_tensors(tiny_family_dir, gguf_from_hf, tmp_path):
     # Older llama.cpp Mixtral files hold one tensor per expert (blk.N.ffn_gate.E) instead of a 3-D stack.
     hf_dir = tiny_family_dir("mixtral")
     path = gguf_from_hf(hf_dir, "llama", tmp_path / "mixtral.gguf", per_expert=True)
-    ours, expected = load_checkpoint(str(path), torch.float32), load_checkpoint(str(hf_dir), torch.float32)
+    ours, expected = (
+        load_checkpoint(str(path), torch.float32),
+        load_checkpoint(str(hf_dir), torch.float32),
+    )
     assert ours.weights.keys() == expected.weights.keys()
     for weight_name, tensor in expected.weights.items():
         assert torch.equal(ours.weights[weight_name], tensor), weight_name
@@ -218,7 +285,9 @@ def test_transformers_reads_our_gguf_writer_back(tiny_family_dir, gguf_from_hf, 
     hf_dir = tiny_family_dir("qwen2-yarn")
     path = gguf_from_hf(hf_dir, "qwen2", tmp_path / "qwen2.gguf")
     original = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).state_dict()
-    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).state_dict()
+    theirs = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=path.name, dtype=torch.float32
+    ).state_dict()
     assert theirs.keys() == original.keys()
     for weight_name, tensor in original.items():
         assert torch.equal(theirs[weight_name], tensor), weight_name

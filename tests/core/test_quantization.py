@@ -11,10 +11,16 @@ from gguf.quants import dequantize
 
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.loaders.gguf_loader import load_gguf
 from spyglass.core.models.linear import Linear, QuantizedLinear
-from spyglass.core.models.quantization import QuantizedWeight, cat_rows, quantize_int8, resolve_mode, weight_bytes
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.models.quantization import (
+    QuantizedWeight,
+    cat_rows,
+    quantize_int8,
+    resolve_mode,
+    weight_bytes,
+)
 
 PROMPTS = [
     "The capital of France is",
@@ -59,7 +65,9 @@ def test_modes_resolve_per_device():
 def test_int8_engine_multiplies_in_blocks(make_tiny_engine, run_engine):
     engine = make_tiny_engine(quantization="int8")
     model = engine.runner.model
-    assert isinstance(model.layers[0].attention.qkv, QuantizedLinear) and isinstance(model.lm_head, QuantizedLinear)
+    assert isinstance(model.layers[0].attention.qkv, QuantizedLinear) and isinstance(
+        model.lm_head, QuantizedLinear
+    )
     float_model = make_tiny_engine().runner.model
     assert isinstance(float_model.layers[0].attention.qkv, Linear)
     x = torch.randn(5, engine.arch.hidden_size)
@@ -70,7 +78,9 @@ def test_int8_engine_multiplies_in_blocks(make_tiny_engine, run_engine):
 
 
 @pytest.mark.slow
-def test_default_model_keeps_its_gguf_blocks(default_model_path, default_checkpoint, quantized_checkpoint):
+def test_default_model_keeps_its_gguf_blocks(
+    default_model_path, default_checkpoint, quantized_checkpoint
+):
     weights = quantized_checkpoint.weights
     assert 90e6 < weight_bytes(weights) < 110e6 < weight_bytes(default_checkpoint.weights)
     layer = "model.layers.3.self_attn"
@@ -87,7 +97,9 @@ def quantized_checkpoint(default_model_path):
 
 
 @pytest.mark.slow
-def test_quantized_default_model_agrees_with_float(make_default_engine, quantized_checkpoint, run_engine):
+def test_quantized_default_model_agrees_with_float(
+    make_default_engine, quantized_checkpoint, run_engine
+):
     prompts = [make_default_engine().tokenizer.encode(p) for p in PROMPTS]
     floats = run_engine(make_default_engine(), prompts, GREEDY)
     quantized_engine = LLMEngine(
@@ -99,5 +111,7 @@ def test_quantized_default_model_agrees_with_float(make_default_engine, quantize
     for want, got in zip(floats, quantized, strict=True):
         pairs = zip(want.outputs[0].token_ids, got.outputs[0].token_ids, strict=True)
         agreeing += next((i for i, (a, b) in enumerate(pairs) if a != b), 32)
-    print(f"\nquantized vs float32 greedy: {agreeing} of {32 * len(PROMPTS)} tokens agree before any difference")
+    print(
+        f"\nquantized vs float32 greedy: {agreeing} of {32 * len(PROMPTS)} tokens agree before any difference"
+    )
     assert agreeing >= 0.5 * 32 * len(PROMPTS)

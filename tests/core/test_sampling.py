@@ -22,7 +22,9 @@ def make_request(params: SamplingParams, prompt=(1, 2, 3), output=()) -> Request
     return request
 
 
-def draw_many(params: SamplingParams, num_draws: int = 2000, logits: torch.Tensor = LOGITS) -> Counter:
+def draw_many(
+    params: SamplingParams, num_draws: int = 2000, logits: torch.Tensor = LOGITS
+) -> Counter:
     """Token frequencies over many unseeded rows of the same logits (one sampler call)."""
     torch.manual_seed(0)
     requests = [make_request(params) for _ in range(num_draws)]
@@ -58,7 +60,10 @@ def test_low_temperature_concentrates_and_high_flattens():
     [
         (SamplingParams(top_k=2), {0, 1}),
         (SamplingParams(top_k=3), {0, 1, 2}),
-        (SamplingParams(top_p=0.7), {0, 1}),  # 0.5 before token 1 is under 0.7; 0.8 before token 2 is not
+        (
+            SamplingParams(top_p=0.7),
+            {0, 1},
+        ),  # 0.5 before token 1 is under 0.7; 0.8 before token 2 is not
         (SamplingParams(top_p=0.85), {0, 1, 2}),
         (SamplingParams(min_p=0.5), {0, 1}),  # floor 0.25
         (SamplingParams(min_p=0.2), {0, 1, 2}),  # floor 0.10
@@ -80,7 +85,12 @@ def test_top_k_beyond_the_vocabulary_keeps_every_token():
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(top_k=1), SamplingParams(top_p=1e-6), SamplingParams(min_p=1.0), SamplingParams(temperature=0)],
+    [
+        SamplingParams(top_k=1),
+        SamplingParams(top_p=1e-6),
+        SamplingParams(min_p=1.0),
+        SamplingParams(temperature=0),
+    ],
 )
 def test_degenerate_filters_are_greedy(params):
     logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(3))
@@ -118,7 +128,9 @@ def test_seed_sequence_is_reproducible_and_seed_dependent():
 
 def test_frequency_and_presence_penalties():
     logits = torch.zeros(1, 6)
-    request = make_request(SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), prompt=[4], output=[1, 1, 2])
+    request = make_request(
+        SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), prompt=[4], output=[1, 1, 2]
+    )
     apply_penalties(logits, [request])
     # Output tokens only: token 1 twice, token 2 once; the prompt's token 4 is untouched.
     assert logits[0].tolist() == pytest.approx([0.0, -1.25, -0.75, 0.0, 0.0, 0.0])
@@ -133,7 +145,9 @@ def test_repetition_penalty_pushes_seen_tokens_towards_unlikely():
 
 def test_penalties_change_the_choice_but_not_the_reported_logprobs():
     logits = torch.tensor([[3.0, 2.9, 0.0]])
-    request = make_request(SamplingParams(temperature=0, frequency_penalty=1.0, logprobs=2), output=[0])
+    request = make_request(
+        SamplingParams(temperature=0, frequency_penalty=1.0, logprobs=2), output=[0]
+    )
     [token_id], [logprob] = sample(logits.clone(), [request])
     assert token_id == 1
     raw = logits.log_softmax(dim=-1)[0]
@@ -164,7 +178,13 @@ def test_logprobs_per_request():
 @pytest.fixture(scope="module")
 def prompts(tiny_llama_checkpoint):
     tokenizer = tiny_llama_checkpoint.tokenizer
-    texts = ["Hello world", "the the the the the the", "abc abc abc abc", "1 2 3 4 5", "def f(x):\n    return x * 2"]
+    texts = [
+        "Hello world",
+        "the the the the the the",
+        "abc abc abc abc",
+        "1 2 3 4 5",
+        "def f(x):\n    return x * 2",
+    ]
     return [tokenizer.encode(text) for text in texts]
 
 
@@ -193,8 +213,13 @@ def test_seeded_output_independent_of_batch(engine, run_engine, prompts):
     assert tokens(again)[0] != alone
 
 
-def test_seeded_output_survives_preemption(make_tiny_engine, run_engine, count_preemptions, prompts):
-    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=24, ignore_eos=True) for s in range(len(prompts))]
+def test_seeded_output_survives_preemption(
+    make_tiny_engine, run_engine, count_preemptions, prompts
+):
+    params = [
+        SamplingParams(temperature=1.0, seed=s, max_tokens=24, ignore_eos=True)
+        for s in range(len(prompts))
+    ]
     roomy = tokens(run_engine(make_tiny_engine(), prompts, params))
     tight_engine = make_tiny_engine(block_size=4, num_kv_blocks=14)
     preemptions = count_preemptions(tight_engine)
@@ -220,16 +245,22 @@ def test_unseeded_samples_differ(engine, run_engine, prompts):
 def test_degenerate_sampling_equals_greedy(engine, run_engine, prompts, params):
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     params = dataclasses.replace(params, max_tokens=12, ignore_eos=True, seed=5)
-    assert tokens(run_engine(engine, prompts, params)) == tokens(run_engine(engine, prompts, greedy))
+    assert tokens(run_engine(engine, prompts, params)) == tokens(
+        run_engine(engine, prompts, greedy)
+    )
 
 
 def test_huge_top_k_runs(engine, run_engine, prompts):
-    [output] = run_engine(engine, prompts[:1], SamplingParams(top_k=10**6, seed=0, max_tokens=3, ignore_eos=True))
+    [output] = run_engine(
+        engine, prompts[:1], SamplingParams(top_k=10**6, seed=0, max_tokens=3, ignore_eos=True)
+    )
     assert output.outputs[0].finish_reason == "length"
 
 
 def test_top_k_limits_choices_to_the_top_k(engine, run_engine, prompts):
-    params = SamplingParams(temperature=1.0, top_k=3, seed=11, max_tokens=12, ignore_eos=True, logprobs=3)
+    params = SamplingParams(
+        temperature=1.0, top_k=3, seed=11, max_tokens=12, ignore_eos=True, logprobs=3
+    )
     for output in run_engine(engine, prompts, params):
         completion = output.outputs[0]
         for token_id, logprob in zip(completion.token_ids, completion.logprobs):
@@ -249,15 +280,20 @@ def test_strong_penalties_stop_repeats(engine, run_engine, prompts, penalty):
     base = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     baseline = run_engine(engine, prompts, base)
     assert repeats(baseline) >= 4  # the random model loops, so there is something to prevent
-    penalised = run_engine(engine, prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, **penalty))
+    penalised = run_engine(
+        engine, prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, **penalty)
+    )
     assert repeats(penalised) == 0
 
 
 def test_engine_logprobs(engine, run_engine, prompts):
     greedy, sampled = (
-        SamplingParams(temperature=t, seed=3, max_tokens=10, ignore_eos=True, logprobs=4) for t in (0, 1.0)
+        SamplingParams(temperature=t, seed=3, max_tokens=10, ignore_eos=True, logprobs=4)
+        for t in (0, 1.0)
     )
-    for output in run_engine(engine, prompts[:3], greedy) + run_engine(engine, prompts[:3], sampled):
+    for output in run_engine(engine, prompts[:3], greedy) + run_engine(
+        engine, prompts[:3], sampled
+    ):
         completion = output.outputs[0]
         assert len(completion.logprobs) == len(completion.token_ids) == 10
         for token_id, logprob in zip(completion.token_ids, completion.logprobs):
@@ -277,7 +313,9 @@ def test_engine_logprobs(engine, run_engine, prompts):
 def test_streamed_outputs_are_snapshots(engine, prompts):
     # Each output is what the request had at that step: its logprobs must not keep growing afterwards
     # (a streaming consumer on another thread slices them by its count of tokens).
-    engine.add_request("snap", prompts[0], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1))
+    engine.add_request(
+        "snap", prompts[0], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
+    )
     outputs = []
     while engine.has_unfinished_requests:
         outputs.extend(engine.step())

@@ -167,11 +167,15 @@ def test_a_long_generation_holds_a_window_of_blocks(mistral, prompts):
             assert held[-1] <= MAX_HELD + 16 // BLOCK
             engine.kv.check_integrity()
     decoding = held[-GREEDY.max_tokens + 2 :]  # after the first decode step's release
-    assert max(decoding) <= MAX_HELD and (len(prompts[-1]) + GREEDY.max_tokens) // BLOCK > 4 * MAX_HELD
+    assert (
+        max(decoding) <= MAX_HELD and (len(prompts[-1]) + GREEDY.max_tokens) // BLOCK > 4 * MAX_HELD
+    )
     assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
 
 
-def test_release_avoids_preemption(mistral, run_engine, count_preemptions, prompts, kept, same_greedy):
+def test_release_avoids_preemption(
+    mistral, run_engine, count_preemptions, prompts, kept, same_greedy
+):
     # 48 blocks of 4 = 192 slots: each request fits alone, but all eight at once only with release.
     engine = mistral(num_kv_blocks=48, max_num_batched_tokens=64)
     preemptions = count_preemptions(engine)
@@ -185,7 +189,9 @@ def test_release_avoids_preemption(mistral, run_engine, count_preemptions, promp
     assert len(preempted_without.req_ids) > 0
 
 
-def test_forced_preemption_balances(mistral, run_engine, count_preemptions, prompts, kept, same_greedy):
+def test_forced_preemption_balances(
+    mistral, run_engine, count_preemptions, prompts, kept, same_greedy
+):
     # 32 blocks (the longest request just fits): preemption even with release; run_engine checks the
     # bookkeeping every step and the balance at the end.
     engine = mistral(num_kv_blocks=32, max_num_batched_tokens=32)
@@ -227,13 +233,21 @@ def test_prefix_cache_hits_released_blocks(mistral, run_engine, prompts, kept, s
         same_greedy(expected, b)
 
 
-def test_mixed_global_and_local_layers_release_nothing(tiny_family_dir, tiny_engine_factory, run_engine, prompts):
+def test_mixed_global_and_local_layers_release_nothing(
+    tiny_family_dir, tiny_engine_factory, run_engine, prompts
+):
     path = tiny_family_dir("gemma2")
     engine = tiny_engine_factory(path, load_checkpoint(str(path), torch.float32))(block_size=BLOCK)
-    assert engine.kv.sliding_window is None and engine.kv.num_cache_blocks == engine.kv.pool.num_blocks
-    engine.add_request("g", prompts[-1], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert (
+        engine.kv.sliding_window is None and engine.kv.num_cache_blocks == engine.kv.pool.num_blocks
+    )
+    engine.add_request(
+        "g", prompts[-1], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    )
     while engine.has_unfinished_requests:
         engine.step()
         if engine.has_unfinished_requests:
             table = engine.kv.block_table("g")
-            assert engine.kv.null_block_id not in table and engine.kv.num_held_blocks("g") == len(table)
+            assert engine.kv.null_block_id not in table and engine.kv.num_held_blocks("g") == len(
+                table
+            )

@@ -1,4 +1,5 @@
-"""How requests end in the engine: stop strings (also across tokens), stop token ids, EOS, max_tokens, context length."""
+"""How requests end in the engine: stop strings (also across tokens), stop token ids, EOS,
+max_tokens, context length."""
 
 import pytest
 
@@ -21,7 +22,9 @@ def tokenizer(tiny_llama_checkpoint):
 def greedy_runs(engine, run_engine, tokenizer):
     """(prompt ids, greedy output ids) per prompt, 32 tokens each, ignoring EOS."""
     prompts = [tokenizer.encode(p) for p in PROMPTS]
-    outputs = run_engine(engine, prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    outputs = run_engine(
+        engine, prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    )
     return [(prompt, output.outputs[0].token_ids) for prompt, output in zip(prompts, outputs)]
 
 
@@ -42,7 +45,12 @@ def spanning_stop(tokenizer, token_ids):
     """
     for i in range(1, len(token_ids) - 1):
         head, longer = tokenizer.decode(token_ids[:i]), tokenizer.decode(token_ids[: i + 1])
-        if "\ufffd" in longer or len(head) < 2 or len(longer) < len(head) + 2 or not longer.startswith(head):
+        if (
+            "\ufffd" in longer
+            or len(head) < 2
+            or len(longer) < len(head) + 2
+            or not longer.startswith(head)
+        ):
             continue
         stop = longer[len(head) - 2 : len(head) + 2]
         if longer.find(stop) == len(head) - 2:
@@ -70,7 +78,9 @@ def test_stop_token_ids(engine, greedy_runs):
     prompt, full = greedy_runs[1]
     stop_token = full[5]
     position = full.index(stop_token)
-    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, stop_token_ids=[123, stop_token])
+    params = SamplingParams(
+        temperature=0, max_tokens=32, ignore_eos=True, stop_token_ids=[123, stop_token]
+    )
     final = run_streaming(engine, prompt, params, "stop-id")[-1].outputs[0]
     assert (final.finish_reason, final.stop_reason) == ("stop", stop_token)
     assert final.token_ids == full[: position + 1]
@@ -84,7 +94,9 @@ def test_eos_finishes_unless_ignored(engine, greedy_runs):
     assert request.eos_token_ids == engine.tokenizer.eos_token_ids == (2,)
     # The random model never samples the real EOS; make one of its greedy tokens the EOS for this request.
     request.eos_token_ids = (eos,)
-    ignored = engine.add_request("no-eos", prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    ignored = engine.add_request(
+        "no-eos", prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    )
     assert ignored.eos_token_ids == ()
     finished = {}
     while engine.has_unfinished_requests:
@@ -96,19 +108,27 @@ def test_eos_finishes_unless_ignored(engine, greedy_runs):
 
 def test_max_tokens_is_length(engine, run_engine, greedy_runs):
     prompt, full = greedy_runs[0]
-    [output] = run_engine(engine, [prompt], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))
+    [output] = run_engine(
+        engine, [prompt], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True)
+    )
     assert (output.outputs[0].finish_reason, output.outputs[0].token_ids) == ("length", full[:7])
 
 
-def test_without_max_tokens_generation_stops_at_the_context_length(make_tiny_engine, run_engine, greedy_runs):
+def test_without_max_tokens_generation_stops_at_the_context_length(
+    make_tiny_engine, run_engine, greedy_runs
+):
     prompt, _ = greedy_runs[0]
     engine = make_tiny_engine(max_model_len=24)
-    [output] = run_engine(engine, [prompt], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
+    [output] = run_engine(
+        engine, [prompt], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    )
     assert output.outputs[0].finish_reason == "length"
     assert len(prompt) + len(output.outputs[0].token_ids) == 24
 
 
-def test_stop_string_in_a_batch_does_not_stop_the_others(engine, run_engine, tokenizer, greedy_runs):
+def test_stop_string_in_a_batch_does_not_stop_the_others(
+    engine, run_engine, tokenizer, greedy_runs
+):
     stop, _, before = spanning_stop(tokenizer, greedy_runs[0][1])
     params = [
         SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, stop=[stop]),
@@ -116,4 +136,7 @@ def test_stop_string_in_a_batch_does_not_stop_the_others(engine, run_engine, tok
     ]
     stopped, other = run_engine(engine, [greedy_runs[0][0], greedy_runs[1][0]], params)
     assert (stopped.outputs[0].text, stopped.outputs[0].finish_reason) == (before, "stop")
-    assert (other.outputs[0].token_ids, other.outputs[0].finish_reason) == (greedy_runs[1][1], "length")
+    assert (other.outputs[0].token_ids, other.outputs[0].finish_reason) == (
+        greedy_runs[1][1],
+        "length",
+    )

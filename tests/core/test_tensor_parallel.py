@@ -48,8 +48,13 @@ def _token_ids(engine, texts: list[str]) -> list[list[int]]:
 
 def _compare(reference, outputs, same_greedy, logprob_tol: float = 1e-4) -> int:
     """Assert each pair agrees up to a near-tie; print and return how many parted at one."""
-    ties = sum(same_greedy(want, got, tie=TIE, logprob_tol=logprob_tol) for want, got in zip(reference, outputs))
-    print(f"\ntensor parallel parity: {ties} of {len(outputs)} prompts parted at a near-tie (<{TIE})")
+    ties = sum(
+        same_greedy(want, got, tie=TIE, logprob_tol=logprob_tol)
+        for want, got in zip(reference, outputs)
+    )
+    print(
+        f"\ntensor parallel parity: {ties} of {len(outputs)} prompts parted at a near-tie (<{TIE})"
+    )
     return ties
 
 
@@ -80,7 +85,9 @@ def test_shards_put_back_together_are_the_checkpoint(tiny_llama_checkpoint):
 
 
 @pytest.mark.slow
-def test_default_model_two_ranks_match_one_on_the_parity_prompts(make_default_engine, run_engine, same_greedy):
+def test_default_model_two_ranks_match_one_on_the_parity_prompts(
+    make_default_engine, run_engine, same_greedy
+):
     params = _greedy(NUM_TOKENS)
     single = make_default_engine(num_kv_blocks=400)
     prompts = _token_ids(single, PROMPTS)
@@ -92,15 +99,21 @@ def test_default_model_two_ranks_match_one_on_the_parity_prompts(make_default_en
     start = time.perf_counter()
     try:
         assert engine.info.tensor_parallel_size == 2
-        outputs = run_engine(engine, prompts, params)  # checks KV integrity each step and that no block leaked
+        outputs = run_engine(
+            engine, prompts, params
+        )  # checks KV integrity each step and that no block leaked
     finally:
         engine.shutdown()
-    print(f"\nTP=1 {single_seconds:.1f} s, TP=2 {time.perf_counter() - start:.1f} s (engine start included)")
+    print(
+        f"\nTP=1 {single_seconds:.1f} s, TP=2 {time.perf_counter() - start:.1f} s (engine start included)"
+    )
     assert _compare(reference, outputs, same_greedy) <= len(PROMPTS) // 4
 
 
 @pytest.mark.parametrize("quantization", ["none", "int8"])
-def test_tiny_llama_two_ranks_match_one(make_tiny_engine, run_engine, same_greedy, mixed_texts, quantization):
+def test_tiny_llama_two_ranks_match_one(
+    make_tiny_engine, run_engine, same_greedy, mixed_texts, quantization
+):
     """Even heads (4 query, 2 KV); int8 shards Q8_0 blocks by rows and, on block edges, by columns.
 
     The int8 kernels quantize their inputs to 8 bits as well, which turns a 1e-6 change in a sum
@@ -119,13 +132,17 @@ def test_tiny_llama_two_ranks_match_one(make_tiny_engine, run_engine, same_greed
         engine.shutdown()
     _compare(reference, outputs, same_greedy, logprob_tol=1e-4 if quantization == "none" else 1e-3)
     assert recorder.steps and all(stats.tensor_parallel_size == 2 for stats in recorder.steps)
-    assert not any(p.is_alive() for p in engine.runner.group.processes)  # shutdown stopped the worker
+    assert not any(
+        p.is_alive() for p in engine.runner.group.processes
+    )  # shutdown stopped the worker
 
 
 def _engine_with_work(make_tiny_engine, num_requests: int = 4):
     engine = make_tiny_engine(tensor_parallel_size=2)
     for index in range(num_requests):
-        engine.add_request(f"r{index}", [5 + index] * 40, SamplingParams(max_tokens=500, ignore_eos=True))
+        engine.add_request(
+            f"r{index}", [5 + index] * 40, SamplingParams(max_tokens=500, ignore_eos=True)
+        )
     engine.step()
     return engine
 
@@ -139,7 +156,9 @@ def test_a_killed_worker_fails_the_next_step_clearly(make_tiny_engine):
     with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
         engine.step()
     assert time.monotonic() - start < 5
-    with pytest.raises(TensorParallelError):  # the engine stays failed: no step runs on a broken group
+    with pytest.raises(
+        TensorParallelError
+    ):  # the engine stays failed: no step runs on a broken group
         engine.step()
     engine.shutdown()
 
@@ -159,14 +178,24 @@ def test_a_worker_killed_mid_run_fails_the_engine_within_seconds(make_tiny_engin
 
 
 def test_llm_api_with_tensor_parallel_size(tiny_llama_dir):
-    options = dict(model=str(tiny_llama_dir), dtype="float32", device="cpu", plugins=["fcfs"], kv_cache_memory="64MiB")
+    options = dict(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        device="cpu",
+        plugins=["fcfs"],
+        kv_cache_memory="64MiB",
+    )
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompts = ["The quick brown fox", "def add(a, b):"]
-    want = [o.outputs[0].token_ids for o in LLM(**options).generate(prompts, params, use_tqdm=False)]
+    want = [
+        o.outputs[0].token_ids for o in LLM(**options).generate(prompts, params, use_tqdm=False)
+    ]
     llm = LLM(tensor_parallel_size=2, **options)
     try:
         assert llm.engine.info.tensor_parallel_size == 2
-        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+        assert [
+            o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)
+        ] == want
     finally:
         llm.engine.shutdown()
 

@@ -46,7 +46,11 @@ def test_decode_round_trips(tokenizer, text):
 
 def test_decode_skips_special_tokens_like_transformers(tokenizer, hf_gguf_tokenizer):
     ids = tokenizer.encode("<|im_start|>user\nHi<|im_end|>")
-    assert tokenizer.decode(ids) == hf_gguf_tokenizer.decode(ids, skip_special_tokens=True) == "user\nHi"
+    assert (
+        tokenizer.decode(ids)
+        == hf_gguf_tokenizer.decode(ids, skip_special_tokens=True)
+        == "user\nHi"
+    )
 
 
 def test_special_tokens(tokenizer, hf_gguf_tokenizer):
@@ -71,7 +75,9 @@ CONVERSATIONS = [
 
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("messages", CONVERSATIONS)
-def test_chat_template_matches_transformers(tokenizer, hf_gguf_tokenizer, messages, add_generation_prompt):
+def test_chat_template_matches_transformers(
+    tokenizer, hf_gguf_tokenizer, messages, add_generation_prompt
+):
     ours = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
     theirs = hf_gguf_tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt
@@ -108,7 +114,9 @@ def test_missing_chat_template_is_a_clear_error(tokenizer):
 
 
 def test_template_cannot_escape_sandbox(tokenizer):
-    evil = Tokenizer(tokenizer.backend, "{{ messages.__class__.__mro__ }}", 1, (2,), add_bos_token=False)
+    evil = Tokenizer(
+        tokenizer.backend, "{{ messages.__class__.__mro__ }}", 1, (2,), add_bos_token=False
+    )
     with pytest.raises(Exception, match="unsafe|not safely"):
         evil.apply_chat_template([])
 
@@ -116,14 +124,19 @@ def test_template_cannot_escape_sandbox(tokenizer):
 # A SentencePiece BPE vocabulary as Llama 2, Mistral and Phi-3 GGUF files hold one: <unk>, <s>, </s>,
 # the 256 byte-fallback pieces, then the learned pieces scored by creation order (-rank).
 _SPM_CORPUS = [
-    "The quick brown fox jumps over the lazy dog.", "Once upon a time, in a land far away, there lived a king.",
-    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))", "hello world, hello there; then them the other",
-    "Q: What is the capital of France?\nA: Paris", "numbers 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144",
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time, in a land far away, there lived a king.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
+    "hello world, hello there; then them the other",
+    "Q: What is the capital of France?\nA: Paris",
+    "numbers 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144",
 ]
 _BYTES = [f"<0x{b:02X}>" for b in range(256)]
 
 
-def _write_spm_gguf(path, pieces: list[str], scores: list[float], add_space_prefix: bool | None = None):
+def _write_spm_gguf(
+    path, pieces: list[str], scores: list[float], add_space_prefix: bool | None = None
+):
     tokens = ["<unk>", "<s>", "</s>", *_BYTES, *pieces]
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_block_count(1)
@@ -135,8 +148,12 @@ def _write_spm_gguf(path, pieces: list[str], scores: list[float], add_space_pref
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores([0.0] * (3 + 256) + [float(s) for s in scores])
-    writer.add_token_types([gguf.TokenType.UNKNOWN] + [gguf.TokenType.CONTROL] * 2 + [gguf.TokenType.BYTE] * 256
-                           + [gguf.TokenType.NORMAL] * len(pieces))
+    writer.add_token_types(
+        [gguf.TokenType.UNKNOWN]
+        + [gguf.TokenType.CONTROL] * 2
+        + [gguf.TokenType.BYTE] * 256
+        + [gguf.TokenType.NORMAL] * len(pieces)
+    )
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
@@ -165,9 +182,13 @@ def spm_gguf(tmp_path_factory):
 
     trained = BackendTokenizer(models.BPE())
     trained.pre_tokenizer = pre_tokenizers.Metaspace()
-    trained.train_from_iterator(_SPM_CORPUS * 10, trainers.BpeTrainer(vocab_size=400, show_progress=False))
+    trained.train_from_iterator(
+        _SPM_CORPUS * 10, trainers.BpeTrainer(vocab_size=400, show_progress=False)
+    )
     pieces = [piece for piece, _ in sorted(trained.get_vocab().items(), key=lambda item: item[1])]
-    return _write_spm_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf", pieces, [-float(i) for i in range(len(pieces))])
+    return _write_spm_gguf(
+        tmp_path_factory.mktemp("spm") / "spm.gguf", pieces, [-float(i) for i in range(len(pieces))]
+    )
 
 
 # transformers' Metaspace skips the prepended space when the text already starts with one (llama.cpp and
@@ -185,7 +206,9 @@ def test_sentencepiece_gguf_ids_match_transformers(spm_gguf, text):
     assert _spm_tokenizer(spm_gguf).encode(text) == theirs(text)["input_ids"]
 
 
-@pytest.mark.parametrize("text", [*TEXTS, "  two leading spaces", "\nnewline first", "ünïcödé bytes: ∑ 😀"])
+@pytest.mark.parametrize(
+    "text", [*TEXTS, "  two leading spaces", "\nnewline first", "ünïcödé bytes: ∑ 😀"]
+)
 def test_sentencepiece_gguf_round_trips(spm_gguf, text):
     tokenizer = _spm_tokenizer(spm_gguf)
     ids = tokenizer.encode(text)
@@ -196,8 +219,12 @@ def test_sentencepiece_gguf_round_trips(spm_gguf, text):
 def test_sentencepiece_known_splits(tmp_path):
     # The pair whose merged piece scores higher merges first; characters without a piece fall back to bytes.
     pieces = ["\u2581", "a", "b", "c", "ab", "bc", "\u2581a"]
-    ab_first = _spm_tokenizer(_write_spm_gguf(tmp_path / "ab.gguf", pieces, [-1, -2, -3, -4, -5, -9, -6]))
-    bc_first = _spm_tokenizer(_write_spm_gguf(tmp_path / "bc.gguf", pieces, [-1, -2, -3, -4, -9, -5, -6]))
+    ab_first = _spm_tokenizer(
+        _write_spm_gguf(tmp_path / "ab.gguf", pieces, [-1, -2, -3, -4, -5, -9, -6])
+    )
+    bc_first = _spm_tokenizer(
+        _write_spm_gguf(tmp_path / "bc.gguf", pieces, [-1, -2, -3, -4, -9, -5, -6])
+    )
 
     def split(tokenizer, text):
         return [tokenizer.backend.id_to_token(i) for i in tokenizer.encode(text)[1:]]
@@ -208,6 +235,8 @@ def test_sentencepiece_known_splits(tmp_path):
     assert split(ab_first, "cé") == ["\u2581", "c", "<0xC3>", "<0xA9>"]
     assert ab_first.decode(ab_first.encode("cé a")) == "cé a"
     # Gemma's vocabularies prepend no space.
-    no_prefix = _spm_tokenizer(_write_spm_gguf(tmp_path / "gemma.gguf", pieces, [-1, -2, -3, -4, -5, -9, -6], False))
+    no_prefix = _spm_tokenizer(
+        _write_spm_gguf(tmp_path / "gemma.gguf", pieces, [-1, -2, -3, -4, -5, -9, -6], False)
+    )
     assert split(no_prefix, "abc a") == ["ab", "c", "\u2581a"]
     assert no_prefix.decode(no_prefix.encode("abc a")) == "abc a"

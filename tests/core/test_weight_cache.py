@@ -9,7 +9,9 @@ from spyglass.core.loaders.load import load_checkpoint
 
 
 def _entries(cache_root):
-    return sorted(path.name for path in (cache_root / "converted").iterdir() if not path.name.startswith("."))
+    return sorted(
+        path.name for path in (cache_root / "converted").iterdir() if not path.name.startswith(".")
+    )
 
 
 def test_second_load_maps_the_cached_conversion(tiny_qwen2_dir, tmp_path, monkeypatch):
@@ -18,7 +20,9 @@ def test_second_load_maps_the_cached_conversion(tiny_qwen2_dir, tmp_path, monkey
     assert len(_entries(tmp_path)) == 1
 
     conversions = []
-    monkeypatch.setattr("spyglass.core.loaders.hf_loader.load_hf_dir", lambda *args: conversions.append(args))
+    monkeypatch.setattr(
+        "spyglass.core.loaders.hf_loader.load_hf_dir", lambda *args: conversions.append(args)
+    )
     second = load_checkpoint(str(tiny_qwen2_dir), torch.bfloat16)
     assert conversions == [], "the second load converted again instead of reading the cache"
     assert second.name == first.name and second.arch == first.arch
@@ -41,7 +45,11 @@ def test_dtype_and_contents_are_part_of_the_key(tiny_llama_dir, tmp_path, monkey
     load_checkpoint(str(tiny_llama_dir), torch.bfloat16)
     assert len(_entries(tmp_path / "cache")) == 2
     changed = shutil.copytree(tiny_llama_dir, tmp_path / "changed")
-    config = (changed / "config.json").read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05')
+    config = (
+        (changed / "config.json")
+        .read_text()
+        .replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05')
+    )
     (changed / "config.json").write_text(config)
     assert load_checkpoint(str(changed), torch.float32).arch.rms_norm_eps == 1e-05
     assert len(_entries(tmp_path / "cache")) == 3
@@ -53,9 +61,14 @@ def test_unreadable_entry_is_converted_again(tiny_llama_dir, tmp_path, monkeypat
     (entry,) = _entries(tmp_path)
     (tmp_path / "converted" / entry / "weights.pt").write_bytes(b"truncated")
     again = load_checkpoint(str(tiny_llama_dir), torch.float32)
-    assert all(torch.equal(again.weights[name], tensor) for name, tensor in expected.weights.items())
+    assert all(
+        torch.equal(again.weights[name], tensor) for name, tensor in expected.weights.items()
+    )
     # The entry was rewritten and reads back.
-    assert torch.load(tmp_path / "converted" / entry / "weights.pt", weights_only=True).keys() == expected.weights.keys()
+    assert (
+        torch.load(tmp_path / "converted" / entry / "weights.pt", weights_only=True).keys()
+        == expected.weights.keys()
+    )
 
 
 def test_cache_can_be_turned_off(tiny_llama_dir, tmp_path, monkeypatch):

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 
 def _load_helpers():
@@ -28,7 +31,9 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 def _ragged(n: int, low: int, high: int, seed: int) -> list[int]:
     """``n`` random lengths in ``[low, high]``."""
-    return torch.randint(low, high + 1, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return torch.randint(
+        low, high + 1, (n,), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
 
 
 def _check(run, batch, dtype):
@@ -39,12 +44,16 @@ def _check(run, batch, dtype):
 @pytest.mark.parametrize("path", ["auto", "unified", "split-k"])
 def test_decode_batch_of_64_long_contexts(dtype, path):
     ctx = _ragged(64, 1, 8192, seed=0)
-    batch = helpers.make_batch([1] * 64, ctx, num_kv_heads=2, group=4, head_dim=128, block_size=16, dtype=dtype)
+    batch = helpers.make_batch(
+        [1] * 64, ctx, num_kv_heads=2, group=4, head_dim=128, block_size=16, dtype=dtype
+    )
     q, k, v, tables, lens, *_, scale = batch.args
     run = {
         "auto": triton_attention.paged_attention,
         "unified": triton_attention.unified_attention,
-        "split-k": lambda *_: triton_attention.split_k_decode_attention(q, k, v, tables, lens, scale, 8),
+        "split-k": lambda *_: triton_attention.split_k_decode_attention(
+            q, k, v, tables, lens, scale, 8
+        ),
     }[path]
     _check(run, batch, dtype)
 
@@ -52,8 +61,15 @@ def test_decode_batch_of_64_long_contexts(dtype, path):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("group", [1, 3, 4])
 def test_split_k_few_requests_8k(dtype, group):
-    batch = helpers.make_batch([1] * 4, [8192, 8000, 4097, 33], num_kv_heads=2, group=group, head_dim=128,
-                               block_size=16, dtype=dtype)
+    batch = helpers.make_batch(
+        [1] * 4,
+        [8192, 8000, 4097, 33],
+        num_kv_heads=2,
+        group=group,
+        head_dim=128,
+        block_size=16,
+        dtype=dtype,
+    )
     # 4 requests x 2 KV heads leave any real GPU mostly idle, so the heuristic must split.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert triton_attention.num_kv_splits(4, 2, 4, 1, 8192, sms) > 1
@@ -67,19 +83,24 @@ def test_mixed_prefill_drafts_decode(dtype, head_dim, block_size):
     q_lens = [512, 1000, 1, 3, 4, 1] * 5 + [2048, 1]
     ctx = [max(q, c) for q, c in zip(q_lens, _ragged(32, 1, 8192, seed=1))]
     ctx[-2] = 2048
-    batch = helpers.make_batch(q_lens, ctx, num_kv_heads=4, group=3, head_dim=head_dim, block_size=block_size,
-                               dtype=dtype)
+    batch = helpers.make_batch(
+        q_lens, ctx, num_kv_heads=4, group=3, head_dim=head_dim, block_size=block_size, dtype=dtype
+    )
     _check(triton_attention.paged_attention, batch, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("masking", [dict(sliding_window=4096), dict(sliding_window=500, softcap=50.0)], ids=str)
+@pytest.mark.parametrize(
+    "masking", [dict(sliding_window=4096), dict(sliding_window=500, softcap=50.0)], ids=str
+)
 @pytest.mark.parametrize("decode_only", [True, False], ids=["decode", "mixed"])
 def test_sliding_window_and_softcap_long_contexts(dtype, masking, decode_only):
     # Mistral's and Gemma 2's settings over contexts up to 8k, through whichever kernel paged_attention picks.
     q_lens = [1] * 8 if decode_only else [1, 700, 1, 3, 1, 2048, 1, 4]
     ctx = [max(q, c) for q, c in zip(q_lens, _ragged(8, 1, 8192, seed=3))]
-    batch = helpers.make_batch(q_lens, ctx, num_kv_heads=2, group=4, head_dim=128, block_size=16, dtype=dtype)
+    batch = helpers.make_batch(
+        q_lens, ctx, num_kv_heads=2, group=4, head_dim=128, block_size=16, dtype=dtype
+    )
     actual = triton_attention.paged_attention(*batch.args, **masking)
     helpers.assert_close(actual, helpers.reference_attention(batch, **masking), dtype)
 

@@ -37,15 +37,31 @@ class Batch:
     """One step's paged-attention inputs; ``args`` is the argument tuple of `paged_attention`."""
 
     def __init__(self, query, k_cache, v_cache, block_tables, context_lens, q_lens):
-        self.query, self.k_cache, self.v_cache, self.block_tables = query, k_cache, v_cache, block_tables
+        self.query, self.k_cache, self.v_cache, self.block_tables = (
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+        )
         self.context_lens = context_lens
         starts = [0] + torch.tensor(q_lens).cumsum(0).tolist()
         self.query_start_loc = torch.tensor(starts, dtype=torch.int32, device=query.device)
-        self.args = (query, k_cache, v_cache, block_tables, context_lens, self.query_start_loc,
-                     max(q_lens), int(context_lens.max()), query.shape[-1] ** -0.5)
+        self.args = (
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            self.query_start_loc,
+            max(q_lens),
+            int(context_lens.max()),
+            query.shape[-1] ** -0.5,
+        )
 
 
-def make_batch(q_lens, ctx_lens, *, num_kv_heads, group, head_dim, block_size, dtype, device=DEVICE, seed=0):
+def make_batch(
+    q_lens, ctx_lens, *, num_kv_heads, group, head_dim, block_size, dtype, device=DEVICE, seed=0
+):
     """Random paged batch: shuffled block ids, NaN in every cache slot no request has written yet.
 
     The query is a column slice of a fused qkv tensor, as the model produces it, so it is not contiguous.
@@ -55,7 +71,9 @@ def make_batch(q_lens, ctx_lens, *, num_kv_heads, group, head_dim, block_size, d
     # Two spare blocks that no request owns; table entries past a context may point anywhere valid.
     num_blocks = sum(pages) + 2
     order = torch.randperm(num_blocks, generator=gen)
-    tables = torch.randint(0, num_blocks, (len(ctx_lens), max(pages)), generator=gen, dtype=torch.int32)
+    tables = torch.randint(
+        0, num_blocks, (len(ctx_lens), max(pages)), generator=gen, dtype=torch.int32
+    )
     cache_shape = (num_blocks * block_size, num_kv_heads, head_dim)
     k_cache, v_cache = torch.full(cache_shape, math.nan), torch.full(cache_shape, math.nan)
     used = 0
@@ -73,8 +91,14 @@ def make_batch(q_lens, ctx_lens, *, num_kv_heads, group, head_dim, block_size, d
         return t.to(dtype=dtype, device=device)
 
     paged = (num_blocks, block_size, num_kv_heads, head_dim)
-    return Batch(put(qkv)[:, :num_heads], put(k_cache).view(paged), put(v_cache).view(paged),
-                 tables.to(device), torch.tensor(ctx_lens, dtype=torch.int32, device=device), q_lens)
+    return Batch(
+        put(qkv)[:, :num_heads],
+        put(k_cache).view(paged),
+        put(v_cache).view(paged),
+        tables.to(device),
+        torch.tensor(ctx_lens, dtype=torch.int32, device=device),
+        q_lens,
+    )
 
 
 def reference_attention(batch: Batch, **masking) -> torch.Tensor:
@@ -87,7 +111,9 @@ def reference_attention(batch: Batch, **masking) -> torch.Tensor:
     return torch_attention.paged_attention(q, k.nan_to_num(), v.nan_to_num(), *rest, **masking)
 
 
-def naive_attention(batch: Batch, sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+def naive_attention(
+    batch: Batch, sliding_window: int | None = None, softcap: float | None = None
+) -> torch.Tensor:
     """Dense float64 softmax(QK^T)V per request with an explicit bottom-right causal mask (and window, and cap)."""
     q, k_cache, v_cache, tables, ctx_lens, starts, _, _, scale = batch.args
     block_size, group = k_cache.shape[1], q.shape[1] // k_cache.shape[2]
@@ -136,8 +162,16 @@ def poisoned_allocations(monkeypatch):
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_torch_attention_matches_naive(scenario, group, block_size):
     q_lens, ctx_lens = SCENARIOS[scenario]
-    batch = make_batch(q_lens, ctx_lens, num_kv_heads=2, group=group, head_dim=64, block_size=block_size,
-                       dtype=torch.float32, device=torch.device("cpu"))
+    batch = make_batch(
+        q_lens,
+        ctx_lens,
+        num_kv_heads=2,
+        group=group,
+        head_dim=64,
+        block_size=block_size,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
     expected = naive_attention(batch)
     torch.testing.assert_close(reference_attention(batch).double(), expected, rtol=1e-5, atol=1e-5)
 
@@ -155,8 +189,16 @@ MASKINGS = {
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_torch_attention_window_and_softcap_match_naive(scenario, masking):
     q_lens, ctx_lens = SCENARIOS[scenario]
-    batch = make_batch(q_lens, ctx_lens, num_kv_heads=2, group=3, head_dim=64, block_size=16,
-                       dtype=torch.float32, device=torch.device("cpu"))
+    batch = make_batch(
+        q_lens,
+        ctx_lens,
+        num_kv_heads=2,
+        group=3,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
     expected = naive_attention(batch, **MASKINGS[masking])
     actual = reference_attention(batch, **MASKINGS[masking])
     torch.testing.assert_close(actual.double(), expected, rtol=1e-5, atol=1e-5)
@@ -168,7 +210,9 @@ def test_torch_attention_window_and_softcap_match_naive(scenario, masking):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_unified_attention_window_and_softcap(poisoned_allocations, dtype, scenario, masking):
     q_lens, ctx_lens = SCENARIOS[scenario]
-    batch = make_batch(q_lens, ctx_lens, num_kv_heads=2, group=3, head_dim=64, block_size=16, dtype=dtype)
+    batch = make_batch(
+        q_lens, ctx_lens, num_kv_heads=2, group=3, head_dim=64, block_size=16, dtype=dtype
+    )
     actual = triton_attention.unified_attention(*batch.args, **MASKINGS[masking])
     assert_close(actual, reference_attention(batch, **MASKINGS[masking]), dtype)
 
@@ -176,10 +220,19 @@ def test_unified_attention_window_and_softcap(poisoned_allocations, dtype, scena
 @needs_triton
 @pytest.mark.parametrize("masking", MASKINGS)
 def test_split_k_decode_window_and_softcap(poisoned_allocations, masking):
-    batch = make_batch([1, 1, 1], [70, 5, 33], num_kv_heads=2, group=3, head_dim=64, block_size=16,
-                       dtype=torch.float32)
+    batch = make_batch(
+        [1, 1, 1],
+        [70, 5, 33],
+        num_kv_heads=2,
+        group=3,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+    )
     q, k, v, tables, ctx_lens, *_, scale = batch.args
-    out = triton_attention.split_k_decode_attention(q, k, v, tables, ctx_lens, scale, 3, **MASKINGS[masking])
+    out = triton_attention.split_k_decode_attention(
+        q, k, v, tables, ctx_lens, scale, 3, **MASKINGS[masking]
+    )
     assert_close(out, reference_attention(batch, **MASKINGS[masking]), torch.float32)
 
 
@@ -189,10 +242,19 @@ def test_split_k_decode_window_and_softcap(poisoned_allocations, masking):
 @pytest.mark.parametrize("group", [1, 3, 4])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_unified_attention_matches_torch(poisoned_allocations, dtype, scenario, group, head_dim, block_size):
+def test_unified_attention_matches_torch(
+    poisoned_allocations, dtype, scenario, group, head_dim, block_size
+):
     q_lens, ctx_lens = SCENARIOS[scenario]
-    batch = make_batch(q_lens, ctx_lens, num_kv_heads=2, group=group, head_dim=head_dim,
-                       block_size=block_size, dtype=dtype)
+    batch = make_batch(
+        q_lens,
+        ctx_lens,
+        num_kv_heads=2,
+        group=group,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+    )
     assert_close(triton_attention.unified_attention(*batch.args), reference_attention(batch), dtype)
 
 
@@ -200,9 +262,18 @@ def test_unified_attention_matches_torch(poisoned_allocations, dtype, scenario, 
 @pytest.mark.parametrize("head_dim,block_size", [(64, 32), (128, 16)])
 def test_unified_attention_long_prefill_spans_tiles(head_dim, block_size):
     # 70 new tokens need several query tiles per request; the first request is a fresh prompt.
-    batch = make_batch([70, 1, 33], [70, 20, 50], num_kv_heads=1, group=4, head_dim=head_dim,
-                       block_size=block_size, dtype=torch.float32)
-    assert_close(triton_attention.unified_attention(*batch.args), reference_attention(batch), torch.float32)
+    batch = make_batch(
+        [70, 1, 33],
+        [70, 20, 50],
+        num_kv_heads=1,
+        group=4,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=torch.float32,
+    )
+    assert_close(
+        triton_attention.unified_attention(*batch.args), reference_attention(batch), torch.float32
+    )
 
 
 @needs_triton
@@ -211,10 +282,19 @@ def test_unified_attention_long_prefill_spans_tiles(head_dim, block_size):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("num_splits", [2, 5])
-def test_split_k_decode_matches_torch(poisoned_allocations, dtype, group, head_dim, block_size, num_splits):
+def test_split_k_decode_matches_torch(
+    poisoned_allocations, dtype, group, head_dim, block_size, num_splits
+):
     # The 5-token context has a single page, so most of its partitions are empty.
-    batch = make_batch([1, 1, 1], [70, 5, 33], num_kv_heads=2, group=group, head_dim=head_dim,
-                       block_size=block_size, dtype=dtype)
+    batch = make_batch(
+        [1, 1, 1],
+        [70, 5, 33],
+        num_kv_heads=2,
+        group=group,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+    )
     q, k, v, tables, ctx_lens, *_, scale = batch.args
     out = triton_attention.split_k_decode_attention(q, k, v, tables, ctx_lens, scale, num_splits)
     assert_close(out, reference_attention(batch), dtype)
@@ -230,9 +310,12 @@ def test_paged_attention_dispatch(monkeypatch, splits):
         return splits
 
     monkeypatch.setattr(triton_attention, "num_kv_splits", forced)
-    batch = make_batch([1, 1], [90, 41], num_kv_heads=2, group=3, head_dim=64, block_size=16,
-                       dtype=torch.float32)
-    assert_close(triton_attention.paged_attention(*batch.args), reference_attention(batch), torch.float32)
+    batch = make_batch(
+        [1, 1], [90, 41], num_kv_heads=2, group=3, head_dim=64, block_size=16, dtype=torch.float32
+    )
+    assert_close(
+        triton_attention.paged_attention(*batch.args), reference_attention(batch), torch.float32
+    )
     assert chosen == [splits]
 
 
@@ -240,13 +323,62 @@ def test_paged_attention_dispatch(monkeypatch, splits):
 def test_num_kv_splits_heuristic():
     split = triton_attention.num_kv_splits
     # Few long decodes on a 132-SM GPU: split, bounded by the context length.
-    assert split(num_reqs=2, num_kv_heads=8, num_tokens=2, max_query_len=1, max_context_len=8192, num_sms=132) > 1
-    assert split(num_reqs=2, num_kv_heads=8, num_tokens=2, max_query_len=1, max_context_len=600, num_sms=132) == 2
+    assert (
+        split(
+            num_reqs=2,
+            num_kv_heads=8,
+            num_tokens=2,
+            max_query_len=1,
+            max_context_len=8192,
+            num_sms=132,
+        )
+        > 1
+    )
+    assert (
+        split(
+            num_reqs=2,
+            num_kv_heads=8,
+            num_tokens=2,
+            max_query_len=1,
+            max_context_len=600,
+            num_sms=132,
+        )
+        == 2
+    )
     # Short contexts, a full GPU, or any prefill row: no split.
-    assert split(num_reqs=2, num_kv_heads=8, num_tokens=2, max_query_len=1, max_context_len=300, num_sms=132) == 1
-    assert split(num_reqs=64, num_kv_heads=8, num_tokens=64, max_query_len=1, max_context_len=8192,
-                 num_sms=132) == 1
-    assert split(num_reqs=2, num_kv_heads=8, num_tokens=9, max_query_len=8, max_context_len=8192, num_sms=132) == 1
+    assert (
+        split(
+            num_reqs=2,
+            num_kv_heads=8,
+            num_tokens=2,
+            max_query_len=1,
+            max_context_len=300,
+            num_sms=132,
+        )
+        == 1
+    )
+    assert (
+        split(
+            num_reqs=64,
+            num_kv_heads=8,
+            num_tokens=64,
+            max_query_len=1,
+            max_context_len=8192,
+            num_sms=132,
+        )
+        == 1
+    )
+    assert (
+        split(
+            num_reqs=2,
+            num_kv_heads=8,
+            num_tokens=9,
+            max_query_len=8,
+            max_context_len=8192,
+            num_sms=132,
+        )
+        == 1
+    )
 
 
 STORE_DTYPES = [
@@ -285,7 +417,10 @@ def test_select_backend_auto_and_forced():
     assert backend.select_backend(torch.device("cpu")).name == "cpu"
     assert backend.select_backend(torch.device("cpu"), "auto").name == "cpu"
     assert backend.select_backend(torch.device("cuda"), "torch").name == "torch"
-    assert backend.select_backend(torch.device("cpu"), "torch").paged_attention is torch_attention.paged_attention
+    assert (
+        backend.select_backend(torch.device("cpu"), "torch").paged_attention
+        is torch_attention.paged_attention
+    )
     with pytest.raises(ValueError, match="unknown attention backend"):
         backend.select_backend(torch.device("cpu"), "flash")
 
@@ -301,6 +436,10 @@ def test_select_backend_triton():
 
 def test_select_backend_without_triton(monkeypatch):
     find_spec = backend.importlib.util.find_spec
-    monkeypatch.setattr(backend.importlib.util, "find_spec", lambda name: None if name == "triton" else find_spec(name))
+    monkeypatch.setattr(
+        backend.importlib.util,
+        "find_spec",
+        lambda name: None if name == "triton" else find_spec(name),
+    )
     with pytest.raises(ImportError, match="needs the 'triton' package"):
         backend.select_backend(torch.device("cpu"), "triton")

@@ -22,8 +22,9 @@ def _to_head_major(cache: torch.Tensor) -> torch.Tensor:
     # 16-key step included); 48 and odd block sizes take the generic one.
     [(9, 3, 16, 64), (4, 4, 8, 128), (8, 2, 32, 64), (6, 2, 16, 48), (4, 1, 6, 32), (2, 2, 5, 64)],
 )
-def test_cpu_attention_matches_reference(dtype, tolerance, q_lens, num_heads, num_kv_heads, block_size, head_dim,
-                                         cpu_kernels):
+def test_cpu_attention_matches_reference(
+    dtype, tolerance, q_lens, num_heads, num_kv_heads, block_size, head_dim, cpu_kernels
+):
     generator = torch.Generator().manual_seed(len(q_lens) * 100 + num_heads)
     # Up to 300 keys: contexts span many blocks, odd and even lengths, partial last blocks.
     context_lens = [q + 37 * i + (3 if q == 1 else 0) for i, q in enumerate(q_lens)]
@@ -35,45 +36,74 @@ def test_cpu_attention_matches_reference(dtype, tolerance, q_lens, num_heads, nu
     k_cache = torch.randn(shape, generator=generator).to(dtype)
     v_cache = torch.randn(shape, generator=generator).to(dtype)
     # Query rows are a strided view, as they are when sliced out of the fused qkv projection.
-    query = torch.randn(sum(q_lens), num_heads + 2, head_dim, generator=generator).to(dtype)[:, :num_heads]
+    query = torch.randn(sum(q_lens), num_heads + 2, head_dim, generator=generator).to(dtype)[
+        :, :num_heads
+    ]
     starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
     lens = torch.tensor(context_lens, dtype=torch.int32)
     args = (block_tables, lens, starts, max(q_lens), max(context_lens), head_dim**-0.5)
     expected = torch_attention.paged_attention(query, k_cache, v_cache, *args)
-    actual = cpu_attention.paged_attention(query, _to_head_major(k_cache), _to_head_major(v_cache), *args)
+    actual = cpu_attention.paged_attention(
+        query, _to_head_major(k_cache), _to_head_major(v_cache), *args
+    )
     torch.testing.assert_close(actual.float(), expected.float(), rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("masking", [dict(sliding_window=5), dict(sliding_window=40), dict(softcap=2.0),
-                                     dict(sliding_window=17, softcap=3.0)], ids=str)
+@pytest.mark.parametrize(
+    "masking",
+    [
+        dict(sliding_window=5),
+        dict(sliding_window=40),
+        dict(softcap=2.0),
+        dict(sliding_window=17, softcap=3.0),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("q_lens", [[1, 1, 1], [7, 1, 30, 2]])
-def test_cpu_attention_window_and_softcap_match_reference(dtype, tolerance, masking, q_lens, cpu_kernels):
+def test_cpu_attention_window_and_softcap_match_reference(
+    dtype, tolerance, masking, q_lens, cpu_kernels
+):
     # Head dim 64 with an even block size: the shapes the vectorised bf16 path would take without masking.
     generator = torch.Generator().manual_seed(len(q_lens))
     num_heads, num_kv_heads, block_size, head_dim = 6, 2, 16, 64
     context_lens = [q + 29 * i + 3 for i, q in enumerate(q_lens)]
     max_blocks = max(-(-c // block_size) for c in context_lens)
     num_blocks = len(q_lens) * max_blocks
-    block_tables = torch.randperm(num_blocks, generator=generator).view(len(q_lens), max_blocks).to(torch.int32)
+    block_tables = (
+        torch.randperm(num_blocks, generator=generator)
+        .view(len(q_lens), max_blocks)
+        .to(torch.int32)
+    )
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     k_cache = torch.randn(shape, generator=generator).to(dtype)
     v_cache = torch.randn(shape, generator=generator).to(dtype)
     query = torch.randn(sum(q_lens), num_heads, head_dim, generator=generator).to(dtype)
     starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
-    args = (block_tables, torch.tensor(context_lens, dtype=torch.int32), starts, max(q_lens), max(context_lens),
-            head_dim**-0.5)
+    args = (
+        block_tables,
+        torch.tensor(context_lens, dtype=torch.int32),
+        starts,
+        max(q_lens),
+        max(context_lens),
+        head_dim**-0.5,
+    )
     expected = torch_attention.paged_attention(query, k_cache, v_cache, *args, **masking)
     unmasked = torch_attention.paged_attention(query, k_cache, v_cache, *args)
     assert not torch.allclose(expected, unmasked)
-    actual = cpu_attention.paged_attention(query, _to_head_major(k_cache), _to_head_major(v_cache), *args, **masking)
+    actual = cpu_attention.paged_attention(
+        query, _to_head_major(k_cache), _to_head_major(v_cache), *args, **masking
+    )
     torch.testing.assert_close(actual.float(), expected.float(), rtol=tolerance, atol=tolerance)
 
 
 def test_cpu_store_kv_writes_the_same_slots_as_the_reference():
     generator = torch.Generator().manual_seed(0)
     shape = (6, 4, 2, 8)
-    key, value = torch.randn(5, 2, 8, generator=generator), torch.randn(5, 2, 8, generator=generator)
+    key, value = (
+        torch.randn(5, 2, 8, generator=generator),
+        torch.randn(5, 2, 8, generator=generator),
+    )
     slots = torch.tensor([3, -1, 17, 0, 23])
     k_ref, v_ref = torch.zeros(shape), torch.zeros(shape)
     torch_attention.store_kv(key, value, k_ref, v_ref, slots)

@@ -8,8 +8,10 @@ import torch
 from spyglass.core.engine.config import EngineConfig
 from spyglass.kernels import cpu_isa, native_build
 
-AVX2_EPYC = frozenset("sse4_2 ssse3 popcnt avx avx2 fma f16c bmi2 movbe".split())
-AVX512_BF16_EPYC = AVX2_EPYC | frozenset("avx512f avx512bw avx512vl avx512dq avx512cd avx512_bf16 avx512_vnni".split())
+AVX2_EPYC = frozenset(["sse4_2", "ssse3", "popcnt", "avx", "avx2", "fma", "f16c", "bmi2", "movbe"])
+AVX512_BF16_EPYC = AVX2_EPYC | frozenset(
+    ["avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_bf16", "avx512_vnni"]
+)
 AMX_XEON = AVX512_BF16_EPYC | frozenset({"amx_bf16", "amx_tile"})
 
 
@@ -56,4 +58,7 @@ def test_auto_dtype_is_bf16_only_with_native_bf16(monkeypatch):
     assert config.dtype_choice() == (torch.float32, "auto: the CPU has no native bf16")
     monkeypatch.setattr(cpu_isa, "has_native_bf16", lambda flags=None: True)
     assert config.dtype_choice()[0] == torch.bfloat16
-    assert EngineConfig(device="cpu", dtype="float32").dtype_choice() == (torch.float32, "asked for")
+    assert EngineConfig(device="cpu", dtype="float32").dtype_choice() == (
+        torch.float32,
+        "asked for",
+    )

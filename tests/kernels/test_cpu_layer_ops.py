@@ -30,7 +30,9 @@ def test_add_rms_norm_matches_reference(dtype, with_residual, num_tokens):
     expected = torch_norm_rope.add_rms_norm(x, residual, weight, 1e-5)
     actual = cpu_native.add_rms_norm(x, residual, weight, 1e-5)
     for ours, theirs in zip(actual, expected):
-        torch.testing.assert_close(ours.float(), theirs.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+        torch.testing.assert_close(
+            ours.float(), theirs.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype]
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -42,7 +44,9 @@ def test_rotary_matches_reference_and_leaves_v_alone(dtype, head_dim):
     ours, theirs = qkv.clone(), qkv.clone()
     cpu_native.rotary_embedding_(ours[:, :6], positions, rope.cos, rope.sin)
     torch_norm_rope.rotary_embedding_(theirs[:, :6], positions, rope.cos, rope.sin)
-    torch.testing.assert_close(ours.float(), theirs.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    torch.testing.assert_close(
+        ours.float(), theirs.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype]
+    )
     assert torch.equal(ours[:, 6], qkv[:, 6])
 
 
@@ -60,8 +64,14 @@ def test_silu_and_mul_matches_reference(dtype, num_tokens):
     gate_up = _randn(num_tokens, 2 * 1536, dtype=dtype, seed=5) * 4
     expected = torch_norm_rope.silu_and_mul(gate_up)
     actual = cpu_native.silu_and_mul(gate_up)
-    torch.testing.assert_close(actual.float(), expected.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
-    assert math.isclose(float(cpu_native.silu_and_mul(torch.tensor([[1.0, 2.0]]))), 2 / (1 + math.exp(-1)), rel_tol=1e-6)
+    torch.testing.assert_close(
+        actual.float(), expected.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype]
+    )
+    assert math.isclose(
+        float(cpu_native.silu_and_mul(torch.tensor([[1.0, 2.0]]))),
+        2 / (1 + math.exp(-1)),
+        rel_tol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

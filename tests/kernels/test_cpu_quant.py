@@ -13,7 +13,13 @@ from gguf.quants import dequantize, quantize
 
 from spyglass.kernels import cpu_quant
 
-SHAPES = [(1, 33, 64), (3, 100, 256), (1, 576, 1536), (67, 257, 576), (127, 9, 32)]  # (M, N, K): odd M, N; K % 32 == 0
+SHAPES = [
+    (1, 33, 64),
+    (3, 100, 256),
+    (1, 576, 1536),
+    (67, 257, 576),
+    (127, 9, 32),
+]  # (M, N, K): odd M, N; K % 32 == 0
 
 
 def quantized_activations(x: torch.Tensor) -> torch.Tensor:
@@ -37,7 +43,9 @@ def test_matmul_matches_dequantized_reference(native_kernels, qtype, m, n, k):
     y = cpu_quant.matmul(x, blocks, qtype, n, k)
     assert y.shape == (m, n) and y.dtype == torch.float32
     same_inputs = quantized_activations(x) @ weight.T
-    torch.testing.assert_close(y.double(), same_inputs, rtol=1e-4, atol=1e-3 * same_inputs.abs().max().item())
+    torch.testing.assert_close(
+        y.double(), same_inputs, rtol=1e-4, atol=1e-3 * same_inputs.abs().max().item()
+    )
     exact = x.double() @ weight.T
     assert (y.double() - exact).norm() / exact.norm() < 2e-2
 
@@ -54,10 +62,15 @@ def test_matmul_keeps_leading_dims_and_dtype(native_kernels):
 @pytest.mark.parametrize("qtype", cpu_quant.SUPPORTED_TYPES, ids=lambda t: t.name)
 def test_dequantize_rows_equals_gguf(native_kernels, qtype):
     blocks, weight = quantized_weight(50, 96, qtype)
-    torch.testing.assert_close(cpu_quant.dequantize_rows(blocks, qtype, 96).double(), weight, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        cpu_quant.dequantize_rows(blocks, qtype, 96).double(), weight, rtol=1e-6, atol=1e-6
+    )
     row_ids = torch.tensor([49, 0, 7, 7])
     torch.testing.assert_close(
-        cpu_quant.dequantize_rows(blocks, qtype, 96, row_ids).double(), weight[row_ids], rtol=1e-6, atol=1e-6
+        cpu_quant.dequantize_rows(blocks, qtype, 96, row_ids).double(),
+        weight[row_ids],
+        rtol=1e-6,
+        atol=1e-6,
     )
 
 
@@ -67,4 +80,6 @@ def test_large_batches_multiply_the_dequantized_weight_in_float(native_kernels, 
     blocks, weight = quantized_weight(n, k, qtype)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     exact = x.double() @ weight.T
-    torch.testing.assert_close(cpu_quant.matmul(x, blocks, qtype, n, k).double(), exact, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        cpu_quant.matmul(x, blocks, qtype, n, k).double(), exact, rtol=1e-4, atol=1e-4
+    )

@@ -4,13 +4,21 @@ import pytest
 import torch
 
 from spyglass.core.engine.config import EngineConfig
-from spyglass.core.engine.runner.cuda_graphs import batch_buckets
 from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.runner.cuda_graphs import batch_buckets
 from spyglass.core.engine.sampling_params import SamplingParams
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "用一句话介绍长城。", "List three colours:"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "用一句话介绍长城。",
+    "List three colours:",
+]
 
 
 def test_buckets_cover_every_batch_size():
@@ -34,7 +42,11 @@ def _greedy(engine: LLMEngine, prompts, tag: str) -> list[list[int]]:
 def _triton_cache_sizes() -> int:
     from spyglass.kernels import triton_attention, triton_store_kv
 
-    kernels = [triton_attention._unified_kernel, triton_attention._split_k_kernel, triton_store_kv._store_kv_kernel]
+    kernels = [
+        triton_attention._unified_kernel,
+        triton_attention._split_k_kernel,
+        triton_store_kv._store_kv_kernel,
+    ]
     # Triton keeps, per device, a tuple whose first item maps specialisations to compiled kernels.
     caches = [c for k in kernels for c in getattr(k, "device_caches", {}).values()]
     return sum(len(c[0] if isinstance(c, tuple) else c) for c in caches)

@@ -34,7 +34,11 @@ def float64_sum(x, w13, w2, weights, ids, activation):
     """Token by token, in float64: the definition the reference must meet."""
     x, w13, w2, weights = (t.double() for t in (x, w13, w2, weights))
     inter = w13.shape[1] // 2
-    act = torch.nn.functional.silu if activation == "silu" else lambda g: torch.nn.functional.gelu(g, approximate="tanh")
+    act = (
+        torch.nn.functional.silu
+        if activation == "silu"
+        else lambda g: torch.nn.functional.gelu(g, approximate="tanh")
+    )
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for k in range(ids.shape[1]):
@@ -47,7 +51,9 @@ def float64_sum(x, w13, w2, weights, ids, activation):
 @pytest.mark.parametrize("activation", torch_moe.ACTIVATIONS)
 def test_reference_matches_float64_definition(activation):
     case = make_case(6, 32, 24, 9, 2, torch.float64, idle_experts=(2, 5))
-    torch.testing.assert_close(torch_moe.fused_experts(*case, activation), float64_sum(*case, activation))
+    torch.testing.assert_close(
+        torch_moe.fused_experts(*case, activation), float64_sum(*case, activation)
+    )
 
 
 def test_dense_path_matches_grouped():
@@ -77,8 +83,12 @@ def test_cpu_kernel_matches_reference(cpu_kernels, dtype, activation, shape):
 def test_cpu_kernel_takes_strided_rows(native_kernels):
     x, w13, w2, weights, ids = make_case(4, 64, 32, 7, 2, torch.float32)
     wide = torch.cat([x, x], dim=1)[:, :64]  # rows strided, as a slice of a fused projection
-    torch.testing.assert_close(cpu_moe.fused_experts(wide, w13, w2, weights, ids),
-                               torch_moe.fused_experts(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        cpu_moe.fused_experts(wide, w13, w2, weights, ids),
+        torch_moe.fused_experts(x, w13, w2, weights, ids),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -99,8 +109,23 @@ def test_triton_alignment_pads_each_expert_to_whole_blocks():
     ids = torch.tensor([[2, 0], [2, 1], [0, 2]])  # expert 3 idle
     rows, block_experts = triton_moe.align_by_expert(ids, 4, 4)
     sentinel = ids.numel()
-    assert rows.tolist()[:12] == [1, 4, sentinel, sentinel, 3, sentinel, sentinel, sentinel, 0, 2, 5, sentinel]
-    assert block_experts.tolist()[:3] == [0, 1, 2] and all(e == 4 for e in block_experts.tolist()[3:])
+    assert rows.tolist()[:12] == [
+        1,
+        4,
+        sentinel,
+        sentinel,
+        3,
+        sentinel,
+        sentinel,
+        sentinel,
+        0,
+        2,
+        5,
+        sentinel,
+    ]
+    assert block_experts.tolist()[:3] == [0, 1, 2] and all(
+        e == 4 for e in block_experts.tolist()[3:]
+    )
 
 
 @pytest.mark.gpu
@@ -112,6 +137,10 @@ def test_triton_kernel_beats_reference_loop_on_gpu():
     case = make_case(16, 1024, 1408, 512, 2, torch.bfloat16, device="cuda")
     loop = triton.testing.do_bench(lambda: torch_moe.fused_experts(*case))
     fused = triton.testing.do_bench(lambda: triton_moe.fused_experts(*case))
-    torch.testing.assert_close(triton_moe.fused_experts(*case).float(), torch_moe.fused_experts(*case).float(),
-                               rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(
+        triton_moe.fused_experts(*case).float(),
+        torch_moe.fused_experts(*case).float(),
+        rtol=2e-2,
+        atol=2e-2,
+    )
     assert fused < loop, f"triton {fused:.3f} ms vs loop {loop:.3f} ms"

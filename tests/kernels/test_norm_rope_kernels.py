@@ -20,7 +20,9 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def _randn(*shape, dtype, seed):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype=dtype, device=DEVICE)
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(
+        dtype=dtype, device=DEVICE
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

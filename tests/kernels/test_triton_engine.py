@@ -7,11 +7,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from spyglass.core.engine.config import EngineConfig  # noqa: E402
-from spyglass.core.engine.engine import LLMEngine  # noqa: E402
-from spyglass.core.engine.sampling_params import SamplingParams  # noqa: E402
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.sampling_params import SamplingParams
 
 PROMPT_LENGTHS = (5, 23, 40)
 
@@ -19,14 +19,21 @@ PROMPT_LENGTHS = (5, 23, 40)
 def _greedy_tokens(model_dir, backend: str) -> dict[str, list[int]]:
     # A small token budget forces chunked prefill mixed with decodes: every attention shape is exercised.
     config = EngineConfig(
-        model=str(model_dir), dtype="float32", attention_backend=backend, max_num_batched_tokens=24,
-        block_size=16, num_kv_blocks=64, cuda_graphs=False,
+        model=str(model_dir),
+        dtype="float32",
+        attention_backend=backend,
+        max_num_batched_tokens=24,
+        block_size=16,
+        num_kv_blocks=64,
+        cuda_graphs=False,
     )
     engine = LLMEngine(config)
     assert engine.backend.name == backend
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     for index, length in enumerate(PROMPT_LENGTHS):
-        engine.add_request(str(index), [(7 * index + 11 * t) % 1000 + 100 for t in range(length)], params)
+        engine.add_request(
+            str(index), [(7 * index + 11 * t) % 1000 + 100 for t in range(length)], params
+        )
     tokens = {}
     while engine.has_unfinished_requests:
         for output in engine.step():

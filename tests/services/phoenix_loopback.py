@@ -18,7 +18,9 @@ def _loopback(address: str) -> str:
 
 _insecure, _secure = grpc_server.Server.add_insecure_port, grpc_server.Server.add_secure_port
 grpc_server.Server.add_insecure_port = lambda self, address: _insecure(self, _loopback(address))
-grpc_server.Server.add_secure_port = lambda self, address, credentials: _secure(self, _loopback(address), credentials)
+grpc_server.Server.add_secure_port = lambda self, address, credentials: _secure(
+    self, _loopback(address), credentials
+)
 
 if __name__ == "__main__":
     from phoenix.server.main import main

@@ -100,13 +100,24 @@ class BlockPool:
         for block in self.blocks:
             held = references.get(block.block_id, 0)
             if block.ref_cnt != held:
-                raise BlockPoolIntegrityError(f"block {block.block_id}: ref_cnt {block.ref_cnt} but {held} references")
+                raise BlockPoolIntegrityError(
+                    f"block {block.block_id}: ref_cnt {block.ref_cnt} but {held} references"
+                )
             if (block.ref_cnt == 0) != (block.block_id in self._free):
-                raise BlockPoolIntegrityError(f"block {block.block_id}: ref_cnt {block.ref_cnt} vs free queue")
-            if block.block_hash is not None and self._cached.get(block.block_hash) != block.block_id:
-                raise BlockPoolIntegrityError(f"block {block.block_id}: hash missing from the cache map")
+                raise BlockPoolIntegrityError(
+                    f"block {block.block_id}: ref_cnt {block.ref_cnt} vs free queue"
+                )
+            if (
+                block.block_hash is not None
+                and self._cached.get(block.block_hash) != block.block_id
+            ):
+                raise BlockPoolIntegrityError(
+                    f"block {block.block_id}: hash missing from the cache map"
+                )
         for block_hash, block_id in self._cached.items():
             if self.blocks[block_id].block_hash != block_hash:
-                raise BlockPoolIntegrityError(f"cache map names block {block_id} for a hash it does not hold")
+                raise BlockPoolIntegrityError(
+                    f"cache map names block {block_id} for a hash it does not hold"
+                )
         if len(self._free) != sum(1 for b in self.blocks if b.ref_cnt == 0):
             raise BlockPoolIntegrityError("free queue holds duplicates")

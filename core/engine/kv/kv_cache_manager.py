@@ -38,7 +38,9 @@ class KVCacheManager:
     so it stays zero and attention's masked reads of it are harmless.
     """
 
-    def __init__(self, pool: BlockPool, block_size: int, hooks: Any, sliding_window: int | None = None):
+    def __init__(
+        self, pool: BlockPool, block_size: int, hooks: Any, sliding_window: int | None = None
+    ):
         self.pool = pool
         self.block_size = block_size
         self.hooks = hooks
@@ -60,7 +62,9 @@ class KVCacheManager:
         Raises (the plugin's error, or ValueError for a malformed match); the scheduler then fails
         the request.
         """
-        match: PrefixMatch | None = self.hooks.spyglass_match_prefix(request=request, block_pool=self.pool, block_size=self.block_size)
+        match: PrefixMatch | None = self.hooks.spyglass_match_prefix(
+            request=request, block_pool=self.pool, block_size=self.block_size
+        )
         if match is None:
             return NO_MATCH
         if match.num_tokens != len(match.block_ids) * self.block_size or not all(
@@ -73,7 +77,9 @@ class KVCacheManager:
             match = PrefixMatch(match.block_ids[:max_blocks], max_blocks * self.block_size)
         return match
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, prefix: PrefixMatch = NO_MATCH) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, prefix: PrefixMatch = NO_MATCH
+    ) -> bool:
         """Make room for ``num_new_tokens`` more tokens after the computed ones (and any prefix hit).
 
         Returns False, changing nothing, when the pool cannot supply the blocks: the scheduler
@@ -88,7 +94,10 @@ class KVCacheManager:
         if num_needed + num_revived > self.pool.num_free_blocks:
             return False
         self.pool.touch(list(prefix.block_ids))
-        new_blocks = self.pool.allocate(self._with_extent(num_needed, len(table) + len(prefix.block_ids))) or []
+        new_blocks = (
+            self.pool.allocate(self._with_extent(num_needed, len(table) + len(prefix.block_ids)))
+            or []
+        )
         self.block_tables[request.req_id] = table + list(prefix.block_ids) + new_blocks
         return True
 
@@ -170,7 +179,9 @@ class KVCacheManager:
             num_released = self._num_released.get(req_id, 0)
             null = self.null_block_id
             if table[:num_released] != [null] * num_released or null in table[num_released:]:
-                raise BlockPoolIntegrityError(f"request {req_id}: null entries disagree with {num_released} released")
+                raise BlockPoolIntegrityError(
+                    f"request {req_id}: null entries disagree with {num_released} released"
+                )
             for block_id in table[num_released:]:
                 references[block_id] = references.get(block_id, 0) + 1
         self.pool.check_integrity(references)

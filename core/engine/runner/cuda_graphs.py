@@ -55,7 +55,11 @@ class CudaGraphDecoder:
             max_context_len=self.max_model_len,
         )
         return self.model.forward(
-            self.input_ids[:batch], self.positions[:batch], meta, self.kv_caches, self.logits_indices[:batch]
+            self.input_ids[:batch],
+            self.positions[:batch],
+            meta,
+            self.kv_caches,
+            self.logits_indices[:batch],
         )
 
     @torch.inference_mode()
@@ -76,7 +80,12 @@ class CudaGraphDecoder:
             self.graphs[batch] = graph
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
-        log.info("captured %d CUDA graphs (batch sizes %s) in %.2f s", len(self.graphs), self.buckets, self.capture_seconds)
+        log.info(
+            "captured %d CUDA graphs (batch sizes %s) in %.2f s",
+            len(self.graphs),
+            self.buckets,
+            self.capture_seconds,
+        )
 
     def can_run(self, num_reqs: int, num_tokens: int, max_query_len: int) -> bool:
         """True for a decode-only step that fits a captured bucket."""

@@ -6,16 +6,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.kv.host_memory import zeros_on_huge_pages
-from spyglass.core.models.attention_metadata import AttentionMetadata
-from spyglass.core.models.registry import CausalLM
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.sampler import adjust_logits, sample
-from spyglass.core.engine.sched.scheduler import SchedulerOutput
 from spyglass.core.engine.runner.spec_verify import verify_drafts
+from spyglass.core.engine.sched.scheduler import SchedulerOutput
 from spyglass.core.engine.token_constraint import TokenConstraint, bitmask_words, fill_rows
+from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.registry import CausalLM
 
 
 class FatalRunnerError(RuntimeError):
@@ -53,17 +53,22 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         arch = model.arch
-        shape = model.backend.cache_shape(num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+        shape = model.backend.cache_shape(
+            num_blocks, block_size, arch.num_key_value_heads, arch.head_dim
+        )
         # Zeroed, not empty: a padded read of a never-written slot must not bring NaN into a masked sum.
         self.kv_caches = [
-            (self._zeros(shape, model.dtype), self._zeros(shape, model.dtype)) for _ in range(arch.num_hidden_layers)
+            (self._zeros(shape, model.dtype), self._zeros(shape, model.dtype))
+            for _ in range(arch.num_hidden_layers)
         ]
         # Set by `enable_cuda_graphs`; None means every step runs eagerly.
         self.graphs: CudaGraphDecoder | None = None
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> float:
         """Capture decode graphs for every batch bucket; returns the capture time in seconds."""
-        self.graphs = CudaGraphDecoder(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size)
+        self.graphs = CudaGraphDecoder(
+            self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size
+        )
         self.graphs.capture()
         return self.graphs.capture_seconds
 
@@ -76,7 +81,14 @@ class ModelRunner:
     def bytes_per_block(arch, block_size: int, dtype: torch.dtype) -> int:
         """KV cache bytes one block costs across all layers, keys and values."""
         element_size = torch.empty((), dtype=dtype).element_size()
-        return 2 * arch.num_hidden_layers * block_size * arch.num_key_value_heads * arch.head_dim * element_size
+        return (
+            2
+            * arch.num_hidden_layers
+            * block_size
+            * arch.num_key_value_heads
+            * arch.head_dim
+            * element_size
+        )
 
     def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
         """Build input ids, positions, slot mapping and block tables for the scheduled requests."""
@@ -130,9 +142,13 @@ class ModelRunner:
 
     def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
         """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else eager."""
-        if self.graphs and self.graphs.can_run(num_reqs, inputs.input_ids.shape[0], inputs.meta.max_query_len):
+        if self.graphs and self.graphs.can_run(
+            num_reqs, inputs.input_ids.shape[0], inputs.meta.max_query_len
+        ):
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
-        return self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
+        return self.model.forward(
+            inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
+        )
 
     def close(self) -> None:
         """Release what outlives the engine's objects (a tensor-parallel runner stops its workers)."""
@@ -168,7 +184,11 @@ class ModelRunner:
                 drafts = request.spec_token_ids[: scheduled.num_spec_tokens]
                 rows = logits[first : first + num_rows]
                 mask_start = time.perf_counter()
-                bitmask = _draft_bitmask(request.constraint, drafts, logits.shape[-1]) if request.constraint else None
+                bitmask = (
+                    _draft_bitmask(request.constraint, drafts, logits.shape[-1])
+                    if request.constraint
+                    else None
+                )
                 mask_time += time.perf_counter() - mask_start
                 rows = adjust_logits(rows, [request] * num_rows, bitmask, range(num_rows))
                 verified = verify_drafts(rows, request, drafts)
@@ -181,7 +201,11 @@ def _sample_plain(logits: torch.Tensor, requests: list[Request]):
     """`sample` after each row's logit bias and grammar mask (the batch's masks filled in one call); mask seconds."""
     constrained = [row for row, request in enumerate(requests) if request.constraint is not None]
     start = time.perf_counter()
-    bitmask = fill_rows([requests[row].constraint for row in constrained], logits.shape[-1]) if constrained else None
+    bitmask = (
+        fill_rows([requests[row].constraint for row in constrained], logits.shape[-1])
+        if constrained
+        else None
+    )
     mask_time = time.perf_counter() - start if constrained else 0.0
     adjusted = adjust_logits(logits, requests, bitmask, constrained)
     return (*sample(adjusted, requests, raw=logits), mask_time)

@@ -11,20 +11,29 @@ from spyglass.core.engine.token_constraint import allowed_tokens
 
 
 def adjust_logits(
-    logits: torch.Tensor, requests: Sequence[Request], bitmask: torch.Tensor | None = None, masked_rows: Sequence[int] = ()
+    logits: torch.Tensor,
+    requests: Sequence[Request],
+    bitmask: torch.Tensor | None = None,
+    masked_rows: Sequence[int] = (),
 ) -> torch.Tensor:
     """Each row's ``logit_bias`` added, then ``bitmask`` row ``i`` applied to row ``masked_rows[i]``.
 
     Returns a new tensor when anything applies and ``logits`` itself otherwise (the raw logits
     stay untouched for logprobs). Disallowed tokens get -inf.
     """
-    biased = [(row, r.sampling_params.logit_bias) for row, r in enumerate(requests) if r.sampling_params.logit_bias]
+    biased = [
+        (row, r.sampling_params.logit_bias)
+        for row, r in enumerate(requests)
+        if r.sampling_params.logit_bias
+    ]
     if not biased and bitmask is None:
         return logits
     logits = logits.clone()
     for row, bias in biased:
         ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
-        logits[row, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+        logits[row, ids] += torch.tensor(
+            list(bias.values()), dtype=logits.dtype, device=logits.device
+        )
     if bitmask is not None:
         rows = torch.tensor(list(masked_rows), dtype=torch.long, device=logits.device)
         allowed = allowed_tokens(bitmask, logits.shape[-1]).to(logits.device)
@@ -40,14 +49,18 @@ def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
         if not params.has_penalties:
             continue
         if params.repetition_penalty != 1.0:
-            seen = torch.tensor(request.all_token_ids, dtype=torch.long, device=logits.device).unique()
+            seen = torch.tensor(
+                request.all_token_ids, dtype=torch.long, device=logits.device
+            ).unique()
             values = logits[row, seen]
             penalty = params.repetition_penalty
             logits[row, seen] = torch.where(values > 0, values / penalty, values * penalty)
         if request.output_token_ids and (params.frequency_penalty or params.presence_penalty):
             output = torch.tensor(request.output_token_ids, dtype=torch.long, device=logits.device)
             counts = torch.bincount(output, minlength=vocab).to(logits.dtype)
-            logits[row] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
+            logits[row] -= params.frequency_penalty * counts + params.presence_penalty * (
+                counts > 0
+            ).to(logits.dtype)
 
 
 def _filter(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
@@ -59,7 +72,9 @@ def _filter(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     if all(p.top_p == 1.0 and p.min_p == 0.0 and p.top_k > 0 for p in params):
         # Top-k alone needs each row's k-th largest value, not a full sort of the vocabulary.
         ks = torch.tensor([p.top_k for p in params], device=device)
-        top_values = logits.topk(min(int(ks.max()), vocab), dim=-1).values  # top_k may exceed the vocabulary
+        top_values = logits.topk(
+            min(int(ks.max()), vocab), dim=-1
+        ).values  # top_k may exceed the vocabulary
         threshold = top_values.gather(1, (ks - 1).clamp(max=top_values.shape[1] - 1).unsqueeze(1))
         return logits.masked_fill(logits < threshold, float("-inf"))
     top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
@@ -93,7 +108,9 @@ def _draw(probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     noise = torch.empty_like(probs).exponential_()
     for row, request in enumerate(requests):
         if request.generator is not None:
-            noise[row] = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(generator=request.generator)
+            noise[row] = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(
+                generator=request.generator
+            )
     return (probs / noise).argmax(dim=-1)
 
 
@@ -114,13 +131,17 @@ def sample(
         tokens = logits.argmax(dim=-1)
     else:
         tokens = torch.where(
-            torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1), _draw(target_probs(logits, requests), requests)
+            torch.tensor(greedy, device=logits.device),
+            logits.argmax(dim=-1),
+            _draw(target_probs(logits, requests), requests),
         )
     token_ids = tokens.tolist()
     return token_ids, _logprobs(raw, token_ids, requests)
 
 
-def _logprobs(raw: torch.Tensor, token_ids: list[int], requests: list[Request]) -> list[Logprob | None]:
+def _logprobs(
+    raw: torch.Tensor, token_ids: list[int], requests: list[Request]
+) -> list[Logprob | None]:
     wanted = [r.sampling_params.logprobs for r in requests]
     if all(n is None for n in wanted):
         return [None] * len(requests)

@@ -13,7 +13,11 @@ from spyglass.core.engine.runner.sampler import target_probs
 
 
 def _uniform(request: Request) -> float:
-    return float(torch.rand((), generator=request.generator)) if request.generator else float(torch.rand(()))
+    return (
+        float(torch.rand((), generator=request.generator))
+        if request.generator
+        else float(torch.rand(()))
+    )
 
 
 def _sample(probs: torch.Tensor, request: Request) -> int:

@@ -104,10 +104,17 @@ class Scheduler:
         if not preempted:
             self._admit_waiting(scheduled, admitted, resumed, preempted)
         return SchedulerOutput(
-            self._step_id, tuple(scheduled), tuple(admitted), tuple(resumed), tuple(preempted), tuple(self._failed)
+            self._step_id,
+            tuple(scheduled),
+            tuple(admitted),
+            tuple(resumed),
+            tuple(preempted),
+            tuple(self._failed),
         )
 
-    def _admit_waiting(self, scheduled: list[ScheduledRequest], admitted: list, resumed: list, preempted: list) -> None:
+    def _admit_waiting(
+        self, scheduled: list[ScheduledRequest], admitted: list, resumed: list, preempted: list
+    ) -> None:
         """Admit waiting requests in the policy's order while budget, seats and blocks last."""
         try:
             order = list(self.policy.admission_order(self.waiting, self.running))
@@ -129,7 +136,9 @@ class Scheduler:
             while num_new == 0 and request in self.waiting:
                 if not self._preempt_for(request, scheduled, preempted, newcomers):
                     break
-                budget = self.config.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
+                budget = self.config.max_num_batched_tokens - sum(
+                    s.num_new_tokens for s in scheduled
+                )
                 num_new = self._admit(request, budget)
             if num_new == 0:
                 if request in self.waiting:
@@ -142,14 +151,20 @@ class Scheduler:
     def _checked_order(self, order: list) -> list[Request]:
         """The policy's order, or FCFS when it names strangers or leaves everyone waiting with nothing running."""
         waiting_ids = {id(r) for r in self.waiting}
-        invalid = any(id(r) not in waiting_ids for r in order) or len({id(r) for r in order}) < len(order)
+        invalid = any(id(r) not in waiting_ids for r in order) or len({id(r) for r in order}) < len(
+            order
+        )
         stalled = not order and self.waiting and not self.running
         if not (invalid or stalled):
             return order
         self.count_error(self.policy_name, "admission_order")
-        problem = "named requests that are not waiting" if invalid else "was empty while nothing runs"
+        problem = (
+            "named requests that are not waiting" if invalid else "was empty while nothing runs"
+        )
         (log.debug if self._warned_order else log.warning)(
-            "scheduling policy %r: admission_order %s; admitting in arrival order this step", self.policy_name, problem
+            "scheduling policy %r: admission_order %s; admitting in arrival order this step",
+            self.policy_name,
+            problem,
         )
         self._warned_order = True
         return list(self.waiting)
@@ -159,7 +174,9 @@ class Scheduler:
         """The policy's name, for messages and error counts."""
         return str(getattr(self.policy, "name", type(self.policy).__name__))
 
-    def _make_room(self, request: Request, num_new: int, scheduled, preempted: list[Request]) -> bool:
+    def _make_room(
+        self, request: Request, num_new: int, scheduled, preempted: list[Request]
+    ) -> bool:
         """Allocate for a running request, preempting victims until it fits; False if it was preempted itself."""
         while not self.kv.allocate_slots(request, num_new):
             taken = {s.request.req_id for s in scheduled}
@@ -179,7 +196,9 @@ class Scheduler:
                 return False
         return True
 
-    def _preempt_for(self, request: Request, scheduled: list, preempted: list, just_admitted: list) -> bool:
+    def _preempt_for(
+        self, request: Request, scheduled: list, preempted: list, just_admitted: list
+    ) -> bool:
         """Ask a `PreemptingPolicy` for a running victim to make room for a waiting request; True if one went.
 
         Requests admitted this very step are not offered: they have not run yet.
@@ -210,7 +229,10 @@ class Scheduler:
                 prefix = self.kv.match_prefix(request)
             except Exception as error:
                 self.count_error("prefix_cache", "spyglass_match_prefix")
-                self._fail(request, f"the prefix cache lookup (spyglass_match_prefix) failed: {_describe(error)}")
+                self._fail(
+                    request,
+                    f"the prefix cache lookup (spyglass_match_prefix) failed: {_describe(error)}",
+                )
                 return 0
         num_cached = prefix.num_tokens
         num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, budget)

@@ -17,7 +17,9 @@ class SchedulingPolicy(Protocol):
 
     name: str
 
-    def admission_order(self, waiting: Sequence[Request], running: Sequence[Request]) -> Iterable[Request]:
+    def admission_order(
+        self, waiting: Sequence[Request], running: Sequence[Request]
+    ) -> Iterable[Request]:
         """Waiting requests in the order to try admitting them this step.
 
         The scheduler admits them in this order until one does not fit (KV blocks, token
@@ -46,7 +48,9 @@ class PreemptingPolicy(SchedulingPolicy, Protocol):
     KV blocks; a policy without the method never preempts for admissions (as FCFS).
     """
 
-    def should_preempt_for(self, waiting_request: Request, running: Sequence[Request]) -> Request | None:
+    def should_preempt_for(
+        self, waiting_request: Request, running: Sequence[Request]
+    ) -> Request | None:
         """Which of ``running`` to preempt so that ``waiting_request`` fits, or None to let it wait.
 
         Asked again after each preemption until the request fits or None comes back, so return a
@@ -61,7 +65,8 @@ def check_policy(policy: object, requested: str) -> SchedulingPolicy:
     Run when the engine starts, so a broken policy fails the start rather than every request.
     """
     problems = [
-        f"no {member}() method" for member in ("admission_order", "choose_victim", "waiting_class")
+        f"no {member}() method"
+        for member in ("admission_order", "choose_victim", "waiting_class")
         if not callable(getattr(policy, member, None))
     ]
     if not isinstance(getattr(policy, "name", None), str):

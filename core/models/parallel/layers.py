@@ -32,7 +32,7 @@ class Collectives(Protocol):
 class RowParallelLinear:
     """A linear over this rank's slice of the input features whose partial outputs are summed across ranks."""
 
-    __slots__ = ("inner", "comm")
+    __slots__ = ("comm", "inner")
 
     def __init__(self, inner, comm: Collectives):
         self.inner = inner
@@ -45,7 +45,7 @@ class RowParallelLinear:
 class VocabParallelLMHead:
     """Logits for this rank's vocabulary rows, gathered into the whole vocabulary's logits on every rank."""
 
-    __slots__ = ("inner", "comm", "shard", "vocab_size")
+    __slots__ = ("comm", "inner", "shard", "vocab_size")
 
     def __init__(self, inner, comm: Collectives, shard: RankShard, vocab_size: int):
         self.inner = inner
@@ -64,8 +64,15 @@ class VocabParallelLMHead:
 class TensorParallelLlama(LlamaForCausalLM):
     """`LlamaForCausalLM` over one rank's shard (see `shard_weights`); ``arch`` is the rank's (its heads)."""
 
-    def __init__(self, arch: ModelArchConfig, shard: RankShard, weights: dict, backend: AttentionBackend, device,
-                 comm: Collectives):
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        shard: RankShard,
+        weights: dict,
+        backend: AttentionBackend,
+        device,
+        comm: Collectives,
+    ):
         """``weights`` are this rank's shard already (`shard_weights`), ``arch`` the whole model's."""
         super().__init__(rank_arch(arch, shard), weights, backend, device)
         self.shard = shard
@@ -76,7 +83,9 @@ class TensorParallelLlama(LlamaForCausalLM):
         self.lm_head = VocabParallelLMHead(self.lm_head, comm, shard, arch.vocab_size)
 
     @classmethod
-    def from_full_weights(cls, arch: ModelArchConfig, shard: RankShard, weights: dict, backend, device, comm):
+    def from_full_weights(
+        cls, arch: ModelArchConfig, shard: RankShard, weights: dict, backend, device, comm
+    ):
         """The rank's model from the whole checkpoint's weights (sharded here)."""
         return cls(arch, shard, shard_weights(weights, arch, shard), backend, device, comm)
 

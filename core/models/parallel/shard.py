@@ -116,11 +116,16 @@ def _columns(weight, span: range, dtype: torch.dtype):
     if not isinstance(weight, QuantizedWeight):
         return weight[:, span.start : span.stop].clone(memory_format=torch.contiguous_format)
     if span.start % _BLOCK or span.stop % _BLOCK:
-        log.info("tensor parallelism: a column cut at %d..%d splits GGUF blocks; that matrix is dequantized",
-                 span.start, span.stop)
+        log.info(
+            "tensor parallelism: a column cut at %d..%d splits GGUF blocks; that matrix is dequantized",
+            span.start,
+            span.stop,
+        )
         return weight.dequantize()[:, span.start : span.stop].to(dtype).contiguous()
     block_size, block_bytes = GGML_QUANT_SIZES[weight.qtype]
-    data = weight.data[:, span.start // block_size * block_bytes : span.stop // block_size * block_bytes]
+    data = weight.data[
+        :, span.start // block_size * block_bytes : span.stop // block_size * block_bytes
+    ]
     return QuantizedWeight(data.clone(memory_format=torch.contiguous_format), weight.qtype)
 
 
@@ -156,15 +161,29 @@ def shard_weights(weights: dict, arch: ModelArchConfig, shard: RankShard) -> dic
         for name in ("input_layernorm", "post_attention_layernorm"):
             out[f"{prefix}.{name}.weight"] = weights[f"{prefix}.{name}.weight"].clone()
         for kind in ("weight", "bias") if arch.attention_bias else ("weight",):
-            q, k, v = _parts(weights, f"{attn}.qkv_proj.{kind}", [f"{attn}.{p}_proj.{kind}" for p in "qkv"],
-                             [q_size, kv_size, kv_size])
-            out[f"{attn}.qkv_proj.{kind}"] = cat_rows([_rows(q, q_rows), _rows(k, kv_rows), _rows(v, kv_rows)])
+            q, k, v = _parts(
+                weights,
+                f"{attn}.qkv_proj.{kind}",
+                [f"{attn}.{p}_proj.{kind}" for p in "qkv"],
+                [q_size, kv_size, kv_size],
+            )
+            out[f"{attn}.qkv_proj.{kind}"] = cat_rows(
+                [_rows(q, q_rows), _rows(k, kv_rows), _rows(v, kv_rows)]
+            )
         out[f"{attn}.o_proj.weight"] = _columns(weights[f"{attn}.o_proj.weight"], q_rows, dtype)
         if arch.qk_norm:
             for name in ("q_norm", "k_norm"):
                 out[f"{attn}.{name}.weight"] = weights[f"{attn}.{name}.weight"].clone()
-        gate, up = _parts(weights, f"{mlp}.gate_up_proj.weight", [f"{mlp}.gate_proj.weight", f"{mlp}.up_proj.weight"],
-                          [arch.intermediate_size] * 2)
-        out[f"{mlp}.gate_up_proj.weight"] = cat_rows([_rows(gate, shard.intermediate), _rows(up, shard.intermediate)])
-        out[f"{mlp}.down_proj.weight"] = _columns(weights[f"{mlp}.down_proj.weight"], shard.intermediate, dtype)
+        gate, up = _parts(
+            weights,
+            f"{mlp}.gate_up_proj.weight",
+            [f"{mlp}.gate_proj.weight", f"{mlp}.up_proj.weight"],
+            [arch.intermediate_size] * 2,
+        )
+        out[f"{mlp}.gate_up_proj.weight"] = cat_rows(
+            [_rows(gate, shard.intermediate), _rows(up, shard.intermediate)]
+        )
+        out[f"{mlp}.down_proj.weight"] = _columns(
+            weights[f"{mlp}.down_proj.weight"], shard.intermediate, dtype
+        )
     return out

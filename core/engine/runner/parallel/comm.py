@@ -7,6 +7,7 @@ is gloo on the CPU or NCCL on CUDA and times out after ``step_timeout``. A peer 
 its sockets, so gloo raises at once instead of waiting for the timeout.
 """
 
+import contextlib
 import datetime
 
 import torch
@@ -24,7 +25,9 @@ class TensorParallelError(FatalRunnerError):
     """A tensor-parallel rank died, hung or failed mid-step: the group is broken and the engine must stop."""
 
 
-def _gloo(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.ProcessGroupGloo:
+def _gloo(
+    store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta
+) -> dist.ProcessGroupGloo:
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timeout
     options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
@@ -34,8 +37,14 @@ def _gloo(store: dist.Store, rank: int, world_size: int, timeout: datetime.timed
 class RankGroup:
     """This rank's control and data groups, and the collectives of `models.parallel.layers.Collectives`."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, device: torch.device,
-                 step_timeout: datetime.timedelta = STEP_TIMEOUT):
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        step_timeout: datetime.timedelta = STEP_TIMEOUT,
+    ):
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -43,7 +52,9 @@ class RankGroup:
         if device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = step_timeout
-            self.data = dist.ProcessGroupNCCL(dist.PrefixStore("data", store), rank, world_size, options)
+            self.data = dist.ProcessGroupNCCL(
+                dist.PrefixStore("data", store), rank, world_size, options
+            )
         else:
             self.data = _gloo(dist.PrefixStore("data", store), rank, world_size, step_timeout)
 
@@ -66,7 +77,6 @@ class RankGroup:
     def abort(self) -> None:
         """Tear the groups down after a failure, so that nothing waits on a peer that is gone."""
         for group in (self.data, self.control):
-            try:
+            # Best effort: some backends cannot abort, and the peer is gone anyway.
+            with contextlib.suppress(Exception):
                 group.abort()
-            except Exception:  # abort is best effort: some backends cannot, and the peer is gone anyway
-                pass

@@ -49,10 +49,18 @@ def _terminate(processes: list) -> None:
 class LeaderGroup(RankGroup):
     """Rank 0's group: the collectives, plus the worker processes, their liveness and their stop."""
 
-    def __init__(self, store: dist.Store, world_size: int, device: torch.device, processes: list,
-                 threads_before: int):
+    def __init__(
+        self,
+        store: dist.Store,
+        world_size: int,
+        device: torch.device,
+        processes: list,
+        threads_before: int,
+    ):
         self.processes = processes
-        self.threads_before = threads_before  # this process's torch threads before the ranks shared the cores
+        self.threads_before = (
+            threads_before  # this process's torch threads before the ranks shared the cores
+        )
         self.failure: TensorParallelError | None = None
         self._finalizer = weakref.finalize(self, _terminate, processes)
         self._wait_until_ready(store)
@@ -73,7 +81,9 @@ class LeaderGroup(RankGroup):
                     )
             if waiting and time.monotonic() > deadline:
                 self._finalizer()
-                raise TensorParallelError(f"tensor-parallel ranks {sorted(waiting)} did not start within {START_TIMEOUT}")
+                raise TensorParallelError(
+                    f"tensor-parallel ranks {sorted(waiting)} did not start within {START_TIMEOUT}"
+                )
             time.sleep(0.02)
 
     def check_workers(self) -> None:
@@ -82,16 +92,23 @@ class LeaderGroup(RankGroup):
             raise self.failure
         for rank, process in enumerate(self.processes, start=1):
             if not process.is_alive():
-                raise self.fail(f"tensor-parallel rank {rank} (pid {process.pid}) {_describe_exit(process)}")
+                raise self.fail(
+                    f"tensor-parallel rank {rank} (pid {process.pid}) {_describe_exit(process)}"
+                )
 
     def fail(self, reason: str | BaseException) -> TensorParallelError:
         """Mark the group broken (tearing it down) and return the error that says why; dead ranks are named."""
         if self.failure is not None:
             return self.failure
         if isinstance(reason, BaseException):
-            self._wait_for_an_exit(seconds=2.0)  # a peer's sockets close a moment before it can be reaped
-        dead = [f"rank {rank} (pid {p.pid}) {_describe_exit(p)}" for rank, p in enumerate(self.processes, start=1)
-                if not p.is_alive()]
+            self._wait_for_an_exit(
+                seconds=2.0
+            )  # a peer's sockets close a moment before it can be reaped
+        dead = [
+            f"rank {rank} (pid {p.pid}) {_describe_exit(p)}"
+            for rank, p in enumerate(self.processes, start=1)
+            if not p.is_alive()
+        ]
         if isinstance(reason, BaseException):
             reason = f"a tensor-parallel collective failed ({type(reason).__name__}: {reason})"
         if dead and not reason.startswith("tensor-parallel rank"):
@@ -148,7 +165,9 @@ class LeaderGroup(RankGroup):
         torch.set_num_threads(self.threads_before)
 
 
-def launch_tensor_parallel(checkpoint, backend, device: torch.device, config) -> TensorParallelLlama:
+def launch_tensor_parallel(
+    checkpoint, backend, device: torch.device, config
+) -> TensorParallelLlama:
     """Start ranks 1..N-1 on their shards of ``checkpoint`` and return rank 0's model (its group attached).
 
     ``config.num_threads`` (or this process's thread count divided among the ranks) is every rank's
@@ -157,23 +176,48 @@ def launch_tensor_parallel(checkpoint, backend, device: torch.device, config) ->
     world_size, arch = config.tensor_parallel_size, checkpoint.arch
     check_tensor_parallel(arch, world_size)
     if device.type == "cuda" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"tensor_parallel_size {world_size} needs {world_size} CUDA devices; "
-                         f"{torch.cuda.device_count()} visible")
+        raise ValueError(
+            f"tensor_parallel_size {world_size} needs {world_size} CUDA devices; "
+            f"{torch.cuda.device_count()} visible"
+        )
     threads_before = torch.get_num_threads()
     num_threads = config.num_threads or max(1, threads_before // world_size)
     torch.set_num_threads(num_threads)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=START_TIMEOUT)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=START_TIMEOUT
+    )
     context = torch.multiprocessing.get_context("spawn")
     processes = []
     for rank in range(1, world_size):
         shard = plan_shard(arch, rank, world_size)
-        spec = WorkerSpec(rank, world_size, store.port, arch, shard, device.type, config.attention_backend, num_threads)
-        process = context.Process(target=run_worker, args=(spec, shard_weights(checkpoint.weights, arch, shard)),
-                                  name=f"spyglass-tp-rank{rank}", daemon=True)
+        spec = WorkerSpec(
+            rank,
+            world_size,
+            store.port,
+            arch,
+            shard,
+            device.type,
+            config.attention_backend,
+            num_threads,
+        )
+        process = context.Process(
+            target=run_worker,
+            args=(spec, shard_weights(checkpoint.weights, arch, shard)),
+            name=f"spyglass-tp-rank{rank}",
+            daemon=True,
+        )
         process.start()
         processes.append(process)
     group = LeaderGroup(store, world_size, device, processes, threads_before)
     shard = plan_shard(arch, 0, world_size)
-    log.info("tensor parallelism: %d ranks (%s); rank 0 holds KV heads %s, query heads %s, vocabulary rows %s",
-             world_size, "nccl" if device.type == "cuda" else "gloo", shard.kv_heads, shard.q_heads, shard.vocab)
-    return TensorParallelLlama.from_full_weights(arch, shard, checkpoint.weights, backend, device, group)
+    log.info(
+        "tensor parallelism: %d ranks (%s); rank 0 holds KV heads %s, query heads %s, vocabulary rows %s",
+        world_size,
+        "nccl" if device.type == "cuda" else "gloo",
+        shard.kv_heads,
+        shard.q_heads,
+        shard.vocab,
+    )
+    return TensorParallelLlama.from_full_weights(
+        arch, shard, checkpoint.weights, backend, device, group
+    )

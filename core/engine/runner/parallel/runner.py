@@ -20,7 +20,9 @@ class ParallelModelRunner(ModelRunner):
     `TensorParallelError` (a `FatalRunnerError`): the ranks may be out of step, so no step can follow.
     """
 
-    def __init__(self, model: TensorParallelLlama, num_blocks: int, block_size: int, device: torch.device):
+    def __init__(
+        self, model: TensorParallelLlama, num_blocks: int, block_size: int, device: torch.device
+    ):
         super().__init__(model, num_blocks, block_size, device)
         self.group: LeaderGroup = model.comm
         self.group.send_init(num_blocks, block_size)
@@ -33,7 +35,9 @@ class ParallelModelRunner(ModelRunner):
     def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
         self.group.check_workers()
         try:
-            self.group.send_step(inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices)
+            self.group.send_step(
+                inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices
+            )
             return super()._forward(inputs, num_reqs)
         except TensorParallelError:
             raise

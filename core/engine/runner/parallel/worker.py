@@ -46,7 +46,9 @@ def run_worker(spec: WorkerSpec, weights: dict) -> None:
     device = torch.device("cuda", spec.rank) if spec.device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    backend = select_backend(device, spec.attention_backend)  # compiles or loads the kernels before "ready"
+    backend = select_backend(
+        device, spec.attention_backend
+    )  # compiles or loads the kernels before "ready"
     store = dist.TCPStore("127.0.0.1", spec.store_port, is_master=False, timeout=START_TIMEOUT)
     store.set(f"ready/{spec.rank}", "1")
     group = RankGroup(store, spec.rank, spec.world_size, device)
@@ -55,7 +57,10 @@ def run_worker(spec: WorkerSpec, weights: dict) -> None:
     try:
         serve(group, model)
     except RuntimeError as error:  # rank 0 went away (or a peer died): nothing left to serve
-        print(f"spyglass tensor-parallel rank {spec.rank}: stopping, the group broke: {error}", file=sys.stderr)
+        print(
+            f"spyglass tensor-parallel rank {spec.rank}: stopping, the group broke: {error}",
+            file=sys.stderr,
+        )
         group.abort()
         sys.exit(1)
 
@@ -75,4 +80,6 @@ def serve(group: RankGroup, model: TensorParallelLlama) -> None:
             continue
         payload = group.broadcast_(torch.empty(int(head[1]), dtype=torch.int64))
         step = decode_step(head, payload, group.device)
-        model.forward(step.input_ids, step.positions, step.meta, runner.kv_caches, step.logits_indices)
+        model.forward(
+            step.input_ids, step.positions, step.meta, runner.kv_caches, step.logits_indices
+        )
