@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from spyglass.core.engine import hookspecs
 from spyglass.core.engine.config import DTYPE_NAMES, EngineConfig, dtype_named
+from spyglass.core.engine.draft_proposer import DraftEngineProposer
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.kv.kv_cache_manager import NO_MATCH, PrefixMatch
@@ -75,6 +76,7 @@ __all__ = [
     "CallObjectScanner",
     "Checkpoint",
     "DraftEngine",
+    "DraftEngineProposer",
     "EngineConfig",
     "EngineInfo",
     "FinishReason",

@@ -52,9 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     # One log schema for every command (JSON lines unless stderr is a terminal); stdout stays the command's.
     setup_logging(stream=sys.stderr)
-    for name in getattr(
-        args, "quiet_loggers", ()
-    ):  # a command's own choice (bench: no per-request lines)
+    # a command's own choice (bench: no per-request lines)
+    for name in getattr(args, "quiet_loggers", ()):
         logging.getLogger(name).setLevel(logging.WARNING)
     return args.run(args) or 0
 

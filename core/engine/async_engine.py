@@ -178,9 +178,8 @@ class AsyncEngine:
                 return
             try:
                 command()
-            except (
-                Exception
-            ):  # a command answers through its own future; none may take the loop down
+            # a command answers through its own future; none may take the loop down
+            except Exception:
                 log.exception("engine command failed")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:

@@ -78,9 +78,8 @@ class LLMEngine:
         self.tokenizer = checkpoint.tokenizer
         self.arch = checkpoint.arch
         self.backend = select_backend(self.device, config.attention_backend)
-        if (
-            config.tensor_parallel_size > 1
-        ):  # imported here: torch.distributed would slow every other start
+        # imported here: torch.distributed would slow every other start
+        if config.tensor_parallel_size > 1:
             from spyglass.core.engine.runner.parallel import (
                 ParallelModelRunner,
                 launch_tensor_parallel,
@@ -489,9 +488,8 @@ class LLMEngine:
         for request in self.scheduler.waiting:
             try:
                 label = policy.waiting_class(request)
-            except (
-                Exception
-            ):  # only a metrics label: count it as a hook error, never fail a step for it
+            # only a metrics label: count it as a hook error, never fail a step for it
+            except Exception:
                 self.hooks.count_error(self.scheduler.policy_name, "waiting_class")
                 label = "unknown"
             classes[label] = classes.get(label, 0) + 1

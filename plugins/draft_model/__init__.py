@@ -9,52 +9,21 @@ engine that speculates with ``draft`` gets its own proposer, which owns the draf
 from typing import TYPE_CHECKING
 
 from spyglass.core import plugin_api
-from spyglass.core.plugin_api import (
-    EngineConfig,
-    EngineInfo,
-    PluginContext,
-    Request,
-    dtype_named,
-    hookimpl,
-)
+from spyglass.core.plugin_api import DraftEngineProposer, EngineConfig, EngineInfo, dtype_named
 
-if (
-    TYPE_CHECKING
-):  # plugin_api loads the engine (and torch) when they are first used: when drafting starts
-    from spyglass.core.plugin_api import DraftEngine
+if TYPE_CHECKING:  # loading a checkpoint imports torch: only when drafting starts
+    from spyglass.core.plugin_api import Checkpoint
 
 
-class DraftModelProposer:
+class DraftModelProposer(DraftEngineProposer):
     """One target engine's draft-model proposer and the draft engine it owns."""
 
     method = "draft"
 
-    def __init__(self, context: PluginContext):
-        self.drafter: DraftEngine | None = None
-
-    @hookimpl
-    def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
-        """Load the draft model when this engine speculates with method ``draft``."""
-        if config.speculative != self.method:
-            return
+    def draft_checkpoint(self, info: EngineInfo, config: EngineConfig) -> "Checkpoint":
+        """The model ``--plugin-option draft_model=PATH`` names, in ``draft_dtype`` (default: the target's)."""
         path = config.plugin_options.get("draft_model")
         if not path:
             raise ValueError("--speculative draft needs --plugin-option draft_model=PATH")
         dtype = dtype_named(config.plugin_options.get("draft_dtype", info.dtype))
-        self.drafter = plugin_api.DraftEngine(plugin_api.load_checkpoint(path, dtype), config)
-
-    @hookimpl
-    def spyglass_engine_stopped(self, info: EngineInfo) -> None:
-        """The target stopped: stop the draft engine with it."""
-        if self.drafter is not None:
-            self.drafter.shutdown()
-            self.drafter = None
-
-    @hookimpl
-    def spyglass_propose_drafts(
-        self, method: str, requests: tuple[Request, ...], num_speculative_tokens: int
-    ) -> dict[str, list[int]] | None:
-        """Greedy drafts from the draft model."""
-        if method != self.method or self.drafter is None:
-            return None
-        return self.drafter.propose(requests, num_speculative_tokens)
+        return plugin_api.load_checkpoint(path, dtype)

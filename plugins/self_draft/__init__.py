@@ -10,19 +10,10 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from spyglass.core import plugin_api
-from spyglass.core.plugin_api import (
-    EngineConfig,
-    EngineInfo,
-    PluginContext,
-    Request,
-    dtype_named,
-    hookimpl,
-)
+from spyglass.core.plugin_api import DraftEngineProposer, EngineConfig, EngineInfo, dtype_named
 
-if (
-    TYPE_CHECKING
-):  # plugin_api loads the engine (and torch) when they are first used: when drafting starts
-    from spyglass.core.plugin_api import Checkpoint, DraftEngine
+if TYPE_CHECKING:  # loading a checkpoint imports torch: only when drafting starts
+    from spyglass.core.plugin_api import Checkpoint
 
 
 def truncate_layers(checkpoint: "Checkpoint", num_layers: int) -> "Checkpoint":
@@ -35,39 +26,17 @@ def truncate_layers(checkpoint: "Checkpoint", num_layers: int) -> "Checkpoint":
     return dataclasses.replace(checkpoint, arch=arch, weights=weights)
 
 
-class SelfDraftProposer:
+class SelfDraftProposer(DraftEngineProposer):
     """One target engine's self-speculation proposer and the draft engine it owns."""
 
     method = "self"
 
-    def __init__(self, context: PluginContext):
-        self.drafter: DraftEngine | None = None
-
-    @hookimpl
-    def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
-        """Build the cheaper copy when this engine speculates with method ``self``."""
-        if config.speculative != self.method:
-            return
+    def draft_checkpoint(self, info: EngineInfo, config: EngineConfig) -> "Checkpoint":
+        """The target's own model: its first ``self_draft_layers`` layers, in ``self_draft_dtype``."""
         options = config.plugin_options
         checkpoint = plugin_api.load_checkpoint(
             config.model, dtype_named(options.get("self_draft_dtype", info.dtype))
         )
         if "self_draft_layers" in options:
             checkpoint = truncate_layers(checkpoint, int(options["self_draft_layers"]))
-        self.drafter = plugin_api.DraftEngine(checkpoint, config)
-
-    @hookimpl
-    def spyglass_engine_stopped(self, info: EngineInfo) -> None:
-        """The target stopped: stop the draft engine with it."""
-        if self.drafter is not None:
-            self.drafter.shutdown()
-            self.drafter = None
-
-    @hookimpl
-    def spyglass_propose_drafts(
-        self, method: str, requests: tuple[Request, ...], num_speculative_tokens: int
-    ) -> dict[str, list[int]] | None:
-        """Greedy drafts from the cheaper copy."""
-        if method != self.method or self.drafter is None:
-            return None
-        return self.drafter.propose(requests, num_speculative_tokens)
+        return checkpoint

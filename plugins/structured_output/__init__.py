@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING
 
 import llguidance
 
-if (
-    TYPE_CHECKING
-):  # masks arrive as tensors; the plugin itself (and `spyglass plugins`) loads without torch
+# masks arrive as tensors; the plugin itself (and `spyglass plugins`) loads without torch
+if TYPE_CHECKING:
     import torch
 
 from spyglass.core.plugin_api import (

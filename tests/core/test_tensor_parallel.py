@@ -156,9 +156,8 @@ def test_a_killed_worker_fails_the_next_step_clearly(make_tiny_engine):
     with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
         engine.step()
     assert time.monotonic() - start < 5
-    with pytest.raises(
-        TensorParallelError
-    ):  # the engine stays failed: no step runs on a broken group
+    # the engine stays failed: no step runs on a broken group
+    with pytest.raises(TensorParallelError):
         engine.step()
     engine.shutdown()
 
