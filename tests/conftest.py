@@ -385,6 +385,18 @@ TINY_FAMILIES = {
             mlp_only_layers=[1],
         ),
     ),
+    # Every layer sparse: what llama.cpp's qwen3moe architecture can express (the GGUF test's case).
+    "qwen3-moe-sparse": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+        ),
+    ),
 }
 
 

@@ -204,11 +204,13 @@ def test_moe_with_quantized_experts_runs_each_expert_in_blocks(tiny_family_dir):
 
 
 # Our tiny families with a llama.cpp architecture, and that architecture (the tiny Qwen3-MoE has a dense
-# layer, which llama.cpp's qwen3moe cannot express). Mistral and Mixtral are llama.cpp's "llama".
+# layer, which llama.cpp's qwen3moe cannot express, so its all-sparse twin stands in). Mistral and
+# Mixtral are llama.cpp's "llama".
 GGUF_ARCHITECTURES = {
     "qwen2-yarn": "qwen2",
     "qwen3": "qwen3",
     "qwen2-moe": "qwen2moe",
+    "qwen3-moe-sparse": "qwen3moe",
     "mistral": "llama",
     "mixtral": "llama",
     "phi3": "phi3",
