@@ -282,19 +282,26 @@ def test_the_trace_continues_from_the_ingress_into_the_replica(cluster):
     def spans():
         return [s for s in _OtlpReceiver.spans if s.trace_id.hex() == trace_id]
 
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(s.name.startswith("chat") for s in spans()):
+    def chain():
+        """(ingress, replica, engine spans) once all three processes have exported, else None."""
+        by_parent = defaultdict(list)
+        for span in spans():
+            by_parent[span.parent_span_id.hex()].append(span)
+        ingresses = by_parent[client_span]  # the ingress's SERVER span, child of the client's
+        replicas = [r for i in ingresses for r in by_parent[i.span_id.hex()]]
+        engine = [e for r in replicas for e in by_parent[r.span_id.hex()]]
+        if not any(e.name.startswith("chat") for e in engine):
+            return None
+        return ingresses, replicas, engine
+
+    # Each process exports on its own batch schedule: wait for the whole chain, not its first part.
+    deadline = time.monotonic() + 60
+    while (found := chain()) is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    by_parent = defaultdict(list)
-    for span in spans():
-        by_parent[span.parent_span_id.hex()].append(span)
-    (ingress,) = by_parent[client_span]  # the ingress's SERVER span, child of the client's
-    (replica,) = by_parent[
-        ingress.span_id.hex()
-    ]  # the replica's SERVER span, child of the ingress's
+    assert found is not None, [(s.name, s.parent_span_id.hex()) for s in spans()]
+    ingresses, replicas, _ = found
+    (ingress,), (replica,) = ingresses, replicas
     assert ingress.name == replica.name == "POST /v1/chat/completions"
-    engine_spans = by_parent[replica.span_id.hex()]
-    assert any(s.name.startswith("chat") for s in engine_spans), [s.name for s in spans()]
 
 
 def test_ingress_metrics_are_labelled_ingress(cluster):
