@@ -1,7 +1,9 @@
 """Typed ctypes bindings for the block-quantized CPU matmul (native/quant_matmul.cpp).
 
 Weights stay in GGUF blocks (Q4_0, Q4_1, Q8_0): ``data`` is a contiguous uint8 tensor ``[n, k / 32 *
-block bytes]``, one weight row per tensor row. The variant used is the one `cpu_native.default`
+block bytes]``, one weight row per tensor row. `pack` rearranges them once into the kernel's layout
+(8 rows' blocks interleaved, the same number of bytes give or take the last group's padding), which
+`matmul` multiplies. The variant used is the one `cpu_native.default`
 picks (so ``SPYGLASS_KERNEL_VARIANT`` and the tests' variant fixtures apply here too).
 Activations go in and out as float32; other dtypes are converted at the edge.
 """
@@ -15,14 +17,12 @@ from gguf import GGMLQuantizationType
 from spyglass.kernels import cpu_isa, cpu_native, native_build
 
 SUPPORTED_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0)
-# From this many activation rows a float GEMM on the weight dequantized per call beats the int8 kernel
-# (AVX2, one thread: the kernel is 1.16x the float GEMM's time at 64 rows, dequantize + GEMM 1.10x
-# at 256 rows and 1.02x at 1024, where the kernel is 1.25x): prefill takes that path, decode the kernel.
-LARGE_BATCH_ROWS = 128
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
-    "quant_matmul": [_P, _P, _I, _I, _I, _I, _I, _P],
-    "dequantize_rows": [_P, _I, _I, _P, _I, _I, _P],
+    "quant_packed_bytes": ([_I, _I, _I], _I),
+    "quant_pack": ([_P, _I, _I, _I, _I, _P], None),
+    "quant_matmul": ([_P, _P, _I, _I, _I, _I, _I, _P], None),
+    "dequantize_rows": ([_P, _I, _I, _P, _I, _I, _P], None),
 }
 
 
@@ -34,28 +34,34 @@ class QuantKernels:
         self.functions = {}
         library = native_build.load("quant_matmul", variant)
         if library is not None:
-            for name, argtypes in _SIGNATURES.items():
+            for name, (argtypes, restype) in _SIGNATURES.items():
                 function = getattr(library, f"spyglass_{name}")
-                function.argtypes, function.restype = argtypes, None
+                function.argtypes, function.restype = argtypes, restype
                 self.functions[name] = function
 
-    def matmul(
-        self, x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int
-    ) -> torch.Tensor:
-        """``x [..., k] @ W.T`` as ``[..., n]`` in x's dtype, W being ``n`` rows of ``k`` values in ``data``.
+    def pack(self, data: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int) -> torch.Tensor:
+        """``data``'s ``n`` GGUF rows of ``k`` values in the layout `matmul` reads (uint8, 1-D)."""
+        data = data.contiguous()
+        packed = torch.empty(
+            self.functions["quant_packed_bytes"](int(qtype), n, k), dtype=torch.uint8
+        )
+        self.functions["quant_pack"](
+            data.data_ptr(), int(qtype), n, k, torch.get_num_threads(), packed.data_ptr()
+        )
+        return packed
 
-        Up to `LARGE_BATCH_ROWS` rows, the int8 kernel (activations rounded to int8 per 32 values);
-        from there, float32 GEMM on the dequantized weight.
-        """
-        x2 = x.reshape(-1, k).to(torch.float32).contiguous()
-        if x2.shape[0] >= LARGE_BATCH_ROWS:
-            return (
-                (x2 @ self.dequantize_rows(data, qtype, k).T).reshape(*x.shape[:-1], n).to(x.dtype)
-            )
+    def matmul(
+        self, x: torch.Tensor, packed: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int
+    ) -> torch.Tensor:
+        """``x [..., k] @ W.T`` as ``[..., n]`` in x's dtype, W being ``n`` rows of ``k`` values
+        `pack`-ed into ``packed``. Activations are rounded to int8 per 32 values, as llama.cpp does."""
+        x2 = x.reshape(-1, k)
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.to(torch.float32).contiguous()
         y = torch.empty(x2.shape[0], n, dtype=torch.float32)
         self.functions["quant_matmul"](
             x2.data_ptr(),
-            data.data_ptr(),
+            packed.data_ptr(),
             int(qtype),
             x2.shape[0],
             n,
@@ -63,7 +69,8 @@ class QuantKernels:
             torch.get_num_threads(),
             y.data_ptr(),
         )
-        return y.reshape(*x.shape[:-1], n).to(x.dtype)
+        y = y.view(*x.shape[:-1], n)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def dequantize_rows(
         self,
@@ -102,6 +109,11 @@ def default() -> QuantKernels:
 def available() -> bool:
     """Whether the quantized kernels run on this machine (builds them on first call)."""
     return bool(default().functions)
+
+
+def pack(*args, **kwargs) -> torch.Tensor:
+    """`QuantKernels.pack` of the default variant."""
+    return default().pack(*args, **kwargs)
 
 
 def matmul(*args, **kwargs) -> torch.Tensor:

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from spyglass.core.models.quantization import QuantizedWeight
-from spyglass.kernels import cpu_isa
+from spyglass.kernels import cpu_isa, cpu_quant
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
@@ -44,16 +44,22 @@ class Linear:
 
 
 class QuantizedLinear:
-    """``y = x @ weight.T + bias`` with the weight kept in GGUF blocks (`QuantizedWeight`), on the CPU."""
+    """``y = x @ weight.T + bias`` with the weight kept in GGUF blocks (`QuantizedWeight`), on the CPU.
 
-    __slots__ = ("bias", "weight")
+    The blocks are repacked once into the kernel's interleaved layout (`cpu_quant.pack`, as many
+    bytes); the GGUF rows are not kept.
+    """
+
+    __slots__ = ("bias", "packed", "qtype", "shape")
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None):
-        self.weight = weight
+        self.shape = weight.shape
+        self.qtype = weight.qtype
+        self.packed = cpu_quant.pack(weight.data, weight.qtype, *self.shape)
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.weight.matmul(x)
+        y = cpu_quant.matmul(x, self.packed, self.qtype, *self.shape)
         return y if self.bias is None else y + self.bias
 
 

@@ -54,11 +54,6 @@ class QuantizedWeight:
             self.data, self.qtype, self.shape[1], row_ids.reshape(-1)
         ).to(dtype)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T`` in x's dtype."""
-        n, k = self.shape
-        return cpu_quant.matmul(x, self.data, self.qtype, n, k)
-
 
 def from_gguf(data: np.ndarray, qtype: GGMLQuantizationType) -> QuantizedWeight:
     """A GGUF tensor's raw blocks ``[n, row bytes]``, copied out of the memory-mapped file."""

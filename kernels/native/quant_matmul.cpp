@@ -5,8 +5,9 @@
 // s = d * sum(q) for the weights' offset term), so each block's product is an int8 dot product:
 // maddubs/madd on AVX2, dpbusd with AVX512-VNNI, a plain integer loop on the portable build.
 // Per weight block, w = d * q + m with q unsigned (Q4_1: m stored; Q4_0: m = -8 d) or w = d * q with
-// q signed (Q8_0). A thread unpacks a tile of weight rows to int8 once and reuses it for every
-// activation row, so large M pays the unpacking once per tile, not per row.
+// q signed (Q8_0). The weights are first repacked (once, at load) so that 8 rows' blocks are
+// interleaved: one vector instruction then makes 8 rows' products, and each block's nibbles are
+// unpacked once for several activation rows.
 
 #include <cstdint>
 #include <cstring>
@@ -20,8 +21,7 @@
 namespace {
 
 constexpr int64_t kBlock = 32;
-constexpr int64_t kTileRows = 4;   // weight rows unpacked and multiplied together
-constexpr int64_t kRowChunk = 64;  // activation rows per pass, so a tile's inputs stay in cache
+constexpr int64_t kRowChunk = 64;  // activation rows per pass, so their int8 copies stay in cache
 
 enum QuantType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
 
@@ -104,85 +104,162 @@ void quantize_row(const float* x, int64_t num_blocks, int8_t* q, float* d, float
     }
 }
 
-#if defined(__AVX2__)
-// Eight int32 partial sums of one block's products; SIGNED_W: the weights are signed int8 (Q8_0).
-template <bool SIGNED_W>
-inline __m256i block_dot(__m256i w, __m256i x) {
-    if (SIGNED_W) {  // maddubs multiplies unsigned by signed: move w's sign onto x
-        x = _mm256_sign_epi8(x, w);
-        w = _mm256_sign_epi8(w, w);
-    }
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-#endif
+// The packed layout the matmul reads (`spyglass_quant_pack` writes it from GGUF rows): weight rows in
+// groups of kGroup (rows past n are zero), each group's k / 32 blocks in order, each block holding
+// the group's scales d (float16 x 8), Q4_1's offsets m (float16 x 8), then the values interleaved
+// so that one 32-byte vector holds 4 consecutive values of each of the 8 rows (bytes 4r..4r+3 are
+// row r's): Q8_0 as 8 such vectors (vector j: values 4j..4j+3), Q4_0/Q4_1 as 4 vectors of nibbles
+// (vector c: values 8c..8c+3 in the low nibbles, 8c+4..8c+7 in the high ones). A broadcast of 4
+// activation values times one vector gives 8 rows' partial dot products at once, lane r = row r.
+constexpr int64_t kGroup = 8;
+constexpr int64_t kXRows = 4;  // activation rows multiplied per pass over a group's block
+
+int64_t packed_block_bytes(int64_t type) { return type == kQ4_0 ? 144 : type == kQ4_1 ? 160 : 272; }
+int64_t values_offset(int64_t type) { return type == kQ4_1 ? 32 : 16; }
+
+// Value v (0..31) of one GGUF block's quantized values, as stored (unsigned for Q4, signed for Q8_0).
+int32_t gguf_value(const uint8_t* block, int64_t type, int64_t v) {
+    if (type == kQ8_0) return static_cast<int8_t>(block[2 + v]);
+    const uint8_t* nibbles = block + (type == kQ4_1 ? 4 : 2);
+    return v < 16 ? nibbles[v] & 0x0F : nibbles[v - 16] >> 4;
 }
 
-inline float horizontal_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-#endif
-
-// out[i * kTileRows + r] = sum over blocks of wd[r][b] * xd[i][b] * dot(wq[r][b], xq[i][b]), for the
-// tile's kTileRows unpacked weight rows and X_ROWS consecutive activation rows (each weight block
-// loaded once for all of them). Rows past the weight matrix's end hold stale values; callers drop them.
-template <bool SIGNED_W, int X_ROWS>
-void tile_dots(const int8_t* wq, const float* wd, const int8_t* xq, const float* xd, int64_t num_blocks, float* out) {
-    const int64_t k = num_blocks * kBlock;
-#if defined(__AVX2__)
-    __m256 acc[X_ROWS][kTileRows];
-    for (int i = 0; i < X_ROWS; ++i) {
-        for (int r = 0; r < kTileRows; ++r) acc[i][r] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < num_blocks; ++b) {
-        __m256i x[X_ROWS];
-        for (int i = 0; i < X_ROWS; ++i) {
-            x[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * k + b * kBlock));
-        }
-        for (int r = 0; r < kTileRows; ++r) {
-            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + r * k + b * kBlock));
-            for (int i = 0; i < X_ROWS; ++i) {
-                const __m256 scale = _mm256_set1_ps(wd[r * num_blocks + b] * xd[i * num_blocks + b]);
-                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot<SIGNED_W>(w, x[i])), scale, acc[i][r]);
+void pack_block(const uint8_t* w, int64_t type, int64_t n, int64_t row_bytes, int64_t group, int64_t b, uint8_t* dst) {
+    std::memset(dst, 0, packed_block_bytes(type));
+    uint8_t* values = dst + values_offset(type);
+    for (int64_t r = 0; r < kGroup && group * kGroup + r < n; ++r) {
+        const uint8_t* block = w + (group * kGroup + r) * row_bytes + b * block_bytes(type);
+        std::memcpy(dst + 2 * r, block, 2);                               // d
+        if (type == kQ4_1) std::memcpy(dst + 16 + 2 * r, block + 2, 2);  // m
+        for (int64_t t = 0; t < 4; ++t) {
+            if (type == kQ8_0) {
+                for (int64_t j = 0; j < 8; ++j) values[j * 32 + 4 * r + t] = static_cast<uint8_t>(gguf_value(block, type, 4 * j + t));
+            } else {
+                for (int64_t c = 0; c < 4; ++c) {
+                    values[c * 32 + 4 * r + t] =
+                        static_cast<uint8_t>(gguf_value(block, type, 8 * c + t) | gguf_value(block, type, 8 * c + 4 + t) << 4);
+                }
             }
         }
     }
-    for (int i = 0; i < X_ROWS; ++i) {
-        for (int r = 0; r < kTileRows; ++r) out[i * kTileRows + r] = horizontal_sum(acc[i][r]);
+}
+
+// Value v of row r in a packed block's values.
+int32_t packed_value(const uint8_t* values, int64_t type, int64_t r, int64_t v) {
+    if (type == kQ8_0) return static_cast<int8_t>(values[(v / 4) * 32 + 4 * r + v % 4]);
+    const uint8_t byte = values[(v / 8) * 32 + 4 * r + v % 4];
+    return v % 8 < 4 ? byte & 0x0F : byte >> 4;
+}
+
+#if defined(__AVX2__)
+inline __m256i broadcast4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+// dot + the 4-value products of unsigned w and signed x, per 32-bit lane.
+inline __m256i dot_accumulate(__m256i dot, __m256i w, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(dot, w, x);
+#else
+    return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+// Block b's integer dot products of the group's 8 rows with X_ROWS activation rows, lane r = row r.
+template <int64_t TYPE, int X_ROWS>
+inline void block_dots(const uint8_t* values, const int8_t* const* xb, __m256i* dot) {
+    for (int i = 0; i < X_ROWS; ++i) dot[i] = _mm256_setzero_si256();
+    if (TYPE == kQ8_0) {  // signed weights: maddubs multiplies unsigned by signed, so move w's sign onto x
+        for (int64_t j = 0; j < 8; ++j) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * j));
+            const __m256i magnitude = _mm256_sign_epi8(w, w);
+            for (int i = 0; i < X_ROWS; ++i) dot[i] = dot_accumulate(dot[i], magnitude, _mm256_sign_epi8(broadcast4(xb[i] + 4 * j), w));
+        }
+        return;
+    }
+    const __m256i low = _mm256_set1_epi8(0x0F);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    for (int64_t c = 0; c < 4; ++c) {
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * c));
+        const __m256i w0 = _mm256_and_si256(packed, low), w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        for (int i = 0; i < X_ROWS; ++i) {
+            dot[i] = _mm256_dpbusd_epi32(dot[i], w0, broadcast4(xb[i] + 8 * c));
+            dot[i] = _mm256_dpbusd_epi32(dot[i], w1, broadcast4(xb[i] + 8 * c + 4));
+        }
     }
 #else
-    for (int i = 0; i < X_ROWS; ++i) {
-        for (int r = 0; r < kTileRows; ++r) {
+    // 4-bit weights (at most 15) times int8 (at most 127 in size): the 16 products each int16 lane
+    // collects over a block stay below 2^15, so lanes sum in int16 and widen once per block.
+    __m256i sums[X_ROWS];
+    for (int i = 0; i < X_ROWS; ++i) sums[i] = _mm256_setzero_si256();
+    for (int64_t c = 0; c < 4; ++c) {
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * c));
+        const __m256i w0 = _mm256_and_si256(packed, low), w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        for (int i = 0; i < X_ROWS; ++i) {
+            sums[i] = _mm256_add_epi16(sums[i], _mm256_maddubs_epi16(w0, broadcast4(xb[i] + 8 * c)));
+            sums[i] = _mm256_add_epi16(sums[i], _mm256_maddubs_epi16(w1, broadcast4(xb[i] + 8 * c + 4)));
+        }
+    }
+    for (int i = 0; i < X_ROWS; ++i) dot[i] = _mm256_madd_epi16(sums[i], _mm256_set1_epi16(1));
+#endif
+}
+#endif
+
+// out[i * kGroup + r] = row r of the group times activation row i, for X_ROWS rows of xq (row stride k).
+template <int64_t TYPE, int X_ROWS>
+void group_dots(const uint8_t* group, int64_t num_blocks, const int8_t* xq, const float* xd, const float* xs, int64_t k,
+                float* out) {
+    const int64_t stride = packed_block_bytes(TYPE);
+#if defined(__AVX2__)
+    __m256 acc[X_ROWS];
+    for (int i = 0; i < X_ROWS; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < num_blocks; ++b) {
+        const uint8_t* block = group + b * stride;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+        const __m256 m = TYPE == kQ4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)))
+                                       : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+        const int8_t* xb[X_ROWS];
+        for (int i = 0; i < X_ROWS; ++i) xb[i] = xq + i * k + b * kBlock;
+        __m256i dot[X_ROWS];
+        block_dots<TYPE, X_ROWS>(block + values_offset(TYPE), xb, dot);
+        for (int i = 0; i < X_ROWS; ++i) {
+            const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(xd[i * num_blocks + b]));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), scale, acc[i]);
+            if (TYPE != kQ8_0) acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[i * num_blocks + b]), acc[i]);
+        }
+    }
+    for (int i = 0; i < X_ROWS; ++i) _mm256_storeu_ps(out + i * kGroup, acc[i]);
+#else
+    for (int64_t i = 0; i < X_ROWS; ++i) {
+        for (int64_t r = 0; r < kGroup; ++r) {
             float total = 0.f;
             for (int64_t b = 0; b < num_blocks; ++b) {
+                const uint8_t* block = group + b * stride;
+                const float d = half_to_float(load_half(block + 2 * r));
+                const float m = TYPE == kQ4_1 ? half_to_float(load_half(block + 16 + 2 * r)) : -8.f * d;
+                const int8_t* x = xq + i * k + b * kBlock;
                 int32_t dot = 0;
-                for (int64_t j = 0; j < kBlock; ++j) {
-                    dot += static_cast<int32_t>(wq[r * k + b * kBlock + j]) * xq[i * k + b * kBlock + j];
-                }
-                total += wd[r * num_blocks + b] * xd[i * num_blocks + b] * static_cast<float>(dot);
+                for (int64_t v = 0; v < kBlock; ++v) dot += packed_value(block + values_offset(TYPE), TYPE, r, v) * x[v];
+                total += d * xd[i * num_blocks + b] * static_cast<float>(dot);
+                if (TYPE != kQ8_0) total += m * xs[i * num_blocks + b];
             }
-            out[i * kTileRows + r] = total;
+            out[i * kGroup + r] = total;
         }
     }
 #endif
 }
 
-template <bool SIGNED_W>
-void matmul(const float* x, const uint8_t* w, int64_t type, int64_t m_rows, int64_t n, int64_t k, int64_t num_threads,
-            float* y) {
-    const int64_t num_blocks = k / kBlock, row_bytes = num_blocks * block_bytes(type);
-    const int64_t num_tiles = (n + kTileRows - 1) / kTileRows;
+template <int64_t TYPE>
+void matmul(const float* x, const uint8_t* packed, int64_t m_rows, int64_t n, int64_t k, int64_t num_threads, float* y) {
+    const int64_t num_blocks = k / kBlock, num_groups = (n + kGroup - 1) / kGroup;
+    const int64_t group_bytes = num_blocks * packed_block_bytes(TYPE);
     std::vector<int8_t> xq(m_rows * k);
     std::vector<float> xd(m_rows * num_blocks), xs(m_rows * num_blocks);
 #pragma omp parallel num_threads(num_threads)
     {
-        std::vector<int8_t> wq(kTileRows * k);
-        std::vector<float> wd(kTileRows * num_blocks), wm(kTileRows * num_blocks);
-        float dots[2 * kTileRows];
+        float dots[kXRows * kGroup];
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m_rows; ++i) {
             quantize_row(x + i * k, num_blocks, &xq[i * k], &xd[i * num_blocks], &xs[i * num_blocks]);
@@ -190,28 +267,21 @@ void matmul(const float* x, const uint8_t* w, int64_t type, int64_t m_rows, int6
         for (int64_t chunk = 0; chunk < m_rows; chunk += kRowChunk) {
             const int64_t chunk_end = chunk + kRowChunk < m_rows ? chunk + kRowChunk : m_rows;
 #pragma omp for schedule(static)
-            for (int64_t tile = 0; tile < num_tiles; ++tile) {
-                const int64_t first = tile * kTileRows, rows = n - first < kTileRows ? n - first : kTileRows;
-                for (int64_t r = 0; r < rows; ++r) {
-                    unpack_row(w + (first + r) * row_bytes, type, num_blocks, &wq[r * k], &wd[r * num_blocks],
-                               &wm[r * num_blocks]);
-                }
-                for (int64_t i = chunk; i < chunk_end; i += 2) {
-                    const bool pair = i + 1 < chunk_end;
-                    if (pair) {
-                        tile_dots<SIGNED_W, 2>(wq.data(), wd.data(), &xq[i * k], &xd[i * num_blocks], num_blocks, dots);
-                    } else {
-                        tile_dots<SIGNED_W, 1>(wq.data(), wd.data(), &xq[i * k], &xd[i * num_blocks], num_blocks, dots);
+            for (int64_t g = 0; g < num_groups; ++g) {
+                const uint8_t* group = packed + g * group_bytes;
+                const int64_t rows = n - g * kGroup < kGroup ? n - g * kGroup : kGroup;
+                for (int64_t i = chunk; i < chunk_end; i += kXRows) {
+                    const int64_t count = chunk_end - i < kXRows ? chunk_end - i : kXRows;
+                    const int8_t* xi = &xq[i * k];
+                    const float *di = &xd[i * num_blocks], *si = &xs[i * num_blocks];
+                    switch (count) {
+                        case 4: group_dots<TYPE, 4>(group, num_blocks, xi, di, si, k, dots); break;
+                        case 3: group_dots<TYPE, 3>(group, num_blocks, xi, di, si, k, dots); break;
+                        case 2: group_dots<TYPE, 2>(group, num_blocks, xi, di, si, k, dots); break;
+                        default: group_dots<TYPE, 1>(group, num_blocks, xi, di, si, k, dots); break;
                     }
-                    for (int64_t row = i; row < i + (pair ? 2 : 1); ++row) {
-                        const float* s = &xs[row * num_blocks];
-                        for (int64_t r = 0; r < rows; ++r) {
-                            float offset = 0.f;  // the weights' per-block offsets times the activation block sums
-                            if (!SIGNED_W) {
-                                for (int64_t b = 0; b < num_blocks; ++b) offset += wm[r * num_blocks + b] * s[b];
-                            }
-                            y[row * n + first + r] = dots[(row - i) * kTileRows + r] + offset;
-                        }
+                    for (int64_t row = 0; row < count; ++row) {
+                        std::memcpy(y + (i + row) * n + g * kGroup, dots + row * kGroup, rows * sizeof(float));
                     }
                 }
             }
@@ -223,13 +293,32 @@ void matmul(const float* x, const uint8_t* w, int64_t type, int64_t m_rows, int6
 
 extern "C" {
 
-// y[m_rows, n] (float32) = x[m_rows, k] (float32, contiguous) @ W^T, W: n rows of k / 32 blocks of `type`.
-void spyglass_quant_matmul(const float* x, const uint8_t* w, int64_t type, int64_t m_rows, int64_t n, int64_t k,
+// Bytes `spyglass_quant_pack` writes for an [n, k] matrix of `type`.
+int64_t spyglass_quant_packed_bytes(int64_t type, int64_t n, int64_t k) {
+    return (n + kGroup - 1) / kGroup * (k / kBlock) * packed_block_bytes(type);
+}
+
+// The packed layout (see above) of W: n GGUF rows of k / 32 blocks of `type`.
+void spyglass_quant_pack(const uint8_t* w, int64_t type, int64_t n, int64_t k, int64_t num_threads, uint8_t* out) {
+    const int64_t num_blocks = k / kBlock, row_bytes = num_blocks * block_bytes(type);
+    const int64_t num_groups = (n + kGroup - 1) / kGroup;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t g = 0; g < num_groups; ++g) {
+        for (int64_t b = 0; b < num_blocks; ++b) {
+            pack_block(w, type, n, row_bytes, g, b, out + (g * num_blocks + b) * packed_block_bytes(type));
+        }
+    }
+}
+
+// y[m_rows, n] (float32) = x[m_rows, k] (float32, contiguous) @ W^T, W packed by `spyglass_quant_pack`.
+void spyglass_quant_matmul(const float* x, const uint8_t* packed, int64_t type, int64_t m_rows, int64_t n, int64_t k,
                            int64_t num_threads, float* y) {
     if (type == kQ8_0) {
-        matmul<true>(x, w, type, m_rows, n, k, num_threads, y);
+        matmul<kQ8_0>(x, packed, m_rows, n, k, num_threads, y);
+    } else if (type == kQ4_1) {
+        matmul<kQ4_1>(x, packed, m_rows, n, k, num_threads, y);
     } else {
-        matmul<false>(x, w, type, m_rows, n, k, num_threads, y);
+        matmul<kQ4_0>(x, packed, m_rows, n, k, num_threads, y);
     }
 }
 
