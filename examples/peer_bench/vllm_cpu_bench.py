@@ -13,7 +13,7 @@ Runs inside the vLLM venv, not the system python (setup: ``setup_vllm_cpu.sh`` n
 
     VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1 \\
         /tmp/vllm-venv/bin/python examples/peer_bench/vllm_cpu_bench.py \\
-        --model /tmp/smollm2-hf --workload /tmp/vllm_bench/w1.json --repeats 3
+        --model /tmp/smollm2-hf --workload /tmp/vllm_bench/w1.json --repeats 3 [--dtype float32]
     ... --workload /tmp/vllm_bench/w1.json --mode latency
 
 The workload JSON is a list of {"prompt_token_ids": [...], "output_len": N}.
@@ -101,10 +101,15 @@ def main() -> None:
     parser.add_argument("--mode", choices=["throughput", "latency"], default="throughput")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        help="vLLM's dtype: bfloat16 where the CPU has native bf16, float32 elsewhere (AVX2-only CPUs)",
+    )
     args = parser.parse_args()
     with open(args.workload) as f:
         workload = json.load(f)
-    llm = LLM(model=args.model, dtype="bfloat16", max_model_len=args.max_model_len, seed=0)
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0)
     config = llm.llm_engine.vllm_config
     print(
         f"max_num_seqs {config.scheduler_config.max_num_seqs}, max_num_batched_tokens "

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spyglass.core.engine.kv.host_memory import zeros_on_huge_pages
+from spyglass.core.engine.kv.host_memory import zeros_in_fresh_mapping
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
@@ -74,7 +74,7 @@ class ModelRunner:
 
     def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if self.device.type == "cpu":
-            return zeros_on_huge_pages(shape, dtype)
+            return zeros_in_fresh_mapping(shape, dtype)
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
     @staticmethod
