@@ -9,8 +9,9 @@
 // head's group of query heads, meets a block of keys while it is in L1, so K and V are streamed from
 // memory once per item and never gathered or repeated; keys are walked through block pointers
 // computed once per item. Products take bf16 inputs (vdpbf16ps) and the probabilities are rounded to
-// bf16 for the weighted sum, as the torch path rounds them before its matmul. Other dtypes and shapes
-// go one row at a time through a generic path, as does any call with a sliding window (a row sees only
+// bf16 for the weighted sum, as the torch path rounds them before its matmul. float32 on AVX2 CPUs
+// (same head dims) takes a path of the same shape with FMA: 8 keys per pass for the scores, 16 dims of
+// 6 query vectors per pass for the values. Other dtypes and shapes go one row at a time through a generic path, as does any call with a sliding window (a row sees only
 // its last `sliding_window` keys) or soft-capped scores (softcap * tanh(score / softcap), Gemma 2).
 // Scores, softmax and sums are float32 throughout.
 // Every query length runs here (prompts included). Plain C ABI, loaded with ctypes; OpenMP from the
@@ -24,7 +25,7 @@
 
 #include "scalar.h"
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -49,6 +50,7 @@ struct Scratch {
     std::vector<float> scores;
     std::vector<uint16_t> probs;
     std::vector<const uint16_t*> k_blocks, v_blocks;
+    std::vector<const float*> k_blocks_f32, v_blocks_f32;
 };
 
 struct Shapes {
@@ -147,6 +149,140 @@ void attend(const WorkItem& item, const T* query, const T* k_cache, const T* v_c
         attend_row(item, i, query, k_cache, v_cache, block_tables, s, scale, scratch.scores, out);
 }
 
+// The item's blocks of one cache, as pointers to their first key (no division per key).
+template <typename T>
+void block_starts(const T* cache, const Keys& keys, std::vector<const T*>& starts) {
+    const int64_t count = (keys.count + keys.block_size - 1) / keys.block_size;
+    starts.resize(static_cast<size_t>(count));
+    for (int64_t b = 0; b < count; ++b)
+        starts[b] = cache + (keys.head_offset + keys.table[b]) * keys.block_size * keys.dim;
+}
+
+#if defined(__AVX2__)
+// float32 on AVX2: each query vector of the item (its rows times the kv head's group) meets 8 keys
+// at a time for its scores, their lane sums folded into one vector; the weighted sum of values
+// runs over 16 dims of up to 6 vectors at a time, so every accumulator stays in a register.
+
+// Lane j of the result is the sum of the 8 lanes of a[j].
+inline __m256 sum_each8(const __m256 a[8]) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// scores[j] = q . k_j for the first n keys (q already scaled), 8 keys per pass.
+template <int CHUNKS>
+void scores_f32(const float* q, const std::vector<const float*>& blocks, int64_t block_size, int64_t n,
+                float* scores) {
+    constexpr int64_t dim = 8 * CHUNKS;
+    for (int64_t start = 0, b = 0; start < n; start += block_size, ++b) {
+        const int64_t in_block = std::min(block_size, n - start);
+        for (int64_t sub = 0; sub < in_block; sub += 8) {
+            const int64_t count = std::min<int64_t>(8, in_block - sub);
+            const float* keys[8];
+            // Past the block's last key, recompute its first one (dropped below) rather than read on.
+            for (int64_t j = 0; j < 8; ++j) keys[j] = blocks[b] + (sub + (j < count ? j : 0)) * dim;
+            __m256 acc[8];
+            for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+            for (int c = 0; c < CHUNKS; ++c) {
+                const __m256 qc = _mm256_loadu_ps(q + 8 * c);
+                for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[j] + 8 * c), acc[j]);
+            }
+            const __m256 dots = sum_each8(acc);
+            if (count == 8) {
+                _mm256_storeu_ps(scores + start + sub, dots);
+            } else {
+                alignas(32) float lanes[8];
+                _mm256_store_ps(lanes, dots);
+                std::memcpy(scores + start + sub, lanes, count * sizeof(float));
+            }
+        }
+    }
+}
+
+// acc[v * dim + first + d] = sum_j probs[v * probs_stride + j] * v_j[first + d], d < 16, for COUNT vectors.
+template <int COUNT>
+void values_f32(const float* probs, int64_t probs_stride, const std::vector<const float*>& blocks,
+                int64_t block_size, int64_t n, int64_t dim, int64_t first, float* acc) {
+    __m256 sums[COUNT][2];
+    for (int v = 0; v < COUNT; ++v) sums[v][0] = sums[v][1] = _mm256_setzero_ps();
+    for (int64_t start = 0, b = 0; start < n; start += block_size, ++b) {
+        const int64_t in_block = std::min(block_size, n - start);
+        for (int64_t j = 0; j < in_block; ++j) {
+            const float* value = blocks[b] + j * dim + first;
+            const __m256 low = _mm256_loadu_ps(value), high = _mm256_loadu_ps(value + 8);
+            for (int v = 0; v < COUNT; ++v) {
+                const __m256 p = _mm256_broadcast_ss(probs + v * probs_stride + start + j);
+                sums[v][0] = _mm256_fmadd_ps(p, low, sums[v][0]);
+                sums[v][1] = _mm256_fmadd_ps(p, high, sums[v][1]);
+            }
+        }
+    }
+    for (int v = 0; v < COUNT; ++v) {
+        _mm256_storeu_ps(acc + v * dim + first, sums[v][0]);
+        _mm256_storeu_ps(acc + v * dim + first + 8, sums[v][1]);
+    }
+}
+
+constexpr int64_t kValueVectors = 6;  // 12 accumulators, the values' 2 vectors and a broadcast: 15 registers
+
+template <int CHUNKS>
+void attend_f32(const WorkItem& item, const float* query, const float* k_cache, const float* v_cache,
+                const int32_t* block_tables, const Shapes& s, float scale, Scratch& scratch, float* out) {
+    constexpr int64_t dim = 8 * CHUNKS;
+    const int64_t group = s.num_heads / s.num_kv_heads;
+    const int64_t vectors = item.num_rows * group, n_max = item.num_keys + item.num_rows - 1;
+    scratch.scores.resize(static_cast<size_t>(vectors * (n_max + dim) + dim));
+    float* probs = scratch.scores.data();  // [vectors, n_max], zero past each row's causal limit
+    float* acc = probs + vectors * n_max;  // [vectors, dim]
+    float* q = acc + vectors * dim;        // [dim]
+    const Keys keys{block_tables + item.request * s.table_stride, item.kv_head * s.num_blocks, s.block_size, dim, n_max};
+    block_starts(k_cache, keys, scratch.k_blocks_f32);
+    block_starts(v_cache, keys, scratch.v_blocks_f32);
+    for (int64_t v = 0; v < vectors; ++v) {
+        const int64_t i = v / group, g = v % group, n = item.num_keys + i;
+        const float* qv = query + (item.row + i) * s.query_row_stride + (item.kv_head * group + g) * dim;
+        for (int64_t d = 0; d < dim; ++d) q[d] = qv[d] * scale;
+        float* row_probs = probs + v * n_max;
+        scores_f32<CHUNKS>(q, scratch.k_blocks_f32, s.block_size, n, row_probs);
+        softmax(row_probs, n);
+        std::fill(row_probs + n, row_probs + n_max, 0.f);
+    }
+    for (int64_t first = 0; first < dim; first += 16) {
+        for (int64_t v0 = 0; v0 < vectors; v0 += kValueVectors) {
+            const float* p = probs + v0 * n_max;
+            float* a = acc + v0 * dim;
+            const auto& blocks = scratch.v_blocks_f32;
+            switch (std::min(kValueVectors, vectors - v0)) {
+                case 6: values_f32<6>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
+                case 5: values_f32<5>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
+                case 4: values_f32<4>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
+                case 3: values_f32<3>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
+                case 2: values_f32<2>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
+                default: values_f32<1>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
+            }
+        }
+    }
+    for (int64_t v = 0; v < vectors; ++v) {
+        const int64_t i = v / group, g = v % group;
+        std::memcpy(out + ((item.row + i) * s.num_heads + item.kv_head * group + g) * dim, acc + v * dim,
+                    dim * sizeof(float));
+    }
+}
+
+// float32 with head dims 32, 64 and 128 and no window or soft-cap takes the AVX2 path; others the generic one.
+void attend(const WorkItem& item, const float* query, const float* k_cache, const float* v_cache,
+            const int32_t* block_tables, const Shapes& s, float scale, Scratch& scratch, float* out) {
+    if (s.sliding_window == 0 && s.softcap == 0.f) switch (s.head_dim) {
+            case 32: return attend_f32<4>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
+            case 64: return attend_f32<8>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
+            case 128: return attend_f32<16>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
+        }
+    attend<float>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
+}
+#endif
+
 #if defined(__AVX512BF16__)
 // bfloat16 with AVX512-BF16: pairs of bf16 products accumulate in float32 (vdpbf16ps). Every query
 // vector of the item (its rows times the kv head's group) meets each key block while it is in L1.
@@ -169,14 +305,6 @@ inline __m512 sum_each(const __m512 v[16]) {
 }
 
 inline __m512bh load_bf16(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
-
-// The item's blocks of one cache, as pointers to their first key (no division per key).
-void block_starts(const uint16_t* cache, const Keys& keys, std::vector<const uint16_t*>& starts) {
-    const int64_t count = (keys.count + keys.block_size - 1) / keys.block_size;
-    starts.resize(static_cast<size_t>(count));
-    for (int64_t b = 0; b < count; ++b)
-        starts[b] = cache + (keys.head_offset + keys.table[b]) * keys.block_size * keys.dim;
-}
 
 // The loops below are templates on CHUNKS (head_dim / 32) and COUNT (query vectors per pass) so that
 // every accumulator stays in a register.
