@@ -42,9 +42,15 @@ class NativeKernels:
                     function.restype = None
                     self._functions[(name, dtype)] = function
 
+        self._complete = {
+            dtype
+            for dtype in _SUFFIX
+            if all((name, dtype) in self._functions for _, name in _SIGNATURES)
+        }
+
     def available(self, dtype: torch.dtype) -> bool:
         """Whether every kernel built for ``dtype``."""
-        return all((name, dtype) in self._functions for _, name in _SIGNATURES)
+        return dtype in self._complete
 
     def function(self, name: str, dtype: torch.dtype):
         return self._functions[(name, dtype)]

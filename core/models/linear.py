@@ -50,16 +50,17 @@ class QuantizedLinear:
     bytes); the GGUF rows are not kept.
     """
 
-    __slots__ = ("bias", "packed", "qtype", "shape")
+    __slots__ = ("bias", "kernels", "packed", "qtype", "shape")
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None):
         self.shape = weight.shape
         self.qtype = weight.qtype
-        self.packed = cpu_quant.pack(weight.data, weight.qtype, *self.shape)
+        self.kernels = cpu_quant.default()
+        self.packed = self.kernels.pack(weight.data, weight.qtype, *self.shape)
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = cpu_quant.matmul(x, self.packed, self.qtype, *self.shape)
+        y = self.kernels.matmul(x, self.packed, self.qtype, *self.shape)
         return y if self.bias is None else y + self.bias
 
 

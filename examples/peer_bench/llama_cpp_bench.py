@@ -16,6 +16,7 @@ loaded model (llama.cpp maps the GGUF; Spyglass's figure is the time to its "eng
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ def main() -> None:
         print(
             f"{workload:<6} batch 1 decode: {statistics.median(values):.1f} ms per token (median of {len(values)})"
         )
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {peak_mib:.0f} MiB")
 
 
 if __name__ == "__main__":

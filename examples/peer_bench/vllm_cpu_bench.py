@@ -24,6 +24,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
@@ -117,6 +118,20 @@ def main() -> None:
         f"prefix caching {config.cache_config.enable_prefix_caching}, LD_PRELOAD {os.environ.get('LD_PRELOAD')}"
     )
     (throughput if args.mode == "throughput" else latency)(llm, workload, args.repeats)
+    print(f"peak RSS {peak_rss_mib():.0f} MiB (this process and its workers)")
+
+
+def peak_rss_mib() -> float:
+    """The sum of VmHWM over this process and its live descendants (vLLM runs its engine in workers)."""
+    pids, total_kib = [os.getpid()], 0
+    while pids:
+        pid = pids.pop()
+        status = Path(f"/proc/{pid}/status").read_text()
+        total_kib += int(status.split("VmHWM:")[1].split()[0])
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children = (task / "children").read_text().split()
+            pids.extend(int(child) for child in children)
+    return total_kib / 1024
 
 
 if __name__ == "__main__":
