@@ -10,8 +10,8 @@
 // memory once per item and never gathered or repeated; keys are walked through block pointers
 // computed once per item. Products take bf16 inputs (vdpbf16ps) and the probabilities are rounded to
 // bf16 for the weighted sum, as the torch path rounds them before its matmul. float32 on AVX2 CPUs
-// (same head dims) takes a path of the same shape with FMA: 8 keys per pass for the scores, 16 dims of
-// 6 query vectors per pass for the values. Other dtypes and shapes go one row at a time through a generic path, as does any call with a sliding window (a row sees only
+// (same head dims) takes a path of the same shape with FMA: 8 keys per pass for the scores, 32 dims of
+// 3 query vectors per pass for the values. Other dtypes and shapes go one row at a time through a generic path, as does any call with a sliding window (a row sees only
 // its last `sliding_window` keys) or soft-capped scores (softcap * tanh(score / softcap), Gemma 2).
 // Scores, softmax and sums are float32 throughout.
 // Every query length runs here (prompts included). Plain C ABI, loaded with ctypes; OpenMP from the
@@ -159,9 +159,10 @@ void block_starts(const T* cache, const Keys& keys, std::vector<const T*>& start
 }
 
 #if defined(__AVX2__)
-// float32 on AVX2: each query vector of the item (its rows times the kv head's group) meets 8 keys
+// float32 on AVX2: every query vector of the item (its rows times the kv head's group) meets 8 keys
 // at a time for its scores, their lane sums folded into one vector; the weighted sum of values
-// runs over 16 dims of up to 6 vectors at a time, so every accumulator stays in a register.
+// runs over 32 dims of up to 3 vectors at a time, so every accumulator stays in a register. The
+// next block is prefetched while one is read.
 
 // Lane j of the result is the sum of the 8 lanes of a[j].
 inline __m256 sum_each8(const __m256 a[8]) {
@@ -171,61 +172,75 @@ inline __m256 sum_each8(const __m256 a[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// scores[j] = q . k_j for the first n keys (q already scaled), 8 keys per pass.
+// Ask for the `floats` floats from p, one request per 128 bytes (the adjacent line comes along).
+inline void prefetch(const float* p, int64_t floats) {
+    for (int64_t i = 0; i < floats; i += 32) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
+// scores[v * n + j] = q_v . k_j for `count` query vectors (already scaled) and the first n keys. Each
+// pass takes 8 keys, which every vector meets while they are in L1; meanwhile the same keys of the
+// next block are prefetched (a block of one head is its own 4 KiB page, where hardware prefetch stops).
 template <int CHUNKS>
-void scores_f32(const float* q, const std::vector<const float*>& blocks, int64_t block_size, int64_t n,
+void scores_f32(const float* q, int64_t count, const std::vector<const float*>& blocks, int64_t block_size, int64_t n,
                 float* scores) {
     constexpr int64_t dim = 8 * CHUNKS;
+    const int64_t num_blocks = (n + block_size - 1) / block_size;
     for (int64_t start = 0, b = 0; start < n; start += block_size, ++b) {
         const int64_t in_block = std::min(block_size, n - start);
         for (int64_t sub = 0; sub < in_block; sub += 8) {
-            const int64_t count = std::min<int64_t>(8, in_block - sub);
+            const int64_t here = std::min<int64_t>(8, in_block - sub);
+            if (b + 1 < num_blocks) prefetch(blocks[b + 1] + sub * dim, 8 * dim);
             const float* keys[8];
             // Past the block's last key, recompute its first one (dropped below) rather than read on.
-            for (int64_t j = 0; j < 8; ++j) keys[j] = blocks[b] + (sub + (j < count ? j : 0)) * dim;
-            __m256 acc[8];
-            for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-            for (int c = 0; c < CHUNKS; ++c) {
-                const __m256 qc = _mm256_loadu_ps(q + 8 * c);
-                for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[j] + 8 * c), acc[j]);
-            }
-            const __m256 dots = sum_each8(acc);
-            if (count == 8) {
-                _mm256_storeu_ps(scores + start + sub, dots);
-            } else {
-                alignas(32) float lanes[8];
-                _mm256_store_ps(lanes, dots);
-                std::memcpy(scores + start + sub, lanes, count * sizeof(float));
+            for (int64_t j = 0; j < 8; ++j) keys[j] = blocks[b] + (sub + (j < here ? j : 0)) * dim;
+            for (int64_t v = 0; v < count; ++v) {
+                __m256 acc[8];
+                for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+                for (int c = 0; c < CHUNKS; ++c) {
+                    const __m256 qc = _mm256_loadu_ps(q + v * dim + 8 * c);
+                    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[j] + 8 * c), acc[j]);
+                }
+                const __m256 dots = sum_each8(acc);
+                float* out = scores + v * n + start + sub;
+                if (here == 8) {
+                    _mm256_storeu_ps(out, dots);
+                } else {
+                    alignas(32) float lanes[8];
+                    _mm256_store_ps(lanes, dots);
+                    std::memcpy(out, lanes, here * sizeof(float));
+                }
             }
         }
     }
 }
 
-// acc[v * dim + first + d] = sum_j probs[v * probs_stride + j] * v_j[first + d], d < 16, for COUNT vectors.
+// acc[v * dim + first + d] = sum_j probs[v * probs_stride + j] * v_j[first + d], d < 32, for COUNT vectors.
 template <int COUNT>
 void values_f32(const float* probs, int64_t probs_stride, const std::vector<const float*>& blocks,
                 int64_t block_size, int64_t n, int64_t dim, int64_t first, float* acc) {
-    __m256 sums[COUNT][2];
-    for (int v = 0; v < COUNT; ++v) sums[v][0] = sums[v][1] = _mm256_setzero_ps();
+    __m256 sums[COUNT][4];
+    for (int v = 0; v < COUNT; ++v)
+        for (int c = 0; c < 4; ++c) sums[v][c] = _mm256_setzero_ps();
+    const int64_t num_blocks = (n + block_size - 1) / block_size;
     for (int64_t start = 0, b = 0; start < n; start += block_size, ++b) {
         const int64_t in_block = std::min(block_size, n - start);
+        const float* next = b + 1 < num_blocks ? blocks[b + 1] + first : nullptr;
         for (int64_t j = 0; j < in_block; ++j) {
+            if (next) _mm_prefetch(reinterpret_cast<const char*>(next + j * dim), _MM_HINT_T0);
             const float* value = blocks[b] + j * dim + first;
-            const __m256 low = _mm256_loadu_ps(value), high = _mm256_loadu_ps(value + 8);
+            __m256 chunk[4];
+            for (int c = 0; c < 4; ++c) chunk[c] = _mm256_loadu_ps(value + 8 * c);
             for (int v = 0; v < COUNT; ++v) {
                 const __m256 p = _mm256_broadcast_ss(probs + v * probs_stride + start + j);
-                sums[v][0] = _mm256_fmadd_ps(p, low, sums[v][0]);
-                sums[v][1] = _mm256_fmadd_ps(p, high, sums[v][1]);
+                for (int c = 0; c < 4; ++c) sums[v][c] = _mm256_fmadd_ps(p, chunk[c], sums[v][c]);
             }
         }
     }
-    for (int v = 0; v < COUNT; ++v) {
-        _mm256_storeu_ps(acc + v * dim + first, sums[v][0]);
-        _mm256_storeu_ps(acc + v * dim + first + 8, sums[v][1]);
-    }
+    for (int v = 0; v < COUNT; ++v)
+        for (int c = 0; c < 4; ++c) _mm256_storeu_ps(acc + v * dim + first + 8 * c, sums[v][c]);
 }
 
-constexpr int64_t kValueVectors = 6;  // 12 accumulators, the values' 2 vectors and a broadcast: 15 registers
+constexpr int64_t kValueVectors = 3;  // 12 accumulators and the values' 4 vectors: 16 registers
 
 template <int CHUNKS>
 void attend_f32(const WorkItem& item, const float* query, const float* k_cache, const float* v_cache,
@@ -233,31 +248,31 @@ void attend_f32(const WorkItem& item, const float* query, const float* k_cache, 
     constexpr int64_t dim = 8 * CHUNKS;
     const int64_t group = s.num_heads / s.num_kv_heads;
     const int64_t vectors = item.num_rows * group, n_max = item.num_keys + item.num_rows - 1;
-    scratch.scores.resize(static_cast<size_t>(vectors * (n_max + dim) + dim));
+    scratch.scores.resize(static_cast<size_t>(vectors * (n_max + 2 * dim)));
     float* probs = scratch.scores.data();  // [vectors, n_max], zero past each row's causal limit
     float* acc = probs + vectors * n_max;  // [vectors, dim]
-    float* q = acc + vectors * dim;        // [dim]
+    float* q = acc + vectors * dim;        // [vectors, dim], scaled
     const Keys keys{block_tables + item.request * s.table_stride, item.kv_head * s.num_blocks, s.block_size, dim, n_max};
     block_starts(k_cache, keys, scratch.k_blocks_f32);
     block_starts(v_cache, keys, scratch.v_blocks_f32);
     for (int64_t v = 0; v < vectors; ++v) {
-        const int64_t i = v / group, g = v % group, n = item.num_keys + i;
+        const int64_t i = v / group, g = v % group;
         const float* qv = query + (item.row + i) * s.query_row_stride + (item.kv_head * group + g) * dim;
-        for (int64_t d = 0; d < dim; ++d) q[d] = qv[d] * scale;
-        float* row_probs = probs + v * n_max;
-        scores_f32<CHUNKS>(q, scratch.k_blocks_f32, s.block_size, n, row_probs);
-        softmax(row_probs, n);
-        std::fill(row_probs + n, row_probs + n_max, 0.f);
+        for (int64_t d = 0; d < dim; ++d) q[v * dim + d] = qv[d] * scale;
     }
-    for (int64_t first = 0; first < dim; first += 16) {
+    // Every vector's scores up to the item's last row's limit; each row then keeps its own keys.
+    scores_f32<CHUNKS>(q, vectors, scratch.k_blocks_f32, s.block_size, n_max, probs);
+    for (int64_t v = 0; v < vectors; ++v) {
+        const int64_t n = item.num_keys + v / group;
+        softmax(probs + v * n_max, n);
+        std::fill(probs + v * n_max + n, probs + (v + 1) * n_max, 0.f);
+    }
+    for (int64_t first = 0; first < dim; first += 32) {
         for (int64_t v0 = 0; v0 < vectors; v0 += kValueVectors) {
             const float* p = probs + v0 * n_max;
             float* a = acc + v0 * dim;
             const auto& blocks = scratch.v_blocks_f32;
             switch (std::min(kValueVectors, vectors - v0)) {
-                case 6: values_f32<6>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
-                case 5: values_f32<5>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
-                case 4: values_f32<4>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
                 case 3: values_f32<3>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
                 case 2: values_f32<2>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
                 default: values_f32<1>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
