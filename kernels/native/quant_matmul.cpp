@@ -112,7 +112,7 @@ void quantize_row(const float* x, int64_t num_blocks, int8_t* q, float* d, float
 // (vector c: values 8c..8c+3 in the low nibbles, 8c+4..8c+7 in the high ones). A broadcast of 4
 // activation values times one vector gives 8 rows' partial dot products at once, lane r = row r.
 constexpr int64_t kGroup = 8;
-constexpr int64_t kXRows = 4;  // activation rows multiplied per pass over a group's block
+constexpr int64_t kXRows = 3;  // activation rows per pass over a group's block (4 spilled: 8-15% slower)
 
 int64_t packed_block_bytes(int64_t type) { return type == kQ4_0 ? 144 : type == kQ4_1 ? 160 : 272; }
 int64_t values_offset(int64_t type) { return type == kQ4_1 ? 32 : 16; }
@@ -166,45 +166,6 @@ inline __m256i dot_accumulate(__m256i dot, __m256i w, __m256i x) {
     return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
 #endif
 }
-
-// Block b's integer dot products of the group's 8 rows with X_ROWS activation rows, lane r = row r.
-template <int64_t TYPE, int X_ROWS>
-inline void block_dots(const uint8_t* values, const int8_t* const* xb, __m256i* dot) {
-    for (int i = 0; i < X_ROWS; ++i) dot[i] = _mm256_setzero_si256();
-    if (TYPE == kQ8_0) {  // signed weights: maddubs multiplies unsigned by signed, so move w's sign onto x
-        for (int64_t j = 0; j < 8; ++j) {
-            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * j));
-            const __m256i magnitude = _mm256_sign_epi8(w, w);
-            for (int i = 0; i < X_ROWS; ++i) dot[i] = dot_accumulate(dot[i], magnitude, _mm256_sign_epi8(broadcast4(xb[i] + 4 * j), w));
-        }
-        return;
-    }
-    const __m256i low = _mm256_set1_epi8(0x0F);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    for (int64_t c = 0; c < 4; ++c) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * c));
-        const __m256i w0 = _mm256_and_si256(packed, low), w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-        for (int i = 0; i < X_ROWS; ++i) {
-            dot[i] = _mm256_dpbusd_epi32(dot[i], w0, broadcast4(xb[i] + 8 * c));
-            dot[i] = _mm256_dpbusd_epi32(dot[i], w1, broadcast4(xb[i] + 8 * c + 4));
-        }
-    }
-#else
-    // 4-bit weights (at most 15) times int8 (at most 127 in size): the 16 products each int16 lane
-    // collects over a block stay below 2^15, so lanes sum in int16 and widen once per block.
-    __m256i sums[X_ROWS];
-    for (int i = 0; i < X_ROWS; ++i) sums[i] = _mm256_setzero_si256();
-    for (int64_t c = 0; c < 4; ++c) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * c));
-        const __m256i w0 = _mm256_and_si256(packed, low), w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-        for (int i = 0; i < X_ROWS; ++i) {
-            sums[i] = _mm256_add_epi16(sums[i], _mm256_maddubs_epi16(w0, broadcast4(xb[i] + 8 * c)));
-            sums[i] = _mm256_add_epi16(sums[i], _mm256_maddubs_epi16(w1, broadcast4(xb[i] + 8 * c + 4)));
-        }
-    }
-    for (int i = 0; i < X_ROWS; ++i) dot[i] = _mm256_madd_epi16(sums[i], _mm256_set1_epi16(1));
-#endif
-}
 #endif
 
 // out[i * kGroup + r] = row r of the group times activation row i, for X_ROWS rows of xq (row stride k).
@@ -213,24 +174,60 @@ void group_dots(const uint8_t* group, int64_t num_blocks, const int8_t* xq, cons
                 float* out) {
     const int64_t stride = packed_block_bytes(TYPE);
 #if defined(__AVX2__)
-    __m256 acc[X_ROWS];
-    for (int i = 0; i < X_ROWS; ++i) acc[i] = _mm256_setzero_ps();
+    // One named accumulator per activation row, not an array: GCC kept __m256 arrays on the stack.
+    static_assert(X_ROWS >= 1 && X_ROWS <= 3, "three activation rows at most: more spill registers");
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0;
+    __m256i dot0, dot1, dot2;
+    // f(dot, acc, i) for each of the X_ROWS activation rows.
+    auto each_row = [&](auto&& f) {
+        f(dot0, acc0, 0);
+        if constexpr (X_ROWS > 1) f(dot1, acc1, 1);
+        if constexpr (X_ROWS > 2) f(dot2, acc2, 2);
+    };
     for (int64_t b = 0; b < num_blocks; ++b) {
         const uint8_t* block = group + b * stride;
+        const uint8_t* values = block + values_offset(TYPE);
+        const int8_t* x = xq + b * kBlock;  // row i's block at x + i * k
+        dot0 = dot1 = dot2 = _mm256_setzero_si256();
+        if constexpr (TYPE == kQ8_0) {  // signed weights: maddubs multiplies unsigned by signed, so move w's sign onto x
+            for (int64_t j = 0; j < 8; ++j) {
+                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * j));
+                const __m256i magnitude = _mm256_sign_epi8(w, w);
+                each_row([&](__m256i& dot, __m256&, int i) {
+                    dot = dot_accumulate(dot, magnitude, _mm256_sign_epi8(broadcast4(x + i * k + 4 * j), w));
+                });
+            }
+        } else {
+            const __m256i low = _mm256_set1_epi8(0x0F);
+            for (int64_t c = 0; c < 4; ++c) {
+                const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * c));
+                const __m256i w0 = _mm256_and_si256(packed, low), w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+                each_row([&](__m256i& dot, __m256&, int i) {
+                    const int8_t* xc = x + i * k + 8 * c;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+                    dot = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(dot, w0, broadcast4(xc)), w1, broadcast4(xc + 4));
+#else
+                    // 4-bit weights (at most 15) times int8 (at most 127 in size): the 16 products each
+                    // int16 lane collects over a block stay below 2^15, so lanes sum in int16.
+                    dot = _mm256_add_epi16(dot, _mm256_maddubs_epi16(w0, broadcast4(xc)));
+                    dot = _mm256_add_epi16(dot, _mm256_maddubs_epi16(w1, broadcast4(xc + 4)));
+#endif
+                });
+            }
+#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+            each_row([&](__m256i& dot, __m256&, int) { dot = _mm256_madd_epi16(dot, _mm256_set1_epi16(1)); });
+#endif
+        }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
         const __m256 m = TYPE == kQ4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)))
                                        : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
-        const int8_t* xb[X_ROWS];
-        for (int i = 0; i < X_ROWS; ++i) xb[i] = xq + i * k + b * kBlock;
-        __m256i dot[X_ROWS];
-        block_dots<TYPE, X_ROWS>(block + values_offset(TYPE), xb, dot);
-        for (int i = 0; i < X_ROWS; ++i) {
+        each_row([&](__m256i& dot, __m256& acc, int i) {
             const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(xd[i * num_blocks + b]));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), scale, acc[i]);
-            if (TYPE != kQ8_0) acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[i * num_blocks + b]), acc[i]);
-        }
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc);
+            if (TYPE != kQ8_0) acc = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[i * num_blocks + b]), acc);
+        });
     }
-    for (int i = 0; i < X_ROWS; ++i) _mm256_storeu_ps(out + i * kGroup, acc[i]);
+    each_row([&](__m256i&, __m256& acc, int i) { _mm256_storeu_ps(out + i * kGroup, acc); });
 #else
     for (int64_t i = 0; i < X_ROWS; ++i) {
         for (int64_t r = 0; r < kGroup; ++r) {
@@ -275,7 +272,6 @@ void matmul(const float* x, const uint8_t* packed, int64_t m_rows, int64_t n, in
                     const int8_t* xi = &xq[i * k];
                     const float *di = &xd[i * num_blocks], *si = &xs[i * num_blocks];
                     switch (count) {
-                        case 4: group_dots<TYPE, 4>(group, num_blocks, xi, di, si, k, dots); break;
                         case 3: group_dots<TYPE, 3>(group, num_blocks, xi, di, si, k, dots); break;
                         case 2: group_dots<TYPE, 2>(group, num_blocks, xi, di, si, k, dots); break;
                         default: group_dots<TYPE, 1>(group, num_blocks, xi, di, si, k, dots); break;

@@ -3,7 +3,7 @@
 The reference dequantizes the weights with gguf's own code and multiplies in float64. The kernel
 quantizes each activation row to int8 per 32 values (as llama.cpp does), so it is compared twice:
 tightly with a reference fed the same int8 activations, loosely with the exact float product.
-Shapes cover partial groups of 8 weight rows, partial passes of 4 activation rows and more than
+Shapes cover partial groups of 8 weight rows, passes of 1, 2 and 3 activation rows and more than
 one 64-row chunk.
 """
 
@@ -21,6 +21,7 @@ SHAPES = [
     (67, 257, 576),
     (127, 9, 32),
     (130, 16, 96),
+    (2, 40, 64),
 ]  # (M, N, K): odd M, N; K % 32 == 0
 
 
