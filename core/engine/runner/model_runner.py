@@ -1,12 +1,16 @@
 """Runs one step: flattens the scheduled requests into model inputs, runs the model, samples."""
 
+import logging
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from spyglass.core.engine.kv.host_memory import zeros_in_fresh_mapping
+from spyglass.core.engine.kv.host_memory import (
+    huge_pages_fault_without_stalls,
+    zeros_in_fresh_mapping,
+)
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
@@ -16,6 +20,8 @@ from spyglass.core.engine.sched.scheduler import SchedulerOutput
 from spyglass.core.engine.token_constraint import TokenConstraint, bitmask_words, fill_rows
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.registry import CausalLM
+
+log = logging.getLogger("spyglass.engine")
 
 
 class FatalRunnerError(RuntimeError):
@@ -56,6 +62,13 @@ class ModelRunner:
         shape = model.backend.cache_shape(
             num_blocks, block_size, arch.num_key_value_heads, arch.head_dim
         )
+        if device.type == "cpu":
+            log.info(
+                "KV cache on the CPU: huge pages %s",
+                "advised"
+                if huge_pages_fault_without_stalls()
+                else "not advised (THP off, or its defrag setting would stall faults)",
+            )
         # Zeroed, not empty: a padded read of a never-written slot must not bring NaN into a masked sum.
         self.kv_caches = [
             (self._zeros(shape, model.dtype), self._zeros(shape, model.dtype))
