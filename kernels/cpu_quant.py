@@ -55,7 +55,7 @@ class QuantKernels:
     ) -> torch.Tensor:
         """``x [..., k] @ W.T`` as ``[..., n]`` in x's dtype, W being ``n`` rows of ``k`` values
         `pack`-ed into ``packed``. Activations are rounded to int8 per 32 values, as llama.cpp does."""
-        x2 = x.reshape(-1, k)
+        x2 = x if x.dim() == 2 else x.reshape(-1, k)  # reshape and view cost ~3 us a call at batch 1
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.to(torch.float32).contiguous()
         y = torch.empty(x2.shape[0], n, dtype=torch.float32)
@@ -69,7 +69,8 @@ class QuantKernels:
             torch.get_num_threads(),
             y.data_ptr(),
         )
-        y = y.view(*x.shape[:-1], n)
+        if x.dim() != 2:
+            y = y.view(*x.shape[:-1], n)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def dequantize_rows(

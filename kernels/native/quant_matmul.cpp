@@ -9,6 +9,12 @@
 // interleaved: one vector instruction then makes 8 rows' products, and each block's nibbles are
 // unpacked once for several activation rows.
 
+// GCC spills group_dots' accumulators to the stack unless its first scheduling pass (off by
+// default on x86) orders the unrolled block loop for register pressure: 1.2-1.3x faster.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("schedule-insns", "sched-pressure")
+#endif
+
 #include <cstdint>
 #include <cstring>
 #include <cmath>

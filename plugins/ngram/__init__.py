@@ -3,7 +3,9 @@
 from spyglass.core.plugin_api import hookimpl
 
 MAX_NGRAM = 4
-MIN_NGRAM = 1
+# A single repeated token ("the", a comma) predicts little: drafting from one-token matches cost
+# 10% at batch 1 on open-ended prompts (4% of drafts accepted) and gained nothing on copying ones.
+MIN_NGRAM = 2
 
 
 def propose(token_ids: list[int], num_tokens: int) -> list[int]:

@@ -77,6 +77,11 @@ def test_ngram_proposal_follows_the_last_match():
     assert propose([5, 6, 7], 3) == []
 
 
+def test_ngram_needs_two_matching_tokens_to_draft():
+    assert propose([4, 8, 5, 6, 7, 8], 2) == []
+    assert propose([4, 7, 8, 5, 6, 7, 8], 2) == [5, 6]
+
+
 @pytest.fixture(scope="module")
 def greedy_reference(default_model_path):
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
