@@ -55,7 +55,8 @@ class QuantKernels:
     ) -> torch.Tensor:
         """``x [..., k] @ W.T`` as ``[..., n]`` in x's dtype, W being ``n`` rows of ``k`` values
         `pack`-ed into ``packed``. Activations are rounded to int8 per 32 values, as llama.cpp does."""
-        x2 = x if x.dim() == 2 else x.reshape(-1, k)  # reshape and view cost ~3 us a call at batch 1
+        # Reshaping and viewing 2-D tensors would cost ~3 us a call: most of a matmul at batch 1.
+        x2 = x if x.dim() == 2 else x.reshape(-1, k)
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.to(torch.float32).contiguous()
         y = torch.empty(x2.shape[0], n, dtype=torch.float32)
