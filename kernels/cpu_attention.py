@@ -22,8 +22,8 @@ def cache_shape(
 def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Write each token's key and value into slot ``slot_mapping[t]``; slot -1 means skip."""
     native = (
-        key.dtype == value.dtype == k_cache.dtype
-        and cpu_native.available(key.dtype)
+        key.dtype == value.dtype
+        and cpu_native.attends(key.dtype, k_cache.dtype)
         and _rows_of_contiguous_heads(key)
         and _rows_of_contiguous_heads(value)
         and (key.shape[0] == 1 or key.stride(0) == value.stride(0))
@@ -84,7 +84,7 @@ def paged_attention(
     The compiled kernel reads K and V straight from the cache for every request in one call; where
     it did not build, decodes are gathered into one padded batch and other requests go through SDPA.
     """
-    if k_cache.dtype == query.dtype and cpu_native.available(query.dtype):
+    if cpu_native.attends(query.dtype, k_cache.dtype):
         return cpu_native.paged_attention(
             query,
             k_cache,

@@ -3,7 +3,8 @@
 `NativeKernels` is one instruction-set variant's build (see `cpu_isa`); the module-level functions
 call the variant this CPU runs best (`SPYGLASS_KERNEL_VARIANT` names another runnable one). Every
 wrapper takes torch tensors, checks nothing it does not need, and calls the float32 or bfloat16
-instance of the kernel. `available` says whether the kernels built on this machine.
+instance of the kernel; attention and the KV store also have a float32 instance over a float16 cache
+(``--kv-cache-dtype float16``). `available` says whether the kernels built on this machine.
 """
 
 import ctypes
@@ -24,36 +25,49 @@ _SIGNATURES = {
     ("layer_ops", "store_kv"): [_P, _P, _I, _P, _I, _I, _I, _I, _P, _P],
     ("moe", "fused_experts"): [_P, _I, _P, _P, _P, _P, _P] + [_I] * 7 + [_P],
 }
+# Kernels that also take a cache of another dtype: (activation dtype, cache dtype) -> symbol suffix.
+_MIXED_CACHE = {("paged_attention", "paged_attention"), ("layer_ops", "store_kv")}
+_CACHE_SUFFIX = {(torch.float32, torch.float16): "f32_f16kv"}
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 
 class NativeKernels:
-    """The compiled kernels of one variant; ``function(name, dtype)`` is None where that did not build."""
+    """The compiled kernels of one variant; ``function(name, dtype)`` is missing where that did not build."""
 
     def __init__(self, variant: cpu_isa.KernelVariant):
         self.variant = variant
-        self._functions: dict[tuple[str, torch.dtype], object] = {}
+        # (name, activation dtype, cache dtype) -> function; the cache dtype is the activations' but
+        # for `_MIXED_CACHE` kernels.
+        self._functions: dict[tuple[str, torch.dtype, torch.dtype], object] = {}
         for library_name, name in _SIGNATURES:
             library = native_build.load(library_name, variant)
-            for dtype, suffix in _SUFFIX.items():
-                if library is not None:
-                    function = getattr(library, f"spyglass_{name}_{suffix}")
-                    function.argtypes = _SIGNATURES[(library_name, name)]
-                    function.restype = None
-                    self._functions[(name, dtype)] = function
+            if library is None:
+                continue
+            suffixes = {(dtype, dtype): suffix for dtype, suffix in _SUFFIX.items()}
+            if (library_name, name) in _MIXED_CACHE:
+                suffixes.update(_CACHE_SUFFIX)
+            for (dtype, cache_dtype), suffix in suffixes.items():
+                function = getattr(library, f"spyglass_{name}_{suffix}")
+                function.argtypes = _SIGNATURES[(library_name, name)]
+                function.restype = None
+                self._functions[(name, dtype, cache_dtype)] = function
 
         self._complete = {
             dtype
             for dtype in _SUFFIX
-            if all((name, dtype) in self._functions for _, name in _SIGNATURES)
+            if all((name, dtype, dtype) in self._functions for _, name in _SIGNATURES)
         }
 
     def available(self, dtype: torch.dtype) -> bool:
         """Whether every kernel built for ``dtype``."""
         return dtype in self._complete
 
-    def function(self, name: str, dtype: torch.dtype):
-        return self._functions[(name, dtype)]
+    def attends(self, dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+        """Whether attention and the KV store built for ``dtype`` activations over a ``cache_dtype`` cache."""
+        return all((name, dtype, cache_dtype) in self._functions for _, name in _MIXED_CACHE)
+
+    def function(self, name: str, dtype: torch.dtype, cache_dtype: torch.dtype | None = None):
+        return self._functions[(name, dtype, cache_dtype or dtype)]
 
     def paged_attention(
         self,
@@ -80,7 +94,7 @@ class NativeKernels:
         query_start_loc = query_start_loc.to(torch.int32).contiguous()
         num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
         out = torch.empty(query.shape, dtype=query.dtype)
-        self.function("paged_attention", query.dtype)(
+        self.function("paged_attention", query.dtype, k_cache.dtype)(
             query.data_ptr(),
             k_cache.data_ptr(),
             v_cache.data_ptr(),
@@ -155,7 +169,7 @@ class NativeKernels:
         """`cpu_attention.store_kv`: key and value ``[tokens, kv_heads, dim]`` share one row stride (views of qkv)."""
         slot_mapping = slot_mapping.to(torch.int64).contiguous()
         num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
-        self.function("store_kv", key.dtype)(
+        self.function("store_kv", key.dtype, k_cache.dtype)(
             key.data_ptr(),
             value.data_ptr(),
             key.stride(0),
@@ -230,6 +244,11 @@ def build() -> bool:
 def available(dtype: torch.dtype) -> bool:
     """Whether the default variant's kernels run for ``dtype`` on this machine (builds them on first call)."""
     return dtype in _SUFFIX and default().available(dtype)
+
+
+def attends(dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+    """`NativeKernels.attends` of the default variant (builds the kernels on first call)."""
+    return default().attends(dtype, cache_dtype)
 
 
 def paged_attention(*args, **kwargs) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 import argparse
 
-from spyglass.core.engine.config import QUANTIZATIONS, EngineConfig, parse_bytes
+from spyglass.core.engine.config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig, parse_bytes
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +30,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--kv-cache-memory", default="2GiB", help="KV cache budget, e.g. 2GiB or 512MiB"
+    )
+    group.add_argument(
+        "--kv-cache-dtype",
+        default=defaults.kv_cache_dtype,
+        choices=KV_CACHE_DTYPES,
+        help="auto: the model's dtype; float16: half the bytes for a float32 model on the CPU",
     )
     group.add_argument("--policy", dest="scheduling_policy", default=defaults.scheduling_policy)
     group.add_argument(
@@ -80,6 +86,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=parse_bytes(args.kv_cache_memory),
+        kv_cache_dtype=args.kv_cache_dtype,
         scheduling_policy=args.scheduling_policy,
         attention_backend=args.attention_backend,
         plugins=[p for p in args.plugins.split(",") if p] if args.plugins is not None else None,

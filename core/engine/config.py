@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none", "int8")
+# auto: the model's dtype. float16: half the bytes of a float32 model's cache on the CPU.
+KV_CACHE_DTYPES = ("auto", "float16")
 
 
 def dtype_named(name: str) -> "torch.dtype":
@@ -58,6 +60,8 @@ class EngineConfig:
     plugins' own settings (``--plugin-option draft_model=PATH``), read by the plugins at start.
     ``quantization`` (`core.quantization`): auto keeps a GGUF file's quantized blocks on the CPU,
     none dequantizes at load, int8 stores the matrices as weight-only int8 (Q8_0).
+    ``kv_cache_dtype`` auto stores keys and values in the model's dtype; float16 (float32 models on
+    the CPU) halves the cache's bytes, which decode attention streams each step, and doubles its blocks.
     ``engine_id`` names the engine in metrics (the ``engine`` label), traces and logs; None gives a
     process-unique one ("0", "1", ...). ``telemetry`` is what the engine's plugins emit, passed to them
     untouched; None means the process default (`spyglass.telemetry.settings.current()`, set by the CLI).
@@ -85,6 +89,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     plugin_options: dict[str, str] = field(default_factory=dict)
     quantization: str = "auto"
+    kv_cache_dtype: str = "auto"
     engine_id: str | None = None
     telemetry: "TelemetrySettings | None" = None
     tensor_parallel_size: int = 1
@@ -100,6 +105,10 @@ class EngineConfig:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
             )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
         if self.tensor_parallel_size < 1:
             raise ValueError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}"
@@ -114,11 +123,30 @@ class EngineConfig:
         return torch.device(self.device)
 
     def torch_dtype(self) -> "torch.dtype":
-        """The model and KV cache dtype."""
+        """The model's dtype (the KV cache's too unless `kv_cache_dtype` says otherwise)."""
         return self.dtype_choice()[0]
 
+    def kv_cache_torch_dtype(
+        self, model_dtype: "torch.dtype", device: "torch.device"
+    ) -> "torch.dtype":
+        """The KV cache's dtype for a model running in ``model_dtype`` on ``device``.
+
+        Raises ``ValueError`` for float16 anywhere but under a float32 model on the CPU (where the
+        kernels widen it to float32 as they load it).
+        """
+        import torch
+
+        if self.kv_cache_dtype == "auto":
+            return model_dtype
+        if device.type != "cpu" or model_dtype != torch.float32:
+            raise ValueError(
+                f"--kv-cache-dtype {self.kv_cache_dtype} is for float32 models on the CPU; this engine "
+                f"runs {str(model_dtype).removeprefix('torch.')} on {device.type} (use --kv-cache-dtype auto)"
+            )
+        return dtype_named(self.kv_cache_dtype)
+
     def dtype_choice(self) -> tuple["torch.dtype", str]:
-        """The model and KV cache dtype, and why it was chosen (for the engine's start line)."""
+        """The model's dtype, and why it was chosen (for the engine's start line)."""
         import torch
 
         if self.dtype != "auto":

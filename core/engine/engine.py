@@ -90,8 +90,9 @@ class LLMEngine:
         else:
             model = build_model(checkpoint.arch, checkpoint.weights, self.backend, self.device)
             runner_class = ModelRunner
+        cache_dtype = config.kv_cache_torch_dtype(dtype, self.device)
         # A tensor-parallel rank 0 holds the most KV heads: its blocks are the largest of any rank's.
-        per_block = ModelRunner.bytes_per_block(model.arch, config.block_size, dtype)
+        per_block = ModelRunner.bytes_per_block(model.arch, config.block_size, cache_dtype)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory // per_block)
         self.max_model_len = min(
             config.max_model_len or checkpoint.arch.max_position_embeddings,
@@ -102,7 +103,9 @@ class LLMEngine:
         self.kv = KVCacheManager(
             BlockPool(num_blocks), config.block_size, self.hooks, checkpoint.arch.kv_window()
         )
-        self.runner = runner_class(model, self.kv.num_cache_blocks, config.block_size, self.device)
+        self.runner = runner_class(
+            model, self.kv.num_cache_blocks, config.block_size, self.device, cache_dtype
+        )
         if config.cuda_graphs and self.device.type == "cuda":
             seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
             log.info("CUDA graph capture took %.2f s", seconds)
@@ -130,12 +133,13 @@ class LLMEngine:
             vocab_size=checkpoint.arch.vocab_size,
             waiting_classes=tuple(getattr(policy, "waiting_classes", ())),
             tensor_parallel_size=config.tensor_parallel_size,
+            kv_cache_dtype=str(cache_dtype).removeprefix("torch."),
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
         )
         log.info(
             "engine started: %s on %s (%s), %s (%s), weights %.0f MB (quantization %s), kernels %s, "
-            "%d KV blocks of %d tokens",
+            "%d KV blocks of %d tokens (%s)",
             self.model_name,
             self.info.device,
             cpu_isa.describe() if self.device.type == "cpu" else "cuda",
@@ -146,6 +150,7 @@ class LLMEngine:
             self.backend.name,
             num_blocks,
             config.block_size,
+            self.info.kv_cache_dtype,
         )
         self.hooks.spyglass_engine_started(info=self.info, config=config)
         if (

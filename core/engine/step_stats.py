@@ -26,6 +26,7 @@ class EngineInfo:
     vocab_size: int = 0  # the width of the model's logits (token ids are below it)
     waiting_classes: tuple[str, ...] = ()  # the scheduling policy's classes known up front
     tensor_parallel_size: int = 1  # the ranks (processes) that run each forward
+    kv_cache_dtype: str = ""  # the KV cache's dtype: `dtype` unless --kv-cache-dtype chose another
     # Live views for plugins: the tokenizer (to decode output for traces) and the hook relay's
     # error counts by "plugin.hook" (exported as a metric). Not part of equality or the repr.
     tokenizer: "Tokenizer | None" = field(default=None, compare=False, repr=False)

@@ -13,9 +13,18 @@
 
 namespace {
 
+using spyglass::Half;
 using spyglass::round_as;
 using spyglass::store;
 using spyglass::to_float;
+
+// *dst = x: a copy within one type, or float32 rounded to float16.
+template <typename T>
+inline void store_as(T* dst, T x) {
+    *dst = x;
+}
+
+inline void store_as(Half* dst, float x) { store(dst, x); }
 
 // Below this many elements an op runs on the calling thread: a parallel region costs more.
 constexpr int64_t kParallelElements = 1 << 16;
@@ -90,16 +99,17 @@ void silu_and_mul(const T* gate_up, int64_t num_tokens, int64_t width, int64_t n
     }
 }
 
-template <typename T>
+// Keys and values of type T into caches of type C (the same type, or float32 into float16).
+template <typename T, typename C>
 void store_kv(const T* key, const T* value, int64_t token_stride, const int64_t* slots, int64_t num_tokens,
-              int64_t num_kv_heads, int64_t head_dim, int64_t slots_per_head, T* k_cache, T* v_cache) {
+              int64_t num_kv_heads, int64_t head_dim, int64_t slots_per_head, C* k_cache, C* v_cache) {
     for (int64_t t = 0; t < num_tokens; ++t) {
         if (slots[t] < 0) continue;
         for (int64_t h = 0; h < num_kv_heads; ++h) {
             const int64_t src = t * token_stride + h * head_dim, dst = (h * slots_per_head + slots[t]) * head_dim;
             for (int64_t i = 0; i < head_dim; ++i) {
-                k_cache[dst + i] = key[src + i];
-                v_cache[dst + i] = value[src + i];
+                store_as(k_cache + dst + i, key[src + i]);
+                store_as(v_cache + dst + i, value[src + i]);
             }
         }
     }
@@ -129,13 +139,17 @@ void store_kv(const T* key, const T* value, int64_t token_stride, const int64_t*
                                                    int64_t num_threads, void* out) {                            \
         silu_and_mul(static_cast<const T*>(gate_up), num_tokens, width, num_threads, static_cast<T*>(out));      \
     }                                                                                                           \
-    extern "C" void spyglass_store_kv_##SUFFIX(const void* key, const void* value, int64_t token_stride,         \
-                                               const int64_t* slots, int64_t num_tokens, int64_t num_kv_heads,  \
-                                               int64_t head_dim, int64_t slots_per_head, void* k_cache,         \
-                                               void* v_cache) {                                                 \
-        store_kv(static_cast<const T*>(key), static_cast<const T*>(value), token_stride, slots, num_tokens,      \
-                 num_kv_heads, head_dim, slots_per_head, static_cast<T*>(k_cache), static_cast<T*>(v_cache));   \
+    SPYGLASS_STORE_KV(spyglass_store_kv_##SUFFIX, T, T)
+
+// NAME stores keys and values of type T into caches of type C.
+#define SPYGLASS_STORE_KV(NAME, T, C)                                                                          \
+    extern "C" void NAME(const void* key, const void* value, int64_t token_stride, const int64_t* slots,       \
+                         int64_t num_tokens, int64_t num_kv_heads, int64_t head_dim, int64_t slots_per_head,   \
+                         void* k_cache, void* v_cache) {                                                       \
+        store_kv(static_cast<const T*>(key), static_cast<const T*>(value), token_stride, slots, num_tokens,     \
+                 num_kv_heads, head_dim, slots_per_head, static_cast<C*>(k_cache), static_cast<C*>(v_cache));  \
     }
 
 SPYGLASS_LAYER_OPS(f32, float)
 SPYGLASS_LAYER_OPS(bf16, uint16_t)
+SPYGLASS_STORE_KV(spyglass_store_kv_f32_f16kv, float, Half)

@@ -11,8 +11,10 @@
 // computed once per item. Products take bf16 inputs (vdpbf16ps) and the probabilities are rounded to
 // bf16 for the weighted sum, as the torch path rounds them before its matmul. float32 on AVX2 CPUs
 // (same head dims) takes a path of the same shape with FMA: 8 keys per pass for the scores, 32 dims of
-// 3 query vectors per pass for the values. Other dtypes and shapes go one row at a time through a generic path, as does any call with a sliding window (a row sees only
-// its last `sliding_window` keys) or soft-capped scores (softcap * tanh(score / softcap), Gemma 2).
+// 3 query vectors per pass for the values, over a float32 cache or a float16 one (--kv-cache-dtype
+// float16: half the bytes to stream). Other dtypes and shapes go one row at a time through a generic
+// path, as does any call with a sliding window (a row sees only its last `sliding_window` keys) or
+// soft-capped scores (softcap * tanh(score / softcap), Gemma 2).
 // Scores, softmax and sums are float32 throughout.
 // Every query length runs here (prompts included). Plain C ABI, loaded with ctypes; OpenMP from the
 // runtime torch already loaded (same soname), with the thread count torch uses.
@@ -31,6 +33,7 @@
 
 namespace {
 
+using spyglass::Half;
 using spyglass::store;
 using spyglass::to_float;
 
@@ -45,13 +48,30 @@ struct WorkItem {
     int64_t num_keys;  // causal limit for the first row; row i sees num_keys + i keys
 };
 
+// Where an item's blocks start in the K and V caches of element type C.
+template <typename C>
+struct BlockStarts {
+    std::vector<const C*> keys, values;
+};
+
 // Per-thread buffers, grown as needed and reused across work items.
 struct Scratch {
     std::vector<float> scores;
     std::vector<uint16_t> probs;
-    std::vector<const uint16_t*> k_blocks, v_blocks;
-    std::vector<const float*> k_blocks_f32, v_blocks_f32;
+    BlockStarts<uint16_t> bf16;
+    BlockStarts<float> f32;
+    BlockStarts<Half> f16;
+
+    template <typename C>
+    BlockStarts<C>& starts();
 };
+
+template <>
+inline BlockStarts<uint16_t>& Scratch::starts() { return bf16; }
+template <>
+inline BlockStarts<float>& Scratch::starts() { return f32; }
+template <>
+inline BlockStarts<Half>& Scratch::starts() { return f16; }
 
 struct Shapes {
     int64_t num_heads, num_kv_heads, head_dim, num_blocks, block_size, table_stride, query_row_stride;
@@ -74,13 +94,13 @@ const T* row(const T* cache, const Keys& keys, int64_t j) {
 }
 
 // scores[g * n + j] = scale * q_g . k_j (soft-capped when softcap > 0) for every visible key first <= j < n.
-template <typename T>
-void scores_into(const T* q_row, const T* k_cache, const Keys& keys, int64_t group, float scale, float softcap,
+template <typename T, typename C>
+void scores_into(const T* q_row, const C* k_cache, const Keys& keys, int64_t group, float scale, float softcap,
                  float* q, float* scores) {
     const int64_t dim = keys.dim, n = keys.count;
     for (int64_t i = 0; i < group * dim; ++i) q[i] = to_float(q_row[i]) * scale;
     for (int64_t j = keys.first; j < n; ++j) {
-        const T* key = row(k_cache, keys, j);
+        const C* key = row(k_cache, keys, j);
         for (int64_t g = 0; g < group; ++g) {
             const float* qg = q + g * dim;
             float dot = 0.f;
@@ -92,12 +112,12 @@ void scores_into(const T* q_row, const T* k_cache, const Keys& keys, int64_t gro
 }
 
 // acc[g * dim + d] = sum_j probs[g * n + j] * v_j[d].
-template <typename T>
-void weighted_values(const float* probs, const T* v_cache, const Keys& keys, int64_t group, float* acc) {
+template <typename C>
+void weighted_values(const float* probs, const C* v_cache, const Keys& keys, int64_t group, float* acc) {
     const int64_t dim = keys.dim, n = keys.count;
     std::fill(acc, acc + group * dim, 0.f);
     for (int64_t j = keys.first; j < n; ++j) {
-        const T* value = row(v_cache, keys, j);
+        const C* value = row(v_cache, keys, j);
         for (int64_t g = 0; g < group; ++g) {
             const float p = probs[g * n + j];
             float* ag = acc + g * dim;
@@ -121,8 +141,8 @@ void softmax(float* scores, int64_t n) {
     for (int64_t j = 0; j < n; ++j) scores[j] *= inverse;
 }
 
-template <typename T>
-void attend_row(const WorkItem& item, int64_t row_in_item, const T* query, const T* k_cache, const T* v_cache,
+template <typename T, typename C>
+void attend_row(const WorkItem& item, int64_t row_in_item, const T* query, const C* k_cache, const C* v_cache,
                 const int32_t* block_tables, const Shapes& s, float scale, std::vector<float>& scratch, T* out) {
     const int64_t group = s.num_heads / s.num_kv_heads, dim = s.head_dim, n = item.num_keys + row_in_item;
     scratch.resize(static_cast<size_t>(group * (n + 2 * dim)));
@@ -142,8 +162,8 @@ void attend_row(const WorkItem& item, int64_t row_in_item, const T* query, const
 }
 
 // Any dtype, any shape: one query row at a time.
-template <typename T>
-void attend(const WorkItem& item, const T* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+template <typename T, typename C>
+void attend(const WorkItem& item, const T* query, const C* k_cache, const C* v_cache, const int32_t* block_tables,
             const Shapes& s, float scale, Scratch& scratch, T* out) {
     for (int64_t i = 0; i < item.num_rows; ++i)
         attend_row(item, i, query, k_cache, v_cache, block_tables, s, scale, scratch.scores, out);
@@ -162,7 +182,12 @@ void block_starts(const T* cache, const Keys& keys, std::vector<const T*>& start
 // float32 on AVX2: every query vector of the item (its rows times the kv head's group) meets 8 keys
 // at a time for its scores, their lane sums folded into one vector; the weighted sum of values
 // runs over 32 dims of up to 3 vectors at a time, so every accumulator stays in a register. The
-// next block is prefetched while one is read.
+// next block is prefetched while one is read. The cache holds float32 or float16 (`Half`, widened
+// to float32 as it is loaded: half the bytes to stream for the same keys).
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+inline __m256 load8(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // Lane j of the result is the sum of the 8 lanes of a[j].
 inline __m256 sum_each8(const __m256 a[8]) {
@@ -172,16 +197,18 @@ inline __m256 sum_each8(const __m256 a[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// Ask for the `floats` floats from p, one request per 128 bytes (the adjacent line comes along).
-inline void prefetch(const float* p, int64_t floats) {
-    for (int64_t i = 0; i < floats; i += 32) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+// Ask for the `count` elements from p, one request per 128 bytes (the adjacent line comes along).
+template <typename C>
+void prefetch(const C* p, int64_t count) {
+    const char* bytes = reinterpret_cast<const char*>(p);
+    for (int64_t i = 0; i < count * static_cast<int64_t>(sizeof(C)); i += 128) _mm_prefetch(bytes + i, _MM_HINT_T0);
 }
 
 // scores[v * n + j] = q_v . k_j for `count` query vectors (already scaled) and the first n keys. Each
 // pass takes 8 keys, which every vector meets while they are in L1; meanwhile the same keys of the
 // next block are prefetched (a block of one head is its own 4 KiB page, where hardware prefetch stops).
-template <int CHUNKS>
-void scores_f32(const float* q, int64_t count, const std::vector<const float*>& blocks, int64_t block_size, int64_t n,
+template <int CHUNKS, typename C>
+void scores_f32(const float* q, int64_t count, const std::vector<const C*>& blocks, int64_t block_size, int64_t n,
                 float* scores) {
     constexpr int64_t dim = 8 * CHUNKS;
     const int64_t num_blocks = (n + block_size - 1) / block_size;
@@ -190,7 +217,7 @@ void scores_f32(const float* q, int64_t count, const std::vector<const float*>& 
         for (int64_t sub = 0; sub < in_block; sub += 8) {
             const int64_t here = std::min<int64_t>(8, in_block - sub);
             if (b + 1 < num_blocks) prefetch(blocks[b + 1] + sub * dim, 8 * dim);
-            const float* keys[8];
+            const C* keys[8];
             // Past the block's last key, recompute its first one (dropped below) rather than read on.
             for (int64_t j = 0; j < 8; ++j) keys[j] = blocks[b] + (sub + (j < here ? j : 0)) * dim;
             for (int64_t v = 0; v < count; ++v) {
@@ -198,7 +225,7 @@ void scores_f32(const float* q, int64_t count, const std::vector<const float*>& 
                 for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
                 for (int c = 0; c < CHUNKS; ++c) {
                     const __m256 qc = _mm256_loadu_ps(q + v * dim + 8 * c);
-                    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[j] + 8 * c), acc[j]);
+                    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qc, load8(keys[j] + 8 * c), acc[j]);
                 }
                 const __m256 dots = sum_each8(acc);
                 float* out = scores + v * n + start + sub;
@@ -215,8 +242,8 @@ void scores_f32(const float* q, int64_t count, const std::vector<const float*>& 
 }
 
 // acc[v * dim + first + d] = sum_j probs[v * probs_stride + j] * v_j[first + d], d < 32, for COUNT vectors.
-template <int COUNT>
-void values_f32(const float* probs, int64_t probs_stride, const std::vector<const float*>& blocks,
+template <int COUNT, typename C>
+void values_f32(const float* probs, int64_t probs_stride, const std::vector<const C*>& blocks,
                 int64_t block_size, int64_t n, int64_t dim, int64_t first, float* acc) {
     __m256 sums[COUNT][4];
     for (int v = 0; v < COUNT; ++v)
@@ -224,12 +251,12 @@ void values_f32(const float* probs, int64_t probs_stride, const std::vector<cons
     const int64_t num_blocks = (n + block_size - 1) / block_size;
     for (int64_t start = 0, b = 0; start < n; start += block_size, ++b) {
         const int64_t in_block = std::min(block_size, n - start);
-        const float* next = b + 1 < num_blocks ? blocks[b + 1] + first : nullptr;
+        const C* next = b + 1 < num_blocks ? blocks[b + 1] + first : nullptr;
         for (int64_t j = 0; j < in_block; ++j) {
             if (next) _mm_prefetch(reinterpret_cast<const char*>(next + j * dim), _MM_HINT_T0);
-            const float* value = blocks[b] + j * dim + first;
+            const C* value = blocks[b] + j * dim + first;
             __m256 chunk[4];
-            for (int c = 0; c < 4; ++c) chunk[c] = _mm256_loadu_ps(value + 8 * c);
+            for (int c = 0; c < 4; ++c) chunk[c] = load8(value + 8 * c);
             for (int v = 0; v < COUNT; ++v) {
                 const __m256 p = _mm256_broadcast_ss(probs + v * probs_stride + start + j);
                 for (int c = 0; c < 4; ++c) sums[v][c] = _mm256_fmadd_ps(p, chunk[c], sums[v][c]);
@@ -242,8 +269,8 @@ void values_f32(const float* probs, int64_t probs_stride, const std::vector<cons
 
 constexpr int64_t kValueVectors = 3;  // 12 accumulators and the values' 4 vectors: 16 registers
 
-template <int CHUNKS>
-void attend_f32(const WorkItem& item, const float* query, const float* k_cache, const float* v_cache,
+template <int CHUNKS, typename C>
+void attend_f32(const WorkItem& item, const float* query, const C* k_cache, const C* v_cache,
                 const int32_t* block_tables, const Shapes& s, float scale, Scratch& scratch, float* out) {
     constexpr int64_t dim = 8 * CHUNKS;
     const int64_t group = s.num_heads / s.num_kv_heads;
@@ -253,15 +280,16 @@ void attend_f32(const WorkItem& item, const float* query, const float* k_cache, 
     float* acc = probs + vectors * n_max;  // [vectors, dim]
     float* q = acc + vectors * dim;        // [vectors, dim], scaled
     const Keys keys{block_tables + item.request * s.table_stride, item.kv_head * s.num_blocks, s.block_size, dim, n_max};
-    block_starts(k_cache, keys, scratch.k_blocks_f32);
-    block_starts(v_cache, keys, scratch.v_blocks_f32);
+    BlockStarts<C>& starts = scratch.starts<C>();
+    block_starts(k_cache, keys, starts.keys);
+    block_starts(v_cache, keys, starts.values);
     for (int64_t v = 0; v < vectors; ++v) {
         const int64_t i = v / group, g = v % group;
         const float* qv = query + (item.row + i) * s.query_row_stride + (item.kv_head * group + g) * dim;
         for (int64_t d = 0; d < dim; ++d) q[v * dim + d] = qv[d] * scale;
     }
     // Every vector's scores up to the item's last row's limit; each row then keeps its own keys.
-    scores_f32<CHUNKS>(q, vectors, scratch.k_blocks_f32, s.block_size, n_max, probs);
+    scores_f32<CHUNKS>(q, vectors, starts.keys, s.block_size, n_max, probs);
     for (int64_t v = 0; v < vectors; ++v) {
         const int64_t n = item.num_keys + v / group;
         softmax(probs + v * n_max, n);
@@ -271,7 +299,7 @@ void attend_f32(const WorkItem& item, const float* query, const float* k_cache, 
         for (int64_t v0 = 0; v0 < vectors; v0 += kValueVectors) {
             const float* p = probs + v0 * n_max;
             float* a = acc + v0 * dim;
-            const auto& blocks = scratch.v_blocks_f32;
+            const auto& blocks = starts.values;
             switch (std::min(kValueVectors, vectors - v0)) {
                 case 3: values_f32<3>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
                 case 2: values_f32<2>(p, n_max, blocks, s.block_size, n_max, dim, first, a); break;
@@ -286,15 +314,17 @@ void attend_f32(const WorkItem& item, const float* query, const float* k_cache, 
     }
 }
 
-// float32 with head dims 32, 64 and 128 and no window or soft-cap takes the AVX2 path; others the generic one.
-void attend(const WorkItem& item, const float* query, const float* k_cache, const float* v_cache,
+// float32 queries with head dims 32, 64 and 128 and no window or soft-cap take the AVX2 path; others
+// the generic one.
+template <typename C>
+void attend(const WorkItem& item, const float* query, const C* k_cache, const C* v_cache,
             const int32_t* block_tables, const Shapes& s, float scale, Scratch& scratch, float* out) {
     if (s.sliding_window == 0 && s.softcap == 0.f) switch (s.head_dim) {
             case 32: return attend_f32<4>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
             case 64: return attend_f32<8>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
             case 128: return attend_f32<16>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
         }
-    attend<float>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
+    attend<float, C>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
 }
 #endif
 
@@ -433,18 +463,19 @@ void attend_bf16(const WorkItem& item, const uint16_t* query, const uint16_t* k_
     scratch.probs.resize(static_cast<size_t>(vectors * padded));
     float* acc = scratch.scores.data() + padded;
     const Keys keys{block_tables + item.request * s.table_stride, item.kv_head * s.num_blocks, s.block_size, dim, n_max};
-    block_starts(k_cache, keys, scratch.k_blocks);
-    block_starts(v_cache, keys, scratch.v_blocks);
+    BlockStarts<uint16_t>& starts = scratch.starts<uint16_t>();
+    block_starts(k_cache, keys, starts.keys);
+    block_starts(v_cache, keys, starts.values);
     for (int64_t v = 0; v < vectors; ++v) {
         const int64_t i = v / group, g = v % group, n = item.num_keys + i;
         const uint16_t* q = query + (item.row + i) * s.query_row_stride + (item.kv_head * group + g) * dim;
-        scores_bf16<CHUNKS>(q, scratch.k_blocks, s.block_size, n, scale, scratch.scores.data());
+        scores_bf16<CHUNKS>(q, starts.keys, s.block_size, n, scale, scratch.scores.data());
         probabilities_bf16(scratch.scores.data(), n, padded, scratch.probs.data() + v * padded);
     }
     constexpr int64_t per_pass = kVectorsPerPass<CHUNKS>;
     for (int64_t v0 = 0; v0 < vectors; v0 += per_pass)
         values_bf16<CHUNKS>(scratch.probs.data() + v0 * padded, padded, std::min(per_pass, vectors - v0),
-                            scratch.v_blocks, s.block_size, n_max, acc + v0 * dim);
+                            starts.values, s.block_size, n_max, acc + v0 * dim);
     for (int64_t v = 0; v < vectors; ++v) {
         const int64_t i = v / group, g = v % group;
         uint16_t* out_row = out + ((item.row + i) * s.num_heads + item.kv_head * group + g) * dim;
@@ -461,12 +492,12 @@ void attend(const WorkItem& item, const uint16_t* query, const uint16_t* k_cache
             case 64: return attend_bf16<2>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
             case 128: return attend_bf16<4>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
         }
-    attend<uint16_t>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
+    attend<uint16_t, uint16_t>(item, query, k_cache, v_cache, block_tables, s, scale, scratch, out);
 }
 #endif
 
-template <typename T>
-void paged_attention(const T* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+template <typename T, typename C>
+void paged_attention(const T* query, const C* k_cache, const C* v_cache, const int32_t* block_tables,
                      const int32_t* context_lens, const int32_t* query_start_loc, int64_t num_reqs, Shapes shapes,
                      float scale, int64_t num_threads, T* out) {
     std::vector<WorkItem> items;
@@ -489,7 +520,8 @@ void paged_attention(const T* query, const T* k_cache, const T* v_cache, const i
 
 }  // namespace
 
-#define SPYGLASS_PAGED_ATTENTION(NAME, T)                                                                     \
+// NAME for queries and outputs of type T over caches of type C.
+#define SPYGLASS_PAGED_ATTENTION(NAME, T, C)                                                                  \
     extern "C" void NAME(const void* query, const void* k_cache, const void* v_cache, const int32_t* block_tables, \
                          const int32_t* context_lens, const int32_t* query_start_loc, int64_t num_reqs,        \
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,       \
@@ -497,10 +529,11 @@ void paged_attention(const T* query, const T* k_cache, const T* v_cache, const i
                          int64_t sliding_window, float softcap, int64_t num_threads, void* out) {              \
         Shapes shapes{num_heads,  num_kv_heads,     head_dim,       num_blocks, block_size,                       \
                       table_stride, query_row_stride, sliding_window, softcap};                                   \
-        paged_attention(static_cast<const T*>(query), static_cast<const T*>(k_cache),                         \
-                        static_cast<const T*>(v_cache), block_tables, context_lens, query_start_loc, num_reqs, \
+        paged_attention(static_cast<const T*>(query), static_cast<const C*>(k_cache),                         \
+                        static_cast<const C*>(v_cache), block_tables, context_lens, query_start_loc, num_reqs, \
                         shapes, scale, num_threads, static_cast<T*>(out));                     \
     }
 
-SPYGLASS_PAGED_ATTENTION(spyglass_paged_attention_f32, float)
-SPYGLASS_PAGED_ATTENTION(spyglass_paged_attention_bf16, uint16_t)
+SPYGLASS_PAGED_ATTENTION(spyglass_paged_attention_f32, float, float)
+SPYGLASS_PAGED_ATTENTION(spyglass_paged_attention_bf16, uint16_t, uint16_t)
+SPYGLASS_PAGED_ATTENTION(spyglass_paged_attention_f32_f16kv, float, Half)

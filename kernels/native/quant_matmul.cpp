@@ -20,6 +20,8 @@
 #include <cmath>
 #include <vector>
 
+#include "scalar.h"
+
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -30,32 +32,6 @@ constexpr int64_t kBlock = 32;
 constexpr int64_t kRowChunk = 64;  // activation rows per pass, so their int8 copies stay in cache
 
 enum QuantType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
-
-float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    uint32_t exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu, bits;
-    if (exponent == 0x1F) {
-        bits = sign | 0x7F800000u | (mantissa << 13);
-    } else if (exponent != 0) {
-        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    } else if (mantissa == 0) {
-        bits = sign;
-    } else {  // subnormal: normalise
-        exponent = 113;
-        while (!(mantissa & 0x400u)) {
-            mantissa <<= 1;
-            --exponent;
-        }
-        bits = sign | (exponent << 23) | ((mantissa & 0x3FFu) << 13);
-    }
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-#endif
-}
 
 uint16_t load_half(const uint8_t* p) {
     uint16_t h;
@@ -70,7 +46,7 @@ void unpack_row(const uint8_t* row, int64_t type, int64_t num_blocks, int8_t* q,
     const int64_t stride = block_bytes(type);
     for (int64_t b = 0; b < num_blocks; ++b) {
         const uint8_t* block = row + b * stride;
-        d[b] = half_to_float(load_half(block));
+        d[b] = spyglass::half_bits_to_float(load_half(block));
         int8_t* qb = q + b * kBlock;
         if (type == kQ8_0) {
             m[b] = 0.f;
@@ -78,7 +54,7 @@ void unpack_row(const uint8_t* row, int64_t type, int64_t num_blocks, int8_t* q,
             continue;
         }
         const uint8_t* nibbles = block + (type == kQ4_1 ? 4 : 2);
-        m[b] = type == kQ4_1 ? half_to_float(load_half(block + 2)) : -8.f * d[b];
+        m[b] = type == kQ4_1 ? spyglass::half_bits_to_float(load_half(block + 2)) : -8.f * d[b];
 #if defined(__AVX2__)
         const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nibbles));
         const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
@@ -240,8 +216,8 @@ void group_dots(const uint8_t* group, int64_t num_blocks, const int8_t* xq, cons
             float total = 0.f;
             for (int64_t b = 0; b < num_blocks; ++b) {
                 const uint8_t* block = group + b * stride;
-                const float d = half_to_float(load_half(block + 2 * r));
-                const float m = TYPE == kQ4_1 ? half_to_float(load_half(block + 16 + 2 * r)) : -8.f * d;
+                const float d = spyglass::half_bits_to_float(load_half(block + 2 * r));
+                const float m = TYPE == kQ4_1 ? spyglass::half_bits_to_float(load_half(block + 16 + 2 * r)) : -8.f * d;
                 const int8_t* x = xq + i * k + b * kBlock;
                 int32_t dot = 0;
                 for (int64_t v = 0; v < kBlock; ++v) dot += packed_value(block + values_offset(TYPE), TYPE, r, v) * x[v];

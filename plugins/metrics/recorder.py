@@ -78,7 +78,7 @@ class MetricsRecorder:
             m.CACHE_CONFIG_INFO,
             str(info.block_size),
             str(info.num_kv_blocks),
-            info.dtype,
+            info.kv_cache_dtype or info.dtype,
             str(info.max_model_len),
             str(info.max_num_seqs),
         ).set(1)

@@ -28,6 +28,7 @@ def cpu_kernels(request, monkeypatch):
     """Each runnable compiled variant, then the pure-torch fallback used where no compiler is found."""
     if request.param == "torch":
         monkeypatch.setattr(cpu_native, "available", lambda dtype: False)
+        monkeypatch.setattr(cpu_native, "attends", lambda dtype, cache_dtype: False)
     else:
         use_variant(monkeypatch, request.param)
     return request.param

@@ -49,6 +49,47 @@ def test_cpu_attention_matches_reference(
     torch.testing.assert_close(actual.float(), expected.float(), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("q_lens", [[1, 1, 1, 1], [7, 1, 16, 1, 3], [1, 17, 1, 2]])
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, block_size, head_dim, masking",
+    # Head dims 32/64/128 take the vectorised float32 path; 48, a window or a soft-cap the generic one.
+    [
+        (9, 3, 16, 64, {}),
+        (4, 4, 8, 128, {}),
+        (4, 1, 6, 32, {}),
+        (6, 2, 16, 48, {}),
+        (6, 2, 16, 64, dict(sliding_window=17, softcap=3.0)),
+    ],
+)
+def test_cpu_attention_over_a_float16_cache_matches_reference(
+    q_lens, num_heads, num_kv_heads, block_size, head_dim, masking, cpu_kernels
+):
+    """float32 queries over a float16 cache (--kv-cache-dtype float16): every float16 value is exact
+    in float32, so the fast path must agree with the reference to float32 rounding."""
+    generator = torch.Generator().manual_seed(len(q_lens) * 10 + head_dim)
+    context_lens = [q + 41 * i + 2 for i, q in enumerate(q_lens)]
+    max_blocks = max(-(-c // block_size) for c in context_lens)
+    num_blocks = len(q_lens) * max_blocks
+    block_tables = (
+        torch.randperm(num_blocks, generator=generator)
+        .view(len(q_lens), max_blocks)
+        .to(torch.int32)
+    )
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=generator).half()
+    v_cache = torch.randn(shape, generator=generator).half()
+    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=generator)
+    starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    args = (block_tables, lens, starts, max(q_lens), max(context_lens), head_dim**-0.5)
+    expected = torch_attention.paged_attention(query, k_cache, v_cache, *args, **masking)
+    actual = cpu_attention.paged_attention(
+        query, _to_head_major(k_cache), _to_head_major(v_cache), *args, **masking
+    )
+    assert actual.dtype == torch.float32
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize(
     "masking",

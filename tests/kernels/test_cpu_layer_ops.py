@@ -82,8 +82,31 @@ def test_native_store_kv_writes_what_the_torch_store_writes(dtype, monkeypatch):
     slots = torch.tensor([3, -1, 17, 0, 23])
     k_native, v_native = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
     cpu_native.store_kv(key, value, k_native, v_native, slots)
-    monkeypatch.setattr(cpu_native, "available", lambda dtype: False)
+    monkeypatch.setattr(cpu_native, "attends", lambda dtype, cache_dtype: False)
     k_torch, v_torch = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
     cpu_attention.store_kv(key, value, k_torch, v_torch, slots)
     assert torch.equal(k_native, k_torch) and torch.equal(v_native, v_torch)
     assert k_native.count_nonzero() == 4 * 2 * 8  # the skipped token wrote nothing
+
+
+def test_native_store_into_a_float16_cache_rounds_as_torch_does(native_kernels, monkeypatch):
+    shape = cpu_attention.cache_shape(4, 4, 2, 8)
+    qkv = _randn(5, 6, 8, dtype=torch.float32, seed=7) * 3
+    # Values float16 cannot hold as they are: ties, subnormals, underflow, overflow, -0, inf, NaN.
+    special = torch.tensor(
+        [1 + 2**-11, 1 + 3 * 2**-11, 2**-20, 3 * 2**-25, 2**-26, 65519.0, 65520.0, 1e6]
+        + [-0.0, float("inf"), -float("inf"), float("nan"), -(2**-25), 2**-24, 1e-8, -70000.0]
+    )
+    qkv[0, 2:4] = special.view(2, 8)
+    key, value = qkv[:, 2:4], qkv[:, 4:6]
+    slots = torch.tensor([3, -1, 15, 0, 9])
+    k_native = torch.zeros(shape, dtype=torch.float16)
+    v_native = torch.zeros(shape, dtype=torch.float16)
+    cpu_native.store_kv(key, value, k_native, v_native, slots)
+    monkeypatch.setattr(cpu_native, "attends", lambda dtype, cache_dtype: False)
+    k_torch = torch.zeros(shape, dtype=torch.float16)
+    v_torch = torch.zeros(shape, dtype=torch.float16)
+    cpu_attention.store_kv(key, value, k_torch, v_torch, slots)
+    # Compared as bits: NaN included, and -0 apart from +0.
+    assert torch.equal(k_native.view(torch.int16), k_torch.view(torch.int16))
+    assert torch.equal(v_native.view(torch.int16), v_torch.view(torch.int16))

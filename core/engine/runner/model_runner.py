@@ -54,7 +54,14 @@ class StepInputs:
 class ModelRunner:
     """Owns the model weights and the KV cache tensors; stateless between steps otherwise."""
 
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device):
+    def __init__(
+        self,
+        model: CausalLM,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        cache_dtype: torch.dtype,
+    ):
         self.model = model
         self.device = device
         self.block_size = block_size
@@ -71,7 +78,7 @@ class ModelRunner:
             )
         # Zeroed, not empty: a padded read of a never-written slot must not bring NaN into a masked sum.
         self.kv_caches = [
-            (self._zeros(shape, model.dtype), self._zeros(shape, model.dtype))
+            (self._zeros(shape, cache_dtype), self._zeros(shape, cache_dtype))
             for _ in range(arch.num_hidden_layers)
         ]
         # Set by `enable_cuda_graphs`; None means every step runs eagerly.

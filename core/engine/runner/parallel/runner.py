@@ -21,11 +21,16 @@ class ParallelModelRunner(ModelRunner):
     """
 
     def __init__(
-        self, model: TensorParallelLlama, num_blocks: int, block_size: int, device: torch.device
+        self,
+        model: TensorParallelLlama,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        cache_dtype: torch.dtype,
     ):
-        super().__init__(model, num_blocks, block_size, device)
+        super().__init__(model, num_blocks, block_size, device, cache_dtype)
         self.group: LeaderGroup = model.comm
-        self.group.send_init(num_blocks, block_size)
+        self.group.send_init(num_blocks, block_size, cache_dtype)
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> float:
         """Not with tensor parallelism (the inputs' broadcast runs on the host each step): decode runs eagerly."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from spyglass.core.engine.config import DTYPE_NAMES, dtype_named
 from spyglass.core.engine.kv.host_memory import keep_freed_memory_mapped
 from spyglass.core.engine.runner.model_runner import ModelRunner
 from spyglass.core.engine.runner.parallel.comm import START_TIMEOUT, RankGroup
@@ -76,7 +77,8 @@ def serve(group: RankGroup, model: TensorParallelLlama) -> None:
         if command == STOP:
             return
         if command == INIT:
-            runner = ModelRunner(model, int(head[1]), int(head[2]), group.device)
+            cache_dtype = dtype_named(DTYPE_NAMES[int(head[3])])
+            runner = ModelRunner(model, int(head[1]), int(head[2]), group.device, cache_dtype)
             continue
         payload = group.broadcast_(torch.empty(int(head[1]), dtype=torch.int64))
         step = decode_step(head, payload, group.device)
