@@ -101,7 +101,8 @@ def run(args) -> int:
                 engine.plugin_manager.unregister(counter)
     first = engines[None]
     print(
-        f"model {first.model_name} dtype {first.info.dtype} k={args.num_speculative_tokens} batch 1, "
+        f"model {first.model_name} dtype {first.info.dtype} kv cache {first.info.kv_cache_dtype} "
+        f"k={args.num_speculative_tokens} batch 1, "
         f"{args.max_tokens} tokens, median of {args.repeats} rounds"
     )
     print(

@@ -204,7 +204,7 @@ def _run_all(args, configurations: list[tuple[str, str, str, int, dict | None]])
     probe = _fresh_engine(args, *configurations[0][1:4])
     print(
         f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
-        f"kv blocks {probe.info.num_kv_blocks} threads {torch.get_num_threads()}"
+        f"kv blocks {probe.info.num_kv_blocks} ({probe.info.kv_cache_dtype}) threads {torch.get_num_threads()}"
     )
     vocab = probe.arch.vocab_size
     probe.shutdown()
