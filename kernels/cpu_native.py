@@ -22,7 +22,7 @@ _SIGNATURES = {
     ("layer_ops", "add_rms_norm"): [_P, _I, _P, _I, _P, _F, _I, _I, _I, _P, _P],
     ("layer_ops", "rotary_embedding"): [_P] + [_I] * 5 + [_P, _P, _P, _I, _I],
     ("layer_ops", "silu_and_mul"): [_P, _I, _I, _I, _P],
-    ("layer_ops", "store_kv"): [_P, _P, _I, _P, _I, _I, _I, _I, _P, _P],
+    ("layer_ops", "store_kv"): [_P, _P, _I, _P, _I, _I, _I, _I, _I, _P, _P],
     ("moe", "fused_experts"): [_P, _I, _P, _P, _P, _P, _P] + [_I] * 7 + [_P],
 }
 # Kernels that also take a cache of another dtype: (activation dtype, cache dtype) -> symbol suffix.
@@ -178,6 +178,7 @@ class NativeKernels:
             num_kv_heads,
             head_dim,
             num_blocks * block_size,
+            torch.get_num_threads(),
             k_cache.data_ptr(),
             v_cache.data_ptr(),
         )

@@ -255,11 +255,11 @@ void values_f32(const float* probs, int64_t probs_stride, const std::vector<cons
         for (int64_t j = 0; j < in_block; ++j) {
             if (next) _mm_prefetch(reinterpret_cast<const char*>(next + j * dim), _MM_HINT_T0);
             const C* value = blocks[b] + j * dim + first;
-            __m256 chunk[4];
-            for (int c = 0; c < 4; ++c) chunk[c] = load8(value + 8 * c);
-            for (int v = 0; v < COUNT; ++v) {
-                const __m256 p = _mm256_broadcast_ss(probs + v * probs_stride + start + j);
-                for (int c = 0; c < 4; ++c) sums[v][c] = _mm256_fmadd_ps(p, chunk[c], sums[v][c]);
+            __m256 p[COUNT];
+            for (int v = 0; v < COUNT; ++v) p[v] = _mm256_broadcast_ss(probs + v * probs_stride + start + j);
+            for (int c = 0; c < 4; ++c) {
+                const __m256 chunk = load8(value + 8 * c);
+                for (int v = 0; v < COUNT; ++v) sums[v][c] = _mm256_fmadd_ps(p[v], chunk, sums[v][c]);
             }
         }
     }
