@@ -197,26 +197,30 @@ inline __m256 sum_each8(const __m256 a[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// Ask for the `count` elements from p, one request per 128 bytes (the adjacent line comes along).
-template <typename C>
+// Ask for the `count` elements from p, every 64-byte line, into L1 (_MM_HINT_T0) or L2 (_MM_HINT_T1).
+template <int HINT = _MM_HINT_T0, typename C>
 void prefetch(const C* p, int64_t count) {
     const char* bytes = reinterpret_cast<const char*>(p);
-    for (int64_t i = 0; i < count * static_cast<int64_t>(sizeof(C)); i += 128) _mm_prefetch(bytes + i, _MM_HINT_T0);
+    const auto hint = static_cast<decltype(_MM_HINT_T0)>(HINT);
+    for (int64_t i = 0; i < count * static_cast<int64_t>(sizeof(C)); i += 64) _mm_prefetch(bytes + i, hint);
 }
 
 // scores[v * n + j] = q_v . k_j for `count` query vectors (already scaled) and the first n keys. Each
-// pass takes 8 keys, which every vector meets while they are in L1; meanwhile the same keys of the
-// next block are prefetched (a block of one head is its own 4 KiB page, where hardware prefetch stops).
+// pass takes 8 keys, which every vector meets while they are in L1; meanwhile the same keys two
+// blocks on are prefetched into L1 and the same values into L2, for the values pass (a block of one
+// head is a page of its own to the hardware prefetcher, which stops at page ends).
 template <int CHUNKS, typename C>
-void scores_f32(const float* q, int64_t count, const std::vector<const C*>& blocks, int64_t block_size, int64_t n,
-                float* scores) {
+void scores_f32(const float* q, int64_t count, const std::vector<const C*>& blocks,
+                const std::vector<const C*>& value_blocks, int64_t block_size, int64_t n, float* scores) {
     constexpr int64_t dim = 8 * CHUNKS;
     const int64_t num_blocks = (n + block_size - 1) / block_size;
+    if (num_blocks > 1) prefetch(blocks[1], block_size * dim);
     for (int64_t start = 0, b = 0; start < n; start += block_size, ++b) {
         const int64_t in_block = std::min(block_size, n - start);
         for (int64_t sub = 0; sub < in_block; sub += 8) {
             const int64_t here = std::min<int64_t>(8, in_block - sub);
-            if (b + 1 < num_blocks) prefetch(blocks[b + 1] + sub * dim, 8 * dim);
+            if (b + 2 < num_blocks) prefetch(blocks[b + 2] + sub * dim, 8 * dim);
+            prefetch<_MM_HINT_T1>(value_blocks[b] + sub * dim, 8 * dim);
             const C* keys[8];
             // Past the block's last key, recompute its first one (dropped below) rather than read on.
             for (int64_t j = 0; j < 8; ++j) keys[j] = blocks[b] + (sub + (j < here ? j : 0)) * dim;
@@ -289,7 +293,8 @@ void attend_f32(const WorkItem& item, const float* query, const C* k_cache, cons
         for (int64_t d = 0; d < dim; ++d) q[v * dim + d] = qv[d] * scale;
     }
     // Every vector's scores up to the item's last row's limit; each row then keeps its own keys.
-    scores_f32<CHUNKS>(q, vectors, starts.keys, s.block_size, n_max, probs);
+    prefetch(starts.keys[0], std::min(s.block_size, n_max) * dim);
+    scores_f32<CHUNKS>(q, vectors, starts.keys, starts.values, s.block_size, n_max, probs);
     for (int64_t v = 0; v < vectors; ++v) {
         const int64_t n = item.num_keys + v / group;
         softmax(probs + v * n_max, n);
