@@ -14,6 +14,25 @@ def _to_head_major(cache: torch.Tensor) -> torch.Tensor:
     return cache.permute(2, 0, 1, 3).contiguous()
 
 
+def _paged_inputs(generator, q_lens, context_lens, shape, num_heads, dtype, cache_dtype):
+    """Random query rows and caches (``shape`` is the reference layout's) with shuffled block tables,
+    and the reference's remaining positional arguments."""
+    num_blocks, head_dim = shape[0], shape[3]
+    max_blocks = num_blocks // len(q_lens)
+    block_tables = (
+        torch.randperm(num_blocks, generator=generator)
+        .view(len(q_lens), max_blocks)
+        .to(torch.int32)
+    )
+    k_cache = torch.randn(shape, generator=generator).to(cache_dtype)
+    v_cache = torch.randn(shape, generator=generator).to(cache_dtype)
+    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=generator).to(dtype)
+    starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    args = (block_tables, lens, starts, max(q_lens), max(context_lens), head_dim**-0.5)
+    return query, k_cache, v_cache, args
+
+
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("q_lens", [[1, 1, 1, 1], [7, 1, 16, 1, 3], [40], [1, 17, 1, 2], [1] * 9])
 @pytest.mark.parametrize(
@@ -69,19 +88,10 @@ def test_cpu_attention_over_a_float16_cache_matches_reference(
     generator = torch.Generator().manual_seed(len(q_lens) * 10 + head_dim)
     context_lens = [q + 41 * i + 2 for i, q in enumerate(q_lens)]
     max_blocks = max(-(-c // block_size) for c in context_lens)
-    num_blocks = len(q_lens) * max_blocks
-    block_tables = (
-        torch.randperm(num_blocks, generator=generator)
-        .view(len(q_lens), max_blocks)
-        .to(torch.int32)
+    shape = (len(q_lens) * max_blocks, block_size, num_kv_heads, head_dim)
+    query, k_cache, v_cache, args = _paged_inputs(
+        generator, q_lens, context_lens, shape, num_heads, torch.float32, torch.float16
     )
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=generator).half()
-    v_cache = torch.randn(shape, generator=generator).half()
-    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=generator)
-    starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
-    lens = torch.tensor(context_lens, dtype=torch.int32)
-    args = (block_tables, lens, starts, max(q_lens), max(context_lens), head_dim**-0.5)
     expected = torch_attention.paged_attention(query, k_cache, v_cache, *args, **masking)
     actual = cpu_attention.paged_attention(
         query, _to_head_major(k_cache), _to_head_major(v_cache), *args, **masking
@@ -110,24 +120,9 @@ def test_cpu_attention_window_and_softcap_match_reference(
     num_heads, num_kv_heads, block_size, head_dim = 6, 2, 16, 64
     context_lens = [q + 29 * i + 3 for i, q in enumerate(q_lens)]
     max_blocks = max(-(-c // block_size) for c in context_lens)
-    num_blocks = len(q_lens) * max_blocks
-    block_tables = (
-        torch.randperm(num_blocks, generator=generator)
-        .view(len(q_lens), max_blocks)
-        .to(torch.int32)
-    )
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=generator).to(dtype)
-    v_cache = torch.randn(shape, generator=generator).to(dtype)
-    query = torch.randn(sum(q_lens), num_heads, head_dim, generator=generator).to(dtype)
-    starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
-    args = (
-        block_tables,
-        torch.tensor(context_lens, dtype=torch.int32),
-        starts,
-        max(q_lens),
-        max(context_lens),
-        head_dim**-0.5,
+    shape = (len(q_lens) * max_blocks, block_size, num_kv_heads, head_dim)
+    query, k_cache, v_cache, args = _paged_inputs(
+        generator, q_lens, context_lens, shape, num_heads, dtype, dtype
     )
     expected = torch_attention.paged_attention(query, k_cache, v_cache, *args, **masking)
     unmasked = torch_attention.paged_attention(query, k_cache, v_cache, *args)
