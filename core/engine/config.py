@@ -27,6 +27,11 @@ def dtype_named(name: str) -> "torch.dtype":
     return getattr(torch, name)
 
 
+def dtype_name(dtype: "torch.dtype") -> str:
+    """``dtype``'s name without the ``torch.`` prefix (the inverse of `dtype_named`)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def parse_bytes(value: int | str) -> int:
     """``2147483648``, ``"2GiB"``, ``"512MiB"`` or ``"1.5GB"`` as a number of bytes."""
     if isinstance(value, int):
@@ -141,7 +146,7 @@ class EngineConfig:
         if device.type != "cpu" or model_dtype != torch.float32:
             raise ValueError(
                 f"--kv-cache-dtype {self.kv_cache_dtype} is for float32 models on the CPU; this engine "
-                f"runs {str(model_dtype).removeprefix('torch.')} on {device.type} (use --kv-cache-dtype auto)"
+                f"runs {dtype_name(model_dtype)} on {device.type} (use --kv-cache-dtype auto)"
             )
         return dtype_named(self.kv_cache_dtype)
 

@@ -12,7 +12,7 @@ import importlib.metadata
 import itertools
 from dataclasses import replace
 
-from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.config import EngineConfig, dtype_name
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.plugin_manager import ENTRY_POINT_GROUP
 from spyglass.core.engine.request import Request
@@ -35,7 +35,7 @@ def draft_config(checkpoint: Checkpoint, target: EngineConfig) -> EngineConfig:
     )
     return EngineConfig(
         model=target.model,
-        dtype=str(next(iter(checkpoint.weights.values())).dtype).removeprefix("torch."),
+        dtype=dtype_name(next(iter(checkpoint.weights.values())).dtype),
         device=target.device,
         max_model_len=target.max_model_len,
         block_size=target.block_size,

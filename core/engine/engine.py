@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.config import EngineConfig, dtype_name
 from spyglass.core.engine.detokenizer import IncrementalDetokenizer
 from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.kv.host_memory import keep_freed_memory_mapped
@@ -123,7 +123,7 @@ class LLMEngine:
             model_name=self.model_name,
             engine_id=self.engine_id,
             device=str(self.device),
-            dtype=str(dtype).removeprefix("torch."),
+            dtype=dtype_name(dtype),
             num_kv_blocks=num_blocks,
             block_size=config.block_size,
             max_model_len=self.max_model_len,
@@ -133,7 +133,7 @@ class LLMEngine:
             vocab_size=checkpoint.arch.vocab_size,
             waiting_classes=tuple(getattr(policy, "waiting_classes", ())),
             tensor_parallel_size=config.tensor_parallel_size,
-            kv_cache_dtype=str(cache_dtype).removeprefix("torch."),
+            kv_cache_dtype=dtype_name(cache_dtype),
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
         )

@@ -181,9 +181,9 @@ void block_starts(const T* cache, const Keys& keys, std::vector<const T*>& start
 #if defined(__AVX2__)
 // float32 on AVX2: every query vector of the item (its rows times the kv head's group) meets 8 keys
 // at a time for its scores, their lane sums folded into one vector; the weighted sum of values
-// runs over 32 dims of up to 3 vectors at a time, so every accumulator stays in a register. The
-// next block is prefetched while one is read. The cache holds float32 or float16 (`Half`, widened
-// to float32 as it is loaded: half the bytes to stream for the same keys).
+// runs over 32 dims of up to 3 vectors at a time, so every accumulator stays in a register. Blocks
+// ahead are prefetched while one is read. The cache holds float32 or float16 (`Half`, widened to
+// float32 as it is loaded: half the bytes to stream for the same keys).
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
@@ -271,7 +271,7 @@ void values_f32(const float* probs, int64_t probs_stride, const std::vector<cons
         for (int c = 0; c < 4; ++c) _mm256_storeu_ps(acc + v * dim + first + 8 * c, sums[v][c]);
 }
 
-constexpr int64_t kValueVectors = 3;  // 12 accumulators and the values' 4 vectors: 16 registers
+constexpr int64_t kValueVectors = 3;  // 12 accumulators, 3 probabilities and a value vector: 16 registers
 
 template <int CHUNKS, typename C>
 void attend_f32(const WorkItem& item, const float* query, const C* k_cache, const C* v_cache,

@@ -17,6 +17,7 @@ import torch
 
 from spyglass.core.cli.bench.results import RunResult
 from spyglass.core.cli.bench.workloads import BenchRequest
+from spyglass.core.engine.config import dtype_name
 from spyglass.core.loaders.default_model import ensure_default_model
 
 
@@ -25,7 +26,7 @@ class HFStaticBatching:
 
     def __init__(self, model: str | None, dtype: torch.dtype):
         self.model = model
-        self.dtype = str(dtype).removeprefix("torch.")
+        self.dtype = dtype_name(dtype)
 
     def run(self, workload: list[BenchRequest]) -> RunResult:
         """Generate the whole workload as one batch in a child process; its timing of ``generate`` alone."""

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-from spyglass.core.engine.config import DTYPE_NAMES
+from spyglass.core.engine.config import DTYPE_NAMES, dtype_name
 from spyglass.core.engine.runner.parallel.comm import START_TIMEOUT, RankGroup, TensorParallelError
 from spyglass.core.engine.runner.parallel.step_codec import INIT, STOP, encode_step, header
 from spyglass.core.engine.runner.parallel.worker import WorkerSpec, run_worker
@@ -144,7 +144,7 @@ class LeaderGroup(RankGroup):
 
     def send_init(self, num_blocks: int, block_size: int, cache_dtype: torch.dtype) -> None:
         """Tell the workers the KV cache's size and dtype, so that each allocates its heads' share of it."""
-        dtype_index = DTYPE_NAMES.index(str(cache_dtype).removeprefix("torch."))
+        dtype_index = DTYPE_NAMES.index(dtype_name(cache_dtype))
         self.broadcast_(header(INIT, num_blocks, block_size, dtype_index))
 
     def send_step(self, input_ids, positions, meta, logits_indices) -> None:
