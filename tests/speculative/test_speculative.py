@@ -77,9 +77,18 @@ def test_ngram_proposal_follows_the_last_match():
     assert propose([5, 6, 7], 3) == []
 
 
-def test_ngram_needs_two_matching_tokens_to_draft():
-    assert propose([4, 8, 5, 6, 7, 8], 2) == []
-    assert propose([4, 7, 8, 5, 6, 7, 8], 2) == [5, 6]
+def test_ngram_drafts_no_more_tokens_than_the_match_is_long():
+    assert propose([4, 8, 5, 6, 7, 8], 4) == [5]
+    assert propose([4, 7, 8, 5, 6, 7, 8], 4) == [5, 6]
+    assert propose([1, 2, 3, 4, 5, 9, 1, 2, 3, 4], 8) == [5, 9, 1, 2]
+    assert propose([1, 2, 3, 4, 5, 9, 1, 2, 3, 4], 3) == [5, 9, 1]
+
+
+def test_ngram_matches_whole_tokens_only():
+    # As 4-byte items, 256 then 0 is 00 01 00 00 00 00 00 00: token 1's bytes (01 00 00 00) start
+    # one byte in, which is not a token boundary, so it is no match.
+    assert propose([256, 0, 5, 1], 2) == []
+    assert propose([1, 256, 0, 5, 1], 2) == [256]
 
 
 @pytest.fixture(scope="module")
