@@ -3,6 +3,7 @@
 import sys
 
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.cli.startup import collector_paused
 
 
 def add_parser(subparsers, argv) -> None:
@@ -22,10 +23,11 @@ def add_parser(subparsers, argv) -> None:
 def run(args) -> int:
     """Load the engine and print tokens as they are generated."""
     # Imported here, not at the top, so ``spyglass generate --help`` does not load torch.
-    from spyglass.core.engine.engine import LLMEngine
-    from spyglass.core.engine.sampling_params import SamplingParams
+    with collector_paused():
+        from spyglass.core.engine.engine import LLMEngine
+        from spyglass.core.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(engine_config_from_args(args))
+        engine = LLMEngine(engine_config_from_args(args))
     tokenizer = engine.tokenizer
     prompt = args.prompt
     if not args.no_chat_template:

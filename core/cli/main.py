@@ -10,7 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from spyglass.telemetry.logging import setup_logging
+from spyglass.core.cli.startup import collector_paused
 
 # name -> (module with add_parser(subparsers), one-line help)
 COMMANDS = {
@@ -49,9 +49,12 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
-    # One log schema for every command (JSON lines unless stderr is a terminal); stdout stays the command's.
-    setup_logging(stream=sys.stderr)
+    with collector_paused():
+        args = build_parser(argv).parse_args(argv)
+        from spyglass.telemetry.logging import setup_logging
+
+        # One log schema for every command (JSON lines unless stderr is a terminal); stdout stays the command's.
+        setup_logging(stream=sys.stderr)
     # a command's own choice (bench: no per-request lines)
     for name in getattr(args, "quiet_loggers", ()):
         logging.getLogger(name).setLevel(logging.WARNING)

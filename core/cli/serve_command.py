@@ -5,6 +5,7 @@ import sys
 
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.cli.engine_args import add_engine_arguments
+from spyglass.core.cli.startup import collector_paused
 from spyglass.core.engine.config import parse_bytes
 from spyglass.telemetry.cli_options import add_telemetry_arguments
 
@@ -103,7 +104,9 @@ def server_options_from_args(args) -> ServerOptions:
 def run(args) -> int:
     """Build the app and serve it until a signal arrives."""
     # The HTTP stack, the engine and Ray load here, not at import, so ``spyglass serve --help`` is quick.
-    from spyglass.core.loaders.hf_loader import check_supported
+    with collector_paused():
+        from spyglass.core.cli.server import serve
+        from spyglass.core.loaders.hf_loader import check_supported
 
     if args.model_positional:
         args.model = args.model_positional
@@ -119,6 +122,4 @@ def run(args) -> int:
         from spyglass.core.cli.replicas import serve_replicas
 
         return serve_replicas(args, options)
-    from spyglass.core.cli.server import serve
-
     return serve(args, options)

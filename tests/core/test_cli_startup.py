@@ -71,3 +71,19 @@ def test_serve_help_lists_its_options():
         "--metrics-label",
     ):
         assert option in result.stdout
+
+
+def test_start_up_imports_run_without_collections_and_leave_their_objects_frozen():
+    import gc
+
+    from spyglass.core.cli.startup import collector_paused
+
+    before = gc.get_freeze_count()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+            made = [[] for _ in range(1000)]
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= before + len(made)
+    finally:
+        gc.unfreeze()

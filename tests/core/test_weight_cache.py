@@ -1,5 +1,6 @@
 """Converted checkpoints are cached on disk and memory-mapped by the next load; a changed file converts again."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -76,3 +77,30 @@ def test_cache_can_be_turned_off(tiny_llama_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SPYGLASS_WEIGHT_CACHE", "0")
     load_checkpoint(str(tiny_llama_dir), torch.float32)
     assert not (tmp_path / "converted").exists()
+
+
+def test_an_unchanged_file_is_not_hashed_again(tiny_llama_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path))
+    load_checkpoint(str(tiny_llama_dir), torch.float32)
+
+    def read_again(*args):
+        raise AssertionError("the unchanged checkpoint was hashed again")
+
+    monkeypatch.setattr("spyglass.core.loaders.weight_cache.hashlib.file_digest", read_again)
+    load_checkpoint(str(tiny_llama_dir), torch.float32)
+    assert len(_entries(tmp_path)) == 1
+
+
+def test_a_file_rewritten_in_place_with_its_old_size_and_time_converts_again(
+    tiny_llama_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path / "cache"))
+    model = shutil.copytree(tiny_llama_dir, tmp_path / "model")
+    assert load_checkpoint(str(model), torch.float32).arch.rms_norm_eps == 1e-06
+    config = model / "config.json"
+    before = config.stat()
+    config.write_text(config.read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 3e-06'))
+    os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert config.stat().st_size == before.st_size
+    assert load_checkpoint(str(model), torch.float32).arch.rms_norm_eps == 3e-06
+    assert len(_entries(tmp_path / "cache")) == 2
