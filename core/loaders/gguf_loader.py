@@ -5,13 +5,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from tqdm import tqdm
 
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.gguf_config import gguf_architecture, read_arch
 from spyglass.core.loaders.gguf_tokenizer import read_tokenizer
+from spyglass.core.loaders.gguf_transcode import TRANSCODED, transcode
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight, from_gguf
 from spyglass.kernels.cpu_quant import SUPPORTED_TYPES
@@ -73,7 +74,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype, keep_quantized: bool = False
 
     Weights come out under HF names and layouts, equal to what ``transformers`` produces when
     loading the same file with ``gguf_file=``. With ``keep_quantized``, matrices in a block type the
-    CPU kernels multiply (`cpu_quant.SUPPORTED_TYPES`) stay in their blocks as `QuantizedWeight`.
+    CPU kernels multiply (`cpu_quant.SUPPORTED_TYPES`) stay in their blocks as `QuantizedWeight`,
+    and Q4_K / Q6_K matrices are rewritten into such blocks (`gguf_transcode`).
     """
     path = Path(path)
     try:
@@ -137,8 +139,10 @@ def _read_weights(
                 f"Unexpected tensor {tensor.name!r} in GGUF file; it is not a {arch.architecture} tensor."
             )
         # Blocks run along a row, so whole rows of blocks permute like rows of values.
-        keep = keep_quantized and tensor.tensor_type in SUPPORTED_TYPES and tensor.data.ndim == 2
-        values = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
+        values, qtype = _kept_blocks(tensor) if keep_quantized else (None, None)
+        keep = values is not None
+        if not keep:
+            values = dequantize(tensor.data, tensor.tensor_type)
         # Only llama.cpp's llama converter (Llama, Mistral, Mixtral) interleaves the rotary halves of q and k.
         if gguf_arch == "llama" and ".q_proj." in name:
             values = _unpermute_rotary_rows(values, arch.num_attention_heads)
@@ -153,7 +157,18 @@ def _read_weights(
             for e, expert in enumerate(values):
                 weights[name.format(e)] = torch.from_numpy(np.array(expert)).to(dtype)
         elif keep:
-            weights[name] = from_gguf(values, tensor.tensor_type)
+            weights[name] = from_gguf(values, qtype)
         else:
             weights[name] = torch.from_numpy(np.array(values)).to(dtype)
     return weights
+
+
+def _kept_blocks(tensor) -> tuple[np.ndarray | None, GGMLQuantizationType | None]:
+    """A matrix's blocks in a type the CPU kernels multiply, or (None, None) where it must be dequantized."""
+    if tensor.data.ndim != 2:
+        return None, None
+    if tensor.tensor_type in SUPPORTED_TYPES:
+        return tensor.data, tensor.tensor_type
+    if tensor.tensor_type in TRANSCODED:
+        return transcode(tensor.data, tensor.tensor_type) or (None, None)
+    return None, None

@@ -301,6 +301,16 @@ def _add_family_metadata(writer, gguf_arch: str, config: dict, state: dict) -> N
             writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
 
 
+def _add_tokenizer_metadata(writer, tokenizer_source: Path) -> None:
+    """Copy the tokenizer metadata of the GGUF file ``tokenizer_source`` into ``writer``."""
+    import gguf
+
+    for key, value in gguf.GGUFReader(tokenizer_source).fields.items():
+        if key.startswith("tokenizer."):
+            sub_type = value.types[1] if len(value.types) > 1 else None
+            writer.add_key_value(key, value.contents(), value.types[0], sub_type)
+
+
 def _write_gguf(
     hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path, per_expert: bool = False
 ) -> Path:
@@ -330,11 +340,7 @@ def _write_gguf(
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     _add_family_metadata(writer, gguf_arch, config, state)
     _stack_experts(state, per_expert)
-    source = gguf.GGUFReader(tokenizer_source)
-    for key, value in source.fields.items():
-        if key.startswith("tokenizer."):
-            sub_type = value.types[1] if len(value.types) > 1 else None
-            writer.add_key_value(key, value.contents(), value.types[0], sub_type)
+    _add_tokenizer_metadata(writer, tokenizer_source)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[gguf_arch.upper()], num_layers)
     for name, tensor in state.items():
         gguf_name = name if name.startswith(("blk.", "rope_factors")) else None
@@ -355,3 +361,62 @@ def gguf_from_hf(default_model_path) -> Callable[[Path, str, Path], Path]:
     return lambda hf_dir, gguf_arch, path, per_expert=False: _write_gguf(
         hf_dir, gguf_arch, path, default_model_path, per_expert
     )
+
+
+def random_k_quant_blocks(rng, qtype, rows: int, k: int):
+    """``rows`` rows of ``k`` values as random ``qtype`` (Q4_K or Q6_K) blocks with weights of about 0.02."""
+    import gguf
+
+    block_bytes = {gguf.GGMLQuantizationType.Q4_K: 144, gguf.GGMLQuantizationType.Q6_K: 210}[qtype]
+    blocks = rng.integers(0, 256, (rows, k // 256, block_bytes), dtype=np.uint8)
+    scale = np.full((rows, k // 256, 1), 2e-4, dtype=np.float16).view(np.uint8)
+    if qtype == gguf.GGMLQuantizationType.Q4_K:  # d, then dmin: values d*s*q - dmin*m, q in 0..15
+        blocks[..., 0:2], blocks[..., 2:4] = scale, (scale.view(np.float16) * 7.5).view(np.uint8)
+    else:  # Q6_K's d is its last 2 bytes; its int8 scales go up to 127 in size
+        blocks[..., 208:210] = (scale.view(np.float16) / 4).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.fixture(scope="session")
+def k_quant_gguf(tmp_path_factory, default_model_path) -> Path:
+    """A random 2-layer llama GGUF of width 256 as a Q4_K_M file holds it: Q4_K attention, gate and
+    up matrices, Q6_K down matrices and embedding (tied), float32 norms; the default model's tokenizer."""
+    import gguf
+
+    q4_k, q6_k = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
+    hidden, heads, kv_heads, intermediate, layers = 256, 4, 2, 512, 2
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("k_quant") / "tiny-Q4_K_M.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(layers)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(intermediate)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    _add_tokenizer_metadata(writer, default_model_path)
+    vocab = len(gguf.GGUFReader(default_model_path).fields["tokenizer.ggml.tokens"].data)
+    head_dim = hidden // heads
+
+    def add(name, qtype, rows, k):
+        writer.add_tensor(name, random_k_quant_blocks(rng, qtype, rows, k), raw_dtype=qtype)
+
+    add("token_embd.weight", q6_k, vocab, hidden)
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        add(f"blk.{i}.attn_q.weight", q4_k, heads * head_dim, hidden)
+        add(f"blk.{i}.attn_k.weight", q4_k, kv_heads * head_dim, hidden)
+        add(f"blk.{i}.attn_v.weight", q4_k, kv_heads * head_dim, hidden)
+        add(f"blk.{i}.attn_output.weight", q4_k, hidden, heads * head_dim)
+        add(f"blk.{i}.ffn_gate.weight", q4_k, intermediate, hidden)
+        add(f"blk.{i}.ffn_up.weight", q4_k, intermediate, hidden)
+        add(f"blk.{i}.ffn_down.weight", q6_k, hidden, intermediate)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
