@@ -1,15 +1,18 @@
 """GGUF k-quant blocks rewritten at load into the block types the CPU kernels multiply.
 
-Q4_K_M files, the most common GGUF downloads, hold most matrices in Q4_K and some in Q6_K. The
-kernels multiply Q4_0, Q4_1 and Q8_0 (`cpu_quant.SUPPORTED_TYPES`); rather than expand k-quants to
-float (7x the memory for Q4_K), each is rewritten once into the nearest supported type, and the
-result is what the weight cache keeps:
+Q4_K_M files, the most common GGUF downloads, hold most matrices in Q4_K and some in Q6_K, and
+Q5_0 where a row is not a multiple of 256 values (SmolLM2's 576). The kernels multiply Q4_0, Q4_1
+and Q8_0 (`cpu_quant.SUPPORTED_TYPES`); rather than expand these to float (7x the memory for
+Q4_K), each is rewritten once into the nearest supported type, and the result is what the weight
+cache keeps:
 
 - Q4_K -> Q4_1, value for value. A Q4_K super-block of 256 values has 8 sub-blocks of 32, each
   value ``d * scale_j * q - dmin * min_j`` with 4-bit q and 6-bit scale_j and min_j; that is a
   Q4_1 block (``d' * q + m'``) with ``d' = d * scale_j`` and ``m' = -dmin * min_j``. The only
   change is rounding d' and m' to float16 (relative error at most 2^-11, against the 1/15 of
   the range a 4-bit step is): 5 bits a weight instead of 4.5.
+- Q5_0 -> Q8_0, value for value: ``d * (q - 16)`` with 5-bit q is int8 ``q - 16`` times the same
+  d. 8.5 bits a weight instead of 5.5.
 - Q6_K -> Q8_0: the 6-bit values (a scale per 16) are requantized to int8 per 32 with one
   float16 scale, an error of at most half an int8 step (a quarter of a Q6_K step or less where
   a block's two scales are equal): 8.5 bits a weight instead of 6.56.
@@ -20,7 +23,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 Q = GGMLQuantizationType
-TRANSCODED = {Q.Q4_K: Q.Q4_1, Q.Q6_K: Q.Q8_0}
+TRANSCODED = {Q.Q4_K: Q.Q4_1, Q.Q5_0: Q.Q8_0, Q.Q6_K: Q.Q8_0}
 _Q4_K_BYTES, _SUB_BLOCKS, _SUB_BLOCK = 144, 8, 32
 
 
@@ -31,6 +34,8 @@ def transcode(blocks: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarr
         return quantize(dequantize(blocks, qtype), Q.Q8_0), Q.Q8_0
     if qtype == Q.Q4_K:
         return _q4_k_to_q4_1(blocks)
+    if qtype == Q.Q5_0:
+        return _q5_0_to_q8_0(blocks), Q.Q8_0
     raise ValueError(f"no transcoding for {qtype.name} blocks")
 
 
@@ -53,6 +58,19 @@ def _q4_k_to_q4_1(blocks: np.ndarray) -> tuple[np.ndarray, Q] | None:
     # Q4_1 packs value i in the low nibble of byte i and value i + 16 in its high nibble.
     out[..., 4:] = values[..., :16] | (values[..., 16:] << 4)
     return out.reshape(rows, -1), Q.Q4_1
+
+
+def _q5_0_to_q8_0(blocks: np.ndarray) -> np.ndarray:
+    rows = blocks.shape[0]
+    scales = np.ascontiguousarray(blocks).reshape(rows, -1, 22)[..., 0:2]
+    d = scales.copy().view(np.float16).astype(np.float32)
+    values = dequantize(blocks, Q.Q5_0).reshape(rows, -1, _SUB_BLOCK)
+    # values are d * (q - 16) exactly (small integers times a float16 in float32), so this is q - 16.
+    steps = np.divide(values, d, out=np.zeros_like(values), where=d != 0)
+    out = np.empty((*values.shape[:2], 34), dtype=np.uint8)
+    out[..., 0:2] = scales
+    out[..., 2:] = np.rint(steps).astype(np.int8).view(np.uint8)
+    return out.reshape(rows, -1)
 
 
 def _scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Q4_K and Q6_K matrices (as in Q4_K_M files) are rewritten at load into blocks the CPU kernels multiply.
+"""Q4_K, Q5_0 and Q6_K matrices (as in Q4_K_M files) are rewritten at load into blocks the CPU kernels multiply.
 
 The reference is gguf's own dequantization of the same file (``--quantization none``).
 """
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
@@ -17,6 +17,13 @@ from spyglass.core.loaders.gguf_transcode import transcode
 from spyglass.core.models.linear import Linear, QuantizedLinear
 from spyglass.core.models.quantization import weight_bytes
 from tests.core.conftest import random_k_quant_blocks
+
+
+def test_q5_0_blocks_become_q8_0_blocks_of_equal_values():
+    blocks = quantize(np.random.default_rng(3).standard_normal((8, 576), dtype=np.float32), Q.Q5_0)
+    rewritten, new_type = transcode(blocks, Q.Q5_0)
+    assert new_type == Q.Q8_0
+    np.testing.assert_array_equal(dequantize(rewritten, new_type), dequantize(blocks, Q.Q5_0))
 
 
 @pytest.mark.parametrize("qtype, target", [(Q.Q4_K, Q.Q4_1), (Q.Q6_K, Q.Q8_0)])
