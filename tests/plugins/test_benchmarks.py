@@ -118,3 +118,59 @@ def test_benches_keep_per_request_log_lines_out_unless_asked(tiny_llama_dir):
 
     assert "request finished" not in stderr()
     assert "request finished" in stderr("--log-requests")
+
+
+def test_bench_latency_compares_speculation_and_times_verification_by_draft_count(
+    tiny_llama_dir, capsys
+):
+    argv = ["bench", "latency", "--model", str(tiny_llama_dir), *TINY, "--max-tokens", "6",
+            "--repeats", "1", "--speculative", "ngram", "--num-speculative-tokens", "3",
+            "--verify-cost"]  # fmt: skip
+    assert run(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines if line.startswith(("copy", "open"))]
+    methods = [row[:2] for row in rows]
+    assert methods == [["copy", "none"], ["copy", "ngram"], ["open", "none"], ["open", "ngram"]]
+    assert all(row[-1] == "yes" for row in rows)  # greedy output unchanged by speculation
+    header = next(i for i, line in enumerate(lines) if line.startswith("drafts"))
+    costs = [line.split() for line in lines[header + 1 :]]
+    assert [row[0] for row in costs] == ["0", "1", "2", "3"] and costs[0][2] == "1.00x"
+
+
+def test_the_verification_timing_verifies_as_many_drafts_as_it_says(tiny_llama_dir):
+    from spyglass.core.cli.bench.verify_cost import verification_costs
+    from spyglass.core.engine.config import EngineConfig
+    from spyglass.core.engine.engine import LLMEngine
+    from spyglass.core.engine.hookspecs import hookimpl
+
+    config = EngineConfig(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        speculative="ngram",
+        num_speculative_tokens=3,
+        num_kv_blocks=32,
+        block_size=8,
+    )
+    engine = LLMEngine(config)
+
+    class Verified:
+        def __init__(self):
+            self.drafts = []
+
+        @hookimpl
+        def spyglass_drafts_verified(self, request, num_draft_tokens, num_accepted_tokens):
+            self.drafts.append(num_draft_tokens)
+
+    verified = Verified()
+    engine.plugin_manager.register(verified)
+    costs = verification_costs(engine, [5, 6, 7, 8], max_drafts=3, rounds=1, steps=4)
+    assert sorted(costs) == [0, 1, 2, 3] and all(seconds > 0 for seconds in costs.values())
+    assert set(verified.drafts) == {1, 2, 3}  # steps of L = 0 propose nothing, so verify nothing
+    assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks  # every block returned
+    assert not engine.has_unfinished_requests
+
+
+def test_bench_latency_verify_cost_needs_a_proposer(tiny_llama_dir, capsys):
+    argv = ["bench", "latency", "--model", str(tiny_llama_dir), *TINY, "--verify-cost"]
+    assert run(argv) == 2
+    assert "--speculative" in capsys.readouterr().err

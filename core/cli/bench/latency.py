@@ -7,8 +7,10 @@ rate and whether the output equals the non-speculative output token for token.
 """
 
 import statistics
+import sys
 import time
 
+from spyglass.core.cli.bench.verify_cost import print_costs, verification_costs
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
@@ -56,6 +58,12 @@ def add_parser(subparsers, argv) -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--verify-cost",
+        action="store_true",
+        help="also time steps verifying 0..K drafts (K = --num-speculative-tokens) with the first "
+        "--speculative method's engine",
+    )
     add_engine_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -83,6 +91,9 @@ def _generate(engine: LLMEngine, prompt: str, max_tokens: int) -> tuple[float, l
 def run(args) -> int:
     """One engine per method, the workloads interleaved across repeats; print the table."""
     methods = [None] + [m for m in (args.speculative or "").split(",") if m]
+    if args.verify_cost and len(methods) == 1:
+        print("bench latency: --verify-cost needs a --speculative method", file=sys.stderr)
+        return 2
     engines, counters = {}, {}
     for method in methods:
         engines[method] = LLMEngine(engine_config_from_args(args, speculative=method))
@@ -126,4 +137,13 @@ def run(args) -> int:
                 f"{workload:<9}{method or 'none':<9}{median * 1e3:>10.1f}{base / median:>9.2f}x"
                 f"{rate:>10.0%}{'yes' if same else 'NO':>11}"
             )
+    if args.verify_cost:
+        engine = engines[methods[1]]
+        prompt = engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": WORKLOADS["copy"][0]}]
+        )
+        costs = verification_costs(
+            engine, engine.tokenizer.encode(prompt), args.num_speculative_tokens, args.repeats
+        )
+        print_costs(costs)
     return 0
