@@ -174,3 +174,16 @@ def test_bench_latency_verify_cost_needs_a_proposer(tiny_llama_dir, capsys):
     argv = ["bench", "latency", "--model", str(tiny_llama_dir), *TINY, "--verify-cost"]
     assert run(argv) == 2
     assert "--speculative" in capsys.readouterr().err
+
+
+def test_bench_startup_times_servers_until_ready_and_stops_them(tiny_llama_dir, capsys):
+    argv = ["bench", "startup", "--repeats", "1", "--", "--model", str(tiny_llama_dir), *TINY]
+    assert run(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("spyglass serve until /ready: first start ") and "median" in out
+
+
+def test_bench_startup_reports_a_server_that_cannot_start(tmp_path, capsys):
+    argv = ["bench", "startup", "--repeats", "1", "--", "--model", str(tmp_path / "missing")]
+    assert run(argv) == 1
+    assert "spyglass serve exited with" in capsys.readouterr().err

@@ -18,6 +18,10 @@ BENCHMARKS = {
         "spyglass.core.cli.bench.latency",
         "batch-1 decode latency, with and without speculation",
     ),
+    "startup": (
+        "spyglass.core.cli.bench.start_time",
+        "seconds from starting spyglass serve until /ready answers",
+    ),
     "policies": (
         "spyglass.core.cli.bench.policies",
         "mixed interactive + batch workload under each scheduling policy",
