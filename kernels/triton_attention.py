@@ -86,7 +86,13 @@ def _attend_page(
     return acc, m_new, l_i
 
 
-@triton.jit
+# The block table's row stride is the longest table of the step, so it changes from step to step;
+# Triton would compile a variant whenever it became 1 or a multiple of 16 (a recompilation while
+# serving, after capture). Values that vary at run time are therefore not specialised on.
+_VARYING = ("stride_bt",)
+
+
+@triton.jit(do_not_specialize=_VARYING)
 def _unified_kernel(
     q_ptr,
     k_cache_ptr,
@@ -193,7 +199,7 @@ def _unified_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VARYING)
 def _split_k_kernel(
     q_ptr,
     k_cache_ptr,

@@ -61,7 +61,12 @@ def _activate(g, ACTIVATION: tl.constexpr):
     return 0.5 * g * (2.0 * tl.sigmoid(2.0 * inner))  # 1 + tanh(z) = 2 sigmoid(2z)
 
 
-@triton.jit
+# The number of (token, expert) pairs changes every step: not specialised on (a value of 1 or a
+# multiple of 16 would compile another variant while serving).
+_VARYING = ("num_pairs",)
+
+
+@triton.jit(do_not_specialize=_VARYING)
 def _gate_up_kernel(
     x_ptr,
     x_stride,
@@ -119,7 +124,7 @@ def _gate_up_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VARYING)
 def _down_kernel(
     h_ptr,
     w2_ptr,
