@@ -38,6 +38,9 @@ class AttentionBackend:
     silu_and_mul: Callable = torch_norm_rope.silu_and_mul
     gelu_tanh_and_mul: Callable = torch_norm_rope.gelu_tanh_and_mul
     fused_experts: Callable = torch_moe.fused_experts
+    warm_up_shapes: Callable[[], tuple[tuple[int, ...], int]] | None = None
+    """For kernels compiled on first use (Triton): (query lengths, a decode context length) whose
+    steps between them use every variant, for the runner to run once before serving."""
 
 
 def _torch_backend() -> AttentionBackend:
@@ -81,6 +84,7 @@ def _triton_backend() -> AttentionBackend:
         add_rms_norm=norm_rope.add_rms_norm,
         rotary_embedding_=norm_rope.rotary_embedding_,
         fused_experts=moe.fused_experts,
+        warm_up_shapes=attention.warm_up_shapes,
     )
 
 

@@ -219,7 +219,6 @@ def _split_k_kernel(
     head_dim,
     qk_scale,
     softcap,
-    NUM_SPLITS: tl.constexpr,
     GROUP: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -236,13 +235,16 @@ def _split_k_kernel(
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    num_splits = tl.num_programs(
+        2
+    )  # from the grid, not a compile-time constant: one kernel for any split
     context_len = tl.load(context_lens_ptr + req)
     # Only the pages holding the token's window (all of them without one) are split.
     window_page = 0
     if WINDOW > 0:
         window_page = tl.maximum(context_len - WINDOW, 0) // BLOCK_SIZE
     num_pages = tl.cdiv(context_len, BLOCK_SIZE) - window_page
-    pages_per_split = tl.cdiv(num_pages, NUM_SPLITS)
+    pages_per_split = tl.cdiv(num_pages, num_splits)
     first_page = window_page + split * pages_per_split
     last_page = tl.minimum(first_page + pages_per_split, window_page + num_pages)
 
@@ -296,13 +298,13 @@ def _split_k_kernel(
     nonempty = l_i > 0
     out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-    # Partials are [num_reqs, num_heads, NUM_SPLITS(, DIM_PAD)], contiguous.
-    slot = (req.to(tl.int64) * (tl.num_programs(1) * GROUP) + head) * NUM_SPLITS + split
+    # Partials are [num_reqs, num_heads, num_splits(, DIM_PAD)], contiguous.
+    slot = (req.to(tl.int64) * (tl.num_programs(1) * GROUP) + head) * num_splits + split
     tl.store(part_out_ptr + slot[:, None] * DIM_PAD + dims[None, :], out, mask=io_mask)
     tl.store(part_lse_ptr + slot, lse, mask=rows < GROUP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("num_splits",))
 def _split_k_reduce_kernel(
     part_out_ptr,
     part_lse_ptr,
@@ -311,22 +313,26 @@ def _split_k_reduce_kernel(
     stride_oh,
     stride_od,
     head_dim,
-    NUM_SPLITS: tl.constexpr,
+    num_splits,
     SPLITS_PAD: tl.constexpr,
     DIM_PAD: tl.constexpr,
 ):
-    """One program per (request, head): weight each partition by exp2(lse - max lse) and normalise."""
+    """One program per (request, head): weight each partition by exp2(lse - max lse) and normalise.
+
+    ``SPLITS_PAD`` covers the most splits there can be, so that one compiled kernel serves every
+    split count (a count chosen per step must not compile another variant while serving).
+    """
     req = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_PAD)
     dims = tl.arange(0, DIM_PAD)
-    base = (req.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + base + splits, mask=splits < NUM_SPLITS, other=float("-inf"))
+    base = (req.to(tl.int64) * tl.num_programs(1) + head) * num_splits
+    lse = tl.load(part_lse_ptr + base + splits, mask=splits < num_splits, other=float("-inf"))
     # Partition 0 is never empty (it holds the window's start, or position 0), so the max is finite.
     weight = tl.exp2(lse - tl.max(lse, axis=0))
     part = tl.load(
         part_out_ptr + (base + splits[:, None]) * DIM_PAD + dims[None, :],
-        mask=(splits[:, None] < NUM_SPLITS) & (dims[None, :] < head_dim),
+        mask=(splits[:, None] < num_splits) & (dims[None, :] < head_dim),
         other=0.0,
     )
     out = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
@@ -335,6 +341,14 @@ def _split_k_reduce_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=dims < head_dim,
     )
+
+
+def warm_up_shapes() -> tuple[tuple[int, ...], int]:
+    """Steps that between them use every compiled variant of these kernels: prefills of these query
+    lengths (one per tile height the attention kernel can take: the height follows the step's
+    longest query up to ``_MAX_ROWS``) and one decode over a context this long (split-K)."""
+    heights = tuple(2**i for i in range(_MAX_ROWS.bit_length()))
+    return heights, 2 * _MIN_TOKENS_PER_SPLIT
 
 
 @functools.cache
@@ -455,6 +469,7 @@ def split_k_decode_attention(
     assert block_tables.shape[0] == num_reqs, (
         "split-K decode needs exactly one query row per request"
     )
+    assert 1 <= num_splits <= _MAX_SPLITS, f"num_splits must be 1..{_MAX_SPLITS}"
     out = torch.empty_like(query)
     if num_reqs == 0:
         return out
@@ -480,7 +495,6 @@ def split_k_decode_attention(
         head_dim,
         scale * math.log2(math.e),
         softcap or 1.0,
-        NUM_SPLITS=num_splits,
         GROUP=group,
         ROWS=max(_MIN_ROWS, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size,
@@ -495,8 +509,8 @@ def split_k_decode_attention(
         out,
         *out.stride(),
         head_dim,
-        NUM_SPLITS=num_splits,
-        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        num_splits,
+        SPLITS_PAD=triton.next_power_of_2(_MAX_SPLITS),
         DIM_PAD=dim_pad,
     )
     return out

@@ -106,6 +106,9 @@ class LLMEngine:
         self.runner = runner_class(
             model, self.kv.num_cache_blocks, config.block_size, self.device, cache_dtype
         )
+        if self.device.type == "cuda" and config.tensor_parallel_size == 1:
+            seconds = self.runner.compile_kernels(config.max_num_batched_tokens, self.max_model_len)
+            log.info("kernels compiled for every step shape in %.2f s", seconds)
         if config.cuda_graphs and self.device.type == "cuda":
             seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
             log.info("CUDA graph capture took %.2f s", seconds)

@@ -40,12 +40,17 @@ def _greedy(engine: LLMEngine, prompts, tag: str) -> list[list[int]]:
 
 
 def _triton_cache_sizes() -> int:
-    from spyglass.kernels import triton_attention, triton_store_kv
+    from spyglass.kernels import triton_attention, triton_moe, triton_norm_rope, triton_store_kv
 
     kernels = [
         triton_attention._unified_kernel,
         triton_attention._split_k_kernel,
+        triton_attention._split_k_reduce_kernel,
         triton_store_kv._store_kv_kernel,
+        triton_norm_rope._add_rms_norm_kernel,
+        triton_norm_rope._rotary_kernel,
+        triton_moe._gate_up_kernel,
+        triton_moe._down_kernel,
     ]
     # Triton keeps, per device, a tuple whose first item maps specialisations to compiled kernels.
     caches = [c for k in kernels for c in getattr(k, "device_caches", {}).values()]
@@ -61,4 +66,31 @@ def test_graphs_on_and_off_give_the_same_tokens_and_serving_captures_nothing():
     compiled = _triton_cache_sizes()
     _greedy(graphs, PROMPTS * 3, "b")
     assert graphs.runner.graphs.graphs == captured
+    assert _triton_cache_sizes() == compiled
+
+
+def test_serving_a_mixed_workload_compiles_nothing_after_start():
+    """Prompt lengths from 1 to 1,500 tokens, repeats (prefix-cache hits), batches of 1 to 80
+    (beyond the largest graph), long contexts at batch 1 (split-K) and n-gram drafts to verify."""
+    engine = LLMEngine(
+        EngineConfig(cuda_graphs=True, max_num_seqs=64, speculative="ngram", max_model_len=4096)
+    )
+    compiled = _triton_cache_sizes()
+    generator = torch.Generator().manual_seed(0)
+
+    def prompt(length: int) -> list[int]:
+        return torch.randint(100, 20000, (length,), generator=generator).tolist()
+
+    rounds = [
+        [prompt(n) for n in (1, 2, 3, 5, 9, 17, 33, 65, 129, 300)],
+        [prompt(1500)],  # alone: a long context at batch 1
+        [prompt(40) for _ in range(80)],
+    ]
+    rounds.append(rounds[0][:5] * 2)  # repeats: cached prefixes, short remaining queries
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for index, batch in enumerate(rounds):
+        for number, token_ids in enumerate(batch):
+            engine.add_request(f"r{index}-{number}", token_ids, params)
+        while engine.has_unfinished_requests:
+            engine.step()
     assert _triton_cache_sizes() == compiled

@@ -16,7 +16,7 @@ from spyglass.core.engine.sampling_params import SamplingParams
 PROMPT_LENGTHS = (5, 23, 40)
 
 
-def _greedy_tokens(model_dir, backend: str) -> dict[str, list[int]]:
+def _greedy_tokens(model_dir, backend: str, warm_up: bool = False) -> dict[str, list[int]]:
     # A small token budget forces chunked prefill mixed with decodes: every attention shape is exercised.
     config = EngineConfig(
         model=str(model_dir),
@@ -29,6 +29,8 @@ def _greedy_tokens(model_dir, backend: str) -> dict[str, list[int]]:
     )
     engine = LLMEngine(config)
     assert engine.backend.name == backend
+    if warm_up:  # as the engine does on CUDA
+        engine.runner.compile_kernels(config.max_num_batched_tokens, engine.max_model_len)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     for index, length in enumerate(PROMPT_LENGTHS):
         engine.add_request(
@@ -49,3 +51,23 @@ def test_triton_path_matches_torch_path(family, tiny_llama_dir, tiny_family_dir)
     # Gemma 2 adds a 16-token sliding window on alternate layers and soft-capped scores.
     model_dir = tiny_llama_dir if family == "llama" else tiny_family_dir(family)
     assert _greedy_tokens(model_dir, "triton") == _greedy_tokens(model_dir, "torch")
+
+
+@pytest.mark.timeout(900)
+def test_warm_up_steps_reach_every_tile_height_and_change_no_result(tiny_llama_dir, monkeypatch):
+    from spyglass.kernels import triton_attention
+
+    query_lengths = []
+    unified = triton_attention.unified_attention
+
+    def recording(*args, **kwargs):
+        query_lengths.append(args[6])  # max_query_len
+        return unified(*args, **kwargs)
+
+    monkeypatch.setattr(triton_attention, "unified_attention", recording)
+    warmed = _greedy_tokens(tiny_llama_dir, "triton", warm_up=True)
+    heights, _ = triton_attention.warm_up_shapes()
+    # Every tile height and the token budget (24) were run: 32 and 64 only by the warm-up, whose
+    # steps leave no trace in what the requests get.
+    assert {*heights, 24} <= set(query_lengths)
+    assert warmed == _greedy_tokens(tiny_llama_dir, "torch")

@@ -81,8 +81,53 @@ class ModelRunner:
             (self._zeros(shape, cache_dtype), self._zeros(shape, cache_dtype))
             for _ in range(arch.num_hidden_layers)
         ]
+        self.num_blocks = num_blocks
         # Set by `enable_cuda_graphs`; None means every step runs eagerly.
         self.graphs: CudaGraphDecoder | None = None
+
+    def compile_kernels(self, max_num_batched_tokens: int, max_model_len: int) -> float:
+        """Run one step of every shape that has its own compiled kernel variant, so that serving
+        compiles nothing; the seconds it took (0 for kernels not compiled on first use).
+
+        Triton compiles a kernel the first time it meets a new combination of compile-time
+        constants, which stalls every running request for a second or more. The backend names the
+        query lengths and the decode context that reach them all; a prefill of the whole token
+        budget adds the MoE kernels' large tile. The steps write only the KV slots of blocks that
+        no request holds yet.
+        """
+        shapes = self.model.backend.warm_up_shapes
+        if shapes is None:
+            return 0.0
+        start = time.perf_counter()
+        query_lengths, split_context = shapes()
+        capacity = min(max_model_len, self.num_blocks * self.block_size)
+        for length in sorted({*query_lengths, max_num_batched_tokens}):
+            if length <= capacity:
+                self._dummy_step(length, length)
+        if split_context <= capacity:
+            self._dummy_step(1, split_context)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
+
+    @torch.inference_mode()
+    def _dummy_step(self, query_len: int, context_len: int) -> None:
+        """The forward of one request whose last ``query_len`` of ``context_len`` tokens are new,
+        its context in blocks 0, 1, ... (token ids 0)."""
+        to = self.device
+        positions = torch.arange(context_len - query_len, context_len, device=to)
+        num_pages = -(-context_len // self.block_size)
+        meta = AttentionMetadata(
+            slot_mapping=positions.clone(),  # page p is block p, so a position is its own slot
+            block_tables=torch.arange(num_pages, dtype=torch.int32, device=to)[None],
+            context_lens=torch.tensor([context_len], dtype=torch.int32, device=to),
+            query_start_loc=torch.tensor([0, query_len], dtype=torch.int32, device=to),
+            max_query_len=query_len,
+            max_context_len=context_len,
+        )
+        input_ids = torch.zeros(query_len, dtype=torch.long, device=to)
+        last = torch.tensor([query_len - 1], device=to)
+        self.model.forward(input_ids, positions, meta, self.kv_caches, last)
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> float:
         """Capture decode graphs for every batch bucket; returns the capture time in seconds."""
