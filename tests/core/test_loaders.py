@@ -228,3 +228,16 @@ def test_unsupported_variants_are_rejected(tiny_llama_dir, tmp_path, change, mes
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(ValueError, match=message):
         load_hf_dir(tmp_path, torch.float32)
+
+
+def test_the_default_model_can_be_a_local_model_named_by_the_environment(
+    tiny_llama_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPYGLASS_DEFAULT_MODEL", str(tiny_llama_dir))
+    checkpoint = load_checkpoint(None, torch.float32)
+    assert checkpoint.name == tiny_llama_dir.name
+    assert checkpoint.arch == load_checkpoint(str(tiny_llama_dir), torch.float32).arch
+    monkeypatch.setenv("SPYGLASS_DEFAULT_MODEL", str(tmp_path / "gone.gguf"))
+    with pytest.raises(ValueError, match=r"gone\.gguf \(\$SPYGLASS_DEFAULT_MODEL\)"):
+        load_checkpoint(None, torch.float32)

@@ -12,21 +12,23 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from spyglass.core.cli.bench.results import RunResult
 from spyglass.core.cli.bench.workloads import BenchRequest
 from spyglass.core.engine.config import dtype_name
-from spyglass.core.loaders.default_model import ensure_default_model
+from spyglass.core.loaders.default_model import default_model_override, ensure_default_model
 
 
 class HFStaticBatching:
     """Times one padded batch through ``model.generate`` in a fresh child process per run."""
 
-    def __init__(self, model: str | None, dtype: torch.dtype):
+    def __init__(self, model: str | None, dtype: torch.dtype, device: str = "cpu"):
         self.model = model
         self.dtype = dtype_name(dtype)
+        self.device = device
 
     def run(self, workload: list[BenchRequest]) -> RunResult:
         """Generate the whole workload as one batch in a child process; its timing of ``generate`` alone."""
@@ -38,6 +40,8 @@ class HFStaticBatching:
             self.dtype,
             "--num-threads",
             str(torch.get_num_threads()),
+            "--device",
+            self.device,
         ]
         if self.model is not None:
             command += ["--model", self.model]
@@ -53,21 +57,24 @@ class HFStaticBatching:
 
 
 def _generate(
-    model_path: str | None, dtype: torch.dtype, workload: list[BenchRequest]
+    model_path: str | None, dtype: torch.dtype, workload: list[BenchRequest], device: str
 ) -> RunResult:
-    """Load the model and generate the workload as one batch (prompts must share a length, as in W1)."""
+    """Load the model on ``device`` and generate the workload as one batch (prompts must share a
+    length, as in W1)."""
     from transformers import AutoModelForCausalLM
 
     lengths = {len(r.prompt_token_ids) for r in workload}
     if len(lengths) != 1:
         raise ValueError("HF static batching is only run on uniform-length workloads such as W1")
-    path = ensure_default_model() if model_path is None else model_path
-    kwargs = {"gguf_file": str(path)} if str(path).endswith(".gguf") else {}
+    path = Path(model_path) if model_path else default_model_override() or ensure_default_model()
+    kwargs = {"gguf_file": str(path)} if path.suffix == ".gguf" else {}
     directory = str(path.parent) if kwargs else str(path)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs).eval()
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs).eval().to(device)
     output_len = max(r.output_len for r in workload)
-    input_ids = torch.tensor([r.prompt_token_ids for r in workload])
+    input_ids = torch.tensor([r.prompt_token_ids for r in workload], device=device)
     with torch.inference_mode():
+        if input_ids.is_cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         out = model.generate(
             input_ids,
@@ -77,6 +84,8 @@ def _generate(
             do_sample=False,
             pad_token_id=0,
         )
+        if input_ids.is_cuda:
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
     return RunResult(
         seconds, input_ids.numel(), (out.shape[1] - input_ids.shape[1]) * len(workload)
@@ -89,10 +98,11 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--dtype", required=True)
     parser.add_argument("--num-threads", type=int, required=True)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(args.num_threads)
     workload = [BenchRequest(r["prompt_token_ids"], r["output_len"]) for r in json.load(sys.stdin)]
-    result = _generate(args.model, getattr(torch, args.dtype), workload)
+    result = _generate(args.model, getattr(torch, args.dtype), workload, args.device)
     print(json.dumps(dataclasses.asdict(result)))
 
 

@@ -206,11 +206,11 @@ def _run_all(args, configurations: list[tuple[str, str, str, int, dict | None]])
         f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
         f"kv blocks {probe.info.num_kv_blocks} ({probe.info.kv_cache_dtype}) threads {torch.get_num_threads()}"
     )
-    vocab = probe.arch.vocab_size
+    vocab, probe_device = probe.arch.vocab_size, probe.device.type
     probe.shutdown()
     del probe
     hf = (
-        HFStaticBatching(args.model, engine_config_from_args(args).torch_dtype())
+        HFStaticBatching(args.model, engine_config_from_args(args).torch_dtype(), probe_device)
         if args.compare_hf
         else None
     )
