@@ -1,22 +1,37 @@
-"""One-shot GPU check: kernels and model parity on the device, then attention bandwidth and CUDA-graph timings.
+"""One-shot GPU check: kernels and model parity on the device, attention bandwidth, CUDA-graph
+timings, and W1/W3 throughput at two model shapes against HF transformers on the same GPU.
 
-    python examples/gpu_check.py [--quick]
+    python examples/gpu_check.py [--quick] [--model PATH]
 
-Runs in well under 8 minutes on an H200 and prints its tables last. Without CUDA it says so and exits 1.
+Runs offline from a copy of the checkout: without ``--model`` it builds the default model's shape
+with random weights and the real tokenizer (`examples/gpu_model`, shipped configs), and always a
+Llama-3.2-1B shape; ``SPYGLASS_DEFAULT_MODEL`` points every engine and the GPU tests at the first.
+Prints its tables last (about 5 minutes on an H200). Without CUDA it says so and exits 1.
 """
 
 import argparse
+import gc
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+from spyglass.core.cli.bench.hf_static import HFStaticBatching
+from spyglass.core.cli.bench.throughput import run_engine
+from spyglass.core.cli.bench.workloads import w1_workload, w3_workload
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.kernels import torch_attention, triton_attention
+
+# examples/gpu_model is a folder of files, not a package: its builder is imported by path.
+sys.path.insert(0, str(Path(__file__).parent / "gpu_model"))
+import random_model
 
 
 def timed(function, repeats: int = 20) -> float:
@@ -151,16 +166,62 @@ def decode_step_table(engines: dict[str, LLMEngine], quick: bool) -> list[str]:
     return rows
 
 
+def throughput_rows(shape: str, model: str, device: str, num_requests: int | None) -> list[str]:
+    """W1 and W3 output tokens/s on ``model`` (bf16, CUDA graphs on ``device``), and HF transformers'
+    static batching on W1 on the same device; ``num_requests`` shrinks both workloads (None: full)."""
+    engine = LLMEngine(EngineConfig(model=model, dtype="bfloat16", device=device, max_num_seqs=256))
+    vocab = engine.arch.vocab_size
+    sizes = {} if num_requests is None else {"num_requests": num_requests}
+    w1, w3 = w1_workload(vocab, **sizes), w3_workload(vocab, **sizes)
+    ours = {name: run_engine(engine, work) for name, work in (("W1", w1), ("W3", w3))}
+    engine.shutdown()
+    del engine
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    hf = HFStaticBatching(model, torch.bfloat16, device).run(w1)
+    return [
+        f"| {shape} | {ours['W1'].output_tokens_per_s:,.0f} ({ours['W1'].seconds:.2f} s) | "
+        f"{ours['W3'].output_tokens_per_s:,.0f} ({ours['W3'].seconds:.2f} s) | "
+        f"{hf.output_tokens_per_s:,.0f} ({hf.seconds:.2f} s) | "
+        f"{ours['W1'].output_tokens_per_s / hf.output_tokens_per_s:.2f}x |"
+    ]
+
+
+def throughput_table(models: dict[str, str], device: str, num_requests: int | None) -> list[str]:
+    """`throughput_rows` for every shape, under one header."""
+    rows = [
+        "| shape | W1 output tok/s | W3 output tok/s | HF static W1 | W1 vs HF |",
+        "|---|---|---|---|---|",
+    ]
+    for shape, model in models.items():
+        rows += throughput_rows(shape, model, device, num_requests)
+    return rows
+
+
+def build_models(model: str | None, directory: Path) -> dict[str, str]:
+    """The default shape (``model`` when given, else random weights) and the 1B shape, built on the GPU."""
+    default = model or str(random_model.build("default", directory / "default", device="cuda"))
+    big = random_model.build("1b", directory / "1b", device="cuda")
+    return {"default shape": default, "Llama-3.2-1B shape": str(big)}
+
+
 def main() -> int:
     """Run every check, then print the tables."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
+    parser.add_argument("--model", help="a local model of the default shape (else random weights)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check")
         return 1
     started = time.perf_counter()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    workdir = Path(tempfile.mkdtemp(prefix="spyglass-gpu-check-"))
+    models = build_models(args.model, workdir)
+    os.environ["SPYGLASS_DEFAULT_MODEL"] = models["default shape"]
+    os.environ.setdefault("SPYGLASS_CACHE_DIR", str(workdir / "cache"))
+    print(f"models: {models} (built in {time.perf_counter() - started:.0f} s)")
     subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/kernels", "tests/core"],
         check=False,
@@ -186,14 +247,22 @@ def main() -> int:
         "graphs": LLMEngine(EngineConfig(dtype="bfloat16", cuda_graphs=True, max_num_seqs=256)),
     }
     bandwidth = copy_bandwidth()
+    attention = attention_table(bandwidth, args.quick)
+    steps = decode_step_table(engines, args.quick)
+    capture = engines["graphs"].runner.graphs.capture_seconds
+    for engine in engines.values():
+        engine.shutdown()
+    del engines
+    gc.collect()
+    torch.cuda.empty_cache()
+    throughput = throughput_table(models, "cuda", 16 if args.quick else None)
     print(f"\nmeasured copy bandwidth {bandwidth / 1e9:.0f} GB/s\n")
-    print("\n".join(attention_table(bandwidth, args.quick)))
+    print("\n".join(attention))
     print()
-    print("\n".join(decode_step_table(engines, args.quick)))
-    print(
-        f"\ncapture time {engines['graphs'].runner.graphs.capture_seconds:.2f} s; "
-        f"total {time.perf_counter() - started:.0f} s"
-    )
+    print("\n".join(steps))
+    print(f"\ncapture time {capture:.2f} s\n")
+    print("\n".join(throughput))
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
     return 0
 
 
