@@ -1,4 +1,4 @@
-"""``examples/gpu_check.py`` runs where it matters (a GPU lent for minutes): its pieces are run here on the CPU first."""
+"""``examples/gpu_check.py`` runs where it matters, on a GPU lent for minutes: its pieces run here first."""
 
 import importlib.util
 import sys
