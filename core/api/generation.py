@@ -79,6 +79,16 @@ class RequestGroup:
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Every output of every request, in arrival order, tagged with its choice index."""
+        if len(self._streams) == 1:  # one choice (nearly every call): no task per output to merge
+            try:
+                (first,) = self._first
+                yield 0, first
+                if not first.finished:
+                    async for output in self._streams[0]:
+                        yield 0, output
+            finally:
+                await self.aclose()
+            return
         try:
             for index, output in enumerate(self._first):
                 yield index, output

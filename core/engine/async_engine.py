@@ -109,6 +109,10 @@ class AsyncEngine:
             await asyncio.wrap_future(added)
             while not finished:
                 output = await stream.get()
+                # Outputs are cumulative: when the listener fell behind, the newest one says it all
+                # (one chunk with several tokens instead of one per token, the listener catches up).
+                while not isinstance(output, Exception) and not stream.empty():
+                    output = stream.get_nowait()
                 if isinstance(output, Exception):
                     raise output
                 finished = output.finished
@@ -183,20 +187,29 @@ class AsyncEngine:
                 log.exception("engine command failed")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's outputs to their listeners: one wake-up per event loop, not one per output."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
         for output in outputs:
             target = self._streams.get(output.request_id)
             if target is not None:
-                _put(*target, output)
+                batches.setdefault(target[0], []).append((target[1], output))
+        for loop, items in batches.items():
+            _put(loop, items)
 
     def _fail_all(self, error: Exception) -> None:
         for loop, stream in list(self._streams.values()):
-            _put(loop, stream, error)
+            _put(loop, [(stream, error)])
 
 
-def _put(loop: asyncio.AbstractEventLoop, stream: asyncio.Queue, item: object) -> None:
-    """Hand ``item`` to a listener's event loop; a loop that has closed has no listener left to tell."""
+def _put(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, object]]) -> None:
+    """Put each item in its queue, in ``loop``'s thread; a loop that has closed has no listener left."""
     with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(stream.put_nowait, item)
+        loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for stream, item in items:
+        stream.put_nowait(item)
 
 
 def _settle(future: Future, function: Callable[[], object]) -> None:
