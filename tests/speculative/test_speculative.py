@@ -2,6 +2,7 @@
 
 import collections
 import itertools
+import random
 
 import pytest
 
@@ -89,6 +90,24 @@ def test_ngram_matches_whole_tokens_only():
     # one byte in, which is not a token boundary, so it is no match.
     assert propose([256, 0, 5, 1], 2) == []
     assert propose([1, 256, 0, 5, 1], 2) == [256]
+
+
+def _propose_by_slices(token_ids: list[int], num_tokens: int) -> list[int]:
+    """The proposal's definition, spelled out: longest suffix (4 tokens down to 1), latest match."""
+    for n in range(min(4, len(token_ids) - 1), 0, -1):
+        for start in range(len(token_ids) - n - 1, -1, -1):
+            if token_ids[start : start + n] == token_ids[-n:]:
+                return token_ids[start + n : start + n + min(n, num_tokens)]
+    return []
+
+
+def test_ngram_byte_search_equals_the_definition_on_random_histories():
+    rng = random.Random(0)
+    for _ in range(3000):
+        vocab = rng.choice([2, 3, 7, 300, 70_000])
+        history = [rng.randrange(vocab) for _ in range(rng.randint(0, 40))]
+        k = rng.randint(1, 6)
+        assert propose(history, k) == _propose_by_slices(history, k), (history, k)
 
 
 @pytest.fixture(scope="module")
