@@ -179,8 +179,9 @@ def test_bench_latency_verify_cost_needs_a_proposer(tiny_llama_dir, capsys):
 def test_bench_startup_times_servers_until_ready_and_stops_them(tiny_llama_dir, capsys):
     argv = ["bench", "startup", "--repeats", "1", "--", "--model", str(tiny_llama_dir), *TINY]
     assert run(argv) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("spyglass serve until /ready: first start ") and "median" in out
+    first, quick = capsys.readouterr().out.splitlines()
+    assert first.startswith("spyglass serve until /ready: first start ") and "median" in first
+    assert quick.startswith("answered in: spyglass --help ") and "spyglass plugins " in quick
 
 
 def test_bench_startup_reports_a_server_that_cannot_start(tmp_path, capsys):

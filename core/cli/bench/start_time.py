@@ -1,4 +1,5 @@
-"""``spyglass bench startup``: seconds from starting ``spyglass serve`` until ``/ready`` answers 200.
+"""``spyglass bench startup``: seconds from starting ``spyglass serve`` until ``/ready`` answers 200,
+and how long ``spyglass --help``, ``serve --help`` and ``plugins`` take to answer.
 
 Each run starts a fresh server process (``python -m spyglass.core.cli.main serve``, the console
 script's code) on a free port, polls ``/ready`` every 10 ms, then stops it with SIGTERM. The first
@@ -17,6 +18,7 @@ import urllib.error
 import urllib.request
 
 _POLL_SECONDS = 0.01
+_QUICK_COMMANDS = (["--help"], ["serve", "--help"], ["plugins"])
 
 
 def add_parser(subparsers, argv) -> None:
@@ -69,8 +71,21 @@ def time_to_ready(serve_args: list[str], timeout: float) -> float:
             server.wait(timeout=60)
 
 
+def seconds_to_answer(argv: list[str]) -> float:
+    """Seconds for ``spyglass ARGV`` (a fresh process) to exit; raises if it fails."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "spyglass.core.cli.main", *argv],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - start
+
+
 def run(args) -> int:
-    """One first start, then ``--repeats`` second starts; print each and the median."""
+    """One first start, then ``--repeats`` second starts; print each and the median, then the
+    answer times of the quick commands."""
     serve_args = [a for a in args.serve_args if a != "--"]
     try:
         first = time_to_ready(serve_args, args.timeout)
@@ -83,4 +98,6 @@ def run(args) -> int:
         + ", ".join(f"{s:.2f}" for s in seconds)
         + f" s: median {statistics.median(seconds):.2f} s"
     )
+    quick = {" ".join(argv): seconds_to_answer(argv) for argv in _QUICK_COMMANDS}
+    print("answered in: " + ", ".join(f"spyglass {name} {s:.2f} s" for name, s in quick.items()))
     return 0
