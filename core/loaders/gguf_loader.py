@@ -12,10 +12,9 @@ from tqdm import tqdm
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.gguf_config import gguf_architecture, read_arch
 from spyglass.core.loaders.gguf_tokenizer import read_tokenizer
-from spyglass.core.loaders.gguf_transcode import TRANSCODED, transcode
+from spyglass.core.loaders.gguf_transcode import target_type, transcode
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight, from_gguf
-from spyglass.kernels.cpu_quant import SUPPORTED_TYPES
 
 # llama.cpp tensor name suffix -> HF name suffix, inside ``blk.{i}.`` / ``model.layers.{i}.``.
 _LAYER_NAMES = {
@@ -75,7 +74,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype, keep_quantized: bool = False
     Weights come out under HF names and layouts, equal to what ``transformers`` produces when
     loading the same file with ``gguf_file=``. With ``keep_quantized``, matrices in a block type the
     CPU kernels multiply (`cpu_quant.SUPPORTED_TYPES`) stay in their blocks as `QuantizedWeight`,
-    and Q4_K / Q6_K matrices are rewritten into such blocks (`gguf_transcode`).
+    and matrices of other quantized types are rewritten into such blocks (`gguf_transcode`).
     """
     path = Path(path)
     try:
@@ -165,10 +164,9 @@ def _read_weights(
 
 def _kept_blocks(tensor) -> tuple[np.ndarray | None, GGMLQuantizationType | None]:
     """A matrix's blocks in a type the CPU kernels multiply, or (None, None) where it must be dequantized."""
-    if tensor.data.ndim != 2:
+    target = target_type(tensor.tensor_type)
+    if tensor.data.ndim != 2 or target is None:
         return None, None
-    if tensor.tensor_type in SUPPORTED_TYPES:
-        return tensor.data, tensor.tensor_type
-    if tensor.tensor_type in TRANSCODED:
-        return transcode(tensor.data, tensor.tensor_type) or (None, None)
-    return None, None
+    if target == tensor.tensor_type:
+        return tensor.data, target
+    return transcode(tensor.data, tensor.tensor_type) or (None, None)

@@ -1,10 +1,10 @@
-"""GGUF k-quant blocks rewritten at load into the block types the CPU kernels multiply.
+"""GGUF quantized blocks of other types rewritten at load into the block types the CPU kernels multiply.
 
 Q4_K_M files, the most common GGUF downloads, hold most matrices in Q4_K and some in Q6_K, and
-Q5_0 where a row is not a multiple of 256 values (SmolLM2's 576). The kernels multiply Q4_0, Q4_1
-and Q8_0 (`cpu_quant.SUPPORTED_TYPES`); rather than expand these to float (7x the memory for
-Q4_K), each is rewritten once into the nearest supported type, and the result is what the weight
-cache keeps:
+Q5_0 where a row is not a multiple of 256 values (SmolLM2's 576); Q5_K_M, Q3_K_M, IQ4_XS and
+the like hold others. The kernels multiply Q4_0, Q4_1 and Q8_0 (`cpu_quant.SUPPORTED_TYPES`);
+rather than expand the rest to float (7x the memory for Q4_K), each is rewritten once into a
+supported type, and the result is what the weight cache keeps:
 
 - Q4_K -> Q4_1, value for value. A Q4_K super-block of 256 values has 8 sub-blocks of 32, each
   value ``d * scale_j * q - dmin * min_j`` with 4-bit q and 6-bit scale_j and min_j; that is a
@@ -13,30 +13,51 @@ cache keeps:
   the range a 4-bit step is): 5 bits a weight instead of 4.5.
 - Q5_0 -> Q8_0, value for value: ``d * (q - 16)`` with 5-bit q is int8 ``q - 16`` times the same
   d. 8.5 bits a weight instead of 5.5.
-- Q6_K -> Q8_0: the 6-bit values (a scale per 16) are requantized to int8 per 32 with one
-  float16 scale, an error of at most half an int8 step (a quarter of a Q6_K step or less where
-  a block's two scales are equal): 8.5 bits a weight instead of 6.56.
+- Every other quantized type gguf can dequantize (Q6_K, Q5_K, Q5_1, Q3_K, Q2_K, the IQ types, ...)
+  -> Q8_0: the values are requantized to int8 per 32 with one float16 scale, an error of at most
+  half an int8 step (for Q6_K a quarter of its own step or less where a block's two scales are
+  equal): 8.5 bits a weight, against 32 as floats.
+
+Float tensors (F32, F16, BF16) are not blocks; the loader converts them to the model's dtype.
 """
 
 import numpy as np
 from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
+from spyglass.kernels.cpu_quant import SUPPORTED_TYPES
+
 Q = GGMLQuantizationType
-TRANSCODED = {Q.Q4_K: Q.Q4_1, Q.Q5_0: Q.Q8_0, Q.Q6_K: Q.Q8_0}
+_EXACT = {Q.Q4_K: Q.Q4_1, Q.Q5_0: Q.Q8_0}
+_FLOATS = {Q.F32, Q.F16, Q.BF16, Q.F64}
 _Q4_K_BYTES, _SUB_BLOCKS, _SUB_BLOCK = 144, 8, 32
 
 
+def target_type(qtype: GGMLQuantizationType) -> Q | None:
+    """The type the kernels multiply that ``qtype`` blocks are kept as (see above; a supported type
+    stays itself), or None for float tensors."""
+    if qtype in SUPPORTED_TYPES:
+        return qtype
+    if qtype in _FLOATS or qtype not in GGML_QUANT_SIZES:
+        return None
+    return _EXACT.get(qtype, Q.Q8_0)
+
+
 def transcode(blocks: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, Q] | None:
-    """``blocks`` (``[rows, row bytes]`` of ``qtype``) as ``TRANSCODED[qtype]`` blocks of the same
-    values (see above), or None where that type's scales would overflow float16."""
-    if qtype == Q.Q6_K:
-        return quantize(dequantize(blocks, qtype), Q.Q8_0), Q.Q8_0
+    """``blocks`` (``[rows, row bytes]`` of ``qtype``, a type the kernels do not multiply) as
+    ``target_type(qtype)`` blocks (see above), or None where that cannot be done (Q4_K scales that
+    would overflow float16, rows that are not a multiple of 32 values)."""
+    block_size, type_size = GGML_QUANT_SIZES.get(qtype, (0, 1))
+    if blocks.shape[-1] // type_size * block_size % 32:
+        return None
     if qtype == Q.Q4_K:
         return _q4_k_to_q4_1(blocks)
     if qtype == Q.Q5_0:
         return _q5_0_to_q8_0(blocks), Q.Q8_0
-    raise ValueError(f"no transcoding for {qtype.name} blocks")
+    if target_type(qtype) in (None, qtype):
+        raise ValueError(f"{qtype.name} tensors are not blocks to transcode")
+    return quantize(dequantize(blocks, qtype), Q.Q8_0), Q.Q8_0
 
 
 def _q4_k_to_q4_1(blocks: np.ndarray) -> tuple[np.ndarray, Q] | None:

@@ -363,17 +363,26 @@ def gguf_from_hf(default_model_path) -> Callable[[Path, str, Path], Path]:
     )
 
 
-def random_k_quant_blocks(rng, qtype, rows: int, k: int):
-    """``rows`` rows of ``k`` values as random ``qtype`` (Q4_K or Q6_K) blocks with weights of about 0.02."""
-    import gguf
+# Per k-quant type: bytes of a 256-value super-block, and the byte offsets of its float16 scales
+# with the value each gets (so that weights come out at about 0.02: the int scales go up to 63 or
+# 127 and the values up to 15, 31, 63 or 7).
+_K_QUANT_LAYOUTS = {
+    "Q2_K": (84, {80: 1.5e-3, 82: 1e-3}),
+    "Q3_K": (110, {108: 8e-4}),
+    "Q4_K": (144, {0: 2e-4, 2: 1.5e-3}),
+    "Q5_K": (176, {0: 1e-4, 2: 1.5e-3}),
+    "Q6_K": (210, {208: 5e-5}),
+}
 
-    block_bytes = {gguf.GGMLQuantizationType.Q4_K: 144, gguf.GGMLQuantizationType.Q6_K: 210}[qtype]
+
+def random_k_quant_blocks(rng, qtype, rows: int, k: int):
+    """``rows`` rows of ``k`` values as random ``qtype`` (Q2_K .. Q6_K) blocks with weights of about 0.02."""
+    block_bytes, scales = _K_QUANT_LAYOUTS[qtype.name]
     blocks = rng.integers(0, 256, (rows, k // 256, block_bytes), dtype=np.uint8)
-    scale = np.full((rows, k // 256, 1), 2e-4, dtype=np.float16).view(np.uint8)
-    if qtype == gguf.GGMLQuantizationType.Q4_K:  # d, then dmin: values d*s*q - dmin*m, q in 0..15
-        blocks[..., 0:2], blocks[..., 2:4] = scale, (scale.view(np.float16) * 7.5).view(np.uint8)
-    else:  # Q6_K's d is its last 2 bytes; its int8 scales go up to 127 in size
-        blocks[..., 208:210] = (scale.view(np.float16) / 4).view(np.uint8)
+    for offset, value in scales.items():
+        blocks[..., offset : offset + 2] = np.full((rows, k // 256, 1), value, np.float16).view(
+            np.uint8
+        )
     return blocks.reshape(rows, -1)
 
 

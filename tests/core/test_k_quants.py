@@ -1,4 +1,5 @@
-"""Q4_K, Q5_0 and Q6_K matrices (as in Q4_K_M files) are rewritten at load into blocks the CPU kernels multiply.
+"""Quantized matrices of types the CPU kernels do not multiply (Q4_K, Q5_0, Q6_K in Q4_K_M files; Q2_K..Q5_K,
+Q5_1, IQ types) are rewritten at load into blocks they do.
 
 The reference is gguf's own dequantization of the same file (``--quantization none``).
 """
@@ -13,7 +14,7 @@ from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.loaders.gguf_loader import load_gguf
-from spyglass.core.loaders.gguf_transcode import transcode
+from spyglass.core.loaders.gguf_transcode import target_type, transcode
 from spyglass.core.models.linear import Linear, QuantizedLinear
 from spyglass.core.models.quantization import weight_bytes
 from tests.core.conftest import random_k_quant_blocks
@@ -26,12 +27,16 @@ def test_q5_0_blocks_become_q8_0_blocks_of_equal_values():
     np.testing.assert_array_equal(dequantize(rewritten, new_type), dequantize(blocks, Q.Q5_0))
 
 
-@pytest.mark.parametrize("qtype, target", [(Q.Q4_K, Q.Q4_1), (Q.Q6_K, Q.Q8_0)])
+@pytest.mark.parametrize(
+    "qtype, target",
+    [(Q.Q4_K, Q.Q4_1), (Q.Q6_K, Q.Q8_0), (Q.Q5_K, Q.Q8_0), (Q.Q3_K, Q.Q8_0), (Q.Q2_K, Q.Q8_0)],
+)
 def test_k_quant_blocks_keep_their_values(qtype, target):
     blocks = random_k_quant_blocks(np.random.default_rng(1), qtype, 24, 768)
     want = dequantize(blocks, qtype)
+    assert 0.005 < np.abs(want).mean() < 0.1  # weights of a realistic size
     rewritten, new_type = transcode(blocks, qtype)
-    assert new_type == target and rewritten.dtype == np.uint8
+    assert new_type == target == target_type(qtype) and rewritten.dtype == np.uint8
     got = dequantize(rewritten, new_type)
     if qtype == Q.Q4_K:
         # The same 16 levels per 32 values, d' * q + m': only d' and m' are rounded to float16
@@ -46,6 +51,17 @@ def test_k_quant_blocks_keep_their_values(qtype, target):
         # rounding of its scale (relative 2^-11) over up to 127 steps.
         step = np.abs(want).reshape(24, -1, 32).max(axis=-1, keepdims=True) / 127
         assert (np.abs(got - want).reshape(24, -1, 32) <= step * (0.5 + 127 * 2**-11)).all()
+
+
+def test_q5_1_and_iq4_nl_blocks_become_q8_0_and_floats_stay_floats():
+    values = np.random.default_rng(4).standard_normal((8, 256), dtype=np.float32) * 0.02
+    blocks = quantize(values, Q.Q5_1)
+    rewritten, new_type = transcode(blocks, Q.Q5_1)
+    step = np.abs(values).max() / 127
+    assert new_type == Q.Q8_0
+    assert np.abs(dequantize(rewritten, new_type) - dequantize(blocks, Q.Q5_1)).max() <= step
+    assert target_type(Q.IQ4_NL) == Q.Q8_0 and target_type(Q.Q4_0) == Q.Q4_0
+    assert target_type(Q.F16) is None and target_type(Q.BF16) is None and target_type(Q.F32) is None
 
 
 def test_q4_k_scales_that_overflow_float16_are_left_to_dequantize():
