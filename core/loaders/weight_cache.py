@@ -29,7 +29,7 @@ from spyglass.core.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 # 2: the architecture JSON gained the model-family fields (windows, soft-caps, experts).
-# 4: Q4_K, Q5_0 and Q6_K matrices are kept as Q4_1 and Q8_0 blocks (`gguf_transcode`), not floats.
+# 4: GGUF types the kernels do not multiply are kept as Q4_1 or Q8_0 blocks (`gguf_transcode`), not floats.
 _FORMAT_VERSION = "4"
 _WEIGHTS, _META = "weights.pt", "meta.json"
 
