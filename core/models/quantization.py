@@ -108,12 +108,18 @@ def weight_bytes(weights: dict) -> int:
 
 
 def cat_rows(weights: list) -> torch.Tensor | QuantizedWeight:
-    """Stack matrices along their rows (q, k, v into qkv); mixed block types are dequantized to float."""
+    """Stack matrices along their rows (q, k, v into qkv). Blocks of different types become Q8_0
+    blocks (a part in another type requantized, within half an int8 step); blocks mixed with
+    floats are dequantized to float."""
     if all(isinstance(w, torch.Tensor) for w in weights):
         return torch.cat(weights)
     qtypes = {getattr(w, "qtype", None) for w in weights}
     if len(qtypes) == 1:
         return QuantizedWeight(torch.cat([w.data for w in weights]), qtypes.pop())
+    if None not in qtypes:  # e.g. a Q3_K_M file's q and k in Q4_0, v in Q5_1 (kept as Q8_0)
+        q8_0 = GGMLQuantizationType.Q8_0
+        parts = [w.data if w.qtype == q8_0 else quantize_int8(w.dequantize()).data for w in weights]
+        return QuantizedWeight(torch.cat(parts), q8_0)
     dtype = next((w.dtype for w in weights if isinstance(w, torch.Tensor)), torch.float32)
     return torch.cat(
         [w if isinstance(w, torch.Tensor) else w.dequantize().to(dtype) for w in weights]

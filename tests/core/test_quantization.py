@@ -7,7 +7,7 @@ The quantized model cannot match the float one exactly (its activations are roun
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
@@ -51,6 +51,15 @@ def test_cat_rows_keeps_blocks_of_one_type_and_dequantizes_a_mix():
     torch.testing.assert_close(joined.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
     mixed = cat_rows([a, torch.ones(2, 64)])
     assert isinstance(mixed, torch.Tensor) and mixed.shape == (10, 64)
+    four_bit = QuantizedWeight(
+        torch.from_numpy(quantize(torch.randn(4, 64).numpy(), GGMLQuantizationType.Q4_0)),
+        GGMLQuantizationType.Q4_0,
+    )
+    blocks = cat_rows([a, four_bit])  # mixed block types: all Q8_0, a's blocks untouched
+    assert isinstance(blocks, QuantizedWeight) and blocks.qtype == GGMLQuantizationType.Q8_0
+    assert torch.equal(blocks.data[:8], a.data)
+    step = four_bit.dequantize().abs().max() / 127
+    assert (blocks.dequantize()[8:] - four_bit.dequantize()).abs().max() <= step / 2 * 1.01
 
 
 def test_modes_resolve_per_device():
