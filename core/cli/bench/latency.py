@@ -68,10 +68,15 @@ def add_parser(subparsers, argv) -> None:
     parser.set_defaults(run=run)
 
 
-def _generate(engine: LLMEngine, prompt: str, max_tokens: int) -> tuple[float, list[int]]:
-    token_ids = engine.tokenizer.encode(
+def _chat_token_ids(engine: LLMEngine, prompt: str) -> list[int]:
+    """``prompt`` as one user turn in the model's chat template, tokenized."""
+    return engine.tokenizer.encode(
         engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
     )
+
+
+def _generate(engine: LLMEngine, prompt: str, max_tokens: int) -> tuple[float, list[int]]:
+    token_ids = _chat_token_ids(engine, prompt)
     engine.add_request(
         f"latency-{time.monotonic_ns()}",
         token_ids,
@@ -139,11 +144,7 @@ def run(args) -> int:
             )
     if args.verify_cost:
         engine = engines[methods[1]]
-        prompt = engine.tokenizer.apply_chat_template(
-            [{"role": "user", "content": WORKLOADS["copy"][0]}]
-        )
-        costs = verification_costs(
-            engine, engine.tokenizer.encode(prompt), args.num_speculative_tokens, args.repeats
-        )
+        token_ids = _chat_token_ids(engine, WORKLOADS["copy"][0])
+        costs = verification_costs(engine, token_ids, args.num_speculative_tokens, args.repeats)
         print_costs(costs)
     return 0

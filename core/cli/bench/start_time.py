@@ -34,6 +34,11 @@ def add_parser(subparsers, argv) -> None:
     parser.set_defaults(run=run)
 
 
+def _spyglass(*argv: str) -> list[str]:
+    """The command line of ``spyglass ARGV`` in a fresh interpreter (the console script's code)."""
+    return [sys.executable, "-m", "spyglass.core.cli.main", *argv]
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -51,7 +56,7 @@ def _ready(url: str) -> bool:
 def time_to_ready(serve_args: list[str], timeout: float) -> float:
     """Seconds until a new ``spyglass serve`` answers ``/ready`` with 200; the server is stopped after."""
     port = _free_port()
-    command = [sys.executable, "-m", "spyglass.core.cli.main", "serve", "--port", str(port)]
+    command = _spyglass("serve", "--port", str(port))
     # The log goes to a file, not a pipe: nothing to drain while polling.
     with tempfile.TemporaryFile(mode="w+") as log:
         start = time.perf_counter()
@@ -75,7 +80,7 @@ def seconds_to_answer(argv: list[str]) -> float:
     """Seconds for ``spyglass ARGV`` (a fresh process) to exit; raises if it fails."""
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "spyglass.core.cli.main", *argv],
+        _spyglass(*argv),
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
