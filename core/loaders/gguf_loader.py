@@ -1,6 +1,8 @@
 """Load a GGUF file (llama, qwen2, qwen3, qwen2moe, qwen3moe, phi3, gemma2, gemma3) into a Checkpoint."""
 
+import logging
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,8 @@ from spyglass.core.loaders.gguf_tokenizer import read_tokenizer
 from spyglass.core.loaders.gguf_transcode import target_type, transcode
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight, from_gguf
+
+log = logging.getLogger(__name__)
 
 # llama.cpp tensor name suffix -> HF name suffix, inside ``blk.{i}.`` / ``model.layers.{i}.``.
 _LAYER_NAMES = {
@@ -128,6 +132,7 @@ def _read_weights(
     keep_quantized: bool,
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     weights = {}
+    rewritten: Counter[str] = Counter()  # "Q6_K as Q8_0" -> matrices
     # A progress bar on a terminal only (the conversion runs once per model; later starts use the cache).
     for tensor in tqdm(reader.tensors, desc="converting weights", unit="tensor", disable=None):
         if tensor.name in _NOT_WEIGHTS:
@@ -140,6 +145,8 @@ def _read_weights(
         # Blocks run along a row, so whole rows of blocks permute like rows of values.
         values, qtype = _kept_blocks(tensor) if keep_quantized else (None, None)
         keep = values is not None
+        if keep and qtype != tensor.tensor_type:
+            rewritten[f"{tensor.tensor_type.name} as {qtype.name}"] += 1
         if not keep:
             values = dequantize(tensor.data, tensor.tensor_type)
         # Only llama.cpp's llama converter (Llama, Mistral, Mixtral) interleaves the rotary halves of q and k.
@@ -159,6 +166,11 @@ def _read_weights(
             weights[name] = from_gguf(values, qtype)
         else:
             weights[name] = torch.from_numpy(np.array(values)).to(dtype)
+    if rewritten:
+        log.info(
+            "GGUF blocks the CPU kernels do not multiply, rewritten: %s",
+            ", ".join(f"{kind} ({count} matrices)" for kind, count in sorted(rewritten.items())),
+        )
     return weights
 
 

@@ -4,6 +4,8 @@ Q5_1, IQ types) are rewritten at load into blocks they do.
 The reference is gguf's own dequantization of the same file (``--quantization none``).
 """
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -83,7 +85,7 @@ def _engine(path, quantization):
 
 
 def test_a_q4_k_m_file_is_multiplied_in_blocks_and_agrees_with_gguf_dequantized(
-    k_quant_gguf, run_engine
+    k_quant_gguf, run_engine, caplog
 ):
     kept, dequantized = _engine(k_quant_gguf, "auto"), _engine(k_quant_gguf, "none")
     layer, float_layer = kept.runner.model.layers[0], dequantized.runner.model.layers[0]
@@ -99,7 +101,10 @@ def test_a_q4_k_m_file_is_multiplied_in_blocks_and_agrees_with_gguf_dequantized(
         assert (linear(x) - want).norm() / want.norm() < 2e-2
     assert kept.runner.model.layers[0].mlp.down.qtype == Q.Q8_0
     # Q4_1 at 5 bits and Q8_0 at 8.5 bits a weight, against 32 for the dequantized floats.
-    blocks = load_gguf(k_quant_gguf, torch.float32, keep_quantized=True).weights
+    with caplog.at_level(logging.INFO, logger="spyglass.core.loaders.gguf_loader"):
+        blocks = load_gguf(k_quant_gguf, torch.float32, keep_quantized=True).weights
+    # 2 layers x 6 Q4_K matrices; 2 down projections and the embedding in Q6_K.
+    assert "Q4_K as Q4_1 (12 matrices), Q6_K as Q8_0 (3 matrices)" in caplog.text
     floats = load_gguf(k_quant_gguf, torch.float32).weights
     assert weight_bytes(blocks) < 0.3 * weight_bytes(floats)
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
