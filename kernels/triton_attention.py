@@ -6,8 +6,8 @@ tile that shares that KV head, so each cached page is read once per group. `spli
 (flash-decoding) serves decode-only steps with few requests and long contexts, where the unified grid would
 leave most SMs idle: each request's context is cut into partitions attended in parallel, and a second kernel
 merges the partial results by their log-sum-exp. `paged_attention` picks between them with `num_kv_splits`.
-Both honour the optional sliding window (pages wholly before every row's window are skipped) and
-Gemma 2's score soft-capping.
+Both read the context in tiles of several pages, and honour the optional sliding window (tiles wholly
+before every row's window are skipped) and Gemma 2's score soft-capping.
 """
 
 import functools
@@ -20,21 +20,26 @@ import triton.language as tl
 # Rows per program are (query tokens x grouped heads); tl.dot needs at least 16 of them.
 _MIN_ROWS = 16
 _MAX_ROWS = 64
-# A split-K partition shorter than this costs more in the reduce than it wins in parallelism.
-_MIN_TOKENS_PER_SPLIT = 256
+# A split-K partition shorter than this (two tiles at head_dim 128) costs more in the reduce than it
+# wins in parallelism.
+_MIN_TOKENS_PER_SPLIT = 128
+# Context positions x head dims per K (and V) tile of the inner loop: 64 positions of 128 dims, so a
+# program has 16 KiB of keys and 16 KiB of values in flight per iteration at 16 bits (a 16-position
+# page alone would be 4 KiB), and the tiles of a few pipeline stages fit in shared memory.
+_KV_TILE_ELEMENTS = 64 * 128
 _MAX_SPLITS = 64
 
 
 @triton.jit
-def _attend_page(
+def _attend_tile(
     q,
     acc,
     m_i,
     l_i,
     k_cache_ptr,
     v_cache_ptr,
-    block_id,
-    page_start,
+    table,
+    tile_start,
     kv_limit,
     q_pos,
     kv_head,
@@ -46,23 +51,29 @@ def _attend_page(
     qk_scale,
     softcap,
     BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
     DIM_PAD: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
 ):
-    """Fold one cache page into the online-softmax state (``acc``, running max ``m_i``, sum ``l_i``).
+    """Fold ``TILE_N`` context positions from ``tile_start`` into the online-softmax state (``acc``,
+    running max ``m_i``, sum ``l_i``).
 
-    Positions at or past ``kv_limit`` are neither loaded (they may hold garbage) nor attended; row ``r``
-    attends position ``p`` only when ``p <= q_pos[r]`` and, with a ``WINDOW`` > 0, ``p > q_pos[r] - WINDOW``.
-    Scores are in the log2 domain (``qk_scale`` already includes log2(e)) so the exponentials are exp2;
-    with ``SOFTCAP`` the natural-log score ``s`` becomes ``softcap * tanh(s / softcap)`` first.
+    A tile spans several cache pages (each position finds its block through ``table``), so a program
+    has a whole tile's loads in flight instead of one page's. Positions at or past ``kv_limit`` are
+    neither loaded (they may hold garbage, and their table entries may not exist) nor attended; row
+    ``r`` attends position ``p`` only when ``p <= q_pos[r]`` and, with a ``WINDOW`` > 0,
+    ``p > q_pos[r] - WINDOW``. Scores are in the log2 domain (``qk_scale`` already includes log2(e))
+    so the exponentials are exp2; with ``SOFTCAP`` the natural-log score ``s`` becomes
+    ``softcap * tanh(s / softcap)`` first.
     """
-    offs_n = tl.arange(0, BLOCK_SIZE)
+    kv_pos = tile_start + tl.arange(0, TILE_N)
     dims = tl.arange(0, DIM_PAD)
-    kv_pos = page_start + offs_n
-    load_mask = (kv_pos[:, None] < kv_limit) & (dims[None, :] < head_dim)
-    off = block_id.to(tl.int64) * stride_cb + offs_n[:, None] * stride_cs + kv_head * stride_ch
-    off += dims[None, :] * stride_cd
+    in_context = kv_pos < kv_limit
+    block_ids = tl.load(table + kv_pos // BLOCK_SIZE, mask=in_context, other=0)
+    load_mask = in_context[:, None] & (dims[None, :] < head_dim)
+    off = block_ids.to(tl.int64)[:, None] * stride_cb + (kv_pos % BLOCK_SIZE)[:, None] * stride_cs
+    off += kv_head * stride_ch + dims[None, :] * stride_cd
     k = tl.load(k_cache_ptr + off, mask=load_mask, other=0.0).to(q.dtype)
     v = tl.load(v_cache_ptr + off, mask=load_mask, other=0.0).to(q.dtype)
     # ieee keeps fp32 inputs out of TF32; it does not affect 16-bit inputs.
@@ -71,12 +82,12 @@ def _attend_page(
         # tanh(x) = 1 - 2 / (exp(2x) + 1), exact at both infinities; scores go to nats and back.
         x = s * (0.6931471805599453 / softcap)
         s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)) * 1.4426950408889634
-    visible = (kv_pos[None, :] <= q_pos[:, None]) & (kv_pos[None, :] < kv_limit)
+    visible = (kv_pos[None, :] <= q_pos[:, None]) & in_context[None, :]
     if WINDOW > 0:
         visible = visible & (kv_pos[None, :] > q_pos[:, None] - WINDOW)
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    # A row may see nothing in a page yet (a window starting later, a split before it): measuring from 0
+    # A row may see nothing in a tile yet (a window starting later, a split before it): measuring from 0
     # then keeps exp2(-inf - m) a clean 0 instead of NaN.
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_ref)
@@ -119,6 +130,7 @@ def _unified_kernel(
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
     DIM_PAD: tl.constexpr,
     DOT_FP32: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -158,21 +170,22 @@ def _unified_kernel(
     m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)
     table = block_tables_ptr + req.to(tl.int64) * stride_bt
-    # The tile's first row has the earliest window: pages before it are hidden from every row.
-    first_page = 0
+    # The tile's first row has the earliest window: positions before it are hidden from every row.
+    first_pos = 0
     if WINDOW > 0:
-        first_page = tl.maximum(context_len - q_len + tile * BLOCK_Q - WINDOW + 1, 0) // BLOCK_SIZE
-    for page in range(first_page, tl.cdiv(kv_limit, BLOCK_SIZE)):
-        block_id = tl.load(table + page)
-        acc, m_i, l_i = _attend_page(
+        first_pos = (
+            tl.maximum(context_len - q_len + tile * BLOCK_Q - WINDOW + 1, 0) // TILE_N * TILE_N
+        )
+    for tile_start in range(first_pos, kv_limit, TILE_N):
+        acc, m_i, l_i = _attend_tile(
             q,
             acc,
             m_i,
             l_i,
             k_cache_ptr,
             v_cache_ptr,
-            block_id,
-            page * BLOCK_SIZE,
+            table,
+            tile_start,
             kv_limit,
             q_pos,
             kv_head,
@@ -184,6 +197,7 @@ def _unified_kernel(
             qk_scale,
             softcap,
             BLOCK_SIZE,
+            TILE_N,
             DIM_PAD,
             WINDOW,
             SOFTCAP,
@@ -222,6 +236,7 @@ def _split_k_kernel(
     GROUP: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
     DIM_PAD: tl.constexpr,
     DOT_FP32: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -239,14 +254,14 @@ def _split_k_kernel(
         2
     )  # from the grid, not a compile-time constant: one kernel for any split
     context_len = tl.load(context_lens_ptr + req)
-    # Only the pages holding the token's window (all of them without one) are split.
-    window_page = 0
+    # Only the tiles holding the token's window (all of them without one) are split.
+    window_start = 0
     if WINDOW > 0:
-        window_page = tl.maximum(context_len - WINDOW, 0) // BLOCK_SIZE
-    num_pages = tl.cdiv(context_len, BLOCK_SIZE) - window_page
-    pages_per_split = tl.cdiv(num_pages, num_splits)
-    first_page = window_page + split * pages_per_split
-    last_page = tl.minimum(first_page + pages_per_split, window_page + num_pages)
+        window_start = tl.maximum(context_len - WINDOW, 0) // TILE_N * TILE_N
+    num_tiles = tl.cdiv(context_len - window_start, TILE_N)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
+    first_pos = window_start + split * tiles_per_split * TILE_N
+    last_pos = tl.minimum(first_pos + tiles_per_split * TILE_N, context_len)
 
     rows = tl.arange(0, ROWS)
     head = kv_head * GROUP + rows
@@ -269,17 +284,16 @@ def _split_k_kernel(
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     table = block_tables_ptr + req.to(tl.int64) * stride_bt
-    for page in range(first_page, last_page):
-        block_id = tl.load(table + page)
-        acc, m_i, l_i = _attend_page(
+    for tile_start in range(first_pos, last_pos, TILE_N):
+        acc, m_i, l_i = _attend_tile(
             q,
             acc,
             m_i,
             l_i,
             k_cache_ptr,
             v_cache_ptr,
-            block_id,
-            page * BLOCK_SIZE,
+            table,
+            tile_start,
             context_len,
             q_pos,
             kv_head,
@@ -291,6 +305,7 @@ def _split_k_kernel(
             qk_scale,
             softcap,
             BLOCK_SIZE,
+            TILE_N,
             DIM_PAD,
             WINDOW,
             SOFTCAP,
@@ -381,6 +396,11 @@ def num_kv_splits(
     return max(1, min(by_occupancy, by_length, _MAX_SPLITS))
 
 
+def _kv_tile(dim_pad: int) -> int:
+    """Context positions per inner-loop tile for heads padded to ``dim_pad`` (at least tl.dot's 16)."""
+    return max(_MIN_ROWS, _KV_TILE_ELEMENTS // dim_pad)
+
+
 def _dot_in_fp32(dtype: torch.dtype) -> bool:
     """Whether tl.dot must take fp32 operands: only for bf16 under the interpreter, whose tl.dot multiplies
     bf16 bit patterns as integers. On a GPU the operands stay in the query dtype (tensor cores)."""
@@ -443,6 +463,7 @@ def unified_attention(
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,
         BLOCK_SIZE=k_cache.shape[1],
+        TILE_N=_kv_tile(dim_pad),
         DIM_PAD=dim_pad,
         DOT_FP32=_dot_in_fp32(query.dtype),
         WINDOW=sliding_window or 0,
@@ -498,6 +519,7 @@ def split_k_decode_attention(
         GROUP=group,
         ROWS=max(_MIN_ROWS, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size,
+        TILE_N=_kv_tile(dim_pad),
         DIM_PAD=dim_pad,
         DOT_FP32=_dot_in_fp32(query.dtype),
         WINDOW=sliding_window or 0,

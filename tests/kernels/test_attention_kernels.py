@@ -259,9 +259,10 @@ def test_unified_attention_matches_torch(
 
 
 @needs_triton
-@pytest.mark.parametrize("head_dim,block_size", [(64, 32), (128, 16)])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 32), (128, 16), (128, 128)])
 def test_unified_attention_long_prefill_spans_tiles(head_dim, block_size):
-    # 70 new tokens need several query tiles per request; the first request is a fresh prompt.
+    # 70 new tokens need several query tiles per request; the first request is a fresh prompt. A KV
+    # tile spans several pages (block 16, 32), or a page holds several tiles (block 128).
     batch = make_batch(
         [70, 1, 33],
         [70, 20, 50],
@@ -322,63 +323,18 @@ def test_paged_attention_dispatch(monkeypatch, splits):
 @needs_triton
 def test_num_kv_splits_heuristic():
     split = triton_attention.num_kv_splits
-    # Few long decodes on a 132-SM GPU: split, bounded by the context length.
-    assert (
-        split(
-            num_reqs=2,
-            num_kv_heads=8,
-            num_tokens=2,
-            max_query_len=1,
-            max_context_len=8192,
-            num_sms=132,
-        )
-        > 1
-    )
-    assert (
-        split(
-            num_reqs=2,
-            num_kv_heads=8,
-            num_tokens=2,
-            max_query_len=1,
-            max_context_len=600,
-            num_sms=132,
-        )
-        == 2
-    )
+    shortest = triton_attention._MIN_TOKENS_PER_SPLIT
+    decode = {"num_reqs": 2, "num_kv_heads": 8, "num_tokens": 2, "max_query_len": 1}
+    # Few long decodes on a 132-SM GPU: about two programs per SM, within the split cap.
+    assert split(**decode, max_context_len=8192, num_sms=132) == 17
+    # Bounded by the context length: no partition shorter than the minimum.
+    assert split(**decode, max_context_len=5 * shortest + 1, num_sms=132) == 5
     # Short contexts, a full GPU, or any prefill row: no split.
-    assert (
-        split(
-            num_reqs=2,
-            num_kv_heads=8,
-            num_tokens=2,
-            max_query_len=1,
-            max_context_len=300,
-            num_sms=132,
-        )
-        == 1
-    )
-    assert (
-        split(
-            num_reqs=64,
-            num_kv_heads=8,
-            num_tokens=64,
-            max_query_len=1,
-            max_context_len=8192,
-            num_sms=132,
-        )
-        == 1
-    )
-    assert (
-        split(
-            num_reqs=2,
-            num_kv_heads=8,
-            num_tokens=9,
-            max_query_len=8,
-            max_context_len=8192,
-            num_sms=132,
-        )
-        == 1
-    )
+    assert split(**decode, max_context_len=2 * shortest - 1, num_sms=132) == 1
+    full = {"num_reqs": 64, "num_kv_heads": 8, "num_tokens": 64, "max_query_len": 1}
+    assert split(**full, max_context_len=8192, num_sms=132) == 1
+    prefill = {"num_reqs": 2, "num_kv_heads": 8, "num_tokens": 9, "max_query_len": 8}
+    assert split(**prefill, max_context_len=8192, num_sms=132) == 1
 
 
 STORE_DTYPES = [
