@@ -110,7 +110,9 @@ class LLMEngine:
             seconds = self.runner.compile_kernels(config.max_num_batched_tokens, self.max_model_len)
             log.info("kernels compiled for every step shape in %.2f s", seconds)
         if config.cuda_graphs and self.device.type == "cuda":
-            seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
+            # Verify steps (a token and its drafts per request) get graphs of their own.
+            rows = (1, 1 + config.num_speculative_tokens) if config.speculative else (1,)
+            seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len, rows)
             log.info("CUDA graph capture took %.2f s", seconds)
         policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
         if policy is None:

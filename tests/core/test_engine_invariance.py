@@ -4,10 +4,13 @@ Every test runs on three tiny random models: Llama, Mistral with a 16-token slid
 prompts and their continuations run past it), and Qwen2-MoE (routed and shared experts).
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.loaders.load import load_checkpoint
 
@@ -154,3 +157,38 @@ def test_prefix_cache_hits(make_tiny_engine, run_engine, prompts, reference, sam
     [hit] = run_engine(engine, [extended], GREEDY)
     assert hit.num_cached_tokens >= len(prompts[4]) // 8 * 8
     same_greedy(alone, hit)
+
+
+class EagerReplay(CudaGraphDecoder):
+    """CUDA graphs' padding and row mapping on the CPU: a replay runs the captured forward eagerly."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.replayed: list[tuple[int, int]] = []
+
+    def _replay(self, shape):
+        self.replayed.append(shape)
+        return self.forward(*shape)
+
+
+def test_padded_graph_shapes(make_tiny_engine, run_engine, prompts, reference, same_greedy):
+    # N-gram drafts and a 32-token budget: decode steps, verify steps and short prompt chunks all
+    # run padded to (batch bucket, rows per request) shapes, as CUDA graphs replay them.
+    engine = make_tiny_engine(
+        plugins=["fcfs", "ngram"],
+        speculative="ngram",
+        num_speculative_tokens=3,
+        max_num_batched_tokens=32,
+        max_num_seqs=16,
+    )
+    runner = engine.runner
+    runner.graphs = EagerReplay(
+        runner.model, runner.kv_caches, 16, engine.max_model_len, engine.config.block_size, (1, 4)
+    )
+    # Drafts are proposed only for requests that want no logprobs.
+    outputs = run_engine(engine, prompts, replace(GREEDY, logprobs=None))
+    shapes = runner.graphs.replayed
+    assert {rows for _, rows in shapes} == {1, 4}
+    assert any(batch > 1 for batch, rows in shapes if rows == 4)
+    for expected, actual in zip(reference, outputs):
+        same_greedy(expected, actual)

@@ -129,10 +129,18 @@ class ModelRunner:
         last = torch.tensor([query_len - 1], device=to)
         self.model.forward(input_ids, positions, meta, self.kv_caches, last)
 
-    def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> float:
-        """Capture decode graphs for every batch bucket; returns the capture time in seconds."""
+    def enable_cuda_graphs(
+        self, max_num_seqs: int, max_model_len: int, rows_per_request: tuple[int, ...] = (1,)
+    ) -> float:
+        """Capture graphs for every batch bucket and each count of new tokens per request in
+        ``rows_per_request`` (1 for decode, 1 + drafts for verify steps); the capture time in seconds."""
         self.graphs = CudaGraphDecoder(
-            self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size
+            self.model,
+            self.kv_caches,
+            max_num_seqs,
+            max_model_len,
+            self.block_size,
+            rows_per_request,
         )
         self.graphs.capture()
         return self.graphs.capture_seconds
@@ -207,10 +215,10 @@ class ModelRunner:
 
     def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
         """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else eager."""
-        if self.graphs and self.graphs.can_run(
-            num_reqs, inputs.input_ids.shape[0], inputs.meta.max_query_len
-        ):
-            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        if self.graphs and self.graphs.shape_for(num_reqs, inputs.meta.max_query_len):
+            return self.graphs.run(
+                inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices
+            )
         return self.model.forward(
             inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
         )
