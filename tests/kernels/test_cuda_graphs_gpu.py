@@ -94,3 +94,20 @@ def test_serving_a_mixed_workload_compiles_nothing_after_start():
         while engine.has_unfinished_requests:
             engine.step()
     assert _triton_cache_sizes() == compiled
+
+
+def test_verify_steps_replay_graphs_and_give_the_same_tokens():
+    """Decode steps with n-gram drafts to verify run from graphs of 1 + 4 rows per request."""
+    options = {"dtype": "float32", "speculative": "ngram", "max_num_seqs": 16}
+    eager = LLMEngine(EngineConfig(cuda_graphs=False, **options))
+    graphs = LLMEngine(EngineConfig(cuda_graphs=True, **options))
+    decoder = graphs.runner.graphs
+    assert (16, 5) in decoder.graphs
+    replayed = []
+    replay = decoder._replay
+    decoder._replay = lambda shape: (replayed.append(shape), replay(shape))[1]
+    # Counting and copying prompts: the n-gram proposer finds drafts in them.
+    prompts = [", ".join(str(n % 7) for n in range(40)), PROMPTS[1] * 3, *PROMPTS]
+    assert _greedy(eager, prompts, "a") == _greedy(graphs, prompts, "a")
+    assert any(rows == 5 for _, rows in replayed)
+    graphs.kv.check_integrity()
