@@ -179,12 +179,12 @@ def assert_same_greedy(
 ) -> bool:
     """Assert two greedy runs of one prompt agree; returns True if they parted at a near-tie.
 
-    ``expected`` needs ``logprobs >= 2``, and ``actual`` too unless it asked for none. Up to where they part, the sampled tokens' logprobs must agree
-    within ``logprob_tol``: float32 sums taken in another order move them by about 1e-6, while a
-    real bug (a wrong mask, a stale KV slot) moves them far more, even on a random model whose
-    near-uniform logits rarely let it change a token. They may part only where ``expected``'s top
-    two logprobs differ by less than ``tie``: such a choice can flip, and the runs legitimately
-    differ after it.
+    ``expected`` needs ``logprobs >= 2``, and ``actual`` too unless it asked for none. Up to where
+    they part, the sampled tokens' logprobs must agree within ``logprob_tol``: float32 sums taken in
+    another order move them by about 1e-6, while a real bug (a wrong mask, a stale KV slot) moves
+    them far more, even on a random model whose near-uniform logits rarely let it change a token.
+    They may part only where ``expected``'s top two logprobs differ by less than ``tie``: such a
+    choice can flip, and the runs legitimately differ after it.
     """
     ours, theirs = expected.outputs[0], actual.outputs[0]
     for position, (want, got) in enumerate(zip(ours.token_ids, theirs.token_ids)):

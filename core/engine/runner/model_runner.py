@@ -16,6 +16,7 @@ from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.sampler import adjust_logits, sample
 from spyglass.core.engine.runner.spec_verify import verify_drafts
+from spyglass.core.engine.runner.uploads import upload
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
 from spyglass.core.engine.token_constraint import TokenConstraint, bitmask_words, fill_rows
 from spyglass.core.models.attention_metadata import AttentionMetadata
@@ -187,22 +188,22 @@ class ModelRunner:
             sampled.append(is_sampled)
             if is_sampled:
                 logits_rows.extend(range(offset - 1 - s.num_spec_tokens, offset))
-        to = self.device
+        token_arrays = [np.array(tokens), np.concatenate(positions), np.concatenate(slots)]
+        input_ids, positions_t, slot_mapping, logits_indices = upload(
+            [*token_arrays, np.array(logits_rows)], np.int64, self.device
+        )
+        tables_t, context_lens_t, query_start_t = upload(
+            [table_array, context_lens, query_start], np.int32, self.device
+        )
         meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(to),
-            block_tables=torch.from_numpy(table_array).to(to),
-            context_lens=torch.from_numpy(context_lens).to(to),
-            query_start_loc=torch.from_numpy(query_start).to(to),
+            slot_mapping=slot_mapping,
+            block_tables=tables_t,
+            context_lens=context_lens_t,
+            query_start_loc=query_start_t,
             max_query_len=max(s.num_new_tokens for s in out.scheduled),
             max_context_len=int(context_lens.max()),
         )
-        return StepInputs(
-            input_ids=torch.tensor(tokens, dtype=torch.long, device=to),
-            positions=torch.from_numpy(np.concatenate(positions)).to(to),
-            meta=meta,
-            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=to),
-            sampled_rows=tuple(sampled),
-        )
+        return StepInputs(input_ids, positions_t, meta, logits_indices, tuple(sampled))
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> RunnerOutput:
