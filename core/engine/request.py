@@ -118,14 +118,14 @@ class Request:
         return self.prompt_token_ids + self.output_token_ids
 
     def token_ids_slice(self, start: int, end: int) -> list[int]:
-        """Token ids ``[start, end)`` across prompt, output and drafts, without building the whole list."""
-        num_prompt = len(self.prompt_token_ids)
-        if end <= num_prompt:
-            return self.prompt_token_ids[start:end]
-        tail = self.output_token_ids + self.spec_token_ids
-        if start >= num_prompt:
-            return tail[start - num_prompt : end - num_prompt]
-        return self.prompt_token_ids[start:] + tail[: end - num_prompt]
+        """Token ids ``[start, end)`` across prompt, output and drafts, copying only those (a decode
+        step's one token must not cost a copy of the whole output)."""
+        ids: list[int] = []
+        for part in (self.prompt_token_ids, self.output_token_ids, self.spec_token_ids):
+            if start < len(part) and end > 0:
+                ids += part[max(start, 0) : end]
+            start, end = start - len(part), end - len(part)
+        return ids
 
     @property
     def is_finished(self) -> bool:

@@ -3,6 +3,7 @@
 import logging
 import time
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -165,32 +166,37 @@ class ModelRunner:
         )
 
     def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
-        """Build input ids, positions, slot mapping and block tables for the scheduled requests."""
-        bs = self.block_size
-        tokens, positions, slots, logits_rows, sampled = [], [], [], [], []
-        tables = [block_tables[s.request.req_id] for s in out.scheduled]
-        table_array = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
-        context_lens = np.empty(len(tables), dtype=np.int32)
-        query_start = np.zeros(len(tables) + 1, dtype=np.int32)
-        offset = 0
-        for i, (s, table) in enumerate(zip(out.scheduled, tables)):
-            request, start = s.request, s.request.num_computed_tokens
-            end = start + s.num_new_tokens
-            tokens.extend(request.token_ids_slice(start, end))
-            pos = np.arange(start, end)
-            table_array[i, : len(table)] = table
-            positions.append(pos)
-            slots.append(table_array[i, pos // bs].astype(np.int64) * bs + pos % bs)
-            context_lens[i] = end
-            offset += s.num_new_tokens
-            query_start[i + 1] = offset
-            is_sampled = end >= request.num_tokens_with_spec
-            sampled.append(is_sampled)
-            if is_sampled:
-                logits_rows.extend(range(offset - 1 - s.num_spec_tokens, offset))
-        token_arrays = [np.array(tokens), np.concatenate(positions), np.concatenate(slots)]
+        """Build input ids, positions, slot mapping and block tables for the scheduled requests.
+
+        Per request only its numbers are read; every per-token array is built by whole-array numpy
+        operations, so the host's share of a step grows slowly with the batch.
+        """
+        bs, scheduled, num_reqs = self.block_size, out.scheduled, len(out.scheduled)
+        requests = [s.request for s in scheduled]
+        num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_reqs)
+        num_spec = np.fromiter((s.num_spec_tokens for s in scheduled), np.int64, num_reqs)
+        starts = np.fromiter((r.num_computed_tokens for r in requests), np.int64, num_reqs)
+        ends = starts + num_new
+        query_start = np.zeros(num_reqs + 1, dtype=np.int32)
+        np.cumsum(num_new, out=query_start[1:])
+        tokens = [
+            token
+            for request, start, end in zip(requests, starts.tolist(), ends.tolist())
+            for token in request.token_ids_slice(start, end)
+        ]
+        positions = _concatenated_ranges(starts, num_new)
+        table_array = _block_table_array([block_tables[r.req_id] for r in requests])
+        owner = np.repeat(np.arange(num_reqs), num_new)
+        slots = table_array[owner, positions // bs].astype(np.int64) * bs + positions % bs
+        context_lens = ends.astype(np.int32)
+        # A request is sampled once the step reaches its end (drafts included): its last rows are.
+        sampled = ends >= np.fromiter(
+            (r.num_tokens_with_spec for r in requests), np.int64, num_reqs
+        )
+        num_rows = np.where(sampled, num_spec + 1, 0)
+        logits_rows = _concatenated_ranges(query_start[1:] - num_rows, num_rows)
         input_ids, positions_t, slot_mapping, logits_indices = upload(
-            [*token_arrays, np.array(logits_rows)], np.int64, self.device
+            [np.array(tokens), positions, slots, logits_rows], np.int64, self.device
         )
         tables_t, context_lens_t, query_start_t = upload(
             [table_array, context_lens, query_start], np.int32, self.device
@@ -200,10 +206,10 @@ class ModelRunner:
             block_tables=tables_t,
             context_lens=context_lens_t,
             query_start_loc=query_start_t,
-            max_query_len=max(s.num_new_tokens for s in out.scheduled),
+            max_query_len=int(num_new.max()),
             max_context_len=int(context_lens.max()),
         )
-        return StepInputs(input_ids, positions_t, meta, logits_indices, tuple(sampled))
+        return StepInputs(input_ids, positions_t, meta, logits_indices, tuple(sampled.tolist()))
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> RunnerOutput:
@@ -269,6 +275,22 @@ class ModelRunner:
                 tokens.append(verified)
                 logprobs.append([None] * len(verified))
         return tuple(tokens), tuple(logprobs), mask_time
+
+
+def _concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``range(starts[i], starts[i] + lengths[i])`` for every ``i``, one after another."""
+    offsets = np.cumsum(lengths) - lengths
+    return np.arange(int(lengths.sum())) + np.repeat(starts - offsets, lengths)
+
+
+def _block_table_array(tables: list[list[int]]) -> np.ndarray:
+    """The tables as rows of one int32 array, padded with block 0 (never read: past each context)."""
+    lengths = np.fromiter(map(len, tables), np.int64, len(tables))
+    array = np.zeros((len(tables), int(lengths.max())), dtype=np.int32)
+    array[np.arange(array.shape[1]) < lengths[:, None]] = np.fromiter(
+        chain.from_iterable(tables), np.int32, int(lengths.sum())
+    )
+    return array
 
 
 def _sample_plain(logits: torch.Tensor, requests: list[Request]):
