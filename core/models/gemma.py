@@ -99,6 +99,11 @@ class GemmaForCausalLM:
         self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices
     ) -> torch.Tensor:
         """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened batch."""
+        hidden, residual = self.hidden_states(input_ids, positions, meta, kv_caches)
+        return self.logits(hidden, residual, logits_indices)
+
+    def hidden_states(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
+        """The last layer's output and the residual stream it adds to, for every token, before the final norm."""
         eps, ops = self.arch.rms_norm_eps, self.backend
         hidden, residual = lookup_rows(self.embed, input_ids, self.dtype) * self.embed_scale, None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
@@ -107,8 +112,12 @@ class GemmaForCausalLM:
             hidden, _ = ops.add_rms_norm(hidden, None, layer.post_attention_norm, eps)
             x, residual = ops.add_rms_norm(hidden, residual, layer.pre_mlp_norm, eps)
             hidden, _ = ops.add_rms_norm(layer.mlp(x, ops), None, layer.post_mlp_norm, eps)
-        normed, _ = ops.add_rms_norm(
-            hidden[logits_indices], residual[logits_indices], self.final_norm, eps
+        return hidden, residual
+
+    def logits(self, hidden, residual, rows) -> torch.Tensor:
+        """Float32 logits of ``rows`` of `hidden_states`' result: the final norm, the head, the soft-cap."""
+        normed, _ = self.backend.add_rms_norm(
+            hidden[rows], residual[rows], self.final_norm, self.arch.rms_norm_eps
         )
         logits = self.lm_head(normed).float()
         cap = self.arch.final_logit_softcapping

@@ -112,11 +112,14 @@ class LlamaForCausalLM:
     ) -> torch.Tensor:
         """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened batch."""
         hidden, residual = self.hidden_states(input_ids, positions, meta, kv_caches)
+        return self.logits(hidden, residual, logits_indices)
+
+    def logits(
+        self, hidden: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor | slice
+    ) -> torch.Tensor:
+        """Float32 logits of ``rows`` of `hidden_states`' result: the final norm, then the head."""
         normed, _ = self.backend.add_rms_norm(
-            hidden[logits_indices],
-            residual[logits_indices],
-            self.final_norm,
-            self.arch.rms_norm_eps,
+            hidden[rows], residual[rows], self.final_norm, self.arch.rms_norm_eps
         )
         return self.lm_head(normed).float()
 

@@ -18,7 +18,8 @@ from spyglass.kernels.backend import AttentionBackend
 
 
 class CausalLM(Protocol):
-    """What the runner needs from a model: its config, kernels and dtype, and a forward to logits."""
+    """What the runner needs from a model: its config, kernels and dtype, and a forward to logits,
+    also in two halves (CUDA graphs capture the first and run the second on the sampled rows only)."""
 
     arch: ModelArchConfig
     backend: AttentionBackend
@@ -33,6 +34,18 @@ class CausalLM(Protocol):
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_indices: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def logits(
+        self, hidden: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor | slice
     ) -> torch.Tensor: ...
 
 

@@ -5,8 +5,10 @@ decode (R = 1), decode with drafts to verify (R = 1 + the most drafts a request 
 prompt. Request ``i``'s new tokens go to rows ``i * R ...``; its padding rows come after them with slot
 -1 (their keys and values are never stored) and its context length counts them, so each real row
 keeps its position in the causal mask and never sees a padding row. Requests past the step's own
-are all padding. Longer or larger steps run eagerly. Hooks and telemetry run in the engine, outside
-the captured region. All graphs share one memory pool.
+are all padding. Longer or larger steps run eagerly. A graph ends at the last layer's hidden states:
+the final norm and the vocabulary head run after the replay on the sampled rows only, so no graph
+holds a [tokens, vocabulary] output (gigabytes over every shape at a 128k vocabulary). Hooks and
+telemetry run in the engine, outside the captured region. All graphs share one memory pool.
 """
 
 import logging
@@ -54,17 +56,17 @@ class CudaGraphDecoder:
         # Zeros, then only real block ids: whatever a padding row reads is a real block.
         self.block_tables = torch.zeros(size, max_blocks, dtype=torch.int32, device=device)
         self.context_lens = torch.full((size,), most_rows, dtype=torch.int32, device=device)
-        self.logits_indices = torch.arange(size * most_rows, device=device)
         self.query_start_locs = {
             rows: torch.arange(0, (size + 1) * rows, rows, dtype=torch.int32, device=device)
             for rows in self.rows_per_request
         }
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.logits: dict[tuple[int, int], torch.Tensor] = {}
+        self.hidden: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
-    def forward(self, batch: int, rows: int) -> torch.Tensor:
-        """The model on the static buffers of shape (``batch``, ``rows``): what a graph captures."""
+    def forward(self, batch: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's hidden states (and residual stream) over the static buffers of shape
+        (``batch``, ``rows``): what a graph captures."""
         tokens = batch * rows
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:tokens],
@@ -74,12 +76,8 @@ class CudaGraphDecoder:
             max_query_len=rows,
             max_context_len=self.max_context_len,
         )
-        return self.model.forward(
-            self.input_ids[:tokens],
-            self.positions[:tokens],
-            meta,
-            self.kv_caches,
-            self.logits_indices[:tokens],
+        return self.model.hidden_states(
+            self.input_ids[:tokens], self.positions[:tokens], meta, self.kv_caches
         )
 
     @torch.inference_mode()
@@ -97,7 +95,7 @@ class CudaGraphDecoder:
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[shape] = self.forward(*shape)
+                self.hidden[shape] = self.forward(*shape)
             self.graphs[shape] = graph
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
@@ -124,7 +122,7 @@ class CudaGraphDecoder:
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
     ) -> torch.Tensor | slice:
-        """Copy a step into the static buffers of ``shape``, padded; the rows of the graph's logits
+        """Copy a step into the static buffers of ``shape``, padded; the rows of the graph's output
         that ``logits_indices`` (indices into the step's own tokens) became."""
         batch, rows = shape
         num_reqs, width = meta.block_tables.shape
@@ -167,9 +165,9 @@ class CudaGraphDecoder:
         """Replay the smallest graph that holds the step; the logits of ``logits_indices``."""
         shape = self.shape_for(meta.block_tables.shape[0], meta.max_query_len)
         rows = self.load(shape, input_ids, positions, meta, logits_indices)
-        return self._replay(shape)[rows]
+        return self.model.logits(*self._replay(shape), rows)
 
-    def _replay(self, shape: tuple[int, int]) -> torch.Tensor:
-        """Run the graph of ``shape`` on what the static buffers hold; its logits."""
+    def _replay(self, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the graph of ``shape`` on what the static buffers hold; its hidden states and residual."""
         self.graphs[shape].replay()
-        return self.logits[shape]
+        return self.hidden[shape]
