@@ -52,6 +52,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run decode eagerly"
     )
+    group.add_argument(
+        "--async-output",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="emit a step's outputs while the device runs the next (default: on with CUDA)",
+    )
     group.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     group.add_argument(
         "--speculative", default=None, help="draft proposer plugin: ngram, draft or self"
@@ -93,6 +99,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         disabled_plugins=[p for p in args.disable_plugins.split(",") if p],
         num_threads=args.num_threads,
         cuda_graphs=args.cuda_graphs,
+        async_output=args.async_output,
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
         tensor_parallel_size=args.tensor_parallel_size,

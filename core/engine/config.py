@@ -70,6 +70,9 @@ class EngineConfig:
     ``engine_id`` names the engine in metrics (the ``engine`` label), traces and logs; None gives a
     process-unique one ("0", "1", ...). ``telemetry`` is what the engine's plugins emit, passed to them
     untouched; None means the process default (`spyglass.telemetry.settings.current()`, set by the CLI).
+    ``async_output`` detokenizes, builds outputs and runs the step hooks of one step while the
+    device runs the next (`LLMEngine.step`); None turns it on for CUDA, where the device runs apart
+    from the host (on the CPU there is nothing to overlap).
     ``tensor_parallel_size`` > 1 splits the model's heads, MLP and vocabulary over that many processes
     (this one and N-1 workers; gloo on the CPU, NCCL on CUDA devices 0..N-1): see docs/tensor_parallel.md.
     """
@@ -86,6 +89,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     attention_backend: str = "auto"
     cuda_graphs: bool = True
+    async_output: bool | None = None
     plugins: list[str] | None = None
     disabled_plugins: list[str] = field(default_factory=list)
     num_threads: int | None = None

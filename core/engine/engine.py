@@ -3,7 +3,7 @@
 import dataclasses
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -16,7 +16,12 @@ from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
 from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import SafeHookRelay, create_plugin_manager
 from spyglass.core.engine.request import FinishReason, Request
-from spyglass.core.engine.runner.model_runner import FatalRunnerError, ModelRunner, RunnerOutput
+from spyglass.core.engine.runner.model_runner import (
+    FatalRunnerError,
+    LaunchedStep,
+    ModelRunner,
+    RunnerOutput,
+)
 from spyglass.core.engine.sampling_params import (
     InvalidRequestError,
     SamplingParams,
@@ -35,6 +40,27 @@ from spyglass.kernels import cpu_isa
 from spyglass.kernels.backend import select_backend
 
 log = logging.getLogger("spyglass.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightStep:
+    """A scheduled step whose forward the runner launched: what committing and announcing it need."""
+
+    out: SchedulerOutput
+    launched: LaunchedStep
+    start: float
+    scheduled_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedStep:
+    """A step whose tokens the requests took; its text, outputs and announcement may still be due."""
+
+    step: InFlightStep
+    runner_out: RunnerOutput
+    progressed: list[Request]
+    deferred: list[tuple[IncrementalDetokenizer, int]]
+    commit_time: float
 
 
 class LLMEngine:
@@ -114,6 +140,11 @@ class LLMEngine:
             rows = (1, 1 + config.num_speculative_tokens) if config.speculative else (1,)
             seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len, rows)
             log.info("CUDA graph capture took %.2f s", seconds)
+        # Emitting a step while the next one runs pays where the device runs apart from the host.
+        self.async_output = (
+            self.device.type == "cuda" if config.async_output is None else config.async_output
+        )
+        self._in_flight: InFlightStep | None = None
         policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
         if policy is None:
             raise ValueError(
@@ -259,13 +290,27 @@ class LLMEngine:
 
     @property
     def has_unfinished_requests(self) -> bool:
-        """True while any request waits or runs."""
-        return self.scheduler.has_work
+        """True while any request waits or runs, or a launched step has not been collected."""
+        return self.scheduler.has_work or self._in_flight is not None
 
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model, update requests; returns outputs of requests that progressed or ended."""
+        """Schedule, run the model, update requests; returns outputs of requests that progressed or ended.
+
+        With ``async_output`` the device's work on one step overlaps the host's on the one before:
+        a call first waits for the step the previous call launched and commits its tokens (the
+        finishes by EOS, stop token, stop string and length: all that scheduling reads), schedules
+        and launches the next step, and only then detokenizes, builds the outputs and announces the
+        collected step, while the device runs the new one. Tokens are the same either way.
+        """
+        outputs: list[RequestOutput] = []
+        collected = None
+        if self._in_flight is not None:
+            collected = self._commit(self._in_flight)
+            self._in_flight = None
+            if isinstance(collected, list):  # the step failed on the device and was rerun
+                outputs, collected = collected, None
         start = time.perf_counter()
         if self.config.speculative:
             self._propose_drafts()
@@ -278,24 +323,91 @@ class LLMEngine:
             if not request.times.first_scheduled:
                 request.times.first_scheduled = now
             self.hooks.spyglass_request_scheduled(request=request, resumed=request in out.resumed)
+        launched, failure = None, None
+        if not out.is_empty:
+            scheduled_time = time.perf_counter()
+            if not self.async_output:
+                self._announce_start(out)
+            try:
+                launched = self.runner.launch(out, self.kv.block_tables)
+            except FatalRunnerError:
+                raise
+            except Exception as error:
+                failure = error
+        if collected is not None:
+            outputs += self._emit(collected)
         if out.is_empty:
-            return failed
-        scheduled_time = time.perf_counter()
+            return failed + outputs
+        if self.async_output:
+            # After the previous step's announcement: a step's start and finish never interleave
+            # with another's.
+            self._announce_start(out)
+        if failure is not None:
+            return failed + outputs + self._isolate_failure(out, failure)
+        step = InFlightStep(out, launched, start, scheduled_time)
+        if self.async_output:
+            self._in_flight = step
+            return failed + outputs
+        committed = self._commit(step)
+        return (
+            failed + outputs + (committed if isinstance(committed, list) else self._emit(committed))
+        )
+
+    def _announce_start(self, out: SchedulerOutput) -> None:
         self.hooks.spyglass_step_started(
             step_id=out.step_id, scheduled=tuple(s.request for s in out.scheduled)
         )
+
+    def _commit(self, step: "InFlightStep") -> "CommittedStep | list[RequestOutput]":
+        """Wait for a launched step and commit its tokens; a step that failed on the device is rerun
+        one request at a time instead (those outputs)."""
         try:
-            runner_out = self.runner.execute(out, self.kv.block_tables)
+            runner_out = self.runner.collect(step.launched)
         except FatalRunnerError:
             raise
         except Exception as error:
-            return failed + self._isolate_failure(out, error)
-        outputs = self._update(out, runner_out)
-        self.hooks.spyglass_step_finished(stats=self._stats(out, runner_out, start, scheduled_time))
-        return failed + outputs
+            return self._isolate_failure(step.out, error)
+        commit_start = time.perf_counter()
+        deferred: list[tuple[IncrementalDetokenizer, int]] = []
+        progressed = self._commit_tokens(
+            step.out, runner_out, deferred if self.async_output else None
+        )
+        return CommittedStep(
+            step, runner_out, progressed, deferred, time.perf_counter() - commit_start
+        )
+
+    def _emit(self, committed: "CommittedStep") -> list[RequestOutput]:
+        """The deferred text, the outputs of a committed step's requests, and its announcement."""
+        emit_start = time.perf_counter()
+        for detokenizer, token_id in committed.deferred:
+            detokenizer.add_token(token_id)
+        outputs = [self._output(r) for r in committed.progressed]
+        end = time.perf_counter()
+        step = committed.step
+        stats = self._stats(
+            step.out,
+            committed.runner_out,
+            step.start,
+            step.scheduled_time,
+            committed.commit_time + end - emit_start,
+            end,
+        )
+        self.hooks.spyglass_step_finished(stats=stats)
+        return outputs
 
     def _update(self, out: SchedulerOutput, runner_out: RunnerOutput) -> list[RequestOutput]:
-        outputs = []
+        return [self._output(r) for r in self._commit_tokens(out, runner_out, None)]
+
+    def _commit_tokens(
+        self,
+        out: SchedulerOutput,
+        runner_out: RunnerOutput,
+        deferred: "list[tuple[IncrementalDetokenizer, int]] | None",
+    ) -> list[Request]:
+        """Advance each scheduled request by its sampled tokens; the requests that progressed or
+        ended. With ``deferred``, text that cannot end a request (it has no stop strings) is left
+        there for later."""
+        progressed = []
         now = time.monotonic()
         for scheduled, token_ids, logprobs in zip(
             out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs
@@ -310,11 +422,11 @@ class LLMEngine:
             if not token_ids:
                 continue
             for token_id, logprob in zip(token_ids, logprobs):
-                self._append_token(request, token_id, logprob, now)
+                self._append_token(request, token_id, logprob, now, deferred)
                 if request.is_finished:
                     break
-            outputs.append(self._output(request))
-        return outputs
+            progressed.append(request)
+        return progressed
 
     def _propose_drafts(self) -> None:
         """Ask proposer plugins for drafts for the decoding requests that allow speculation."""
@@ -382,7 +494,14 @@ class LLMEngine:
             request=request, num_draft_tokens=num_drafts, num_accepted_tokens=num_accepted
         )
 
-    def _append_token(self, request: Request, token_id: int, logprob, now: float) -> None:
+    def _append_token(
+        self,
+        request: Request,
+        token_id: int,
+        logprob,
+        now: float,
+        deferred: "list[tuple[IncrementalDetokenizer, int]] | None" = None,
+    ) -> None:
         if request.constraint is not None and not request.constraint.accept(token_id):
             self._finish(
                 request, FinishReason.ERROR, f"the grammar rejected sampled token {token_id}"
@@ -396,7 +515,10 @@ class LLMEngine:
             request.times.first_token = now
             self.hooks.spyglass_request_first_token(request=request)
         detokenizer = self.detokenizers[request.req_id]
-        detokenizer.add_token(token_id)
+        if deferred is not None and not detokenizer.stop:
+            deferred.append((detokenizer, token_id))
+        else:
+            detokenizer.add_token(token_id)
         if token_id in request.eos_token_ids:
             self._finish(request, FinishReason.STOP)
         elif token_id in request.sampling_params.stop_token_ids:
@@ -489,9 +611,14 @@ class LLMEngine:
         )
 
     def _stats(
-        self, out: SchedulerOutput, runner_out: RunnerOutput, start: float, scheduled_time: float
+        self,
+        out: SchedulerOutput,
+        runner_out: RunnerOutput,
+        start: float,
+        scheduled_time: float,
+        update_time: float,
+        end: float,
     ) -> StepStats:
-        end = time.perf_counter()
         num_prefill = sum(1 for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens)
         policy = self.scheduler.policy
         classes: dict[str, int] = {}
@@ -520,7 +647,7 @@ class LLMEngine:
             num_free_blocks=self.kv.pool.num_free_blocks,
             schedule_time=scheduled_time - start,
             model_time=runner_out.model_time,
-            update_time=end - scheduled_time - runner_out.model_time,
+            update_time=update_time,
             start_time=start,
             end_time=end,
             waiting_by_class=tuple(sorted(classes.items())),

@@ -15,7 +15,7 @@ from spyglass.core.engine.kv.host_memory import (
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
-from spyglass.core.engine.runner.sampler import adjust_logits, sample
+from spyglass.core.engine.runner.sampler import adjust_logits, sample, sample_tokens
 from spyglass.core.engine.runner.spec_verify import verify_drafts
 from spyglass.core.engine.runner.uploads import upload
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
@@ -40,6 +40,21 @@ class RunnerOutput:
     model_time: float
     mask_time: float = 0.0
     """Of ``model_time``, the seconds spent filling structured-output bitmasks (0 without constraints)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchedStep:
+    """A step queued on the device (`ModelRunner.launch`); `ModelRunner.collect` gives its output."""
+
+    start: float
+    sampled_rows: tuple[bool, ...]
+    token_ids: torch.Tensor | None = None
+    """The sampled requests' token ids, in order (on the host, still being copied on a GPU)."""
+    copied: "torch.cuda.Event | None" = None
+    """Recorded after the copy to the host: what `collect` waits for."""
+    mask_time: float = 0.0
+    result: RunnerOutput | None = None
+    """The whole output, when sampling needed the host and the step is therefore already done."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,14 +226,51 @@ class ModelRunner:
         )
         return StepInputs(input_ids, positions_t, meta, logits_indices, tuple(sampled.tolist()))
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> RunnerOutput:
         """Run the model on a non-empty step and sample the next token for each request that reached its end."""
+        return self.collect(self.launch(out, block_tables))
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> LaunchedStep:
+        """Queue a non-empty step's forward and sampling on the device; `collect` waits for it.
+
+        A step of one token per sampled request, none asking for logprobs, samples on the device and
+        starts copying the token ids to the host: on a GPU the host returns before the step has run.
+        Drafts and logprobs need the host inside sampling; such a step is finished here.
+        """
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables)
         logits = self._forward(inputs, len(out.scheduled))
-        tokens, logprobs, mask_time = self._sample(out, inputs.sampled_rows, logits)
-        return RunnerOutput(tokens, logprobs, time.perf_counter() - start, mask_time)
+        sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
+        if any(s.num_spec_tokens or s.request.logprobs is not None for s in sampled):
+            tokens, logprobs, mask_time = self._sample(out, inputs.sampled_rows, logits)
+            result = RunnerOutput(tokens, logprobs, time.perf_counter() - start, mask_time)
+            return LaunchedStep(start, inputs.sampled_rows, result=result)
+        requests = [s.request for s in sampled]
+        adjusted, mask_time = _adjust_plain(logits, requests)
+        token_ids = sample_tokens(adjusted, requests) if requests else logits.new_empty(0)
+        if token_ids.device.type == "cpu":
+            return LaunchedStep(start, inputs.sampled_rows, token_ids, mask_time=mask_time)
+        host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+        host.copy_(token_ids, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return LaunchedStep(start, inputs.sampled_rows, host, copied, mask_time=mask_time)
+
+    def collect(self, launched: LaunchedStep) -> RunnerOutput:
+        """Wait for a launched step's token ids; its output."""
+        if launched.result is not None:
+            return launched.result
+        if launched.copied is not None:
+            launched.copied.synchronize()
+        token_ids = iter(launched.token_ids.tolist())
+        rows = launched.sampled_rows
+        return RunnerOutput(
+            tuple([next(token_ids)] if is_sampled else [] for is_sampled in rows),
+            tuple([None] if is_sampled else [] for is_sampled in rows),
+            time.perf_counter() - launched.start,
+            launched.mask_time,
+        )
 
     def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
         """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else eager."""
@@ -293,8 +345,8 @@ def _block_table_array(tables: list[list[int]]) -> np.ndarray:
     return array
 
 
-def _sample_plain(logits: torch.Tensor, requests: list[Request]):
-    """`sample` after each row's logit bias and grammar mask (the batch's masks filled in one call); mask seconds."""
+def _adjust_plain(logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, float]:
+    """Each row's logit bias and grammar mask (the batch's masks filled in one call); mask seconds."""
     constrained = [row for row, request in enumerate(requests) if request.constraint is not None]
     start = time.perf_counter()
     bitmask = (
@@ -303,7 +355,12 @@ def _sample_plain(logits: torch.Tensor, requests: list[Request]):
         else None
     )
     mask_time = time.perf_counter() - start if constrained else 0.0
-    adjusted = adjust_logits(logits, requests, bitmask, constrained)
+    return adjust_logits(logits, requests, bitmask, constrained), mask_time
+
+
+def _sample_plain(logits: torch.Tensor, requests: list[Request]):
+    """`sample` after `_adjust_plain`; mask seconds."""
+    adjusted, mask_time = _adjust_plain(logits, requests)
     return (*sample(adjusted, requests, raw=logits), mask_time)
 
 

@@ -10,6 +10,15 @@ from spyglass.core.engine.request import Request
 from spyglass.core.engine.token_constraint import allowed_tokens
 
 
+def per_row(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of per-row settings on ``device``, copied without waiting for the GPU's queue (a
+    pageable copy would wait for the step's forward, and the host could not run ahead of it)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def adjust_logits(
     logits: torch.Tensor,
     requests: Sequence[Request],
@@ -71,15 +80,14 @@ def _filter(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     device, vocab = logits.device, logits.shape[-1]
     if all(p.top_p == 1.0 and p.min_p == 0.0 and p.top_k > 0 for p in params):
         # Top-k alone needs each row's k-th largest value, not a full sort of the vocabulary.
-        ks = torch.tensor([p.top_k for p in params], device=device)
-        top_values = logits.topk(
-            min(int(ks.max()), vocab), dim=-1
-        ).values  # top_k may exceed the vocabulary
+        ks = per_row([p.top_k for p in params], torch.long, device)
+        # top_k may exceed the vocabulary
+        top_values = logits.topk(min(max(p.top_k for p in params), vocab), dim=-1).values
         threshold = top_values.gather(1, (ks - 1).clamp(max=top_values.shape[1] - 1).unsqueeze(1))
         return logits.masked_fill(logits < threshold, float("-inf"))
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
-    min_p = torch.tensor([p.min_p for p in params], device=device, dtype=torch.float32)
+    top_k = per_row([p.top_k if p.top_k > 0 else vocab for p in params], torch.long, device)
+    top_p = per_row([p.top_p for p in params], torch.float32, device)
+    min_p = per_row([p.min_p for p in params], torch.float32, device)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=device).unsqueeze(0)
     sorted_probs = sorted_logits.softmax(dim=-1)
@@ -96,9 +104,10 @@ def _filter(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
 
 def target_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     """The distribution each row samples from: temperature, then top-k, top-p and min-p (greedy rows at T=1)."""
-    temperature = torch.tensor(
+    temperature = per_row(
         [r.sampling_params.temperature if not r.sampling_params.greedy else 1.0 for r in requests],
-        device=logits.device,
+        torch.float32,
+        logits.device,
     )
     return _filter(logits / temperature.unsqueeze(1), requests).softmax(dim=-1)
 
@@ -114,29 +123,32 @@ def _draw(probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     return (probs / noise).argmax(dim=-1)
 
 
-def sample(
-    logits: torch.Tensor, requests: list[Request], raw: torch.Tensor | None = None
-) -> tuple[list[int], list[Logprob | None]]:
-    """One token per row of float32 ``logits`` (row i belongs to ``requests[i]``), and logprobs where asked.
-
-    ``logits`` may be `adjust_logits`'s result; logprobs are those of the model's raw distribution
-    (``raw``, else ``logits``), as vLLM reports them.
-    """
-    raw = logits if raw is None else raw
+def sample_tokens(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """One token id per row of float32 ``logits`` (row i belongs to ``requests[i]``), left on the
+    logits' device: penalties, then greedy rows' argmax and the others' draws."""
     if any(r.sampling_params.has_penalties for r in requests):
         logits = logits.clone()
         apply_penalties(logits, requests)
     greedy = [r.sampling_params.greedy for r in requests]
     if all(greedy):
-        tokens = logits.argmax(dim=-1)
-    else:
-        tokens = torch.where(
-            torch.tensor(greedy, device=logits.device),
-            logits.argmax(dim=-1),
-            _draw(target_probs(logits, requests), requests),
-        )
-    token_ids = tokens.tolist()
-    return token_ids, _logprobs(raw, token_ids, requests)
+        return logits.argmax(dim=-1)
+    return torch.where(
+        per_row(greedy, torch.bool, logits.device),
+        logits.argmax(dim=-1),
+        _draw(target_probs(logits, requests), requests),
+    )
+
+
+def sample(
+    logits: torch.Tensor, requests: list[Request], raw: torch.Tensor | None = None
+) -> tuple[list[int], list[Logprob | None]]:
+    """`sample_tokens` as a list, and logprobs where asked.
+
+    ``logits`` may be `adjust_logits`'s result; logprobs are those of the model's raw distribution
+    (``raw``, else ``logits``), as vLLM reports them.
+    """
+    token_ids = sample_tokens(logits, requests).tolist()
+    return token_ids, _logprobs(logits if raw is None else raw, token_ids, requests)
 
 
 def _logprobs(
