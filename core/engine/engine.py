@@ -290,8 +290,13 @@ class LLMEngine:
 
     @property
     def has_unfinished_requests(self) -> bool:
-        """True while any request waits or runs, or a launched step has not been collected."""
-        return self.scheduler.has_work or self._in_flight is not None
+        """True while any request waits or runs, or is in a launched step not yet collected (a step
+        whose requests were all aborted meanwhile is collected with the next one)."""
+        in_flight = self._in_flight
+        return self.scheduler.has_work or (
+            in_flight is not None
+            and not all(s.request.is_finished for s in in_flight.out.scheduled)
+        )
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -381,7 +386,8 @@ class LLMEngine:
         emit_start = time.perf_counter()
         for detokenizer, token_id in committed.deferred:
             detokenizer.add_token(token_id)
-        outputs = [self._output(r) for r in committed.progressed]
+        # A request the scheduler failed since its tokens were committed has had its final output.
+        outputs = [self._output(r) for r in committed.progressed if r.req_id in self.detokenizers]
         end = time.perf_counter()
         step = committed.step
         stats = self._stats(

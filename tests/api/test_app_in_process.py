@@ -27,16 +27,16 @@ def _engine_of(client):
 
 def _break_the_model(client, monkeypatch, after_steps: int = 0):
     runner = _engine_of(client).runner
-    execute = runner.execute
+    launch = runner.launch  # where every step, and every rerun of a failed one, starts
     calls = []
 
     def explode(*args, **kwargs):
         calls.append(1)
         if len(calls) > after_steps:
             raise RuntimeError("simulated device failure")
-        return execute(*args, **kwargs)
+        return launch(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "execute", explode)
+    monkeypatch.setattr(runner, "launch", explode)
 
 
 def test_engine_failure_mid_stream_sends_error_event_then_done(client, monkeypatch):

@@ -1,5 +1,6 @@
 """``spyglass bench policies`` and ``spyglass bench prefix-cache`` run end to end at toy scale on the tiny model."""
 
+from spyglass.core.cli.bench import step_phases
 from spyglass.core.cli.main import build_parser
 
 TINY = ["--dtype", "float32", "--device", "cpu", "--kv-cache-memory", "16MiB", "--num-threads", "1"]
@@ -188,3 +189,19 @@ def test_bench_startup_reports_a_server_that_cannot_start(tmp_path, capsys):
     argv = ["bench", "startup", "--repeats", "1", "--", "--model", str(tmp_path / "missing")]
     assert run(argv) == 1
     assert "spyglass serve exited with" in capsys.readouterr().err
+
+
+def test_bench_steps_splits_decode_steps_into_phases_per_batch(tiny_llama_dir, capsys):
+    for overlap in ("--async-output", "--no-async-output"):
+        argv = ["bench", "steps", "--model", str(tiny_llama_dir), *TINY, "--batches", "1,4",
+                "--prompt-len", "8", "--max-tokens", "12", overlap]  # fmt: skip
+        assert run(argv) == 0
+        header, columns, *rows = capsys.readouterr().out.splitlines()
+        assert f"async output {'on' if overlap == '--async-output' else 'off'}" in header
+        assert columns.split() == ["batch", "step", *step_phases._PHASES]
+        assert [row.split()[0] for row in rows] == ["1", "4"]
+        for row in rows:
+            step, *phases = map(float, row.split()[1:])
+            # The phases are parts of a step; the model runs inside launch on the CPU.
+            assert all(value >= 0 for value in phases) and phases[2] > 0
+            assert sum(phases) <= 1.5 * step

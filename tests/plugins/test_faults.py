@@ -1,5 +1,7 @@
 """A faulty plugin or a poisoned request costs at most the requests concerned, never the engine."""
 
+import functools
+
 import pytest
 
 from spyglass.core.engine.hookspecs import hookimpl
@@ -8,6 +10,13 @@ from spyglass.plugins.fcfs import FcfsPolicy
 from spyglass.plugins.priority import PriorityPolicy
 
 POISON = 7  # requests whose prompt starts with this token trip the faulty plugins
+
+
+@pytest.fixture(params=[False, True], ids=["in turn", "async output"])
+def make_engine(make_engine, request):
+    """Every fault here in both step modes: with async output a request may fail between its step's
+    commit and its outputs, or in a step launched before the failure."""
+    return functools.partial(make_engine, async_output=request.param)
 
 
 def greedy(max_tokens: int = 3, **options) -> SamplingParams:

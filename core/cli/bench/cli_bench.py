@@ -18,6 +18,10 @@ BENCHMARKS = {
         "spyglass.core.cli.bench.latency",
         "batch-1 decode latency, with and without speculation",
     ),
+    "steps": (
+        "spyglass.core.cli.bench.step_phases",
+        "where a decode step's time goes (schedule, prepare, launch, wait, update) per batch",
+    ),
     "startup": (
         "spyglass.core.cli.bench.start_time",
         "seconds from starting spyglass serve until /ready answers",

@@ -1,0 +1,114 @@
+"""``spyglass bench steps``: where a decode step's time goes, per batch size.
+
+For each batch size, that many requests of ``--prompt-len`` random tokens decode ``--max-tokens``
+tokens together (greedy, EOS ignored). Each decode step's time is split into the engine's phases:
+schedule (`StepStats.schedule_time`), prepare (the runner building the step's inputs), launch (the
+rest of `ModelRunner.launch`: the forward and sampling queued), wait (`ModelRunner.collect`: the
+host waiting for the device's token ids) and update (committing tokens, text, outputs and the step
+hooks: `StepStats.update_time`). On the CPU the model runs inside launch; on a GPU launch is the
+host's side of the model and wait the device's time that the host did not hide. Medians over the
+decode steps of each batch; ``step`` is the median wall time of an ``LLMEngine.step`` call.
+"""
+
+import statistics
+import time
+
+from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.sampling_params import SamplingParams
+
+_PHASES = ("schedule", "prepare", "launch", "wait", "update")
+
+
+def add_parser(subparsers, argv) -> None:
+    """Register ``bench steps``."""
+    parser = subparsers.add_parser("steps", help="where a decode step's time goes, per batch size")
+    parser.add_argument("--batches", default="1,64,256", help="comma-separated batch sizes")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    add_engine_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+class CallTimer:
+    """Replaces ``owner.name`` with a wrapper that keeps each call's seconds."""
+
+    def __init__(self, owner, name: str):
+        self.seconds: list[float] = []
+        method = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds.append(time.perf_counter() - start)
+
+        setattr(owner, name, timed)
+
+
+class DecodeSteps:
+    """Keeps the schedule and update seconds of steps without prefill."""
+
+    def __init__(self):
+        self.phases: dict[str, list[float]] = {"schedule": [], "update": []}
+
+    @hookimpl
+    def spyglass_step_finished(self, stats):
+        """Keep a decode step's host phases."""
+        if stats.num_prefill_reqs == 0:
+            self.phases["schedule"].append(stats.schedule_time)
+            self.phases["update"].append(stats.update_time)
+
+
+def phase_medians(engine: LLMEngine, batch: int, prompt_len: int, max_tokens: int) -> dict:
+    """Median seconds of each phase, and of a whole step, over one batch's decode steps."""
+    runner = engine.runner
+    timers = {name: CallTimer(runner, name) for name in ("prepare", "launch", "collect")}
+    decode = DecodeSteps()
+    engine.plugin_manager.register(decode)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    vocab = engine.arch.vocab_size
+    for index in range(batch):
+        prompt = [(7919 * (index * prompt_len + i)) % vocab for i in range(prompt_len)]
+        engine.add_request(f"steps-{batch}-{index}", prompt, params)
+    calls = []
+    while engine.has_unfinished_requests:
+        start = time.perf_counter()
+        engine.step()
+        calls.append(time.perf_counter() - start)
+    engine.plugin_manager.unregister(decode)
+    for name in timers:
+        del runner.__dict__[name]  # the class's methods again
+    # The first calls hold the prompts (and one more with overlapped steps); the last, the drain.
+    trim = slice(3, -2)
+    launch = [lo - pr for lo, pr in zip(timers["launch"].seconds, timers["prepare"].seconds)]
+    samples = {
+        "step": calls[trim],
+        "prepare": timers["prepare"].seconds[trim],
+        "launch": launch[trim],
+        "wait": timers["collect"].seconds[trim],
+        **decode.phases,
+    }
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def run(args) -> int:
+    """One engine; each batch size in turn; print the table."""
+    batches = [int(b) for b in args.batches.split(",") if b]
+    engine = LLMEngine(engine_config_from_args(args, max_num_seqs=max(batches)))
+    info = engine.info
+    print(
+        f"model {engine.model_name} on {info.device}, {info.dtype}, async output "
+        f"{'on' if engine.async_output else 'off'}, CUDA graphs "
+        f"{'on' if engine.runner.graphs else 'off'}; {args.prompt_len}-token prompts, "
+        f"{args.max_tokens} tokens, medians over the decode steps (ms)"
+    )
+    print(f"{'batch':>6}{'step':>9}" + "".join(f"{phase:>10}" for phase in _PHASES))
+    for batch in batches:
+        medians = phase_medians(engine, batch, args.prompt_len, args.max_tokens)
+        row = "".join(f"{medians[phase] * 1e3:>10.2f}" for phase in _PHASES)
+        print(f"{batch:>6}{medians['step'] * 1e3:>9.2f}{row}")
+    engine.shutdown()
+    return 0
