@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from spyglass.core.cli.bench import step_phases
 from spyglass.core.cli.bench.hf_static import HFStaticBatching
 from spyglass.core.cli.bench.throughput import run_engine
 from spyglass.core.cli.bench.workloads import w1_workload, w3_workload
@@ -179,6 +180,29 @@ def decode_step_table(engines: dict[str, LLMEngine], quick: bool) -> list[str]:
     return rows
 
 
+def step_phase_table(model: str, device: str, batches: tuple[int, ...]) -> list[str]:
+    """Decode steps of ``model`` (bf16, CUDA graphs on ``device``) split into host phases and the
+    wait for the device (`spyglass bench steps`), with async output off and on."""
+    rows = [
+        "| async output | batch | step ms | schedule | prepare | launch | wait | update |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for overlap in (False, True):
+        config = EngineConfig(
+            model=model, dtype="bfloat16", device=device, max_num_seqs=256, async_output=overlap
+        )
+        engine = LLMEngine(config)
+        for batch in batches:
+            ms = {k: v * 1e3 for k, v in step_phases.phase_medians(engine, batch, 32, 64).items()}
+            rows.append(
+                f"| {'on' if overlap else 'off'} | {batch} | {ms['step']:.2f} | "
+                + " | ".join(f"{ms[phase]:.2f}" for phase in step_phases.PHASES)
+                + " |"
+            )
+        engine.shutdown()
+    return rows
+
+
 def throughput_rows(shape: str, model: str, device: str, num_requests: int | None) -> list[str]:
     """W1 and W3 output tokens/s on ``model`` (bf16, CUDA graphs on ``device``), and HF transformers'
     static batching on W1 on the same device; ``num_requests`` shrinks both workloads (None: full)."""
@@ -268,12 +292,17 @@ def main() -> int:
     del engines
     gc.collect()
     torch.cuda.empty_cache()
+    phases = step_phase_table(
+        models["default shape"], "cuda", (1, 64) if args.quick else (1, 64, 256)
+    )
     throughput = throughput_table(models, "cuda", 16 if args.quick else None)
     print(f"\nmeasured copy bandwidth {bandwidth / 1e9:.0f} GB/s\n")
     print("\n".join(attention))
     print()
     print("\n".join(steps))
     print(f"\ncapture time {capture:.2f} s\n")
+    print("\n".join(phases))
+    print()
     print("\n".join(throughput))
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     return 0

@@ -29,6 +29,17 @@ def test_the_throughput_rows_time_both_workloads_and_hf_on_the_device(
     assert cells[4].endswith("x")
 
 
+def test_the_step_phase_rows_cover_both_modes_and_every_batch(
+    gpu_check, tiny_llama_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path))
+    header, _rule, *rows = gpu_check.step_phase_table(str(tiny_llama_dir), "cpu", (1, 3))
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    assert [(c[0], c[1]) for c in cells] == [("off", "1"), ("off", "3"), ("on", "1"), ("on", "3")]
+    assert all(len(c) == len(header.strip("|").split("|")) for c in cells)
+    assert all(float(value) >= 0 for c in cells for value in c[2:])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA answer")
 def test_without_cuda_it_says_so(gpu_check, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--quick"])

@@ -198,7 +198,7 @@ def test_bench_steps_splits_decode_steps_into_phases_per_batch(tiny_llama_dir, c
         assert run(argv) == 0
         header, columns, *rows = capsys.readouterr().out.splitlines()
         assert f"async output {'on' if overlap == '--async-output' else 'off'}" in header
-        assert columns.split() == ["batch", "step", *step_phases._PHASES]
+        assert columns.split() == ["batch", "step", *step_phases.PHASES]
         assert [row.split()[0] for row in rows] == ["1", "4"]
         for row in rows:
             step, *phases = map(float, row.split()[1:])

@@ -18,7 +18,7 @@ from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import SamplingParams
 
-_PHASES = ("schedule", "prepare", "launch", "wait", "update")
+PHASES = ("schedule", "prepare", "launch", "wait", "update")
 
 
 def add_parser(subparsers, argv) -> None:
@@ -105,10 +105,10 @@ def run(args) -> int:
         f"{'on' if engine.runner.graphs else 'off'}; {args.prompt_len}-token prompts, "
         f"{args.max_tokens} tokens, medians over the decode steps (ms)"
     )
-    print(f"{'batch':>6}{'step':>9}" + "".join(f"{phase:>10}" for phase in _PHASES))
+    print(f"{'batch':>6}{'step':>9}" + "".join(f"{phase:>10}" for phase in PHASES))
     for batch in batches:
         medians = phase_medians(engine, batch, args.prompt_len, args.max_tokens)
-        row = "".join(f"{medians[phase] * 1e3:>10.2f}" for phase in _PHASES)
+        row = "".join(f"{medians[phase] * 1e3:>10.2f}" for phase in PHASES)
         print(f"{batch:>6}{medians['step'] * 1e3:>9.2f}{row}")
     engine.shutdown()
     return 0
