@@ -309,25 +309,9 @@ class LLMEngine:
         and launches the next step, and only then detokenizes, builds the outputs and announces the
         collected step, while the device runs the new one. Tokens are the same either way.
         """
-        outputs: list[RequestOutput] = []
-        collected = None
-        if self._in_flight is not None:
-            collected = self._commit(self._in_flight)
-            self._in_flight = None
-            if isinstance(collected, list):  # the step failed on the device and was rerun
-                outputs, collected = collected, None
+        outputs, collected = self._collect_in_flight()
         start = time.perf_counter()
-        if self.config.speculative:
-            self._propose_drafts()
-        out = self.scheduler.schedule()
-        failed = [self._fail_request(request, error) for request, error in out.failed]
-        for request in out.preempted:
-            self.hooks.spyglass_request_preempted(request=request)
-        now = time.monotonic()
-        for request in out.admitted + out.resumed:
-            if not request.times.first_scheduled:
-                request.times.first_scheduled = now
-            self.hooks.spyglass_request_scheduled(request=request, resumed=request in out.resumed)
+        out, failed = self._schedule()
         launched, failure = None, None
         if not out.is_empty:
             scheduled_time = time.perf_counter()
@@ -358,12 +342,37 @@ class LLMEngine:
             failed + outputs + (committed if isinstance(committed, list) else self._emit(committed))
         )
 
+    def _collect_in_flight(self) -> tuple[list[RequestOutput], CommittedStep | None]:
+        """Commit the step the previous call launched: to emit after the next launch; or, when it
+        failed on the device, the outputs of its one-request reruns."""
+        step, self._in_flight = self._in_flight, None
+        if step is None:
+            return [], None
+        committed = self._commit(step)
+        return (committed, None) if isinstance(committed, list) else ([], committed)
+
+    def _schedule(self) -> tuple[SchedulerOutput, list[RequestOutput]]:
+        """Drafts, the scheduler's plan and its announcements; the final outputs of requests that a
+        plugin's decision failed."""
+        if self.config.speculative:
+            self._propose_drafts()
+        out = self.scheduler.schedule()
+        failed = [self._fail_request(request, error) for request, error in out.failed]
+        for request in out.preempted:
+            self.hooks.spyglass_request_preempted(request=request)
+        now = time.monotonic()
+        for request in out.admitted + out.resumed:
+            if not request.times.first_scheduled:
+                request.times.first_scheduled = now
+            self.hooks.spyglass_request_scheduled(request=request, resumed=request in out.resumed)
+        return out, failed
+
     def _announce_start(self, out: SchedulerOutput) -> None:
         self.hooks.spyglass_step_started(
             step_id=out.step_id, scheduled=tuple(s.request for s in out.scheduled)
         )
 
-    def _commit(self, step: "InFlightStep") -> "CommittedStep | list[RequestOutput]":
+    def _commit(self, step: InFlightStep) -> CommittedStep | list[RequestOutput]:
         """Wait for a launched step and commit its tokens; a step that failed on the device is rerun
         one request at a time instead (those outputs)."""
         try:
@@ -381,7 +390,7 @@ class LLMEngine:
             step, runner_out, progressed, deferred, time.perf_counter() - commit_start
         )
 
-    def _emit(self, committed: "CommittedStep") -> list[RequestOutput]:
+    def _emit(self, committed: CommittedStep) -> list[RequestOutput]:
         """The deferred text, the outputs of a committed step's requests, and its announcement."""
         emit_start = time.perf_counter()
         for detokenizer, token_id in committed.deferred:
@@ -408,7 +417,7 @@ class LLMEngine:
         self,
         out: SchedulerOutput,
         runner_out: RunnerOutput,
-        deferred: "list[tuple[IncrementalDetokenizer, int]] | None",
+        deferred: list[tuple[IncrementalDetokenizer, int]] | None,
     ) -> list[Request]:
         """Advance each scheduled request by its sampled tokens; the requests that progressed or
         ended. With ``deferred``, text that cannot end a request (it has no stop strings) is left
@@ -506,7 +515,7 @@ class LLMEngine:
         token_id: int,
         logprob,
         now: float,
-        deferred: "list[tuple[IncrementalDetokenizer, int]] | None" = None,
+        deferred: list[tuple[IncrementalDetokenizer, int]] | None = None,
     ) -> None:
         if request.constraint is not None and not request.constraint.accept(token_id):
             self._finish(

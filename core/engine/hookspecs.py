@@ -86,12 +86,20 @@ def spyglass_request_finished(request: "Request", reason: "FinishReason") -> Non
 
 @hookspec
 def spyglass_step_started(step_id: int, scheduled: "tuple[Request, ...]") -> None:
-    """The engine scheduled step ``step_id`` and is about to run the model for ``scheduled``."""
+    """The engine scheduled step ``step_id`` and runs the model for ``scheduled``.
+
+    Called before the forward, or with async output (`EngineConfig.async_output`) just after the
+    step was launched and the previous step was announced finished: a step's start and finish are
+    never interleaved with another step's.
+    """
 
 
 @hookspec
 def spyglass_step_finished(stats: "StepStats") -> None:
-    """Step ``stats.step_id`` finished: batch composition, tokens, timings and KV usage."""
+    """Step ``stats.step_id`` finished: batch composition, tokens, timings and KV usage.
+
+    With async output it comes while the next step runs: its queue and KV figures are read then.
+    """
 
 
 # -- decisions --------------------------------------------------------------------------------
