@@ -23,10 +23,11 @@ _MAX_ROWS = 64
 # A split-K partition shorter than this (two tiles at head_dim 128) costs more in the reduce than it
 # wins in parallelism.
 _MIN_TOKENS_PER_SPLIT = 128
-# Context positions x head dims per K (and V) tile of the inner loop: 64 positions of 128 dims, so a
-# program has 16 KiB of keys and 16 KiB of values in flight per iteration at 16 bits (a 16-position
-# page alone would be 4 KiB), and the tiles of a few pipeline stages fit in shared memory.
-_KV_TILE_ELEMENTS = 64 * 128
+# Bytes of each K (and V) tile of the inner loop: 64 positions of 128 dims at 16 bits, so a program
+# has 16 KiB of keys and 16 KiB of values in flight per iteration (a 16-position page alone would be
+# 4 KiB), and the tiles of a few pipeline stages fit in shared memory whatever the cache's dtype.
+_KV_TILE_BYTES = 16 * 1024
+_MAX_KV_TILE = 128
 _MAX_SPLITS = 64
 
 
@@ -396,9 +397,10 @@ def num_kv_splits(
     return max(1, min(by_occupancy, by_length, _MAX_SPLITS))
 
 
-def _kv_tile(dim_pad: int) -> int:
-    """Context positions per inner-loop tile for heads padded to ``dim_pad`` (at least tl.dot's 16)."""
-    return max(_MIN_ROWS, _KV_TILE_ELEMENTS // dim_pad)
+def _kv_tile(dim_pad: int, element_size: int) -> int:
+    """Context positions per inner-loop tile for heads padded to ``dim_pad`` in a cache of
+    ``element_size``-byte values: 16 KiB, within tl.dot's 16 rows and 128."""
+    return min(_MAX_KV_TILE, max(_MIN_ROWS, _KV_TILE_BYTES // (dim_pad * element_size)))
 
 
 def _dot_in_fp32(dtype: torch.dtype) -> bool:
@@ -463,7 +465,7 @@ def unified_attention(
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,
         BLOCK_SIZE=k_cache.shape[1],
-        TILE_N=_kv_tile(dim_pad),
+        TILE_N=_kv_tile(dim_pad, k_cache.element_size()),
         DIM_PAD=dim_pad,
         DOT_FP32=_dot_in_fp32(query.dtype),
         WINDOW=sliding_window or 0,
@@ -519,7 +521,7 @@ def split_k_decode_attention(
         GROUP=group,
         ROWS=max(_MIN_ROWS, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size,
-        TILE_N=_kv_tile(dim_pad),
+        TILE_N=_kv_tile(dim_pad, k_cache.element_size()),
         DIM_PAD=dim_pad,
         DOT_FP32=_dot_in_fp32(query.dtype),
         WINDOW=sliding_window or 0,
