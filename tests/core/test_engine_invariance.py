@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.loaders.load import load_checkpoint
 
@@ -159,19 +158,9 @@ def test_prefix_cache_hits(make_tiny_engine, run_engine, prompts, reference, sam
     same_greedy(alone, hit)
 
 
-class EagerReplay(CudaGraphDecoder):
-    """CUDA graphs' padding and row mapping on the CPU: a replay runs the captured forward eagerly."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.replayed: list[tuple[int, int]] = []
-
-    def _replay(self, shape):
-        self.replayed.append(shape)
-        return self.forward(*shape)
-
-
-def test_padded_graph_shapes(make_tiny_engine, run_engine, prompts, reference, same_greedy):
+def test_padded_graph_shapes(
+    make_tiny_engine, run_engine, prompts, reference, same_greedy, eager_graphs
+):
     # N-gram drafts and a 32-token budget: decode steps, verify steps and short prompt chunks all
     # run padded to (batch bucket, rows per request) shapes, as CUDA graphs replay them.
     engine = make_tiny_engine(
@@ -181,13 +170,10 @@ def test_padded_graph_shapes(make_tiny_engine, run_engine, prompts, reference, s
         max_num_batched_tokens=32,
         max_num_seqs=16,
     )
-    runner = engine.runner
-    runner.graphs = EagerReplay(
-        runner.model, runner.kv_caches, 16, engine.max_model_len, engine.config.block_size, (1, 4)
-    )
+    graphs = eager_graphs(engine, rows_per_request=(1, 4))
     # Drafts are proposed only for requests that want no logprobs.
     outputs = run_engine(engine, prompts, replace(GREEDY, logprobs=None))
-    shapes = runner.graphs.replayed
+    shapes = graphs.replayed
     assert {rows for _, rows in shapes} == {1, 4}
     assert any(batch > 1 for batch, rows in shapes if rows == 4)
     for expected, actual in zip(reference, outputs):

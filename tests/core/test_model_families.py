@@ -170,6 +170,25 @@ def test_greedy_continuations_match_transformers(family, prompts, run_engine, ti
     assert num_compared >= len(prompts) * NUM_TOKENS * 3 // 4
 
 
+def test_the_halves_cuda_graphs_run_give_the_same_tokens(
+    family, prompts, run_engine, tiny_engine_factory, eager_graphs, same_greedy
+):
+    # Hidden states over padded rows (what a graph captures), then the final norm, head and any
+    # soft-cap on the sampled rows: every family, decode and verify steps (n-gram drafts, which
+    # are proposed only for requests that want no logprobs).
+    _, path, checkpoint, _ = family
+    make = tiny_engine_factory(path, checkpoint)
+    reference = run_engine(make(), prompts, GREEDY)
+    engine = make(
+        plugins=["fcfs", "ngram"], speculative="ngram", num_speculative_tokens=3, max_num_seqs=16
+    )
+    graphs = eager_graphs(engine, rows_per_request=(1, 4))
+    outputs = run_engine(engine, prompts, dataclasses.replace(GREEDY, logprobs=None))
+    for expected, actual in zip(reference, outputs):
+        same_greedy(expected, actual)
+    assert 4 in {rows for _, rows in graphs.replayed}  # verify steps ran padded
+
+
 @pytest.mark.parametrize("name", ["mixtral", "qwen2-moe"])
 @torch.inference_mode()
 def test_moe_dense_path_equals_grouped(tiny_family_dir, name):
