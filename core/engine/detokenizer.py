@@ -1,5 +1,7 @@
 """Incremental detokenisation with stop strings: text grows token by token, never with a broken character."""
 
+from tokenizers.decoders import DecodeStream
+
 from spyglass.core.tokenizer import Tokenizer
 
 # Tokens of context decoded before the new ones, so that merges and leading spaces come out right.
@@ -10,15 +12,19 @@ class IncrementalDetokenizer:
     """Turns a request's output tokens into text as they arrive.
 
     A token that ends inside a multi-byte character decodes to U+FFFD; its text is held back
-    until the character completes. Text that could be the start of a stop string is held back
+    until the character completes (bytes that complete nothing, such as the rest of a character a
+    prompt was cut inside, show as U+FFFD, as a decode of the output alone shows them). Text that could be the start of a stop string is held back
     too (`visible_text`), and a matched stop string ends the text (it is not included).
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], stop: list[str]):
-        self.tokenizer = tokenizer
-        self.token_ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
-        self.prefix_offset = 0
-        self.read_offset = len(self.token_ids)
+        self.backend = tokenizer.backend
+        context = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        # A prompt ending inside a character leaves the context out: the stream would show its text.
+        if tokenizer.decode(context).endswith("\ufffd"):
+            context = []
+        # The tokenizers library keeps the decoding window (one call per token, in Rust).
+        self.stream = DecodeStream(ids=context, skip_special_tokens=True)
         self.stop = stop
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.text = ""
@@ -26,14 +32,9 @@ class IncrementalDetokenizer:
 
     def add_token(self, token_id: int) -> None:
         """Append one token's text (when complete); sets `matched_stop` when a stop string appears."""
-        self.token_ids.append(token_id)
-        prefix = self.tokenizer.decode(self.token_ids[self.prefix_offset : self.read_offset])
-        full = self.tokenizer.decode(self.token_ids[self.prefix_offset :])
-        if full.endswith("\ufffd") or len(full) <= len(prefix):
+        new_text = self.stream.step(self.backend, token_id)
+        if not new_text:
             return
-        new_text = full[len(prefix) :]
-        self.prefix_offset = self.read_offset
-        self.read_offset = len(self.token_ids)
         search_from = max(0, len(self.text) - self.holdback)
         self.text += new_text
         if self.stop:

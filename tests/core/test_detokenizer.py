@@ -101,3 +101,19 @@ def test_stop_longer_than_the_text_so_far_hides_everything(tokenizer):
     ):
         assert visible == ""
     assert detokenizer.visible_text(True) == "hi there"
+
+
+def test_a_prompt_ending_inside_a_character_leaks_none_of_its_text(tokenizer):
+    # "😀" takes several tokens: a prompt cut inside it leaves the output starting with bytes
+    # that complete nothing, shown as U+FFFD as a decode of the output alone shows them.
+    token_ids = tokenizer.encode("Look 😀𝄞 done", add_special_tokens=False)
+    cuts = [
+        c for c in range(1, len(token_ids)) if tokenizer.decode(token_ids[:c]).endswith("\ufffd")
+    ]
+    assert cuts
+    for cut in cuts:
+        detokenizer = IncrementalDetokenizer(tokenizer, token_ids[:cut], [])
+        for token_id in token_ids[cut:]:
+            detokenizer.add_token(token_id)
+        assert detokenizer.text == tokenizer.decode(token_ids[cut:])
+        assert "Look" not in detokenizer.text
