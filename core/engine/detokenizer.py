@@ -13,8 +13,9 @@ class IncrementalDetokenizer:
 
     A token that ends inside a multi-byte character decodes to U+FFFD; its text is held back
     until the character completes (bytes that complete nothing, such as the rest of a character a
-    prompt was cut inside, show as U+FFFD, as a decode of the output alone shows them). Text that could be the start of a stop string is held back
-    too (`visible_text`), and a matched stop string ends the text (it is not included).
+    prompt was cut inside, show as U+FFFD, as a decode of the output alone shows them). Text that
+    could be the start of a stop string is held back too (`visible_text`), and a matched stop
+    string ends the text (it is not included).
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], stop: list[str]):

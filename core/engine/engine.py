@@ -175,7 +175,7 @@ class LLMEngine:
         )
         log.info(
             "engine started: %s on %s (%s), %s (%s), weights %.0f MB (quantization %s), kernels %s, "
-            "%d KV blocks of %d tokens (%s)",
+            "%d KV blocks of %d tokens (%s), async output %s",
             self.model_name,
             self.info.device,
             cpu_isa.describe() if self.device.type == "cpu" else "cuda",
@@ -187,6 +187,7 @@ class LLMEngine:
             num_blocks,
             config.block_size,
             self.info.kv_cache_dtype,
+            "on" if self.async_output else "off",
         )
         self.hooks.spyglass_engine_started(info=self.info, config=config)
         if (
