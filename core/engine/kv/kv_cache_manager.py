@@ -90,6 +90,8 @@ class KVCacheManager:
         self._release_out_of_window(request, table)
         num_total = request.num_computed_tokens + prefix.num_tokens + num_new_tokens
         num_needed = -(-num_total // self.block_size) - len(table) - len(prefix.block_ids)
+        if num_needed <= 0 and not prefix.block_ids:
+            return True  # most decode steps: the held blocks have room, and the table stays as is
         num_revived = sum(1 for b in prefix.block_ids if self.pool.blocks[b].ref_cnt == 0)
         if num_needed + num_revived > self.pool.num_free_blocks:
             return False
