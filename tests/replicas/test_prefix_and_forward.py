@@ -98,7 +98,9 @@ def test_call_app_streams_a_real_app_and_closing_it_aborts_the_request(tiny_llam
         chunks = [
             item async for item in call_app(app, short)
         ]  # ends: the app is told the response went out
-        assert chunks[-1] == b"data: [DONE]\n\n" and len(chunks) == 1 + 3 + 1
+        # A listener that lags gets tokens coalesced: 1 to 3 data chunks, the last one ending it.
+        assert chunks[-1] == b"data: [DONE]\n\n" and 1 + 1 + 1 <= len(chunks) <= 1 + 3 + 1
+        assert b'"finish_reason":"length"' in chunks[-2]
         stream = call_app(app, request, [(b"x-spyglass-replica", b"7")])
         start, first = await anext(stream), await anext(stream)
         running = (await async_engine.snapshot()).num_requests
