@@ -112,18 +112,30 @@ def quantized_checkpoint(default_model_path):
 def test_quantized_default_model_agrees_with_float(
     make_default_engine, quantized_checkpoint, run_engine
 ):
+    """Teacher-forced: at each of the float32 run's 32 greedy positions, the quantized model is
+    given the same context and must mostly pick the same next token.
+
+    Free-running agreement (tokens equal up to the first difference) measures chaos, not
+    quantization: the int8 rounding of activations turns a 1e-7 change (another compiler's
+    vectorisation of a norm) into a different rounding downstream, and one flipped near-tie parts
+    the texts for good; between kernel variants of one host it read 90 to 168 of 256.
+    """
     prompts = [make_default_engine().tokenizer.encode(p) for p in PROMPTS]
     floats = run_engine(make_default_engine(), prompts, GREEDY)
+    contexts, expected = [], []
+    for prompt, output in zip(prompts, floats, strict=True):
+        tokens = output.outputs[0].token_ids
+        for position, token in enumerate(tokens):
+            contexts.append(prompt + tokens[:position])
+            expected.append(token)
     quantized_engine = LLMEngine(
-        EngineConfig(dtype="float32", device="cpu", plugins=["fcfs"], num_kv_blocks=128),
+        EngineConfig(
+            dtype="float32", device="cpu", plugins=["fcfs", "prefix_cache"], num_kv_blocks=256
+        ),
         checkpoint=quantized_checkpoint,
     )
-    quantized = run_engine(quantized_engine, prompts, GREEDY)
-    agreeing = 0  # tokens equal up to each prompt's first difference (after it the texts legitimately part)
-    for want, got in zip(floats, quantized, strict=True):
-        pairs = zip(want.outputs[0].token_ids, got.outputs[0].token_ids, strict=True)
-        agreeing += next((i for i, (a, b) in enumerate(pairs) if a != b), 32)
-    print(
-        f"\nquantized vs float32 greedy: {agreeing} of {32 * len(PROMPTS)} tokens agree before any difference"
-    )
-    assert agreeing >= 0.5 * 32 * len(PROMPTS)
+    next_token = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    predicted = run_engine(quantized_engine, contexts, next_token)
+    agreeing = sum(o.outputs[0].token_ids[0] == t for o, t in zip(predicted, expected, strict=True))
+    print(f"\nquantized vs float32, teacher-forced: {agreeing} of {len(expected)} next tokens agree")
+    assert agreeing >= 0.85 * len(expected)
