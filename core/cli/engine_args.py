@@ -58,6 +58,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="emit a step's outputs while the device runs the next (default: on with CUDA)",
     )
+    group.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="also schedule and launch each step before the previous one's tokens reach the host "
+        "(needs async output; not with --speculative)",
+    )
     group.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     group.add_argument(
         "--speculative", default=None, help="draft proposer plugin: ngram, draft or self"
@@ -100,6 +106,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         num_threads=args.num_threads,
         cuda_graphs=args.cuda_graphs,
         async_output=args.async_output,
+        async_scheduling=args.async_scheduling,
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
         tensor_parallel_size=args.tensor_parallel_size,

@@ -72,7 +72,9 @@ class EngineConfig:
     untouched; None means the process default (`spyglass.telemetry.settings.current()`, set by the CLI).
     ``async_output`` detokenizes, builds outputs and runs the step hooks of one step while the
     device runs the next (`LLMEngine.step`); None turns it on for CUDA, where the device runs apart
-    from the host (on the CPU there is nothing to overlap).
+    from the host (on the CPU there is nothing to overlap). ``async_scheduling`` also schedules and
+    launches the next step before the previous one's token ids reach the host (they are read on the
+    device), so the device always has a step queued; it needs async output and excludes speculation.
     ``tensor_parallel_size`` > 1 splits the model's heads, MLP and vocabulary over that many processes
     (this one and N-1 workers; gloo on the CPU, NCCL on CUDA devices 0..N-1): see docs/tensor_parallel.md.
     """
@@ -90,6 +92,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     cuda_graphs: bool = True
     async_output: bool | None = None
+    async_scheduling: bool = False
     plugins: list[str] | None = None
     disabled_plugins: list[str] = field(default_factory=list)
     num_threads: int | None = None

@@ -15,7 +15,7 @@ from spyglass.core.engine.kv.kv_cache_manager import KVCacheManager
 from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
 from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import SafeHookRelay, create_plugin_manager
-from spyglass.core.engine.request import FinishReason, Request
+from spyglass.core.engine.request import FinishReason, Request, RequestStatus
 from spyglass.core.engine.runner.model_runner import (
     FatalRunnerError,
     LaunchedStep,
@@ -59,6 +59,8 @@ class CommittedStep:
     step: InFlightStep
     runner_out: RunnerOutput
     progressed: list[Request]
+    num_generated: int
+    """Output tokens the requests took (a finished or aborted request's are dropped)."""
     deferred: list[tuple[IncrementalDetokenizer, int]]
     commit_time: float
 
@@ -144,6 +146,13 @@ class LLMEngine:
         self.async_output = (
             self.device.type == "cuda" if config.async_output is None else config.async_output
         )
+        if config.async_scheduling and not self.async_output:
+            raise ValueError("--async-scheduling needs async output (drop --no-async-output)")
+        if config.async_scheduling and config.speculative:
+            raise ValueError(
+                "--async-scheduling does not combine with --speculative: drafts need the last token"
+            )
+        self.async_scheduling = config.async_scheduling
         self._in_flight: InFlightStep | None = None
         policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
         if policy is None:
@@ -175,7 +184,7 @@ class LLMEngine:
         )
         log.info(
             "engine started: %s on %s (%s), %s (%s), weights %.0f MB (quantization %s), kernels %s, "
-            "%d KV blocks of %d tokens (%s), async output %s",
+            "%d KV blocks of %d tokens (%s), async output %s, async scheduling %s",
             self.model_name,
             self.info.device,
             cpu_isa.describe() if self.device.type == "cpu" else "cuda",
@@ -188,6 +197,7 @@ class LLMEngine:
             config.block_size,
             self.info.kv_cache_dtype,
             "on" if self.async_output else "off",
+            "on" if self.async_scheduling else "off",
         )
         self.hooks.spyglass_engine_started(info=self.info, config=config)
         if (
@@ -308,8 +318,14 @@ class LLMEngine:
         a call first waits for the step the previous call launched and commits its tokens (the
         finishes by EOS, stop token, stop string and length: all that scheduling reads), schedules
         and launches the next step, and only then detokenizes, builds the outputs and announces the
-        collected step, while the device runs the new one. Tokens are the same either way.
+        collected step, while the device runs the new one. With ``async_scheduling`` the next step
+        is also scheduled and launched before the previous one is collected (`_step_ahead`), when
+        that one's sampled requests need nothing of their new token but its id. Tokens are the same
+        either way.
         """
+        in_flight = self._in_flight
+        if in_flight is not None and self._schedules_ahead_of(in_flight):
+            return self._step_ahead(in_flight)
         outputs, collected = self._collect_in_flight()
         start = time.perf_counter()
         out, failed = self._schedule()
@@ -319,7 +335,7 @@ class LLMEngine:
             if not self.async_output:
                 self._announce_start(out)
             try:
-                launched = self.runner.launch(out, self.kv.block_tables)
+                launched = self._launch(out)
             except FatalRunnerError:
                 raise
             except Exception as error:
@@ -342,6 +358,66 @@ class LLMEngine:
         return (
             failed + outputs + (committed if isinstance(committed, list) else self._emit(committed))
         )
+
+    def _schedules_ahead_of(self, in_flight: InFlightStep) -> bool:
+        """Whether the next step may be planned before ``in_flight``'s tokens are on the host: with
+        async scheduling, when every request it samples needs only its new token's id (on the
+        device) for the next step. Grammars, penalties and logprobs need the token on the host."""
+        if not self.async_scheduling or in_flight.launched.result is not None:
+            return False
+        return all(
+            s.request.constraint is None
+            and not s.request.sampling_params.has_penalties
+            and s.request.logprobs is None
+            for s, sampled in zip(in_flight.out.scheduled, in_flight.launched.sampled_rows)
+            if sampled
+        )
+
+    def _step_ahead(self, in_flight: InFlightStep) -> list[RequestOutput]:
+        """Schedule and launch the next step while ``in_flight`` runs (each pending token read on the
+        device), then commit and emit ``in_flight``: the device always has a step queued."""
+        start = time.perf_counter()
+        out, failed = self._schedule()
+        launched, failure, scheduled_time = None, None, start
+        if not out.is_empty:
+            scheduled_time = time.perf_counter()
+            try:
+                # Counted in flight once the step before it is committed (its reruns, were it to
+                # fail, must not start after this one).
+                launched = self.runner.launch(out, self.kv.block_tables, in_flight.launched)
+            except FatalRunnerError:
+                raise
+            except Exception as error:
+                failure = error
+        self._in_flight = None
+        committed = self._commit(in_flight)
+        if isinstance(committed, list):
+            # The step ahead read the failed step's token ids: it is dropped, its requests run again.
+            return failed + committed
+        if launched is not None:
+            self._count_in_flight(out, launched, 1)
+        outputs = failed + self._emit(committed)
+        if out.is_empty:
+            return outputs
+        self._announce_start(out)
+        if failure is not None:
+            return outputs + self._isolate_failure(out, failure)
+        self._in_flight = InFlightStep(out, launched, start, scheduled_time)
+        return outputs
+
+    def _launch(self, out: SchedulerOutput) -> LaunchedStep:
+        """Launch a step on the runner and count its tokens in flight until they are committed."""
+        launched = self.runner.launch(out, self.kv.block_tables)
+        self._count_in_flight(out, launched, 1)
+        return launched
+
+    @staticmethod
+    def _count_in_flight(out: SchedulerOutput, launched: LaunchedStep, sign: int) -> None:
+        """Count a launched step's tokens in flight (``sign`` 1), or uncount them (-1: a step that
+        will never be committed)."""
+        for scheduled, sampled in zip(out.scheduled, launched.sampled_rows):
+            scheduled.request.num_in_flight_tokens += sign * scheduled.num_new_tokens
+            scheduled.request.num_pending_tokens += sign * sampled
 
     def _collect_in_flight(self) -> tuple[list[RequestOutput], CommittedStep | None]:
         """Commit the step the previous call launched: to emit after the next launch; or, when it
@@ -369,8 +445,11 @@ class LLMEngine:
         return out, failed
 
     def _announce_start(self, out: SchedulerOutput) -> None:
+        """The step's start, naming its requests still alive (one scheduled ahead may carry a request
+        that the commit before it finished)."""
         self.hooks.spyglass_step_started(
-            step_id=out.step_id, scheduled=tuple(s.request for s in out.scheduled)
+            step_id=out.step_id,
+            scheduled=tuple(s.request for s in out.scheduled if not s.request.is_finished),
         )
 
     def _commit(self, step: InFlightStep) -> CommittedStep | list[RequestOutput]:
@@ -381,14 +460,20 @@ class LLMEngine:
         except FatalRunnerError:
             raise
         except Exception as error:
+            self._count_in_flight(step.out, step.launched, -1)
             return self._isolate_failure(step.out, error)
         commit_start = time.perf_counter()
         deferred: list[tuple[IncrementalDetokenizer, int]] = []
-        progressed = self._commit_tokens(
+        progressed, num_generated = self._commit_tokens(
             step.out, runner_out, deferred if self.async_output else None
         )
         return CommittedStep(
-            step, runner_out, progressed, deferred, time.perf_counter() - commit_start
+            step,
+            runner_out,
+            progressed,
+            num_generated,
+            deferred,
+            time.perf_counter() - commit_start,
         )
 
     def _emit(self, committed: CommittedStep) -> list[RequestOutput]:
@@ -403,6 +488,7 @@ class LLMEngine:
         stats = self._stats(
             step.out,
             committed.runner_out,
+            committed.num_generated,
             step.start,
             step.scheduled_time,
             committed.commit_time + end - emit_start,
@@ -412,37 +498,46 @@ class LLMEngine:
         return outputs
 
     def _update(self, out: SchedulerOutput, runner_out: RunnerOutput) -> list[RequestOutput]:
-        return [self._output(r) for r in self._commit_tokens(out, runner_out, None)]
+        return [self._output(r) for r in self._commit_tokens(out, runner_out, None)[0]]
 
     def _commit_tokens(
         self,
         out: SchedulerOutput,
         runner_out: RunnerOutput,
         deferred: list[tuple[IncrementalDetokenizer, int]] | None,
-    ) -> list[Request]:
+    ) -> tuple[list[Request], int]:
         """Advance each scheduled request by its sampled tokens; the requests that progressed or
-        ended. With ``deferred``, text that cannot end a request (it has no stop strings) is left
-        there for later."""
+        ended, and the tokens they took. With ``deferred``, text that cannot end a request (it has
+        no stop strings) is left there for later.
+
+        A request preempted since the step's launch (async scheduling) keeps its new token, but not
+        the computed count: it is recomputed from its first token."""
         progressed = []
+        num_generated = 0
         now = time.monotonic()
         for scheduled, token_ids, logprobs in zip(
             out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs
         ):
             request = scheduled.request
-            request.num_computed_tokens += scheduled.num_new_tokens
+            request.num_in_flight_tokens -= scheduled.num_new_tokens
+            request.num_pending_tokens -= bool(token_ids)
             if request.is_finished:
                 continue
-            if scheduled.num_spec_tokens:
-                self._settle_drafts(request, scheduled.num_spec_tokens, len(token_ids) - 1)
-            self.kv.announce_full_blocks(request)
+            if request.status is RequestStatus.RUNNING:
+                request.num_computed_tokens += scheduled.num_new_tokens
+                if scheduled.num_spec_tokens:
+                    self._settle_drafts(request, scheduled.num_spec_tokens, len(token_ids) - 1)
+                self.kv.announce_full_blocks(request)
             if not token_ids:
                 continue
+            before = request.num_output_tokens
             for token_id, logprob in zip(token_ids, logprobs):
                 self._append_token(request, token_id, logprob, now, deferred)
                 if request.is_finished:
                     break
+            num_generated += request.num_output_tokens - before
             progressed.append(request)
-        return progressed
+        return progressed, num_generated
 
     def _propose_drafts(self) -> None:
         """Ask proposer plugins for drafts for the decoding requests that allow speculation."""
@@ -573,13 +668,16 @@ class LLMEngine:
         log.warning(
             "model step %d failed with %d requests", out.step_id, len(out.scheduled), exc_info=error
         )
-        if len(out.scheduled) == 1:
+        # A step scheduled ahead may carry requests that the commit before it finished.
+        alive = tuple(s for s in out.scheduled if not s.request.is_finished)
+        out = dataclasses.replace(out, scheduled=alive)
+        if len(alive) <= 1:
             return self._fail_step(out, error)
         outputs = []
-        for scheduled in out.scheduled:
+        for scheduled in alive:
             solo = dataclasses.replace(out, scheduled=(scheduled,))
             try:
-                runner_out = self.runner.execute(solo, self.kv.block_tables)
+                runner_out = self.runner.collect(self._launch(solo))
             except Exception as solo_error:
                 outputs += self._fail_step(solo, solo_error)
                 continue
@@ -630,6 +728,7 @@ class LLMEngine:
         self,
         out: SchedulerOutput,
         runner_out: RunnerOutput,
+        num_generated: int,
         start: float,
         scheduled_time: float,
         update_time: float,
@@ -655,7 +754,7 @@ class LLMEngine:
             num_prefill_tokens=sum(
                 s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens
             ),
-            num_generated_tokens=sum(len(t) for t in runner_out.sampled_token_ids),
+            num_generated_tokens=num_generated,
             num_preempted=len(out.preempted),
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),

@@ -90,7 +90,9 @@ def spyglass_step_started(step_id: int, scheduled: "tuple[Request, ...]") -> Non
 
     Called before the forward, or with async output (`EngineConfig.async_output`) just after the
     step was launched and the previous step was announced finished: a step's start and finish are
-    never interleaved with another step's.
+    never interleaved with another step's. With async scheduling a step is planned before the
+    previous one's tokens are known; ``scheduled`` leaves out the requests those tokens finished
+    (the step still computes a row for each, and drops it).
     """
 
 

@@ -48,6 +48,10 @@ class Request:
     ``num_computed_tokens`` chases ``num_tokens`` (prompt + output + draft tokens): each step
     computes some of the difference, whether that is a prefill chunk, one decode token or
     draft tokens to verify. There is no prefill or decode mode.
+
+    Between a step's launch and the commit of its tokens, ``num_in_flight_tokens`` counts the
+    tokens it computes and ``num_pending_tokens`` the output token it samples, whose id only the
+    device knows yet: a step scheduled meanwhile (async scheduling) starts after both.
     """
 
     def __init__(
@@ -72,6 +76,8 @@ class Request:
         self.spec_token_ids: list[int] = []
         self.logprobs: list[Logprob] | None = [] if sampling_params.logprobs is not None else None
         self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
+        self.num_pending_tokens = 0
         self.num_cached_tokens = 0
         self.num_preemptions = 0
         self.num_spec_steps = 0
@@ -109,8 +115,13 @@ class Request:
 
     @property
     def num_tokens_with_spec(self) -> int:
-        """Prompt, output and draft tokens: what the next steps must compute."""
-        return self.num_tokens + len(self.spec_token_ids)
+        """Prompt, output (pending ones too) and draft tokens: what the next steps must compute."""
+        return self.num_tokens + self.num_pending_tokens + len(self.spec_token_ids)
+
+    @property
+    def num_launched_tokens(self) -> int:
+        """Tokens computed or being computed by a launched step: where the next step starts."""
+        return self.num_computed_tokens + self.num_in_flight_tokens
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -119,7 +130,8 @@ class Request:
 
     def token_ids_slice(self, start: int, end: int) -> list[int]:
         """Token ids ``[start, end)`` across prompt, output and drafts, copying only those (a decode
-        step's one token must not cost a copy of the whole output)."""
+        step's one token must not cost a copy of the whole output). Pending tokens have no id here:
+        positions from `num_tokens` on give nothing while any is pending."""
         ids: list[int] = []
         for part in (self.prompt_token_ids, self.output_token_ids, self.spec_token_ids):
             if start < len(part) and end > 0:

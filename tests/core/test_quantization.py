@@ -137,5 +137,7 @@ def test_quantized_default_model_agrees_with_float(
     next_token = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     predicted = run_engine(quantized_engine, contexts, next_token)
     agreeing = sum(o.outputs[0].token_ids[0] == t for o, t in zip(predicted, expected, strict=True))
-    print(f"\nquantized vs float32, teacher-forced: {agreeing} of {len(expected)} next tokens agree")
+    print(
+        f"\nquantized vs float32, teacher-forced: {agreeing} of {len(expected)} next tokens agree"
+    )
     assert agreeing >= 0.85 * len(expected)

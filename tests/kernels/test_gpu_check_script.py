@@ -24,18 +24,21 @@ def test_the_throughput_rows_time_both_workloads_and_hf_on_the_device(
     monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path))
     (row,) = gpu_check.throughput_rows("tiny", str(tiny_llama_dir), "cpu", num_requests=2)
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[0] == "tiny" and len(cells) == 5
-    assert all(cell.endswith(" s)") for cell in cells[1:4])  # tok/s (seconds) for W1, W3, HF
-    assert cells[4].endswith("x")
+    assert cells[0] == "tiny" and len(cells) == 7
+    # tok/s (seconds) for W1, W3, both again with async scheduling, and HF
+    assert all(cell.endswith(" s)") for cell in cells[1:6])
+    assert cells[6].endswith("x")
 
 
-def test_the_step_phase_rows_cover_both_modes_and_every_batch(
+def test_the_step_phase_rows_cover_every_mode_and_every_batch(
     gpu_check, tiny_llama_dir, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path))
     header, _rule, *rows = gpu_check.step_phase_table(str(tiny_llama_dir), "cpu", (1, 3))
     cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
-    assert [(c[0], c[1]) for c in cells] == [("off", "1"), ("off", "3"), ("on", "1"), ("on", "3")]
+    assert [(c[0], c[1]) for c in cells] == [
+        (mode, batch) for mode in ("off", "output", "scheduling") for batch in ("1", "3")
+    ]
     assert all(len(c) == len(header.strip("|").split("|")) for c in cells)
     assert all(float(value) >= 0 for c in cells for value in c[2:])
 

@@ -1,7 +1,5 @@
 """A faulty plugin or a poisoned request costs at most the requests concerned, never the engine."""
 
-import functools
-
 import pytest
 
 from spyglass.core.engine.hookspecs import hookimpl
@@ -12,11 +10,26 @@ from spyglass.plugins.priority import PriorityPolicy
 POISON = 7  # requests whose prompt starts with this token trip the faulty plugins
 
 
-@pytest.fixture(params=[False, True], ids=["in turn", "async output"])
+STEP_MODES = {
+    "in turn": {"async_output": False},
+    "async output": {"async_output": True},
+    "async scheduling": {"async_output": True, "async_scheduling": True},
+}
+
+
+@pytest.fixture(params=list(STEP_MODES))
 def make_engine(make_engine, request):
-    """Every fault here in both step modes: with async output a request may fail between its step's
-    commit and its outputs, or in a step launched before the failure."""
-    return functools.partial(make_engine, async_output=request.param)
+    """Every fault here in every step mode: with async output a request may fail between its step's
+    commit and its outputs, or in a step launched before the failure; with async scheduling also in
+    a step scheduled before the previous one's tokens were known. (Speculation schedules in turn.)"""
+
+    def make(**options):
+        mode = STEP_MODES[request.param]
+        if options.get("speculative"):
+            mode = {**mode, "async_scheduling": False}
+        return make_engine(**mode, **options)
+
+    return make
 
 
 def greedy(max_tokens: int = 3, **options) -> SamplingParams:

@@ -80,7 +80,8 @@ class KVCacheManager:
     def allocate_slots(
         self, request: Request, num_new_tokens: int, prefix: PrefixMatch = NO_MATCH
     ) -> bool:
-        """Make room for ``num_new_tokens`` more tokens after the computed ones (and any prefix hit).
+        """Make room for ``num_new_tokens`` more tokens after the computed and in-flight ones (and any
+        prefix hit).
 
         Returns False, changing nothing, when the pool cannot supply the blocks: the scheduler
         then preempts someone or waits. Blocks out of the window are released first (even then), so
@@ -88,7 +89,7 @@ class KVCacheManager:
         """
         table = self.block_tables.get(request.req_id, [])
         self._release_out_of_window(request, table)
-        num_total = request.num_computed_tokens + prefix.num_tokens + num_new_tokens
+        num_total = request.num_launched_tokens + prefix.num_tokens + num_new_tokens
         num_needed = -(-num_total // self.block_size) - len(table) - len(prefix.block_ids)
         if num_needed <= 0 and not prefix.block_ids:
             return True  # most decode steps: the held blocks have room, and the table stays as is

@@ -50,6 +50,10 @@ class LaunchedStep:
     sampled_rows: tuple[bool, ...]
     token_ids: torch.Tensor | None = None
     """The sampled requests' token ids, in order (on the host, still being copied on a GPU)."""
+    device_token_ids: torch.Tensor | None = None
+    """The same ids on the device: where a step launched after this one reads its pending tokens."""
+    sampled_req_ids: tuple[str, ...] = ()
+    """The ids of the requests ``token_ids`` belongs to, in order."""
     copied: "torch.cuda.Event | None" = None
     """Recorded after the copy to the host: what `collect` waits for."""
     mask_time: float = 0.0
@@ -180,25 +184,29 @@ class ModelRunner:
             * element_size
         )
 
-    def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
+    def prepare(
+        self,
+        out: SchedulerOutput,
+        block_tables: dict[str, list[int]],
+        after: LaunchedStep | None = None,
+    ) -> StepInputs:
         """Build input ids, positions, slot mapping and block tables for the scheduled requests.
 
         Per request only its numbers are read; every per-token array is built by whole-array numpy
-        operations, so the host's share of a step grows slowly with the batch.
+        operations, so the host's share of a step grows slowly with the batch. A request's pending
+        token (sampled by ``after``, a step still in flight) is read from that step's ids on the
+        device, so the host need not wait for them.
         """
         bs, scheduled, num_reqs = self.block_size, out.scheduled, len(out.scheduled)
         requests = [s.request for s in scheduled]
         num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_reqs)
         num_spec = np.fromiter((s.num_spec_tokens for s in scheduled), np.int64, num_reqs)
-        starts = np.fromiter((r.num_computed_tokens for r in requests), np.int64, num_reqs)
+        starts = np.fromiter((r.num_launched_tokens for r in requests), np.int64, num_reqs)
         ends = starts + num_new
         query_start = np.zeros(num_reqs + 1, dtype=np.int32)
         np.cumsum(num_new, out=query_start[1:])
-        tokens = [
-            token
-            for request, start, end in zip(requests, starts.tolist(), ends.tolist())
-            for token in request.token_ids_slice(start, end)
-        ]
+        tokens = _known_token_ids(requests, starts.tolist(), ends.tolist())
+        pending_at, pending_rows = _pending_rows(requests, ends, query_start, after)
         positions = _concatenated_ranges(starts, num_new)
         table_array = _block_table_array([block_tables[r.req_id] for r in requests])
         owner = np.repeat(np.arange(num_reqs), num_new)
@@ -210,9 +218,13 @@ class ModelRunner:
         )
         num_rows = np.where(sampled, num_spec + 1, 0)
         logits_rows = _concatenated_ranges(query_start[1:] - num_rows, num_rows)
-        input_ids, positions_t, slot_mapping, logits_indices = upload(
-            [np.array(tokens), positions, slots, logits_rows], np.int64, self.device
+        input_ids, positions_t, slot_mapping, logits_indices, at, rows = upload(
+            [np.array(tokens), positions, slots, logits_rows, pending_at, pending_rows],
+            np.int64,
+            self.device,
         )
+        if len(pending_at):
+            input_ids[at] = after.device_token_ids[rows]
         tables_t, context_lens_t, query_start_t = upload(
             [table_array, context_lens, query_start], np.int32, self.device
         )
@@ -226,20 +238,22 @@ class ModelRunner:
         )
         return StepInputs(input_ids, positions_t, meta, logits_indices, tuple(sampled.tolist()))
 
-    def execute(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> RunnerOutput:
-        """Run the model on a non-empty step and sample the next token for each request that reached its end."""
-        return self.collect(self.launch(out, block_tables))
-
     @torch.inference_mode()
-    def launch(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> LaunchedStep:
+    def launch(
+        self,
+        out: SchedulerOutput,
+        block_tables: dict[str, list[int]],
+        after: LaunchedStep | None = None,
+    ) -> LaunchedStep:
         """Queue a non-empty step's forward and sampling on the device; `collect` waits for it.
 
         A step of one token per sampled request, none asking for logprobs, samples on the device and
         starts copying the token ids to the host: on a GPU the host returns before the step has run.
-        Drafts and logprobs need the host inside sampling; such a step is finished here.
+        Drafts and logprobs need the host inside sampling; such a step is finished here. ``after`` is
+        the step still in flight whose sampled ids this one's pending tokens are (async scheduling).
         """
         start = time.perf_counter()
-        inputs = self.prepare(out, block_tables)
+        inputs = self.prepare(out, block_tables, after)
         logits = self._forward(inputs, len(out.scheduled))
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         if any(s.num_spec_tokens or s.request.logprobs is not None for s in sampled):
@@ -249,13 +263,29 @@ class ModelRunner:
         requests = [s.request for s in sampled]
         adjusted, mask_time = _adjust_plain(logits, requests)
         token_ids = sample_tokens(adjusted, requests) if requests else logits.new_empty(0)
+        req_ids = tuple(r.req_id for r in requests)
         if token_ids.device.type == "cpu":
-            return LaunchedStep(start, inputs.sampled_rows, token_ids, mask_time=mask_time)
+            return LaunchedStep(
+                start,
+                inputs.sampled_rows,
+                token_ids,
+                device_token_ids=token_ids,
+                sampled_req_ids=req_ids,
+                mask_time=mask_time,
+            )
         host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
         host.copy_(token_ids, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record()
-        return LaunchedStep(start, inputs.sampled_rows, host, copied, mask_time=mask_time)
+        return LaunchedStep(
+            start,
+            inputs.sampled_rows,
+            host,
+            device_token_ids=token_ids,
+            sampled_req_ids=req_ids,
+            copied=copied,
+            mask_time=mask_time,
+        )
 
     def collect(self, launched: LaunchedStep) -> RunnerOutput:
         """Wait for a launched step's token ids; its output."""
@@ -327,6 +357,35 @@ class ModelRunner:
                 tokens.append(verified)
                 logprobs.append([None] * len(verified))
         return tuple(tokens), tuple(logprobs), mask_time
+
+
+def _known_token_ids(requests: list[Request], starts: list[int], ends: list[int]) -> list[int]:
+    """Each request's token ids ``[start, end)`` one after another, a pending token's as 0 (its
+    placeholder, filled on the device)."""
+    tokens: list[int] = []
+    for request, start, end in zip(requests, starts, ends):
+        part = request.token_ids_slice(start, end)
+        tokens += part
+        if len(part) < end - start:
+            tokens += [0] * (end - start - len(part))
+    return tokens
+
+
+def _pending_rows(
+    requests: list[Request], ends: np.ndarray, query_start: np.ndarray, after: LaunchedStep | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where the step's pending tokens go in its input ids, and their rows in ``after``'s sampled ids.
+
+    A request's pending token (one at most: only ``after`` is in flight) is its last new token.
+    """
+    at, rows = [], []
+    for index, request in enumerate(requests):
+        if request.num_pending_tokens and ends[index] > request.num_tokens:
+            if after is None:
+                raise RuntimeError(f"{request.req_id}: a pending token, but no step in flight")
+            at.append(int(query_start[index + 1]) - 1)
+            rows.append(after.sampled_req_ids.index(request.req_id))
+    return np.array(at, dtype=np.int64), np.array(rows, dtype=np.int64)
 
 
 def _concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -50,6 +50,10 @@ class Scheduler:
     Running requests are served first, in order; each gets all its outstanding tokens up to
     the budget (a long prompt is thus chunked across steps and mixed with decodes). When KV
     blocks run out the policy picks a victim, which loses its blocks and is recomputed later.
+    With async scheduling a step is planned while the previous one runs: a running request starts
+    after its in-flight tokens (`Request.num_launched_tokens`), and one that those tokens end (its
+    ``max_tokens`` reached) sits the step out. Finishes by EOS or stop string are only known at
+    the commit; such a request's extra row is computed and dropped.
     Waiting requests are admitted in the policy's order while blocks, budget and seats last; a
     `PreemptingPolicy` may preempt running work for a waiting request that does not fit.
     A policy or prefix-cache plugin that raises fails the request it was deciding about (listed
@@ -92,11 +96,17 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         for request in list(self.running):
-            if request.status != RequestStatus.RUNNING or budget == 0:
+            if request.status != RequestStatus.RUNNING or budget == 0 or _ends_in_flight(request):
                 continue
-            num_new = min(request.num_tokens_with_spec - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens_with_spec - request.num_launched_tokens, budget)
             if self._make_room(request, num_new, scheduled, preempted):
-                num_spec = max(0, request.num_computed_tokens + num_new - request.num_tokens)
+                num_spec = max(
+                    0,
+                    request.num_launched_tokens
+                    + num_new
+                    - request.num_tokens
+                    - request.num_pending_tokens,
+                )
                 scheduled.append(ScheduledRequest(request, num_new, num_spec))
                 budget -= num_new
         admitted: list[Request] = []
@@ -279,6 +289,15 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+
+
+def _ends_in_flight(request: Request) -> bool:
+    """Whether a launched step's pending tokens take the request to its ``max_tokens``: it ends when
+    they are committed, and must not be scheduled past them."""
+    return (
+        request.num_pending_tokens > 0
+        and request.num_output_tokens + request.num_pending_tokens >= request.max_tokens
+    )
 
 
 def _describe(error: Exception) -> str:

@@ -1,0 +1,186 @@
+"""``async_scheduling``: each step is scheduled and launched before the previous one's tokens reach
+the host (pending tokens read on the device). It changes no token, text or finish, falls back to
+in-turn scheduling where a request needs its last token on the host, keeps every block accounted
+for through preemptions and aborts, and never lets a request pass its ``max_tokens``."""
+
+import argparse
+import dataclasses
+
+import pytest
+
+from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_llama_checkpoint, mixed_texts) -> list[list[int]]:
+    return [tiny_llama_checkpoint.tokenizer.encode(text) for text in mixed_texts]
+
+
+class InFlightPreemptions:
+    """Counts preemptions of requests whose last step was still in flight."""
+
+    def __init__(self):
+        self.count = 0
+
+    @hookimpl
+    def spyglass_request_preempted(self, request):
+        """Count it if a launched step still computes for it."""
+        self.count += request.num_in_flight_tokens > 0
+
+
+class LaunchesAhead:
+    """Counts the runner's launches, and those made while another step was in flight."""
+
+    def __init__(self, engine):
+        self.total = self.ahead = 0
+        launch = engine.runner.launch
+
+        def counted(out, block_tables, after=None):
+            self.total += 1
+            self.ahead += after is not None
+            return launch(out, block_tables, after)
+
+        engine.runner.launch = counted
+
+
+def _completion(output):
+    completion = output.outputs[0]
+    logprobs = None if completion.logprobs is None else [lp.logprob for lp in completion.logprobs]
+    return (
+        completion.token_ids,
+        completion.text,
+        completion.finish_reason,
+        completion.stop_reason,
+        logprobs,
+    )
+
+
+def _ahead_engine(make_tiny_engine, **options):
+    engine = make_tiny_engine(async_output=True, async_scheduling=True, **options)
+    return engine, LaunchesAhead(engine)
+
+
+def test_the_same_outputs_as_stepping_in_turn(make_tiny_engine, run_engine, prompts):
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    params = [
+        greedy,
+        SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=17, ignore_eos=True),
+        dataclasses.replace(greedy, max_tokens=1),
+        dataclasses.replace(greedy, max_tokens=2),
+        SamplingParams(temperature=0.8, top_k=20, seed=5, max_tokens=9, ignore_eos=True),
+        dataclasses.replace(greedy, logit_bias={17: 3.0}),
+    ]
+    mixed = [params[i % len(params)] for i in range(len(prompts))]
+    first = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
+    # Stop strings and stop tokens taken from the first run end requests part-way, at a commit
+    # that the next step was already scheduled past.
+    for index, output in enumerate(first):
+        completion = output.outputs[0]
+        if index % 3 == 0 and len(completion.text) > 12:
+            mixed[index] = dataclasses.replace(mixed[index], stop=[completion.text[8:11]])
+        elif index % 3 == 1 and len(completion.token_ids) > 6:
+            mixed[index] = dataclasses.replace(
+                mixed[index], stop_token_ids=[completion.token_ids[5]]
+            )
+    in_turn = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
+    engine, launches = _ahead_engine(make_tiny_engine)
+    ahead = run_engine(engine, prompts, mixed)
+    assert sum(o.outputs[0].stop_reason is not None for o in in_turn) >= 4
+    assert [_completion(o) for o in ahead] == [_completion(o) for o in in_turn]
+    assert launches.ahead > launches.total // 2
+    assert all(
+        r.num_in_flight_tokens == r.num_pending_tokens == 0 for r in engine.requests.values()
+    )
+
+
+def test_requests_that_need_their_last_token_schedule_in_turn(
+    make_tiny_engine, run_engine, prompts
+):
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    needs_host = [
+        dataclasses.replace(greedy, logprobs=2),
+        dataclasses.replace(greedy, presence_penalty=0.5, frequency_penalty=0.3),
+        dataclasses.replace(greedy, repetition_penalty=1.2),
+    ]
+    mixed = [needs_host[i % 3] if i % 2 else greedy for i in range(len(prompts))]
+    in_turn = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
+    engine, launches = _ahead_engine(make_tiny_engine)
+    ahead = run_engine(engine, prompts, mixed)
+    assert [_completion(o) for o in ahead] == [_completion(o) for o in in_turn]
+    assert launches.ahead == 0  # every step carried one of them
+    plain, launches = _ahead_engine(make_tiny_engine)
+    run_engine(plain, prompts[:4], greedy)
+    assert launches.ahead > 0
+
+
+def test_preemption_while_a_step_is_in_flight(make_tiny_engine, run_engine, prompts, same_greedy):
+    """A pool too small for the batch: requests are preempted while their previous step runs, and
+    come back with the token that step sampled."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    with_logprobs = dataclasses.replace(params, logprobs=2)  # for near-ties; they schedule in turn
+    reference = run_engine(make_tiny_engine(async_output=False), prompts, with_logprobs)
+    engine, launches = _ahead_engine(make_tiny_engine, num_kv_blocks=24, max_num_seqs=16)
+    preemptions = InFlightPreemptions()
+    engine.plugin_manager.register(preemptions)
+    ahead = run_engine(engine, prompts, params)  # checks the pool's integrity after every step
+    assert preemptions.count >= 3 and launches.ahead > 0
+    for expected, actual in zip(reference, ahead):
+        assert len(actual.outputs[0].token_ids) == 40
+        same_greedy(expected, actual)
+
+
+def test_an_abort_in_flight_is_final_and_blocks_return(make_tiny_engine, prompts):
+    engine, launches = _ahead_engine(make_tiny_engine)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for index, prompt in enumerate(prompts[:4]):
+        engine.add_request(f"r{index}", prompt, params)
+    outputs = [output for _ in range(4) for output in engine.step()]
+    assert engine._in_flight is not None and launches.ahead > 0
+    aborted = engine.abort("r1")
+    assert aborted.finished and aborted.outputs[0].finish_reason == "abort"
+    later = []
+    while engine.has_unfinished_requests:
+        later += engine.step()
+        engine.kv.check_integrity()
+    assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
+    assert all(o.request_id != "r1" for o in later)
+    finals = {o.request_id: o for o in outputs + later if o.finished}
+    assert sorted(finals) == ["r0", "r2", "r3"]
+    assert all(len(o.outputs[0].token_ids) == 12 for o in finals.values())
+
+
+def test_the_flag_and_what_it_does_not_combine_with(make_tiny_engine):
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_config_from_args(parser.parse_args(["--async-scheduling"])).async_scheduling
+    assert not engine_config_from_args(parser.parse_args([])).async_scheduling
+    with pytest.raises(ValueError, match="needs async output"):
+        make_tiny_engine(async_output=False, async_scheduling=True)
+    with pytest.raises(ValueError, match="does not combine with --speculative"):
+        make_tiny_engine(
+            async_output=True, async_scheduling=True, speculative="ngram", plugins=["fcfs", "ngram"]
+        )
+
+
+def test_a_step_that_fails_on_the_device_drops_the_step_ahead(
+    make_tiny_engine, run_engine, prompts
+):
+    """A device error surfaces when a step's ids are collected, after the next step was launched
+    on them: that step is dropped uncommitted, the failed one rerun a request at a time."""
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    expected = run_engine(make_tiny_engine(async_output=False), prompts[:5], params)
+    engine, launches = _ahead_engine(make_tiny_engine)
+    collect, calls = engine.runner.collect, []
+
+    def failing_once(launched):
+        calls.append(launched)
+        if len(calls) == 4:
+            raise RuntimeError("device-side assert")
+        return collect(launched)
+
+    engine.runner.collect = failing_once
+    outputs = run_engine(engine, prompts[:5], params)
+    assert len(calls) > 4 and launches.ahead > 0
+    assert [_completion(o) for o in outputs] == [_completion(o) for o in expected]
