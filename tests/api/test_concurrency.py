@@ -5,6 +5,28 @@ import json
 
 import httpx
 import openai
+import pytest
+
+from tests.api.conftest import TINY_ARGS, start_server
+
+
+@pytest.fixture(scope="module", params=["in turn", "async scheduling"])
+def tiny_server(request, tiny_server, tiny_llama_dir, tmp_path_factory):
+    """The shared tiny server, and one that schedules each step before the previous one's tokens
+    reach the host: clients see the same protocol, and every request still ends and frees its blocks."""
+    if request.param == "in turn":
+        yield tiny_server
+        return
+    server = start_server(
+        str(tiny_llama_dir),
+        tmp_path_factory.mktemp("async_scheduling_server"),
+        *TINY_ARGS,
+        "--async-output",
+        "--async-scheduling",
+    )
+    assert "async output on, async scheduling on" in server.log()
+    yield server
+    server.stop()
 
 
 def _kv(server) -> dict:
