@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from spyglass.telemetry.settings import TelemetrySettings
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-QUANTIZATIONS = ("auto", "none", "int8")
+QUANTIZATIONS = ("auto", "none", "int8", "dual")
 # auto: the model's dtype. float16: half the bytes of a float32 model's cache on the CPU.
 KV_CACHE_DTYPES = ("auto", "float16")
 
@@ -64,7 +64,8 @@ class EngineConfig:
     ``num_speculative_tokens`` drafts per decoding request each step. ``plugin_options`` holds
     plugins' own settings (``--plugin-option draft_model=PATH``), read by the plugins at start.
     ``quantization`` (`core.quantization`): auto keeps a GGUF file's quantized blocks on the CPU,
-    none dequantizes at load, int8 stores the matrices as weight-only int8 (Q8_0).
+    none dequantizes at load, int8 stores the matrices as weight-only int8 (Q8_0), dual keeps the
+    blocks for steps of a few rows and a bf16 copy of each matrix for bigger steps (AMX).
     ``kv_cache_dtype`` auto stores keys and values in the model's dtype; float16 (float32 models on
     the CPU) halves the cache's bytes, which decode attention streams each step, and doubles its blocks.
     ``engine_id`` names the engine in metrics (the ``engine`` label), traces and logs; None gives a

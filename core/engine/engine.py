@@ -34,7 +34,14 @@ from spyglass.core.engine.step_stats import EngineInfo, StepStats
 from spyglass.core.engine.token_constraint import TokenConstraint, allowed_tokens, fill_rows
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.load import load_checkpoint
-from spyglass.core.models.quantization import quantize_weights_int8, resolve_mode, weight_bytes
+from spyglass.core.models.linear import DualLinear
+from spyglass.core.models.quantization import (
+    check_dense_copies,
+    quantize_weights_int8,
+    resolve_mode,
+    weight_bytes,
+    with_dense_copies,
+)
 from spyglass.core.models.registry import build_model
 from spyglass.kernels import cpu_isa
 from spyglass.kernels.backend import select_backend
@@ -98,10 +105,16 @@ class LLMEngine:
         self.hooks = SafeHookRelay(self.plugin_manager)
         quantization = resolve_mode(config.quantization, self.device)
         checkpoint = checkpoint or load_checkpoint(
-            config.model, dtype, keep_quantized=quantization == "auto"
+            config.model, dtype, keep_quantized=quantization in ("auto", "dual")
         )
         if quantization == "int8":
             checkpoint = replace(checkpoint, weights=quantize_weights_int8(checkpoint.weights))
+        elif quantization == "dual":
+            if config.tensor_parallel_size > 1:
+                raise ValueError("--quantization dual does not combine with tensor parallelism")
+            check_dense_copies(checkpoint.weights, dtype)
+            checkpoint = replace(checkpoint, weights=with_dense_copies(checkpoint.weights, dtype))
+            quantization = f"dual: blocks below {DualLinear.DENSE_FROM_ROWS} rows, bf16 from there"
         self.model_name = checkpoint.name
         self.tokenizer = checkpoint.tokenizer
         self.arch = checkpoint.arch
