@@ -75,6 +75,38 @@ def run_to_completion(
     return [finished[req_id] for req_id in req_ids]
 
 
+def completion_fields(output: RequestOutput) -> tuple:
+    """What a client sees of a finished request: token ids, text, finish and stop reasons, logprobs."""
+    completion = output.outputs[0]
+    logprobs = None if completion.logprobs is None else [lp.logprob for lp in completion.logprobs]
+    return (
+        completion.token_ids,
+        completion.text,
+        completion.finish_reason,
+        completion.stop_reason,
+        logprobs,
+    )
+
+
+def teacher_forced_agreement(
+    engine: LLMEngine, prompts: Sequence[list[int]], reference: Sequence[RequestOutput]
+) -> tuple[int, int]:
+    """At each position of each ``reference`` output, whether ``engine`` given the same context
+    (the prompt and the reference's tokens before it) picks the same next token greedily; (how many
+    agree, how many positions). Unlike free-running agreement, one flipped near-tie costs one
+    position, not the rest of the text."""
+    contexts, expected = [], []
+    for prompt, output in zip(prompts, reference, strict=True):
+        tokens = output.outputs[0].token_ids
+        for position, token in enumerate(tokens):
+            contexts.append(list(prompt) + tokens[:position])
+            expected.append(token)
+    next_token = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    predicted = run_to_completion(engine, contexts, next_token)
+    agreeing = sum(o.outputs[0].token_ids[0] == t for o, t in zip(predicted, expected, strict=True))
+    return agreeing, len(expected)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_checkpoint(tiny_llama_dir) -> Checkpoint:
     """The tiny random Llama, loaded once through the real HF-directory loader in float32."""

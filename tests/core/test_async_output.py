@@ -9,6 +9,7 @@ import pytest
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import SamplingParams
+from tests.core.conftest import completion_fields
 
 
 class StepEvents:
@@ -33,18 +34,6 @@ def prompts(tiny_llama_checkpoint, mixed_texts) -> list[list[int]]:
     return [tiny_llama_checkpoint.tokenizer.encode(text) for text in mixed_texts]
 
 
-def _completion(output):
-    completion = output.outputs[0]
-    logprobs = None if completion.logprobs is None else [lp.logprob for lp in completion.logprobs]
-    return (
-        completion.token_ids,
-        completion.text,
-        completion.finish_reason,
-        completion.stop_reason,
-        logprobs,
-    )
-
-
 def test_the_same_outputs_as_stepping_in_turn(make_tiny_engine, run_engine, prompts):
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     params = [
@@ -64,11 +53,14 @@ def test_the_same_outputs_as_stepping_in_turn(make_tiny_engine, run_engine, prom
     in_turn = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
     overlapped = run_engine(make_tiny_engine(async_output=True), prompts, mixed)
     assert sum(o.outputs[0].stop_reason is not None for o in in_turn) >= 2
-    assert [_completion(o) for o in overlapped] == [_completion(o) for o in in_turn]
+    assert [completion_fields(o) for o in overlapped] == [completion_fields(o) for o in in_turn]
 
 
-def test_steps_are_announced_in_pairs_and_an_abort_in_flight_is_final(make_tiny_engine, prompts):
-    engine = make_tiny_engine(async_output=True)
+@pytest.mark.parametrize("scheduling", [False, True], ids=["async output", "async scheduling"])
+def test_steps_are_announced_in_pairs_and_an_abort_in_flight_is_final(
+    make_tiny_engine, prompts, scheduling
+):
+    engine = make_tiny_engine(async_output=True, async_scheduling=scheduling)
     events = StepEvents()
     engine.plugin_manager.register(events)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -11,6 +11,7 @@ import pytest
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import SamplingParams
+from tests.core.conftest import completion_fields
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +46,6 @@ class LaunchesAhead:
         engine.runner.launch = counted
 
 
-def _completion(output):
-    completion = output.outputs[0]
-    logprobs = None if completion.logprobs is None else [lp.logprob for lp in completion.logprobs]
-    return (
-        completion.token_ids,
-        completion.text,
-        completion.finish_reason,
-        completion.stop_reason,
-        logprobs,
-    )
-
-
 def _ahead_engine(make_tiny_engine, **options):
     engine = make_tiny_engine(async_output=True, async_scheduling=True, **options)
     return engine, LaunchesAhead(engine)
@@ -88,7 +77,7 @@ def test_the_same_outputs_as_stepping_in_turn(make_tiny_engine, run_engine, prom
     engine, launches = _ahead_engine(make_tiny_engine)
     ahead = run_engine(engine, prompts, mixed)
     assert sum(o.outputs[0].stop_reason is not None for o in in_turn) >= 4
-    assert [_completion(o) for o in ahead] == [_completion(o) for o in in_turn]
+    assert [completion_fields(o) for o in ahead] == [completion_fields(o) for o in in_turn]
     assert launches.ahead > launches.total // 2
     assert all(
         r.num_in_flight_tokens == r.num_pending_tokens == 0 for r in engine.requests.values()
@@ -108,7 +97,7 @@ def test_requests_that_need_their_last_token_schedule_in_turn(
     in_turn = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
     engine, launches = _ahead_engine(make_tiny_engine)
     ahead = run_engine(engine, prompts, mixed)
-    assert [_completion(o) for o in ahead] == [_completion(o) for o in in_turn]
+    assert [completion_fields(o) for o in ahead] == [completion_fields(o) for o in in_turn]
     assert launches.ahead == 0  # every step carried one of them
     plain, launches = _ahead_engine(make_tiny_engine)
     run_engine(plain, prompts[:4], greedy)
@@ -129,26 +118,6 @@ def test_preemption_while_a_step_is_in_flight(make_tiny_engine, run_engine, prom
     for expected, actual in zip(reference, ahead):
         assert len(actual.outputs[0].token_ids) == 40
         same_greedy(expected, actual)
-
-
-def test_an_abort_in_flight_is_final_and_blocks_return(make_tiny_engine, prompts):
-    engine, launches = _ahead_engine(make_tiny_engine)
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    for index, prompt in enumerate(prompts[:4]):
-        engine.add_request(f"r{index}", prompt, params)
-    outputs = [output for _ in range(4) for output in engine.step()]
-    assert engine._in_flight is not None and launches.ahead > 0
-    aborted = engine.abort("r1")
-    assert aborted.finished and aborted.outputs[0].finish_reason == "abort"
-    later = []
-    while engine.has_unfinished_requests:
-        later += engine.step()
-        engine.kv.check_integrity()
-    assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
-    assert all(o.request_id != "r1" for o in later)
-    finals = {o.request_id: o for o in outputs + later if o.finished}
-    assert sorted(finals) == ["r0", "r2", "r3"]
-    assert all(len(o.outputs[0].token_ids) == 12 for o in finals.values())
 
 
 def test_the_flag_and_what_it_does_not_combine_with(make_tiny_engine):
@@ -183,4 +152,4 @@ def test_a_step_that_fails_on_the_device_drops_the_step_ahead(
     engine.runner.collect = failing_once
     outputs = run_engine(engine, prompts[:5], params)
     assert len(calls) > 4 and launches.ahead > 0
-    assert [_completion(o) for o in outputs] == [_completion(o) for o in expected]
+    assert [completion_fields(o) for o in outputs] == [completion_fields(o) for o in expected]

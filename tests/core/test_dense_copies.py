@@ -25,6 +25,7 @@ from spyglass.core.models.quantization import (
     with_dense_copies,
 )
 from spyglass.kernels import cpu_isa
+from tests.core.conftest import teacher_forced_agreement
 
 AMX = frozenset({"amx_bf16", "avx512bw", "avx512vl", "avx512dq"})
 
@@ -126,14 +127,6 @@ def test_the_default_model_with_copies_follows_float32(
     )
     assert isinstance(engine.runner.model.layers[0].mlp.gate_up, DualLinear)
     assert isinstance(engine.runner.model.lm_head, DualLinear)  # the tied embedding's copy
-    contexts, expected = [], []
-    for prompt, output in zip(prompts, floats, strict=True):
-        tokens = output.outputs[0].token_ids
-        for position, token in enumerate(tokens):
-            contexts.append(prompt + tokens[:position])
-            expected.append(token)
-    next_token = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    predicted = run_engine(engine, contexts, next_token)
-    agreeing = sum(o.outputs[0].token_ids[0] == t for o, t in zip(predicted, expected, strict=True))
-    print(f"\nblocks + bf16 copies vs float32, teacher-forced: {agreeing} of {len(expected)}")
-    assert agreeing >= 0.85 * len(expected)
+    agreeing, total = teacher_forced_agreement(engine, prompts, floats)
+    print(f"\nblocks + bf16 copies vs float32, teacher-forced: {agreeing} of {total}")
+    assert agreeing >= 0.85 * total

@@ -21,6 +21,7 @@ from spyglass.core.models.quantization import (
     resolve_mode,
     weight_bytes,
 )
+from tests.core.conftest import teacher_forced_agreement
 
 PROMPTS = [
     "The capital of France is",
@@ -122,22 +123,12 @@ def test_quantized_default_model_agrees_with_float(
     """
     prompts = [make_default_engine().tokenizer.encode(p) for p in PROMPTS]
     floats = run_engine(make_default_engine(), prompts, GREEDY)
-    contexts, expected = [], []
-    for prompt, output in zip(prompts, floats, strict=True):
-        tokens = output.outputs[0].token_ids
-        for position, token in enumerate(tokens):
-            contexts.append(prompt + tokens[:position])
-            expected.append(token)
     quantized_engine = LLMEngine(
         EngineConfig(
             dtype="float32", device="cpu", plugins=["fcfs", "prefix_cache"], num_kv_blocks=256
         ),
         checkpoint=quantized_checkpoint,
     )
-    next_token = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    predicted = run_engine(quantized_engine, contexts, next_token)
-    agreeing = sum(o.outputs[0].token_ids[0] == t for o, t in zip(predicted, expected, strict=True))
-    print(
-        f"\nquantized vs float32, teacher-forced: {agreeing} of {len(expected)} next tokens agree"
-    )
-    assert agreeing >= 0.85 * len(expected)
+    agreeing, total = teacher_forced_agreement(quantized_engine, prompts, floats)
+    print(f"\nquantized vs float32, teacher-forced: {agreeing} of {total} next tokens agree")
+    assert agreeing >= 0.85 * total

@@ -263,26 +263,18 @@ class ModelRunner:
         requests = [s.request for s in sampled]
         adjusted, mask_time = _adjust_plain(logits, requests)
         token_ids = sample_tokens(adjusted, requests) if requests else logits.new_empty(0)
-        req_ids = tuple(r.req_id for r in requests)
-        if token_ids.device.type == "cpu":
-            return LaunchedStep(
-                start,
-                inputs.sampled_rows,
-                token_ids,
-                device_token_ids=token_ids,
-                sampled_req_ids=req_ids,
-                mask_time=mask_time,
-            )
-        host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
-        host.copy_(token_ids, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
+        host, copied = token_ids, None
+        if token_ids.device.type != "cpu":
+            host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+            host.copy_(token_ids, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
         return LaunchedStep(
             start,
             inputs.sampled_rows,
             host,
             device_token_ids=token_ids,
-            sampled_req_ids=req_ids,
+            sampled_req_ids=tuple(r.req_id for r in requests),
             copied=copied,
             mask_time=mask_time,
         )
