@@ -371,12 +371,12 @@ def _pending_rows(
     A request's pending token (one at most: only ``after`` is in flight) is its last new token.
     """
     at, rows = [], []
-    for index, request in enumerate(requests):
-        if request.num_pending_tokens and ends[index] > request.num_tokens:
-            if after is None:
-                raise RuntimeError(f"{request.req_id}: a pending token, but no step in flight")
-            at.append(int(query_start[index + 1]) - 1)
-            rows.append(after.sampled_req_ids.index(request.req_id))
+    if after is not None:  # only a step launched while another is in flight has pending tokens
+        row_of = {req_id: row for row, req_id in enumerate(after.sampled_req_ids)}
+        for index, request in enumerate(requests):
+            if request.num_pending_tokens and ends[index] > request.num_tokens:
+                at.append(int(query_start[index + 1]) - 1)
+                rows.append(row_of[request.req_id])
     return np.array(at, dtype=np.int64), np.array(rows, dtype=np.int64)
 
 
