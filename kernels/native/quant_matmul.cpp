@@ -8,6 +8,11 @@
 // q signed (Q8_0). The weights are first repacked (once, at load) so that 8 rows' blocks are
 // interleaved: one vector instruction then makes 8 rows' products, and each block's nibbles are
 // unpacked once for several activation rows.
+//
+// Built with AMX-INT8 (the avx512-bf16 variant) and switched on by `spyglass_quant_use_amx` on a
+// CPU that has it, full tiles of 16 activation rows by 16 weight rows multiply each block in one
+// tile instruction (the packed layout's 4-value interleave is AMX's weight-tile layout); the scaling
+// that follows is the vector path's, operation for operation, so both give the same bits.
 
 // GCC spills group_dots' accumulators to the stack unless its first scheduling pass (off by
 // default on x86) orders the unrolled block loop for register pressure: 1.2-1.3x faster.
@@ -24,6 +29,11 @@
 
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+#define SPYGLASS_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace {
@@ -230,12 +240,103 @@ void group_dots(const uint8_t* group, int64_t num_blocks, const int8_t* xq, cons
 #endif
 }
 
+bool use_amx = false;  // set by spyglass_quant_use_amx
+
+constexpr int64_t kTileRows = 16;  // activation rows, and weight rows (two groups), of one AMX tile
+
+#if defined(SPYGLASS_AMX)
+struct TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+void configure_tiles() {
+    TileConfig config{};
+    config.palette = 1;
+    config.rows[0] = kTileRows, config.colsb[0] = kTileRows * 4;  // C: int32 per activation row x weight row
+    config.rows[1] = kTileRows, config.colsb[1] = kBlock;         // A: one block of 16 activation rows
+    config.rows[2] = kBlock / 4, config.colsb[2] = kTileRows * 4;  // B: 4 values of 16 weight rows per row
+    // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes only, and the stores past them
+    // were dropped (ldtilecfg then faults): make them all happen first.
+    __asm__ __volatile__("" : : "r"(&config) : "memory");
+    _tile_loadconfig(&config);
+}
+
+// Block b of weight groups g and g + 1 as a B tile: row q holds values 4q..4q+3 of each weight row,
+// which is what the packed layout's vectors hold (Q4: two rows of nibbles per vector).
+template <int64_t TYPE>
+void weight_tile(const uint8_t* group0, const uint8_t* group1, int64_t b, uint8_t* tile) {
+    const int64_t stride = packed_block_bytes(TYPE);
+    const uint8_t* values[2] = {group0 + b * stride + values_offset(TYPE), group1 + b * stride + values_offset(TYPE)};
+    for (int half = 0; half < 2; ++half) {
+        for (int64_t q = 0; q < kBlock / 4; ++q) {
+            uint8_t* row = tile + q * kTileRows * 4 + half * kGroup * 4;
+            if constexpr (TYPE == kQ8_0) {
+                std::memcpy(row, values[half] + 32 * q, 32);
+            } else {
+                const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values[half] + 32 * (q / 2)));
+                const __m256i nibbles = q % 2 ? _mm256_srli_epi16(packed, 4) : packed;
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), _mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F)));
+            }
+        }
+    }
+}
+
+// y's rows [0, m_tiles * 16) and weight rows [32 p, 32 p + 16) for pair p of groups, on AMX. The
+// scaling per block is group_dots' (scale = d * xd, then the offset), in the same order.
+template <int64_t TYPE>
+void amx_tiles(const uint8_t* packed, int64_t group_bytes, int64_t num_blocks, int64_t pair, int64_t m_tiles, const int8_t* xq,
+               const float* xd, const float* xs, int64_t n, int64_t k, std::vector<uint8_t>& tiles, float* y) {
+    const int64_t stride = packed_block_bytes(TYPE), g = 2 * pair;
+    const uint8_t *group0 = packed + g * group_bytes, *group1 = group0 + group_bytes;
+    tiles.resize(num_blocks * kBlock * kTileRows);
+    for (int64_t b = 0; b < num_blocks; ++b) weight_tile<TYPE>(group0, group1, b, &tiles[b * kBlock * kTileRows]);
+    const int64_t columns = n - g * kGroup < kTileRows ? n - g * kGroup : kTileRows;
+    alignas(64) int32_t dots[kTileRows * kTileRows];
+    for (int64_t tile = 0; tile < m_tiles; ++tile) {
+        const int64_t i0 = tile * kTileRows;
+        __m512 acc[kTileRows];
+        for (auto& a : acc) a = _mm512_setzero_ps();
+        for (int64_t b = 0; b < num_blocks; ++b) {
+            _tile_zero(0);
+            _tile_loadd(1, xq + i0 * k + b * kBlock, k);
+            _tile_loadd(2, &tiles[b * kBlock * kTileRows], kTileRows * 4);
+            if constexpr (TYPE == kQ8_0) {
+                _tile_dpbssd(0, 1, 2);
+            } else {
+                _tile_dpbsud(0, 1, 2);
+            }
+            _tile_stored(0, dots, kTileRows * 4);
+            const uint8_t *block0 = group0 + b * stride, *block1 = group1 + b * stride;
+            const __m512 d = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block0)))),
+                                                _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block1))), 1);
+            __m512 m = _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
+            if constexpr (TYPE == kQ4_1) {
+                m = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block0 + 16)))),
+                                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block1 + 16))), 1);
+            }
+            for (int64_t i = 0; i < kTileRows; ++i) {
+                const int64_t row = (i0 + i) * num_blocks + b;
+                const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(dots + i * kTileRows));
+                acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(xd[row])), acc[i]);
+                if (TYPE != kQ8_0) acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[row]), acc[i]);
+            }
+        }
+        const __mmask16 valid = static_cast<__mmask16>((1u << columns) - 1);
+        for (int64_t i = 0; i < kTileRows; ++i) _mm512_mask_storeu_ps(y + (i0 + i) * n + g * kGroup, valid, acc[i]);
+    }
+}
+#endif
+
 template <int64_t TYPE>
 void matmul(const float* x, const uint8_t* packed, int64_t m_rows, int64_t n, int64_t k, int64_t num_threads, float* y) {
     const int64_t num_blocks = k / kBlock, num_groups = (n + kGroup - 1) / kGroup;
     const int64_t group_bytes = num_blocks * packed_block_bytes(TYPE);
     std::vector<int8_t> xq(m_rows * k);
     std::vector<float> xd(m_rows * num_blocks), xs(m_rows * num_blocks);
+    // AMX takes whole tiles: 16-row blocks of activations times pairs of weight groups.
+    const int64_t m_tiles = use_amx ? m_rows / kTileRows : 0, num_pairs = m_tiles ? num_groups / 2 : 0;
 #pragma omp parallel num_threads(num_threads)
     {
         float dots[kXRows * kGroup];
@@ -243,13 +344,27 @@ void matmul(const float* x, const uint8_t* packed, int64_t m_rows, int64_t n, in
         for (int64_t i = 0; i < m_rows; ++i) {
             quantize_row(x + i * k, num_blocks, &xq[i * k], &xd[i * num_blocks], &xs[i * num_blocks]);
         }
+#if defined(SPYGLASS_AMX)
+        if (num_pairs) {
+            configure_tiles();
+            std::vector<uint8_t> tiles;
+#pragma omp for schedule(static)
+            for (int64_t pair = 0; pair < num_pairs; ++pair) {
+                amx_tiles<TYPE>(packed, group_bytes, num_blocks, pair, m_tiles, xq.data(), xd.data(), xs.data(), n, k, tiles, y);
+            }
+            _tile_release();
+        }
+#endif
+        // The rest on the vector path: rows past the tiles, and all rows of a group without a pair.
+        const int64_t first_row = m_tiles * kTileRows;
         for (int64_t chunk = 0; chunk < m_rows; chunk += kRowChunk) {
             const int64_t chunk_end = chunk + kRowChunk < m_rows ? chunk + kRowChunk : m_rows;
 #pragma omp for schedule(static)
             for (int64_t g = 0; g < num_groups; ++g) {
+                if (g < 2 * num_pairs && chunk_end <= first_row) continue;
                 const uint8_t* group = packed + g * group_bytes;
                 const int64_t rows = n - g * kGroup < kGroup ? n - g * kGroup : kGroup;
-                for (int64_t i = chunk; i < chunk_end; i += kXRows) {
+                for (int64_t i = g < 2 * num_pairs && chunk < first_row ? first_row : chunk; i < chunk_end; i += kXRows) {
                     const int64_t count = chunk_end - i < kXRows ? chunk_end - i : kXRows;
                     const int8_t* xi = &xq[i * k];
                     const float *di = &xd[i * num_blocks], *si = &xs[i * num_blocks];
@@ -270,6 +385,19 @@ void matmul(const float* x, const uint8_t* packed, int64_t m_rows, int64_t n, in
 }  // namespace
 
 extern "C" {
+
+// Multiply whole tiles on AMX from now on when ``wanted`` and this build and CPU allow it (the
+// process asks Linux for the tile state once); returns whether AMX is in use.
+int spyglass_quant_use_amx(int wanted) {
+#if defined(SPYGLASS_AMX)
+    static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    use_amx = wanted && permitted;
+#else
+    (void)wanted;
+    use_amx = false;
+#endif
+    return use_amx;
+}
 
 // Bytes `spyglass_quant_pack` writes for an [n, k] matrix of `type`.
 int64_t spyglass_quant_packed_bytes(int64_t type, int64_t n, int64_t k) {

@@ -12,7 +12,7 @@ import pytest
 import torch
 from gguf.quants import dequantize, quantize
 
-from spyglass.kernels import cpu_quant
+from spyglass.kernels import cpu_isa, cpu_quant
 
 SHAPES = [
     (1, 33, 64),
@@ -75,3 +75,37 @@ def test_dequantize_rows_equals_gguf(native_kernels, qtype):
         rtol=1e-6,
         atol=1e-6,
     )
+
+
+AMX_HOST = {"amx_tile", "amx_int8"} <= cpu_isa.cpu_flags()
+
+
+@pytest.mark.skipif(not AMX_HOST, reason="AMX-INT8 runs only on a CPU that has it")
+@pytest.mark.parametrize("qtype", cpu_quant.SUPPORTED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("m, n, k", [(16, 16, 32), (17, 40, 64), (67, 257, 576), (130, 48, 96)])
+def test_amx_tiles_give_the_vector_paths_bits(qtype, m, n, k):
+    """Whole 16x16 tiles on AMX, the rest (rows past the tiles, a group without a pair) on the
+    vector path: the same bits as all on the vector path, which the reference test checks."""
+    kernels = cpu_quant.QuantKernels(cpu_isa.best_variant())
+    blocks, weight = quantized_weight(n, k, qtype)
+    packed = kernels.pack(blocks, qtype, n, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m * n))
+    assert kernels.use_amx(True)
+    on_tiles = kernels.matmul(x, packed, qtype, n, k)
+    try:  # the switch is the loaded library's: every later user of this variant sees it
+        assert not kernels.use_amx(False)
+        assert torch.equal(on_tiles, kernels.matmul(x, packed, qtype, n, k))
+    finally:
+        kernels.use_amx(True)
+    same_inputs = quantized_activations(x) @ weight.T
+    torch.testing.assert_close(
+        on_tiles.double(), same_inputs, rtol=1e-4, atol=1e-3 * same_inputs.abs().max().item()
+    )
+
+
+@pytest.mark.parametrize("variant", cpu_isa.runnable_variants(), ids=lambda v: v.name)
+def test_amx_is_used_only_where_the_build_and_the_cpu_have_it(variant):
+    kernels = cpu_quant.QuantKernels(variant)
+    expected = AMX_HOST and variant.name == "avx512-bf16"
+    assert kernels.amx == expected
+    assert kernels.use_amx(True) == expected
