@@ -355,6 +355,14 @@ CACHE_CONFIG_INFO = Gauge(
     M + ["block_size", "num_gpu_blocks", "cache_dtype", "max_model_len", "max_num_seqs"],
 )
 
+ENGINE_CONFIG_INFO = Gauge(
+    "spyglass:engine_config_info",
+    "How the engine runs, in labels: device, dtype, kernels (the CPU instruction set, e.g. "
+    "avx512-bf16+amx, or cuda), quantization mode, async output and async scheduling (on/off); "
+    "the value is always 1.",
+    M + ["device", "dtype", "kernels", "quantization", "async_output", "async_scheduling"],
+)
+
 # -- service-level objectives ------------------------------------------------------------------
 SLO_TTFT_TARGET = Gauge("spyglass:slo_ttft_target_seconds", "The time-to-first-token target.", M)
 SLO_TPOT_TARGET = Gauge("spyglass:slo_tpot_target_seconds", "The time-per-output-token target.", M)

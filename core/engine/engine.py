@@ -114,7 +114,6 @@ class LLMEngine:
                 raise ValueError("--quantization dual does not combine with tensor parallelism")
             check_dense_copies(checkpoint.weights, dtype)
             checkpoint = replace(checkpoint, weights=with_dense_copies(checkpoint.weights, dtype))
-            quantization = f"dual: blocks below {DualLinear.DENSE_FROM_ROWS} rows, bf16 from there"
         self.model_name = checkpoint.name
         self.tokenizer = checkpoint.tokenizer
         self.arch = checkpoint.arch
@@ -192,6 +191,10 @@ class LLMEngine:
             waiting_classes=tuple(getattr(policy, "waiting_classes", ())),
             tensor_parallel_size=config.tensor_parallel_size,
             kv_cache_dtype=dtype_name(cache_dtype),
+            kernels=cpu_isa.describe() if self.device.type == "cpu" else "cuda",
+            quantization=quantization,
+            async_output=self.async_output,
+            async_scheduling=self.async_scheduling,
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
         )
@@ -200,11 +203,13 @@ class LLMEngine:
             "%d KV blocks of %d tokens (%s), async output %s, async scheduling %s",
             self.model_name,
             self.info.device,
-            cpu_isa.describe() if self.device.type == "cpu" else "cuda",
+            self.info.kernels,
             self.info.dtype,
             dtype_reason,
             weight_bytes(checkpoint.weights) / 1e6,
-            quantization,
+            f"dual: blocks below {DualLinear.DENSE_FROM_ROWS} rows, bf16 from there"
+            if quantization == "dual"
+            else quantization,
             self.backend.name,
             num_blocks,
             config.block_size,

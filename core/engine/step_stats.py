@@ -27,6 +27,10 @@ class EngineInfo:
     waiting_classes: tuple[str, ...] = ()  # the scheduling policy's classes known up front
     tensor_parallel_size: int = 1  # the ranks (processes) that run each forward
     kv_cache_dtype: str = ""  # the KV cache's dtype: `dtype` unless --kv-cache-dtype chose another
+    kernels: str = ""  # the CPU instruction set the kernels use (avx2, avx512-bf16+amx...), or cuda
+    quantization: str = ""  # the --quantization mode in force (auto, none, int8, dual)
+    async_output: bool = False  # a step's outputs are emitted while the next step runs
+    async_scheduling: bool = False  # a step is scheduled before the previous one's tokens are known
     # Live views for plugins: the tokenizer (to decode output for traces) and the hook relay's
     # error counts by "plugin.hook" (exported as a metric). Not part of equality or the repr.
     tokenizer: "Tokenizer | None" = field(default=None, compare=False, repr=False)

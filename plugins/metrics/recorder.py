@@ -82,6 +82,15 @@ class MetricsRecorder:
             str(info.max_model_len),
             str(info.max_num_seqs),
         ).set(1)
+        series.labels(
+            m.ENGINE_CONFIG_INFO,
+            info.device,
+            info.dtype,
+            info.kernels,
+            info.quantization,
+            "on" if info.async_output else "off",
+            "on" if info.async_scheduling else "off",
+        ).set(1)
         self._export_zeros(info, config)
         series.labels(m.TENSOR_PARALLEL_SIZE).set(info.tensor_parallel_size)
         self.ready = series.labels(m.ENGINE_READY)

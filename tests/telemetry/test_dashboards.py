@@ -32,6 +32,7 @@ NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of 
     "spyglass:slo_tpot_target_seconds",
     "spyglass:request_num_preemptions",
     "spyglass:cache_config_info",
+    "spyglass:engine_config_info",
     "spyglass:engine_ready",
     "spyglass:tensor_parallel_size",
 }

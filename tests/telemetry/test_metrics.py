@@ -8,6 +8,7 @@ from prometheus_client import REGISTRY
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.plugin_manager import create_plugin_manager
 from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.kernels import cpu_isa
 from spyglass.telemetry import metrics
 from spyglass.telemetry.exposition import render_metrics
 from spyglass.telemetry.settings import TelemetrySettings
@@ -76,6 +77,9 @@ def test_series_exist_at_zero_before_the_first_request(engine_and_registry):
     info |= {"max_model_len": str(engine.max_model_len), "max_num_seqs": "128"}
     assert reg.value("spyglass:cache_config_info", **info) == 1
     assert reg.value("spyglass:tensor_parallel_size") == 1
+    how = {"device": "cpu", "dtype": "float32", "kernels": cpu_isa.describe()}
+    how |= {"quantization": "auto", "async_output": "off", "async_scheduling": "off"}
+    assert reg.value("spyglass:engine_config_info", **how) == 1
     engine.shutdown()
     assert reg.value("spyglass:engine_ready") == 0  # kept, at 0, for the not-ready alert
     labels = {"model_name": "tiny", "engine": engine.engine_id}
