@@ -27,12 +27,12 @@ class KernelVariant:
 
 
 # Best first. x86-64-v2/v3/v4 are the psABI micro-architecture levels; "avx512-bf16" adds the bf16
-# dot-product instructions the attention kernel's fastest path uses, and may use AMX-INT8 tiles
-# where the CPU has them (the quantized matmul asks at run time, `cpu_quant`).
+# dot-product instructions the attention kernel's fastest path uses. AVX-512 builds may also use
+# AMX-INT8 tiles where the CPU has them (the quantized matmul asks at run time, `cpu_quant`).
 _X86_VARIANTS = (
     KernelVariant(
         "avx512-bf16",
-        ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-int8"),
+        ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni"),
         frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni"}),
     ),
     KernelVariant(

@@ -25,15 +25,15 @@ _SIGNATURES = {
     "dequantize_rows": ([_P, _I, _I, _P, _I, _I, _P], None),
     "quant_use_amx": ([ctypes.c_int], ctypes.c_int),
 }
-# What AMX-INT8 tiles need; the avx512-bf16 build multiplies whole 16x16 tiles on them.
+# What AMX-INT8 tiles need; the AVX-512 builds multiply whole 16x16 tiles on them.
 _AMX_FLAGS = frozenset({"amx_tile", "amx_int8"})
 
 
 class QuantKernels:
     """The quantized-matmul kernels of one variant; ``functions`` is empty where they did not build.
 
-    ``amx`` says whether steps of 16 rows and more multiply on AMX-INT8 tiles (the avx512-bf16
-    build on a CPU with AMX): the same bits as the vector path, several times faster.
+    ``amx`` says whether steps of 16 rows and more multiply on AMX-INT8 tiles (an AVX-512 build on a
+    CPU with AMX): the same bits as the vector path, about twice as fast.
     """
 
     def __init__(self, variant: cpu_isa.KernelVariant):

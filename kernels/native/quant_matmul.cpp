@@ -9,7 +9,8 @@
 // interleaved: one vector instruction then makes 8 rows' products, and each block's nibbles are
 // unpacked once for several activation rows.
 //
-// Built with AMX-INT8 (the avx512-bf16 variant) and switched on by `spyglass_quant_use_amx` on a
+// In AVX-512 builds whose compiler knows AMX (GCC 11+, clang 12+; the AMX functions carry their own
+// target attribute, so no build needs an AMX flag) and switched on by `spyglass_quant_use_amx` on a
 // CPU that has it, full tiles of 16 activation rows by 16 weight rows multiply each block in one
 // tile instruction (the packed layout's 4-value interleave is AMX's weight-tile layout); the scaling
 // that follows is the vector path's, operation for operation, so both give the same bits.
@@ -30,8 +31,9 @@
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__linux__) && (__has_include(<amxtileintrin.h>) || __has_include(<amxintrin.h>))
 #define SPYGLASS_AMX 1
+#define SPYGLASS_AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -251,7 +253,7 @@ struct TileConfig {
     uint8_t rows[16];
 };
 
-void configure_tiles() {
+SPYGLASS_AMX_TARGET void configure_tiles() {
     TileConfig config{};
     config.palette = 1;
     config.rows[0] = kTileRows, config.colsb[0] = kTileRows * 4;  // C: int32 per activation row x weight row
@@ -266,7 +268,7 @@ void configure_tiles() {
 // Block b of weight groups g and g + 1 as a B tile: row q holds values 4q..4q+3 of each weight row,
 // which is what the packed layout's vectors hold (Q4: two rows of nibbles per vector).
 template <int64_t TYPE>
-void weight_tile(const uint8_t* group0, const uint8_t* group1, int64_t b, uint8_t* tile) {
+SPYGLASS_AMX_TARGET void weight_tile(const uint8_t* group0, const uint8_t* group1, int64_t b, uint8_t* tile) {
     const int64_t stride = packed_block_bytes(TYPE);
     const uint8_t* values[2] = {group0 + b * stride + values_offset(TYPE), group1 + b * stride + values_offset(TYPE)};
     for (int half = 0; half < 2; ++half) {
@@ -286,7 +288,7 @@ void weight_tile(const uint8_t* group0, const uint8_t* group1, int64_t b, uint8_
 // y's rows [0, m_tiles * 16) and weight rows [32 p, 32 p + 16) for pair p of groups, on AMX. The
 // scaling per block is group_dots' (scale = d * xd, then the offset), in the same order.
 template <int64_t TYPE>
-void amx_tiles(const uint8_t* packed, int64_t group_bytes, int64_t num_blocks, int64_t pair, int64_t m_tiles, const int8_t* xq,
+SPYGLASS_AMX_TARGET void amx_tiles(const uint8_t* packed, int64_t group_bytes, int64_t num_blocks, int64_t pair, int64_t m_tiles, const int8_t* xq,
                const float* xd, const float* xs, int64_t n, int64_t k, std::vector<uint8_t>& tiles, float* y) {
     const int64_t stride = packed_block_bytes(TYPE), g = 2 * pair;
     const uint8_t *group0 = packed + g * group_bytes, *group1 = group0 + group_bytes;
@@ -327,6 +329,8 @@ void amx_tiles(const uint8_t* packed, int64_t group_bytes, int64_t num_blocks, i
         for (int64_t i = 0; i < kTileRows; ++i) _mm512_mask_storeu_ps(y + (i0 + i) * n + g * kGroup, valid, acc[i]);
     }
 }
+
+SPYGLASS_AMX_TARGET void release_tiles() { _tile_release(); }
 #endif
 
 template <int64_t TYPE>
@@ -352,7 +356,7 @@ void matmul(const float* x, const uint8_t* packed, int64_t m_rows, int64_t n, in
             for (int64_t pair = 0; pair < num_pairs; ++pair) {
                 amx_tiles<TYPE>(packed, group_bytes, num_blocks, pair, m_tiles, xq.data(), xd.data(), xs.data(), n, k, tiles, y);
             }
-            _tile_release();
+            release_tiles();
         }
 #endif
         // The rest on the vector path: rows past the tiles, and all rows of a group without a pair.
