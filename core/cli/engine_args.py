@@ -64,7 +64,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--async-scheduling",
         action="store_true",
         help="also schedule and launch each step before the previous one's tokens reach the host "
-        "(needs async output; not with --speculative)",
+        "(turns async output on; not with --speculative)",
     )
     group.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     group.add_argument(

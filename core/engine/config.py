@@ -75,7 +75,8 @@ class EngineConfig:
     device runs the next (`LLMEngine.step`); None turns it on for CUDA, where the device runs apart
     from the host (on the CPU there is nothing to overlap). ``async_scheduling`` also schedules and
     launches the next step before the previous one's token ids reach the host (they are read on the
-    device), so the device always has a step queued; it needs async output and excludes speculation.
+    device), so the device always has a step queued; it turns async output on (None) or refuses it off, and excludes
+    speculation.
     ``tensor_parallel_size`` > 1 splits the model's heads, MLP and vocabulary over that many processes
     (this one and N-1 workers; gloo on the CPU, NCCL on CUDA devices 0..N-1): see docs/tensor_parallel.md.
     """

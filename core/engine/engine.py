@@ -155,8 +155,11 @@ class LLMEngine:
             seconds = self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len, rows)
             log.info("CUDA graph capture took %.2f s", seconds)
         # Emitting a step while the next one runs pays where the device runs apart from the host.
+        # Async scheduling emits while the next step runs, so it brings async output unless refused.
         self.async_output = (
-            self.device.type == "cuda" if config.async_output is None else config.async_output
+            self.device.type == "cuda" or config.async_scheduling
+            if config.async_output is None
+            else config.async_output
         )
         if config.async_scheduling and not self.async_output:
             raise ValueError("--async-scheduling needs async output (drop --no-async-output)")

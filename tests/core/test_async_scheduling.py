@@ -125,6 +125,7 @@ def test_the_flag_and_what_it_does_not_combine_with(make_tiny_engine):
     add_engine_arguments(parser)
     assert engine_config_from_args(parser.parse_args(["--async-scheduling"])).async_scheduling
     assert not engine_config_from_args(parser.parse_args([])).async_scheduling
+    assert make_tiny_engine(async_scheduling=True).async_output  # brought along on the CPU too
     with pytest.raises(ValueError, match="needs async output"):
         make_tiny_engine(async_output=False, async_scheduling=True)
     with pytest.raises(ValueError, match="does not combine with --speculative"):
