@@ -68,6 +68,19 @@ class Tokenizer:
         self._eos_token_ids = tuple(eos_token_ids)
         self._add_bos_token = add_bos_token
 
+    def __reduce__(self):
+        """Pickle what the constructor takes (the engine process sends its tokenizer to the server), no caches."""
+        return (
+            Tokenizer,
+            (
+                self._backend,
+                self._chat_template_source,
+                self._bos_token_id,
+                self._eos_token_ids,
+                self._add_bos_token,
+            ),
+        )
+
     @property
     def backend(self) -> tokenizers.Tokenizer:
         """The wrapped ``tokenizers.Tokenizer``."""

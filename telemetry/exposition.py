@@ -102,3 +102,20 @@ def render_metrics(
             registry, escaping=openmetrics.ALLOWUTF8
         ), openmetrics.CONTENT_TYPE_LATEST
     return text_format.generate_latest(registry), text_format.CONTENT_TYPE_LATEST
+
+
+class MergedRegistry(Collector):
+    """The engine process's metric families, with the HTTP server's own (`metrics.SERVER_METRICS`).
+
+    Both processes define every Spyglass metric; each family is taken from the process that
+    records it.
+    """
+
+    def __init__(self, engine_families: list[Metric], registry: Collector = REGISTRY):
+        self.engine_families = engine_families
+        self.registry = registry
+
+    def collect(self):
+        server = {metric._name for metric in metrics.SERVER_METRICS}
+        yield from (family for family in self.engine_families if family.name not in server)
+        yield from (family for family in self.registry.collect() if family.name in server)

@@ -409,6 +409,9 @@ HTTP_REQUEST_DURATION = Histogram(
     ["route"],
     buckets=REQUEST_LATENCY_BUCKETS,
 )
+# Recorded by the HTTP server's process (`spyglass.telemetry.http`); every other metric by the
+# engine's, which is another process with ``--engine-process`` (`exposition.MergedRegistry`).
+SERVER_METRICS = (HTTP_REQUESTS, HTTP_REQUEST_DURATION)
 
 
 DEVICE_UTILIZATION = "spyglass:device_utilization_perc"

@@ -1,6 +1,7 @@
 """The Litestar app: its lifespan owns the engine; handlers reach it through dependency injection."""
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -24,6 +25,11 @@ from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.tokenize import detokenize, tokenize
 from spyglass.core.engine.async_engine import AsyncEngine
 from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine_client import EngineClient
+from spyglass.core.engine.engine_process import EngineProcess
+from spyglass.core.engine.engine_process_child import ProcessSetup
+from spyglass.telemetry import process_bridge
+from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry.http import remember_exception
 
 log = logging.getLogger("spyglass.api")
@@ -44,7 +50,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         start = time.perf_counter()
-        async_engine = await asyncio.to_thread(AsyncEngine.load, engine_config, on_engine_crash)
+        async_engine = await asyncio.to_thread(load_engine, engine_config, options, on_engine_crash)
         async_engine.start()
         app.state.serving = ServingContext(async_engine, options, engine_config.model)
         log.info(
@@ -83,6 +89,28 @@ def create_app(
         debug=False,
         logging_config=None,  # keep the handler `setup_logging` installed (Litestar's would replace it)
     )
+
+
+def load_engine(
+    engine_config: EngineConfig,
+    options: ServerOptions,
+    on_crash: Callable[[BaseException], None] | None,
+) -> EngineClient:
+    """The engine in a thread of this process, or in a process of its own (``options.engine_process``)."""
+    if not options.engine_process:
+        return AsyncEngine.load(engine_config, on_crash)
+    setup = ProcessSetup(
+        prepare=functools.partial(
+            process_bridge.prepare_engine_process,
+            telemetry_settings.resolve(engine_config.telemetry),
+        ),
+        export_attributes=process_bridge.export_attributes,
+        import_attributes=process_bridge.import_attributes,
+        take_feedback=process_bridge.drain_span_changes,
+        apply_feedback=process_bridge.apply_span_changes,
+        abandoned=process_bridge.mark_abandoned,
+    )
+    return EngineProcess.load(engine_config, on_crash, setup)
 
 
 def begin_shutdown(app: Litestar, timeout: float) -> threading.Thread | None:

@@ -12,7 +12,7 @@ from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.server_options import ServerOptions
-from spyglass.core.engine.async_engine import AsyncEngine
+from spyglass.core.engine.engine_client import EngineClient
 from spyglass.core.engine.snapshot import EngineSnapshot
 
 
@@ -20,7 +20,7 @@ class ServingContext:
     """The running engine and what the API knows about it; lives on ``app.state.serving``."""
 
     def __init__(
-        self, async_engine: AsyncEngine, options: ServerOptions, model_path: str | None = None
+        self, async_engine: EngineClient, options: ServerOptions, model_path: str | None = None
     ):
         model = async_engine.model
         self.async_engine = async_engine

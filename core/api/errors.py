@@ -9,7 +9,7 @@ import re
 from litestar import Request, Response
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 
-from spyglass.core.engine.async_engine import EngineDeadError
+from spyglass.core.engine.engine_loop import EngineDeadError
 from spyglass.core.engine.sampling_params import InvalidRequestError
 
 log = logging.getLogger("spyglass.api")

@@ -14,7 +14,7 @@ from typing import TypeVar
 from litestar import Request
 
 from spyglass.core.api.errors import APIError
-from spyglass.core.engine.async_engine import AsyncEngine
+from spyglass.core.engine.engine_client import EngineClient
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import SamplingParams
 
@@ -44,7 +44,7 @@ class RequestGroup:
     """The engine requests behind one API call; iterate `outputs` to get ``(choice_index, output)`` pairs."""
 
     def __init__(
-        self, async_engine: AsyncEngine, base_id: str, specs: list[ChoiceSpec], attributes: dict
+        self, async_engine: EngineClient, base_id: str, specs: list[ChoiceSpec], attributes: dict
     ):
         self.req_ids = (
             [base_id] if len(specs) == 1 else [f"{base_id}-{i}" for i in range(len(specs))]

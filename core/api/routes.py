@@ -1,13 +1,19 @@
 """The small endpoints: models, health, version, Prometheus metrics and the engine's debug views."""
 
+import asyncio
+
 from litestar import MediaType, Request, Response, get
 from litestar.di import NamedDependency
+from prometheus_client import REGISTRY
 
 import spyglass
 from spyglass.core.api.context import ServingContext
+from spyglass.core.api.errors import APIError
 from spyglass.core.api.schemas import ModelCard, ModelList
+from spyglass.core.engine.engine_loop import EngineDeadError
 from spyglass.core.engine.snapshot import RequestSnapshot
-from spyglass.telemetry.exposition import render_metrics
+from spyglass.telemetry.exposition import MergedRegistry, render_metrics
+from spyglass.telemetry.process_bridge import collect_metric_families
 
 
 @get("/v1/models", summary="List the served model", tags=["openai"])
@@ -40,9 +46,25 @@ async def version() -> dict:
 
 
 @get("/metrics", summary="Prometheus metrics", opt={"metrics": True}, include_in_schema=False)
-async def metrics(request: Request) -> Response:
-    """Prometheus text format, or OpenMetrics when the ``Accept`` header asks for it."""
-    body, content_type = render_metrics(request.headers.get("accept"))
+async def metrics(request: Request, serving: NamedDependency[ServingContext]) -> Response:
+    """Prometheus text format, or OpenMetrics when the ``Accept`` header asks for it.
+
+    With the engine in a process of its own, its samples are fetched from there (beside its loop,
+    not between steps) and merged with this process's HTTP metrics.
+    """
+    registry = REGISTRY
+    if serving.async_engine.is_running:
+        try:
+            families = await asyncio.wait_for(
+                serving.async_engine.metric_families(collect_metric_families), 10
+            )
+        except (TimeoutError, EngineDeadError):
+            raise APIError(
+                503, "the engine did not answer in time", code="engine_unavailable"
+            ) from None
+        if families is not None:
+            registry = MergedRegistry(families)
+    body, content_type = render_metrics(request.headers.get("accept"), registry)
     return Response(body, media_type=content_type)
 
 

@@ -10,7 +10,8 @@ class ServerOptions:
     ``api_key`` None means the API is open. ``max_queued_requests`` bounds the engine requests
     (prompts x ``n`` of every call) that wait for their first token before new calls get a 429.
     ``served_model_name`` None means the engine's model name. ``allowed_origins`` enables CORS for
-    those origins (``*`` for any); empty means no CORS headers at all.
+    those origins (``*`` for any); empty means no CORS headers at all. ``engine_process`` runs the
+    engine in a child process of its own (`EngineProcess`) instead of a thread of the server's.
     """
 
     host: str = "127.0.0.1"
@@ -22,3 +23,4 @@ class ServerOptions:
     shutdown_timeout: float = 30.0
     served_model_name: str | None = None
     allowed_origins: list[str] = field(default_factory=list)
+    engine_process: bool = False

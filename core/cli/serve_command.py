@@ -59,6 +59,12 @@ def add_parser(subparsers, argv) -> None:
         default="",
         help="comma-separated origins allowed by CORS, or * (default: CORS off)",
     )
+    group.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="run the engine (its plugins and telemetry too) in a process of its own, so that the "
+        "HTTP server's work does not share its interpreter lock (vLLM's layout)",
+    )
     replicas = parser.add_argument_group("replicas (Ray Serve; needs the ray extra)")
     replicas.add_argument(
         "--replicas",
@@ -98,6 +104,7 @@ def server_options_from_args(args) -> ServerOptions:
         allowed_origins=[
             origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()
         ],
+        engine_process=args.engine_process,
     )
 
 
@@ -118,6 +125,13 @@ def run(args) -> int:
         print(f"spyglass serve: {error}", file=sys.stderr)
         return 2
     options = server_options_from_args(args)
+    if args.replicas and options.engine_process:
+        print(
+            "spyglass serve: --engine-process and --replicas do not combine (each replica is a "
+            "process of its own already)",
+            file=sys.stderr,
+        )
+        return 2
     if args.replicas:
         from spyglass.core.cli.replicas import serve_replicas
 

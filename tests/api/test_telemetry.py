@@ -8,6 +8,7 @@ import uuid
 from datetime import datetime
 
 import httpx
+import pytest
 
 MODEL = "tiny"
 SERVE_ARGS = ["--served-model-name", MODEL, "--kv-cache-memory", "64MiB", "--num-threads", "1"]
@@ -60,10 +61,19 @@ def log_records(server) -> list[dict]:
     return [json.loads(line) for line in server.log().splitlines() if line.strip()]
 
 
+# The engine in the server's thread, and in a process of its own: the same telemetry either way.
+ENGINE_PLACES = pytest.mark.parametrize(
+    "engine_place", [[], ["--engine-process"]], ids=["engine thread", "engine process"]
+)
+
+
+@ENGINE_PLACES
 def test_vllm_dashboard_queries_find_data_and_logs_are_json(
-    tiny_llama_dir, server_factory, start_prometheus
+    tiny_llama_dir, server_factory, start_prometheus, engine_place
 ):
-    server = server_factory(str(tiny_llama_dir), *SERVE_ARGS, "--metrics-namespace", "vllm")
+    server = server_factory(
+        str(tiny_llama_dir), *SERVE_ARGS, "--metrics-namespace", "vllm", *engine_place
+    )
     prometheus = start_prometheus(server.base_url.removeprefix("http://"))
     prometheus.wait_for_scrapes(1)
     # Before the first request, the series are there at zero.
@@ -110,13 +120,15 @@ def test_vllm_dashboard_queries_find_data_and_logs_are_json(
     assert all({"trace_id", "span_id"} <= r.keys() for r in finished)
 
 
+@ENGINE_PLACES
 def test_traces_in_phoenix_show_root_spans_errors_and_aborts(
-    tiny_llama_dir, server_factory, phoenix, wait_for
+    tiny_llama_dir, server_factory, phoenix, wait_for, engine_place
 ):
     project = f"spyglass-serve-{uuid.uuid4().hex[:8]}"
     server = server_factory(
         str(tiny_llama_dir),
         *SERVE_ARGS,
+        *engine_place,
         "--otlp-traces-endpoint",
         phoenix.http_traces,
         "--trace-content",
