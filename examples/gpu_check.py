@@ -1,5 +1,6 @@
 """One-shot GPU check: kernels and model parity on the device, attention bandwidth, CUDA-graph
-timings, and W1/W3 throughput at two model shapes against HF transformers on the same GPU.
+timings, W1/W3 throughput at two model shapes against HF transformers on the same GPU, and W3
+served over HTTP with the engine in a thread and in a process of its own, against offline.
 
     python examples/gpu_check.py [--quick] [--model PATH]
 
@@ -11,12 +12,15 @@ Prints its tables last (about 5 minutes on an H200). Without CUDA it says so and
 
 import argparse
 import gc
+import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -29,6 +33,7 @@ from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.kernels import torch_attention, triton_attention
+from spyglass.telemetry.settings import TelemetrySettings
 
 # examples/gpu_model is a folder of files, not a package: its builder is imported by path.
 sys.path.insert(0, str(Path(__file__).parent / "gpu_model"))
@@ -257,6 +262,104 @@ def throughput_table(models: dict[str, str], device: str, num_requests: int | No
     return rows
 
 
+SERVE_MODES = {"engine thread": [], "engine process": ["--engine-process"]}
+
+
+def serve_and_bench(model: str, device: str, num_prompts: int, flags: list[str], port: int) -> dict:
+    """Start ``spyglass serve`` on ``model`` (bf16, telemetry off), send ``num_prompts`` W3 requests
+    at once with ``spyglass bench serve``, stop the server; the bench's JSON summary."""
+    spyglass = [sys.executable, "-m", "spyglass.core.cli.main"]
+    server = subprocess.Popen(
+        [
+            *spyglass,
+            "serve",
+            model,
+            "--dtype",
+            "bfloat16",
+            "--device",
+            device,
+            "--port",
+            str(port),
+            "--max-num-seqs",
+            "256",
+            "--telemetry",
+            "off",
+            "--disable-access-log",
+            *flags,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while not _healthy(base_url):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"spyglass serve {' '.join(flags)} did not start")
+            time.sleep(0.5)
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            subprocess.run(
+                [
+                    *spyglass,
+                    "bench",
+                    "serve",
+                    "--base-url",
+                    base_url,
+                    "--num-prompts",
+                    str(num_prompts),
+                    "--json",
+                    out.name,
+                ],
+                check=False,
+                stdout=subprocess.DEVNULL,
+            )
+            return json.loads(Path(out.name).read_text())
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def serving_table(model: str, device: str, num_prompts: int) -> list[str]:
+    """W3 through HTTP (all requests at once) with the engine in the server's thread and in its own
+    process, against the same requests offline on the same settings (issue 19's 80% target)."""
+    quiet = TelemetrySettings(metrics=False, tracing=False)  # as the servers' --telemetry off
+    engine = LLMEngine(
+        EngineConfig(
+            model=model, dtype="bfloat16", device=device, max_num_seqs=256, telemetry=quiet
+        )
+    )
+    offline = run_engine(engine, w3_workload(engine.arch.vocab_size, num_prompts))
+    engine.shutdown()
+    del engine
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    rows = [
+        f"offline W3 ({num_prompts} requests): {offline.output_tokens_per_s:,.0f} output tok/s",
+        "",
+        "| engine | served output tok/s | of offline | failed | median TTFT ms | P99 TTFT ms "
+        "| median TPOT ms | P99 ITL ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for index, (mode, flags) in enumerate(SERVE_MODES.items()):
+        got = serve_and_bench(model, device, num_prompts, flags, 8790 + index)
+        rows.append(
+            f"| {mode} | {got['output_throughput']:,.0f} "
+            f"| {got['output_throughput'] / offline.output_tokens_per_s:.0%} | {got['failed']} "
+            f"| {got['ttft_ms']['median']:.0f} | {got['ttft_ms']['p99']:.0f} "
+            f"| {got['tpot_ms']['median']:.1f} | {got['itl_ms']['p99']:.0f} |"
+        )
+    return rows
+
+
 def build_models(model: str | None, directory: Path) -> dict[str, str]:
     """The default shape (``model`` when given, else random weights) and the 1B shape, built on the GPU."""
     default = model or str(random_model.build("default", directory / "default", device="cuda"))
@@ -317,6 +420,7 @@ def main() -> int:
         models["default shape"], "cuda", (1, 64) if args.quick else (1, 64, 256)
     )
     throughput = throughput_table(models, "cuda", 16 if args.quick else None)
+    serving = serving_table(models["default shape"], "cuda", 64 if args.quick else 256)
     print(f"\nmeasured copy bandwidth {bandwidth / 1e9:.0f} GB/s\n")
     print("\n".join(attention))
     print()
@@ -325,6 +429,8 @@ def main() -> int:
     print("\n".join(phases))
     print()
     print("\n".join(throughput))
+    print()
+    print("\n".join(serving))
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     return 0
 

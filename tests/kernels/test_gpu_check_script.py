@@ -43,6 +43,20 @@ def test_the_step_phase_rows_cover_every_mode_and_every_batch(
     assert all(float(value) >= 0 for c in cells for value in c[2:])
 
 
+def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
+    gpu_check, tiny_llama_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path))
+    offline, _blank, header, _rule, *rows = gpu_check.serving_table(
+        str(tiny_llama_dir), "cpu", 4
+    )
+    assert offline.startswith("offline W3 (4 requests):")
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    assert [c[0] for c in cells] == ["engine thread", "engine process"]
+    assert all(len(c) == len(header.strip("|").split("|")) for c in cells)
+    assert all(c[2].endswith("%") and c[3] == "0" for c in cells)  # none of the requests failed
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA answer")
 def test_without_cuda_it_says_so(gpu_check, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--quick"])
