@@ -47,9 +47,7 @@ def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
     gpu_check, tiny_llama_dir, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path))
-    offline, _blank, header, _rule, *rows = gpu_check.serving_table(
-        str(tiny_llama_dir), "cpu", 4
-    )
+    offline, _blank, header, _rule, *rows = gpu_check.serving_table(str(tiny_llama_dir), "cpu", 4)
     assert offline.startswith("offline W3 (4 requests):")
     cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
     assert [c[0] for c in cells] == ["engine thread", "engine process"]
