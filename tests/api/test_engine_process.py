@@ -174,3 +174,34 @@ def test_engine_process_and_replicas_are_refused_together():
         timeout=120,
     )
     assert result.returncode == 2 and "--engine-process and --replicas" in result.stderr
+
+
+def test_constrained_decoding_runs_in_the_engine_process(process_server):
+    choices = ["lighthouse", "harbour", "cliff"]
+    completion = _client(process_server).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Pick one"}],
+        max_tokens=16,
+        extra_body={"guided_choice": choices},
+    )
+    assert completion.choices[0].message.content in choices
+
+
+def test_the_engine_process_ends_when_the_server_is_killed(tiny_llama_dir, server_factory):
+    server = server_factory(str(tiny_llama_dir), *TINY_ARGS, "--engine-process")
+    engine_pid = _engine_pid(server)
+    server.process.kill()
+    server.process.wait(10)
+    deadline = time.monotonic() + 30
+    while _running(engine_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(engine_pid), "the engine process outlived a killed server"
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie waiting for its (dead) parent's reaper."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
