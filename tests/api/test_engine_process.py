@@ -44,6 +44,16 @@ def _engine_pid(server) -> int:
     pytest.fail(f"no engine process among {children}")
 
 
+def _rest_of_stream(server, body: dict, meanwhile) -> list[str]:
+    """Stream a completion, call ``meanwhile()`` after its first event, return the lines after it."""
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{server.base_url}/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            meanwhile()
+            return list(lines)
+
+
 def _answers(client: openai.OpenAI) -> list:
     messages = [{"role": "user", "content": "Name three rivers"}]
     greedy = client.chat.completions.create(
@@ -124,12 +134,10 @@ def test_metrics_come_from_the_engine_process_and_the_server(process_server):
 def test_an_engine_process_that_dies_stops_the_server_with_an_error(tiny_llama_dir, server_factory):
     server = server_factory(str(tiny_llama_dir), *TINY_ARGS, "--engine-process")
     body = {"prompt": "Tell me everything", "max_tokens": 12000, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=60) as client:
-        with client.stream("POST", f"{server.base_url}/v1/completions", json=body) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: ")
-            os.kill(_engine_pid(server), signal.SIGKILL)
-            rest = "\n".join(lines)  # the stream ends, with an error event, instead of hanging
+    # The stream ends, with an error event, instead of hanging.
+    rest = "\n".join(
+        _rest_of_stream(server, body, lambda: os.kill(_engine_pid(server), signal.SIGKILL))
+    )
     assert '"error"' in rest and "engine" in rest
     assert server.process.wait(30) == 1
     assert "engine process failed" in server.log()
@@ -139,16 +147,15 @@ def test_sigterm_drains_through_the_engine_process(tiny_llama_dir, server_factor
     """Signals to the whole process group (Ctrl-C, systemd) leave the engine process to the server,
     which drains it: the stream in flight completes."""
     server = server_factory(str(tiny_llama_dir), *TINY_ARGS, "--engine-process")
+    engine_pid = _engine_pid(server)
+
+    def signal_everyone():
+        os.kill(engine_pid, signal.SIGINT)
+        os.kill(engine_pid, signal.SIGTERM)
+        server.process.send_signal(signal.SIGTERM)
+
     body = {"prompt": "Count", "max_tokens": 40, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=60) as client:
-        with client.stream("POST", f"{server.base_url}/v1/completions", json=body) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: ")
-            engine_pid = _engine_pid(server)
-            os.kill(engine_pid, signal.SIGINT)
-            os.kill(engine_pid, signal.SIGTERM)
-            server.process.send_signal(signal.SIGTERM)
-            rest = [line for line in lines if line]
+    rest = [line for line in _rest_of_stream(server, body, signal_everyone) if line]
     assert rest[-1] == "data: [DONE]" and not any('"error"' in line for line in rest)
     assert '"finish_reason":"length"' in rest[-2]
     assert server.process.wait(60) == 0
