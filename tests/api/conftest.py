@@ -99,6 +99,19 @@ def tiny_server(tiny_llama_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_process_server(tiny_llama_dir, tmp_path_factory):
+    """The same server with its engine in a process of its own (``--engine-process``)."""
+    server = start_server(
+        str(tiny_llama_dir),
+        tmp_path_factory.mktemp("tiny_process_server"),
+        *TINY_ARGS,
+        "--engine-process",
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def tiny_client(tiny_server) -> openai.OpenAI:
     """The official OpenAI client pointed at the tiny server."""
     return openai.OpenAI(

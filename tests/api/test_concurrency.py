@@ -9,25 +9,23 @@ import pytest
 
 from tests.api.conftest import TINY_ARGS, start_server
 
-MODES = {
-    "async scheduling": (["--async-output", "--async-scheduling"], "async scheduling on"),
-    "engine process": (["--engine-process"], "engine process"),
-}
 
-
-@pytest.fixture(scope="module", params=["in turn", *MODES])
-def tiny_server(request, tiny_server, tiny_llama_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=["in turn", "async scheduling", "engine process"])
+def tiny_server(request, tiny_server, tiny_process_server, tiny_llama_dir, tmp_path_factory):
     """The shared tiny server, one that schedules each step before the previous one's tokens reach
     the host, and one whose engine runs in a process of its own: clients see the same protocol,
     and every request still ends and frees its blocks."""
-    if request.param == "in turn":
-        yield tiny_server
+    if request.param != "async scheduling":
+        yield tiny_server if request.param == "in turn" else tiny_process_server
         return
-    flags, logged = MODES[request.param]
     server = start_server(
-        str(tiny_llama_dir), tmp_path_factory.mktemp("tiny_server_mode"), *TINY_ARGS, *flags
+        str(tiny_llama_dir),
+        tmp_path_factory.mktemp("async_scheduling_server"),
+        *TINY_ARGS,
+        "--async-output",
+        "--async-scheduling",
     )
-    assert logged in server.log()
+    assert "async output on, async scheduling on" in server.log()
     yield server
     server.stop()
 

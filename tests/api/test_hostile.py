@@ -11,6 +11,12 @@ CHAT = "/v1/chat/completions"
 GREEDY = {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
 
 
+@pytest.fixture(scope="module", params=["engine thread", "engine process"])
+def tiny_server(request, tiny_server, tiny_process_server):
+    """Every hostile client meets both server layouts: what crosses to an engine process is checked first too."""
+    return tiny_server if request.param == "engine thread" else tiny_process_server
+
+
 def _post(server, path: str, body: dict, timeout: httpx.Timeout | float = 60) -> httpx.Response:
     return httpx.post(f"{server.base_url}{path}", json=body, timeout=timeout)
 
