@@ -1,7 +1,6 @@
 """The Litestar app: its lifespan owns the engine; handlers reach it through dependency injection."""
 
 import asyncio
-import functools
 import logging
 import threading
 import time
@@ -17,19 +16,15 @@ import spyglass
 from spyglass.core.api.chat import create_chat_completion
 from spyglass.core.api.completions import create_completion
 from spyglass.core.api.context import ServingContext, api_key_guard, provide_serving
+from spyglass.core.api.engine_placement import load_engine
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.messages import create_message
 from spyglass.core.api.responses import create_response
 from spyglass.core.api.routes import ROUTES
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.tokenize import detokenize, tokenize
-from spyglass.core.engine.async_engine import AsyncEngine
 from spyglass.core.engine.config import EngineConfig
-from spyglass.core.engine.engine_client import EngineClient
-from spyglass.core.engine.engine_process import EngineProcess
-from spyglass.core.engine.engine_process_child import ProcessSetup
-from spyglass.telemetry import process_bridge
-from spyglass.telemetry import settings as telemetry_settings
+from spyglass.core.engine.engine_process import LoadingEngineProcess
 from spyglass.telemetry.http import remember_exception
 
 log = logging.getLogger("spyglass.api")
@@ -39,18 +34,22 @@ def create_app(
     engine_config: EngineConfig,
     server_options: ServerOptions | None = None,
     on_engine_crash: Callable[[BaseException], None] | None = None,
+    loading: LoadingEngineProcess | None = None,
 ) -> Litestar:
     """An app that loads the engine on start-up, serves the OpenAI API, and stops the engine on shutdown.
 
     ``on_engine_crash`` is called if the engine loop itself fails: the server must then exit
-    (non-zero, for a supervisor to restart it) rather than answer 503 for ever.
+    (non-zero, for a supervisor to restart it) rather than answer 503 for ever. ``loading`` is an
+    engine process spawned already (`engine_placement.start_engine_process`), to wait for.
     """
     options = server_options or ServerOptions()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         start = time.perf_counter()
-        async_engine = await asyncio.to_thread(load_engine, engine_config, options, on_engine_crash)
+        async_engine = await asyncio.to_thread(
+            load_engine, engine_config, options, on_engine_crash, loading
+        )
         async_engine.start()
         app.state.serving = ServingContext(async_engine, options, engine_config.model)
         log.info(
@@ -89,28 +88,6 @@ def create_app(
         debug=False,
         logging_config=None,  # keep the handler `setup_logging` installed (Litestar's would replace it)
     )
-
-
-def load_engine(
-    engine_config: EngineConfig,
-    options: ServerOptions,
-    on_crash: Callable[[BaseException], None] | None,
-) -> EngineClient:
-    """The engine in a thread of this process, or in a process of its own (``options.engine_process``)."""
-    if not options.engine_process:
-        return AsyncEngine.load(engine_config, on_crash)
-    setup = ProcessSetup(
-        prepare=functools.partial(
-            process_bridge.prepare_engine_process,
-            telemetry_settings.resolve(engine_config.telemetry),
-        ),
-        export_attributes=process_bridge.export_attributes,
-        import_attributes=process_bridge.import_attributes,
-        take_feedback=process_bridge.drain_span_changes,
-        apply_feedback=process_bridge.apply_span_changes,
-        abandoned=process_bridge.mark_abandoned,
-    )
-    return EngineProcess.load(engine_config, on_crash, setup)
 
 
 def begin_shutdown(app: Litestar, timeout: float) -> threading.Thread | None:

@@ -4,10 +4,11 @@ import os
 import sys
 
 from spyglass.core.api.server_options import ServerOptions
-from spyglass.core.cli.engine_args import add_engine_arguments
+from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.cli.startup import collector_paused
 from spyglass.core.engine.config import parse_bytes
-from spyglass.telemetry.cli_options import add_telemetry_arguments
+from spyglass.telemetry import settings as telemetry_settings
+from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
 
 
 def add_parser(subparsers, argv) -> None:
@@ -110,20 +111,8 @@ def server_options_from_args(args) -> ServerOptions:
 
 def run(args) -> int:
     """Build the app and serve it until a signal arrives."""
-    # The HTTP stack, the engine and Ray load here, not at import, so ``spyglass serve --help`` is quick.
-    with collector_paused():
-        from spyglass.core.cli.server import serve
-        from spyglass.core.loaders.hf_loader import check_supported
-
     if args.model_positional:
         args.model = args.model_positional
-    try:
-        # Before the server starts: an unsupported architecture is a one-line answer, not a start-up traceback.
-        if args.model:
-            check_supported(args.model)
-    except ValueError as error:
-        print(f"spyglass serve: {error}", file=sys.stderr)
-        return 2
     options = server_options_from_args(args)
     if args.replicas and options.engine_process:
         print(
@@ -132,8 +121,32 @@ def run(args) -> int:
             file=sys.stderr,
         )
         return 2
+    loading = engine_config = None
+    if not args.replicas:
+        telemetry = settings_from_args(args)
+        telemetry_settings.configure(telemetry)  # the process default: /metrics naming, tracing
+        engine_config = engine_config_from_args(args, telemetry=telemetry)
+    if options.engine_process:
+        from spyglass.core.api.engine_placement import start_engine_process
+
+        # Spawned first: the engine process imports and loads while this one imports the server.
+        loading = start_engine_process(engine_config)
+    # The HTTP stack, the engine and Ray load here, not at import, so ``spyglass serve --help`` is quick.
+    with collector_paused():
+        from spyglass.core.cli.server import serve
+        from spyglass.core.loaders.hf_loader import check_supported
+
+    try:
+        # Before the server starts: an unsupported architecture is a one-line answer, not a start-up traceback.
+        if args.model:
+            check_supported(args.model)
+    except ValueError as error:
+        if loading is not None:
+            loading.cancel()
+        print(f"spyglass serve: {error}", file=sys.stderr)
+        return 2
     if args.replicas:
         from spyglass.core.cli.replicas import serve_replicas
 
         return serve_replicas(args, options)
-    return serve(args, options)
+    return serve(args, options, engine_config, loading)

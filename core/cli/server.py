@@ -9,9 +9,8 @@ import uvicorn
 
 from spyglass.core.api.app import begin_shutdown, create_app
 from spyglass.core.api.server_options import ServerOptions
-from spyglass.core.cli.engine_args import engine_config_from_args
-from spyglass.telemetry import settings as telemetry_settings
-from spyglass.telemetry.cli_options import settings_from_args
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine_process import LoadingEngineProcess
 from spyglass.telemetry.http import TelemetryMiddleware
 
 log = logging.getLogger("spyglass.api")
@@ -54,15 +53,16 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(args: argparse.Namespace, options: ServerOptions) -> int:
-    """Load the engine, then listen on ``options.host:port`` until SIGINT or SIGTERM; 1 if the engine crashed."""
-    telemetry = settings_from_args(args)
-    telemetry_settings.configure(
-        telemetry
-    )  # the process default: /metrics naming, the tracer provider
-    engine_config = engine_config_from_args(args, telemetry=telemetry)
+def serve(
+    args: argparse.Namespace,
+    options: ServerOptions,
+    engine_config: EngineConfig,
+    loading: LoadingEngineProcess | None = None,
+) -> int:
+    """Load the engine (or wait for ``loading``), then listen on ``options.host:port`` until SIGINT or
+    SIGTERM; 1 if the engine crashed."""
     # ``server`` is bound below, before the engine (started by the server's lifespan) can crash.
-    app = create_app(engine_config, options, lambda error: server.engine_crash(error))
+    app = create_app(engine_config, options, lambda error: server.engine_crash(error), loading)
     config = uvicorn.Config(
         # Outermost, so every HTTP request (a 404 too) gets its span, its count and its access-log line.
         TelemetryMiddleware(app, access_log=not args.disable_access_log),

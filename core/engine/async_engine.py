@@ -104,7 +104,7 @@ class AsyncEngine:
 
     def tool_call_parser(self, name: str) -> ToolCallParser | None:
         """The tool-call parser a plugin provides under ``name`` (`spyglass_tool_call_parser`), if any."""
-        return tool_call_parser(self._loop.engine, name)
+        return self._loop.engine.hooks.spyglass_tool_call_parser(name=name)
 
     async def metric_families(self, collect: Callable[[], list]) -> list | None:
         """None: the engine records its metrics in this process's own registry (``collect`` is not needed)."""
@@ -118,8 +118,3 @@ class AsyncEngine:
         if self._on_crash is not None:
             self._on_crash(error)
         self._streams.fail_all(EngineDeadError(f"engine loop crashed: {error}"))
-
-
-def tool_call_parser(engine: LLMEngine, name: str) -> ToolCallParser | None:
-    """The tool-call parser a plugin of ``engine`` provides under ``name``, if any."""
-    return engine.hooks.spyglass_tool_call_parser(name=name)

@@ -11,10 +11,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
-from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.snapshot import EngineSnapshot
+
+if TYPE_CHECKING:  # a name only: the server side of an engine process never imports the engine
+    from spyglass.core.engine.engine import LLMEngine
 
 log = logging.getLogger("spyglass.engine")
 
@@ -31,7 +34,7 @@ class EngineLoop:
 
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: "LLMEngine",
         on_step: StepListener,
         on_crash: Callable[[BaseException], None] | None = None,
     ):
@@ -77,7 +80,7 @@ class EngineLoop:
         self._commands.put(command)
         self._wakeup.set()
 
-    def call(self, function: Callable[[LLMEngine], object]) -> Future:
+    def call(self, function: Callable[["LLMEngine"], object]) -> Future:
         """``function(engine)`` run in the loop thread between steps; its result or exception."""
         result: Future = Future()
         self.submit(lambda: settle(result, lambda: function(self.engine)))

@@ -21,10 +21,13 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
-from spyglass.core.engine.async_engine import tool_call_parser
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine_loop import EngineDeadError
-from spyglass.core.engine.engine_process_child import ProcessSetup, run_engine_process
+from spyglass.core.engine.engine_process_child import (
+    ProcessSetup,
+    run_engine_process,
+    tool_call_parser,
+)
 from spyglass.core.engine.output_deltas import DeltaDecoder
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.outputs import RequestOutput
@@ -34,6 +37,47 @@ from spyglass.core.engine.tool_calls import ToolCallParser
 from spyglass.core.tokenizer import Tokenizer
 
 log = logging.getLogger("spyglass.engine")
+
+
+class LoadingEngineProcess:
+    """An engine process spawned and loading: the server imports and sets up meanwhile, then `wait`s."""
+
+    def __init__(self, config: EngineConfig, setup: ProcessSetup | None = None):
+        self._setup = setup or ProcessSetup()
+        context = multiprocessing.get_context("spawn")
+        command_reader, self._commands = context.Pipe(duplex=False)
+        self._events, event_writer = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=run_engine_process,
+            args=(config, self._setup, command_reader, event_writer),
+            name="spyglass-engine",
+        )
+        self._process.start()
+        command_reader.close()
+        event_writer.close()
+
+    def wait(self, on_crash: Callable[[BaseException], None] | None = None) -> "EngineProcess":
+        """The front, once the engine has loaded; raises what loading raised."""
+        try:
+            ready = self._events.recv()
+        except EOFError:
+            self._process.join()
+            raise RuntimeError(
+                f"the engine process exited with code {self._process.exitcode} while loading"
+            ) from None
+        if ready[0] == "failed":
+            self._process.join()
+            raise ready[1]
+        log.info("engine process %d is ready", self._process.pid)
+        return EngineProcess(
+            self._process, self._commands, self._events, ready, self._setup, on_crash
+        )
+
+    def cancel(self) -> None:
+        """Stop the process before it is used (the server will not start after all)."""
+        self._commands.close()
+        self._process.kill()
+        self._process.join()
 
 
 class EngineProcess:
@@ -78,30 +122,7 @@ class EngineProcess:
         setup: ProcessSetup | None = None,
     ) -> "EngineProcess":
         """Spawn the engine process and wait until its engine has loaded; raises what loading raised."""
-        setup = setup or ProcessSetup()
-        context = multiprocessing.get_context("spawn")
-        command_reader, command_writer = context.Pipe(duplex=False)
-        event_reader, event_writer = context.Pipe(duplex=False)
-        process = context.Process(
-            target=run_engine_process,
-            args=(config, setup, command_reader, event_writer),
-            name="spyglass-engine",
-        )
-        process.start()
-        command_reader.close()
-        event_writer.close()
-        try:
-            ready = event_reader.recv()
-        except EOFError:
-            process.join()
-            raise RuntimeError(
-                f"the engine process exited with code {process.exitcode} while loading"
-            ) from None
-        if ready[0] == "failed":
-            process.join()
-            raise ready[1]
-        log.info("engine process %d is ready", process.pid)
-        return cls(process, command_writer, event_reader, ready, setup, on_crash)
+        return LoadingEngineProcess(config, setup).wait(on_crash)
 
     def start(self) -> None:
         """Start taking the engine process's messages (it steps as soon as it has requests)."""

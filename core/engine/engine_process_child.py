@@ -16,13 +16,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 from spyglass.core.engine.config import EngineConfig
-from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.engine_loop import EngineLoop
 from spyglass.core.engine.output_deltas import DeltaEncoder
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.snapshot import EngineSnapshot
+from spyglass.core.engine.tool_calls import ToolCallParser
+
+if TYPE_CHECKING:  # the engine is imported in the engine process only (`run_engine_process`)
+    from spyglass.core.engine.engine import LLMEngine
 
 log = logging.getLogger("spyglass.engine")
 
@@ -60,6 +64,9 @@ def run_engine_process(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if setup.prepare is not None:
         setup.prepare()
+    # Here, not at the top: the server imports this module without the engine (torch, models).
+    from spyglass.core.engine.engine import LLMEngine
+
     try:
         engine = LLMEngine(config)
     except BaseException as error:
@@ -71,8 +78,13 @@ def run_engine_process(
     raise SystemExit(child.serve(commands))
 
 
+def tool_call_parser(engine: "LLMEngine", name: str) -> ToolCallParser | None:
+    """The tool-call parser a plugin of ``engine`` provides under ``name`` (sent to the server by `EngineProcess`)."""
+    return engine.hooks.spyglass_tool_call_parser(name=name)
+
+
 class _EngineChild:
-    def __init__(self, engine: LLMEngine, setup: ProcessSetup, events: Connection):
+    def __init__(self, engine: "LLMEngine", setup: ProcessSetup, events: Connection):
         self._engine = engine
         self._setup = setup
         self._events = events
