@@ -10,6 +10,7 @@ time (`metric_families`).
 """
 
 import asyncio
+import atexit
 import functools
 import itertools
 import logging
@@ -55,6 +56,9 @@ class LoadingEngineProcess:
         self._process.start()
         command_reader.close()
         event_writer.close()
+        # Exiting without `stop` (an error on the way): the closed pipe tells the engine process to
+        # stop, before multiprocessing waits for it at exit.
+        atexit.register(self._commands.close)
 
     def wait(self, on_crash: Callable[[BaseException], None] | None = None) -> "EngineProcess":
         """The front, once the engine has loaded; raises what loading raised."""
