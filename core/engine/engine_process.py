@@ -56,9 +56,15 @@ class LoadingEngineProcess:
         self._process.start()
         command_reader.close()
         event_writer.close()
-        # Exiting without `stop` (an error on the way): the closed pipe tells the engine process to
-        # stop, before multiprocessing waits for it at exit.
-        atexit.register(self._commands.close)
+        self._stopping = threading.Event()
+        """Set by `EngineProcess.stop`, or at exit: the end of the process is then no crash."""
+        atexit.register(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        """Exiting without `stop` (an error on the way): the closed pipe tells the engine process to
+        stop, before multiprocessing waits for it at exit."""
+        self._stopping.set()
+        self._commands.close()
 
     def wait(self, on_crash: Callable[[BaseException], None] | None = None) -> "EngineProcess":
         """The front, once the engine has loaded; raises what loading raised."""
@@ -74,7 +80,13 @@ class LoadingEngineProcess:
             raise ready[1]
         log.info("engine process %d is ready", self._process.pid)
         return EngineProcess(
-            self._process, self._commands, self._events, ready, self._setup, on_crash
+            self._process,
+            self._commands,
+            self._events,
+            ready,
+            self._setup,
+            on_crash,
+            self._stopping,
         )
 
     def cancel(self) -> None:
@@ -95,6 +107,7 @@ class EngineProcess:
         ready: tuple,
         setup: ProcessSetup,
         on_crash: Callable[[BaseException], None] | None,
+        stopping: threading.Event,
     ):
         _, self.model, self.tokenizer = ready
         self.model: ModelDescription
@@ -112,7 +125,7 @@ class EngineProcess:
         self._added: dict[str, Future] = {}
         self._calls: dict[int, Future] = {}
         self._call_ids = itertools.count()
-        self._stopping = threading.Event()
+        self._stopping = stopping
         self._ended = threading.Event()
         self._reader = threading.Thread(
             target=self._read, name="spyglass-engine-reader", daemon=True
