@@ -146,11 +146,6 @@ class EngineProcess:
         self._reader.start()
 
     @property
-    def pid(self) -> int | None:
-        """The engine process's id."""
-        return self._process.pid
-
-    @property
     def is_running(self) -> bool:
         """True while the engine process runs, draining after `stop` included."""
         return not self._ended.is_set() and self._process.is_alive()
