@@ -7,20 +7,18 @@ served over HTTP with the engine in a thread and in a process of its own, agains
 Runs offline from a copy of the checkout: without ``--model`` it builds the default model's shape
 with random weights and the real tokenizer (`examples/gpu_model`, shipped configs), and always a
 Llama-3.2-1B shape; ``SPYGLASS_DEFAULT_MODEL`` points every engine and the GPU tests at the first.
-Prints its tables last (about 5 minutes on an H200). Without CUDA it says so and exits 1.
+Prints each table as it is measured (``--out FILE`` appends them there too) and all of them
+again at the end (about 5 minutes on an H200). Without CUDA it says so and exits 1.
 """
 
 import argparse
 import gc
-import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -32,113 +30,20 @@ from spyglass.core.cli.bench.workloads import w1_workload, w3_workload
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.sampling_params import SamplingParams
-from spyglass.kernels import torch_attention, triton_attention
-from spyglass.telemetry.settings import TelemetrySettings
 
-# examples/gpu_model is a folder of files, not a package: its builder is imported by path.
+# examples/gpu_model is a folder of files, not a package: its builder is imported by path, and so
+# are this script's neighbours.
+sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "gpu_model"))
 import random_model
-
-
-def timed(function, repeats: int = 20) -> float:
-    """Median seconds of ``function()`` on the GPU, after a warm-up."""
-    function()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        function()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(samples)
-
-
-def timed_in_graph(function, calls: int = 20) -> float:
-    """Median seconds of one ``function()`` replayed from a CUDA graph of ``calls`` calls: the GPU's
-    time without the host's launch overhead, as a decode step inside a captured graph sees it."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        function()  # compiles, and allocates outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            function()
-    return timed(graph.replay, repeats=5) / calls
-
-
-def copy_bandwidth() -> float:
-    """Measured device-to-device copy bandwidth in bytes/s (read + write), on 1 GiB."""
-    source = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    target = torch.empty_like(source)
-    return 2 * source.numel() / timed(lambda: target.copy_(source))
-
-
-def attention_table(bandwidth: float, quick: bool) -> list[str]:
-    """Decode paged attention at bf16, 32 query / 8 KV heads of 128, block 16: time called eagerly and
-    replayed in a CUDA graph (as decode runs while serving), and the graph's bandwidth fraction."""
-    rows = [
-        "| context | batch | eager ms | in graph ms | GB/s | of copy bw |",
-        "|---|---|---|---|---|---|",
-    ]
-    heads, kv_heads, dim, block = 32, 8, 128, 16
-    contexts = (512, 2048, 8192, 32768) if not quick else (512, 8192)
-    for context in contexts:
-        for batch in (1, 8, 64, 256):
-            blocks_per_seq = context // block
-            if batch * blocks_per_seq * block * kv_heads * dim * 2 * 2 > 40e9:
-                continue
-            num_blocks = batch * blocks_per_seq
-            k_cache = torch.randn(
-                num_blocks, block, kv_heads, dim, dtype=torch.bfloat16, device="cuda"
-            )
-            v_cache = torch.randn_like(k_cache)
-            tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(
-                batch, blocks_per_seq
-            )
-            lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-            starts = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-            query = torch.randn(batch, heads, dim, dtype=torch.bfloat16, device="cuda")
-
-            def attend():
-                return triton_attention.paged_attention(
-                    query, k_cache, v_cache, tables, lens, starts, 1, context, dim**-0.5
-                )
-
-            eager, in_graph = timed(attend), timed_in_graph(attend)
-            moved = 2 * k_cache.numel() * k_cache.element_size()
-            rows.append(
-                f"| {context} | {batch} | {eager * 1e3:.3f} | {in_graph * 1e3:.3f} | "
-                f"{moved / in_graph / 1e9:.0f} | {moved / in_graph / bandwidth:.0%} |"
-            )
-    return rows
-
-
-def check_kernels_against_torch() -> None:
-    """Decode and mixed batches on the GPU: Triton vs the torch reference."""
-    torch.manual_seed(0)
-    k_cache = torch.randn(512, 16, 3, 64, device="cuda")
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(512, device="cuda", dtype=torch.int32).view(8, 64)
-    lens = torch.tensor([1000, 17, 300, 1024, 5, 64, 700, 129], dtype=torch.int32, device="cuda")
-    q_lens = [1, 17, 4, 1, 5, 1, 30, 2]
-    starts = torch.tensor(
-        [0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device="cuda"
-    )
-    query = torch.randn(sum(q_lens), 9, 64, device="cuda")
-    args = (query, k_cache, v_cache, tables, lens, starts, max(q_lens), 1024, 0.125)
-    error = (
-        (triton_attention.paged_attention(*args) - torch_attention.paged_attention(*args))
-        .abs()
-        .max()
-        .item()
-    )
-    print(f"triton vs torch paged attention, fp32 max abs error {error:.2e}")
-    assert error < 1e-4
+from gpu_attention import (
+    attention_table,
+    copy_bandwidth,
+    kernel_error_against_torch,
+    tiling_sweep_table,
+)
+from gpu_report import Report
+from gpu_serving import serving_table
 
 
 def engine_tokens(
@@ -262,104 +167,6 @@ def throughput_table(models: dict[str, str], device: str, num_requests: int | No
     return rows
 
 
-SERVE_MODES = {"engine thread": [], "engine process": ["--engine-process"]}
-
-
-def serve_and_bench(model: str, device: str, num_prompts: int, flags: list[str], port: int) -> dict:
-    """Start ``spyglass serve`` on ``model`` (bf16, telemetry off), send ``num_prompts`` W3 requests
-    at once with ``spyglass bench serve``, stop the server; the bench's JSON summary."""
-    spyglass = [sys.executable, "-m", "spyglass.core.cli.main"]
-    server = subprocess.Popen(
-        [
-            *spyglass,
-            "serve",
-            model,
-            "--dtype",
-            "bfloat16",
-            "--device",
-            device,
-            "--port",
-            str(port),
-            "--max-num-seqs",
-            "256",
-            "--telemetry",
-            "off",
-            "--disable-access-log",
-            *flags,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while not _healthy(base_url):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"spyglass serve {' '.join(flags)} did not start")
-            time.sleep(0.5)
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            subprocess.run(
-                [
-                    *spyglass,
-                    "bench",
-                    "serve",
-                    "--base-url",
-                    base_url,
-                    "--num-prompts",
-                    str(num_prompts),
-                    "--json",
-                    out.name,
-                ],
-                check=False,
-                stdout=subprocess.DEVNULL,
-            )
-            return json.loads(Path(out.name).read_text())
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
-
-
-def _healthy(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def serving_table(model: str, device: str, num_prompts: int) -> list[str]:
-    """W3 through HTTP (all requests at once) with the engine in the server's thread and in its own
-    process, against the same requests offline on the same settings (issue 19's 80% target)."""
-    quiet = TelemetrySettings(metrics=False, tracing=False)  # as the servers' --telemetry off
-    engine = LLMEngine(
-        EngineConfig(
-            model=model, dtype="bfloat16", device=device, max_num_seqs=256, telemetry=quiet
-        )
-    )
-    offline = run_engine(engine, w3_workload(engine.arch.vocab_size, num_prompts))
-    engine.shutdown()
-    del engine
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    rows = [
-        f"offline W3 ({num_prompts} requests): {offline.output_tokens_per_s:,.0f} output tok/s",
-        "",
-        "| engine | served output tok/s | of offline | failed | median TTFT ms | P99 TTFT ms "
-        "| median TPOT ms | P99 ITL ms |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for index, (mode, flags) in enumerate(SERVE_MODES.items()):
-        got = serve_and_bench(model, device, num_prompts, flags, 8790 + index)
-        rows.append(
-            f"| {mode} | {got['output_throughput']:,.0f} "
-            f"| {got['output_throughput'] / offline.output_tokens_per_s:.0%} | {got['failed']} "
-            f"| {got['ttft_ms']['median']:.0f} | {got['ttft_ms']['p99']:.0f} "
-            f"| {got['tpot_ms']['median']:.1f} | {got['itl_ms']['p99']:.0f} |"
-        )
-    return rows
-
-
 def build_models(model: str | None, directory: Path) -> dict[str, str]:
     """The default shape (``model`` when given, else random weights) and the 1B shape, built on the GPU."""
     default = model or str(random_model.build("default", directory / "default", device="cuda"))
@@ -367,11 +174,58 @@ def build_models(model: str | None, directory: Path) -> dict[str, str]:
     return {"default shape": default, "Llama-3.2-1B shape": str(big)}
 
 
+def gpu_tests(log: Path, timeout_s: float) -> list[str]:
+    """The GPU-marked tests of the kernels and the core (on ``SPYGLASS_DEFAULT_MODEL``), stopped
+    after ``timeout_s``: pytest's output (kept in ``log``) printed, its failures and last line as rows."""
+    command = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/kernels", "tests/core"]
+    with log.open("w") as output:
+        try:
+            subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, timeout=timeout_s)
+            stopped = []
+        except subprocess.TimeoutExpired:
+            stopped = [f"stopped after {timeout_s:.0f} s"]
+    text = log.read_text()
+    print(text, flush=True)
+    lines = [line for line in text.splitlines() if line.strip()]
+    return [line for line in lines if line.startswith(("FAILED", "ERROR"))] + lines[-1:] + stopped
+
+
+def parity_rows(prompts: list[str]) -> list[str]:
+    """The Triton kernels against torch, and greedy fp32 tokens on the CPU, CUDA eager and CUDA graphs."""
+    error = kernel_error_against_torch()
+    _, cpu_tokens = engine_tokens("float32", False, "cpu", prompts)
+    _, eager_tokens = engine_tokens("float32", False, "cuda", prompts)
+    _, graph_tokens = engine_tokens("float32", True, "cuda", prompts)
+    return [
+        f"triton vs torch paged attention, fp32 max abs error {error:.2e} "
+        f"({'within' if error < 1e-4 else 'ABOVE'} 1e-4)",
+        f"greedy fp32 tokens on {len(prompts)} prompts: cpu == cuda eager: "
+        f"{cpu_tokens == eager_tokens}, eager == graphs: {eager_tokens == graph_tokens}",
+    ]
+
+
+def decode_step_rows(quick: bool) -> list[str]:
+    """`decode_step_table` on the default model, eager and with CUDA graphs, and the capture time."""
+    engines = {
+        "eager": LLMEngine(EngineConfig(dtype="bfloat16", cuda_graphs=False, max_num_seqs=256)),
+        "graphs": LLMEngine(EngineConfig(dtype="bfloat16", cuda_graphs=True, max_num_seqs=256)),
+    }
+    try:
+        rows = decode_step_table(engines, quick)
+        return rows + ["", f"capture time {engines['graphs'].runner.graphs.capture_seconds:.2f} s"]
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+
+
 def main() -> int:
-    """Run every check, then print the tables."""
+    """Run every check, printing each table as it is measured, then all of them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--model", help="a local model of the default shape (else random weights)")
+    parser.add_argument(
+        "--out", type=Path, help="also append each table to this file as it is measured"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check")
@@ -383,55 +237,39 @@ def main() -> int:
     os.environ["SPYGLASS_DEFAULT_MODEL"] = models["default shape"]
     os.environ.setdefault("SPYGLASS_CACHE_DIR", str(workdir / "cache"))
     print(f"models: {models} (built in {time.perf_counter() - started:.0f} s)")
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/kernels", "tests/core"],
-        check=False,
-    )
-    check_kernels_against_torch()
+    report = Report(args.out)
+    report.section("GPU tests", lambda: gpu_tests(workdir / "gpu_tests.log", timeout_s=180))
     prompts = [
         "The capital of France is",
         "def quicksort(xs):",
         "写一首关于秋天的诗",
         "Explain CUDA graphs.",
     ]
-    _, cpu_tokens = engine_tokens("float32", False, "cpu", prompts)
-    _, eager_tokens = engine_tokens("float32", False, "cuda", prompts)
-    _, graph_tokens = engine_tokens("float32", True, "cuda", prompts)
-    print(
-        "parity fp32: cpu == cuda eager:",
-        cpu_tokens == eager_tokens,
-        "| eager == graphs:",
-        eager_tokens == graph_tokens,
-    )
-    engines = {
-        "eager": LLMEngine(EngineConfig(dtype="bfloat16", cuda_graphs=False, max_num_seqs=256)),
-        "graphs": LLMEngine(EngineConfig(dtype="bfloat16", cuda_graphs=True, max_num_seqs=256)),
-    }
+    report.section("kernels and parity", lambda: parity_rows(prompts))
     bandwidth = copy_bandwidth()
-    attention = attention_table(bandwidth, args.quick)
-    steps = decode_step_table(engines, args.quick)
-    capture = engines["graphs"].runner.graphs.capture_seconds
-    for engine in engines.values():
-        engine.shutdown()
-    del engines
-    gc.collect()
-    torch.cuda.empty_cache()
-    phases = step_phase_table(
-        models["default shape"], "cuda", (1, 64) if args.quick else (1, 64, 256)
+    report.section(
+        f"decode attention (copy bandwidth {bandwidth / 1e9:.0f} GB/s)",
+        lambda: attention_table(bandwidth, args.quick),
     )
-    throughput = throughput_table(models, "cuda", 16 if args.quick else None)
-    serving = serving_table(models["default shape"], "cuda", 64 if args.quick else 256)
-    print(f"\nmeasured copy bandwidth {bandwidth / 1e9:.0f} GB/s\n")
-    print("\n".join(attention))
-    print()
-    print("\n".join(steps))
-    print(f"\ncapture time {capture:.2f} s\n")
-    print("\n".join(phases))
-    print()
-    print("\n".join(throughput))
-    print()
-    print("\n".join(serving))
-    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    report.section("decode step, eager vs CUDA graphs", lambda: decode_step_rows(args.quick))
+    batches = (1, 64) if args.quick else (1, 64, 256)
+    report.section(
+        "decode step phases", lambda: step_phase_table(models["default shape"], "cuda", batches)
+    )
+    report.section(
+        "throughput", lambda: throughput_table(models, "cuda", 16 if args.quick else None)
+    )
+    report.section(
+        "serving W3",
+        lambda: serving_table(models["default shape"], "cuda", 64 if args.quick else 256),
+    )
+    report.section(
+        "decode attention tilings (tile positions / warps / stages)",
+        lambda: tiling_sweep_table(bandwidth, args.quick),
+    )
+    print("\n# every table\n")
+    print("\n".join(report.lines))
+    print(f"total {time.perf_counter() - started:.0f} s")
     return 0
 
 

@@ -12,6 +12,7 @@ before every row's window are skipped) and Gemma 2's score soft-capping.
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -29,6 +30,30 @@ _MIN_TOKENS_PER_SPLIT = 128
 _KV_TILE_BYTES = 16 * 1024
 _MAX_KV_TILE = 128
 _MAX_SPLITS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Tiling:
+    """How an attention kernel is launched: context positions per inner-loop tile (None: 16 KiB of
+    keys, `_kv_tile`), and Triton's warps per program and software-pipeline stages. A per-shape
+    choice needs a GPU to make; `examples/gpu_check.py` sweeps these."""
+
+    kv_tile: int | None = None
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        if self.kv_tile is not None and (
+            self.kv_tile & (self.kv_tile - 1) or not _MIN_ROWS <= self.kv_tile <= _MAX_KV_TILE
+        ):
+            raise ValueError(f"kv_tile must be a power of two in {_MIN_ROWS}..{_MAX_KV_TILE}")
+
+    def tile(self, dim_pad: int, element_size: int) -> int:
+        """Positions per tile for heads padded to ``dim_pad`` in a cache of ``element_size`` bytes."""
+        return self.kv_tile or _kv_tile(dim_pad, element_size)
+
+
+DEFAULT_TILING = Tiling()
 
 
 @triton.jit
@@ -429,6 +454,7 @@ def unified_attention(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    tiling: Tiling = DEFAULT_TILING,
 ) -> torch.Tensor:
     """`paged_attention` through the single-pass kernel, whatever the mix of prefill, draft and decode rows.
 
@@ -465,11 +491,13 @@ def unified_attention(
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,
         BLOCK_SIZE=k_cache.shape[1],
-        TILE_N=_kv_tile(dim_pad, k_cache.element_size()),
+        TILE_N=tiling.tile(dim_pad, k_cache.element_size()),
         DIM_PAD=dim_pad,
         DOT_FP32=_dot_in_fp32(query.dtype),
         WINDOW=sliding_window or 0,
         SOFTCAP=softcap is not None,
+        num_warps=tiling.num_warps,
+        num_stages=tiling.num_stages,
     )
     return out
 
@@ -484,6 +512,7 @@ def split_k_decode_attention(
     num_splits: int,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    tiling: Tiling = DEFAULT_TILING,
 ) -> torch.Tensor:
     """Decode attention (query row ``r`` is request ``r``'s only new token) with each context cut into
     ``num_splits`` partitions attended in parallel, then merged by log-sum-exp."""
@@ -521,11 +550,13 @@ def split_k_decode_attention(
         GROUP=group,
         ROWS=max(_MIN_ROWS, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size,
-        TILE_N=_kv_tile(dim_pad, k_cache.element_size()),
+        TILE_N=tiling.tile(dim_pad, k_cache.element_size()),
         DIM_PAD=dim_pad,
         DOT_FP32=_dot_in_fp32(query.dtype),
         WINDOW=sliding_window or 0,
         SOFTCAP=softcap is not None,
+        num_warps=tiling.num_warps,
+        num_stages=tiling.num_stages,
     )
     _split_k_reduce_kernel[(num_reqs, num_heads)](
         part_out,

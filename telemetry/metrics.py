@@ -409,9 +409,16 @@ HTTP_REQUEST_DURATION = Histogram(
     ["route"],
     buckets=REQUEST_LATENCY_BUCKETS,
 )
-# Recorded by the HTTP server's process (`spyglass.telemetry.http`); every other metric by the
-# engine's, which is another process with ``--engine-process`` (`exposition.MergedRegistry`).
-SERVER_METRICS = (HTTP_REQUESTS, HTTP_REQUEST_DURATION)
+SERVER_CONFIG_INFO = Gauge(
+    "spyglass:server_config_info",
+    "How the HTTP server runs, in labels: engine_placement (thread: the engine steps in a thread "
+    "of the server's process; process: in a process of its own, --engine-process); the value is "
+    "always 1.",
+    ["engine_placement"],
+)
+# Recorded by the HTTP server's process; every other metric by the engine's, which is another
+# process with ``--engine-process`` (`exposition.MergedRegistry`).
+SERVER_METRICS = (HTTP_REQUESTS, HTTP_REQUEST_DURATION, SERVER_CONFIG_INFO)
 
 
 DEVICE_UTILIZATION = "spyglass:device_utilization_perc"

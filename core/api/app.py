@@ -25,6 +25,7 @@ from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.tokenize import detokenize, tokenize
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine_process import LoadingEngineProcess
+from spyglass.telemetry import metrics
 from spyglass.telemetry.http import remember_exception
 
 log = logging.getLogger("spyglass.api")
@@ -51,12 +52,14 @@ def create_app(
             load_engine, engine_config, options, on_engine_crash, loading
         )
         async_engine.start()
+        metrics.SERVER_CONFIG_INFO.labels(async_engine.placement).set(1)
         app.state.serving = ServingContext(async_engine, options, engine_config.model)
         log.info(
-            "Serving %s on http://%s:%d (engine loaded in %.1f s; OpenAPI at /schema)",
+            "Serving %s on http://%s:%d (engine in a %s, loaded in %.1f s; OpenAPI at /schema)",
             app.state.serving.model_name,
             options.host,
             options.port,
+            async_engine.placement,
             time.perf_counter() - start,
         )
         try:

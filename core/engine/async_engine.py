@@ -25,6 +25,8 @@ from spyglass.core.tokenizer import Tokenizer
 class AsyncEngine:
     """Runs `LLMEngine.step` in a loop thread while asyncio tasks submit requests and stream outputs."""
 
+    placement = "thread"
+
     def __init__(self, engine: LLMEngine, on_crash: Callable[[BaseException], None] | None = None):
         """``on_crash`` is called (in the loop thread) if the loop itself fails; the server exits on it."""
         self.model: ModelDescription = engine.describe()

@@ -15,6 +15,8 @@ class EngineClient(Protocol):
 
     model: ModelDescription
     tokenizer: Tokenizer
+    placement: str
+    """Where the engine runs: ``"thread"`` (of this process) or ``"process"`` (its own)."""
 
     @property
     def latest(self) -> EngineSnapshot:

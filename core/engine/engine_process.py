@@ -99,6 +99,8 @@ class LoadingEngineProcess:
 class EngineProcess:
     """A front whose engine runs in a child process; see `AsyncEngine` for the methods' contracts."""
 
+    placement = "process"
+
     def __init__(
         self,
         process: multiprocessing.process.BaseProcess,

@@ -124,6 +124,19 @@ def test_metrics_come_from_the_engine_process_and_the_server(process_server):
     assert value("spyglass:http_requests_total", route="/v1/completions", status="200") >= 2
 
 
+def test_the_metrics_say_where_the_engine_runs(process_server, tiny_server):
+    for server, placement in ((process_server, "process"), (tiny_server, "thread")):
+        text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+        (family,) = (
+            f
+            for f in text_string_to_metric_families(text)
+            if f.name == "spyglass:server_config_info"
+        )
+        assert [(s.labels, s.value) for s in family.samples] == [
+            ({"engine_placement": placement}, 1.0)
+        ]
+
+
 def test_an_engine_process_that_dies_stops_the_server_with_an_error(tiny_llama_dir, server_factory):
     server = server_factory(str(tiny_llama_dir), *TINY_ARGS, "--engine-process")
     body = {"prompt": "Tell me everything", "max_tokens": 12000, "ignore_eos": True, "stream": True}

@@ -302,6 +302,39 @@ def test_split_k_decode_matches_torch(
 
 
 @needs_triton
+@pytest.mark.parametrize("kv_tile", [16, 32, 128])
+@pytest.mark.parametrize("num_splits", [None, 3], ids=["unified", "split-k"])
+def test_every_tiling_attends_the_same(poisoned_allocations, kv_tile, num_splits):
+    # The tilings `gpu_check` sweeps: a tile of one page, of two, and of eight (more than the
+    # 70-position context, so one tile holds the whole of it).
+    batch = make_batch(
+        [1, 1, 1] if num_splits else [7, 1, 12],
+        [70, 5, 33] if num_splits else [7, 70, 45],
+        num_kv_heads=2,
+        group=4,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+    )
+    tiling = triton_attention.Tiling(kv_tile, num_warps=8, num_stages=2)
+    if num_splits:
+        q, k, v, tables, ctx_lens, *_, scale = batch.args
+        out = triton_attention.split_k_decode_attention(
+            q, k, v, tables, ctx_lens, scale, num_splits, tiling=tiling
+        )
+    else:
+        out = triton_attention.unified_attention(*batch.args, tiling=tiling)
+    assert_close(out, reference_attention(batch), torch.float32)
+
+
+@needs_triton
+@pytest.mark.parametrize("kv_tile", [8, 24, 256])
+def test_a_tile_the_kernels_cannot_take_is_refused(kv_tile):
+    with pytest.raises(ValueError, match="power of two in 16..128"):
+        triton_attention.Tiling(kv_tile)
+
+
+@needs_triton
 @pytest.mark.parametrize("splits", [1, 4], ids=["split-k off", "split-k on"])
 def test_paged_attention_dispatch(monkeypatch, splits):
     chosen = []

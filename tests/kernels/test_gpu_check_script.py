@@ -1,11 +1,18 @@
 """``examples/gpu_check.py`` runs where it matters, on a GPU lent for minutes: its pieces run here first."""
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # The script's attention calls run here under the interpreter; it must be set before triton loads.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from spyglass.kernels import torch_attention, triton_attention
 
 _SCRIPT = Path(__file__).parents[2] / "examples" / "gpu_check.py"
 
@@ -53,6 +60,45 @@ def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
     assert [c[0] for c in cells] == ["engine thread", "engine process"]
     assert all(len(c) == len(header.strip("|").split("|")) for c in cells)
     assert all(c[2].endswith("%") and c[3] == "0" for c in cells)  # none of the requests failed
+
+
+@pytest.mark.parametrize("num_sms", [1, 64], ids=["unified", "split-k"])
+def test_every_swept_tiling_computes_the_attention_of_the_default(gpu_check, num_sms):
+    # 2 decodes x 8 KV heads fill one multiprocessor (unified) and leave 64 idle (split-K).
+    import gpu_attention  # the script put its folder on sys.path
+
+    inputs = gpu_attention.decode_inputs(256, 2, device="cpu")
+    splits = triton_attention.num_kv_splits(2, gpu_attention.KV_HEADS, 2, 1, 256, num_sms)
+    assert (splits > 1) == (num_sms > 1)
+    expected = torch_attention.paged_attention(*inputs).float()
+    for tiling in (*gpu_attention.SWEEP[::5], triton_attention.DEFAULT_TILING):
+        actual = gpu_attention.tiled(inputs, tiling, num_sms)().float()
+        assert (actual - expected).abs().max().item() < 2e-2, tiling
+    assert len(set(gpu_attention.SWEEP)) == len(gpu_attention.SWEEP) == 12
+
+
+def test_a_failed_section_is_reported_and_the_next_one_still_runs(gpu_check, tmp_path, capsys):
+    out = tmp_path / "tables.md"
+    report = gpu_check.Report(out)
+    report.section("first", lambda: ["| a |"])
+    report.section("broken", lambda: [1 / 0])
+    report.section("last", lambda: ["| b |"])
+    lines = out.read_text().splitlines()
+    titles = [line for line in lines if line.startswith("## ")]
+    assert [title.split(" (")[0] for title in titles] == ["## first", "## broken", "## last"]
+    assert "failed: ZeroDivisionError: division by zero" in lines
+    assert "| a |" in lines and "| b |" in lines
+    assert report.lines == lines  # what the file holds is what the end of the run prints
+    assert "ZeroDivisionError" in capsys.readouterr().err  # with its traceback
+
+
+def test_the_gpu_tests_section_runs_the_gpu_marked_tests(gpu_check, tmp_path, monkeypatch):
+    monkeypatch.chdir(_SCRIPT.parents[1])
+    rows = gpu_check.gpu_tests(tmp_path / "pytest.log", timeout_s=240)
+    summary = rows[-1]
+    # on the CPU every one of them is collected and skips; on a GPU they pass
+    assert "deselected" in summary and ("skipped" in summary or "passed" in summary), rows
+    assert not [row for row in rows if row.startswith(("FAILED", "ERROR"))]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA answer")

@@ -1,0 +1,116 @@
+"""W3 served over HTTP against the same requests offline, for `gpu_check` (issue 19's 80% target)."""
+
+import gc
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from spyglass.core.cli.bench.throughput import run_engine
+from spyglass.core.cli.bench.workloads import w3_workload
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.telemetry.settings import TelemetrySettings
+
+SERVE_MODES = {"engine thread": [], "engine process": ["--engine-process"]}
+
+
+def serve_and_bench(model: str, device: str, num_prompts: int, flags: list[str], port: int) -> dict:
+    """Start ``spyglass serve`` on ``model`` (bf16, telemetry off), send ``num_prompts`` W3 requests
+    at once with ``spyglass bench serve``, stop the server; the bench's JSON summary."""
+    spyglass = [sys.executable, "-m", "spyglass.core.cli.main"]
+    server = subprocess.Popen(
+        [
+            *spyglass,
+            "serve",
+            model,
+            "--dtype",
+            "bfloat16",
+            "--device",
+            device,
+            "--port",
+            str(port),
+            "--max-num-seqs",
+            "256",
+            "--telemetry",
+            "off",
+            "--disable-access-log",
+            *flags,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while not _healthy(base_url):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"spyglass serve {' '.join(flags)} did not start")
+            time.sleep(0.5)
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            subprocess.run(
+                [
+                    *spyglass,
+                    "bench",
+                    "serve",
+                    "--base-url",
+                    base_url,
+                    "--num-prompts",
+                    str(num_prompts),
+                    "--json",
+                    out.name,
+                ],
+                check=False,
+                stdout=subprocess.DEVNULL,
+            )
+            return json.loads(Path(out.name).read_text())
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def serving_table(model: str, device: str, num_prompts: int) -> list[str]:
+    """W3 through HTTP (all requests at once) with the engine in the server's thread and in its own
+    process, against the same requests offline on the same settings (issue 19's 80% target)."""
+    quiet = TelemetrySettings(metrics=False, tracing=False)  # as the servers' --telemetry off
+    engine = LLMEngine(
+        EngineConfig(
+            model=model, dtype="bfloat16", device=device, max_num_seqs=256, telemetry=quiet
+        )
+    )
+    offline = run_engine(engine, w3_workload(engine.arch.vocab_size, num_prompts))
+    engine.shutdown()
+    del engine
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    rows = [
+        f"offline W3 ({num_prompts} requests): {offline.output_tokens_per_s:,.0f} output tok/s",
+        "",
+        "| engine | served output tok/s | of offline | failed | median TTFT ms | P99 TTFT ms "
+        "| median TPOT ms | P99 ITL ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for index, (mode, flags) in enumerate(SERVE_MODES.items()):
+        got = serve_and_bench(model, device, num_prompts, flags, 8790 + index)
+        rows.append(
+            f"| {mode} | {got['output_throughput']:,.0f} "
+            f"| {got['output_throughput'] / offline.output_tokens_per_s:.0%} | {got['failed']} "
+            f"| {got['ttft_ms']['median']:.0f} | {got['ttft_ms']['p99']:.0f} "
+            f"| {got['tpot_ms']['median']:.1f} | {got['itl_ms']['p99']:.0f} |"
+        )
+    return rows
