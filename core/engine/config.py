@@ -170,3 +170,21 @@ class EngineConfig:
         if cpu_isa.has_native_bf16():
             return torch.bfloat16, "auto: the CPU has native bf16"
         return torch.float32, "auto: the CPU has no native bf16"
+
+    def async_modes(self, device: "torch.device") -> tuple[bool, bool]:
+        """(async output, async scheduling) on ``device``. Emitting a step while the next one runs
+        pays where the device runs apart from the host, so async output is on with CUDA unless
+        refused; async scheduling emits while the next step runs, so it brings async output too.
+        Raises ``ValueError`` for a combination that cannot run."""
+        async_output = (
+            device.type == "cuda" or self.async_scheduling
+            if self.async_output is None
+            else self.async_output
+        )
+        if self.async_scheduling and not async_output:
+            raise ValueError("--async-scheduling needs async output (drop --no-async-output)")
+        if self.async_scheduling and self.speculative:
+            raise ValueError(
+                "--async-scheduling does not combine with --speculative: drafts need the last token"
+            )
+        return async_output, self.async_scheduling

@@ -164,7 +164,7 @@ def run_workload(engine, workload: Workload, preemptions, max_steps: int = 2000)
     pool = engine.kv.pool
     assert pool.num_free_blocks == pool.num_blocks
     assert all(block.ref_cnt == 0 for block in pool.blocks)
-    assert not engine.kv.block_tables and not engine.requests and not engine.detokenizers
+    assert not engine.kv.block_tables and not engine.requests and not engine.outputs.detokenizers
     assert not engine.scheduler.waiting and not engine.scheduler.running
     assert final.keys() == plans.keys()
     for req_id, output in final.items():

@@ -278,6 +278,19 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         self.waiting.insert(0, request)
 
+    def waiting_by_class(self) -> tuple[tuple[str, int], ...]:
+        """Waiting requests counted by the policy's class, sorted by class. The class is only a
+        metrics label: a policy that raises is counted as a hook error, its request as "unknown"."""
+        classes: dict[str, int] = {}
+        for request in self.waiting:
+            try:
+                label = self.policy.waiting_class(request)
+            except Exception:
+                self.count_error(self.policy_name, "waiting_class")
+                label = "unknown"
+            classes[label] = classes.get(label, 0) + 1
+        return tuple(sorted(classes.items()))
+
     def finish(self, request: Request, reason: FinishReason) -> None:
         """End a request wherever it is and return its blocks."""
         if request.is_finished:

@@ -1,0 +1,181 @@
+"""The update of schedule, run, update: a step's sampled tokens committed to their requests, and
+the requests' outputs.
+
+A token is checked against the request's grammar, appended with its logprob and turned into
+text, and the request ends on EOS, a stop token, a stop string or its length. With async output
+the text of requests that have no stop strings (it cannot end them) is left for later, so that
+the next step can be launched first.
+"""
+
+import time
+
+from spyglass.core.engine.detokenizer import IncrementalDetokenizer
+from spyglass.core.engine.kv.kv_cache_manager import KVCacheManager
+from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
+from spyglass.core.engine.plugin_manager import SafeHookRelay
+from spyglass.core.engine.request import FinishReason, Request, RequestStatus
+from spyglass.core.engine.runner.model_runner import RunnerOutput
+from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
+from spyglass.core.tokenizer import Tokenizer
+
+DeferredText = list[tuple[IncrementalDetokenizer, int]]
+"""Tokens whose text is still to be decoded, with their request's detokenizer."""
+
+
+class OutputProcessor:
+    """The engine's live requests by id and their text: what each step's tokens do to them."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        kv: KVCacheManager,
+        hooks: SafeHookRelay,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+    ):
+        self.requests: dict[str, Request] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._scheduler = scheduler
+        self._kv = kv
+        self._hooks = hooks
+        self._tokenizer = tokenizer
+        self._max_model_len = max_model_len
+
+    def add(self, request: Request) -> None:
+        """Track a new request; its text is decoded in the context of its prompt's last tokens."""
+        self.requests[request.req_id] = request
+        self.detokenizers[request.req_id] = IncrementalDetokenizer(
+            self._tokenizer, request.prompt_token_ids, request.sampling_params.stop
+        )
+
+    def commit_tokens(
+        self, out: SchedulerOutput, runner_out: RunnerOutput, deferred: DeferredText | None
+    ) -> tuple[list[Request], int]:
+        """Advance each scheduled request by its sampled tokens; the requests that progressed or
+        ended, and the tokens they took. With ``deferred``, text that cannot end a request (it has
+        no stop strings) is left there for `emit`.
+
+        A request preempted since the step's launch (async scheduling) keeps its new token, but not
+        the computed count: it is recomputed from its first token."""
+        progressed = []
+        num_generated = 0
+        now = time.monotonic()
+        for scheduled, token_ids, logprobs in zip(
+            out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs
+        ):
+            request = scheduled.request
+            request.num_in_flight_tokens -= scheduled.num_new_tokens
+            request.num_pending_tokens -= bool(token_ids)
+            if request.is_finished:
+                continue
+            if request.status is RequestStatus.RUNNING:
+                request.num_computed_tokens += scheduled.num_new_tokens
+                if scheduled.num_spec_tokens:
+                    self._settle_drafts(request, scheduled.num_spec_tokens, len(token_ids) - 1)
+                self._kv.announce_full_blocks(request)
+            if not token_ids:
+                continue
+            before = request.num_output_tokens
+            for token_id, logprob in zip(token_ids, logprobs):
+                self._append_token(request, token_id, logprob, now, deferred)
+                if request.is_finished:
+                    break
+            num_generated += request.num_output_tokens - before
+            progressed.append(request)
+        return progressed, num_generated
+
+    def emit(self, progressed: list[Request], deferred: DeferredText) -> list[RequestOutput]:
+        """The deferred text decoded, and the outputs of the requests that progressed."""
+        for detokenizer, token_id in deferred:
+            detokenizer.add_token(token_id)
+        # A request the scheduler failed since its tokens were committed has had its final output.
+        return [self.output(r) for r in progressed if r.req_id in self.detokenizers]
+
+    def update(self, out: SchedulerOutput, runner_out: RunnerOutput) -> list[RequestOutput]:
+        """`commit_tokens` and `emit` at once: the outputs of a step run in turn."""
+        return [self.output(r) for r in self.commit_tokens(out, runner_out, None)[0]]
+
+    def finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        """End a request (its blocks go back to the pool) and announce it; a finished one stays so."""
+        if request.is_finished:
+            return
+        request.error = error
+        request.times.finished = time.monotonic()
+        self._scheduler.finish(request, reason)
+        self.requests.pop(request.req_id, None)
+        self._hooks.spyglass_request_finished(request=request, reason=reason)
+
+    def output(self, request: Request) -> RequestOutput:
+        """The request's output so far (the last one, once it is finished: its text is let go)."""
+        detokenizer = self.detokenizers[request.req_id]
+        finished = request.is_finished
+        if finished:
+            self.detokenizers.pop(request.req_id)
+        completion = CompletionOutput(
+            index=0,
+            text=detokenizer.visible_text(finished),
+            token_ids=list(request.output_token_ids),
+            finish_reason=request.finish_reason.value if request.finish_reason else None,
+            stop_reason=request.stop_reason,
+            logprobs=None
+            if request.logprobs is None
+            else list(request.logprobs),  # a snapshot, like token_ids
+        )
+        return RequestOutput(
+            request_id=request.req_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            num_cached_tokens=request.num_cached_tokens,
+        )
+
+    def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """Roll the computed count back past rejected drafts (their KV slots are simply overwritten later)."""
+        request.num_computed_tokens -= num_drafts - num_accepted
+        request.spec_token_ids = []
+        request.num_spec_steps += 1
+        request.num_draft_tokens += num_drafts
+        request.num_accepted_tokens += num_accepted
+        self._hooks.spyglass_drafts_verified(
+            request=request, num_draft_tokens=num_drafts, num_accepted_tokens=num_accepted
+        )
+
+    def _append_token(
+        self,
+        request: Request,
+        token_id: int,
+        logprob,
+        now: float,
+        deferred: DeferredText | None,
+    ) -> None:
+        if request.constraint is not None and not request.constraint.accept(token_id):
+            self.finish(
+                request, FinishReason.ERROR, f"the grammar rejected sampled token {token_id}"
+            )
+            return
+        request.output_token_ids.append(token_id)
+        if request.logprobs is not None:
+            request.logprobs.append(logprob)
+        request.times.last_token = now
+        if request.num_output_tokens == 1:
+            request.times.first_token = now
+            self._hooks.spyglass_request_first_token(request=request)
+        detokenizer = self.detokenizers[request.req_id]
+        if deferred is not None and not detokenizer.stop:
+            deferred.append((detokenizer, token_id))
+        else:
+            detokenizer.add_token(token_id)
+        if token_id in request.eos_token_ids:
+            self.finish(request, FinishReason.STOP)
+        elif token_id in request.sampling_params.stop_token_ids:
+            request.stop_reason = token_id
+            self.finish(request, FinishReason.STOP)
+        elif detokenizer.matched_stop is not None:
+            request.stop_reason = detokenizer.matched_stop
+            self.finish(request, FinishReason.STOP)
+        elif (
+            request.num_output_tokens >= request.max_tokens
+            or request.num_tokens >= self._max_model_len
+        ):
+            self.finish(request, FinishReason.LENGTH)
