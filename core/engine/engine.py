@@ -364,7 +364,7 @@ class LLMEngine:
         if self.drafts is not None:
             self.drafts.propose(self.scheduler.running)
         out = self.scheduler.schedule()
-        failed = [self._fail_request(request, error) for request, error in out.failed]
+        failed = [self.outputs.fail(request, error) for request, error in out.failed]
         for request in out.preempted:
             self.hooks.spyglass_request_preempted(request=request)
         now = time.monotonic()
@@ -424,16 +424,10 @@ class LLMEngine:
         self.hooks.spyglass_step_finished(stats=stats)
         return outputs
 
-    def _fail_request(self, request: Request, error: str) -> RequestOutput:
-        """A plugin's decision about this request failed: end it with an error, keep serving the rest."""
-        log.error("request %s failed: %s", request.req_id, error)
-        self.outputs.finish(request, FinishReason.ERROR, error)
-        return self.outputs.output(request)
-
     def _isolate_failure(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
         """A failed step is rerun one request at a time, so that only the requests that fail alone fail.
 
-        Nothing was committed by the failed step (computed counts advance in `_update`), so the
+        Nothing was committed by the failed step (computed counts advance at a commit), so the
         reruns recompute the same tokens; one poisoned request thus cannot take its batch with it.
         """
         log.warning(
@@ -443,32 +437,16 @@ class LLMEngine:
         alive = tuple(s for s in out.scheduled if not s.request.is_finished)
         out = dataclasses.replace(out, scheduled=alive)
         if len(alive) <= 1:
-            return self._fail_step(out, error)
+            return self.outputs.fail_step(out, error)
         outputs = []
         for scheduled in alive:
             solo = dataclasses.replace(out, scheduled=(scheduled,))
             try:
                 runner_out = self.runner.collect(self._launch(solo))
             except Exception as solo_error:
-                outputs += self._fail_step(solo, solo_error)
+                outputs += self.outputs.fail_step(solo, solo_error)
                 continue
             outputs += self.outputs.update(solo, runner_out)
-        return outputs
-
-    def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
-        """A failed forward fails the requests it carried, not the engine; logged once per request."""
-        outputs = []
-        for scheduled in out.scheduled:
-            request = scheduled.request
-            log.error(
-                "request %s failed in model step %d: %s: %s",
-                request.req_id,
-                out.step_id,
-                type(error).__name__,
-                error,
-            )
-            self.outputs.finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
-            outputs.append(self.outputs.output(request))
         return outputs
 
     def _stats(

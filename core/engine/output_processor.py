@@ -7,6 +7,7 @@ the text of requests that have no stop strings (it cannot end them) is left for 
 the next step can be launched first.
 """
 
+import logging
 import time
 
 from spyglass.core.engine.detokenizer import IncrementalDetokenizer
@@ -17,6 +18,8 @@ from spyglass.core.engine.request import FinishReason, Request, RequestStatus
 from spyglass.core.engine.runner.model_runner import RunnerOutput
 from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.tokenizer import Tokenizer
+
+log = logging.getLogger("spyglass.engine")
 
 DeferredText = list[tuple[IncrementalDetokenizer, int]]
 """Tokens whose text is still to be decoded, with their request's detokenizer."""
@@ -104,6 +107,28 @@ class OutputProcessor:
         self._scheduler.finish(request, reason)
         self.requests.pop(request.req_id, None)
         self._hooks.spyglass_request_finished(request=request, reason=reason)
+
+    def fail(self, request: Request, error: str) -> RequestOutput:
+        """A plugin's decision about this request failed: end it with an error; its last output."""
+        log.error("request %s failed: %s", request.req_id, error)
+        self.finish(request, FinishReason.ERROR, error)
+        return self.output(request)
+
+    def fail_step(self, out: SchedulerOutput, error: Exception) -> list[RequestOutput]:
+        """A failed forward fails the requests it carried, not the engine; logged once per request."""
+        outputs = []
+        for scheduled in out.scheduled:
+            request = scheduled.request
+            log.error(
+                "request %s failed in model step %d: %s: %s",
+                request.req_id,
+                out.step_id,
+                type(error).__name__,
+                error,
+            )
+            self.finish(request, FinishReason.ERROR, f"{type(error).__name__}: {error}")
+            outputs.append(self.output(request))
+        return outputs
 
     def output(self, request: Request) -> RequestOutput:
         """The request's output so far (the last one, once it is finished: its text is let go)."""
