@@ -1,11 +1,18 @@
 """Incremental detokenisation with stop strings: text grows token by token, never with a broken character."""
 
+from collections import deque
+
 from tokenizers.decoders import DecodeStream
 
 from spyglass.core.tokenizer import Tokenizer
 
 # Tokens of context decoded before the new ones, so that merges and leading spaces come out right.
 _CONTEXT_TOKENS = 6
+# A character is at most 4 bytes and a token holds at least one, so a character that may still be
+# completed starts within the last 3 held-back tokens, and a run of this many held back (a model
+# repeating a stray byte, or a client's logit_bias forcing one) cannot all be finishing one.
+_STILL_COMPLETING = 3
+_MAX_HELD_TOKENS = 8
 
 
 class IncrementalDetokenizer:
@@ -16,6 +23,11 @@ class IncrementalDetokenizer:
     prompt was cut inside, show as U+FFFD, as a decode of the output alone shows them). Text that
     could be the start of a stop string is held back too (`visible_text`), and a matched stop
     string ends the text (it is not included).
+
+    The stream decodes every held-back token again at each step, so a long run of tokens that
+    complete nothing would cost each step more than the last; after `_MAX_HELD_TOKENS` of them
+    the text of all but the last few is shown (U+FFFD for the stray bytes) and the stream restarts
+    after them.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], stop: list[str]):
@@ -24,6 +36,10 @@ class IncrementalDetokenizer:
         # A prompt ending inside a character leaves the context out: the stream would show its text.
         if tokenizer.decode(context).endswith("\ufffd"):
             context = []
+        self.tokenizer = tokenizer
+        # The last tokens whose text is out (where the stream restarts), and those held back since.
+        self.context: deque[int] = deque(context, maxlen=_CONTEXT_TOKENS)
+        self.held: list[int] = []
         # The tokenizers library keeps the decoding window (one call per token, in Rust).
         self.stream = DecodeStream(ids=context, skip_special_tokens=True)
         self.stop = stop
@@ -33,13 +49,65 @@ class IncrementalDetokenizer:
 
     def add_token(self, token_id: int) -> None:
         """Append one token's text (when complete); sets `matched_stop` when a stop string appears."""
-        new_text = self.stream.step(self.backend, token_id)
+        new_text = self._step(token_id)
+        if len(self.held) >= _MAX_HELD_TOKENS:
+            new_text = self._release_held()
         if not new_text:
             return
         search_from = max(0, len(self.text) - self.holdback)
         self.text += new_text
         if self.stop:
             self._find_stop(search_from)
+
+    def _step(self, token_id: int) -> str | None:
+        """The stream's text for one more token, None while it is held back."""
+        new_text = self.stream.step(self.backend, token_id)
+        if new_text is None:
+            self.held.append(token_id)
+        else:
+            self.context.extend(self.held)
+            self.context.append(token_id)
+            self.held.clear()
+        return new_text
+
+    def _release_held(self) -> str:
+        """The text of the held-back tokens but the last few, as a decode of them all shows it; the
+        stream restarts after the context and takes those few again."""
+        decode = self.tokenizer.decode
+        context, held = list(self.context), self.held
+        whole = decode(context + held)
+        # The longest head whose text a decode of the whole run begins with: a character the
+        # head's last bytes start and the rest completes would come out broken.
+        split = next(
+            (
+                k
+                for k in range(len(held) - _STILL_COMPLETING, 0, -1)
+                if whole.startswith(decode(context + held[:k]))
+            ),
+            len(held) - _STILL_COMPLETING,
+        )
+        text = decode(context + held[:split])[len(decode(context)) :]
+        kept, self.held = held[split:], []
+        self.stream = DecodeStream(ids=context, skip_special_tokens=True)
+        for token_id in kept:
+            text += self._step(token_id) or ""
+        return text
+
+    def _with_held_text(self) -> str:
+        """The text with that of the held-back tokens after it, cut at a stop string they complete."""
+        if not self.held:
+            return self.text
+        context = list(self.context)
+        held_text = self.tokenizer.decode(context + self.held)[
+            len(self.tokenizer.decode(context)) :
+        ]
+        text = self.text + held_text
+        hits = [
+            i
+            for stop in self.stop
+            if (i := text.find(stop, max(0, len(self.text) - self.holdback))) >= 0
+        ]
+        return text[: min(hits)] if hits else text
 
     def _find_stop(self, search_from: int) -> None:
         hits = [(i, s) for s in self.stop if (i := self.text.find(s, search_from)) >= 0]
@@ -49,8 +117,13 @@ class IncrementalDetokenizer:
             self.matched_stop = stop
 
     def visible_text(self, finished: bool) -> str:
-        """The text safe to show now: all of it once finished, else without a possible stop-string start."""
-        if finished or not self.stop or self.matched_stop is not None:
+        """The text safe to show now: all of it once finished (with what held-back tokens left
+        unfinished, as U+FFFD), else without a possible stop-string start."""
+        if self.matched_stop is not None:
+            return self.text
+        if finished:
+            return self._with_held_text()
+        if not self.stop:
             return self.text
         # Clamped: while the text is shorter than the holdback a negative end would slice from the back.
         return self.text[: max(0, len(self.text) - self.holdback)]

@@ -1,5 +1,6 @@
 """A hostile client cannot fail another request, wedge the engine, or be silently misread (issue 13's reproducers)."""
 
+import json
 import signal
 import threading
 
@@ -269,3 +270,37 @@ def test_unknown_draft_proposer_fails_the_start(tiny_llama_dir, tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "no plugin provides the draft proposer 'nosuch'" in result.stdout + result.stderr
+
+
+def test_forced_stray_bytes_stream_as_they_come_and_end_exact(
+    tiny_server, hf_gguf_tokenizer, wait_for
+):
+    # logit_bias can force a token that is one UTF-8 continuation byte: it completes no character,
+    # so the detokenizer must release such a run as it grows (held whole, every step would decode
+    # all of it again) and the final text must be a decode of the tokens.
+    stray = next(
+        t
+        for t in range(len(hf_gguf_tokenizer))
+        if hf_gguf_tokenizer.decode([t]) == "\ufffd"
+        and hf_gguf_tokenizer.decode([t] * 3) == "\ufffd" * 3
+    )
+    body = {
+        "prompt": "hi",
+        "max_tokens": 64,
+        "logit_bias": {str(stray): 100},
+        "stream": True,
+        **{k: v for k, v in GREEDY.items() if k != "max_tokens"},
+    }
+    pieces = []
+    with httpx.stream(
+        "POST", f"{tiny_server.base_url}{COMPLETIONS}", json=body, timeout=60
+    ) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                pieces += [c["text"] for c in json.loads(line[6:])["choices"] if c["text"]]
+    assert "".join(pieces) == "\ufffd" * 64
+    assert len(pieces) >= 6  # released along the way, not all at the end
+    wait_for(lambda: _kv(tiny_server)["num_requests"] == 0, timeout=5)
+    stats = _kv(tiny_server)
+    assert stats["num_free_blocks"] == stats["num_blocks"]

@@ -3,6 +3,7 @@ stop strings held back."""
 
 import pytest
 
+from spyglass.core.engine import detokenizer as detokenizer_module
 from spyglass.core.engine.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
@@ -117,3 +118,47 @@ def test_a_prompt_ending_inside_a_character_leaks_none_of_its_text(tokenizer):
             detokenizer.add_token(token_id)
         assert detokenizer.text == tokenizer.decode(token_ids[cut:])
         assert "Look" not in detokenizer.text
+
+
+def _stray_byte(tokenizer) -> int:
+    """A token that is one UTF-8 continuation byte: it completes no character, alone or repeated."""
+    return next(
+        t
+        for t in range(tokenizer.vocab_size)
+        if tokenizer.decode([t]) == "\ufffd" and tokenizer.decode([t, t, t]) == "\ufffd" * 3
+    )
+
+
+@pytest.mark.parametrize("after", ["", " and then some text", " €, 😀 and 你好"])
+def test_a_long_run_of_stray_bytes_is_released_as_it_grows(tokenizer, after):
+    # A model repeating a stray byte, or a client's logit_bias forcing one: the stream must not hold
+    # the whole run back (each step would decode all of it again), yet the text stays exact.
+    token_ids = [_stray_byte(tokenizer)] * 300 + tokenizer.encode(after, add_special_tokens=False)
+    shown = ""
+    for detokenizer, visible in stream(tokenizer, "Say:", token_ids, stop=[]):
+        assert len(detokenizer.held) < detokenizer_module._MAX_HELD_TOKENS
+        assert visible.startswith(shown)
+        shown = visible
+    assert detokenizer.visible_text(True) == tokenizer.decode(token_ids)
+    assert shown.count("\ufffd") >= 290  # shown while the run went on, not at its end
+
+
+def test_characters_between_stray_bytes_come_out_whole(tokenizer):
+    # "😀" and "你" take several tokens; runs of stray bytes before and after each, long enough to
+    # be released mid-run, must not break them.
+    stray = _stray_byte(tokenizer)
+    words = tokenizer.encode("€ 😀 你好 done", add_special_tokens=False)
+    token_ids = ([stray] * 9 + words + [stray] * 7) * 4
+    *_, (detokenizer, visible) = stream(tokenizer, "", token_ids, stop=[])
+    assert detokenizer.visible_text(True) == tokenizer.decode(token_ids)
+    assert visible.count("😀") == 4 and visible.count("你好") == 4
+
+
+def test_bytes_still_held_at_the_end_are_in_the_final_text(tokenizer):
+    stray = _stray_byte(tokenizer)
+    token_ids = tokenizer.encode("ok", add_special_tokens=False) + [stray] * 3
+    *_, (detokenizer, visible) = stream(tokenizer, "", token_ids, stop=["zz"])
+    assert (
+        detokenizer.held and "\ufffd" not in visible
+    )  # the held bytes are not shown while streaming
+    assert detokenizer.visible_text(True) == tokenizer.decode(token_ids) == "ok" + "\ufffd" * 3
