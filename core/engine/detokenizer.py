@@ -73,20 +73,25 @@ class IncrementalDetokenizer:
     def _release_held(self) -> str:
         """The text of the held-back tokens but the last few, as a decode of them all shows it; the
         stream restarts after the context and takes those few again."""
-        decode = self.tokenizer.decode
         context, held = list(self.context), self.held
-        whole = decode(context + held)
-        # The longest head whose text a decode of the whole run begins with: a character the
-        # head's last bytes start and the rest completes would come out broken.
+
+        def text_of(ids: list[int]) -> str:
+            """``ids``' text where they follow the context."""
+            return self.tokenizer.decode(context + ids)[len(self.tokenizer.decode(context)) :]
+
+        whole = text_of(held)
+        # The longest head whose text and the rest's (after the context, as the restarted stream
+        # reads it) make the whole run's: a character the head's last bytes start and the rest's
+        # complete would otherwise come out broken.
         split = next(
             (
                 k
                 for k in range(len(held) - _STILL_COMPLETING, 0, -1)
-                if whole.startswith(decode(context + held[:k]))
+                if text_of(held[:k]) + text_of(held[k:]) == whole
             ),
             len(held) - _STILL_COMPLETING,
         )
-        text = decode(context + held[:split])[len(decode(context)) :]
+        text = text_of(held[:split])
         kept, self.held = held[split:], []
         self.stream = DecodeStream(ids=context, skip_special_tokens=True)
         for token_id in kept:

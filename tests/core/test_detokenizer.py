@@ -1,6 +1,8 @@
 """IncrementalDetokenizer with the real SmolLM2 tokenizer: no broken characters while streaming,
 stop strings held back."""
 
+import random
+
 import pytest
 
 from spyglass.core.engine import detokenizer as detokenizer_module
@@ -162,3 +164,18 @@ def test_bytes_still_held_at_the_end_are_in_the_final_text(tokenizer):
         detokenizer.held and "\ufffd" not in visible
     )  # the held bytes are not shown while streaming
     assert detokenizer.visible_text(True) == tokenizer.decode(token_ids) == "ok" + "\ufffd" * 3
+
+
+@pytest.mark.parametrize("stray_share", [0.3, 0.7, 0.95])
+def test_random_tokens_among_stray_bytes_decode_exactly(tokenizer, stray_share):
+    strays = [t for t in range(tokenizer.vocab_size) if tokenizer.decode([t]) == "\ufffd"]
+    generator = random.Random(stray_share)
+    for _ in range(40):
+        token_ids = [
+            generator.choice(strays)
+            if generator.random() < stray_share
+            else generator.randrange(tokenizer.vocab_size)
+            for _ in range(200)
+        ]
+        *_, (detokenizer, _) = stream(tokenizer, "Hi", token_ids, stop=[])
+        assert detokenizer.visible_text(True) == tokenizer.decode(token_ids)
