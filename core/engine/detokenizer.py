@@ -13,6 +13,8 @@ _CONTEXT_TOKENS = 6
 # repeating a stray byte, or a client's logit_bias forcing one) cannot all be finishing one.
 _STILL_COMPLETING = 3
 _MAX_HELD_TOKENS = 8
+# How `DecodeStream.step` says that the text of its window no longer starts with what it showed.
+_INVALID_PREFIX = "Invalid prefix encountered"
 
 
 class IncrementalDetokenizer:
@@ -61,7 +63,12 @@ class IncrementalDetokenizer:
 
     def _step(self, token_id: int) -> str | None:
         """The stream's text for one more token, None while it is held back."""
-        new_text = self.stream.step(self.backend, token_id)
+        try:
+            new_text = self.stream.step(self.backend, token_id)
+        except Exception as error:  # the tokenizers library raises a bare Exception
+            if not str(error).startswith(_INVALID_PREFIX):
+                raise
+            return self._restart_after(token_id)
         if new_text is None:
             self.held.append(token_id)
         else:
@@ -69,6 +76,20 @@ class IncrementalDetokenizer:
             self.context.append(token_id)
             self.held.clear()
         return new_text
+
+    def _restart_after(self, token_id: int) -> str:
+        """Byte-fallback vocabularies decode a run of byte tokens that is no longer valid UTF-8 as
+        U+FFFD, bytes already shown as letters included, so the stream's text is no longer a prefix
+        of itself. The text shown stays; the held tokens and this one are decoded on their own, and
+        the stream restarts after them."""
+        ids = [*self.held, token_id]
+        context = list(self.context)
+        text = self.tokenizer.decode(context + ids)[len(self.tokenizer.decode(context)) :]
+        self.held = []
+        if not text.endswith("\ufffd"):  # else the old context stays the clean place to restart
+            self.context.extend(ids)
+        self.stream = DecodeStream(ids=list(self.context), skip_special_tokens=True)
+        return text
 
     def _release_held(self) -> str:
         """The text of the held-back tokens but the last few, as a decode of them all shows it; the

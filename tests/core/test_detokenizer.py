@@ -4,9 +4,12 @@ stop strings held back."""
 import random
 
 import pytest
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import decoders, models
 
 from spyglass.core.engine import detokenizer as detokenizer_module
 from spyglass.core.engine.detokenizer import IncrementalDetokenizer
+from spyglass.core.tokenizer import Tokenizer
 
 TEXTS = [
     "中文测试：你好，世界！今天天气很好，我们去公园散步吧。",
@@ -179,3 +182,37 @@ def test_random_tokens_among_stray_bytes_decode_exactly(tokenizer, stray_share):
         ]
         *_, (detokenizer, _) = stream(tokenizer, "Hi", token_ids, stop=[])
         assert detokenizer.visible_text(True) == tokenizer.decode(token_ids)
+
+
+def _byte_fallback_tokenizer() -> Tokenizer:
+    """A SentencePiece-style vocabulary (Llama 2, Mistral, Gemma): 256 byte tokens besides pieces,
+    decoded by ``ByteFallback``, which turns a run of byte tokens that is not valid UTF-8 into
+    U+FFFD, one per token, letters included."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    vocab |= {"\u2581a": 259, "+": 260}
+    backend = BackendTokenizer(
+        models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>")
+    )
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    return Tokenizer(backend, None, 1, (2,), True)
+
+
+def test_a_byte_token_that_turns_shown_text_invalid_is_survived():
+    # "g" as a byte token shows as "g"; one more byte (0xE2) that starts a character and "+" that
+    # does not finish it make the decode of the three "\ufffd\ufffd+": the stream's text no longer
+    # starts with what it showed, which raised out of the tokenizers library and failed the step.
+    tokenizer = _byte_fallback_tokenizer()
+    letter_a, g, e2, plus = 259, 3 + ord("g"), 3 + 0xE2, 260
+    assert tokenizer.decode([g]) == "g" and tokenizer.decode([g, e2, plus]) == "\ufffd\ufffd+"
+    detokenizer = IncrementalDetokenizer(tokenizer, [letter_a], [])
+    for token_id in [letter_a, g, e2, plus, letter_a]:
+        detokenizer.add_token(token_id)
+    # What was shown stays; the rest is decoded on its own and the stream goes on after it.
+    assert detokenizer.visible_text(True) == " ag\ufffd+ a"
