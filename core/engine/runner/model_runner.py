@@ -3,9 +3,7 @@
 import logging
 import time
 from dataclasses import dataclass
-from itertools import chain
 
-import numpy as np
 import torch
 
 from spyglass.core.engine.kv.host_memory import (
@@ -17,7 +15,7 @@ from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.sampler import adjust_logits, sample, sample_tokens
 from spyglass.core.engine.runner.spec_verify import verify_drafts
-from spyglass.core.engine.runner.uploads import upload
+from spyglass.core.engine.runner.step_inputs import StepInputs, build_step_inputs
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
 from spyglass.core.engine.token_constraint import TokenConstraint, bitmask_words, fill_rows
 from spyglass.core.models.attention_metadata import AttentionMetadata
@@ -59,17 +57,6 @@ class LaunchedStep:
     mask_time: float = 0.0
     result: RunnerOutput | None = None
     """The whole output, when sampling needed the host and the step is therefore already done."""
-
-
-@dataclass(frozen=True, slots=True)
-class StepInputs:
-    """The flattened batch for one forward."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor
-    sampled_rows: tuple[bool, ...]
 
 
 class ModelRunner:
@@ -184,60 +171,6 @@ class ModelRunner:
             * element_size
         )
 
-    def prepare(
-        self,
-        out: SchedulerOutput,
-        block_tables: dict[str, list[int]],
-        after: LaunchedStep | None = None,
-    ) -> StepInputs:
-        """Build input ids, positions, slot mapping and block tables for the scheduled requests.
-
-        Per request only its numbers are read; every per-token array is built by whole-array numpy
-        operations, so the host's share of a step grows slowly with the batch. A request's pending
-        token (sampled by ``after``, a step still in flight) is read from that step's ids on the
-        device, so the host need not wait for them.
-        """
-        bs, scheduled, num_reqs = self.block_size, out.scheduled, len(out.scheduled)
-        requests = [s.request for s in scheduled]
-        num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_reqs)
-        num_spec = np.fromiter((s.num_spec_tokens for s in scheduled), np.int64, num_reqs)
-        starts = np.fromiter((r.num_launched_tokens for r in requests), np.int64, num_reqs)
-        ends = starts + num_new
-        query_start = np.zeros(num_reqs + 1, dtype=np.int32)
-        np.cumsum(num_new, out=query_start[1:])
-        tokens = _known_token_ids(requests, starts.tolist(), ends.tolist())
-        pending_at, pending_rows = _pending_rows(requests, ends, query_start, after)
-        positions = _concatenated_ranges(starts, num_new)
-        table_array = _block_table_array([block_tables[r.req_id] for r in requests])
-        owner = np.repeat(np.arange(num_reqs), num_new)
-        slots = table_array[owner, positions // bs].astype(np.int64) * bs + positions % bs
-        context_lens = ends.astype(np.int32)
-        # A request is sampled once the step reaches its end (drafts included): its last rows are.
-        sampled = ends >= np.fromiter(
-            (r.num_tokens_with_spec for r in requests), np.int64, num_reqs
-        )
-        num_rows = np.where(sampled, num_spec + 1, 0)
-        logits_rows = _concatenated_ranges(query_start[1:] - num_rows, num_rows)
-        input_ids, positions_t, slot_mapping, logits_indices, at, rows = upload(
-            [np.array(tokens), positions, slots, logits_rows, pending_at, pending_rows],
-            np.int64,
-            self.device,
-        )
-        if len(pending_at):
-            input_ids[at] = after.device_token_ids[rows]
-        tables_t, context_lens_t, query_start_t = upload(
-            [table_array, context_lens, query_start], np.int32, self.device
-        )
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping,
-            block_tables=tables_t,
-            context_lens=context_lens_t,
-            query_start_loc=query_start_t,
-            max_query_len=int(num_new.max()),
-            max_context_len=int(context_lens.max()),
-        )
-        return StepInputs(input_ids, positions_t, meta, logits_indices, tuple(sampled.tolist()))
-
     @torch.inference_mode()
     def launch(
         self,
@@ -253,7 +186,7 @@ class ModelRunner:
         the step still in flight whose sampled ids this one's pending tokens are (async scheduling).
         """
         start = time.perf_counter()
-        inputs = self.prepare(out, block_tables, after)
+        inputs = build_step_inputs(out, block_tables, self.block_size, self.device, after)
         logits = self._forward(inputs, len(out.scheduled))
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         if any(s.num_spec_tokens or s.request.logprobs is not None for s in sampled):
@@ -349,51 +282,6 @@ class ModelRunner:
                 tokens.append(verified)
                 logprobs.append([None] * len(verified))
         return tuple(tokens), tuple(logprobs), mask_time
-
-
-def _known_token_ids(requests: list[Request], starts: list[int], ends: list[int]) -> list[int]:
-    """Each request's token ids ``[start, end)`` one after another, a pending token's as 0 (its
-    placeholder, filled on the device)."""
-    tokens: list[int] = []
-    for request, start, end in zip(requests, starts, ends):
-        part = request.token_ids_slice(start, end)
-        tokens += part
-        if len(part) < end - start:
-            tokens += [0] * (end - start - len(part))
-    return tokens
-
-
-def _pending_rows(
-    requests: list[Request], ends: np.ndarray, query_start: np.ndarray, after: LaunchedStep | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Where the step's pending tokens go in its input ids, and their rows in ``after``'s sampled ids.
-
-    A request's pending token (one at most: only ``after`` is in flight) is its last new token.
-    """
-    at, rows = [], []
-    if after is not None:  # only a step launched while another is in flight has pending tokens
-        row_of = {req_id: row for row, req_id in enumerate(after.sampled_req_ids)}
-        for index, request in enumerate(requests):
-            if request.num_pending_tokens and ends[index] > request.num_tokens:
-                at.append(int(query_start[index + 1]) - 1)
-                rows.append(row_of[request.req_id])
-    return np.array(at, dtype=np.int64), np.array(rows, dtype=np.int64)
-
-
-def _concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``range(starts[i], starts[i] + lengths[i])`` for every ``i``, one after another."""
-    offsets = np.cumsum(lengths) - lengths
-    return np.arange(int(lengths.sum())) + np.repeat(starts - offsets, lengths)
-
-
-def _block_table_array(tables: list[list[int]]) -> np.ndarray:
-    """The tables as rows of one int32 array, padded with block 0 (never read: past each context)."""
-    lengths = np.fromiter(map(len, tables), np.int64, len(tables))
-    array = np.zeros((len(tables), int(lengths.max())), dtype=np.int32)
-    array[np.arange(array.shape[1]) < lengths[:, None]] = np.fromiter(
-        chain.from_iterable(tables), np.int32, int(lengths.sum())
-    )
-    return array
 
 
 def _adjust_plain(logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, float]:

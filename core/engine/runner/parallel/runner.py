@@ -4,9 +4,10 @@ import logging
 
 import torch
 
-from spyglass.core.engine.runner.model_runner import ModelRunner, StepInputs
+from spyglass.core.engine.runner.model_runner import ModelRunner
 from spyglass.core.engine.runner.parallel.comm import TensorParallelError
 from spyglass.core.engine.runner.parallel.launch import LeaderGroup
+from spyglass.core.engine.runner.step_inputs import StepInputs
 from spyglass.core.models.parallel.layers import TensorParallelLlama
 
 log = logging.getLogger("spyglass.engine")
