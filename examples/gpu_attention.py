@@ -54,6 +54,12 @@ HEADS, KV_HEADS, DIM, BLOCK = 32, 8, 128, 16
 MAX_CACHE_BYTES = 40e9
 
 
+def bandwidth_rows(measured: dict[str, float]) -> list[str]:
+    """`copy_bandwidth` into ``measured["bandwidth"]``, and a row saying it."""
+    measured["bandwidth"] = copy_bandwidth()
+    return [f"device-to-device copy: {measured['bandwidth'] / 1e9:.0f} GB/s (read + write)"]
+
+
 def decode_cases(contexts: tuple[int, ...]) -> Iterator[tuple[int, int]]:
     """(context, batch) for every batch from 1 to 256 at each context whose cache fits."""
     for context in contexts:
@@ -130,7 +136,9 @@ def tiled(
 
 def tiling_sweep_table(bandwidth: float, quick: bool) -> list[str]:
     """Decode attention at contexts of 2k and more (issue 19's 70% target) with every tiling of
-    `SWEEP`: each one's fraction of copy bandwidth (in a CUDA graph), and the best per case."""
+    `SWEEP`: each one's fraction of copy bandwidth (in a CUDA graph), and the best per case. A
+    tiling the GPU cannot launch (its tiles need more shared memory than a program may have) shows
+    as "-"."""
     names = [f"{t.kv_tile}/{t.num_warps}w/{t.num_stages}s" for t in SWEEP]
     rows = [
         "| context | batch | default | best | best tiling | " + " | ".join(names) + " |",
@@ -139,17 +147,29 @@ def tiling_sweep_table(bandwidth: float, quick: bool) -> list[str]:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for context, batch in decode_cases((2048, 8192) if quick else (2048, 8192, 32768)):
         inputs = decode_inputs(context, batch)
-        moved = cache_bytes(inputs)
-        default = moved / timed_in_graph(tiled(inputs, triton_attention.DEFAULT_TILING, sms))
-        fractions = [
-            moved / timed_in_graph(tiled(inputs, tiling, sms)) / bandwidth for tiling in SWEEP
-        ]
-        best = max(range(len(SWEEP)), key=fractions.__getitem__)
+
+        def fraction(tiling: triton_attention.Tiling) -> float | None:
+            try:
+                seconds = timed_in_graph(tiled(inputs, tiling, sms))
+            except Exception as error:  # e.g. triton's OutOfResources for the largest tiles
+                print(f"tiling {tiling} at context {context}, batch {batch}: {error}")
+                return None
+            return cache_bytes(inputs) / seconds / bandwidth
+
+        default = fraction(triton_attention.DEFAULT_TILING)
+        fractions = [fraction(tiling) for tiling in SWEEP]
+        best = max(range(len(SWEEP)), key=lambda i: fractions[i] or 0.0)
+        cells = [_percent(f) for f in (default, fractions[best])] + [names[best]]
         rows.append(
-            f"| {context} | {batch} | {default / bandwidth:.0%} | {fractions[best]:.0%} "
-            f"| {names[best]} | " + " | ".join(f"{f:.0%}" for f in fractions) + " |"
+            f"| {context} | {batch} | "
+            + " | ".join(cells + [_percent(f) for f in fractions])
+            + " |"
         )
     return rows
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.0%}"
 
 
 def kernel_error_against_torch() -> float:
