@@ -171,6 +171,15 @@ class ModelRunner:
             * element_size
         )
 
+    def prepare(
+        self,
+        out: SchedulerOutput,
+        block_tables: dict[str, list[int]],
+        after: LaunchedStep | None = None,
+    ) -> StepInputs:
+        """The step's model inputs on this runner's device (`build_step_inputs`)."""
+        return build_step_inputs(out, block_tables, self.block_size, self.device, after)
+
     @torch.inference_mode()
     def launch(
         self,
@@ -186,7 +195,7 @@ class ModelRunner:
         the step still in flight whose sampled ids this one's pending tokens are (async scheduling).
         """
         start = time.perf_counter()
-        inputs = build_step_inputs(out, block_tables, self.block_size, self.device, after)
+        inputs = self.prepare(out, block_tables, after)
         logits = self._forward(inputs, len(out.scheduled))
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         if any(s.num_spec_tokens or s.request.logprobs is not None for s in sampled):
