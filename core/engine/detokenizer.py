@@ -120,13 +120,14 @@ class IncrementalDetokenizer:
         return text
 
     def _with_held_text(self) -> str:
-        """The text with that of the held-back tokens after it, cut at a stop string they complete."""
+        """The text with that of the held-back tokens after it, but for the U+FFFD of a character
+        they leave unfinished (left out, as vLLM leaves it out), cut at a stop string they complete."""
         if not self.held:
             return self.text
         context = list(self.context)
         held_text = self.tokenizer.decode(context + self.held)[
             len(self.tokenizer.decode(context)) :
-        ]
+        ].rstrip("\ufffd")
         text = self.text + held_text
         hits = [
             i
@@ -143,8 +144,8 @@ class IncrementalDetokenizer:
             self.matched_stop = stop
 
     def visible_text(self, finished: bool) -> str:
-        """The text safe to show now: all of it once finished (with what held-back tokens left
-        unfinished, as U+FFFD), else without a possible stop-string start."""
+        """The text safe to show now: all of it once finished (with the complete characters of the
+        held-back tokens), else without a possible stop-string start."""
         if self.matched_stop is not None:
             return self.text
         if finished:

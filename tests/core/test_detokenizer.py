@@ -144,7 +144,11 @@ def test_a_long_run_of_stray_bytes_is_released_as_it_grows(tokenizer, after):
         assert len(detokenizer.held) < detokenizer_module._MAX_HELD_TOKENS
         assert visible.startswith(shown)
         shown = visible
-    assert detokenizer.visible_text(True) == tokenizer.decode(token_ids)
+    # Exact, but for the U+FFFD of the last few held bytes (left out as an unfinished character).
+    assert detokenizer.visible_text(True).rstrip("\ufffd") == tokenizer.decode(token_ids).rstrip(
+        "\ufffd"
+    )
+    assert detokenizer.visible_text(True).startswith(shown)
     assert shown.count("\ufffd") >= 290  # shown while the run went on, not at its end
 
 
@@ -155,18 +159,21 @@ def test_characters_between_stray_bytes_come_out_whole(tokenizer):
     words = tokenizer.encode("€ 😀 你好 done", add_special_tokens=False)
     token_ids = ([stray] * 9 + words + [stray] * 7) * 4
     *_, (detokenizer, visible) = stream(tokenizer, "", token_ids, stop=[])
-    assert detokenizer.visible_text(True) == tokenizer.decode(token_ids)
+    final = detokenizer.visible_text(True)
+    assert final.rstrip("\ufffd") == tokenizer.decode(token_ids).rstrip("\ufffd")
     assert visible.count("😀") == 4 and visible.count("你好") == 4
 
 
-def test_bytes_still_held_at_the_end_are_in_the_final_text(tokenizer):
+def test_an_unfinished_character_at_the_end_is_left_out(tokenizer):
+    # As vLLM does: bytes held at the end that complete no character do not end the final text.
     stray = _stray_byte(tokenizer)
-    token_ids = tokenizer.encode("ok", add_special_tokens=False) + [stray] * 3
+    euro = tokenizer.encode("€", add_special_tokens=False)
+    token_ids = tokenizer.encode("ok", add_special_tokens=False) + euro + [stray] * 3
     *_, (detokenizer, visible) = stream(tokenizer, "", token_ids, stop=["zz"])
     assert (
         detokenizer.held and "\ufffd" not in visible
     )  # the held bytes are not shown while streaming
-    assert detokenizer.visible_text(True) == tokenizer.decode(token_ids) == "ok" + "\ufffd" * 3
+    assert detokenizer.visible_text(True) == "ok€"
 
 
 @pytest.mark.parametrize("stray_share", [0.3, 0.7, 0.95])
@@ -181,7 +188,8 @@ def test_random_tokens_among_stray_bytes_decode_exactly(tokenizer, stray_share):
             for _ in range(200)
         ]
         *_, (detokenizer, _) = stream(tokenizer, "Hi", token_ids, stop=[])
-        assert detokenizer.visible_text(True) == tokenizer.decode(token_ids)
+        final = detokenizer.visible_text(True)
+        assert final.rstrip("\ufffd") == tokenizer.decode(token_ids).rstrip("\ufffd")
 
 
 def _byte_fallback_tokenizer() -> Tokenizer:
