@@ -33,6 +33,7 @@ NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of 
     "spyglass:request_num_preemptions",
     "spyglass:cache_config_info",
     "spyglass:engine_config_info",
+    "spyglass:server_config_info",
     "spyglass:engine_ready",
     "spyglass:tensor_parallel_size",
 }
