@@ -83,8 +83,7 @@ class IncrementalDetokenizer:
         of itself. The text shown stays; the held tokens and this one are decoded on their own, and
         the stream restarts after them."""
         ids = [*self.held, token_id]
-        context = list(self.context)
-        text = self.tokenizer.decode(context + ids)[len(self.tokenizer.decode(context)) :]
+        text = self._after_context(ids)
         self.held = []
         if not text.endswith("\ufffd"):  # else the old context stays the clean place to restart
             self.context.extend(ids)
@@ -94,12 +93,7 @@ class IncrementalDetokenizer:
     def _release_held(self) -> str:
         """The text of the held-back tokens but the last few, as a decode of them all shows it; the
         stream restarts after the context and takes those few again."""
-        context, held = list(self.context), self.held
-
-        def text_of(ids: list[int]) -> str:
-            """``ids``' text where they follow the context."""
-            return self.tokenizer.decode(context + ids)[len(self.tokenizer.decode(context)) :]
-
+        held, text_of = self.held, self._after_context
         whole = text_of(held)
         # The longest head whose text and the rest's (after the context, as the restarted stream
         # reads it) make the whole run's: a character the head's last bytes start and the rest's
@@ -114,7 +108,7 @@ class IncrementalDetokenizer:
         )
         text = text_of(held[:split])
         kept, self.held = held[split:], []
-        self.stream = DecodeStream(ids=context, skip_special_tokens=True)
+        self.stream = DecodeStream(ids=list(self.context), skip_special_tokens=True)
         for token_id in kept:
             text += self._step(token_id) or ""
         return text
@@ -124,24 +118,25 @@ class IncrementalDetokenizer:
         they leave unfinished (left out, as vLLM leaves it out), cut at a stop string they complete."""
         if not self.held:
             return self.text
+        text = self.text + self._after_context(self.held).rstrip("\ufffd")
+        hit = self._first_stop(text, max(0, len(self.text) - self.holdback))
+        return text if hit is None else text[: hit[0]]
+
+    def _after_context(self, ids: list[int]) -> str:
+        """``ids``' text where they follow the context (the last tokens whose text is out)."""
         context = list(self.context)
-        held_text = self.tokenizer.decode(context + self.held)[
-            len(self.tokenizer.decode(context)) :
-        ].rstrip("\ufffd")
-        text = self.text + held_text
-        hits = [
-            i
-            for stop in self.stop
-            if (i := text.find(stop, max(0, len(self.text) - self.holdback))) >= 0
-        ]
-        return text[: min(hits)] if hits else text
+        return self.tokenizer.decode(context + ids)[len(self.tokenizer.decode(context)) :]
+
+    def _first_stop(self, text: str, search_from: int) -> tuple[int, str] | None:
+        """Where the earliest stop string in ``text`` from ``search_from`` starts, and which it is."""
+        hits = [(i, s) for s in self.stop if (i := text.find(s, search_from)) >= 0]
+        return min(hits) if hits else None
 
     def _find_stop(self, search_from: int) -> None:
-        hits = [(i, s) for s in self.stop if (i := self.text.find(s, search_from)) >= 0]
-        if hits:
-            index, stop = min(hits)
+        hit = self._first_stop(self.text, search_from)
+        if hit is not None:
+            index, self.matched_stop = hit
             self.text = self.text[:index]
-            self.matched_stop = stop
 
     def visible_text(self, finished: bool) -> str:
         """The text safe to show now: all of it once finished (with the complete characters of the
