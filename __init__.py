@@ -9,6 +9,7 @@ import importlib
 _EXPORTS = {
     "LLM": "spyglass.core.llm",
     "SamplingParams": "spyglass.core.engine.sampling_params",
+    "RequestOutputKind": "spyglass.core.engine.sampling_params",
     "RequestOutput": "spyglass.core.engine.outputs",
     "CompletionOutput": "spyglass.core.engine.outputs",
 }

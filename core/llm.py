@@ -9,7 +9,7 @@ from tqdm import tqdm
 from spyglass.core.engine.config import EngineConfig, parse_bytes
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.outputs import RequestOutput
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 from spyglass.core.tokenizer import Tokenizer
 
 PromptType = str | dict
@@ -40,7 +40,8 @@ class LLM:
         """Run every prompt to completion; outputs come back in input order.
 
         A prompt is a string or ``{"prompt_token_ids": [...]}``; ``sampling_params`` is one for
-        all prompts or one per prompt.
+        all prompts or one per prompt. Only the final outputs are built (each request's output kind
+        is `RequestOutputKind.FINAL_ONLY`, as in vLLM).
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -83,6 +84,7 @@ class LLM:
             text, token_ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
         base_id = str(next(self._ids))
         req_ids = []
+        params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
         for index in range(params.n):
             req_id = base_id if params.n == 1 else f"{base_id}-{index}"
             sub_params = params

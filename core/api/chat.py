@@ -13,7 +13,6 @@ from litestar.params import JSONBody
 
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
-    DeltaTracker,
     chat_logprobs,
     check_finished,
     make_usage,
@@ -225,7 +224,7 @@ class _ChatWriter:
                     completion.stop_reason,
                 )
             )
-        usage = make_usage(ordered, self.body.n)
+        usage = make_usage(group, self.body.n)
         return ChatCompletionResponse(
             self.id, self.created, self.serving.model_name, choices, usage
         )
@@ -238,14 +237,10 @@ class _ChatWriter:
         """
         for index in range(self.body.n):
             yield self._chunk([ChatChunkChoice(index, ChatDelta(role="assistant", content=""))])
-        trackers: dict[int, DeltaTracker] = {}
         splitters: dict[int, OutputSplitter] = {}
-        finals = {}
         async for index, output in group.outputs():
             completion = output.outputs[0]
             check_finished(completion)
-            if output.finished:
-                finals[index] = output
             if self.use.active:
                 splitter = splitters.setdefault(
                     index, OutputSplitter(self.use, self.serving.tool_parser)
@@ -253,23 +248,20 @@ class _ChatWriter:
                 for chunk in self._tool_chunks(index, splitter, output):
                     yield chunk
                 continue
-            delta = trackers.setdefault(index, DeltaTracker()).advance(completion)
-            if not (delta.text or delta.logprobs or output.finished):
+            if not (completion.text or completion.logprobs or output.finished):
                 continue
             logprobs = (
-                chat_logprobs(self.serving.tokenizer, delta.logprobs)
+                chat_logprobs(self.serving.tokenizer, completion.logprobs or [])
                 if self.body.logprobs
                 else None
             )
             finish = completion.finish_reason if output.finished else None
             yield self._chunk(
-                [ChatChunkChoice(index, ChatDelta(content=delta.text), logprobs, finish)]
+                [ChatChunkChoice(index, ChatDelta(content=completion.text), logprobs, finish)]
             )
         options = self.body.stream_options
         if options is not None and options.include_usage:
-            yield self._chunk(
-                [], usage=make_usage([finals[i] for i in sorted(finals)], self.body.n)
-            )
+            yield self._chunk([], usage=make_usage(group, self.body.n))
 
     def _tool_chunks(
         self, index: int, splitter: OutputSplitter, output: RequestOutput

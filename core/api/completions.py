@@ -15,7 +15,6 @@ from litestar.params import JSONBody
 
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
-    DeltaTracker,
     check_finished,
     completion_logprobs,
     make_usage,
@@ -152,35 +151,40 @@ class _CompletionWriter:
             self.created,
             self.serving.model_name,
             choices,
-            usage=make_usage(generated, best_of),
+            usage=make_usage(group, best_of),
         )
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[CompletionResponse]:
         """One chunk per step that adds text, tokens or a finish reason; a usage chunk when asked."""
-        trackers: dict[int, DeltaTracker] = {}
-        finals = {}
+        num_chars: dict[
+            int, int
+        ] = {}  # each choice's text so far: where its logprobs' offsets start
         async for index, output in group.outputs():
             completion = output.outputs[0]
             check_finished(completion)
-            tracker = trackers.setdefault(index, DeltaTracker())
-            first = tracker.num_tokens == 0
-            offset = tracker.num_chars
-            delta = tracker.advance(completion)
-            if not (delta.text or delta.logprobs or output.finished or (first and self.body.echo)):
+            first = index not in num_chars
+            offset = num_chars.get(index, 0)
+            num_chars[index] = offset + len(completion.text)
+            if not (
+                completion.text
+                or completion.logprobs
+                or output.finished
+                or (first and self.body.echo)
+            ):
                 continue
             logprobs = None
             if self.body.logprobs is not None:
-                logprobs = completion_logprobs(self.serving.tokenizer, delta.logprobs, offset)
-            text = (self._echo(index) if first else "") + delta.text
+                logprobs = completion_logprobs(
+                    self.serving.tokenizer, completion.logprobs or [], offset
+                )
+            text = (self._echo(index) if first else "") + completion.text
             finish = completion.finish_reason if output.finished else None
             stop_reason = completion.stop_reason if output.finished else None
             choice = CompletionChoice(index, text, logprobs, finish, stop_reason)
             yield CompletionResponse(self.id, self.created, self.serving.model_name, [choice])
-            if output.finished:
-                finals[index] = output
         options = self.body.stream_options
         if options is not None and options.include_usage:
-            usage = make_usage([finals[i] for i in sorted(finals)], self.body.n)
+            usage = make_usage(group, self.body.n)
             yield CompletionResponse(
                 self.id, self.created, self.serving.model_name, [], usage=usage
             )

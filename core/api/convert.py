@@ -1,11 +1,11 @@
-"""Request bodies -> engine inputs, and engine outputs -> response pieces (usage, logprobs, deltas)."""
+"""Request bodies -> engine inputs, and engine outputs -> response pieces (usage, logprobs)."""
 
 import uuid
-from dataclasses import dataclass
 
 from opentelemetry import context as otel_context
 
 from spyglass.core.api.errors import APIError
+from spyglass.core.api.generation import RequestGroup
 from spyglass.core.api.schemas import (
     ChatLogprobs,
     ChatTokenLogprob,
@@ -17,7 +17,7 @@ from spyglass.core.api.schemas import (
     TopLogprob,
     Usage,
 )
-from spyglass.core.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from spyglass.core.engine.outputs import CompletionOutput, Logprob
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.core.tokenizer import Tokenizer
 
@@ -120,11 +120,12 @@ def request_attributes(
     }
 
 
-def make_usage(finals: list[RequestOutput], n: int) -> Usage:
-    """Exact token counts; each prompt counts once however many choices it has."""
-    firsts = finals[::n]
+def make_usage(group: RequestGroup, n: int) -> Usage:
+    """Exact token counts of a call's choices (``n`` per prompt); each prompt counts once however
+    many choices it has."""
+    firsts = group.latest[::n]
     prompt_tokens = sum(len(o.prompt_token_ids) for o in firsts)
-    completion_tokens = sum(len(o.outputs[0].token_ids) for o in finals)
+    completion_tokens = sum(group.num_tokens)
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
@@ -139,32 +140,6 @@ def check_finished(completion: CompletionOutput) -> None:
     """An engine-side failure of one request becomes an error (500), not a truncated answer."""
     if completion.finish_reason == "error":
         raise APIError(500, "the engine failed while generating this request", code="engine_error")
-
-
-@dataclass(slots=True)
-class Delta:
-    """What one choice gained since the last chunk."""
-
-    text: str
-    token_ids: list[int]
-    logprobs: list[Logprob]
-
-
-@dataclass(slots=True)
-class DeltaTracker:
-    """Turns cumulative engine outputs (text so far) into per-chunk deltas for one choice."""
-
-    num_chars: int = 0
-    num_tokens: int = 0
-
-    def advance(self, completion: CompletionOutput) -> Delta:
-        """The text, tokens and logprobs added since the previous call."""
-        text = completion.text[self.num_chars :]
-        token_ids = completion.token_ids[self.num_tokens :]
-        logprobs = (completion.logprobs or [])[self.num_tokens :]
-        self.num_chars = len(completion.text)
-        self.num_tokens = len(completion.token_ids)
-        return Delta(text, token_ids, logprobs)
 
 
 def _token_text(tokenizer: Tokenizer, token_id: int) -> str:

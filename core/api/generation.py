@@ -4,6 +4,9 @@ A completions call with several prompts, or ``n > 1``, becomes one engine reques
 (ids ``{id}-{i}``; ``seed + i`` when seeded). The group is *started* before the HTTP response
 begins, so a request the engine rejects (e.g. prompt + max_tokens over the context) still gets
 a proper 400 instead of a broken stream.
+
+The engine sends each choice's outputs as deltas (what it gained since the previous output), so
+that no step costs the length of the text so far; a whole answer is accumulated once.
 """
 
 import asyncio
@@ -15,8 +18,8 @@ from litestar import Request
 
 from spyglass.core.api.errors import APIError
 from spyglass.core.engine.engine_client import EngineClient
-from spyglass.core.engine.outputs import RequestOutput
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.outputs import RequestOutput, joined
+from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,7 +44,7 @@ def fan_out(
 
 
 class RequestGroup:
-    """The engine requests behind one API call; iterate `outputs` to get ``(choice_index, output)`` pairs."""
+    """The engine requests behind one API call; iterate `outputs` to get ``(choice_index, delta)`` pairs."""
 
     def __init__(
         self, async_engine: EngineClient, base_id: str, specs: list[ChoiceSpec], attributes: dict
@@ -55,10 +58,18 @@ class RequestGroup:
         }  # the metrics plugin's per-call histograms
         self._streams = [
             async_engine.generate(
-                req_id, spec.prompt_token_ids, spec.params, spec.prompt, attributes
+                req_id,
+                spec.prompt_token_ids,
+                dataclasses.replace(spec.params, output_kind=RequestOutputKind.DELTA),
+                spec.prompt,
+                attributes,
             )
             for req_id, spec in zip(self.req_ids, specs)
         ]
+        self.latest: list[RequestOutput | None] = [None] * len(specs)
+        """Each choice's last delta (its prompt, cached tokens and finish reason)."""
+        self.num_tokens = [0] * len(specs)
+        """How many tokens each choice has generated so far."""
         self._pending: dict[asyncio.Future, int] = {}
         self._first: list[RequestOutput] = []
 
@@ -78,20 +89,20 @@ class RequestGroup:
         self._first = list(results)
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Every output of every request, in arrival order, tagged with its choice index."""
+        """Every delta of every request, in arrival order, tagged with its choice index."""
         if len(self._streams) == 1:  # one choice (nearly every call): no task per output to merge
             try:
                 (first,) = self._first
-                yield 0, first
+                yield 0, self._count(0, first)
                 if not first.finished:
                     async for output in self._streams[0]:
-                        yield 0, output
+                        yield 0, self._count(0, output)
             finally:
                 await self.aclose()
             return
         try:
             for index, output in enumerate(self._first):
-                yield index, output
+                yield index, self._count(index, output)
                 if not output.finished:
                     self._pending[asyncio.ensure_future(anext(self._streams[index]))] = index
             while self._pending:
@@ -99,19 +110,23 @@ class RequestGroup:
                 for task in done:
                     index = self._pending.pop(task)
                     output = task.result()
-                    yield index, output
+                    yield index, self._count(index, output)
                     if not output.finished:
                         self._pending[asyncio.ensure_future(anext(self._streams[index]))] = index
         finally:
             await self.aclose()
 
+    def _count(self, index: int, output: RequestOutput) -> RequestOutput:
+        self.latest[index] = output
+        self.num_tokens[index] += len(output.outputs[0].token_ids)
+        return output
+
     async def final_outputs(self) -> list[RequestOutput]:
-        """Run every choice to the end; the last output of each, in choice order."""
-        finals = {}
+        """Run every choice to the end; the whole output of each, in choice order."""
+        deltas: dict[int, list[RequestOutput]] = {}
         async for index, output in self.outputs():
-            if output.finished:
-                finals[index] = output
-        return [finals[i] for i in sorted(finals)]
+            deltas.setdefault(index, []).append(output)
+        return [joined(deltas[i]) for i in sorted(deltas)]
 
     async def aclose(self) -> None:
         """Stop listening; engine requests still running are aborted."""

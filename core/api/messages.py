@@ -226,7 +226,7 @@ class _MessageWriter:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": {"output_tokens": len(completion.token_ids)},
+                "usage": {"output_tokens": group.num_tokens[0]},
             },
         )
         yield "message_stop", {"type": "message_stop"}

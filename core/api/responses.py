@@ -290,14 +290,15 @@ class _ResponseWriter:
         self.use = use
         self.created_at = int(time.time())
 
-    def _response(self, items: list[dict], output: RequestOutput | None) -> dict:
+    def _response(self, items: list[dict], group: RequestGroup | None) -> dict:
+        """The response object: in progress, or that of the finished ``group``."""
         status, incomplete, usage = "in_progress", None, None
-        if output is not None:
-            completion = output.outputs[0]
-            cut = completion.finish_reason == "length"
+        if group is not None:
+            output = group.latest[0]
+            cut = output.outputs[0].finish_reason == "length"
             status = "incomplete" if cut else "completed"
             incomplete = {"reason": "max_output_tokens"} if cut else None
-            num_input, num_output = len(output.prompt_token_ids), len(completion.token_ids)
+            num_input, num_output = len(output.prompt_token_ids), group.num_tokens[0]
             usage = {
                 "input_tokens": num_input,
                 "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
@@ -340,7 +341,7 @@ class _ResponseWriter:
         for piece in OutputSplitter(self.use, self.serving.tool_parser).advance(output):
             items.add(piece)
         items.close(_item_status(output))
-        return self._response(items.items, output)
+        return self._response(items.items, group)
 
     async def events(self, group: RequestGroup) -> AsyncIterator[tuple[str, dict]]:
         """The Responses API's event sequence, numbered."""
@@ -365,7 +366,7 @@ class _ResponseWriter:
                     yield numbered(event)
         for event in items.close(_item_status(output)):
             yield numbered(event)
-        response = self._response(items.items, output)
+        response = self._response(items.items, group)
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         yield numbered({"type": kind, "response": response})
 

@@ -18,7 +18,6 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from spyglass.core.api.convert import DeltaTracker
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.schemas import ChatCompletionRequest, FunctionCall, ToolCall
 from spyglass.core.engine.outputs import RequestOutput
@@ -223,16 +222,15 @@ def split_output(
 
 
 class OutputSplitter:
-    """Turns one choice's growing output into content and tool-call pieces as it is generated."""
+    """Turns one choice's outputs into content and tool-call pieces as they are generated."""
 
     def __init__(self, use: ToolUse, parser: ToolCallParser | None):
         self.stream = tool_stream(use, parser)
-        self.tracker = DeltaTracker()
         self.num_calls = 0
 
     def advance(self, output: RequestOutput) -> list[ToolCallPiece]:
-        """The pieces the output gained since the last call (all that is left once it finished)."""
-        text = self.tracker.advance(output.outputs[0]).text
+        """The pieces of a delta output (and all that is left once it finished)."""
+        text = output.outputs[0].text
         if self.stream is None:
             pieces = [ToolCallPiece("content", text)] if text else []
         else:

@@ -25,7 +25,7 @@ def run(args) -> int:
     # Imported here, not at the top, so ``spyglass generate --help`` does not load torch.
     with collector_paused():
         from spyglass.core.engine.engine import LLMEngine
-        from spyglass.core.engine.sampling_params import SamplingParams
+        from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 
         engine = LLMEngine(engine_config_from_args(args))
     tokenizer = engine.tokenizer
@@ -33,16 +33,16 @@ def run(args) -> int:
     if not args.no_chat_template:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
     params = SamplingParams(
-        temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        output_kind=RequestOutputKind.DELTA,
     )
     engine.add_request("cli", tokenizer.encode(prompt), params, prompt=prompt)
-    shown = 0
     while engine.has_unfinished_requests:
         for output in engine.step():
-            text = output.outputs[0].text
-            sys.stdout.write(text[shown:])
+            sys.stdout.write(output.outputs[0].text)
             sys.stdout.flush()
-            shown = len(text)
     sys.stdout.write("\n")
     engine.shutdown()
     return 0

@@ -94,7 +94,7 @@ class AsyncEngine:
             )
             return added
 
-        return self._streams.listen(req_id, add, self.abort)
+        return self._streams.listen(req_id, add, self.abort, params.output_kind)
 
     def abort(self, req_id: str) -> None:
         """Ask the loop to abort a request (no-op if it already ended)."""

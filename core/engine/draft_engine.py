@@ -16,7 +16,7 @@ from spyglass.core.engine.config import EngineConfig, dtype_name
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.plugin_manager import ENTRY_POINT_GROUP
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 from spyglass.core.loaders.checkpoint import Checkpoint
 
 # Scheduling and block reuse; no plugin that reports requests. ``draft_plugins`` overrides.
@@ -73,7 +73,12 @@ class DraftEngine:
         engine = self.engine
         if engine is None:
             return {}
-        params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=num_tokens,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         names = {}
         for request in requests:
             draft_id = f"draft-{next(self._ids)}"

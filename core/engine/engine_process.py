@@ -5,8 +5,9 @@ steps are short (a GPU), the server's per-token work (JSON, SSE, the event loop)
 Here the engine, its plugins and its telemetry run in a child process (spawned, never forked),
 like vLLM's engine core: the server sends commands through one pipe, and a reader thread turns
 the child's messages (`engine_process_child`) into outputs for the waiting requests. Outputs
-travel as differences (`output_deltas`); the child's Prometheus samples are fetched at scrape
-time (`metric_families`).
+travel without their prompt (the server puts back the one it sent), so a step's message costs what
+its outputs hold: a few tokens each for delta outputs (`RequestOutputKind.DELTA`, what the HTTP
+API asks for). The child's Prometheus samples are fetched at scrape time (`metric_families`).
 """
 
 import asyncio
@@ -29,7 +30,6 @@ from spyglass.core.engine.engine_process_child import (
     run_engine_process,
     tool_call_parser,
 )
-from spyglass.core.engine.output_deltas import DeltaDecoder
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import SamplingParams
@@ -123,8 +123,9 @@ class EngineProcess:
         self._on_crash = on_crash
         self._send_lock = threading.Lock()
         self._streams = OutputStreams()
-        self._decoder = DeltaDecoder()
         self._added: dict[str, Future] = {}
+        self._prompts: dict[str, tuple[str | None, list[int]]] = {}
+        """The prompt of each request that has not had its finished output, put back on its outputs."""
         self._calls: dict[int, Future] = {}
         self._call_ids = itertools.count()
         self._stopping = stopping
@@ -184,13 +185,14 @@ class EngineProcess:
                 raise EngineDeadError("the engine is not running")
             added: Future = Future()
             self._added[req_id] = added
+            self._prompts[req_id] = (prompt, prompt_token_ids)
             exported = attributes
             if attributes is not None and self._setup.export_attributes is not None:
                 exported = self._setup.export_attributes(attributes)
             self._send(("add", req_id, prompt_token_ids, params, prompt, exported))
             return added
 
-        return self._streams.listen(req_id, add, self.abort)
+        return self._streams.listen(req_id, add, self.abort, params.output_kind)
 
     def abort(self, req_id: str) -> None:
         """Ask the engine to abort a request (no-op if it already ended)."""
@@ -240,6 +242,8 @@ class EngineProcess:
                 if kind == "step":
                     self._on_step(message[1], message[2])
                 elif kind == "added":
+                    if message[2] is not None:
+                        self._prompts.pop(message[1], None)
                     _resolve(self._added.pop(message[1], None), message[2] is None, message[2])
                 elif kind == "result":
                     _resolve(self._calls.pop(message[1], None), message[2], message[3])
@@ -257,15 +261,18 @@ class EngineProcess:
         for future in [*self._added.values(), *self._calls.values()]:
             _resolve(future, False, error)
         self._streams.fail_all(error)
+        self._prompts.clear()
         if crash is not None:
             log.error("engine process failed: %s", crash)
             if self._on_crash is not None:
                 self._on_crash(error)
 
-    def _on_step(self, deltas: list, snapshot: EngineSnapshot | None) -> None:
+    def _on_step(self, outputs: list[RequestOutput], snapshot: EngineSnapshot | None) -> None:
         if snapshot is not None:
             self.latest = snapshot
-        outputs = [output for d in deltas if (output := self._decoder.decode(d)) is not None]
+        for output in outputs:
+            prompts = self._prompts.pop if output.finished else self._prompts.get
+            output.prompt, output.prompt_token_ids = prompts(output.request_id, (None, []))
         self._streams.deliver(outputs)
 
 

@@ -5,8 +5,8 @@ attributes)``, ``("abort", req_id, epoch_ns)``, ``("call", call_id, function)`` 
 between steps), ``("collect", call_id, function)`` (``function()`` in the main thread, beside the
 loop: a metrics scrape) and ``("stop", timeout)``.
 Messages to it (``events``): ``("ready", model, tokenizer)`` or ``("failed", error)`` once at
-start, then ``("step", deltas, snapshot)``, ``("added", req_id, error)``, ``("result", call_id,
-ok, value)``, ``("feedback", items)`` and ``("crashed", message)``.
+start, then ``("step", outputs, snapshot)`` (outputs without their prompts), ``("added", req_id,
+error)``, ``("result", call_id, ok, value)``, ``("feedback", items)`` and ``("crashed", message)``.
 """
 
 import logging
@@ -14,13 +14,12 @@ import pickle
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine_loop import EngineLoop
-from spyglass.core.engine.output_deltas import DeltaEncoder
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.snapshot import EngineSnapshot
 from spyglass.core.engine.tool_calls import ToolCallParser
@@ -88,7 +87,6 @@ class _EngineChild:
         self._engine = engine
         self._setup = setup
         self._events = events
-        self._encoder = DeltaEncoder()
         self._sent_snapshot: EngineSnapshot | None = None
         self._crashed = False
         self._send_lock = (
@@ -132,10 +130,8 @@ class _EngineChild:
             self._setup.abandoned(request.attributes, when_ns)
         output = self._engine.abort(req_id)
         self._send_feedback()
-        if output is None:
-            self._encoder.forget(req_id)
-        else:
-            self._send(("step", [self._encoder.encode(output)], None))
+        if output is not None:
+            self._send(("step", _without_prompts([output]), None))
 
     def _send_feedback(self) -> None:
         if self._setup.take_feedback is not None and (items := self._setup.take_feedback()):
@@ -162,11 +158,10 @@ class _EngineChild:
 
     def _on_step(self, outputs: list[RequestOutput], snapshot: EngineSnapshot) -> None:
         self._send_feedback()
-        deltas = [self._encoder.encode(output) for output in outputs]
         changed = snapshot != self._sent_snapshot
-        if deltas or changed:
+        if outputs or changed:
             self._sent_snapshot = snapshot
-            self._send(("step", deltas, snapshot if changed else None))
+            self._send(("step", _without_prompts(outputs), snapshot if changed else None))
 
     def _on_crash(self, error: BaseException) -> None:
         self._crashed = True
@@ -187,3 +182,8 @@ def portable(error: BaseException) -> BaseException:
     except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
     return error
+
+
+def _without_prompts(outputs: list[RequestOutput]) -> list[RequestOutput]:
+    """``outputs`` without their prompts, which the server has (a long prompt would cost every step)."""
+    return [replace(output, prompt=None, prompt_token_ids=None) for output in outputs]

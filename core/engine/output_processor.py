@@ -9,6 +9,8 @@ the next step can be launched first.
 
 import logging
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from spyglass.core.engine.detokenizer import IncrementalDetokenizer
 from spyglass.core.engine.kv.kv_cache_manager import KVCacheManager
@@ -16,6 +18,7 @@ from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
 from spyglass.core.engine.plugin_manager import SafeHookRelay
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus
 from spyglass.core.engine.runner.model_runner import RunnerOutput
+from spyglass.core.engine.sampling_params import RequestOutputKind
 from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.tokenizer import Tokenizer
 
@@ -23,6 +26,14 @@ log = logging.getLogger("spyglass.engine")
 
 DeferredText = list[tuple[IncrementalDetokenizer, int]]
 """Tokens whose text is still to be decoded, with their request's detokenizer."""
+
+
+@dataclass(slots=True)
+class _Sent:
+    """How much of a delta request's text and tokens its outputs have carried."""
+
+    num_chars: int = 0
+    num_tokens: int = 0
 
 
 class OutputProcessor:
@@ -38,6 +49,7 @@ class OutputProcessor:
     ):
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._sent: dict[str, _Sent] = {}
         self._scheduler = scheduler
         self._kv = kv
         self._hooks = hooks
@@ -92,11 +104,14 @@ class OutputProcessor:
         for detokenizer, token_id in deferred:
             detokenizer.add_token(token_id)
         # A request the scheduler failed since its tokens were committed has had its final output.
-        return [self.output(r) for r in progressed if r.req_id in self.detokenizers]
+        return self._outputs(r for r in progressed if r.req_id in self.detokenizers)
 
     def update(self, out: SchedulerOutput, runner_out: RunnerOutput) -> list[RequestOutput]:
         """`commit_tokens` and `emit` at once: the outputs of a step run in turn."""
-        return [self.output(r) for r in self.commit_tokens(out, runner_out, None)[0]]
+        return self._outputs(self.commit_tokens(out, runner_out, None)[0])
+
+    def _outputs(self, requests: Iterable[Request]) -> list[RequestOutput]:
+        return [output for r in requests if (output := self.output(r)) is not None]
 
     def finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
         """End a request (its blocks go back to the pool) and announce it; a finished one stays so."""
@@ -130,24 +145,38 @@ class OutputProcessor:
             outputs.append(self.output(request))
         return outputs
 
-    def output(self, request: Request) -> RequestOutput:
-        """The request's output so far (the last one, once it is finished: its text is let go)."""
-        detokenizer = self.detokenizers[request.req_id]
+    def output(self, request: Request) -> RequestOutput | None:
+        """The request's output now, as its `RequestOutputKind` asks: None for a final-only request
+        still running. Once it is finished its text is let go."""
+        kind = request.sampling_params.output_kind
         finished = request.is_finished
+        if kind is RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        req_id = request.req_id
+        text = self.detokenizers[req_id].visible_text(finished)
+        token_ids, logprobs = request.output_token_ids, request.logprobs
+        if kind is RequestOutputKind.DELTA:
+            sent = self._sent.setdefault(req_id, _Sent())
+            text, sent.num_chars = text[sent.num_chars :], len(text)
+            start, sent.num_tokens = sent.num_tokens, len(token_ids)
+            token_ids = token_ids[start:]
+            logprobs = None if logprobs is None else logprobs[start:]
+        elif not finished:  # a snapshot: the request's lists go on growing
+            token_ids = list(token_ids)
+            logprobs = None if logprobs is None else list(logprobs)
         if finished:
-            self.detokenizers.pop(request.req_id)
+            self.detokenizers.pop(req_id)
+            self._sent.pop(req_id, None)
         completion = CompletionOutput(
             index=0,
-            text=detokenizer.visible_text(finished),
-            token_ids=list(request.output_token_ids),
+            text=text,
+            token_ids=token_ids,
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             stop_reason=request.stop_reason,
-            logprobs=None
-            if request.logprobs is None
-            else list(request.logprobs),  # a snapshot, like token_ids
+            logprobs=logprobs,
         )
         return RequestOutput(
-            request_id=request.req_id,
+            request_id=req_id,
             prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids,
             outputs=[completion],

@@ -5,7 +5,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
-from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.outputs import RequestOutput, joined
+from spyglass.core.engine.sampling_params import RequestOutputKind
 
 
 class OutputStreams:
@@ -15,13 +16,19 @@ class OutputStreams:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
 
     async def listen(
-        self, req_id: str, add: Callable[[], Future], abort: Callable[[str], None]
+        self,
+        req_id: str,
+        add: Callable[[], Future],
+        abort: Callable[[str], None],
+        kind: RequestOutputKind,
     ) -> AsyncIterator[RequestOutput]:
         """Register ``req_id``, call ``add()`` and yield its outputs until the finished one.
 
         ``add`` queues the request and returns a future that fails if the engine rejects it (that
         error is raised before anything is yielded). If the caller stops listening early,
-        ``abort(req_id)`` is called.
+        ``abort(req_id)`` is called. A listener that fell behind gets what it missed in one output
+        (one chunk with several tokens instead of one per token): the newest cumulative output, or
+        the waiting delta outputs merged (``kind`` is the request's output kind).
         """
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[req_id] = (asyncio.get_running_loop(), stream)
@@ -29,11 +36,12 @@ class OutputStreams:
         try:
             await asyncio.wrap_future(add())
             while not finished:
-                output = await stream.get()
-                # Outputs are cumulative: when the listener fell behind, the newest one says it all
-                # (one chunk with several tokens instead of one per token, the listener catches up).
-                while not isinstance(output, Exception) and not stream.empty():
-                    output = stream.get_nowait()
+                waiting = [await stream.get()]
+                while not isinstance(waiting[-1], Exception) and not stream.empty():
+                    waiting.append(stream.get_nowait())
+                output = waiting[-1]
+                if kind is RequestOutputKind.DELTA and not isinstance(output, Exception):
+                    output = joined(waiting)
                 if isinstance(output, Exception):
                     raise output
                 finished = output.finished

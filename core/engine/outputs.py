@@ -14,7 +14,8 @@ class Logprob:
 
 @dataclass(slots=True)
 class CompletionOutput:
-    """One generated sequence so far: cumulative text and token ids, and why it stopped (None while running)."""
+    """One generated sequence: its text and token ids (all so far, or those since the previous output,
+    as the request's `RequestOutputKind` says), and why it stopped (None while running)."""
 
     index: int
     text: str
@@ -35,3 +36,35 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+def joined(deltas: list[RequestOutput]) -> RequestOutput:
+    """One request's delta outputs, in order, as one output: what they added together, and the
+    state of the last. Costs what they hold, once."""
+    last = deltas[-1]
+    if len(deltas) == 1:
+        return last
+    return RequestOutput(
+        request_id=last.request_id,
+        prompt=last.prompt,
+        prompt_token_ids=last.prompt_token_ids,
+        outputs=[_joined([d.outputs[i] for d in deltas]) for i in range(len(last.outputs))],
+        finished=last.finished,
+        num_cached_tokens=last.num_cached_tokens,
+        metrics=last.metrics,
+    )
+
+
+def _joined(deltas: list[CompletionOutput]) -> CompletionOutput:
+    last = deltas[-1]
+    logprobs = None
+    if last.logprobs is not None:
+        logprobs = [logprob for d in deltas for logprob in d.logprobs or ()]
+    return CompletionOutput(
+        index=last.index,
+        text="".join(d.text for d in deltas),
+        token_ids=[token_id for d in deltas for token_id in d.token_ids],
+        finish_reason=last.finish_reason,
+        stop_reason=last.stop_reason,
+        logprobs=logprobs,
+    )

@@ -1,5 +1,6 @@
 """Per-request generation settings, with vLLM's names and defaults."""
 
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,19 @@ class StructuredOutput:
             )
 
 
+class RequestOutputKind(enum.Enum):
+    """What each of a request's outputs holds, as vLLM's kinds: the whole text and tokens so far
+    (CUMULATIVE), only what they gained since the previous output (DELTA), or one output at the end
+    (FINAL_ONLY).
+
+    A cumulative output copies the request's token list at every step, which grows with its
+    length; streaming servers ask for deltas and offline callers for the final output only."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 # Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): dividing logits by 1e-40 gives inf and NaN.
 GREEDY_TEMPERATURE = 1e-5
 MAX_TOP_K = (
@@ -49,6 +63,7 @@ class SamplingParams:
     first) is read by the priority scheduling policy. ``structured_output`` constrains the output
     (a plugin on ``spyglass_token_constraint`` enforces it); ``logit_bias`` maps token ids to values
     in [-100, 100] added to their logits before sampling, as OpenAI's parameter does.
+    ``output_kind`` says what each output holds (`RequestOutputKind`).
     """
 
     temperature: float = 1.0
@@ -69,6 +84,7 @@ class SamplingParams:
     speculative: bool = True
     structured_output: StructuredOutput | None = None
     logit_bias: dict[int, float] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -192,16 +192,21 @@ def test_bench_startup_reports_a_server_that_cannot_start(tmp_path, capsys):
 
 
 def test_bench_steps_splits_decode_steps_into_phases_per_batch(tiny_llama_dir, capsys):
-    for overlap in ("--async-output", "--no-async-output"):
+    runs = {"--async-output": ["delta"], "--no-async-output": ["cumulative", "final-only"]}
+    for overlap, kinds in runs.items():
         argv = ["bench", "steps", "--model", str(tiny_llama_dir), *TINY, "--batches", "1,4",
                 "--prompt-len", "8", "--max-tokens", "12", overlap]  # fmt: skip
+        if kinds != ["delta"]:  # the default
+            argv += ["--output-kinds", ",".join(kinds)]
         assert run(argv) == 0
         header, columns, *rows = capsys.readouterr().out.splitlines()
         assert f"async output {'on' if overlap == '--async-output' else 'off'}" in header
-        assert columns.split() == ["batch", "step", *step_phases.PHASES]
-        assert [row.split()[0] for row in rows] == ["1", "4"]
+        assert columns.split() == ["batch", "outputs", "step", *step_phases.PHASES]
+        assert [row.split()[:2] for row in rows] == [[b, k] for b in ("1", "4") for k in kinds]
         for row in rows:
-            step, *phases = map(float, row.split()[1:])
+            step, *phases = map(float, row.split()[2:])
             # The phases are parts of a step; the model runs inside launch on the CPU.
             assert all(value >= 0 for value in phases) and phases[2] > 0
             assert sum(phases) <= 1.5 * step
+    assert run(["bench", "steps", "--model", str(tiny_llama_dir), "--output-kinds", "part"]) == 2
+    assert "--output-kinds takes cumulative, delta, final-only; got 'part'" in capsys.readouterr().out

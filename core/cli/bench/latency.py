@@ -14,7 +14,7 @@ from spyglass.core.cli.bench.verify_cost import print_costs, verification_costs
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 
 PARAGRAPH = (
     "Observability means being able to ask new questions of a running system without shipping new code. "
@@ -80,7 +80,7 @@ def _generate(engine: LLMEngine, prompt: str, max_tokens: int) -> tuple[float, l
     engine.add_request(
         f"latency-{time.monotonic_ns()}",
         token_ids,
-        SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        SamplingParams(temperature=0.0, max_tokens=max_tokens, output_kind=RequestOutputKind.DELTA),
     )
     start = time.perf_counter()
     first = None
@@ -88,7 +88,7 @@ def _generate(engine: LLMEngine, prompt: str, max_tokens: int) -> tuple[float, l
     while engine.has_unfinished_requests:
         for output in engine.step():
             first = first or time.perf_counter()
-            output_ids = output.outputs[0].token_ids
+            output_ids += output.outputs[0].token_ids
     decode_seconds = time.perf_counter() - (first or start)
     return decode_seconds / max(len(output_ids) - 1, 1), output_ids
 

@@ -8,6 +8,10 @@ host waiting for the device's token ids) and update (committing tokens, text, ou
 hooks: `StepStats.update_time`). On the CPU the model runs inside launch; on a GPU launch is the
 host's side of the model and wait the device's time that the host did not hide. Medians over the
 decode steps of each batch; ``step`` is the median wall time of an ``LLMEngine.step`` call.
+
+``--output-kinds`` runs each batch once per output kind (`RequestOutputKind`), one after the
+other: a cumulative output copies each request's tokens so far at every step, which shows in
+update as ``--max-tokens`` grows.
 """
 
 import statistics
@@ -16,9 +20,10 @@ import time
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 
 PHASES = ("schedule", "prepare", "launch", "wait", "update")
+_KIND_NAMES = {kind.name.lower().replace("_", "-"): kind for kind in RequestOutputKind}
 
 
 def add_parser(subparsers, argv) -> None:
@@ -27,6 +32,13 @@ def add_parser(subparsers, argv) -> None:
     parser.add_argument("--batches", default="1,64,256", help="comma-separated batch sizes")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--output-kinds",
+        default="delta",
+        help="comma-separated output kinds to run each batch with: "
+        + ", ".join(_KIND_NAMES)
+        + " (delta is what the HTTP API asks for)",
+    )
     add_engine_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -62,13 +74,21 @@ class DecodeSteps:
             self.phases["update"].append(stats.update_time)
 
 
-def phase_medians(engine: LLMEngine, batch: int, prompt_len: int, max_tokens: int) -> dict:
+def phase_medians(
+    engine: LLMEngine,
+    batch: int,
+    prompt_len: int,
+    max_tokens: int,
+    kind: RequestOutputKind = RequestOutputKind.DELTA,
+) -> dict:
     """Median seconds of each phase, and of a whole step, over one batch's decode steps."""
     runner = engine.runner
     timers = {name: CallTimer(runner, name) for name in ("prepare", "launch", "collect")}
     decode = DecodeSteps()
     engine.plugin_manager.register(decode)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind
+    )
     vocab = engine.arch.vocab_size
     for index in range(batch):
         prompt = [(7919 * (index * prompt_len + i)) % vocab for i in range(prompt_len)]
@@ -95,8 +115,13 @@ def phase_medians(engine: LLMEngine, batch: int, prompt_len: int, max_tokens: in
 
 
 def run(args) -> int:
-    """One engine; each batch size in turn; print the table."""
+    """One engine; each batch size in turn, with each output kind; print the table."""
     batches = [int(b) for b in args.batches.split(",") if b]
+    names = [name for name in args.output_kinds.split(",") if name]
+    unknown = [name for name in names if name not in _KIND_NAMES]
+    if unknown or not names:
+        print(f"--output-kinds takes {', '.join(_KIND_NAMES)}; got {args.output_kinds!r}")
+        return 2
     engine = LLMEngine(engine_config_from_args(args, max_num_seqs=max(batches)))
     info = engine.info
     print(
@@ -105,10 +130,13 @@ def run(args) -> int:
         f"{'on' if engine.runner.graphs else 'off'}; {args.prompt_len}-token prompts, "
         f"{args.max_tokens} tokens, medians over the decode steps (ms)"
     )
-    print(f"{'batch':>6}{'step':>9}" + "".join(f"{phase:>10}" for phase in PHASES))
+    print(f"{'batch':>6}{'outputs':>12}{'step':>9}" + "".join(f"{p:>10}" for p in PHASES))
     for batch in batches:
-        medians = phase_medians(engine, batch, args.prompt_len, args.max_tokens)
-        row = "".join(f"{medians[phase] * 1e3:>10.2f}" for phase in PHASES)
-        print(f"{batch:>6}{medians['step'] * 1e3:>9.2f}{row}")
+        for name in names:
+            medians = phase_medians(
+                engine, batch, args.prompt_len, args.max_tokens, _KIND_NAMES[name]
+            )
+            row = "".join(f"{medians[phase] * 1e3:>10.2f}" for phase in PHASES)
+            print(f"{batch:>6}{name:>12}{medians['step'] * 1e3:>9.2f}{row}")
     engine.shutdown()
     return 0

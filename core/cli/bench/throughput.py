@@ -21,7 +21,11 @@ from spyglass.core.cli.bench.span_sink import sink_tracer_provider
 from spyglass.core.cli.bench.workloads import WORKLOADS, BenchRequest
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.engine import LLMEngine
-from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.engine.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutput,
+)
 from spyglass.telemetry import tracing
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
 
@@ -108,6 +112,7 @@ def run_engine(
             max_tokens=request.output_len,
             ignore_eos=True,
             structured_output=constraint,
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
         engine.add_request(f"bench-{index}", request.prompt_token_ids, params)
     num_output = 0
