@@ -48,6 +48,8 @@ class IncrementalDetokenizer:
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.text = ""
         self.matched_stop: str | None = None
+        self.num_restarts = 0
+        """How often the stream restarted after bytes that made no valid UTF-8 (`_restart_after`)."""
 
     def add_token(self, token_id: int) -> None:
         """Append one token's text (when complete); sets `matched_stop` when a stop string appears."""
@@ -82,6 +84,7 @@ class IncrementalDetokenizer:
         U+FFFD, bytes already shown as letters included, so the stream's text is no longer a prefix
         of itself. The text shown stays; the held tokens and this one are decoded on their own, and
         the stream restarts after them."""
+        self.num_restarts += 1
         ids = [*self.held, token_id]
         text = self._after_context(ids)
         self.held = []

@@ -153,7 +153,8 @@ class OutputProcessor:
         if kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
         req_id = request.req_id
-        text = self.detokenizers[req_id].visible_text(finished)
+        detokenizer = self.detokenizers[req_id]
+        text = detokenizer.visible_text(finished)
         token_ids, logprobs = request.output_token_ids, request.logprobs
         if kind is RequestOutputKind.DELTA:
             sent = self._sent.setdefault(req_id, _Sent())
@@ -167,6 +168,12 @@ class OutputProcessor:
         if finished:
             self.detokenizers.pop(req_id)
             self._sent.pop(req_id, None)
+            if detokenizer.num_restarts:
+                log.warning(
+                    "request %s: its output's bytes made no valid UTF-8 in %d places (U+FFFD there)",
+                    req_id,
+                    detokenizer.num_restarts,
+                )
         completion = CompletionOutput(
             index=0,
             text=text,

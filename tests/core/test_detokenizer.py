@@ -224,3 +224,4 @@ def test_a_byte_token_that_turns_shown_text_invalid_is_survived():
         detokenizer.add_token(token_id)
     # What was shown stays; the rest is decoded on its own and the stream goes on after it.
     assert detokenizer.visible_text(True) == " ag\ufffd+ a"
+    assert detokenizer.num_restarts == 1  # logged when the request finishes
