@@ -209,4 +209,6 @@ def test_bench_steps_splits_decode_steps_into_phases_per_batch(tiny_llama_dir, c
             assert all(value >= 0 for value in phases) and phases[2] > 0
             assert sum(phases) <= 1.5 * step
     assert run(["bench", "steps", "--model", str(tiny_llama_dir), "--output-kinds", "part"]) == 2
-    assert "--output-kinds takes cumulative, delta, final-only; got 'part'" in capsys.readouterr().out
+    assert (
+        "--output-kinds takes cumulative, delta, final-only; got 'part'" in capsys.readouterr().out
+    )
