@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.sampler import apply_penalties, sample, target_probs
+from spyglass.core.engine.runner.sampler import (
+    apply_penalties,
+    argmax_rows,
+    sample,
+    target_probs,
+)
 from spyglass.core.engine.sampling_params import SamplingParams
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 (then two impossible tokens).
@@ -39,6 +44,19 @@ def test_greedy_is_argmax():
     logits = torch.tensor([[0.1, 2.0, 0.3], [5.0, -1.0, 4.9]])
     requests = [make_request(SamplingParams(temperature=0)) for _ in range(2)]
     assert sample(logits, requests)[0] == [1, 0]
+
+
+def test_the_cpu_argmax_is_torchs_on_ties_nans_infinities_and_views():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 49152, generator=generator)
+    logits[1, [5, 700]] = 100.0  # a tie: the first
+    logits[2, [10, 20]] = float("nan")  # NaN is the largest, the first of them
+    logits[3] = float("-inf")
+    logits[4, [3, 9]] = float("inf")
+    logits[5] = 0.0
+    for x in (logits, logits[:, ::3], logits.t().contiguous().t(), logits.bfloat16()):
+        assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+    assert argmax_rows(logits)[:6].tolist()[1:] == [5, 10, 0, 3, 0]
 
 
 def test_temperature_one_follows_the_distribution():

@@ -10,6 +10,15 @@ from spyglass.core.engine.request import Request
 from spyglass.core.engine.token_constraint import allowed_tokens
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row's index of its largest value (the first of equals; a NaN counts as largest), as
+    ``x.argmax(dim=-1)``. On the CPU numpy's vectorised argmax runs a float32 row about twenty
+    times as fast as torch's (5.1 -> 0.22 ms for 64 rows of 49,152 on one core)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        return torch.from_numpy(x.numpy().argmax(axis=-1))
+    return x.argmax(dim=-1)
+
+
 def per_row(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A tensor of per-row settings on ``device``, copied without waiting for the GPU's queue (a
     pageable copy would wait for the step's forward, and the host could not run ahead of it)."""
@@ -120,7 +129,7 @@ def _draw(probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
             noise[row] = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(
                 generator=request.generator
             )
-    return (probs / noise).argmax(dim=-1)
+    return argmax_rows(probs / noise)
 
 
 def sample_tokens(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
@@ -131,10 +140,10 @@ def sample_tokens(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor
         apply_penalties(logits, requests)
     greedy = [r.sampling_params.greedy for r in requests]
     if all(greedy):
-        return logits.argmax(dim=-1)
+        return argmax_rows(logits)
     return torch.where(
         per_row(greedy, torch.bool, logits.device),
-        logits.argmax(dim=-1),
+        argmax_rows(logits),
         _draw(target_probs(logits, requests), requests),
     )
 

@@ -9,7 +9,7 @@ token from the last position. Greedy requests accept the longest prefix equal to
 import torch
 
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.sampler import target_probs
+from spyglass.core.engine.runner.sampler import argmax_rows, target_probs
 
 
 def _uniform(request: Request) -> float:
@@ -30,7 +30,7 @@ def verify_drafts(logits: torch.Tensor, request: Request, drafts: list[int]) -> 
     ``logits`` holds ``len(drafts) + 1`` float32 rows: position i scores the token after draft i-1.
     """
     if request.sampling_params.greedy:
-        targets = logits.argmax(dim=-1).tolist()
+        targets = argmax_rows(logits).tolist()
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
             accepted += 1
