@@ -156,9 +156,8 @@ class _CompletionWriter:
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[CompletionResponse]:
         """One chunk per step that adds text, tokens or a finish reason; a usage chunk when asked."""
-        num_chars: dict[
-            int, int
-        ] = {}  # each choice's text so far: where its logprobs' offsets start
+        # Each choice's text length so far: where the offsets of its next logprobs start.
+        num_chars: dict[int, int] = {}
         async for index, output in group.outputs():
             completion = output.outputs[0]
             check_finished(completion)

@@ -11,7 +11,7 @@ from spyglass.core.tokenizer import Tokenizer
 
 
 class EngineClient(Protocol):
-    """A started engine front: requests in, cumulative outputs back, state as snapshots."""
+    """A started engine front: requests in, outputs back (of the kind each request asks for), state as snapshots."""
 
     model: ModelDescription
     tokenizer: Tokenizer
