@@ -5,9 +5,10 @@ steps are short (a GPU), the server's per-token work (JSON, SSE, the event loop)
 Here the engine, its plugins and its telemetry run in a child process (spawned, never forked),
 like vLLM's engine core: the server sends commands through one pipe, and a reader thread turns
 the child's messages (`engine_process_child`) into outputs for the waiting requests. Outputs
-travel without their prompt (the server puts back the one it sent), so a step's message costs what
-its outputs hold: a few tokens each for delta outputs (`RequestOutputKind.DELTA`, what the HTTP
-API asks for). The child's Prometheus samples are fetched at scrape time (`metric_families`).
+travel as plain tuples (`output_wire`) without their prompt (the server puts back the one it
+sent), so a step's message costs what its outputs hold: a few tokens each for delta outputs
+(`RequestOutputKind.DELTA`, what the HTTP API asks for). The child's Prometheus samples are
+fetched at scrape time (`metric_families`).
 """
 
 import asyncio
@@ -31,6 +32,7 @@ from spyglass.core.engine.engine_process_child import (
     tool_call_parser,
 )
 from spyglass.core.engine.output_streams import OutputStreams
+from spyglass.core.engine.output_wire import WireOutput, from_wire
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription
@@ -267,9 +269,10 @@ class EngineProcess:
             if self._on_crash is not None:
                 self._on_crash(error)
 
-    def _on_step(self, outputs: list[RequestOutput], snapshot: EngineSnapshot | None) -> None:
+    def _on_step(self, rows: list[WireOutput], snapshot: EngineSnapshot | None) -> None:
         if snapshot is not None:
             self.latest = snapshot
+        outputs = from_wire(rows)
         for output in outputs:
             prompts = self._prompts.pop if output.finished else self._prompts.get
             output.prompt, output.prompt_token_ids = prompts(output.request_id, (None, []))

@@ -5,7 +5,7 @@ attributes)``, ``("abort", req_id, epoch_ns)``, ``("call", call_id, function)`` 
 between steps), ``("collect", call_id, function)`` (``function()`` in the main thread, beside the
 loop: a metrics scrape) and ``("stop", timeout)``.
 Messages to it (``events``): ``("ready", model, tokenizer)`` or ``("failed", error)`` once at
-start, then ``("step", outputs, snapshot)`` (outputs without their prompts), ``("added", req_id,
+start, then ``("step", outputs, snapshot)`` (`output_wire` tuples), ``("added", req_id,
 error)``, ``("result", call_id, ok, value)``, ``("feedback", items)`` and ``("crashed", message)``.
 """
 
@@ -14,12 +14,13 @@ import pickle
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine_loop import EngineLoop
+from spyglass.core.engine.output_wire import to_wire
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.snapshot import EngineSnapshot
 from spyglass.core.engine.tool_calls import ToolCallParser
@@ -131,7 +132,7 @@ class _EngineChild:
         output = self._engine.abort(req_id)
         self._send_feedback()
         if output is not None:
-            self._send(("step", _without_prompts([output]), None))
+            self._send(("step", to_wire([output]), None))
 
     def _send_feedback(self) -> None:
         if self._setup.take_feedback is not None and (items := self._setup.take_feedback()):
@@ -161,7 +162,7 @@ class _EngineChild:
         changed = snapshot != self._sent_snapshot
         if outputs or changed:
             self._sent_snapshot = snapshot
-            self._send(("step", _without_prompts(outputs), snapshot if changed else None))
+            self._send(("step", to_wire(outputs), snapshot if changed else None))
 
     def _on_crash(self, error: BaseException) -> None:
         self._crashed = True
@@ -183,7 +184,3 @@ def portable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
     return error
 
-
-def _without_prompts(outputs: list[RequestOutput]) -> list[RequestOutput]:
-    """``outputs`` without their prompts, which the server has (a long prompt would cost every step)."""
-    return [replace(output, prompt=None, prompt_token_ids=None) for output in outputs]

@@ -1,6 +1,7 @@
 """Engine-test fixtures: engines built on shared checkpoints, a driver that runs them to completion,
 a preemption counter."""
 
+import dataclasses
 import itertools
 import math
 import re
@@ -73,6 +74,19 @@ def run_to_completion(
     assert not engine.has_unfinished_requests, f"not done after {max_steps} steps"
     assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
     return [finished[req_id] for req_id in req_ids]
+
+
+def with_stop_strings(
+    engine: LLMEngine, prompts: Sequence[list[int]], params: list[SamplingParams]
+) -> list[SamplingParams]:
+    """``params`` run once on ``engine``; every other request whose text is long enough then gets
+    a stop string from it (characters 8 to 11), so that it ends part-way."""
+    mixed = list(params)
+    for index, output in enumerate(run_to_completion(engine, prompts, mixed)):
+        text = output.outputs[0].text
+        if index % 2 == 0 and len(text) > 12:
+            mixed[index] = dataclasses.replace(mixed[index], stop=[text[8:11]])
+    return mixed
 
 
 def completion_fields(output: RequestOutput) -> tuple:

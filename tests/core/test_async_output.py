@@ -9,7 +9,7 @@ import pytest
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import SamplingParams
-from tests.core.conftest import completion_fields
+from tests.core.conftest import completion_fields, with_stop_strings
 
 
 class StepEvents:
@@ -43,13 +43,11 @@ def test_the_same_outputs_as_stepping_in_turn(make_tiny_engine, run_engine, prom
         SamplingParams(temperature=0.8, top_k=20, max_tokens=9, ignore_eos=True),
         dataclasses.replace(greedy, max_tokens=1),
     ]
-    mixed = [params[i % len(params)] for i in range(len(prompts))]
-    in_turn = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
-    # Stop strings taken from the first run's texts, so that they end requests part-way.
-    for index, output in enumerate(in_turn):
-        text = output.outputs[0].text
-        if index % 2 == 0 and len(text) > 12:
-            mixed[index] = dataclasses.replace(mixed[index], stop=[text[8:11]])
+    mixed = with_stop_strings(
+        make_tiny_engine(async_output=False),
+        prompts,
+        [params[i % len(params)] for i in range(len(prompts))],
+    )
     in_turn = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
     overlapped = run_engine(make_tiny_engine(async_output=True), prompts, mixed)
     assert sum(o.outputs[0].stop_reason is not None for o in in_turn) >= 2

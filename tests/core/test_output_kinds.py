@@ -11,7 +11,7 @@ import pytest
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.outputs import CompletionOutput, Logprob, RequestOutput, joined
 from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
-from tests.core.conftest import completion_fields
+from tests.core.conftest import completion_fields, with_stop_strings
 
 MODES = {
     "in turn": {"async_output": False},
@@ -39,29 +39,22 @@ def _outputs_by_step(engine, prompts, params, kind) -> dict[str, list[RequestOut
     return outputs
 
 
-def _mixed_params(make_tiny_engine, run_engine, prompts) -> list[SamplingParams]:
-    """Greedy and seeded requests, with logprobs, and stop strings taken from a first run."""
+@pytest.mark.parametrize("mode", MODES)
+def test_deltas_add_up_to_the_cumulative_outputs_and_final_only_is_its_last(
+    make_tiny_engine, prompts, mode
+):
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    params = [
+    kinds = [
         greedy,
         SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=17, ignore_eos=True),
         dataclasses.replace(greedy, logprobs=2),
         dataclasses.replace(greedy, max_tokens=1),
     ]
-    mixed = [params[i % len(params)] for i in range(len(prompts))]
-    first = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
-    for index, output in enumerate(first):
-        text = output.outputs[0].text
-        if index % 2 == 0 and len(text) > 12:
-            mixed[index] = dataclasses.replace(mixed[index], stop=[text[8:11]])
-    return mixed
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_deltas_add_up_to_the_cumulative_outputs_and_final_only_is_its_last(
-    make_tiny_engine, run_engine, prompts, mode
-):
-    params = _mixed_params(make_tiny_engine, run_engine, prompts)
+    params = with_stop_strings(
+        make_tiny_engine(async_output=False),
+        prompts,
+        [kinds[i % len(kinds)] for i in range(len(prompts))],
+    )
     runs = {
         kind: _outputs_by_step(make_tiny_engine(**MODES[mode]), prompts, params, kind)
         for kind in RequestOutputKind
