@@ -15,6 +15,7 @@ from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
     chat_logprobs,
     check_finished,
+    continuous_usage,
     make_usage,
     new_id,
     request_attributes,
@@ -195,8 +196,12 @@ class _ChatWriter:
         self.use = use
         self.id = response_id
         self.created = int(time.time())
+        self._counted: RequestGroup | None = None
+        """The group whose usage so far each chunk carries (``continuous_usage_stats``)."""
 
     def _chunk(self, choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
+        if usage is None and self._counted is not None:
+            usage = make_usage(self._counted, self.body.n)
         return ChatCompletionChunk(
             self.id, self.created, self.serving.model_name, choices, usage=usage
         )
@@ -235,6 +240,8 @@ class _ChatWriter:
         With tools offered, content and tool calls are parsed as they are generated: a call's first
         delta carries its id, type and name, the next ones fragments of its arguments.
         """
+        if continuous_usage(self.body):
+            self._counted = group
         for index in range(self.body.n):
             yield self._chunk([ChatChunkChoice(index, ChatDelta(role="assistant", content=""))])
         splitters: dict[int, OutputSplitter] = {}

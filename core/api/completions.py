@@ -17,6 +17,7 @@ from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
     check_finished,
     completion_logprobs,
+    continuous_usage,
     make_usage,
     new_id,
     request_attributes,
@@ -158,6 +159,7 @@ class _CompletionWriter:
         """One chunk per step that adds text, tokens or a finish reason; a usage chunk when asked."""
         # Each choice's text length so far: where the offsets of its next logprobs start.
         num_chars: dict[int, int] = {}
+        continuous = continuous_usage(self.body)
         async for index, output in group.outputs():
             completion = output.outputs[0]
             check_finished(completion)
@@ -180,7 +182,10 @@ class _CompletionWriter:
             finish = completion.finish_reason if output.finished else None
             stop_reason = completion.stop_reason if output.finished else None
             choice = CompletionChoice(index, text, logprobs, finish, stop_reason)
-            yield CompletionResponse(self.id, self.created, self.serving.model_name, [choice])
+            usage = make_usage(group, self.body.n) if continuous else None
+            yield CompletionResponse(
+                self.id, self.created, self.serving.model_name, [choice], usage=usage
+            )
         options = self.body.stream_options
         if options is not None and options.include_usage:
             usage = make_usage(group, self.body.n)

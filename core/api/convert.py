@@ -38,6 +38,13 @@ def sampling_params(
     """
     if body.seed is not None and not -_SEED_LIMIT <= body.seed < _SEED_LIMIT - body.n:
         raise APIError(400, "seed must fit in a signed 64-bit integer", "seed")
+    options = body.stream_options
+    if options is not None and options.continuous_usage_stats and not options.include_usage:
+        raise APIError(
+            400,
+            "stream_options.continuous_usage_stats needs stream_options.include_usage",
+            "stream_options",
+        )
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return SamplingParams(
         temperature=body.temperature,
@@ -134,6 +141,11 @@ def make_usage(group: RequestGroup, n: int) -> Usage:
             cached_tokens=sum(o.num_cached_tokens for o in firsts)
         ),
     )
+
+
+def continuous_usage(body: SamplingFields) -> bool:
+    """Whether every streamed chunk carries the usage so far (vLLM's ``continuous_usage_stats``)."""
+    return body.stream_options is not None and body.stream_options.continuous_usage_stats
 
 
 def check_finished(completion: CompletionOutput) -> None:

@@ -66,10 +66,10 @@ class RequestGroup:
             )
             for req_id, spec in zip(self.req_ids, specs)
         ]
-        self.latest: list[RequestOutput | None] = [None] * len(specs)
-        """Each choice's last delta (its prompt, cached tokens and finish reason)."""
+        self.latest: list[RequestOutput] = []
+        """Each choice's last delta (its prompt, cached tokens and finish reason), from `start` on."""
         self.num_tokens = [0] * len(specs)
-        """How many tokens each choice has generated so far."""
+        """How many tokens of each choice `outputs` has yielded."""
         self._pending: dict[asyncio.Future, int] = {}
         self._first: list[RequestOutput] = []
 
@@ -87,6 +87,7 @@ class RequestGroup:
             await self.aclose()
             raise errors[0]
         self._first = list(results)
+        self.latest = list(results)
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Every delta of every request, in arrival order, tagged with its choice index."""

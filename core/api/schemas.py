@@ -24,9 +24,11 @@ StopText = Annotated[str, Meta(max_length=1024)]
 
 
 class StreamOptions(msgspec.Struct):
-    """``stream_options``: whether a streamed response ends with a usage chunk."""
+    """``stream_options``: whether a streamed response ends with a usage chunk, and (vLLM's
+    ``continuous_usage_stats``, with ``include_usage``) whether every chunk carries the usage so far."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class TextResponseFormat(msgspec.Struct, tag_field="type", tag="text"):

@@ -183,4 +183,3 @@ def portable(error: BaseException) -> BaseException:
     except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
     return error
-

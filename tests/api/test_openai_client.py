@@ -62,6 +62,38 @@ def test_streamed_completion_equals_non_streamed(tiny_client):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_continuous_usage_counts_the_tokens_streamed_so_far(tiny_client):
+    """vLLM's ``continuous_usage_stats``: every chunk carries the usage up to it (each logprob is
+    one token), and the last one's is the final usage."""
+    kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=9, n=2, logprobs=0, temperature=1.0)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks, _, _ = _stream_completion(
+        tiny_client, stream_options=options, seed=5, extra_body={"ignore_eos": True}, **kwargs
+    )
+    *streamed, last = chunks
+    sent = 0
+    for chunk in streamed:
+        sent += sum(len(c.logprobs.tokens) for c in chunk.choices)
+        assert chunk.usage.completion_tokens == sent
+        assert chunk.usage.total_tokens == chunk.usage.prompt_tokens + sent
+    assert sent == 18 and last.choices == [] and last.usage.completion_tokens == 18
+    chat = list(
+        tiny_client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=6,
+            stream=True,
+            stream_options=options,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    counts = [c.usage.completion_tokens for c in chat]
+    assert all(c.usage is not None for c in chat) and counts == sorted(counts) and counts[-1] == 6
+    with pytest.raises(Exception) as refused:
+        _stream_completion(tiny_client, stream_options={"continuous_usage_stats": True}, **kwargs)
+    assert refused.value.status_code == 400 and "include_usage" in str(refused.value)
+
+
 def test_same_seed_same_text_and_n_choices(tiny_client):
     kwargs = dict(
         model="tiny",
