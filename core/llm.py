@@ -68,12 +68,26 @@ class LLM:
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation (or a list of them) and generate."""
+        """Apply the model's chat template to one conversation (or a list of them) and generate.
+
+        ``continue_final_message`` (with ``add_generation_prompt=False``) has the model carry on
+        writing the last message; ``chat_template_kwargs`` are further template variables."""
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message needs add_generation_prompt=False")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
         prompts = [
-            tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in conversations
+            tokenizer.apply_chat_template(
+                c,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                template_kwargs=chat_template_kwargs,
+            )
+            for c in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm)
 

@@ -145,11 +145,17 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Render ``messages`` (``[{"role": ..., "content": ...}, ...]``) into prompt text with the model's template.
 
         ``tools`` (HF's format, ``[{"type": "function", "function": {...}}]``) is passed to templates
-        that take it. Raises ``ValueError`` when the model ships no chat template.
+        that take it; ``template_kwargs`` are further template variables (``enable_thinking``, say),
+        which may not replace the ones set here. ``continue_final_message`` ends the prompt inside
+        the last message, right after its content, so that the model carries on writing it (as
+        transformers does). Raises ``ValueError`` when the model ships no chat template, and when
+        the last message's content cannot be found in the rendered text.
         """
         template = self._chat_template
         if template is None:
@@ -157,13 +163,25 @@ class Tokenizer:
                 "This model has no chat template, so chat messages cannot be formatted; "
                 "send a plain text prompt (completions API) instead."
             )
-        return template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            tools=tools,
-            bos_token=self._token_text(self._bos_token_id),
-            eos_token=self._token_text(self._eos_token_ids[0] if self._eos_token_ids else None),
-        )
+        variables = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "tools": tools,
+            "bos_token": self._token_text(self._bos_token_id),
+            "eos_token": self._token_text(self._eos_token_ids[0] if self._eos_token_ids else None),
+        }
+        if clashing := sorted(set(template_kwargs or {}) & set(variables)):
+            raise ValueError(f"chat template variables cannot be replaced: {', '.join(clashing)}")
+        text = template.render(**variables, **(template_kwargs or {}))
+        if not continue_final_message:
+            return text
+        final = (messages[-1].get("content") or "") if messages else ""
+        # As written first (a trailing space the model should follow stays), then as templates
+        # that trim messages render it.
+        for content in (final, final.strip()):
+            if content and (start := text.rfind(content)) >= 0:
+                return text[: start + len(content)]
+        raise ValueError("the last message's content must be non-empty text the template keeps")
 
     def _token_text(self, token_id: int | None) -> str:
         # Templates concatenate these, so a missing token has to render as "" rather than None.

@@ -61,11 +61,37 @@ _ROLES = {
 _NO_TOOLS = ToolUse([], "none")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TemplateOptions:
+    """How the chat template renders a conversation: vLLM's ``add_generation_prompt``,
+    ``continue_final_message`` (the prompt ends inside the last message, for the model to carry
+    on) and ``chat_template_kwargs`` (further template variables)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    kwargs: dict | None = None
+
+    @classmethod
+    def of(cls, body) -> "TemplateOptions":
+        """The options a chat or tokenize body asks for; a 400 for both a generation prompt and a
+        continued final message."""
+        if body.add_generation_prompt and body.continue_final_message:
+            raise APIError(
+                400,
+                "continue_final_message needs add_generation_prompt set to false",
+                "continue_final_message",
+            )
+        return cls(
+            body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs
+        )
+
+
 def render_messages(
     messages: list[ChatMessage],
     tokenizer: Tokenizer,
     use: ToolUse = _NO_TOOLS,
     param: str = "messages",
+    template: TemplateOptions = TemplateOptions(),
 ) -> tuple[list[dict], str]:
     """Plain message dicts (HF's shape, tool calls and results included) and the prompt the chat template makes."""
     if not messages:
@@ -75,8 +101,10 @@ def render_messages(
     try:
         prompt = tokenizer.apply_chat_template(
             prompt_messages(plain, use, takes_tools),
-            add_generation_prompt=True,
+            add_generation_prompt=template.add_generation_prompt,
             tools=use.tools if use.active and takes_tools else None,
+            continue_final_message=template.continue_final_message,
+            template_kwargs=template.kwargs,
         )
     except (ValueError, jinja2.TemplateError) as error:
         raise APIError(400, f"cannot apply the chat template: {error}", param) from error
@@ -141,7 +169,10 @@ async def create_chat_completion(
     use = tool_use(data)
     response_id = new_id("chatcmpl")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
-    group = await start_chat(serving, request, data.messages, use, params, response_id, attributes)
+    template = TemplateOptions.of(data)
+    group = await start_chat(
+        serving, request, data.messages, use, params, response_id, attributes, template=template
+    )
     writer = _ChatWriter(serving, data, response_id, use)
     if data.stream:
         return event_stream(writer.chunks(group))
@@ -157,6 +188,7 @@ async def start_chat(
     response_id: str,
     attributes: dict,
     param: str = "messages",
+    template: TemplateOptions = TemplateOptions(),
 ) -> RequestGroup:
     """Render the conversation, tokenize it and start its ``params.n`` engine requests (chat, Messages, Responses).
 
@@ -174,12 +206,15 @@ async def start_chat(
     with serving.queue_slots(params.n):
         # Rendering and tokenizing a large conversation take a while: off the event loop, like tokenizing.
         plain, prompt = await asyncio.to_thread(
-            render_messages, messages, serving.tokenizer, use, param
+            render_messages, messages, serving.tokenizer, use, param, template
         )
         attributes["messages"] = plain
         if use.active:
             attributes["tools"] = use.tools  # for the LLM span's llm.tools.* attributes
-        specs = fan_out([(await encode_text(serving, prompt, param), prompt)], params)
+        token_ids = await encode_text(
+            serving, prompt, param, must_fit=params.truncate_prompt_tokens is None
+        )
+        specs = fan_out([(token_ids, prompt)], params)
         group = RequestGroup(serving.async_engine, response_id, specs, attributes)
         await unless_disconnected(request, group.start())
     return group
@@ -198,6 +233,11 @@ class _ChatWriter:
         self.created = int(time.time())
         self._counted: RequestGroup | None = None
         """The group whose usage so far each chunk carries (``continuous_usage_stats``)."""
+        last = body.messages[-1] if body.messages else None
+        self.echo = ""
+        """With vLLM's ``echo``, the final assistant message the answer starts with."""
+        if body.echo and last is not None and last.role == "assistant":
+            self.echo = _plain(last, "messages")["content"]
 
     def _chunk(self, choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
         if usage is None and self._counted is not None:
@@ -219,6 +259,8 @@ class _ChatWriter:
                 else None
             )
             content, calls = split_output(completion.text, self.use, self.serving.tool_parser)
+            if self.echo:
+                content = self.echo + (content or "")
             message = AssistantMessage(content, tool_calls=calls)
             choices.append(
                 ChatChoice(
@@ -244,6 +286,8 @@ class _ChatWriter:
             self._counted = group
         for index in range(self.body.n):
             yield self._chunk([ChatChunkChoice(index, ChatDelta(role="assistant", content=""))])
+            if self.echo:
+                yield self._chunk([ChatChunkChoice(index, ChatDelta(content=self.echo))])
         splitters: dict[int, OutputSplitter] = {}
         async for index, output in group.outputs():
             completion = output.outputs[0]

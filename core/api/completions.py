@@ -61,12 +61,12 @@ async def create_completion(
         data, "text_completion", response_id, serving.model_name, request.headers
     )
     with serving.queue_slots(count_prompts(data.prompt) * best_of):
-        prompts = await parse_prompts(serving, data.prompt)
+        prompts = await parse_prompts(serving, data.prompt, data.truncate_prompt_tokens is None)
         group = RequestGroup(
             serving.async_engine, response_id, fan_out(prompts, params), attributes
         )
         await unless_disconnected(request, group.start())
-    writer = _CompletionWriter(serving, data, response_id, [text for _, text in prompts])
+    writer = _CompletionWriter(serving, data, response_id)
     if data.stream:
         return event_stream(writer.chunks(group))
     return Response(await unless_disconnected(request, writer.collect(group)))
@@ -110,16 +110,15 @@ class _CompletionWriter:
         serving: ServingContext,
         body: CompletionRequest,
         response_id: str,
-        prompt_texts: list[str],
     ):
         self.serving = serving
         self.body = body
         self.id = response_id
         self.created = int(time.time())
-        self.prompt_texts = prompt_texts
 
-    def _echo(self, index: int) -> str:
-        return self.prompt_texts[index // self.body.n] if self.body.echo else ""
+    def _echo(self, output: RequestOutput) -> str:
+        """The prompt as the engine saw it (``truncate_prompt_tokens`` applied) when echoing."""
+        return (output.prompt or "") if self.body.echo else ""
 
     async def collect(self, group: RequestGroup) -> CompletionResponse:
         """Run every choice to the end and build the full response (with ``best_of``, from the best candidates;
@@ -141,7 +140,7 @@ class _CompletionWriter:
             choices.append(
                 CompletionChoice(
                     index,
-                    self._echo(index) + completion.text,
+                    self._echo(output) + completion.text,
                     logprobs,
                     completion.finish_reason,
                     completion.stop_reason,
@@ -178,7 +177,7 @@ class _CompletionWriter:
                 logprobs = completion_logprobs(
                     self.serving.tokenizer, completion.logprobs or [], offset
                 )
-            text = (self._echo(index) if first else "") + completion.text
+            text = (self._echo(output) if first else "") + completion.text
             finish = completion.finish_reason if output.finished else None
             stop_reason = completion.stop_reason if output.finished else None
             choice = CompletionChoice(index, text, logprobs, finish, stop_reason)

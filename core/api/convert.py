@@ -63,6 +63,13 @@ def sampling_params(
         priority=body.priority,
         structured_output=structured_output(body),
         logit_bias=_logit_bias(body.logit_bias),
+        stop_token_ids=body.stop_token_ids,
+        min_tokens=body.min_tokens,
+        allowed_token_ids=body.allowed_token_ids,
+        bad_words=body.bad_words,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
+        truncate_prompt_tokens=body.truncate_prompt_tokens,
         extra={} if body.ttft_slo_s is None else {"ttft_slo_s": body.ttft_slo_s},
     )
 

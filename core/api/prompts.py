@@ -8,12 +8,15 @@ from spyglass.core.api.errors import APIError
 MAX_PROMPTS = 256  # prompts in one completions call
 
 
-async def encode_text(serving: ServingContext, text: str, param: str = "prompt") -> list[int]:
-    """``text``'s token ids; a 400 before tokenizing when its bytes could not fit the context anyway.
+async def encode_text(
+    serving: ServingContext, text: str, param: str = "prompt", must_fit: bool = True
+) -> list[int]:
+    """``text``'s token ids; a 400 before tokenizing when its bytes could not fit the context
+    anyway, unless ``must_fit`` is off (the prompt is to be truncated).
 
     Tokenizing runs in a worker thread: a few megabytes take seconds, which must not stall the server.
     """
-    if len(text.encode()) > serving.max_prompt_bytes:
+    if must_fit and len(text.encode()) > serving.max_prompt_bytes:
         raise APIError(
             400,
             f"the prompt is too long for the model's context of {serving.max_model_len} tokens",
@@ -45,8 +48,11 @@ def count_prompts(prompt) -> int:
     return 1 if isinstance(prompt, str) or _is_token_list(prompt) else len(prompt)
 
 
-async def parse_prompts(serving: ServingContext, prompt) -> list[tuple[list[int], str]]:
-    """``(token_ids, text)`` for each prompt: a string, a token list, or a non-empty list of either."""
+async def parse_prompts(
+    serving: ServingContext, prompt, must_fit: bool = True
+) -> list[tuple[list[int], str]]:
+    """``(token_ids, text)`` for each prompt: a string, a token list, or a non-empty list of
+    either (``must_fit`` as `encode_text`'s)."""
     if isinstance(prompt, str) or _is_token_list(prompt):
         prompt = [prompt]
     if not prompt:
@@ -58,7 +64,7 @@ async def parse_prompts(serving: ServingContext, prompt) -> list[tuple[list[int]
         if isinstance(item, str):
             if not item:
                 raise APIError(400, "prompt must not be empty", "prompt")
-            prompts.append((await encode_text(serving, item), item))
+            prompts.append((await encode_text(serving, item, must_fit=must_fit), item))
         elif _is_token_list(item):
             token_ids = check_token_ids(serving, list(item))
             prompts.append(

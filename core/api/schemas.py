@@ -17,7 +17,11 @@ MAX_LOGPROBS = 20
 INT32 = (1 << 31) - 1
 INT64 = (1 << 63) - 1
 
+MAX_STOP_TOKEN_IDS = 256
+MAX_BAD_WORDS = 256
+
 PositiveInt = Annotated[int, Meta(ge=1, le=INT32)]
+TokenId = Annotated[int, Meta(ge=0, le=INT32)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 NumLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 StopText = Annotated[str, Meta(max_length=1024)]
@@ -58,6 +62,21 @@ ResponseFormat = TextResponseFormat | JsonObjectResponseFormat | JsonSchemaRespo
 LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
 
 
+UNSUPPORTED_SAMPLING = frozenset(
+    {
+        "functions",  # OpenAI's deprecated spelling of tools
+        "function_call",
+        "prompt_logprobs",  # vLLM's extras from here on
+        "use_beam_search",
+        "length_penalty",
+        "logits_processors",
+        "return_tokens_as_token_ids",
+        "spaces_between_special_tokens",
+    }
+)
+"""Sampling fields of OpenAI's and vLLM's that this server does not implement yet."""
+
+
 class SamplingFields(msgspec.Struct, kw_only=True):
     """Sampling settings shared by completions and chat; vLLM's extras included."""
 
@@ -88,9 +107,25 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     guided_regex: Annotated[str, Meta(max_length=4096)] | None = None
     guided_choice: Annotated[list[str], Meta(min_length=1, max_length=1024)] | None = None
     guided_grammar: Annotated[str, Meta(max_length=65536)] | None = None
-    # Not implemented (OpenAI's deprecated spelling of tools): only absent or neutral values pass, else a 400.
+    # vLLM's output controls (see SamplingParams).
+    min_tokens: Annotated[int, Meta(ge=0, le=INT32)] = 0
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Meta(min_length=1, max_length=1 << 18)] | None = (
+        None
+    )
+    bad_words: Annotated[list[StopText], Meta(max_length=MAX_BAD_WORDS)] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT32)] | None = None
+    # Not implemented: only absent or neutral values pass, else a 400 (`UNSUPPORTED_SAMPLING`).
     functions: Annotated[list[Any], Meta(max_length=0)] | None = None
     function_call: Literal["none"] | None = None
+    prompt_logprobs: None = None
+    use_beam_search: Literal[False] = False
+    length_penalty: Annotated[float, Meta(ge=1.0, le=1.0)] = 1.0
+    logits_processors: Annotated[list[Any], Meta(max_length=0)] | None = None
+    return_tokens_as_token_ids: Literal[False] = False
+    spaces_between_special_tokens: Literal[True] = True
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -107,9 +142,12 @@ class CompletionRequest(SamplingFields, kw_only=True):
     tool_choice: Literal["none"] | None = None
     parallel_tool_calls: None = None
 
-    unsupported: ClassVar[frozenset[str]] = frozenset(
-        {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "suffix"}
-    )
+    unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | {
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "suffix",
+    }
 
 
 class FunctionDefinition(msgspec.Struct, kw_only=True):
@@ -183,8 +221,17 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tools: Annotated[list[ToolDefinition], Meta(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # vLLM's chat extras: how the template renders the conversation, and (echo) whether a final
+    # assistant message the model continues is repeated at the start of the answer.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    echo: bool = False
+    # Not implemented: only absent values pass.
+    chat_template: None = None
+    documents: None = None
 
-    unsupported: ClassVar[frozenset[str]] = frozenset({"functions", "function_call"})
+    unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | {"chat_template", "documents"}
 
 
 # -- responses ------------------------------------------------------------------------------------

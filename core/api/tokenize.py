@@ -1,7 +1,7 @@
 """``POST /tokenize`` and ``POST /detokenize``: the served model's tokenizer, as vLLM's server exposes it."""
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from litestar import post
@@ -9,14 +9,12 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from msgspec import Meta
 
-from spyglass.core.api.chat import render_messages
+from spyglass.core.api.chat import TemplateOptions, render_messages
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.prompts import check_token_ids, encode_text
-from spyglass.core.api.schemas import INT32, ChatMessage
+from spyglass.core.api.schemas import ChatMessage, TokenId
 from spyglass.core.api.validation import json_body_guard
-
-TokenId = Annotated[int, Meta(ge=0, le=INT32)]
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -26,6 +24,10 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
+    # How ``messages`` are rendered, as in chat requests.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class TokenizeResponse(msgspec.Struct):
@@ -65,7 +67,10 @@ async def tokenize(
     if (data.prompt is None) == (data.messages is None):
         raise APIError(400, "send exactly one of prompt and messages", "prompt")
     if data.messages is not None:
-        _, text = await asyncio.to_thread(render_messages, data.messages, serving.tokenizer)
+        template = TemplateOptions.of(data)
+        _, text = await asyncio.to_thread(
+            render_messages, data.messages, serving.tokenizer, template=template
+        )
     else:
         text = data.prompt
     tokens = await encode_text(serving, text, "prompt" if data.messages is None else "messages")

@@ -24,7 +24,9 @@ class IncrementalDetokenizer:
     until the character completes (bytes that complete nothing, such as the rest of a character a
     prompt was cut inside, show as U+FFFD, as a decode of the output alone shows them). Text that
     could be the start of a stop string is held back too (`visible_text`), and a matched stop
-    string ends the text (it is not included).
+    string ends the text (included only with ``include_stop``). The text of the first
+    ``min_tokens`` tokens is not searched for stop strings, and ``skip_special_tokens=False``
+    keeps special tokens' text.
 
     The stream decodes every held-back token again at each step, so a long run of tokens that
     complete nothing would cost each step more than the last; after `_MAX_HELD_TOKENS` of them
@@ -32,20 +34,35 @@ class IncrementalDetokenizer:
     after them.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], stop: list[str]):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_token_ids: list[int],
+        stop: list[str],
+        *,
+        min_tokens: int = 0,
+        include_stop: bool = False,
+        skip_special_tokens: bool = True,
+    ):
         self.backend = tokenizer.backend
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         context = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         # A prompt ending inside a character leaves the context out: the stream would show its text.
-        if tokenizer.decode(context).endswith("\ufffd"):
+        if self._decode(context).endswith("\ufffd"):
             context = []
-        self.tokenizer = tokenizer
         # The last tokens whose text is out (where the stream restarts), and those held back since.
         self.context: deque[int] = deque(context, maxlen=_CONTEXT_TOKENS)
         self.held: list[int] = []
         # The tokenizers library keeps the decoding window (one call per token, in Rust).
-        self.stream = DecodeStream(ids=context, skip_special_tokens=True)
+        self.stream = self._new_stream()
         self.stop = stop
         self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.include_stop = include_stop
+        # Stop strings are looked for only in the text of tokens after the first ``min_tokens``.
+        self.min_tokens = min_tokens
+        self.num_tokens = 0
+        self.stop_floor = 0
         self.text = ""
         self.matched_stop: str | None = None
         self.num_restarts = 0
@@ -53,15 +70,29 @@ class IncrementalDetokenizer:
 
     def add_token(self, token_id: int) -> None:
         """Append one token's text (when complete); sets `matched_stop` when a stop string appears."""
+        self.num_tokens += 1
         new_text = self._step(token_id)
         if len(self.held) >= _MAX_HELD_TOKENS:
             new_text = self._release_held()
         if not new_text:
             return
-        search_from = max(0, len(self.text) - self.holdback)
+        search_from = self._search_start(len(self.text))
         self.text += new_text
-        if self.stop:
+        if self.num_tokens <= self.min_tokens:
+            self.stop_floor = len(self.text)
+        elif self.stop:
             self._find_stop(search_from)
+
+    def _search_start(self, old_length: int) -> int:
+        """Where a stop string completed by text after ``old_length`` characters may start."""
+        return max(self.stop_floor, old_length - self.holdback)
+
+    def _new_stream(self) -> DecodeStream:
+        """A decoding window that starts after the context."""
+        return DecodeStream(ids=list(self.context), skip_special_tokens=self.skip_special_tokens)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def _step(self, token_id: int) -> str | None:
         """The stream's text for one more token, None while it is held back."""
@@ -90,7 +121,7 @@ class IncrementalDetokenizer:
         self.held = []
         if not text.endswith("\ufffd"):  # else the old context stays the clean place to restart
             self.context.extend(ids)
-        self.stream = DecodeStream(ids=list(self.context), skip_special_tokens=True)
+        self.stream = self._new_stream()
         return text
 
     def _release_held(self) -> str:
@@ -111,7 +142,7 @@ class IncrementalDetokenizer:
         )
         text = text_of(held[:split])
         kept, self.held = held[split:], []
-        self.stream = DecodeStream(ids=list(self.context), skip_special_tokens=True)
+        self.stream = self._new_stream()
         for token_id in kept:
             text += self._step(token_id) or ""
         return text
@@ -122,13 +153,15 @@ class IncrementalDetokenizer:
         if not self.held:
             return self.text
         text = self.text + self._after_context(self.held).rstrip("\ufffd")
-        hit = self._first_stop(text, max(0, len(self.text) - self.holdback))
-        return text if hit is None else text[: hit[0]]
+        if self.num_tokens <= self.min_tokens:
+            return text
+        hit = self._first_stop(text, self._search_start(len(self.text)))
+        return text if hit is None else self._cut(text, hit)
 
     def _after_context(self, ids: list[int]) -> str:
         """``ids``' text where they follow the context (the last tokens whose text is out)."""
         context = list(self.context)
-        return self.tokenizer.decode(context + ids)[len(self.tokenizer.decode(context)) :]
+        return self._decode(context + ids)[len(self._decode(context)) :]
 
     def _first_stop(self, text: str, search_from: int) -> tuple[int, str] | None:
         """Where the earliest stop string in ``text`` from ``search_from`` starts, and which it is."""
@@ -138,8 +171,13 @@ class IncrementalDetokenizer:
     def _find_stop(self, search_from: int) -> None:
         hit = self._first_stop(self.text, search_from)
         if hit is not None:
-            index, self.matched_stop = hit
-            self.text = self.text[:index]
+            self.matched_stop = hit[1]
+            self.text = self._cut(self.text, hit)
+
+    def _cut(self, text: str, hit: tuple[int, str]) -> str:
+        """``text`` up to the stop string found at ``hit``, or through it with ``include_stop``."""
+        index, stop = hit
+        return text[: index + len(stop)] if self.include_stop else text[:index]
 
     def visible_text(self, finished: bool) -> str:
         """The text safe to show now: all of it once finished (with the complete characters of the
@@ -148,7 +186,8 @@ class IncrementalDetokenizer:
             return self.text
         if finished:
             return self._with_held_text()
-        if not self.stop:
+        if not self.stop or self.include_stop:
+            # A stop string that completes later ends after all of this text: none of it is cut.
             return self.text
         # Clamped: while the text is shorter than the holdback a negative end would slice from the back.
-        return self.text[: max(0, len(self.text) - self.holdback)]
+        return self.text[: max(self.stop_floor, len(self.text) - self.holdback)]

@@ -24,7 +24,13 @@ from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import SafeHookRelay, create_plugin_manager
 from spyglass.core.engine.request import FinishReason, Request
-from spyglass.core.engine.request_intake import output_room, token_constraint
+from spyglass.core.engine.request_intake import (
+    bad_word_token_ids,
+    check_min_tokens,
+    output_room,
+    token_constraint,
+    truncated_prompt,
+)
 from spyglass.core.engine.runner.model_runner import (
     FatalRunnerError,
     LaunchedStep,
@@ -189,7 +195,13 @@ class LLMEngine:
         prompt: str | None = None,
         attributes: dict | None = None,
     ) -> Request:
-        """Validate and queue a request; raises `InvalidRequestError` for one that can never run."""
+        """Validate and queue a request; raises `InvalidRequestError` for one that can never run.
+
+        A prompt longer than ``params.truncate_prompt_tokens`` loses its first tokens (its text
+        is then that of the tokens kept)."""
+        prompt_token_ids, prompt = truncated_prompt(
+            prompt_token_ids, prompt, params, self.max_model_len, self.tokenizer
+        )
         room = output_room(
             req_id,
             prompt_token_ids,
@@ -207,6 +219,8 @@ class LLMEngine:
             eos_token_ids=() if params.ignore_eos else self.tokenizer.eos_token_ids,
             attributes=attributes,
         )
+        check_min_tokens(params, request.eos_token_ids)
+        request.bad_word_ids = bad_word_token_ids(self.tokenizer, params.bad_words or [])
         if params.structured_output is not None:
             request.constraint = token_constraint(
                 self.hooks, params.structured_output, self.tokenizer, self.arch.vocab_size
@@ -292,12 +306,13 @@ class LLMEngine:
     def _schedules_ahead_of(self, in_flight: InFlightStep) -> bool:
         """Whether the next step may be planned before ``in_flight``'s tokens are on the host: with
         async scheduling, when every request it samples needs only its new token's id (on the
-        device) for the next step. Grammars, penalties and logprobs need the token on the host."""
+        device) for the next step. Grammars, logprobs and what reads the output (penalties, bad
+        words, min_tokens) need the token on the host."""
         if not self.async_scheduling or in_flight.launched.result is not None:
             return False
         return all(
             s.request.constraint is None
-            and not s.request.sampling_params.has_penalties
+            and not s.request.sampling_params.reads_output_tokens
             and s.request.logprobs is None
             for s, sampled in zip(in_flight.out.scheduled, in_flight.launched.sampled_rows)
             if sampled

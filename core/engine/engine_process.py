@@ -34,6 +34,7 @@ from spyglass.core.engine.engine_process_child import (
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.output_wire import WireOutput, from_wire
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.request_intake import truncated_prompt
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription
 from spyglass.core.engine.tool_calls import ToolCallParser
@@ -181,6 +182,11 @@ class EngineProcess:
         attributes: dict | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs until it finishes; aborts it if the caller stops listening."""
+
+        # Truncated here too, so that the prompt put back on outputs is the one the engine saw.
+        prompt_token_ids, prompt = truncated_prompt(
+            prompt_token_ids, prompt, params, self.model.max_model_len, self.tokenizer
+        )
 
         def add() -> Future:
             if not self.is_alive:

@@ -59,8 +59,14 @@ class OutputProcessor:
     def add(self, request: Request) -> None:
         """Track a new request; its text is decoded in the context of its prompt's last tokens."""
         self.requests[request.req_id] = request
+        params = request.sampling_params
         self.detokenizers[request.req_id] = IncrementalDetokenizer(
-            self._tokenizer, request.prompt_token_ids, request.sampling_params.stop
+            self._tokenizer,
+            request.prompt_token_ids,
+            params.stop,
+            min_tokens=params.min_tokens,
+            include_stop=params.include_stop_str_in_output,
+            skip_special_tokens=params.skip_special_tokens,
         )
 
     def commit_tokens(
@@ -227,9 +233,10 @@ class OutputProcessor:
             deferred.append((detokenizer, token_id))
         else:
             detokenizer.add_token(token_id)
-        if token_id in request.eos_token_ids:
+        held_off = request.num_output_tokens <= request.sampling_params.min_tokens
+        if token_id in request.eos_token_ids and not held_off:
             self.finish(request, FinishReason.STOP)
-        elif token_id in request.sampling_params.stop_token_ids:
+        elif token_id in request.sampling_params.stop_token_ids and not held_off:
             request.stop_reason = token_id
             self.finish(request, FinishReason.STOP)
         elif detokenizer.matched_stop is not None:

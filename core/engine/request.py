@@ -93,6 +93,8 @@ class Request:
         self.generator: torch.Generator | None = None
         # Set by the engine for a request with structured output: the grammar matcher of its output.
         self.constraint: TokenConstraint | None = None
+        # Set by the engine from ``bad_words``: each word's token ids (`bad_word_token_ids`).
+        self.bad_word_ids: tuple[tuple[int, ...], ...] = ()
         if sampling_params.seed is not None:
             from torch import Generator
 

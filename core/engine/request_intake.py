@@ -1,5 +1,5 @@
-"""What a new request must pass before it is queued: a free id, a prompt within the vocabulary
-and the context, and a grammar some plugin can enforce."""
+"""What a new request must pass before it is queued: a free id, a prompt and token ids within
+the vocabulary and the context, and a grammar some plugin can enforce; its bad words' tokens."""
 
 from collections.abc import Container
 
@@ -11,6 +11,22 @@ from spyglass.core.engine.sampling_params import (
 )
 from spyglass.core.engine.token_constraint import TokenConstraint, allowed_tokens, fill_rows
 from spyglass.core.tokenizer import Tokenizer
+
+
+def truncated_prompt(
+    prompt_token_ids: list[int],
+    prompt: str | None,
+    params: SamplingParams,
+    max_model_len: int,
+    tokenizer: Tokenizer,
+) -> tuple[list[int], str | None]:
+    """The prompt's ids and text after ``params.truncate_prompt_tokens`` (-1: the context): its
+    last that many tokens, and their text when it had one. Truncating twice changes nothing."""
+    keep = max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+    if keep is None or len(prompt_token_ids) <= keep:
+        return prompt_token_ids, prompt
+    kept = prompt_token_ids[-keep:]
+    return kept, None if prompt is None else tokenizer.decode(kept, skip_special_tokens=False)
 
 
 def output_room(
@@ -29,8 +45,9 @@ def output_room(
         raise InvalidRequestError("the prompt is empty", "prompt")
     if max(prompt_token_ids) >= vocab_size or min(prompt_token_ids) < 0:
         raise InvalidRequestError("the prompt has token ids outside the vocabulary", "prompt")
-    if params.logit_bias and not all(0 <= token < vocab_size for token in params.logit_bias):
-        raise InvalidRequestError("logit_bias names token ids outside the vocabulary", "logit_bias")
+    for field in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
+        if not all(0 <= token < vocab_size for token in getattr(params, field) or ()):
+            raise InvalidRequestError(f"{field} names token ids outside the vocabulary", field)
     room = max_model_len - len(prompt_token_ids)
     if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
         raise InvalidRequestError(
@@ -39,6 +56,19 @@ def output_room(
             "max_tokens",
         )
     return room
+
+
+def check_min_tokens(params: SamplingParams, eos_token_ids: tuple[int, ...]) -> None:
+    """`InvalidRequestError` when ``min_tokens`` would hold off every allowed token."""
+    stops = {*eos_token_ids, *(params.stop_token_ids or ())}
+    if (
+        params.min_tokens
+        and params.allowed_token_ids
+        and stops.issuperset(params.allowed_token_ids)
+    ):
+        raise InvalidRequestError(
+            "allowed_token_ids holds only stop tokens, which min_tokens holds off", "min_tokens"
+        )
 
 
 def token_constraint(
@@ -65,3 +95,14 @@ def token_constraint(
             "response_format",
         )
     return constraint
+
+
+def bad_word_token_ids(tokenizer: Tokenizer, words: list[str]) -> tuple[tuple[int, ...], ...]:
+    """Each bad word's token ids as it starts the text and, where that spells it differently, as
+    it follows a space (mid-sentence words usually carry the space in their first token)."""
+    sequences: list[tuple[int, ...]] = []
+    for word in words:
+        bare = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        sequences += [bare] if spaced == bare else [bare, spaced]
+    return tuple(sequences)

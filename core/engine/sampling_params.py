@@ -64,6 +64,13 @@ class SamplingParams:
     (a plugin on ``spyglass_token_constraint`` enforces it); ``logit_bias`` maps token ids to values
     in [-100, 100] added to their logits before sampling, as OpenAI's parameter does.
     ``output_kind`` says what each output holds (`RequestOutputKind`).
+
+    vLLM's extras: ``min_tokens`` holds off EOS, stop tokens and stop strings until that many
+    tokens are out; ``allowed_token_ids`` limits sampling to those ids; ``bad_words`` are never
+    generated (each word's tokens, with and without a leading space: the last token of a word is
+    banned after the others); ``include_stop_str_in_output`` keeps a matched stop string in the
+    text; ``skip_special_tokens=False`` keeps special tokens' text; ``truncate_prompt_tokens``
+    keeps only the prompt's last that many tokens (-1: the model's context).
     """
 
     temperature: float = 1.0
@@ -85,6 +92,12 @@ class SamplingParams:
     structured_output: StructuredOutput | None = None
     logit_bias: dict[int, float] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    min_tokens: int = 0
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -92,6 +105,9 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.bad_words = list(self.bad_words or [])
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
         if self.top_k is None or self.top_k == -1:
             self.top_k = 0
         self.validate()
@@ -135,6 +151,28 @@ class SamplingParams:
             (self.n >= 1, "n", "n must be at least 1"),
             (all(self.stop or ()), "stop", "stop strings must not be empty"),
             (
+                0 <= self.min_tokens <= (self.max_tokens or self.min_tokens),
+                "min_tokens",
+                "min_tokens must be in [0, max_tokens]",
+            ),
+            (
+                self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
+                "allowed_token_ids",
+                "allowed_token_ids must not be empty",
+            ),
+            (
+                all(w.strip() for w in self.bad_words or ()),
+                "bad_words",
+                "bad words must not be blank",
+            ),
+            (
+                self.truncate_prompt_tokens is None
+                or self.truncate_prompt_tokens == -1
+                or self.truncate_prompt_tokens >= 1,
+                "truncate_prompt_tokens",
+                "truncate_prompt_tokens must be -1 (the model's context) or at least 1",
+            ),
+            (
                 all(-100 <= bias <= 100 for bias in (self.logit_bias or {}).values()),
                 "logit_bias",
                 "logit_bias values must be in [-100, 100]",
@@ -148,6 +186,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when sampling reduces to argmax."""
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
+
+    @property
+    def reads_output_tokens(self) -> bool:
+        """True when sampling reads the output so far (penalties, bad words, ``min_tokens``), so a
+        step cannot be sampled before the previous step's token is on the host."""
+        return self.has_penalties or bool(self.bad_words) or self.min_tokens > 0
 
     @property
     def has_penalties(self) -> bool:

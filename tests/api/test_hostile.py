@@ -158,6 +158,14 @@ def test_only_json_bodies_are_read(tiny_server):
         (COMPLETIONS, "tools", [{"type": "function", "function": {"name": "f"}}]),
         (COMPLETIONS, "tool_choice", "auto"),
         (COMPLETIONS, "suffix", "end"),
+        (COMPLETIONS, "prompt_logprobs", 1),
+        (COMPLETIONS, "use_beam_search", True),
+        (CHAT, "length_penalty", 2.0),
+        (CHAT, "logits_processors", ["my.module:Processor"]),
+        (COMPLETIONS, "return_tokens_as_token_ids", True),
+        (CHAT, "spaces_between_special_tokens", False),
+        (CHAT, "chat_template", "{{ messages }}"),
+        (CHAT, "documents", [{"title": "a", "text": "b"}]),
     ],
 )
 def test_unimplemented_fields_are_refused_by_name(tiny_server, path, field, value):
@@ -178,6 +186,10 @@ def test_neutral_values_of_unimplemented_fields_are_fine(tiny_server):
         "response_format": {"type": "text"},
         "logit_bias": {},
         "tools": [],
+        "use_beam_search": False,
+        "length_penalty": 1.0,
+        "spaces_between_special_tokens": True,
+        "prompt_logprobs": None,
     }
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **neutral}
     assert _post(tiny_server, CHAT, body).status_code == 200

@@ -134,6 +134,25 @@ def test_chat(llm):
     assert both[1].prompt == tokenizer.apply_chat_template(other, add_generation_prompt=True)
 
 
+def test_chat_continues_the_final_message(llm):
+    conversation = [
+        {"role": "user", "content": "Finish my sentence."},
+        {"role": "assistant", "content": "The sea is "},
+    ]
+    [output] = llm.chat(
+        conversation,
+        GREEDY,
+        use_tqdm=False,
+        add_generation_prompt=False,
+        continue_final_message=True,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    # Cut right after the content as written (its trailing space too), no end of turn after it.
+    assert output.prompt.endswith("<|im_start|>assistant\nThe sea is ")
+    with pytest.raises(ValueError, match="add_generation_prompt"):
+        llm.chat(conversation, GREEDY, use_tqdm=False, continue_final_message=True)
+
+
 def test_tokenizer_round_trip(llm):
     tokenizer = llm.get_tokenizer()
     text = "Spyglass 🔭 sees far: 你好!"

@@ -286,7 +286,13 @@ class ModelRunner:
                     else None
                 )
                 mask_time += time.perf_counter() - mask_start
-                rows = adjust_logits(rows, [request] * num_rows, bitmask, range(num_rows))
+                rows = adjust_logits(
+                    rows,
+                    [request] * num_rows,
+                    bitmask,
+                    range(num_rows),
+                    drafted=[drafts[:i] for i in range(num_rows)],
+                )
                 verified = verify_drafts(rows, request, drafts)
                 tokens.append(verified)
                 logprobs.append([None] * len(verified))

@@ -1,5 +1,5 @@
-"""Turning a batch of logits into tokens: logit bias, grammar masks, penalties, temperature, top-k/top-p/min-p,
-seeds, logprobs."""
+"""Turning a batch of logits into tokens: allowed and banned tokens, logit bias, grammar masks,
+penalties, temperature, top-k/top-p/min-p, seeds, logprobs."""
 
 from collections.abc import Sequence
 
@@ -7,6 +7,7 @@ import torch
 
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.token_bans import banned_tokens
 from spyglass.core.engine.token_constraint import allowed_tokens
 
 
@@ -33,29 +34,42 @@ def adjust_logits(
     requests: Sequence[Request],
     bitmask: torch.Tensor | None = None,
     masked_rows: Sequence[int] = (),
+    drafted: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
-    """Each row's ``logit_bias`` added, then ``bitmask`` row ``i`` applied to row ``masked_rows[i]``.
+    """Each row limited to its ``allowed_token_ids``, its banned tokens (`banned_tokens`, after
+    ``drafted[row]`` for verification rows) masked, its ``logit_bias`` added, then ``bitmask``
+    row ``i`` applied to row ``masked_rows[i]``.
 
     Returns a new tensor when anything applies and ``logits`` itself otherwise (the raw logits
     stay untouched for logprobs). Disallowed tokens get -inf.
     """
-    biased = [
-        (row, r.sampling_params.logit_bias)
-        for row, r in enumerate(requests)
-        if r.sampling_params.logit_bias
-    ]
-    if not biased and bitmask is None:
+    biased, allowed, banned = [], [], []
+    for row, request in enumerate(requests):
+        params = request.sampling_params
+        if params.logit_bias:
+            biased.append((row, params.logit_bias))
+        if params.allowed_token_ids is not None:
+            allowed.append((row, params.allowed_token_ids))
+        if ids := banned_tokens(request, drafted[row] if drafted else ()):
+            banned.append((row, ids))
+    if not (biased or allowed or banned) and bitmask is None:
         return logits
     logits = logits.clone()
+    device = logits.device
+    for row, ids in allowed:
+        keep = torch.tensor(ids, dtype=torch.long, device=device)
+        values = logits[row, keep]
+        logits[row] = float("-inf")
+        logits[row, keep] = values
+    for row, ids in banned:
+        logits[row, torch.tensor(ids, dtype=torch.long, device=device)] = float("-inf")
     for row, bias in biased:
-        ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
-        logits[row, ids] += torch.tensor(
-            list(bias.values()), dtype=logits.dtype, device=logits.device
-        )
+        ids = torch.tensor(list(bias), dtype=torch.long, device=device)
+        logits[row, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=device)
     if bitmask is not None:
-        rows = torch.tensor(list(masked_rows), dtype=torch.long, device=logits.device)
-        allowed = allowed_tokens(bitmask, logits.shape[-1]).to(logits.device)
-        logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+        rows = torch.tensor(list(masked_rows), dtype=torch.long, device=device)
+        allowed_by_grammar = allowed_tokens(bitmask, logits.shape[-1]).to(device)
+        logits[rows] = logits[rows].masked_fill(~allowed_by_grammar, float("-inf"))
     return logits
 
 

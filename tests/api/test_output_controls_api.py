@@ -1,0 +1,185 @@
+"""vLLM's request extras over HTTP with the official client (``extra_body``): min_tokens,
+stop_token_ids, allowed_token_ids, bad_words, include_stop_str_in_output, skip_special_tokens,
+truncate_prompt_tokens, and chat's add_generation_prompt, continue_final_message,
+chat_template_kwargs and echo; on both server layouts."""
+
+import re
+
+import httpx
+import openai
+import pytest
+
+from spyglass.core.tokenizer import Tokenizer
+
+PROMPT = "The quick brown fox"
+GREEDY = {"temperature": 0, "max_tokens": 12}
+
+
+@pytest.fixture(scope="module", params=["engine thread", "engine process"])
+def server(request, tiny_server, tiny_process_server):
+    """The prompt a process server puts back on outputs must be the one its engine saw."""
+    return tiny_server if request.param == "engine thread" else tiny_process_server
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir) -> Tokenizer:
+    return Tokenizer.from_hf_dir(tiny_llama_dir)
+
+
+def _complete(client, prompt=PROMPT, **extra):
+    body = {**GREEDY, **extra}
+    known = {
+        k: body.pop(k)
+        for k in ("temperature", "max_tokens", "logit_bias", "stop", "echo")
+        if k in body
+    }
+    return client.completions.create(model="tiny", prompt=prompt, extra_body=body, **known)
+
+
+def test_min_tokens_holds_off_eos(client, tokenizer):
+    eos = tokenizer.eos_token_ids[0]
+    forced = {"logit_bias": {str(eos): 100}}
+    assert _complete(client, **forced).usage.completion_tokens == 1
+    held = _complete(client, min_tokens=4, **forced)
+    assert held.usage.completion_tokens == 5 and held.choices[0].finish_reason == "stop"
+
+
+def test_stop_token_ids_end_the_answer_and_name_the_token(client, tokenizer):
+    the = tokenizer.encode(" the", add_special_tokens=False)[0]
+    response = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        logit_bias={str(the): 100},
+        extra_body={**GREEDY, "stop_token_ids": [the], "min_tokens": 2},
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop" and choice.model_extra["stop_reason"] == the
+    assert response.usage.completion_tokens == 3
+
+
+def test_allowed_token_ids_and_bad_words(client, tokenizer):
+    words = [" cat", " dog"]
+    allowed = [tokenizer.encode(w, add_special_tokens=False)[0] for w in words]
+    limited = _complete(client, allowed_token_ids=allowed, ignore_eos=True)
+    assert re.fullmatch(r"( cat| dog)+", limited.choices[0].text)
+    plain = _complete(client, ignore_eos=True).choices[0].text
+    word = plain.split()[1]
+    banned = _complete(client, bad_words=[word], ignore_eos=True).choices[0].text
+    assert word in plain and word not in banned
+    assert banned.startswith(plain[: plain.index(word)].rstrip())
+
+
+def test_include_stop_str_in_output_streamed_and_not(client):
+    text = _complete(client, ignore_eos=True).choices[0].text
+    stop = text[4:7]
+    full = _complete(client, stop=[stop], include_stop_str_in_output=True, ignore_eos=True)
+    assert full.choices[0].text == text[: text.index(stop) + len(stop)]
+    streamed = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        stream=True,
+        stop=[stop],
+        extra_body={**GREEDY, "include_stop_str_in_output": True, "ignore_eos": True},
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == full.choices[0].text
+
+
+def test_skip_special_tokens_false_shows_them(client, tokenizer):
+    special = next(t for t in tokenizer.all_special_ids if t not in tokenizer.eos_token_ids)
+    forced = {"logit_bias": {str(special): 100}, "ignore_eos": True, "max_tokens": 2}
+    assert _complete(client, **forced).choices[0].text == ""
+    shown = _complete(client, skip_special_tokens=False, **forced).choices[0].text
+    assert shown == tokenizer.decode([special] * 2, skip_special_tokens=False)
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(client, server, tokenizer):
+    # Far over the context (and its byte bound): without truncation, a 400.
+    long_prompt = "word " * 40_000
+    too_long = httpx.post(
+        f"{server.base_url}/v1/completions",
+        json={"prompt": long_prompt, "max_tokens": 2},
+        timeout=60,
+    )
+    assert too_long.status_code == 400
+    response = _complete(client, long_prompt, truncate_prompt_tokens=16, echo=True, max_tokens=2)
+    kept = tokenizer.encode(long_prompt)[-16:]
+    assert response.usage.prompt_tokens == 16
+    echoed = tokenizer.decode(kept, skip_special_tokens=False)
+    assert response.choices[0].text.startswith(echoed) and len(echoed) < 200
+
+
+def _tokenize(server, **body) -> dict:
+    response = httpx.post(f"{server.base_url}/tokenize", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_continue_final_message_with_echo(client, server, tokenizer):
+    messages = [
+        {"role": "user", "content": "Finish my sentence."},
+        {"role": "assistant", "content": "The sea is"},
+    ]
+    template = {"add_generation_prompt": False, "continue_final_message": True}
+    prompt = _tokenize(server, messages=messages, **template)
+    assert tokenizer.decode(prompt["tokens"]).endswith("The sea is")
+    fresh = _tokenize(server, messages=messages)
+    assert fresh["count"] > prompt["count"]  # the end of the turn and a new assistant header
+    body = {**GREEDY, **template, "echo": True, "ignore_eos": True}
+    response = client.chat.completions.create(model="tiny", messages=messages, extra_body=body)
+    assert response.usage.prompt_tokens == prompt["count"]
+    content = response.choices[0].message.content
+    assert content.startswith("The sea is") and len(content) > len("The sea is")
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, stream=True, extra_body=body
+    )
+    deltas = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert deltas[1] == "The sea is" and "".join(deltas) == content
+
+
+def test_add_generation_prompt_false_ends_after_the_last_turn(server, tokenizer):
+    messages = [{"role": "user", "content": "hi"}]
+    without = _tokenize(server, messages=messages, add_generation_prompt=False)
+    with_prompt = _tokenize(server, messages=messages)
+    assert with_prompt["tokens"][: without["count"]] == without["tokens"]
+    assert "assistant" in tokenizer.decode(with_prompt["tokens"][without["count"] :])
+
+
+def test_chat_template_kwargs_reach_the_template_but_cannot_replace_its_variables(server):
+    messages = [{"role": "user", "content": "hi"}]
+    plain = _tokenize(server, messages=messages)
+    extra = _tokenize(server, messages=messages, chat_template_kwargs={"enable_thinking": False})
+    assert extra["tokens"] == plain["tokens"]  # the default template reads no such variable
+    clash = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"messages": messages, "chat_template_kwargs": {"messages": []}},
+        timeout=30,
+    )
+    assert clash.status_code == 400 and "messages" in clash.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"add_generation_prompt": True, "continue_final_message": True}, "continue_final_message"),
+        ({"min_tokens": 20, "max_tokens": 4}, "min_tokens"),
+        ({"allowed_token_ids": [10**9]}, "allowed_token_ids"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"bad_words": ["  "]}, "bad_words"),
+    ],
+)
+def test_bad_extras_are_400s_naming_the_field(server, body, param):
+    response = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
