@@ -95,6 +95,14 @@ class Request:
         self.constraint: TokenConstraint | None = None
         # Set by the engine from ``bad_words``: each word's token ids (`bad_word_token_ids`).
         self.bad_word_ids: tuple[tuple[int, ...], ...] = ()
+        # Whether sampling changes this request's logits (bias, allowed or banned tokens): a
+        # step's other rows are passed over without looking at their parameters.
+        self.adjusts_logits = bool(
+            sampling_params.logit_bias
+            or sampling_params.allowed_token_ids is not None
+            or sampling_params.min_tokens
+            or sampling_params.bad_words
+        )
         if sampling_params.seed is not None:
             from torch import Generator
 

@@ -45,6 +45,8 @@ def adjust_logits(
     """
     biased, allowed, banned = [], [], []
     for row, request in enumerate(requests):
+        if not request.adjusts_logits:
+            continue
         params = request.sampling_params
         if params.logit_bias:
             biased.append((row, params.logit_bias))
