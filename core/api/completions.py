@@ -20,6 +20,7 @@ from spyglass.core.api.convert import (
     continuous_usage,
     make_usage,
     new_id,
+    prompt_logprobs,
     request_attributes,
     sampling_params,
 )
@@ -48,11 +49,12 @@ async def create_completion(
     """OpenAI's completions endpoint; ``stream=true`` answers with server-sent events."""
     serving.check_model(data.model)
     serving.admit()
-    if data.echo and data.logprobs is not None:
-        raise APIError(400, "echo together with logprobs is not supported", "echo")
     max_tokens = DEFAULT_MAX_TOKENS if data.max_tokens is None else data.max_tokens
     best_of = _best_of(data)
     params = sampling_params(data, max_tokens, data.logprobs)
+    scored = _scored_prompt_logprobs(data)
+    if scored is not None:
+        params = dataclasses.replace(params, prompt_logprobs=scored)
     if best_of > data.n:
         # Candidates are ranked by their tokens' logprobs: each one needs at least the sampled token's.
         params = dataclasses.replace(params, n=best_of, logprobs=params.logprobs or 0)
@@ -88,6 +90,16 @@ def _best_of(body: CompletionRequest) -> int:
     return best_of
 
 
+def _scored_prompt_logprobs(body: CompletionRequest) -> int | None:
+    """How many top alternatives each prompt token's logprob needs: ``prompt_logprobs``'s, and
+    ``logprobs``' when the prompt is echoed with logprobs (as evaluation harnesses score text)."""
+    wanted = [body.prompt_logprobs]
+    if body.echo and body.logprobs is not None:
+        wanted.append(body.logprobs)
+    wanted = [n for n in wanted if n is not None]
+    return max(wanted) if wanted else None
+
+
 def best_candidates(finals: list[RequestOutput], best_of: int, n: int) -> list[RequestOutput]:
     """Per prompt (``best_of`` candidates each, in order), the ``n`` with the highest cumulative logprob, best first."""
     chosen = []
@@ -116,6 +128,24 @@ class _CompletionWriter:
         self.id = response_id
         self.created = int(time.time())
 
+    def _logprobs(self, output: RequestOutput, offset: int, first: bool):
+        """The legacy logprobs of ``output``'s tokens when asked for; an echoed prompt's first."""
+        if self.body.logprobs is None:
+            return None
+        echoed = None
+        if first and self.body.echo:
+            echoed = (output.prompt_token_ids, output.prompt_logprobs or [])
+        completion = output.outputs[0]
+        return completion_logprobs(
+            self.serving.tokenizer, completion.logprobs or [], offset, echoed
+        )
+
+    def _prompt_logprobs(self, output: RequestOutput):
+        """vLLM's ``prompt_logprobs`` of the choice, when the body asked for them."""
+        if self.body.prompt_logprobs is None:
+            return None
+        return prompt_logprobs(self.serving.tokenizer, output.prompt_logprobs)
+
     def _echo(self, output: RequestOutput) -> str:
         """The prompt as the engine saw it (``truncate_prompt_tokens`` applied) when echoing."""
         return (output.prompt or "") if self.body.echo else ""
@@ -134,16 +164,14 @@ class _CompletionWriter:
         for index, output in enumerate(ordered):
             completion = output.outputs[0]
             check_finished(completion)
-            logprobs = None
-            if self.body.logprobs is not None:
-                logprobs = completion_logprobs(self.serving.tokenizer, completion.logprobs or [], 0)
             choices.append(
                 CompletionChoice(
                     index,
                     self._echo(output) + completion.text,
-                    logprobs,
+                    self._logprobs(output, 0, True),
                     completion.finish_reason,
                     completion.stop_reason,
+                    self._prompt_logprobs(output),
                 )
             )
         return CompletionResponse(
@@ -164,23 +192,21 @@ class _CompletionWriter:
             check_finished(completion)
             first = index not in num_chars
             offset = num_chars.get(index, 0)
-            num_chars[index] = offset + len(completion.text)
-            if not (
-                completion.text
-                or completion.logprobs
-                or output.finished
-                or (first and self.body.echo)
-            ):
-                continue
-            logprobs = None
-            if self.body.logprobs is not None:
-                logprobs = completion_logprobs(
-                    self.serving.tokenizer, completion.logprobs or [], offset
-                )
             text = (self._echo(output) if first else "") + completion.text
+            num_chars[index] = offset + len(text)
+            if not (text or completion.logprobs or output.finished):
+                continue
+            logprobs = self._logprobs(output, offset, first)
             finish = completion.finish_reason if output.finished else None
             stop_reason = completion.stop_reason if output.finished else None
-            choice = CompletionChoice(index, text, logprobs, finish, stop_reason)
+            choice = CompletionChoice(
+                index,
+                text,
+                logprobs,
+                finish,
+                stop_reason,
+                self._prompt_logprobs(output) if first else None,
+            )
             usage = make_usage(group, self.body.n) if continuous else None
             yield CompletionResponse(
                 self.id, self.created, self.serving.model_name, [choice], usage=usage

@@ -12,6 +12,7 @@ from spyglass.core.api.schemas import (
     CompletionLogprobs,
     JsonObjectResponseFormat,
     JsonSchemaResponseFormat,
+    PromptLogprob,
     PromptTokensDetails,
     SamplingFields,
     TopLogprob,
@@ -166,17 +167,49 @@ def _token_text(tokenizer: Tokenizer, token_id: int) -> str:
 
 
 def completion_logprobs(
-    tokenizer: Tokenizer, logprobs: list[Logprob], text_offset: int
+    tokenizer: Tokenizer,
+    logprobs: list[Logprob],
+    text_offset: int,
+    echoed: tuple[list[int], list[Logprob | None]] | None = None,
 ) -> CompletionLogprobs:
-    """Legacy completions logprobs for ``logprobs``, offsets counted from ``text_offset``."""
+    """Legacy completions logprobs for ``logprobs``, offsets counted from ``text_offset``; with
+    ``echoed`` (prompt token ids and their prompt logprobs) the prompt's tokens come first, the
+    first one without a logprob, as OpenAI's ``echo`` gives them."""
     result = CompletionLogprobs()
-    for entry in logprobs:
-        token = _token_text(tokenizer, entry.token_id)
+    entries: list[tuple[int, Logprob | None]] = [] if echoed is None else list(zip(*echoed))
+    entries += [(entry.token_id, entry) for entry in logprobs]
+    for token_id, entry in entries:
+        token = _token_text(tokenizer, token_id)
         result.tokens.append(token)
-        result.token_logprobs.append(entry.logprob)
-        result.top_logprobs.append({_token_text(tokenizer, t): lp for t, lp in entry.top.items()})
+        result.token_logprobs.append(None if entry is None else entry.logprob)
+        result.top_logprobs.append(
+            None
+            if entry is None
+            else {_token_text(tokenizer, t): lp for t, lp in entry.top.items()}
+        )
         result.text_offset.append(text_offset)
         text_offset += len(token)
+    return result
+
+
+def prompt_logprobs(
+    tokenizer: Tokenizer, logprobs: list[Logprob | None] | None
+) -> list[dict[str, PromptLogprob] | None] | None:
+    """vLLM's ``prompt_logprobs``: per prompt token, the token's entry then its top alternatives'
+    (ranked in order), keyed by token id."""
+    if logprobs is None:
+        return None
+    result: list[dict[str, PromptLogprob] | None] = []
+    for entry in logprobs:
+        if entry is None:
+            result.append(None)
+            continue
+        ranked = {
+            str(token_id): PromptLogprob(value, rank, _token_text(tokenizer, token_id))
+            for rank, (token_id, value) in enumerate(entry.top.items(), start=1)
+        }
+        token = PromptLogprob(entry.logprob, entry.rank, _token_text(tokenizer, entry.token_id))
+        result.append({str(entry.token_id): token, **ranked})
     return result
 
 

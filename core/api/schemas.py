@@ -66,8 +66,7 @@ UNSUPPORTED_SAMPLING = frozenset(
     {
         "functions",  # OpenAI's deprecated spelling of tools
         "function_call",
-        "prompt_logprobs",  # vLLM's extras from here on
-        "use_beam_search",
+        "use_beam_search",  # vLLM's extras from here on
         "length_penalty",
         "logits_processors",
         "return_tokens_as_token_ids",
@@ -120,7 +119,6 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     # Not implemented: only absent or neutral values pass, else a 400 (`UNSUPPORTED_SAMPLING`).
     functions: Annotated[list[Any], Meta(max_length=0)] | None = None
     function_call: Literal["none"] | None = None
-    prompt_logprobs: None = None
     use_beam_search: Literal[False] = False
     length_penalty: Annotated[float, Meta(ge=1.0, le=1.0)] = 1.0
     logits_processors: Annotated[list[Any], Meta(max_length=0)] | None = None
@@ -136,6 +134,8 @@ class CompletionRequest(SamplingFields, kw_only=True):
     echo: bool = False
     # Candidates per prompt, of which the ``n`` with the highest cumulative logprob are returned.
     best_of: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
+    # vLLM's: each prompt token's logprob (after the first) and this many top alternatives.
+    prompt_logprobs: NumLogprobs | None = None
     # Not implemented for completions: only absent or neutral values pass, else a 400.
     suffix: Literal[""] | None = None
     tools: Annotated[list[Any], Meta(max_length=0)] | None = None
@@ -230,8 +230,13 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     # Not implemented: only absent values pass.
     chat_template: None = None
     documents: None = None
+    prompt_logprobs: None = None
 
-    unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | {"chat_template", "documents"}
+    unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | {
+        "chat_template",
+        "documents",
+        "prompt_logprobs",
+    }
 
 
 # -- responses ------------------------------------------------------------------------------------
@@ -256,9 +261,18 @@ class CompletionLogprobs(msgspec.Struct):
     """Legacy completions logprobs: parallel lists, one entry per token."""
 
     tokens: list[str] = msgspec.field(default_factory=list)
-    token_logprobs: list[float] = msgspec.field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = msgspec.field(default_factory=list)
+    # None for an echoed prompt's first token, which nothing before it scores.
+    token_logprobs: list[float | None] = msgspec.field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = msgspec.field(default_factory=list)
     text_offset: list[int] = msgspec.field(default_factory=list)
+
+
+class PromptLogprob(msgspec.Struct):
+    """vLLM's entry of ``prompt_logprobs``: a token's logprob, its rank and its text."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str
 
 
 class CompletionChoice(msgspec.Struct):
@@ -269,6 +283,8 @@ class CompletionChoice(msgspec.Struct):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # vLLM's: per prompt token (None for the first), the token and the top alternatives by id.
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class CompletionResponse(msgspec.Struct):

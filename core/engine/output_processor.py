@@ -81,14 +81,17 @@ class OutputProcessor:
         progressed = []
         num_generated = 0
         now = time.monotonic()
-        for scheduled, token_ids, logprobs in zip(
-            out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs
+        scored = runner_out.prompt_logprobs or ((),) * len(out.scheduled)
+        for scheduled, token_ids, logprobs, prompt_logprobs in zip(
+            out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs, scored
         ):
             request = scheduled.request
             request.num_in_flight_tokens -= scheduled.num_new_tokens
             request.num_pending_tokens -= bool(token_ids)
             if request.is_finished:
                 continue
+            if prompt_logprobs:
+                request.prompt_logprobs.extend(prompt_logprobs)
             if request.status is RequestStatus.RUNNING:
                 request.num_computed_tokens += scheduled.num_new_tokens
                 if scheduled.num_spec_tokens:
@@ -162,8 +165,11 @@ class OutputProcessor:
         detokenizer = self.detokenizers[req_id]
         text = detokenizer.visible_text(finished)
         token_ids, logprobs = request.output_token_ids, request.logprobs
+        prompt_logprobs = request.prompt_logprobs
         if kind is RequestOutputKind.DELTA:
             sent = self._sent.setdefault(req_id, _Sent())
+            if sent.num_tokens:  # the first output carried them
+                prompt_logprobs = None
             text, sent.num_chars = text[sent.num_chars :], len(text)
             start, sent.num_tokens = sent.num_tokens, len(token_ids)
             token_ids = token_ids[start:]
@@ -195,6 +201,7 @@ class OutputProcessor:
             outputs=[completion],
             finished=finished,
             num_cached_tokens=request.num_cached_tokens,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
@@ -233,10 +240,11 @@ class OutputProcessor:
             deferred.append((detokenizer, token_id))
         else:
             detokenizer.add_token(token_id)
-        held_off = request.num_output_tokens <= request.sampling_params.min_tokens
-        if token_id in request.eos_token_ids and not held_off:
+        # Sampling holds stop tokens off under min_tokens unless nothing else was allowed: one
+        # sampled ends the request.
+        if token_id in request.eos_token_ids:
             self.finish(request, FinishReason.STOP)
-        elif token_id in request.sampling_params.stop_token_ids and not held_off:
+        elif token_id in request.sampling_params.stop_token_ids:
             request.stop_reason = token_id
             self.finish(request, FinishReason.STOP)
         elif detokenizer.matched_stop is not None:

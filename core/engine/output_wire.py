@@ -8,9 +8,9 @@ engine's loop (measured on a 2-core EPYC). The prompt stays behind: the server h
 from spyglass.core.engine.outputs import CompletionOutput, Logprob, RequestOutput
 
 WireOutput = tuple
-"""``(request_id, finished, num_cached_tokens, metrics, completions)``; each completion is
-``(index, text, token_ids, finish_reason, stop_reason, logprobs)``, each logprob
-``(token_id, logprob, top)``."""
+"""``(request_id, finished, num_cached_tokens, metrics, completions, prompt_logprobs)``; each
+completion is ``(index, text, token_ids, finish_reason, stop_reason, logprobs)``, each logprob
+``(token_id, logprob, top)``, each prompt logprob None or ``(token_id, logprob, top, rank)``."""
 
 
 def to_wire(outputs: list[RequestOutput]) -> list[WireOutput]:
@@ -33,6 +33,12 @@ def to_wire(outputs: list[RequestOutput]) -> list[WireOutput]:
                     else [(lp.token_id, lp.logprob, lp.top) for lp in c.logprobs],
                 )
                 for c in o.outputs
+            ],
+            None
+            if o.prompt_logprobs is None
+            else [
+                None if lp is None else (lp.token_id, lp.logprob, lp.top, lp.rank)
+                for lp in o.prompt_logprobs
             ],
         )
         for o in outputs
@@ -60,6 +66,9 @@ def from_wire(rows: list[WireOutput]) -> list[RequestOutput]:
             finished=finished,
             num_cached_tokens=num_cached_tokens,
             metrics=metrics,
+            prompt_logprobs=None
+            if prompt_logprobs is None
+            else [None if lp is None else Logprob(*lp) for lp in prompt_logprobs],
         )
-        for request_id, finished, num_cached_tokens, metrics, completions in rows
+        for request_id, finished, num_cached_tokens, metrics, completions, prompt_logprobs in rows
     ]

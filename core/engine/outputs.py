@@ -10,6 +10,8 @@ class Logprob:
     token_id: int
     logprob: float
     top: dict[int, float]
+    rank: int | None = None
+    """The token's rank in its distribution (1 for the most likely); set on prompt logprobs."""
 
 
 @dataclass(slots=True)
@@ -36,6 +38,9 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    prompt_logprobs: list[Logprob | None] | None = None
+    """With ``SamplingParams.prompt_logprobs``: one per prompt token, None for the first; a delta
+    request's first output carries them."""
 
 
 def joined(deltas: list[RequestOutput]) -> RequestOutput:
@@ -52,6 +57,7 @@ def joined(deltas: list[RequestOutput]) -> RequestOutput:
         finished=last.finished,
         num_cached_tokens=last.num_cached_tokens,
         metrics=last.metrics,
+        prompt_logprobs=deltas[0].prompt_logprobs,
     )
 
 

@@ -75,6 +75,10 @@ class Request:
         self.output_token_ids: list[int] = []
         self.spec_token_ids: list[int] = []
         self.logprobs: list[Logprob] | None = [] if sampling_params.logprobs is not None else None
+        # With prompt_logprobs: the first prompt token's (None), then one per prompt position computed.
+        self.prompt_logprobs: list[Logprob | None] | None = (
+            None if sampling_params.prompt_logprobs is None else [None]
+        )
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
         self.num_pending_tokens = 0

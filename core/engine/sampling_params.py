@@ -71,6 +71,9 @@ class SamplingParams:
     banned after the others); ``include_stop_str_in_output`` keeps a matched stop string in the
     text; ``skip_special_tokens=False`` keeps special tokens' text; ``truncate_prompt_tokens``
     keeps only the prompt's last that many tokens (-1: the model's context).
+    ``prompt_logprobs`` asks for the logprob of every prompt token after the first (and that
+    many top alternatives): the request's whole prompt is then computed, none of it taken from
+    the prefix cache.
     """
 
     temperature: float = 1.0
@@ -86,6 +89,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     n: int = 1
     priority: int = 0
     speculative: bool = True
@@ -147,6 +151,11 @@ class SamplingParams:
                 self.logprobs is None or 0 <= self.logprobs <= 20,
                 "logprobs",
                 "logprobs must be in [0, 20]",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                "prompt_logprobs",
+                "prompt_logprobs must be in [0, 20]",
             ),
             (self.n >= 1, "n", "n must be at least 1"),
             (all(self.stop or ()), "stop", "stop strings must not be empty"),

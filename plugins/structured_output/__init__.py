@@ -149,4 +149,11 @@ class StructuredOutputPlugin:
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(matcher.get_error())
+        # The text the grammar forces from the start must be spelled by tokens the matcher then
+        # accepts: a vocabulary missing a byte token (a GGUF's, say) cannot write some characters.
+        forced = matcher.compute_ff_tokens()
+        if matcher.validate_tokens(forced) < len(forced):
+            raise ValueError(
+                f"this model's vocabulary cannot spell the text it forces ({matcher.compute_ff_bytes()!r})"
+            )
         return LLGuidanceConstraint(matcher, self._executor)

@@ -158,7 +158,7 @@ def test_only_json_bodies_are_read(tiny_server):
         (COMPLETIONS, "tools", [{"type": "function", "function": {"name": "f"}}]),
         (COMPLETIONS, "tool_choice", "auto"),
         (COMPLETIONS, "suffix", "end"),
-        (COMPLETIONS, "prompt_logprobs", 1),
+        (CHAT, "prompt_logprobs", 1),
         (COMPLETIONS, "use_beam_search", True),
         (CHAT, "length_penalty", 2.0),
         (CHAT, "logits_processors", ["my.module:Processor"]),

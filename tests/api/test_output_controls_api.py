@@ -183,3 +183,61 @@ def test_bad_extras_are_400s_naming_the_field(server, body, param):
     )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_generation_scored_it(client, tokenizer):
+    # What evaluation harnesses send to score a text: echo, logprobs, one token.
+    generated = _complete(client, logprobs=1, ignore_eos=True, max_tokens=8)
+    continuation = generated.choices[0]
+    prompt_ids = tokenizer.encode(PROMPT)
+    scored = client.completions.create(
+        model="tiny",
+        prompt=prompt_ids
+        + [tokenizer.encode(t, add_special_tokens=False)[0] for t in continuation.logprobs.tokens],
+        echo=True,
+        logprobs=1,
+        max_tokens=1,
+        temperature=0,
+    )
+    logprobs = scored.choices[0].logprobs
+    num_prompt = len(prompt_ids) + 8
+    assert len(logprobs.tokens) == num_prompt + 1 and logprobs.token_logprobs[0] is None
+    assert logprobs.top_logprobs[0] is None
+    assert logprobs.tokens[len(prompt_ids) : num_prompt] == continuation.logprobs.tokens
+    assert logprobs.token_logprobs[len(prompt_ids) : num_prompt] == pytest.approx(
+        continuation.logprobs.token_logprobs, abs=1e-4
+    )
+    assert scored.choices[0].text.startswith(tokenizer.decode(prompt_ids))
+    assert scored.usage.prompt_tokens == num_prompt
+    assert logprobs.text_offset == sorted(logprobs.text_offset)
+
+
+def test_prompt_logprobs_in_vllms_shape(client, tokenizer):
+    response = _complete(client, prompt_logprobs=2, max_tokens=1)
+    scored = response.choices[0].model_extra["prompt_logprobs"]
+    prompt_ids = tokenizer.encode(PROMPT)
+    assert len(scored) == len(prompt_ids) and scored[0] is None
+    for token_id, entry in zip(prompt_ids[1:], scored[1:]):
+        mine = entry[str(token_id)]
+        assert mine["decoded_token"] == tokenizer.decode([token_id], skip_special_tokens=False)
+        others = {e["rank"] for key, e in entry.items() if key != str(token_id)}
+        assert others <= {1, 2} and len(entry) == (2 if mine["rank"] <= 2 else 3)
+        best = max(entry.values(), key=lambda e: e["logprob"])
+        assert best["rank"] == 1 and all(e["logprob"] <= best["logprob"] for e in entry.values())
+    chat = httpx.post(
+        f"{client.base_url}chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1},
+        timeout=30,
+    )
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "unsupported_parameter"
+
+
+def test_a_grammar_that_must_end_overrides_min_tokens(client):
+    # Found by fuzzing: the regex allows only EOS after "0", which min_tokens holds off.
+    response = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"guided_regex": "0", "min_tokens": 4, "max_tokens": 8},
+    )
+    assert response.choices[0].message.content == "0"
+    assert response.choices[0].finish_reason == "stop"

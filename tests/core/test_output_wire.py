@@ -28,6 +28,7 @@ def test_outputs_come_back_equal_but_for_their_prompts():
             finished=True,
             num_cached_tokens=16,
             metrics={"queue_s": 0.25},
+            prompt_logprobs=[None, Logprob(4, -2.5, {9: -0.5}, rank=3)],
         ),
     ]
     received = from_wire(pickle.loads(pickle.dumps(to_wire(outputs))))

@@ -210,3 +210,12 @@ def test_a_constraint_the_vocabulary_cannot_start_is_refused(make_engine, driver
     with pytest.raises(InvalidRequestError, match="vocabulary") as error:
         driver.add(engine, PROMPT, _params(StructuredOutput("choice", ["\U00040000"]), 0))
     assert error.value.param == "response_format" and not engine.requests
+
+
+def test_a_constraint_whose_forced_text_the_vocabulary_cannot_spell_is_refused(make_engine, driver):
+    # "0" can start it, but the lead byte of U+40000 that must follow has no token (found by fuzzing:
+    # the grammar's mask offered a continuation byte there, and then rejected it).
+    engine = make_engine(plugins=PLUGINS)
+    with pytest.raises(InvalidRequestError, match="cannot spell") as error:
+        driver.add(engine, PROMPT, _params(StructuredOutput("regex", "0\U00040000"), 0))
+    assert error.value.param == "response_format" and not engine.requests

@@ -13,6 +13,7 @@ from spyglass.core.engine.kv.host_memory import (
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
+from spyglass.core.engine.runner.prompt_logprobs import score_prompts
 from spyglass.core.engine.runner.sampler import adjust_logits, sample, sample_tokens
 from spyglass.core.engine.runner.spec_verify import verify_drafts
 from spyglass.core.engine.runner.step_inputs import StepInputs, build_step_inputs
@@ -38,6 +39,9 @@ class RunnerOutput:
     model_time: float
     mask_time: float = 0.0
     """Of ``model_time``, the seconds spent filling structured-output bitmasks (0 without constraints)."""
+    prompt_logprobs: tuple[list[Logprob], ...] = ()
+    """Per scheduled request, the logprobs of the prompt tokens this step scored (empty when no
+    request of the step asks for prompt logprobs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,9 +202,15 @@ class ModelRunner:
         inputs = self.prepare(out, block_tables, after)
         logits = self._forward(inputs, len(out.scheduled))
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
-        if any(s.num_spec_tokens or s.request.logprobs is not None for s in sampled):
-            tokens, logprobs, mask_time = self._sample(out, inputs.sampled_rows, logits)
-            result = RunnerOutput(tokens, logprobs, time.perf_counter() - start, mask_time)
+        if inputs.prompt_rows or any(
+            s.num_spec_tokens or s.request.logprobs is not None for s in sampled
+        ):
+            num_sampled = logits.shape[0] - sum(inputs.prompt_rows)
+            tokens, logprobs, mask_time = self._sample(
+                out, inputs.sampled_rows, logits[:num_sampled]
+            )
+            scored = score_prompts(out, inputs.prompt_rows, logits[num_sampled:])
+            result = RunnerOutput(tokens, logprobs, time.perf_counter() - start, mask_time, scored)
             return LaunchedStep(start, inputs.sampled_rows, result=result)
         requests = [s.request for s in sampled]
         adjusted, mask_time = _adjust_plain(logits, requests)
@@ -238,7 +248,12 @@ class ModelRunner:
 
     def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
         """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else eager."""
-        if self.graphs and self.graphs.shape_for(num_reqs, inputs.meta.max_query_len):
+        # Graphs compute only the sampled rows' logits.
+        if (
+            self.graphs
+            and not inputs.prompt_rows
+            and self.graphs.shape_for(num_reqs, inputs.meta.max_query_len)
+        ):
             return self.graphs.run(
                 inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices
             )

@@ -36,9 +36,9 @@ def adjust_logits(
     masked_rows: Sequence[int] = (),
     drafted: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
-    """Each row limited to its ``allowed_token_ids``, its banned tokens (`banned_tokens`, after
-    ``drafted[row]`` for verification rows) masked, its ``logit_bias`` added, then ``bitmask``
-    row ``i`` applied to row ``masked_rows[i]``.
+    """Each row limited to its ``allowed_token_ids``, its ``logit_bias`` added, ``bitmask`` row
+    ``i`` applied to row ``masked_rows[i]``, then its banned tokens (`banned_tokens`, after
+    ``drafted[row]`` for verification rows) masked unless nothing else is left.
 
     Returns a new tensor when anything applies and ``logits`` itself otherwise (the raw logits
     stay untouched for logprobs). Disallowed tokens get -inf.
@@ -63,8 +63,6 @@ def adjust_logits(
         values = logits[row, keep]
         logits[row] = float("-inf")
         logits[row, keep] = values
-    for row, ids in banned:
-        logits[row, torch.tensor(ids, dtype=torch.long, device=device)] = float("-inf")
     for row, bias in biased:
         ids = torch.tensor(list(bias), dtype=torch.long, device=device)
         logits[row, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=device)
@@ -72,6 +70,14 @@ def adjust_logits(
         rows = torch.tensor(list(masked_rows), dtype=torch.long, device=device)
         allowed_by_grammar = allowed_tokens(bitmask, logits.shape[-1]).to(device)
         logits[rows] = logits[rows].masked_fill(~allowed_by_grammar, float("-inf"))
+    for row, ids in banned:
+        ids = torch.tensor(ids, dtype=torch.long, device=device)
+        kept = logits[row, ids]
+        logits[row, ids] = float("-inf")
+        # A ban never leaves nothing to sample: where a grammar or allowed_token_ids leave only
+        # banned tokens (a regex that must end now, under min_tokens), they stay allowed.
+        if not torch.isfinite(logits[row]).any():
+            logits[row, ids] = kept
     return logits
 
 

@@ -26,6 +26,9 @@ class StepInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor
     sampled_rows: tuple[bool, ...]
+    prompt_rows: tuple[int, ...] = ()
+    """Per request, how many prompt-logprob rows follow the sampled rows in ``logits_indices``
+    (`_prompt_logprob_rows`); empty when no request of the step asks for prompt logprobs."""
 
 
 def build_step_inputs(
@@ -61,6 +64,10 @@ def build_step_inputs(
     sampled = ends >= np.fromiter((r.num_tokens_with_spec for r in requests), np.int64, num_reqs)
     num_rows = np.where(sampled, num_spec + 1, 0)
     logits_rows = _concatenated_ranges(query_start[1:] - num_rows, num_rows)
+    prompt_rows: tuple[int, ...] = ()
+    if any(r.prompt_logprobs is not None for r in requests):
+        extra, prompt_rows = _prompt_logprob_rows(requests, starts, ends, query_start)
+        logits_rows = np.concatenate([logits_rows, extra])
     input_ids, positions_t, slot_mapping, logits_indices, at, rows = upload(
         [np.array(tokens), positions, slots, logits_rows, pending_at, pending_rows],
         np.int64,
@@ -79,7 +86,28 @@ def build_step_inputs(
         max_query_len=int(num_new.max()),
         max_context_len=int(context_lens.max()),
     )
-    return StepInputs(input_ids, positions_t, meta, logits_indices, tuple(sampled.tolist()))
+    return StepInputs(
+        input_ids, positions_t, meta, logits_indices, tuple(sampled.tolist()), prompt_rows
+    )
+
+
+def _prompt_logprob_rows(
+    requests: list[Request], starts: np.ndarray, ends: np.ndarray, query_start: np.ndarray
+) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The batch rows whose logits give the logprobs of prompt tokens not yet scored, request by
+    request, and how many each request has. Position ``p``'s logits score prompt token ``p + 1``;
+    a request recomputed after a preemption skips the positions it has scored."""
+    rows, counts = [], []
+    for index, request in enumerate(requests):
+        count = 0
+        if request.prompt_logprobs is not None:
+            start = int(starts[index])
+            first = max(start, len(request.prompt_logprobs) - 1)
+            last = min(int(ends[index]), request.num_prompt_tokens - 1)
+            count = max(0, last - first)
+            rows.append(np.arange(count) + int(query_start[index]) + first - start)
+        counts.append(count)
+    return np.concatenate(rows).astype(np.int64), tuple(counts)
 
 
 def _known_token_ids(requests: list[Request], starts: list[int], ends: list[int]) -> list[int]:
