@@ -104,7 +104,9 @@ class LLM:
             sub_params = params
             if params.n > 1:
                 seed = None if params.seed is None else params.seed + index
-                sub_params = dataclasses.replace(params, n=1, seed=seed)
+                # The prompt is scored once, by the first choice: the merged output carries it.
+                scored = params.prompt_logprobs if index == 0 else None
+                sub_params = dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=scored)
             self.engine.add_request(req_id, token_ids, sub_params, prompt=text)
             req_ids.append(req_id)
         return req_ids
@@ -134,4 +136,5 @@ class LLM:
             outputs=completions,
             finished=True,
             num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=first.prompt_logprobs,
         )

@@ -153,6 +153,17 @@ def test_chat_continues_the_final_message(llm):
         llm.chat(conversation, GREEDY, use_tqdm=False, continue_final_message=True)
 
 
+def test_prompt_logprobs_once_per_prompt_whatever_n(llm):
+    scored = dataclasses.replace(GREEDY, prompt_logprobs=2, max_tokens=2)
+    [one] = llm.generate("Hello, my name is", scored, use_tqdm=False)
+    [two] = llm.generate("Hello, my name is", dataclasses.replace(scored, n=2), use_tqdm=False)
+    assert len(two.outputs) == 2 and one.prompt_logprobs[0] is None
+    assert len(one.prompt_logprobs) == len(one.prompt_token_ids)
+    assert [lp and (lp.token_id, lp.rank) for lp in two.prompt_logprobs] == [
+        lp and (lp.token_id, lp.rank) for lp in one.prompt_logprobs
+    ]
+
+
 def test_tokenizer_round_trip(llm):
     tokenizer = llm.get_tokenizer()
     text = "Spyglass 🔭 sees far: 你好!"
