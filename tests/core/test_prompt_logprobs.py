@@ -49,9 +49,17 @@ def _check(output, prompt, logprobs):
         assert set(lp.top) <= set(row.topk(6).indices.tolist())
 
 
-def test_prompt_logprobs_match_transformers(make_default_engine, run_engine, prompts, reference):
-    outputs = run_engine(make_default_engine(), prompts, SCORED)
-    for output, prompt, logprobs in zip(outputs, prompts, reference):
+@pytest.mark.parametrize("options", [{}, {"async_scheduling": True}], ids=["sync", "async"])
+def test_prompt_logprobs_match_transformers(
+    make_default_engine, run_engine, prompts, reference, options
+):
+    # A plain request decodes alongside, so async steps are planned ahead while prompts are scored.
+    plain_params = replace(SCORED, prompt_logprobs=None, max_tokens=24)
+    *outputs, alongside = run_engine(
+        make_default_engine(**options), [*prompts, prompts[0]], [SCORED] * 3 + [plain_params]
+    )
+    assert alongside.prompt_logprobs is None and len(alongside.outputs[0].token_ids) == 24
+    for output, prompt, logprobs in zip(outputs, prompts, reference, strict=True):
         _check(output, prompt, logprobs)
     # The tokens generated after the prompt are the same as without scoring it.
     plain = run_engine(make_default_engine(), prompts, replace(SCORED, prompt_logprobs=None))
