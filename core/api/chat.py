@@ -13,6 +13,7 @@ from litestar.params import JSONBody
 
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
+    TokenNames,
     chat_logprobs,
     check_finished,
     continuous_usage,
@@ -233,6 +234,7 @@ class _ChatWriter:
         self.created = int(time.time())
         self._counted: RequestGroup | None = None
         """The group whose usage so far each chunk carries (``continuous_usage_stats``)."""
+        self.names = TokenNames(serving.tokenizer, body.return_tokens_as_token_ids)
         last = body.messages[-1] if body.messages else None
         self.echo = ""
         """With vLLM's ``echo``, the final assistant message the answer starts with."""
@@ -254,9 +256,7 @@ class _ChatWriter:
             completion = output.outputs[0]
             check_finished(completion)
             logprobs = (
-                chat_logprobs(self.serving.tokenizer, completion.logprobs or [])
-                if self.body.logprobs
-                else None
+                chat_logprobs(self.names, completion.logprobs or []) if self.body.logprobs else None
             )
             content, calls = split_output(completion.text, self.use, self.serving.tool_parser)
             if self.echo:
@@ -302,9 +302,7 @@ class _ChatWriter:
             if not (completion.text or completion.logprobs or output.finished):
                 continue
             logprobs = (
-                chat_logprobs(self.serving.tokenizer, completion.logprobs or [])
-                if self.body.logprobs
-                else None
+                chat_logprobs(self.names, completion.logprobs or []) if self.body.logprobs else None
             )
             finish = completion.finish_reason if output.finished else None
             yield self._chunk(

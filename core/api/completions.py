@@ -15,6 +15,7 @@ from litestar.params import JSONBody
 
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
+    TokenNames,
     check_finished,
     completion_logprobs,
     continuous_usage,
@@ -127,6 +128,7 @@ class _CompletionWriter:
         self.body = body
         self.id = response_id
         self.created = int(time.time())
+        self.names = TokenNames(serving.tokenizer, body.return_tokens_as_token_ids)
 
     def _logprobs(self, output: RequestOutput, offset: int, first: bool):
         """The legacy logprobs of ``output``'s tokens when asked for; an echoed prompt's first."""
@@ -136,15 +138,13 @@ class _CompletionWriter:
         if first and self.body.echo:
             echoed = (output.prompt_token_ids, output.prompt_logprobs or [])
         completion = output.outputs[0]
-        return completion_logprobs(
-            self.serving.tokenizer, completion.logprobs or [], offset, echoed
-        )
+        return completion_logprobs(self.names, completion.logprobs or [], offset, echoed)
 
     def _prompt_logprobs(self, output: RequestOutput):
         """vLLM's ``prompt_logprobs`` of the choice, when the body asked for them."""
         if self.body.prompt_logprobs is None:
             return None
-        return prompt_logprobs(self.serving.tokenizer, output.prompt_logprobs)
+        return prompt_logprobs(self.names, output.prompt_logprobs)
 
     def _echo(self, output: RequestOutput) -> str:
         """The prompt as the engine saw it (``truncate_prompt_tokens`` applied) when echoing."""

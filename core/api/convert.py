@@ -1,6 +1,7 @@
 """Request bodies -> engine inputs, and engine outputs -> response pieces (usage, logprobs)."""
 
 import uuid
+from dataclasses import dataclass
 
 from opentelemetry import context as otel_context
 
@@ -162,12 +163,25 @@ def check_finished(completion: CompletionOutput) -> None:
         raise APIError(500, "the engine failed while generating this request", code="engine_error")
 
 
-def _token_text(tokenizer: Tokenizer, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False)
+@dataclass(frozen=True, slots=True)
+class TokenNames:
+    """How logprobs name tokens: by their text, or (vLLM's ``return_tokens_as_token_ids``) as
+    ``token_id:N``, which stays exact where a token is part of a character."""
+
+    tokenizer: Tokenizer
+    as_ids: bool = False
+
+    def text(self, token_id: int) -> str:
+        """The token's text, special tokens included."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def name(self, token_id: int) -> str:
+        """What a logprobs entry calls the token."""
+        return f"token_id:{token_id}" if self.as_ids else self.text(token_id)
 
 
 def completion_logprobs(
-    tokenizer: Tokenizer,
+    names: TokenNames,
     logprobs: list[Logprob],
     text_offset: int,
     echoed: tuple[list[int], list[Logprob | None]] | None = None,
@@ -179,21 +193,18 @@ def completion_logprobs(
     entries: list[tuple[int, Logprob | None]] = [] if echoed is None else list(zip(*echoed))
     entries += [(entry.token_id, entry) for entry in logprobs]
     for token_id, entry in entries:
-        token = _token_text(tokenizer, token_id)
-        result.tokens.append(token)
+        result.tokens.append(names.name(token_id))
         result.token_logprobs.append(None if entry is None else entry.logprob)
         result.top_logprobs.append(
-            None
-            if entry is None
-            else {_token_text(tokenizer, t): lp for t, lp in entry.top.items()}
+            None if entry is None else {names.name(t): lp for t, lp in entry.top.items()}
         )
         result.text_offset.append(text_offset)
-        text_offset += len(token)
+        text_offset += len(names.text(token_id))
     return result
 
 
 def prompt_logprobs(
-    tokenizer: Tokenizer, logprobs: list[Logprob | None] | None
+    names: TokenNames, logprobs: list[Logprob | None] | None
 ) -> list[dict[str, PromptLogprob] | None] | None:
     """vLLM's ``prompt_logprobs``: per prompt token, the token's entry then its top alternatives'
     (ranked in order), keyed by token id."""
@@ -205,22 +216,29 @@ def prompt_logprobs(
             result.append(None)
             continue
         ranked = {
-            str(token_id): PromptLogprob(value, rank, _token_text(tokenizer, token_id))
+            str(token_id): PromptLogprob(value, rank, names.name(token_id))
             for rank, (token_id, value) in enumerate(entry.top.items(), start=1)
         }
-        token = PromptLogprob(entry.logprob, entry.rank, _token_text(tokenizer, entry.token_id))
+        token = PromptLogprob(entry.logprob, entry.rank, names.name(entry.token_id))
         result.append({str(entry.token_id): token, **ranked})
     return result
 
 
-def chat_logprobs(tokenizer: Tokenizer, logprobs: list[Logprob]) -> ChatLogprobs:
-    """Chat logprobs (``choices[i].logprobs.content``) for ``logprobs``."""
+def chat_logprobs(names: TokenNames, logprobs: list[Logprob]) -> ChatLogprobs:
+    """Chat logprobs (``choices[i].logprobs.content``) for ``logprobs``; ``bytes`` are always
+    those of the token's text."""
     content = []
     for entry in logprobs:
-        token = _token_text(tokenizer, entry.token_id)
-        top = []
-        for top_id, top_logprob in entry.top.items():
-            top_token = _token_text(tokenizer, top_id)
-            top.append(TopLogprob(top_token, top_logprob, list(top_token.encode())))
-        content.append(ChatTokenLogprob(token, entry.logprob, list(token.encode()), top))
+        top = [
+            TopLogprob(names.name(top_id), top_logprob, list(names.text(top_id).encode()))
+            for top_id, top_logprob in entry.top.items()
+        ]
+        content.append(
+            ChatTokenLogprob(
+                names.name(entry.token_id),
+                entry.logprob,
+                list(names.text(entry.token_id).encode()),
+                top,
+            )
+        )
     return ChatLogprobs(content)

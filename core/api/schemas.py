@@ -69,7 +69,6 @@ UNSUPPORTED_SAMPLING = frozenset(
         "use_beam_search",  # vLLM's extras from here on
         "length_penalty",
         "logits_processors",
-        "return_tokens_as_token_ids",
         "spaces_between_special_tokens",
     }
 )
@@ -115,6 +114,8 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     bad_words: Annotated[list[StopText], Meta(max_length=MAX_BAD_WORDS)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Logprobs name tokens ``token_id:N`` rather than by their text.
+    return_tokens_as_token_ids: bool = False
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT32)] | None = None
     # Not implemented: only absent or neutral values pass, else a 400 (`UNSUPPORTED_SAMPLING`).
     functions: Annotated[list[Any], Meta(max_length=0)] | None = None
@@ -122,7 +123,6 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     use_beam_search: Literal[False] = False
     length_penalty: Annotated[float, Meta(ge=1.0, le=1.0)] = 1.0
     logits_processors: Annotated[list[Any], Meta(max_length=0)] | None = None
-    return_tokens_as_token_ids: Literal[False] = False
     spaces_between_special_tokens: Literal[True] = True
 
 

@@ -162,7 +162,6 @@ def test_only_json_bodies_are_read(tiny_server):
         (COMPLETIONS, "use_beam_search", True),
         (CHAT, "length_penalty", 2.0),
         (CHAT, "logits_processors", ["my.module:Processor"]),
-        (COMPLETIONS, "return_tokens_as_token_ids", True),
         (CHAT, "spaces_between_special_tokens", False),
         (CHAT, "chat_template", "{{ messages }}"),
         (CHAT, "documents", [{"title": "a", "text": "b"}]),

@@ -241,3 +241,33 @@ def test_a_grammar_that_must_end_overrides_min_tokens(client):
     )
     assert response.choices[0].message.content == "0"
     assert response.choices[0].finish_reason == "stop"
+
+
+def test_return_tokens_as_token_ids_names_tokens_by_id(client, tokenizer):
+    named = _complete(client, logprobs=2, ignore_eos=True, max_tokens=4, echo=True)
+    by_id = _complete(
+        client,
+        logprobs=2,
+        ignore_eos=True,
+        max_tokens=4,
+        echo=True,
+        return_tokens_as_token_ids=True,
+    )
+    ids = [int(token.removeprefix("token_id:")) for token in by_id.choices[0].logprobs.tokens]
+    assert [tokenizer.decode([i], skip_special_tokens=False) for i in ids] == (
+        named.choices[0].logprobs.tokens
+    )
+    assert by_id.choices[0].logprobs.text_offset == named.choices[0].logprobs.text_offset
+    assert all(key.startswith("token_id:") for key in by_id.choices[0].logprobs.top_logprobs[1])
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        logprobs=True,
+        top_logprobs=1,
+        extra_body={**GREEDY, "max_tokens": 3, "return_tokens_as_token_ids": True},
+    )
+    for entry in chat.choices[0].logprobs.content:
+        token_id = int(entry.token.removeprefix("token_id:"))
+        assert bytes(entry.bytes).decode(errors="replace") == tokenizer.decode(
+            [token_id], skip_special_tokens=False
+        )
