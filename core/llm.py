@@ -80,7 +80,7 @@ class LLM:
             raise ValueError("continue_final_message needs add_generation_prompt=False")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
-        prompts = [
+        texts = [
             tokenizer.apply_chat_template(
                 c,
                 add_generation_prompt=add_generation_prompt,
@@ -88,6 +88,11 @@ class LLM:
                 template_kwargs=chat_template_kwargs,
             )
             for c in conversations
+        ]
+        # The template writes BOS where the model wants it: encoding must not add another.
+        prompts = [
+            {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+            for text in texts
         ]
         return self.generate(prompts, sampling_params, use_tqdm)
 

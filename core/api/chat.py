@@ -213,7 +213,11 @@ async def start_chat(
         if use.active:
             attributes["tools"] = use.tools  # for the LLM span's llm.tools.* attributes
         token_ids = await encode_text(
-            serving, prompt, param, must_fit=params.truncate_prompt_tokens is None
+            serving,
+            prompt,
+            param,
+            must_fit=params.truncate_prompt_tokens is None,
+            add_special_tokens=False,
         )
         specs = fan_out([(token_ids, prompt)], params)
         group = RequestGroup(serving.async_engine, response_id, specs, attributes)

@@ -9,10 +9,15 @@ MAX_PROMPTS = 256  # prompts in one completions call
 
 
 async def encode_text(
-    serving: ServingContext, text: str, param: str = "prompt", must_fit: bool = True
+    serving: ServingContext,
+    text: str,
+    param: str = "prompt",
+    must_fit: bool = True,
+    add_special_tokens: bool = True,
 ) -> list[int]:
     """``text``'s token ids; a 400 before tokenizing when its bytes could not fit the context
-    anyway, unless ``must_fit`` is off (the prompt is to be truncated).
+    anyway, unless ``must_fit`` is off (the prompt is to be truncated). ``add_special_tokens``
+    off leaves BOS out: a chat template's text already starts with it where the model wants it.
 
     Tokenizing runs in a worker thread: a few megabytes take seconds, which must not stall the server.
     """
@@ -22,7 +27,7 @@ async def encode_text(
             f"the prompt is too long for the model's context of {serving.max_model_len} tokens",
             param,
         )
-    return await asyncio.to_thread(serving.tokenizer.encode, text)
+    return await asyncio.to_thread(serving.tokenizer.encode, text, add_special_tokens)
 
 
 def _is_token_list(value) -> bool:

@@ -23,7 +23,9 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    # Whether BOS is added (where the model wants one); by default for a prompt, not for messages,
+    # whose template writes it: the ids are then the ones chat requests send to the engine.
+    add_special_tokens: bool | None = None
     # How ``messages`` are rendered, as in chat requests.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -73,9 +75,16 @@ async def tokenize(
         )
     else:
         text = data.prompt
-    tokens = await encode_text(serving, text, "prompt" if data.messages is None else "messages")
-    if not data.add_special_tokens and tokens[:1] == [serving.tokenizer.bos_token_id]:
-        tokens = tokens[1:]
+    # A prompt gets BOS where the model wants one; a rendered conversation has it from its template.
+    add_special_tokens = data.add_special_tokens
+    if add_special_tokens is None:
+        add_special_tokens = data.messages is None
+    tokens = await encode_text(
+        serving,
+        text,
+        "prompt" if data.messages is None else "messages",
+        add_special_tokens=add_special_tokens,
+    )
     return TokenizeResponse(len(tokens), serving.max_model_len, tokens)
 
 
