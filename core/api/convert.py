@@ -1,5 +1,6 @@
 """Request bodies -> engine inputs, and engine outputs -> response pieces (usage, logprobs)."""
 
+import json
 import uuid
 from dataclasses import dataclass
 
@@ -98,6 +99,7 @@ def structured_output(body: SamplingFields) -> StructuredOutput | None:
         value = getattr(body, field)
         if value is not None:
             asked.append((field, StructuredOutput(kind, value)))
+    asked += [("structured_outputs", spec) for spec in _structured_outputs(body)]
     if len(asked) > 1:
         raise APIError(
             400,
@@ -105,6 +107,30 @@ def structured_output(body: SamplingFields) -> StructuredOutput | None:
             asked[1][0],
         )
     return asked[0][1] if asked else None
+
+
+def _structured_outputs(body: SamplingFields) -> list[StructuredOutput]:
+    """The constraints vLLM's ``structured_outputs`` field names (its ``json`` may be JSON text)."""
+    spec = body.structured_outputs
+    if spec is None:
+        return []
+    asked = []
+    if spec.json is not None:
+        schema = spec.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as error:
+                raise APIError(
+                    400, f"structured_outputs.json is not JSON: {error}", "structured_outputs"
+                ) from None
+        asked.append(StructuredOutput("json_schema", schema))
+    for field, kind in (("regex", "regex"), ("choice", "choice"), ("grammar", "grammar")):
+        if getattr(spec, field) is not None:
+            asked.append(StructuredOutput(kind, getattr(spec, field)))
+    if spec.json_object:
+        asked.append(StructuredOutput("json_object"))
+    return asked
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -59,6 +59,18 @@ class JsonSchemaResponseFormat(msgspec.Struct, tag_field="type", tag="json_schem
 
 
 ResponseFormat = TextResponseFormat | JsonObjectResponseFormat | JsonSchemaResponseFormat
+
+
+class StructuredOutputsSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs`` (the newer spelling of its ``guided_*`` fields): at most one
+    of ``json`` (a schema, or its JSON text), ``regex``, ``choice``, ``grammar``, ``json_object``.
+    Its other options (``structural_tag``, ``whitespace_pattern``, ...) are refused by name."""
+
+    json: dict[str, Any] | str | None = None
+    regex: Annotated[str, Meta(max_length=4096)] | None = None
+    choice: Annotated[list[str], Meta(min_length=1, max_length=1024)] | None = None
+    grammar: Annotated[str, Meta(max_length=65536)] | None = None
+    json_object: bool | None = None
 LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
 
 
@@ -105,6 +117,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     guided_regex: Annotated[str, Meta(max_length=4096)] | None = None
     guided_choice: Annotated[list[str], Meta(min_length=1, max_length=1024)] | None = None
     guided_grammar: Annotated[str, Meta(max_length=65536)] | None = None
+    structured_outputs: StructuredOutputsSpec | None = None
     # vLLM's output controls (see SamplingParams).
     min_tokens: Annotated[int, Meta(ge=0, le=INT32)] = 0
     stop_token_ids: Annotated[list[TokenId], Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None

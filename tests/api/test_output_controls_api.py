@@ -3,6 +3,7 @@ stop_token_ids, allowed_token_ids, bad_words, include_stop_str_in_output, skip_s
 truncate_prompt_tokens, and chat's add_generation_prompt, continue_final_message,
 chat_template_kwargs and echo; on both server layouts."""
 
+import json
 import re
 
 import httpx
@@ -271,3 +272,31 @@ def test_return_tokens_as_token_ids_names_tokens_by_id(client, tokenizer):
         assert bytes(entry.bytes).decode(errors="replace") == tokenizer.decode(
             [token_id], skip_special_tokens=False
         )
+
+
+def _chat(server, **body) -> httpx.Response:
+    return httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 24, **body},
+        timeout=60,
+    )
+
+
+def test_vllms_structured_outputs_field(server):
+    choice = _chat(server, structured_outputs={"choice": ["yes", "no"]}).json()
+    assert choice["choices"][0]["message"]["content"] in ("yes", "no")
+    schema = {"enum": ["alpha", "beta"]}  # short whatever the random model prefers
+    for spec in (schema, json.dumps(schema)):  # a schema, or its JSON text
+        answer = _chat(server, structured_outputs={"json": spec})
+        assert json.loads(answer.json()["choices"][0]["message"]["content"]) in ("alpha", "beta")
+    regex = _chat(server, structured_outputs={"regex": "[0-9]{3}"}).json()
+    assert re.fullmatch("[0-9]{3}", regex["choices"][0]["message"]["content"])
+    for body, param in (
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a"}, "guided_regex": "a"}, "structured_outputs"),
+        ({"structured_outputs": {"json": "{not json"}}, "structured_outputs"),
+    ):
+        response = _chat(server, **body)
+        assert response.status_code == 400 and response.json()["error"]["param"] == param
+    unknown = _chat(server, structured_outputs={"structural_tag": "{}"})
+    assert unknown.status_code == 400 and "structural_tag" in unknown.json()["error"]["message"]
