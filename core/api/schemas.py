@@ -71,6 +71,8 @@ class StructuredOutputsSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=
     choice: Annotated[list[str], Meta(min_length=1, max_length=1024)] | None = None
     grammar: Annotated[str, Meta(max_length=65536)] | None = None
     json_object: bool | None = None
+
+
 LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
 
 
