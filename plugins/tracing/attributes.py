@@ -29,6 +29,15 @@ def invocation_parameters(request: Request) -> dict:
         "stop": list(p.stop) or None,
         "n": p.n if p.n != 1 else None,
         "logprobs": p.logprobs,
+        "prompt_logprobs": p.prompt_logprobs,
+        "min_tokens": p.min_tokens or None,
+        "stop_token_ids": list(p.stop_token_ids) or None,
+        # Counts, not the lists: either may hold thousands of entries.
+        "num_allowed_token_ids": None if p.allowed_token_ids is None else len(p.allowed_token_ids),
+        "num_bad_words": len(p.bad_words) or None,
+        "include_stop_str_in_output": p.include_stop_str_in_output or None,
+        "skip_special_tokens": False if not p.skip_special_tokens else None,
+        "truncate_prompt_tokens": p.truncate_prompt_tokens,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
     return params

@@ -27,6 +27,41 @@ def children(spans, parent):
     return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
 
 
+def test_output_controls_are_in_the_invocation_parameters(
+    span_exporter, make_engine, run_to_completion
+):
+    engine = make_engine()
+    params = SamplingParams(
+        max_tokens=4,
+        min_tokens=2,
+        stop_token_ids=[5],
+        allowed_token_ids=[5, 6, 7],
+        bad_words=["never"],
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        truncate_prompt_tokens=64,
+        prompt_logprobs=1,
+    )
+    engine.add_request("controls", engine.tokenizer.encode(PROMPT), params)
+    run_to_completion(engine)
+    (span,) = [
+        s for s in span_exporter.get_finished_spans() if s.attributes.get("spyglass.request.id")
+    ]
+    invocation = json.loads(span.attributes["llm.invocation_parameters"])
+    assert {
+        k: invocation[k] for k in invocation if k not in ("max_tokens", "temperature", "top_p")
+    } == {
+        "prompt_logprobs": 1,
+        "min_tokens": 2,
+        "stop_token_ids": [5],
+        "num_allowed_token_ids": 3,
+        "num_bad_words": 1,
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+        "truncate_prompt_tokens": 64,
+    }
+
+
 def test_request_span_tree_attributes_and_step_links(
     use_settings, span_exporter, make_engine, run_to_completion
 ):
