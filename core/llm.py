@@ -8,6 +8,7 @@ from tqdm import tqdm
 
 from spyglass.core.engine.config import EngineConfig, parse_bytes
 from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.lora_adapters import LoRARequest
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 from spyglass.core.tokenizer import Tokenizer
@@ -36,12 +37,14 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order.
 
         A prompt is a string or ``{"prompt_token_ids": [...]}``; ``sampling_params`` is one for
-        all prompts or one per prompt. Only the final outputs are built (each request's output kind
-        is `RequestOutputKind.FINAL_ONLY`, as in vLLM).
+        all prompts or one per prompt, and so is ``lora_request`` (the LoRA adapter to run with,
+        loaded the first time its name is seen; needs ``enable_lora=True``). Only the final outputs
+        are built (each request's output kind is `RequestOutputKind.FINAL_ONLY`, as in vLLM).
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -51,10 +54,15 @@ class LLM:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            lora_request = [lora_request] * len(prompts)
+        if len(lora_request) != len(prompts):
+            raise ValueError("give one LoRARequest, or one per prompt")
+        lora_names = [self._lora_name(r) for r in lora_request]
         groups: list[list[str]] = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
-                groups.append(self._add(prompt, params))
+            for prompt, params, lora_name in zip(prompts, sampling_params, lora_names):
+                groups.append(self._add(prompt, params, lora_name))
         except Exception:
             # A rejected prompt rejects the call: drop what was queued, or the next call would run it.
             for req_id in itertools.chain.from_iterable(groups):
@@ -71,11 +79,13 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation (or a list of them) and generate.
 
         ``continue_final_message`` (with ``add_generation_prompt=False``) has the model carry on
-        writing the last message; ``chat_template_kwargs`` are further template variables."""
+        writing the last message; ``chat_template_kwargs`` are further template variables;
+        ``lora_request`` as in `generate`."""
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message needs add_generation_prompt=False")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -94,9 +104,17 @@ class LLM:
             {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
             for text in texts
         ]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
-    def _add(self, prompt: PromptType, params: SamplingParams) -> list[str]:
+    def _lora_name(self, lora_request: LoRARequest | None) -> str | None:
+        """The adapter's name, loaded from its path on first use."""
+        if lora_request is None:
+            return None
+        if lora_request.lora_name not in {info.name for info in self.engine.loras}:
+            self.engine.add_lora(lora_request.lora_name, lora_request.lora_path)
+        return lora_request.lora_name
+
+    def _add(self, prompt: PromptType, params: SamplingParams, lora_name: str | None) -> list[str]:
         if isinstance(prompt, str):
             text, token_ids = prompt, self.engine.tokenizer.encode(prompt)
         else:
@@ -112,7 +130,7 @@ class LLM:
                 # The prompt is scored once, by the first choice: the merged output carries it.
                 scored = params.prompt_logprobs if index == 0 else None
                 sub_params = dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=scored)
-            self.engine.add_request(req_id, token_ids, sub_params, prompt=text)
+            self.engine.add_request(req_id, token_ids, sub_params, prompt=text, lora_name=lora_name)
             req_ids.append(req_id)
         return req_ids
 

@@ -79,6 +79,8 @@ class EngineConfig:
     speculation.
     ``tensor_parallel_size`` > 1 splits the model's heads, MLP and vocabulary over that many processes
     (this one and N-1 workers; gloo on the CPU, NCCL on CUDA devices 0..N-1): see docs/tensor_parallel.md.
+    ``enable_lora`` lets requests run with LoRA adapters (PEFT directories) of rank up to
+    ``max_lora_rank``; ``lora_modules`` maps names to the adapters loaded at start.
     """
 
     model: str | None = None
@@ -107,6 +109,9 @@ class EngineConfig:
     engine_id: str | None = None
     telemetry: "TelemetrySettings | None" = None
     tensor_parallel_size: int = 1
+    enable_lora: bool = False
+    max_lora_rank: int = 16
+    lora_modules: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -127,6 +132,12 @@ class EngineConfig:
             raise ValueError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}"
             )
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("lora_modules need enable_lora (--enable-lora)")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("LoRA adapters do not run with tensor parallelism yet")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
 
     def torch_device(self) -> "torch.device":
         """The device to run on: CUDA when available unless told otherwise."""

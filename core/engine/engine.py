@@ -12,6 +12,7 @@ from spyglass.core.engine.draft_collection import DraftCollection
 from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.kv.host_memory import keep_freed_memory_mapped
 from spyglass.core.engine.kv.kv_cache_manager import KVCacheManager
+from spyglass.core.engine.lora_adapters import LoRAAdapters, LoRAInfo
 from spyglass.core.engine.model_setup import (
     build_runnable_model,
     log_started,
@@ -37,7 +38,7 @@ from spyglass.core.engine.runner.model_runner import (
     ModelRunner,
     RunnerOutput,
 )
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.engine.sched.scheduler_policy import check_policy
 from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription, RequestSnapshot
@@ -120,6 +121,14 @@ class LLMEngine:
         self.runner = runner_class(
             model, self.kv.num_cache_blocks, config.block_size, self.device, cache_dtype
         )
+        self.lora_adapters: LoRAAdapters | None = None
+        if config.enable_lora:
+            self.runner.enable_lora()
+            self.lora_adapters = LoRAAdapters(
+                self.arch, config.max_lora_rank, model.dtype, self.device
+            )
+            for name, path in config.lora_modules.items():
+                self.lora_adapters.load(name, path)
         prepare_device_steps(self.runner, config, self.device, self.max_model_len)
         self.async_output, self.async_scheduling = config.async_modes(self.device)
         self._in_flight: InFlightStep | None = None
@@ -194,11 +203,19 @@ class LLMEngine:
         params: SamplingParams,
         prompt: str | None = None,
         attributes: dict | None = None,
+        lora_name: str | None = None,
     ) -> Request:
         """Validate and queue a request; raises `InvalidRequestError` for one that can never run.
 
         A prompt longer than ``params.truncate_prompt_tokens`` loses its first tokens (its text
-        is then that of the tokens kept)."""
+        is then that of the tokens kept). ``lora_name`` runs it with that loaded LoRA adapter."""
+        lora = None
+        if lora_name is not None:
+            if self.lora_adapters is None:
+                raise InvalidRequestError(
+                    "LoRA adapters are off on this engine (--enable-lora)", "model"
+                )
+            lora = self.lora_adapters.get(lora_name)
         prompt_token_ids, prompt = truncated_prompt(
             prompt_token_ids, prompt, params, self.max_model_len, self.tokenizer
         )
@@ -219,6 +236,7 @@ class LLMEngine:
             eos_token_ids=() if params.ignore_eos else self.tokenizer.eos_token_ids,
             attributes=attributes,
         )
+        request.lora = lora
         check_min_tokens(params, request.eos_token_ids)
         request.bad_word_ids = bad_word_token_ids(self.tokenizer, params.bad_words or [])
         if params.structured_output is not None:
@@ -229,6 +247,24 @@ class LLMEngine:
         self.scheduler.add(request)
         self.hooks.spyglass_request_added(request=request)
         return request
+
+    def add_lora(self, name: str, path: str) -> LoRAInfo:
+        """Load the PEFT adapter at ``path`` under ``name`` for requests to use; ValueError when it
+        cannot run on this model or LoRA is off."""
+        if self.lora_adapters is None:
+            raise ValueError("LoRA adapters are off on this engine (--enable-lora)")
+        return self.lora_adapters.load(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        """Unload ``name``: new requests cannot use it, running ones finish with it."""
+        if self.lora_adapters is None:
+            raise ValueError("LoRA adapters are off on this engine (--enable-lora)")
+        self.lora_adapters.unload(name)
+
+    @property
+    def loras(self) -> tuple[LoRAInfo, ...]:
+        """The loaded LoRA adapters (none when LoRA is off)."""
+        return () if self.lora_adapters is None else self.lora_adapters.infos()
 
     @property
     def requests(self) -> dict[str, Request]:

@@ -12,6 +12,8 @@ from spyglass.core.engine.token_constraint import TokenConstraint
 if TYPE_CHECKING:  # imported when a seeded request needs a generator: plugins load without torch
     import torch
 
+    from spyglass.core.models.lora import LoRAAdapter
+
 
 class RequestStatus(enum.Enum):
     """Where a request is in its life."""
@@ -97,6 +99,8 @@ class Request:
         self.generator: torch.Generator | None = None
         # Set by the engine for a request with structured output: the grammar matcher of its output.
         self.constraint: TokenConstraint | None = None
+        # Set by the engine for a request that names a LoRA adapter: its deltas run on this request's rows.
+        self.lora: LoRAAdapter | None = None
         # Set by the engine from ``bad_words``: each word's token ids (`bad_word_token_ids`).
         self.bad_word_ids: tuple[tuple[int, ...], ...] = ()
         # Whether sampling changes this request's logits (bias, allowed or banned tokens): a
@@ -111,6 +115,17 @@ class Request:
             from torch import Generator
 
             self.generator = Generator().manual_seed(sampling_params.seed)
+
+    @property
+    def lora_name(self) -> str | None:
+        """The name of the LoRA adapter the request runs with (None: the base model)."""
+        return None if self.lora is None else self.lora.name
+
+    @property
+    def cache_namespace(self) -> tuple[str, int] | None:
+        """What besides its tokens decides the request's keys and values: its LoRA adapter's name
+        and load (None: the base model). The prefix cache shares blocks only within one namespace."""
+        return None if self.lora is None else (self.lora.name, self.lora.load_id)
 
     @property
     def num_prompt_tokens(self) -> int:

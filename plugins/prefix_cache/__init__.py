@@ -2,7 +2,10 @@
 
 Block ``i`` of a request is named ``hash((name of block i-1, tokens of block i))``, so equal
 names mean equal tokens from the very start of the sequence (up to a 64-bit hash collision, as
-in nano-vllm and vLLM's default). When a block fills (`spyglass_blocks_full`) its name goes into
+in nano-vllm and vLLM's default). A request run with a LoRA adapter starts its chain from its
+`Request.cache_namespace`: its keys and values differ from the base model's for the same tokens.
+
+When a block fills (`spyglass_blocks_full`) its name goes into
 the pool's hash map; when a new request arrives (`spyglass_match_prefix`) the longest run of its
 leading blocks found there is reused. Finished requests' blocks stay cached in the pool's free
 queue until `BlockPool.allocate` evicts them, least recently released first.
@@ -41,7 +44,11 @@ def block_hashes(
     ``names`` keeps the names computed so far per live request (tokens of full blocks never change).
     """
     known = names.setdefault(request, [])
-    parent = known[-1] if known else ROOT_HASH
+    if known:
+        parent = known[-1]
+    else:
+        namespace = request.cache_namespace
+        parent = ROOT_HASH if namespace is None else hash((ROOT_HASH, namespace))
     for index in range(len(known), num_blocks):
         tokens = tuple(request.token_ids_slice(index * block_size, (index + 1) * block_size))
         parent = hash((parent, tokens))

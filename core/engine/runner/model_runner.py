@@ -13,6 +13,7 @@ from spyglass.core.engine.kv.host_memory import (
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
+from spyglass.core.engine.runner.lora_rows import lora_groups
 from spyglass.core.engine.runner.prompt_logprobs import score_prompts
 from spyglass.core.engine.runner.sampler import adjust_logits, sample, sample_tokens
 from spyglass.core.engine.runner.spec_verify import verify_drafts
@@ -20,6 +21,7 @@ from spyglass.core.engine.runner.step_inputs import StepInputs, build_step_input
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
 from spyglass.core.engine.token_constraint import TokenConstraint, bitmask_words, fill_rows
 from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.lora import LoRABatch, attach_lora
 from spyglass.core.models.registry import CausalLM
 
 log = logging.getLogger("spyglass.engine")
@@ -96,6 +98,13 @@ class ModelRunner:
         self.num_blocks = num_blocks
         # Set by `enable_cuda_graphs`; None means every step runs eagerly.
         self.graphs: CudaGraphDecoder | None = None
+        # Set by `enable_lora`: the rows of the step running that use each adapter.
+        self.lora: LoRABatch | None = None
+
+    def enable_lora(self) -> LoRABatch:
+        """Wrap the model's projections for LoRA adapters (`core.models.lora.attach_lora`)."""
+        self.lora = attach_lora(self.model)
+        return self.lora
 
     def compile_kernels(self, max_num_batched_tokens: int, max_model_len: int) -> float:
         """Run one step of every shape that has its own compiled kernel variant, so that serving
@@ -200,7 +209,14 @@ class ModelRunner:
         """
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables, after)
-        logits = self._forward(inputs, len(out.scheduled))
+        if self.lora is None:
+            logits = self._forward(inputs, len(out.scheduled))
+        else:
+            self.lora.groups = lora_groups(out.scheduled, self.device)
+            try:
+                logits = self._forward(inputs, len(out.scheduled))
+            finally:
+                self.lora.groups = []
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         if inputs.prompt_rows or any(
             s.num_spec_tokens or s.request.logprobs is not None for s in sampled
@@ -248,10 +264,11 @@ class ModelRunner:
 
     def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
         """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else eager."""
-        # Graphs compute only the sampled rows' logits.
+        # Graphs compute only the sampled rows' logits, and no adapter's delta.
         if (
             self.graphs
             and not inputs.prompt_rows
+            and not (self.lora and self.lora.groups)
             and self.graphs.shape_for(num_reqs, inputs.meta.max_query_len)
         ):
             return self.graphs.run(
