@@ -1,6 +1,6 @@
 """Spyglass: an observability-first LLM serving engine.
 
-``LLM``, ``SamplingParams`` and the output classes are imported on first use, so that the
+``LLM``, ``SamplingParams``, ``LoRARequest`` and the output classes are imported on first use, so that the
 ``spyglass`` command answers ``--help`` without loading torch.
 """
 
@@ -12,6 +12,7 @@ _EXPORTS = {
     "RequestOutputKind": "spyglass.core.engine.sampling_params",
     "RequestOutput": "spyglass.core.engine.outputs",
     "CompletionOutput": "spyglass.core.engine.outputs",
+    "LoRARequest": "spyglass.core.engine.lora_info",
 }
 
 __all__ = list(_EXPORTS)

@@ -8,7 +8,7 @@ from tqdm import tqdm
 
 from spyglass.core.engine.config import EngineConfig, parse_bytes
 from spyglass.core.engine.engine import LLMEngine
-from spyglass.core.engine.lora_adapters import LoRARequest
+from spyglass.core.engine.lora_info import LoRARequest
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 from spyglass.core.tokenizer import Tokenizer

@@ -18,6 +18,7 @@ from spyglass.core.api.completions import create_completion
 from spyglass.core.api.context import ServingContext, api_key_guard, provide_serving
 from spyglass.core.api.engine_placement import load_engine
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
+from spyglass.core.api.lora_routes import load_lora_adapter, unload_lora_adapter
 from spyglass.core.api.messages import create_message
 from spyglass.core.api.responses import create_response
 from spyglass.core.api.routes import ROUTES
@@ -76,6 +77,8 @@ def create_app(
             create_message,
             tokenize,
             detokenize,
+            load_lora_adapter,
+            unload_lora_adapter,
             *ROUTES,
         ],
         dependencies={"serving": Provide(provide_serving, sync_to_thread=False)},

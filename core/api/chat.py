@@ -159,7 +159,7 @@ async def create_chat_completion(
     serving: NamedDependency[ServingContext],
 ) -> Response:
     """OpenAI's chat completions endpoint; ``stream=true`` answers with server-sent events."""
-    serving.check_model(data.model)
+    lora_name = serving.check_model(data.model)
     serving.admit()
     max_tokens = (
         data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
@@ -172,7 +172,15 @@ async def create_chat_completion(
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
     template = TemplateOptions.of(data)
     group = await start_chat(
-        serving, request, data.messages, use, params, response_id, attributes, template=template
+        serving,
+        request,
+        data.messages,
+        use,
+        params,
+        response_id,
+        attributes,
+        template=template,
+        lora_name=lora_name,
     )
     writer = _ChatWriter(serving, data, response_id, use)
     if data.stream:
@@ -190,11 +198,13 @@ async def start_chat(
     attributes: dict,
     param: str = "messages",
     template: TemplateOptions = TemplateOptions(),
+    lora_name: str | None = None,
 ) -> RequestGroup:
     """Render the conversation, tokenize it and start its ``params.n`` engine requests (chat, Messages, Responses).
 
     ``tool_choice`` required or named becomes the output constraint; a 400 if the request already
-    has one. ``param`` is the request field that errors about the conversation name.
+    has one. ``param`` is the request field that errors about the conversation name; ``lora_name``
+    is the LoRA adapter the requests run with.
     """
     if (tool_constraint := constraint(use)) is not None:
         if params.structured_output is not None:
@@ -220,7 +230,7 @@ async def start_chat(
             add_special_tokens=False,
         )
         specs = fan_out([(token_ids, prompt)], params)
-        group = RequestGroup(serving.async_engine, response_id, specs, attributes)
+        group = RequestGroup(serving.async_engine, response_id, specs, attributes, lora_name)
         await unless_disconnected(request, group.start())
     return group
 
@@ -232,6 +242,7 @@ class _ChatWriter:
         self, serving: ServingContext, body: ChatCompletionRequest, response_id: str, use: ToolUse
     ):
         self.serving = serving
+        self.model = serving.response_model(body.model)
         self.body = body
         self.use = use
         self.id = response_id
@@ -248,9 +259,7 @@ class _ChatWriter:
     def _chunk(self, choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
         if usage is None and self._counted is not None:
             usage = make_usage(self._counted, self.body.n)
-        return ChatCompletionChunk(
-            self.id, self.created, self.serving.model_name, choices, usage=usage
-        )
+        return ChatCompletionChunk(self.id, self.created, self.model, choices, usage=usage)
 
     async def collect(self, group: RequestGroup) -> ChatCompletionResponse:
         """Run every choice to the end and build the full response."""
@@ -276,9 +285,7 @@ class _ChatWriter:
                 )
             )
         usage = make_usage(group, self.body.n)
-        return ChatCompletionResponse(
-            self.id, self.created, self.serving.model_name, choices, usage
-        )
+        return ChatCompletionResponse(self.id, self.created, self.model, choices, usage)
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[ChatCompletionChunk]:
         """A role chunk per choice, content deltas, the finish reason, then usage when asked.

@@ -48,7 +48,7 @@ async def create_completion(
     data: JSONBody[CompletionRequest], request: Request, serving: NamedDependency[ServingContext]
 ) -> Response:
     """OpenAI's completions endpoint; ``stream=true`` answers with server-sent events."""
-    serving.check_model(data.model)
+    lora_name = serving.check_model(data.model)
     serving.admit()
     max_tokens = DEFAULT_MAX_TOKENS if data.max_tokens is None else data.max_tokens
     best_of = _best_of(data)
@@ -66,7 +66,7 @@ async def create_completion(
     with serving.queue_slots(count_prompts(data.prompt) * best_of):
         prompts = await parse_prompts(serving, data.prompt, data.truncate_prompt_tokens is None)
         group = RequestGroup(
-            serving.async_engine, response_id, fan_out(prompts, params), attributes
+            serving.async_engine, response_id, fan_out(prompts, params), attributes, lora_name
         )
         await unless_disconnected(request, group.start())
     writer = _CompletionWriter(serving, data, response_id)
@@ -125,6 +125,7 @@ class _CompletionWriter:
         response_id: str,
     ):
         self.serving = serving
+        self.model = serving.response_model(body.model)
         self.body = body
         self.id = response_id
         self.created = int(time.time())
@@ -177,7 +178,7 @@ class _CompletionWriter:
         return CompletionResponse(
             self.id,
             self.created,
-            self.serving.model_name,
+            self.model,
             choices,
             usage=make_usage(group, best_of),
         )
@@ -208,12 +209,8 @@ class _CompletionWriter:
                 self._prompt_logprobs(output) if first else None,
             )
             usage = make_usage(group, self.body.n) if continuous else None
-            yield CompletionResponse(
-                self.id, self.created, self.serving.model_name, [choice], usage=usage
-            )
+            yield CompletionResponse(self.id, self.created, self.model, [choice], usage=usage)
         options = self.body.stream_options
         if options is not None and options.include_usage:
             usage = make_usage(group, self.body.n)
-            yield CompletionResponse(
-                self.id, self.created, self.serving.model_name, [], usage=usage
-            )
+            yield CompletionResponse(self.id, self.created, self.model, [], usage=usage)

@@ -13,6 +13,7 @@ from litestar.handlers import BaseRouteHandler
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.engine.engine_client import EngineClient
+from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.snapshot import EngineSnapshot
 
 
@@ -30,6 +31,9 @@ class ServingContext:
         self.model_aliases = {self.model_name, model.model_name} | (
             {model_path} if model_path else set()
         )
+        self.lora_enabled = model.lora_enabled
+        self.loras: dict[str, LoRAInfo] = {info.name: info for info in model.loras}
+        """The LoRA adapters requests may name as their ``model`` (loaded at start or at run time)."""
         self.max_model_len = model.max_model_len
         self.vocab_size = model.vocab_size
         # No text longer than this can fit the context: each token covers at most the longest token's bytes.
@@ -40,15 +44,24 @@ class ServingContext:
         self.draining = False
         self.num_queued = 0
 
-    def check_model(self, model: str | None) -> None:
-        """Raise a 404 unless ``model`` is omitted or names the served model."""
-        if model is not None and model not in self.model_aliases:
-            raise APIError(
-                404,
-                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
-                "model",
-                "model_not_found",
-            )
+    def check_model(self, model: str | None) -> str | None:
+        """The LoRA adapter ``model`` names (None for the base model); a 404 unless ``model`` is
+        omitted or names the served model or a loaded adapter."""
+        if model is None or model in self.model_aliases:
+            return None
+        if model in self.loras:
+            return model
+        adapters = "".join(f", `{name}`" for name in self.loras)
+        raise APIError(
+            404,
+            f"The model `{model}` does not exist; this server serves `{self.model_name}`{adapters}.",
+            "model",
+            "model_not_found",
+        )
+
+    def response_model(self, model: str | None) -> str:
+        """The ``model`` a response names: the adapter the request ran with, else the served model."""
+        return model if model in self.loras else self.model_name
 
     def admit(self) -> None:
         """Refuse new work while shutting down or after the engine stopped (503)."""

@@ -47,7 +47,12 @@ class RequestGroup:
     """The engine requests behind one API call; iterate `outputs` to get ``(choice_index, delta)`` pairs."""
 
     def __init__(
-        self, async_engine: EngineClient, base_id: str, specs: list[ChoiceSpec], attributes: dict
+        self,
+        async_engine: EngineClient,
+        base_id: str,
+        specs: list[ChoiceSpec],
+        attributes: dict,
+        lora_name: str | None = None,
     ):
         self.req_ids = (
             [base_id] if len(specs) == 1 else [f"{base_id}-{i}" for i in range(len(specs))]
@@ -63,6 +68,7 @@ class RequestGroup:
                 dataclasses.replace(spec.params, output_kind=RequestOutputKind.DELTA),
                 spec.prompt,
                 attributes,
+                lora_name,
             )
             for req_id, spec in zip(self.req_ids, specs)
         ]

@@ -101,7 +101,7 @@ async def create_message(
     data: JSONBody[MessagesRequest], request: Request, serving: NamedDependency[ServingContext]
 ) -> Response:
     """Anthropic's Messages endpoint; ``stream=true`` answers with its named server-sent events."""
-    serving.check_model(data.model)
+    lora_name = serving.check_model(data.model)
     serving.admit()
     use = tool_use(data)
     params = SamplingParams(
@@ -114,7 +114,14 @@ async def create_message(
     response_id = new_id("msg")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
     group = await start_chat(
-        serving, request, chat_messages(data), use, params, response_id, attributes
+        serving,
+        request,
+        chat_messages(data),
+        use,
+        params,
+        response_id,
+        attributes,
+        lora_name=lora_name,
     )
     writer = _MessageWriter(serving, data, response_id, use)
     if data.stream:

@@ -120,7 +120,7 @@ async def create_response(
     data: JSONBody[ResponsesRequest], request: Request, serving: NamedDependency[ServingContext]
 ) -> Response:
     """OpenAI's Responses endpoint; ``stream=true`` answers with its named server-sent events."""
-    serving.check_model(data.model)
+    lora_name = serving.check_model(data.model)
     serving.admit()
     use = tool_use(data)
     params = SamplingParams(
@@ -132,7 +132,15 @@ async def create_response(
     response_id = f"resp_{uuid.uuid4().hex}"
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
     group = await start_chat(
-        serving, request, conversation(data), use, params, response_id, attributes, "input"
+        serving,
+        request,
+        conversation(data),
+        use,
+        params,
+        response_id,
+        attributes,
+        "input",
+        lora_name=lora_name,
     )
     writer = _ResponseWriter(serving, data, response_id, use)
     if data.stream:
@@ -285,6 +293,7 @@ class _ResponseWriter:
         self, serving: ServingContext, body: ResponsesRequest, response_id: str, use: ToolUse
     ):
         self.serving = serving
+        self.model = serving.response_model(body.model)
         self.body = body
         self.id = response_id
         self.use = use
@@ -316,7 +325,7 @@ class _ResponseWriter:
             "incomplete_details": incomplete,
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
-            "model": self.serving.model_name,
+            "model": self.model,
             "output": items,
             "parallel_tool_calls": self.use.parallel,
             "previous_response_id": None,

@@ -16,10 +16,21 @@ from spyglass.telemetry.exposition import MergedRegistry, render_metrics
 from spyglass.telemetry.process_bridge import collect_metric_families
 
 
-@get("/v1/models", summary="List the served model", tags=["openai"])
+@get("/v1/models", summary="List the served model and its LoRA adapters", tags=["openai"])
 async def list_models(serving: NamedDependency[ServingContext]) -> ModelList:
-    """The one model this server serves."""
-    return ModelList([ModelCard(serving.model_name, serving.created, serving.max_model_len)])
+    """The model this server serves, then each loaded LoRA adapter (its ``parent`` is the model)."""
+    base = ModelCard(serving.model_name, serving.created, serving.max_model_len)
+    adapters = [
+        ModelCard(
+            info.name,
+            serving.created,
+            serving.max_model_len,
+            root=info.path,
+            parent=serving.model_name,
+        )
+        for info in serving.loras.values()
+    ]
+    return ModelList([base, *adapters])
 
 
 @get("/health", summary="Liveness", opt={"public": True}, media_type=MediaType.JSON)

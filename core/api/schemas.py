@@ -417,6 +417,10 @@ class ModelCard(msgspec.Struct):
     max_model_len: int
     object: str = "model"
     owned_by: str = "spyglass"
+    root: str | None = None
+    """Where the model or adapter was loaded from (vLLM's field)."""
+    parent: str | None = None
+    """For a LoRA adapter, the model it adapts."""
 
 
 class ModelList(msgspec.Struct):

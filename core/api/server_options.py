@@ -12,6 +12,7 @@ class ServerOptions:
     ``served_model_name`` None means the engine's model name. ``allowed_origins`` enables CORS for
     those origins (``*`` for any); empty means no CORS headers at all. ``engine_process`` runs the
     engine in a child process of its own (`EngineProcess`) instead of a thread of the server's.
+    ``allow_runtime_lora`` opens ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
     """
 
     host: str = "127.0.0.1"
@@ -24,3 +25,4 @@ class ServerOptions:
     served_model_name: str | None = None
     allowed_origins: list[str] = field(default_factory=list)
     engine_process: bool = False
+    allow_runtime_lora: bool = False

@@ -1,6 +1,7 @@
 """Command-line options shared by every command that starts an engine."""
 
 import argparse
+import json
 
 from spyglass.core.engine.config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig, parse_bytes
 
@@ -80,12 +81,45 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="processes to split the model over (heads, MLP, vocabulary); gloo on the CPU, NCCL on CUDA",
     )
     group.add_argument(
+        "--enable-lora", action="store_true", help="let requests run with LoRA adapters (PEFT)"
+    )
+    group.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=lora_module,
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters to load at start; requests name one as their model (needs --enable-lora)",
+    )
+    group.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=defaults.max_lora_rank,
+        help="the largest adapter rank accepted",
+    )
+    group.add_argument(
         "--plugin-option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="a plugin setting, e.g. draft_model=PATH or self_draft_layers=8 (repeatable)",
     )
+
+
+def lora_module(value: str) -> tuple[str, str]:
+    """``NAME=PATH``, or vLLM's JSON form ``{"name": ..., "path": ...}``, as ``(name, path)``."""
+    if value.lstrip().startswith("{"):
+        try:
+            spec = json.loads(value)
+            return spec["name"], spec["path"]
+        except (ValueError, KeyError, TypeError):
+            raise argparse.ArgumentTypeError(
+                f'{value!r} is not {{"name": ..., "path": ...}}'
+            ) from None
+    name, equals, path = value.partition("=")
+    if not (name and equals and path):
+        raise argparse.ArgumentTypeError(f"{value!r} is not NAME=PATH")
+    return name, path
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
@@ -113,6 +147,9 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         num_speculative_tokens=args.num_speculative_tokens,
         tensor_parallel_size=args.tensor_parallel_size,
         plugin_options=dict(option.split("=", 1) for option in args.plugin_option),
+        enable_lora=args.enable_lora,
+        max_lora_rank=args.max_lora_rank,
+        lora_modules=dict(args.lora_modules),
     )
     options.update(overrides)
     return EngineConfig(**options)

@@ -66,6 +66,12 @@ def add_parser(subparsers, argv) -> None:
         help="run the engine (its plugins and telemetry too) in a process of its own, so that the "
         "HTTP server's work does not share its interpreter lock (vLLM's layout)",
     )
+    group.add_argument(
+        "--allow-runtime-lora",
+        action="store_true",
+        help="open /v1/load_lora_adapter and /v1/unload_lora_adapter (they read paths on this "
+        "machine: for trusted clients)",
+    )
     replicas = parser.add_argument_group("replicas (Ray Serve; needs the ray extra)")
     replicas.add_argument(
         "--replicas",
@@ -106,6 +112,7 @@ def server_options_from_args(args) -> ServerOptions:
             origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()
         ],
         engine_process=args.engine_process,
+        allow_runtime_lora=args.allow_runtime_lora,
     )
 
 
@@ -118,6 +125,13 @@ def run(args) -> int:
         print(
             "spyglass serve: --engine-process and --replicas do not combine (each replica is a "
             "process of its own already)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.replicas and options.allow_runtime_lora:
+        print(
+            "spyglass serve: --allow-runtime-lora does not combine with --replicas (a load would "
+            "reach one replica; give the adapters to all of them with --lora-modules)",
             file=sys.stderr,
         )
         return 2

@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.engine_loop import EngineDeadError, EngineLoop, settle
+from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import SamplingParams
@@ -74,6 +75,7 @@ class AsyncEngine:
         params: SamplingParams,
         prompt: str | None = None,
         attributes: dict | None = None,
+        lora_name: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs until it finishes; aborts it if the caller stops listening.
 
@@ -88,7 +90,7 @@ class AsyncEngine:
                 lambda: settle(
                     added,
                     lambda: self._loop.engine.add_request(
-                        req_id, prompt_token_ids, params, prompt, attributes
+                        req_id, prompt_token_ids, params, prompt, attributes, lora_name
                     ),
                 )
             )
@@ -103,6 +105,14 @@ class AsyncEngine:
     async def snapshot(self, with_requests: bool = False) -> EngineSnapshot:
         """A fresh snapshot, taken in the loop thread between steps (`LLMEngine.snapshot`)."""
         return await asyncio.wrap_future(self.call(lambda engine: engine.snapshot(with_requests)))
+
+    async def load_lora(self, name: str, path: str) -> LoRAInfo:
+        """Load a PEFT adapter under ``name`` in the loop thread, between steps."""
+        return await asyncio.wrap_future(self.call(lambda engine: engine.add_lora(name, path)))
+
+    async def unload_lora(self, name: str) -> None:
+        """Unload an adapter in the loop thread, between steps."""
+        await asyncio.wrap_future(self.call(lambda engine: engine.remove_lora(name)))
 
     def tool_call_parser(self, name: str) -> ToolCallParser | None:
         """The tool-call parser a plugin provides under ``name`` (`spyglass_tool_call_parser`), if any."""

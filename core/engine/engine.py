@@ -12,7 +12,8 @@ from spyglass.core.engine.draft_collection import DraftCollection
 from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.kv.host_memory import keep_freed_memory_mapped
 from spyglass.core.engine.kv.kv_cache_manager import KVCacheManager
-from spyglass.core.engine.lora_adapters import LoRAAdapters, LoRAInfo
+from spyglass.core.engine.lora_adapters import LoRAAdapters
+from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.model_setup import (
     build_runnable_model,
     log_started,
@@ -566,7 +567,13 @@ class LLMEngine:
 
     def describe(self) -> ModelDescription:
         """What this engine serves."""
-        return ModelDescription(self.model_name, self.max_model_len, self.arch.vocab_size)
+        return ModelDescription(
+            self.model_name,
+            self.max_model_len,
+            self.arch.vocab_size,
+            lora_enabled=self.lora_adapters is not None,
+            loras=self.loras,
+        )
 
     def _request_snapshot(self, request: Request) -> RequestSnapshot:
         return RequestSnapshot(
@@ -579,4 +586,5 @@ class LLMEngine:
             num_blocks=self.kv.num_held_blocks(request.req_id),
             num_preemptions=request.num_preemptions,
             arrival_time=request.times.arrival,
+            lora_name=request.lora_name,
         )

@@ -3,6 +3,7 @@
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription
@@ -43,14 +44,22 @@ class EngineClient(Protocol):
         params: SamplingParams,
         prompt: str | None = None,
         attributes: dict | None = None,
+        lora_name: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Outputs until the finished one; `InvalidRequestError` before any for a rejected request."""
+        """Outputs until the finished one; `InvalidRequestError` before any for a rejected request.
+        ``lora_name`` runs the request with that loaded LoRA adapter."""
 
     def abort(self, req_id: str) -> None:
         """Abort a request if it is still alive."""
 
     async def snapshot(self, with_requests: bool = False) -> EngineSnapshot:
         """A fresh snapshot taken between steps."""
+
+    async def load_lora(self, name: str, path: str) -> LoRAInfo:
+        """Load a PEFT adapter under ``name`` between steps; ValueError when it cannot run here."""
+
+    async def unload_lora(self, name: str) -> None:
+        """Unload an adapter: new requests cannot name it, running ones finish with it."""
 
     def tool_call_parser(self, name: str) -> ToolCallParser | None:
         """The tool-call parser a plugin provides under ``name``, if any."""

@@ -28,9 +28,12 @@ from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine_loop import EngineDeadError
 from spyglass.core.engine.engine_process_child import (
     ProcessSetup,
+    add_lora,
+    remove_lora,
     run_engine_process,
     tool_call_parser,
 )
+from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.output_wire import WireOutput, from_wire
 from spyglass.core.engine.outputs import RequestOutput
@@ -180,6 +183,7 @@ class EngineProcess:
         params: SamplingParams,
         prompt: str | None = None,
         attributes: dict | None = None,
+        lora_name: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs until it finishes; aborts it if the caller stops listening."""
 
@@ -197,7 +201,7 @@ class EngineProcess:
             exported = attributes
             if attributes is not None and self._setup.export_attributes is not None:
                 exported = self._setup.export_attributes(attributes)
-            self._send(("add", req_id, prompt_token_ids, params, prompt, exported))
+            self._send(("add", req_id, prompt_token_ids, params, prompt, exported, lora_name))
             return added
 
         return self._streams.listen(req_id, add, self.abort, params.output_kind)
@@ -211,6 +215,16 @@ class EngineProcess:
         return await asyncio.wrap_future(
             self.call(operator.methodcaller("snapshot", with_requests))
         )
+
+    async def load_lora(self, name: str, path: str) -> LoRAInfo:
+        """Load a PEFT adapter under ``name`` in the engine process, between steps."""
+        return await asyncio.wrap_future(
+            self.call(functools.partial(add_lora, name=name, path=path))
+        )
+
+    async def unload_lora(self, name: str) -> None:
+        """Unload an adapter in the engine process, between steps."""
+        await asyncio.wrap_future(self.call(functools.partial(remove_lora, name=name)))
 
     def tool_call_parser(self, name: str) -> ToolCallParser | None:
         """The tool-call parser a plugin of the engine provides under ``name`` (a copy; parsers keep no state)."""

@@ -1,7 +1,7 @@
 """The engine process's half of `EngineProcess`: load the engine, run its loop, talk over two pipes.
 
 Messages from the server (``commands``): ``("add", req_id, prompt_token_ids, params, prompt,
-attributes)``, ``("abort", req_id, epoch_ns)``, ``("call", call_id, function)`` (``function(engine)``
+attributes, lora_name)``, ``("abort", req_id, epoch_ns)``, ``("call", call_id, function)`` (``function(engine)``
 between steps), ``("collect", call_id, function)`` (``function()`` in the main thread, beside the
 loop: a metrics scrape) and ``("stop", timeout)``.
 Messages to it (``events``): ``("ready", model, tokenizer)`` or ``("failed", error)`` once at
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine_loop import EngineLoop
+from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.output_wire import to_wire
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.snapshot import EngineSnapshot
@@ -81,6 +82,16 @@ def run_engine_process(
 def tool_call_parser(engine: "LLMEngine", name: str) -> ToolCallParser | None:
     """The tool-call parser a plugin of ``engine`` provides under ``name`` (sent to the server by `EngineProcess`)."""
     return engine.hooks.spyglass_tool_call_parser(name=name)
+
+
+def add_lora(engine: "LLMEngine", name: str, path: str) -> LoRAInfo:
+    """Load a LoRA adapter into ``engine`` (sent to the engine process by `EngineProcess.load_lora`)."""
+    return engine.add_lora(name, path)
+
+
+def remove_lora(engine: "LLMEngine", name: str) -> None:
+    """Unload a LoRA adapter from ``engine`` (sent by `EngineProcess.unload_lora`)."""
+    engine.remove_lora(name)
 
 
 class _EngineChild:
@@ -147,11 +158,13 @@ class _EngineChild:
             result = ("result", call_id, False, portable(error))
         self._send(result)
 
-    def _add(self, req_id, prompt_token_ids, params, prompt, attributes) -> None:
+    def _add(self, req_id, prompt_token_ids, params, prompt, attributes, lora_name) -> None:
         try:
             if attributes is not None and self._setup.import_attributes is not None:
                 attributes = self._setup.import_attributes(attributes)
-            self._engine.add_request(req_id, prompt_token_ids, params, prompt, attributes)
+            self._engine.add_request(
+                req_id, prompt_token_ids, params, prompt, attributes, lora_name
+            )
         except Exception as error:
             self._send(("added", req_id, portable(error)))
         else:

@@ -2,36 +2,14 @@
 
 import dataclasses
 import itertools
-from dataclasses import dataclass
 
 import torch
 
+from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.loaders.lora_loader import load_lora_adapter
 from spyglass.core.models.lora import LoRAAdapter
 from spyglass.core.models.model_config import ModelArchConfig
-
-
-@dataclass(frozen=True, slots=True)
-class LoRARequest:
-    """vLLM's handle on an adapter: its name, a number (kept for vLLM's signature), its directory.
-
-    `LLM.generate(..., lora_request=LoRARequest("sql", 1, "/adapters/sql"))` loads the adapter the
-    first time its name is seen and runs the prompts with it."""
-
-    lora_name: str
-    lora_int_id: int = 0
-    lora_path: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class LoRAInfo:
-    """What the engine tells about a loaded adapter (`LLMEngine.loras`, ``/v1/models``)."""
-
-    name: str
-    path: str
-    rank: int
-    num_parameters: int
 
 
 class LoRAAdapters:

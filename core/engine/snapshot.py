@@ -7,6 +7,8 @@ Nothing here lets a reader reach the scheduler, the block pool or a live `Reques
 
 from dataclasses import dataclass
 
+from spyglass.core.engine.lora_info import LoRAInfo
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSnapshot:
@@ -25,6 +27,8 @@ class RequestSnapshot:
     num_preemptions: int
     arrival_time: float
     """``time.monotonic()`` at arrival."""
+    lora_name: str | None = None
+    """The LoRA adapter the request runs with (None: the base model)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +62,7 @@ class ModelDescription:
     model_name: str
     max_model_len: int
     vocab_size: int
+    lora_enabled: bool = False
+    """Whether requests may name LoRA adapters (`EngineConfig.enable_lora`)."""
+    loras: tuple[LoRAInfo, ...] = ()
+    """The adapters loaded at start."""
