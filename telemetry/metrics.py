@@ -187,6 +187,21 @@ REQUEST_SUCCESS = Counter(
     "Finished requests by finish reason (stop, length, abort, error).",
     M + ["finished_reason"],
 )
+LORA_REQUESTS_ACTIVE = Gauge(
+    "spyglass:lora_requests_active",
+    "Live requests (waiting or running) per LoRA adapter.",
+    M + ["lora_name"],
+)
+LORA_REQUEST_SUCCESS = Counter(
+    "spyglass:lora_request_success",
+    "Finished requests per LoRA adapter and finish reason.",
+    M + ["lora_name", "finished_reason"],
+)
+LORA_GENERATION_TOKENS = Counter(
+    "spyglass:lora_generation_tokens",
+    "Tokens generated per LoRA adapter (counted when a request finishes).",
+    M + ["lora_name"],
+)
 PREFIX_CACHE_QUERIES = Counter(
     "spyglass:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", M
 )

@@ -116,6 +116,11 @@ class MetricsRecorder:
         self.waiting_classes |= set(info.waiting_classes)
         for key in self.hook_errors:  # every plugin's event hooks, at 0 until one raises
             self.series.labels(m.PLUGIN_HOOK_ERRORS, *key.split(".", 1))
+        for lora_name in config.lora_modules if config is not None else ():
+            self.series.labels(m.LORA_REQUESTS_ACTIVE, lora_name).set(0)
+            self.series.labels(m.LORA_GENERATION_TOKENS, lora_name)
+            for reason in FinishReason:
+                self.series.labels(m.LORA_REQUEST_SUCCESS, lora_name, reason.value)
         if config is not None and config.speculative:
             for position in range(config.num_speculative_tokens):
                 self.series.labels(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS, str(position))
@@ -140,6 +145,8 @@ class MetricsRecorder:
 
     def request_added(self, request: Request) -> None:
         self.live[request.req_id] = request
+        if request.lora_name is not None:
+            self.series.labels(m.LORA_REQUESTS_ACTIVE, request.lora_name).inc()
         call_id = request.attributes.get("api_request_id", request.req_id)
         if call_id not in self.calls:
             self.calls[call_id] = [request.attributes.get("num_choices", 1), 0]
@@ -214,6 +221,8 @@ class MetricsRecorder:
         times = request.times
         exemplar = _exemplar(request)
         self.series.labels(m.REQUEST_SUCCESS, reason.value).inc()
+        if request.lora_name is not None:
+            self._lora_finished(request, reason)
         e2e = times.finished - times.arrival
         self.e2e.observe(e2e, exemplar)
         error_type = "error" if reason is FinishReason.ERROR else ""
@@ -240,6 +249,13 @@ class MetricsRecorder:
         self._call_finished(request)
         if reason is not FinishReason.ABORT:
             self._judge_slo(request, tpot)
+
+    def _lora_finished(self, request: Request, reason: FinishReason) -> None:
+        """The adapter's live requests, finish reasons and generated tokens."""
+        name = request.lora_name
+        self.series.labels(m.LORA_REQUESTS_ACTIVE, name).dec()
+        self.series.labels(m.LORA_REQUEST_SUCCESS, name, reason.value).inc()
+        self.series.labels(m.LORA_GENERATION_TOKENS, name).inc(request.num_output_tokens)
 
     def _judge_slo(self, request: Request, tpot: float | None) -> None:
         """Count the request against the TTFT and TPOT targets; a request without a token meets neither."""

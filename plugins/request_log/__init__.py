@@ -49,6 +49,8 @@ def summary(request: Request, reason: FinishReason, engine_id: str = "") -> dict
         fields["tpot_s"] = round(
             (times.last_token - times.first_token) / (request.num_output_tokens - 1), 6
         )
+    if request.lora_name is not None:
+        fields["lora"] = request.lora_name
     if request.error:
         fields["error"] = request.error
     return fields

@@ -58,7 +58,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "gen_ai.operation.name": operation_name(request),
         "gen_ai.provider.name": PROVIDER,
         "gen_ai.request.model": extra.get("request_model") or model,
-        "gen_ai.response.model": model,
+        "gen_ai.response.model": request.lora_name or model,
         "gen_ai.response.id": extra.get("api_request_id") or request.req_id,
         "gen_ai.request.max_tokens": request.max_tokens,
         "gen_ai.request.temperature": p.temperature,
@@ -85,6 +85,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "spyglass.http.request_id": http.request_id if http else None,
         "user.id": extra.get("user"),
         "spyglass.tenant": extra.get("tenant"),
+        "spyglass.lora.name": request.lora_name,
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     attrs.update(response_format_attributes(request))
