@@ -307,6 +307,31 @@ def sections() -> list[tuple[str, list[dict]]]:
         ("Load and throughput", load),
         ("Engine", engine),
         ("Quality", quality),
+        ("LoRA adapters", lora_panels()),
+    ]
+
+
+def lora_panels() -> list[dict]:
+    """Per adapter (``lora_name``): live requests, finishes and generated tokens."""
+    return [
+        panel(
+            "LoRA: live requests",
+            "short",
+            [gauge(m.LORA_REQUESTS_ACTIVE, "{{lora_name}}", "lora_name")],
+            m.LORA_REQUESTS_ACTIVE._documentation,
+        ),
+        panel(
+            "LoRA: finished requests",
+            "reqps",
+            [target(rate(m.LORA_REQUEST_SUCCESS, by="lora_name"), "{{lora_name}}")],
+            "Finished requests per adapter, all finish reasons.",
+        ),
+        panel(
+            "LoRA: generation throughput",
+            "tps",
+            [target(rate(m.LORA_GENERATION_TOKENS, by="lora_name"), "{{lora_name}}")],
+            "Generated tokens per second per adapter, counted when each request finishes.",
+        ),
     ]
 
 

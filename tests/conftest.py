@@ -432,3 +432,36 @@ def tiny_family_dir(tmp_path_factory, hf_gguf_tokenizer):
         return built[family]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def make_lora_adapter(tmp_path_factory):
+    """``make(base_dir, target_modules, seed=0, **lora_config)``: a PEFT LoRA adapter for the model
+    in ``base_dir``, saved by PEFT (rank 8, alpha 16 unless ``lora_config`` says otherwise) with
+    every LoRA weight drawn at std 0.1, so that its delta shows in the logits; built once per set
+    of arguments."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    built: dict[tuple, Path] = {}
+
+    def make(base_dir: Path, target_modules: tuple[str, ...], seed: int = 0, **lora_config) -> Path:
+        key = (str(base_dir), tuple(target_modules), seed, tuple(sorted(lora_config.items())))
+        if key not in built:
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+            options = {"r": 8, "lora_alpha": 16, **lora_config}
+            config = peft.LoraConfig(
+                target_modules=list(target_modules), init_lora_weights=False, **options
+            )
+            adapted = peft.get_peft_model(model, config)
+            with torch.no_grad():
+                for name, param in adapted.named_parameters():
+                    if "lora_" in name:
+                        param.normal_(std=0.1)
+            path = tmp_path_factory.mktemp("lora_adapter")
+            adapted.save_pretrained(path)
+            built[key] = path
+        return built[key]
+
+    return make

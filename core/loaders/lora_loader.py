@@ -21,8 +21,10 @@ from safetensors.torch import load_file
 from spyglass.core.models.lora import LoRAAdapter, LoRAPair
 from spyglass.core.models.model_config import ModelArchConfig
 
+# The module may be nested (``mlp.experts``, ``mlp.shared_expert.gate_proj``): such a key is
+# refused with its reason below rather than as unknown.
 _KEY = re.compile(
-    r"(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight"
+    r"(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.([\w.]+)\.lora_([AB])\.weight"
 )
 # HF module name -> (the fused projection it belongs to, its part's index in that projection).
 _PARTS = {
@@ -61,9 +63,10 @@ def read_adapter_config(path: Path) -> dict:
 
 
 def _pattern_value(patterns: dict, module: str, default):
-    """PEFT's rank/alpha pattern lookup: the first key that names ``module`` or a suffix of it."""
+    """PEFT's rank/alpha pattern lookup: the first key (a regex) that names ``module`` or a suffix
+    of it. The key is grouped, as PEFT groups it, so that an alternation spans the whole key."""
     for key, value in (patterns or {}).items():
-        if re.fullmatch(rf"(.*\.)?{key}", module):
+        if re.fullmatch(rf"(.*\.)?(?:{key})", module):
             return value
     return default
 
@@ -90,10 +93,10 @@ def load_lora_adapter(
         if match is None:
             raise ValueError(f"{path}: cannot apply {key!r} (only attention and MLP projections)")
         layer, block, module, half = int(match[1]), match[2], match[3], match[4]
+        if block == "mlp" and layer in arch.moe_layers:
+            raise ValueError(f"{path}: {key!r} targets a mixture-of-experts layer's MLP")
         if module not in _PARTS or layer >= arch.num_hidden_layers:
             raise ValueError(f"{path}: cannot apply {key!r} to this model")
-        if block == "mlp" and layer in arch.moe_layers:
-            raise ValueError(f"{path}: {key!r} targets a mixture-of-experts layer")
         modules.setdefault((layer, block, module), {})[half] = tensor
     if not modules:
         raise ValueError(f"{path}: the adapter has no LoRA weights")

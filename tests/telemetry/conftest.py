@@ -54,6 +54,15 @@ def make_engine(tiny_llama_dir):
         engine.shutdown()
 
 
+@pytest.fixture(scope="session")
+def tiny_lora_dirs(tiny_llama_dir, make_lora_adapter) -> dict[str, str]:
+    """Two PEFT LoRA adapters for the tiny Llama by name, as `EngineConfig.lora_modules` takes them."""
+    return {
+        name: str(make_lora_adapter(tiny_llama_dir, ("q_proj", "v_proj"), seed=seed))
+        for seed, name in enumerate(("tiny-lora-a", "tiny-lora-b"))
+    }
+
+
 def _run_to_completion(engine: LLMEngine, max_steps: int = 1000) -> dict:
     """Step until no request is left; returns the final `RequestOutput` of each request by id."""
     outputs = {}

@@ -206,10 +206,19 @@ def prometheus(start_prometheus):
 
 
 def test_every_query_parses_and_finds_data_in_prometheus(
-    generate, prometheus, use_settings, span_exporter, make_engine, run_to_completion
+    generate,
+    prometheus,
+    use_settings,
+    span_exporter,
+    make_engine,
+    run_to_completion,
+    tiny_lora_dirs,
 ):
     use_settings()
-    engine = make_engine(max_num_seqs=2)  # the third request waits: waiting_by_class gets a sample
+    lora_name = next(iter(tiny_lora_dirs))
+    engine = make_engine(  # the third request waits: waiting_by_class gets a sample
+        max_num_seqs=2, enable_lora=True, max_lora_rank=8, lora_modules=tiny_lora_dirs
+    )
     prometheus.wait_for_scrapes(1)
     for i in range(3):
         engine.add_request(
@@ -217,6 +226,7 @@ def test_every_query_parses_and_finds_data_in_prometheus(
             [1, 2, 3, 4 + i],
             SamplingParams(max_tokens=4, ignore_eos=True),
             attributes={"operation": "chat" if i else "text_completion"},
+            lora_name=lora_name if i == 1 else None,  # the LoRA panels chart a real adapter's run
         )
     run_to_completion(engine)
     start = time.time()
@@ -238,6 +248,11 @@ def test_every_query_parses_and_finds_data_in_prometheus(
         assert result["status"] == "success", (expr, result)
         if not {family(n) for n in metric_names(expr)} & EVENT_ONLY:
             assert result["data"]["result"], f"no data for {expr}"
+    tokens = prometheus.api(
+        "/api/v1/query",
+        query=f'{metrics.LORA_GENERATION_TOKENS._name}_total{{lora_name="{lora_name}"}}',
+    )["data"]["result"]
+    assert [float(r["value"][1]) for r in tokens] == [4]  # scraped after the adapter's request
 
     traced = {
         format(s.context.trace_id, "032x")
