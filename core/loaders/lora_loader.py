@@ -119,7 +119,8 @@ def load_lora_adapter(
         key: _fused_pair(path, key, found, sizes[key[1]], dtype, device)
         for key, found in parts.items()
     }
-    return LoRAAdapter(name=name, rank=rank, path=str(path), pairs=pairs)
+    num_parameters = sum(t.numel() for halves in modules.values() for t in halves.values())
+    return LoRAAdapter(name, rank, str(path), pairs, num_parameters)
 
 
 def _part_sizes(arch: ModelArchConfig) -> dict[str, tuple[int, tuple[int, ...]]]:

@@ -29,19 +29,17 @@ class LoRAPair:
 class LoRAAdapter:
     """A loaded adapter: its name, rank, where it came from, and its pairs by ``(layer, projection)``.
 
-    ``load_id`` tells apart adapters loaded under one name at different times (an engine numbers
-    its loads): what the prefix cache keys an adapter's blocks by."""
+    ``num_parameters`` counts the weights of the adapter as saved (what PEFT counts), not of its
+    fused pairs, whose ``b`` holds zeros where a part has no delta. ``load_id`` tells apart adapters
+    loaded under one name at different times (an engine numbers its loads): what the prefix cache
+    keys an adapter's blocks by."""
 
     name: str
     rank: int
     path: str
     pairs: dict[tuple[int, str], LoRAPair]
+    num_parameters: int
     load_id: int = 0
-
-    @property
-    def num_parameters(self) -> int:
-        """The adapter's weights, counted."""
-        return sum(p.a.numel() + p.b.numel() for p in self.pairs.values())
 
 
 @dataclass(slots=True)

@@ -53,8 +53,10 @@ CASES = {
         "mixtral",
         dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
     ),
-    # Layer 0 is sparse, layer 1 dense: only layer 1 has gate/up/down modules for PEFT to target.
-    "qwen3-moe-dense-layer-mlp": ("qwen3-moe", dict(r=8, lora_alpha=16, target_modules=ALL_SEVEN)),
+    "qwen2-moe-attention": (
+        "qwen2-moe",
+        dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ),
 }
 
 _req_ids = itertools.count()
@@ -316,6 +318,9 @@ REFUSED = {
         "mixture-of-experts",
     ),
     "mixtral-router": ("mixtral", dict(r=4, target_modules=["gate"]), "mixture-of-experts"),
+    # On transformers 5, PEFT maps gate_proj, up_proj and down_proj onto the stacked experts of
+    # every sparse layer (and here the shared expert's modules too).
+    "qwen3-moe-mlp": ("qwen3-moe", dict(r=4, target_modules=ALL_SEVEN), "mixture-of-experts"),
     "qwen2-moe-shared-expert": (
         "qwen2-moe",
         dict(r=4, target_modules=["q_proj", "gate_proj", "up_proj", "down_proj"]),

@@ -212,3 +212,46 @@ def test_bench_steps_splits_decode_steps_into_phases_per_batch(tiny_llama_dir, c
     assert (
         "--output-kinds takes cumulative, delta, final-only; got 'part'" in capsys.readouterr().out
     )
+
+
+def test_bench_throughput_compares_lora_runs(tiny_llama_dir, capsys):
+    argv = ["bench", "throughput", "--model", str(tiny_llama_dir), *TINY, "--workloads", "w1", "--num-requests", "3",
+            "--repeats", "1", "--compare-lora", "1,2", "--max-lora-rank", "4"]  # fmt: skip
+    assert run(argv) == 0
+    rows = {
+        line.split()[0]: line.split()
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith(("fcfs", "lora-"))
+    }
+    assert set(rows) == {"fcfs", "lora-x1", "lora-x2"} and rows["fcfs"][-1] == "1.00x"
+
+
+def test_the_bench_random_adapter_is_one_peft_reads_and_runs_alike(tiny_llama_dir, tmp_path):
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from spyglass import LLM, LoRARequest, SamplingParams
+    from spyglass.core.cli.bench.random_lora import write_random_lora
+
+    llm = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory="16MiB", enable_lora=True,
+              max_lora_rank=4, plugins=["fcfs"])  # fmt: skip
+    try:
+        path = write_random_lora(tmp_path / "adapter", llm.engine.arch, rank=4, seed=3)
+        prompt = [1, 450, 4996, 17354, 1701]
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        [ours] = llm.generate(
+            {"prompt_token_ids": prompt}, params, use_tqdm=False,
+            lora_request=LoRARequest("random", 1, str(path)),
+        )  # fmt: skip
+        [base] = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)
+    finally:
+        torch.set_flush_denormal(False)  # the engine set it on this thread; hypothesis needs it off
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, torch_dtype=torch.float32)
+    adapted = peft.PeftModel.from_pretrained(model, path)
+    with torch.no_grad():
+        out = adapted.generate(
+            torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False
+        )
+    assert ours.outputs[0].token_ids == out[0, len(prompt) :].tolist()
+    assert ours.outputs[0].token_ids != base.outputs[0].token_ids  # the delta is not negligible

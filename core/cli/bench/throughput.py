@@ -2,7 +2,9 @@
 
 ``--compare-schema`` adds a configuration in which every request is constrained by a JSON schema
 (`BENCH_SCHEMA`, which cannot close before the output length, so both sides generate the same
-tokens); its ratio to the baseline is the cost of structured output.
+tokens); its ratio to the baseline is the cost of structured output. ``--compare-lora 1,4`` adds a
+configuration per count, in which the requests take turns over that many random rank
+``--max-lora-rank`` adapters on every projection (`random_lora`): the cost of LoRA serving.
 
 Every configuration runs ``--repeats`` times, interleaved, and the median is reported, so a
 machine-wide slowdown hits all configurations alike and the printed ratios stay meaningful.
@@ -11,11 +13,15 @@ machine-wide slowdown hits all configurations alike and the printed ratios stay 
 import dataclasses
 import gc
 import resource
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from spyglass.core.cli.bench.hf_static import HFStaticBatching
+from spyglass.core.cli.bench.random_lora import write_random_lora
 from spyglass.core.cli.bench.results import RunResult
 from spyglass.core.cli.bench.span_sink import sink_tracer_provider
 from spyglass.core.cli.bench.workloads import WORKLOADS, BenchRequest
@@ -61,9 +67,28 @@ def add_parser(subparsers, argv) -> None:
         default="",
         help="comma-separated tensor-parallel sizes to run beside --tensor-parallel-size, e.g. 2",
     )
+    parser.add_argument(
+        "--compare-lora",
+        default="",
+        help="comma-separated adapter counts to run with LoRA (random adapters of --max-lora-rank)",
+    )
     add_engine_arguments(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(run=run)
+
+
+@dataclass(frozen=True, slots=True)
+class Configuration:
+    """One engine set-up the bench times: its label, policy, telemetry level, tensor-parallel size,
+    the JSON schema every request follows (None: free text) and the LoRA adapters requests take
+    turns over (0: the base model)."""
+
+    label: str
+    policy: str
+    level: str
+    tensor_parallel_size: int
+    schema: dict | None = None
+    num_loras: int = 0
 
 
 # Many records of several typed fields: at least ~15 tokens each, so no output closes the JSON before
@@ -88,10 +113,13 @@ BENCH_SCHEMA = {
 
 
 def run_engine(
-    engine: LLMEngine, workload: list[BenchRequest], schema: dict | None = None
+    engine: LLMEngine,
+    workload: list[BenchRequest],
+    schema: dict | None = None,
+    lora_names: tuple[str, ...] = (),
 ) -> RunResult:
     """Run every request of ``workload`` to completion on ``engine`` (greedy, ignore_eos), each constrained by
-    ``schema`` when given.
+    ``schema`` when given, request ``i`` with adapter ``lora_names[i % len]`` when there are some.
 
     With a schema, one short request runs first, untimed: the backend's one-off vocabulary
     preprocessing (about 1.7 s per engine) is start-up, not throughput.
@@ -114,7 +142,8 @@ def run_engine(
             structured_output=constraint,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        engine.add_request(f"bench-{index}", request.prompt_token_ids, params)
+        lora_name = lora_names[index % len(lora_names)] if lora_names else None
+        engine.add_request(f"bench-{index}", request.prompt_token_ids, params, lora_name=lora_name)
     num_output = 0
     while engine.has_unfinished_requests:
         for output in engine.step():
@@ -128,11 +157,8 @@ def _median(results: list[RunResult]) -> RunResult:
     return sorted(results, key=lambda r: r.seconds)[len(results) // 2]
 
 
-def _configurations(args) -> list[tuple[str, str, str, int, dict | None]]:
-    """(label, policy, telemetry level, tensor-parallel size, JSON schema) per configuration.
-
-    The first is the baseline.
-    """
+def _configurations(args) -> list[Configuration]:
+    """Every configuration to time; the first is the baseline."""
     policies = [args.scheduling_policy] + [p for p in args.compare_policies.split(",") if p]
     levels = [args.telemetry] + [t for t in args.compare_telemetry.split(",") if t]
     sizes = [args.tensor_parallel_size] + [
@@ -148,10 +174,15 @@ def _configurations(args) -> list[tuple[str, str, str, int, dict | None]]:
             )
             for size in sizes:
                 configurations.append(
-                    (label if len(sizes) == 1 else f"{label}/tp{size}", policy, level, size, None)
+                    Configuration(
+                        label if len(sizes) == 1 else f"{label}/tp{size}", policy, level, size
+                    )
                 )
+    first = configurations[0]
     if args.compare_schema:
-        configurations.append(("json-schema", policies[0], levels[0], sizes[0], BENCH_SCHEMA))
+        configurations.append(dataclasses.replace(first, label="json-schema", schema=BENCH_SCHEMA))
+    for count in (int(n) for n in args.compare_lora.split(",") if n):
+        configurations.append(dataclasses.replace(first, label=f"lora-x{count}", num_loras=count))
     return configurations
 
 
@@ -165,8 +196,10 @@ def _rotated(configurations: list, repeat: int) -> list:
     return configurations[shift:] + configurations[:shift]
 
 
-def _fresh_engine(args, policy: str, level: str, tensor_parallel_size: int) -> LLMEngine:
-    """An engine whose telemetry plugins follow ``level``; full tracing exports into an encoding sink."""
+def _fresh_engine(args, configuration: Configuration) -> LLMEngine:
+    """An engine whose telemetry plugins follow the configuration's level (full tracing exports
+    into an encoding sink), with LoRA on when the configuration uses adapters."""
+    level = configuration.level
     telemetry = dataclasses.replace(
         settings_from_args(args), metrics=level != "off", tracing=level == "full"
     )
@@ -174,18 +207,29 @@ def _fresh_engine(args, policy: str, level: str, tensor_parallel_size: int) -> L
     return LLMEngine(
         engine_config_from_args(
             args,
-            scheduling_policy=policy,
+            scheduling_policy=configuration.policy,
             telemetry=telemetry,
-            tensor_parallel_size=tensor_parallel_size,
+            tensor_parallel_size=configuration.tensor_parallel_size,
+            enable_lora=bool(configuration.num_loras) or args.enable_lora,
         )
     )
 
 
-def _timed_run(args, configuration: tuple, workload: list[BenchRequest]) -> RunResult:
-    """One run on a fresh engine, shut down afterwards (which stops tensor-parallel workers)."""
-    engine = _fresh_engine(args, *configuration[1:4])
+def _timed_run(
+    args, configuration: Configuration, workload: list[BenchRequest], adapters: Path
+) -> RunResult:
+    """One run on a fresh engine, shut down afterwards (which stops tensor-parallel workers); the
+    configuration's random adapters are written under ``adapters`` once and loaded before the clock
+    starts."""
+    engine = _fresh_engine(args, configuration)
     try:
-        return run_engine(engine, workload, configuration[4])
+        names = tuple(f"bench-lora-{i}" for i in range(configuration.num_loras))
+        for seed, name in enumerate(names):
+            path = adapters / name
+            if not path.exists():
+                write_random_lora(path, engine.arch, args.max_lora_rank, seed)
+            engine.add_lora(name, str(path))
+        return run_engine(engine, workload, configuration.schema, names)
     finally:
         engine.shutdown()
 
@@ -198,15 +242,16 @@ def run(args) -> int:
     repeat to the next.
     """
     try:
-        _run_all(args, _configurations(args))
+        with tempfile.TemporaryDirectory(prefix="spyglass-bench-lora-") as adapters:
+            _run_all(args, _configurations(args), Path(adapters))
     finally:
         tracing.set_tracer_provider(None)
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     return 0
 
 
-def _run_all(args, configurations: list[tuple[str, str, str, int, dict | None]]) -> None:
-    probe = _fresh_engine(args, *configurations[0][1:4])
+def _run_all(args, configurations: list[Configuration], adapters: Path) -> None:
+    probe = _fresh_engine(args, configurations[0])
     print(
         f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
         f"kv blocks {probe.info.num_kv_blocks} ({probe.info.kv_cache_dtype}) threads {torch.get_num_threads()}"
@@ -225,19 +270,22 @@ def _run_all(args, configurations: list[tuple[str, str, str, int, dict | None]])
             if args.num_requests is None
             else WORKLOADS[name](vocab, args.num_requests)
         )
-        runs: dict[str, list[RunResult]] = {
-            configuration[0]: [] for configuration in configurations
-        }
+        runs: dict[str, list[RunResult]] = {c.label: [] for c in configurations}
         if hf and name == "w1":
             runs["hf-static"] = []
         for repeat in range(args.repeats):
             for configuration in _rotated(configurations, repeat):
                 gc.collect()  # the previous run's engine and its KV cache go before this one starts
-                runs[configuration[0]].append(_timed_run(args, configuration, workload))
+                runs[configuration.label].append(
+                    _timed_run(args, configuration, workload, adapters)
+                )
             if "hf-static" in runs:
                 runs["hf-static"].append(hf.run(workload))
         _report(
-            name, workload, {label: _median(r) for label, r in runs.items()}, configurations[0][0]
+            name,
+            workload,
+            {label: _median(r) for label, r in runs.items()},
+            configurations[0].label,
         )
 
 
