@@ -98,6 +98,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="the largest adapter rank accepted",
     )
     group.add_argument(
+        "--max-loras",
+        type=int,
+        default=None,
+        help="the most distinct LoRA adapters in the running batch (default: no limit)",
+    )
+    group.add_argument(
         "--plugin-option",
         action="append",
         default=[],
@@ -149,6 +155,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         plugin_options=dict(option.split("=", 1) for option in args.plugin_option),
         enable_lora=args.enable_lora,
         max_lora_rank=args.max_lora_rank,
+        max_loras=args.max_loras,
         lora_modules=dict(args.lora_modules),
     )
     options.update(overrides)

@@ -80,7 +80,8 @@ class EngineConfig:
     ``tensor_parallel_size`` > 1 splits the model's heads, MLP and vocabulary over that many processes
     (this one and N-1 workers; gloo on the CPU, NCCL on CUDA devices 0..N-1): see docs/tensor_parallel.md.
     ``enable_lora`` lets requests run with LoRA adapters (PEFT directories) of rank up to
-    ``max_lora_rank``; ``lora_modules`` maps names to the adapters loaded at start.
+    ``max_lora_rank``; ``lora_modules`` maps names to the adapters loaded at start; ``max_loras``
+    caps the distinct adapters the running batch holds (None: no cap), as vLLM's option does.
     """
 
     model: str | None = None
@@ -111,6 +112,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     enable_lora: bool = False
     max_lora_rank: int = 16
+    max_loras: int | None = None
     lora_modules: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -138,6 +140,8 @@ class EngineConfig:
             raise ValueError("LoRA adapters do not run with tensor parallelism yet")
         if self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
+        if self.max_loras is not None and self.max_loras < 1:
+            raise ValueError(f"max_loras must be at least 1, got {self.max_loras}")
 
     def torch_device(self) -> "torch.device":
         """The device to run on: CUDA when available unless told otherwise."""

@@ -136,11 +136,12 @@ class Scheduler:
             return
         order = self._checked_order(order)
         newcomers: list[Request] = []
+        adapters = {r.lora_name for r in self.running if r.lora_name is not None}
         for request in order:
             budget = self.config.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if request not in self.waiting:
+            if request not in self.waiting or self._over_lora_limit(request, adapters):
                 continue
             num_new = self._admit(request, budget)
             while num_new == 0 and request in self.waiting:
@@ -157,6 +158,20 @@ class Scheduler:
             scheduled.append(ScheduledRequest(request, num_new))
             (resumed if request.num_preemptions else admitted).append(request)
             newcomers.append(request)
+            if request.lora_name is not None:
+                adapters.add(request.lora_name)
+
+    def _over_lora_limit(self, request: Request, adapters: set[str]) -> bool:
+        """Whether admitting ``request`` would run more distinct LoRA adapters than
+        ``config.max_loras`` (those in ``adapters`` run already); such a request waits its turn
+        while others are admitted."""
+        limit = self.config.max_loras
+        return (
+            limit is not None
+            and request.lora_name is not None
+            and request.lora_name not in adapters
+            and len(adapters) >= limit
+        )
 
     def _checked_order(self, order: list) -> list[Request]:
         """The policy's order, or FCFS when it names strangers or leaves everyone waiting with nothing running."""
