@@ -107,10 +107,12 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def _lora_name(self, lora_request: LoRARequest | None) -> str | None:
-        """The adapter's name, loaded from its path on first use."""
+        """The adapter's name, loaded from its path on first use (a path other than the one the
+        name was loaded from is a ValueError)."""
         if lora_request is None:
             return None
-        if lora_request.lora_name not in {info.name for info in self.engine.loras}:
+        known = {info.name for info in self.engine.loras}
+        if lora_request.lora_path or lora_request.lora_name not in known:
             self.engine.add_lora(lora_request.lora_name, lora_request.lora_path)
         return lora_request.lora_name
 

@@ -443,13 +443,13 @@ def make_lora_adapter(tmp_path_factory):
     import peft
     from transformers import AutoModelForCausalLM
 
-    built: dict[tuple, Path] = {}
+    built: dict[str, Path] = {}
 
-    def make(base_dir: Path, target_modules: tuple[str, ...], seed: int = 0, **lora_config) -> Path:
-        key = (str(base_dir), tuple(target_modules), seed, tuple(sorted(lora_config.items())))
+    def make(base_dir: Path, target_modules, seed: int = 0, **lora_config) -> Path:
+        key = json.dumps([str(base_dir), list(target_modules), seed, lora_config], sort_keys=True)
         if key not in built:
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
             options = {"r": 8, "lora_alpha": 16, **lora_config}
             config = peft.LoraConfig(
                 target_modules=list(target_modules), init_lora_weights=False, **options

@@ -56,7 +56,7 @@ def peft_text(tiny_llama_dir, hf_gguf_tokenizer):
     ids = torch.tensor([hf_gguf_tokenizer(PROMPT).input_ids])
 
     def text(adapter_dir) -> str:
-        model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
         if adapter_dir is not None:
             model = peft.PeftModel.from_pretrained(model, adapter_dir)
         with torch.no_grad():

@@ -44,9 +44,7 @@ CASES = {
     # The checkpoint stores qkv_proj and gate_up_proj fused: PEFT's deltas span all their rows.
     "phi3-fused": (
         "phi3",
-        dict(
-            r=8, lora_alpha=8, target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
-        ),
+        dict(r=8, lora_alpha=8, target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
     ),
     "gemma2": ("gemma2", dict(r=4, lora_alpha=8, target_modules=ALL_SEVEN)),
     "mixtral-attention": (
@@ -62,21 +60,13 @@ CASES = {
 _req_ids = itertools.count()
 
 
-def make_adapter(base_dir: Path, out_dir: Path, seed: int = 0, **options):
-    """Save a PEFT LoRA adapter on the checkpoint in ``base_dir`` with random weights; (its
-    directory, the PeftModel in float32 for reference)."""
-    from peft import LoraConfig, get_peft_model
+def peft_reference(base_dir: Path, adapter_dir: Path):
+    """The PeftModel of ``adapter_dir`` on the checkpoint in ``base_dir``, in float32: the reference."""
+    from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(init_lora_weights=False, **options))
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.normal_(std=0.1)
-    model.save_pretrained(out_dir)
-    return out_dir, model.eval()
+    return PeftModel.from_pretrained(base, adapter_dir).eval()
 
 
 def run(engine, requests, params=GREEDY):
@@ -140,15 +130,18 @@ def make_lora_engine(model_dir, tiny_engine_factory):
 
 
 @pytest.fixture(scope="module")
-def adapter(model_dir, tmp_path_factory):
+def adapter(model_dir, make_lora_adapter):
     """``adapter(case, seed=0)``: a `CASES` adapter's directory and PeftModel, built once."""
     built = {}
 
     def make(case: str, seed: int = 0):
         if (case, seed) not in built:
             name, options = CASES[case]
-            out_dir = tmp_path_factory.mktemp(f"lora-{case}-{seed}")
-            built[case, seed] = make_adapter(model_dir(name), out_dir, seed, **options)
+            options = dict(options)
+            path = make_lora_adapter(
+                model_dir(name), options.pop("target_modules"), seed, **options
+            )
+            built[case, seed] = path, peft_reference(model_dir(name), path)
         return built[case, seed]
 
     return make
@@ -177,7 +170,10 @@ def test_greedy_tokens_and_logprobs_match_peft(case, adapter, make_lora_engine, 
 
 def test_one_batch_mixing_base_and_two_adapters(adapter, make_lora_engine, prompts):
     # base, A, B, A, base: A's rows are two runs (an index tensor), B's one (a slice).
-    (path_a, ref_a), (path_b, ref_b) = adapter("llama-all-seven"), adapter("llama-qv-rslora-patterns")
+    (path_a, ref_a), (path_b, ref_b) = (
+        adapter("llama-all-seven"),
+        adapter("llama-qv-rslora-patterns"),
+    )
     engine = make_lora_engine("llama")
     engine.add_lora("a", str(path_a))
     engine.add_lora("b", str(path_b))
@@ -210,7 +206,10 @@ def test_prefix_cache_is_keyed_by_adapter_and_load(
     )
     engine = llm.engine
     assert engine.plugin_manager.has_plugin("prefix_cache")
-    (path_a, ref_a), (path_b, ref_b) = adapter("llama-all-seven"), adapter("llama-qv-rslora-patterns")
+    (path_a, ref_a), (path_b, ref_b) = (
+        adapter("llama-all-seven"),
+        adapter("llama-qv-rslora-patterns"),
+    )
     prompt = hf_gguf_tokenizer(mixed_texts[4] + mixed_texts[7]).input_ids
     cached = (len(prompt) - 1) // engine.config.block_size * engine.config.block_size
     assert cached >= 3 * engine.config.block_size
@@ -235,7 +234,8 @@ def test_prefix_cache_is_keyed_by_adapter_and_load(
     # The same name loaded again from another adapter: a new load, new keys.
     engine.remove_lora("a")
     engine.add_lora("a", str(path_b))
-    reloaded, reloaded_again = generate(LoRARequest("a", 2, str(path_b))), generate(a)
+    b_as_a = LoRARequest("a", 2, str(path_b))
+    reloaded, reloaded_again = generate(b_as_a), generate(b_as_a)
     assert (reloaded.num_cached_tokens, reloaded_again.num_cached_tokens) == (0, cached)
     assert reloaded_again.outputs[0].token_ids == reloaded.outputs[0].token_ids
     assert_matches(ref_b, prompt, reloaded)
@@ -244,13 +244,11 @@ def test_prefix_cache_is_keyed_by_adapter_and_load(
     assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core/engine/runner/lora_rows.py groups a step's rows by adapter name, so a request "
-    "still running with an unloaded adapter and one with its reload share the first one's deltas",
-)
 def test_reload_under_the_same_name_while_a_request_runs(adapter, make_lora_engine, prompts):
-    (path_a, ref_a), (path_b, ref_b) = adapter("llama-all-seven"), adapter("llama-qv-rslora-patterns")
+    (path_a, ref_a), (path_b, ref_b) = (
+        adapter("llama-all-seven"),
+        adapter("llama-qv-rslora-patterns"),
+    )
     engine = make_lora_engine("llama")
     engine.add_lora("a", str(path_a))
     engine.add_request("old", prompts[1], GREEDY, lora_name="a")
@@ -331,10 +329,11 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_adapters_that_cannot_run_exactly_are_refused(
-    case, model_dir, make_lora_engine, tmp_path
+    case, model_dir, make_lora_engine, make_lora_adapter, tmp_path
 ):
     name, options, message = REFUSED[case]
-    path, _ = make_adapter(model_dir(name), tmp_path, **options)
+    options = dict(options)
+    path = make_lora_adapter(model_dir(name), options.pop("target_modules"), **options)
     engine = make_lora_engine(name)
     with pytest.raises(ValueError, match=message):
         engine.add_lora("refused", str(path))

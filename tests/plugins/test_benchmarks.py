@@ -247,7 +247,7 @@ def test_the_bench_random_adapter_is_one_peft_reads_and_runs_alike(tiny_llama_di
         [base] = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)
     finally:
         torch.set_flush_denormal(False)  # the engine set it on this thread; hypothesis needs it off
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
     adapted = peft.PeftModel.from_pretrained(model, path)
     with torch.no_grad():
         out = adapted.generate(

@@ -13,12 +13,14 @@ def lora_groups(
 ) -> list[tuple[LoRAAdapter, torch.Tensor | slice]]:
     """Per adapter in the step, its requests' token rows: a slice when they are one run, else an
     index tensor on ``device``. Requests without an adapter are in no group."""
-    rows: dict[str, tuple[LoRAAdapter, list[range]]] = {}
+    # Keyed by the adapter's load: a request may still run with an adapter unloaded since, while
+    # another loaded under the same name serves newer requests.
+    rows: dict[tuple[str, int], tuple[LoRAAdapter, list[range]]] = {}
     start = 0
     for s in scheduled:
         adapter = s.request.lora
         if adapter is not None:
-            rows.setdefault(adapter.name, (adapter, []))[1].append(
+            rows.setdefault((adapter.name, adapter.load_id), (adapter, []))[1].append(
                 range(start, start + s.num_new_tokens)
             )
         start += s.num_new_tokens
