@@ -202,6 +202,12 @@ LORA_GENERATION_TOKENS = Counter(
     "Tokens generated per LoRA adapter (counted when a request finishes).",
     M + ["lora_name"],
 )
+LORA_REQUESTS_INFO = Gauge(
+    "spyglass:lora_requests_info",
+    "vLLM's LoRA info series for adapter-aware routers: the adapters of running and waiting requests "
+    "(comma-separated) as labels, the time of the last step as the value.",
+    M + ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+)
 PREFIX_CACHE_QUERIES = Counter(
     "spyglass:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", M
 )
@@ -549,6 +555,14 @@ class EngineSeries:
         values = tuple(str(v) for v in values)
         self._children.add((metric, values))
         return metric.labels(*values)
+
+    def forget(self, metric: MetricWrapperBase, *extra: str) -> None:
+        """Remove this engine's child of ``metric`` with these ``extra`` labels (an info series
+        whose labels moved on)."""
+        values = (self.model, self.engine, *(str(v) for v in extra))
+        if (metric, values) in self._children:
+            metric.remove(*values)
+            self._children.discard((metric, values))
 
     def remove(self, keep: tuple[MetricWrapperBase, ...] = ()) -> None:
         """Remove every child created here, except those of the metrics in ``keep``."""

@@ -3,6 +3,7 @@
 from prometheus_client.metrics import MetricWrapperBase
 
 from spyglass.core.plugin_api import EngineConfig, EngineInfo, FinishReason, Request, StepStats
+from spyglass.plugins.metrics.lora_series import LoRASeries
 from spyglass.telemetry import metrics as m
 from spyglass.telemetry.settings import TelemetrySettings
 from spyglass.telemetry.tracing import span_context_of
@@ -91,6 +92,10 @@ class MetricsRecorder:
             "on" if info.async_output else "off",
             "on" if info.async_scheduling else "off",
         ).set(1)
+        # Per-adapter series, with LoRA on.
+        self.lora = (
+            LoRASeries(series, config) if config is not None and config.enable_lora else None
+        )
         self._export_zeros(info, config)
         series.labels(m.TENSOR_PARALLEL_SIZE).set(info.tensor_parallel_size)
         self.ready = series.labels(m.ENGINE_READY)
@@ -116,11 +121,6 @@ class MetricsRecorder:
         self.waiting_classes |= set(info.waiting_classes)
         for key in self.hook_errors:  # every plugin's event hooks, at 0 until one raises
             self.series.labels(m.PLUGIN_HOOK_ERRORS, *key.split(".", 1))
-        for lora_name in config.lora_modules if config is not None else ():
-            self.series.labels(m.LORA_REQUESTS_ACTIVE, lora_name).set(0)
-            self.series.labels(m.LORA_GENERATION_TOKENS, lora_name)
-            for reason in FinishReason:
-                self.series.labels(m.LORA_REQUEST_SUCCESS, lora_name, reason.value)
         if config is not None and config.speculative:
             for position in range(config.num_speculative_tokens):
                 self.series.labels(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS, str(position))
@@ -145,8 +145,8 @@ class MetricsRecorder:
 
     def request_added(self, request: Request) -> None:
         self.live[request.req_id] = request
-        if request.lora_name is not None:
-            self.series.labels(m.LORA_REQUESTS_ACTIVE, request.lora_name).inc()
+        if self.lora is not None:
+            self.lora.added(request)
         call_id = request.attributes.get("api_request_id", request.req_id)
         if call_id not in self.calls:
             self.calls[call_id] = [request.attributes.get("num_choices", 1), 0]
@@ -203,6 +203,8 @@ class MetricsRecorder:
         for label in self.waiting_classes | classes.keys():
             self.series.labels(m.NUM_REQUESTS_WAITING_BY_CLASS, label).set(classes.get(label, 0))
         self.waiting_classes |= classes.keys()
+        if self.lora is not None:
+            self.lora.refresh(list(self.live.values()))
         for req_id in stats.req_ids:
             request = self.live.get(req_id)
             if request is not None:
@@ -221,8 +223,9 @@ class MetricsRecorder:
         times = request.times
         exemplar = _exemplar(request)
         self.series.labels(m.REQUEST_SUCCESS, reason.value).inc()
-        if request.lora_name is not None:
-            self._lora_finished(request, reason)
+        if self.lora is not None:
+            self.lora.finished(request, reason)
+            self.lora.refresh(list(self.live.values()))
         e2e = times.finished - times.arrival
         self.e2e.observe(e2e, exemplar)
         error_type = "error" if reason is FinishReason.ERROR else ""
@@ -249,13 +252,6 @@ class MetricsRecorder:
         self._call_finished(request)
         if reason is not FinishReason.ABORT:
             self._judge_slo(request, tpot)
-
-    def _lora_finished(self, request: Request, reason: FinishReason) -> None:
-        """The adapter's live requests, finish reasons and generated tokens."""
-        name = request.lora_name
-        self.series.labels(m.LORA_REQUESTS_ACTIVE, name).dec()
-        self.series.labels(m.LORA_REQUEST_SUCCESS, name, reason.value).inc()
-        self.series.labels(m.LORA_GENERATION_TOKENS, name).inc(request.num_output_tokens)
 
     def _judge_slo(self, request: Request, tpot: float | None) -> None:
         """Count the request against the TTFT and TPOT targets; a request without a token meets neither."""

@@ -3,6 +3,9 @@
 Prometheus and Phoenix, which the API tests use too, are in tests/conftest.py.
 """
 
+import io
+import logging
+
 import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -13,6 +16,7 @@ from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry import tracing
+from spyglass.telemetry.logging import setup_logging
 
 
 @pytest.fixture
@@ -78,3 +82,15 @@ def _run_to_completion(engine: LLMEngine, max_steps: int = 1000) -> dict:
 def run_to_completion():
     """``run_to_completion(engine) -> {req_id: RequestOutput}``."""
     return _run_to_completion
+
+
+@pytest.fixture
+def log_stream():
+    """Route every log record through `setup_logging` into a buffer (JSON lines); restore logging afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    stream = io.StringIO()
+    setup_logging(logging.INFO, json=True, stream=stream)
+    yield stream
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -27,6 +27,7 @@ EVENT_ONLY = {
     "spyglass:spec_decode_num_accepted_tokens_per_pos",
 }
 NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of their own
+    "spyglass:lora_requests_info",  # for adapter-aware routers (vLLM's series)
     "spyglass:http_request_duration_seconds",
     "spyglass:slo_ttft_target_seconds",
     "spyglass:slo_tpot_target_seconds",

@@ -14,18 +14,6 @@ from spyglass.telemetry.logging import setup_logging
 PROMPT = "a secret prompt"
 
 
-@pytest.fixture
-def log_stream():
-    """Route every log record through `setup_logging` into a buffer (JSON lines); restore logging afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    stream = io.StringIO()
-    setup_logging(logging.INFO, json=True, stream=stream)
-    yield stream
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
 def lines(stream, event):
     return [r for r in map(json.loads, stream.getvalue().splitlines()) if r["event"] == event]
 

@@ -1,9 +1,7 @@
 """LoRA telemetry with real PEFT adapters: the per-adapter metrics (and their removal when the
 engine stops, and their vLLM names), the LLM span's adapter attributes, the request log's ``lora``."""
 
-import io
 import json
-import logging
 
 import pytest
 from prometheus_client import REGISTRY
@@ -11,7 +9,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry.exposition import render_metrics
-from spyglass.telemetry.logging import setup_logging
 
 ACTIVE = "spyglass:lora_requests_active"
 SUCCESS = "spyglass:lora_request_success_total"
@@ -89,7 +86,8 @@ def test_lora_metrics_per_adapter_then_removed_when_the_engine_stops(lora_engine
     assert value(engine, TOKENS, lora_name=a) == num_tokens["a-long"] + num_tokens["a-stop"]
     assert value(engine, TOKENS, lora_name=b) == num_tokens["b-long"]
     # The base model's request is in no LoRA series.
-    assert {dict(extra)["lora_name"] for _, extra in lora_samples(engine)} == {a, b}
+    named = {dict(extra).get("lora_name") for _, extra in lora_samples(engine)}
+    assert named - {None} == {a, b}
 
     # An adapter loaded at run time gets its series with its first request.
     engine.add_lora("late", engine.config.lora_modules[b])
@@ -106,6 +104,45 @@ def test_lora_metrics_per_adapter_then_removed_when_the_engine_stops(lora_engine
 
     engine.shutdown()
     assert lora_samples(engine) == {}
+
+
+def info_series(engine) -> list[tuple[dict, float]]:
+    """This engine's ``lora_requests_info`` children: their extra labels and values."""
+    return [
+        (dict(extra), v)
+        for (name, extra), v in lora_samples(engine).items()
+        if name == "spyglass:lora_requests_info"
+    ]
+
+
+def test_the_lora_info_series_names_running_and_waiting_adapters(
+    use_settings, make_engine, tiny_lora_dirs
+):
+    use_settings()
+    engine = make_engine(
+        enable_lora=True, max_lora_rank=8, max_loras=1, max_num_seqs=4, lora_modules=tiny_lora_dirs
+    )
+    a, b = "tiny-lora-a", "tiny-lora-b"
+    [(labels, first)] = info_series(engine)  # there from the start, with nothing live
+    assert labels == {"max_lora": "1", "waiting_lora_adapters": "", "running_lora_adapters": ""}
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    engine.add_request("a", [1, 2, 3], params, lora_name=a)
+    engine.add_request("b", [1, 2, 4], params, lora_name=b)  # max_loras=1: waits for a
+    engine.add_request("base", [1, 2, 5], params)
+    engine.step()
+    [(labels, stepped)] = info_series(engine)  # one child: the previous labels' is removed
+    assert labels["running_lora_adapters"] == a and labels["waiting_lora_adapters"] == b
+    assert stepped >= first
+    seen = set()
+    while engine.has_unfinished_requests:
+        engine.step()
+        [(labels, _)] = info_series(engine)
+        seen.add(labels["running_lora_adapters"])
+    assert b in seen
+    [(labels, _)] = info_series(engine)
+    assert labels["running_lora_adapters"] == labels["waiting_lora_adapters"] == ""
+    engine.shutdown()
+    assert info_series(engine) == []
 
 
 def test_vllm_namespace_exports_the_lora_metrics_by_the_prefix_rule(lora_engine, run_to_completion):
@@ -125,18 +162,6 @@ def test_vllm_namespace_exports_the_lora_metrics_by_the_prefix_rule(lora_engine,
     assert samples[("vllm:lora_generation_tokens_total", None)] == 3
     assert samples[("vllm:lora_request_success_total", "length")] == 1
     assert not any(name.startswith("spyglass:") for name, _ in samples)
-
-
-@pytest.fixture
-def log_stream():
-    """Every log record as JSON lines in a buffer (`setup_logging`); logging restored afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    stream = io.StringIO()
-    setup_logging(logging.INFO, json=True, stream=stream)
-    yield stream
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_llm_span_and_request_log_name_the_adapter(
