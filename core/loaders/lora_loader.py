@@ -110,7 +110,9 @@ def load_lora_adapter(
         a, b = halves["A"], halves["B"]
         full_name = f"model.layers.{layer}.{block}.{module}"
         module_rank = a.shape[0]
-        alpha = _pattern_value(config.get("alpha_pattern"), full_name, config["lora_alpha"])
+        # PEFT's default alpha is 8.
+        default_alpha = config.get("lora_alpha", 8)
+        alpha = _pattern_value(config.get("alpha_pattern"), full_name, default_alpha)
         scale = alpha / (math.sqrt(module_rank) if config.get("use_rslora") else module_rank)
         projection, part = _PARTS[module]
         parts.setdefault((layer, projection), {})[part] = (a.float(), b.float() * scale)

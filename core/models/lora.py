@@ -65,8 +65,8 @@ class LoRALinear:
             pair = adapter.pairs.get(self.key)
             if pair is None:
                 continue
-            if isinstance(rows, slice):
-                y[rows] += (x[rows] @ pair.a.T) @ pair.b.T
+            if isinstance(rows, slice):  # one fused multiply-add into the rows' view
+                y[rows].addmm_(x[rows] @ pair.a.T, pair.b.T)
             else:
                 y.index_add_(0, rows, (x[rows] @ pair.a.T) @ pair.b.T)
         return y
