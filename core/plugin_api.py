@@ -29,6 +29,7 @@ from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.kv.kv_cache_manager import NO_MATCH, PrefixMatch
 from spyglass.core.engine.plugin_context import PluginContext
+from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece, ReasoningStream
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus, RequestTimes
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.core.engine.sched.scheduler_policy import (
@@ -84,6 +85,9 @@ __all__ = [
     "PluginContext",
     "PreemptingPolicy",
     "PrefixMatch",
+    "ReasoningParser",
+    "ReasoningPiece",
+    "ReasoningStream",
     "Request",
     "RequestStatus",
     "RequestTimes",

@@ -54,7 +54,11 @@ def create_app(
         )
         async_engine.start()
         metrics.SERVER_CONFIG_INFO.labels(async_engine.placement).set(1)
-        app.state.serving = ServingContext(async_engine, options, engine_config.model)
+        try:
+            app.state.serving = ServingContext(async_engine, options, engine_config.model)
+        except ValueError:  # an option the engine's plugins cannot meet (--reasoning-parser)
+            await asyncio.to_thread(async_engine.stop, 0)
+            raise
         log.info(
             "Serving %s on http://%s:%d (engine in a %s, loaded in %.1f s; OpenAPI at /schema)",
             app.state.serving.model_name,

@@ -25,6 +25,7 @@ from spyglass.core.api.convert import (
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, fan_out, unless_disconnected
 from spyglass.core.api.prompts import encode_text
+from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for, split_choice
 from spyglass.core.api.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -39,17 +40,17 @@ from spyglass.core.api.schemas import (
 )
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import (
-    OutputSplitter,
     ToolUse,
     constraint,
     new_call_id,
     prompt_messages,
-    split_output,
     tool_use,
 )
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
 from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.tool_calls import ToolCallPiece
 from spyglass.core.tokenizer import Tokenizer
 
 _ROLES = {
@@ -182,7 +183,8 @@ async def create_chat_completion(
         template=template,
         lora_name=lora_name,
     )
-    writer = _ChatWriter(serving, data, response_id, use)
+    reasoning = reasoning_for(serving.reasoning_parser, params, use)
+    writer = _ChatWriter(serving, data, response_id, use, reasoning)
     if data.stream:
         return event_stream(writer.chunks(group))
     return Response(await unless_disconnected(request, writer.collect(group)))
@@ -239,12 +241,18 @@ class _ChatWriter:
     """Builds the response or the stream of chunks for one chat call."""
 
     def __init__(
-        self, serving: ServingContext, body: ChatCompletionRequest, response_id: str, use: ToolUse
+        self,
+        serving: ServingContext,
+        body: ChatCompletionRequest,
+        response_id: str,
+        use: ToolUse,
+        reasoning: ReasoningParser | None = None,
     ):
         self.serving = serving
         self.model = serving.response_model(body.model)
         self.body = body
         self.use = use
+        self.reasoning = reasoning
         self.id = response_id
         self.created = int(time.time())
         self._counted: RequestGroup | None = None
@@ -271,10 +279,11 @@ class _ChatWriter:
             logprobs = (
                 chat_logprobs(self.names, completion.logprobs or []) if self.body.logprobs else None
             )
-            content, calls = split_output(completion.text, self.use, self.serving.tool_parser)
-            if self.echo:
-                content = self.echo + (content or "")
-            message = AssistantMessage(content, tool_calls=calls)
+            # An echoed message is the answer's start: split with it.
+            thought, content, calls = split_choice(
+                self.echo + completion.text, self.reasoning, self.use, self.serving.tool_parser
+            )
+            message = AssistantMessage(content, tool_calls=calls, reasoning_content=thought)
             choices.append(
                 ChatChoice(
                     index,
@@ -295,19 +304,23 @@ class _ChatWriter:
         """
         if continuous_usage(self.body):
             self._counted = group
+        split = self.use.active or self.reasoning is not None
+        splitters: dict[int, ChoiceSplitter] = {}
         for index in range(self.body.n):
             yield self._chunk([ChatChunkChoice(index, ChatDelta(role="assistant", content=""))])
-            if self.echo:
+            if split:
+                splitters[index] = ChoiceSplitter(
+                    self.reasoning, self.use, self.serving.tool_parser
+                )
+                for delta in _deltas(splitters[index].feed(self.echo)):
+                    yield self._chunk([ChatChunkChoice(index, delta)])
+            elif self.echo:
                 yield self._chunk([ChatChunkChoice(index, ChatDelta(content=self.echo))])
-        splitters: dict[int, OutputSplitter] = {}
         async for index, output in group.outputs():
             completion = output.outputs[0]
             check_finished(completion)
-            if self.use.active:
-                splitter = splitters.setdefault(
-                    index, OutputSplitter(self.use, self.serving.tool_parser)
-                )
-                for chunk in self._tool_chunks(index, splitter, output):
+            if split:
+                for chunk in self._split_chunks(index, splitters[index], output):
                     yield chunk
                 continue
             if not (completion.text or completion.logprobs or output.finished):
@@ -323,27 +336,45 @@ class _ChatWriter:
         if options is not None and options.include_usage:
             yield self._chunk([], usage=make_usage(group, self.body.n))
 
-    def _tool_chunks(
-        self, index: int, splitter: OutputSplitter, output: RequestOutput
+    def _split_chunks(
+        self, index: int, splitter: ChoiceSplitter, output: RequestOutput
     ) -> list[ChatCompletionChunk]:
-        chunks = []
-        for piece in splitter.advance(output):
-            if piece.kind == "content":
-                delta = ChatDelta(content=piece.text)
-            elif piece.kind == "call":
-                call = ToolCallDelta(
-                    piece.index, FunctionCallDelta(piece.text), new_call_id(), "function"
-                )
-                delta = ChatDelta(tool_calls=[call])
-            else:
-                delta = ChatDelta(
-                    tool_calls=[ToolCallDelta(piece.index, FunctionCallDelta(arguments=piece.text))]
-                )
-            chunks.append(self._chunk([ChatChunkChoice(index, delta)]))
+        """The chunks of one delta output split into reasoning, content and tool calls; its
+        logprobs ride on its first chunk."""
+        completion = output.outputs[0]
+        logprobs = None
+        if self.body.logprobs and completion.logprobs:
+            logprobs = chat_logprobs(self.names, completion.logprobs)
+        deltas = _deltas(splitter.advance(output))
+        if logprobs is not None and not deltas:
+            deltas.append(ChatDelta())  # text still held back: the tokens' logprobs go now
+        chunks = [
+            self._chunk([ChatChunkChoice(index, delta, logprobs if i == 0 else None)])
+            for i, delta in enumerate(deltas)
+        ]
         if output.finished:
             finish = _finish_reason(output.outputs[0], splitter.num_calls)
             chunks.append(self._chunk([ChatChunkChoice(index, ChatDelta(), None, finish)]))
         return chunks
+
+
+def _deltas(pieces: list[ReasoningPiece | ToolCallPiece]) -> list[ChatDelta]:
+    """A chunk's delta per piece: reasoning, content, a call starting, or a call's arguments."""
+    deltas = []
+    for piece in pieces:
+        if piece.kind == "reasoning":
+            deltas.append(ChatDelta(reasoning_content=piece.text))
+        elif piece.kind == "content":
+            deltas.append(ChatDelta(content=piece.text))
+        elif piece.kind == "call":
+            call = ToolCallDelta(
+                piece.index, FunctionCallDelta(piece.text), new_call_id(), "function"
+            )
+            deltas.append(ChatDelta(tool_calls=[call]))
+        else:
+            arguments = ToolCallDelta(piece.index, FunctionCallDelta(arguments=piece.text))
+            deltas.append(ChatDelta(tool_calls=[arguments]))
+    return deltas
 
 
 def _finish_reason(completion, num_calls: int) -> str | None:

@@ -40,6 +40,15 @@ class ServingContext:
         self.max_prompt_bytes = model.max_model_len * _longest_token_bytes(self.tokenizer)
         # Splits text into content and tool calls for chat requests that leave the choice to the model.
         self.tool_parser = async_engine.tool_call_parser("hermes")
+        # Splits answers into the model's reasoning and its content (``--reasoning-parser``).
+        self.reasoning_parser = None
+        if options.reasoning_parser is not None:
+            self.reasoning_parser = async_engine.reasoning_parser(options.reasoning_parser)
+            if self.reasoning_parser is None:
+                raise ValueError(
+                    f"no plugin provides the reasoning parser {options.reasoning_parser!r} "
+                    "(--reasoning-parser; built in: deepseek_r1, qwen3)"
+                )
         self.created = int(time.time())
         self.draining = False
         self.num_queued = 0

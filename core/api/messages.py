@@ -25,21 +25,22 @@ from spyglass.core.api.messages_schemas import (
     MessageResponse,
     MessagesRequest,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
 )
+from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for, split_choice
 from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import (
-    OutputSplitter,
     ToolUse,
     choose_tools,
     function_tool,
-    split_output,
 )
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import CompletionOutput
+from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.sampling_params import SamplingParams
 
 
@@ -123,7 +124,8 @@ async def create_message(
         attributes,
         lora_name=lora_name,
     )
-    writer = _MessageWriter(serving, data, response_id, use)
+    reasoning = reasoning_for(serving.reasoning_parser, params, use)
+    writer = _MessageWriter(serving, data, response_id, use, reasoning)
     if data.stream:
         return event_stream(writer.events(group), named=True)
     return Response(await unless_disconnected(request, writer.collect(group)))
@@ -133,24 +135,33 @@ class _MessageWriter:
     """Builds the message, or its stream of events, for one call."""
 
     def __init__(
-        self, serving: ServingContext, body: MessagesRequest, response_id: str, use: ToolUse
+        self,
+        serving: ServingContext,
+        body: MessagesRequest,
+        response_id: str,
+        use: ToolUse,
+        reasoning: ReasoningParser | None,
     ):
         self.serving = serving
         self.body = body
         self.id = response_id
         self.use = use
+        self.reasoning = reasoning
 
     async def collect(self, group: RequestGroup) -> MessageResponse:
         """Run to the end and build the message."""
         (output,) = await group.final_outputs()
         completion = output.outputs[0]
         check_finished(completion)
-        content, calls = split_output(completion.text, self.use, self.serving.tool_parser)
+        thought, content, calls = split_choice(
+            completion.text, self.reasoning, self.use, self.serving.tool_parser
+        )
         uses = [
             ToolUseBlock(_tool_use_id(), call.function.name, _input(call.function.arguments))
             for call in calls
         ]
-        blocks = ([TextBlock(content)] if content else []) + uses
+        thinking = [ThinkingBlock(thought)] if thought else []
+        blocks = [*thinking, *([TextBlock(content)] if content else []), *uses]
         reason, sequence = _stop(completion, len(uses))
         usage = Usage(len(output.prompt_token_ids), len(completion.token_ids))
         return MessageResponse(
@@ -164,7 +175,7 @@ class _MessageWriter:
 
     async def events(self, group: RequestGroup) -> AsyncIterator[tuple[str, dict]]:
         """Anthropic's event sequence for one message: a block per run of text and per tool call, as generated."""
-        splitter = OutputSplitter(self.use, self.serving.tool_parser)
+        splitter = ChoiceSplitter(self.reasoning, self.use, self.serving.tool_parser)
         index, open_kind, output = -1, None, None
         async for _, output in group.outputs():
             completion = output.outputs[0]
@@ -199,7 +210,7 @@ class _MessageWriter:
                         ),
                     )
                     continue
-                if open_kind is not None and (piece.kind == "call" or open_kind != "content"):
+                if open_kind is not None and (piece.kind == "call" or open_kind != piece.kind):
                     yield "content_block_stop", {"type": "content_block_stop", "index": index}
                     index += 1
                 if piece.kind == "call":
@@ -216,6 +227,14 @@ class _MessageWriter:
                             },
                         ),
                     )
+                    continue
+                if piece.kind == "reasoning":
+                    if open_kind != "reasoning":
+                        open_kind = "reasoning"
+                        block = {"type": "thinking", "thinking": "", "signature": ""}
+                        yield "content_block_start", _block_start(index, block)
+                    delta = {"type": "thinking_delta", "thinking": piece.text}
+                    yield "content_block_delta", _block_delta(index, delta)
                     continue
                 if open_kind != "content":
                     open_kind = "content"

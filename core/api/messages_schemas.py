@@ -16,6 +16,15 @@ class TextBlock(msgspec.Struct, tag_field="type", tag="text"):
     text: str
 
 
+class ThinkingBlock(msgspec.Struct, tag_field="type", tag="thinking"):
+    """The model's reasoning before its answer (with ``--reasoning-parser``); a client may send it
+    back in an assistant turn, where it is left out of the prompt. The signature is empty: it
+    vouches for nothing here."""
+
+    thinking: str
+    signature: str = ""
+
+
 class ToolUseBlock(msgspec.Struct, tag_field="type", tag="tool_use"):
     """A call the assistant made: its id, the tool's name and its input object."""
 
@@ -32,7 +41,7 @@ class ToolResultBlock(msgspec.Struct, tag_field="type", tag="tool_result", kw_on
     is_error: bool = False
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock
+Block = TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock
 
 
 class InputMessage(msgspec.Struct):
@@ -93,11 +102,11 @@ class Usage(msgspec.Struct):
 
 
 class MessageResponse(msgspec.Struct, kw_only=True):
-    """The assistant's message: text and tool-use blocks, and why it stopped."""
+    """The assistant's message: its thinking, text and tool-use blocks, and why it stopped."""
 
     id: str
     model: str
-    content: list[TextBlock | ToolUseBlock]
+    content: list[ThinkingBlock | TextBlock | ToolUseBlock]
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
     stop_sequence: str | None
     usage: Usage

@@ -4,10 +4,12 @@
 ``function_call_output`` items) the conversation; function tools and ``tool_choice`` mean what they
 mean for chat, and ``text.format`` is the output constraint (``json_schema`` or ``json_object``).
 The answer's ``output`` is a message item for text and a ``function_call`` item per call, in the
-order they were generated; ``status`` is ``incomplete`` when ``max_output_tokens`` cut it. Streams
+order they were generated, after a ``reasoning`` item (its ``reasoning_text``) when the server
+splits reasoning (``--reasoning-parser``); ``status`` is ``incomplete`` when ``max_output_tokens`` cut it. Streams
 send the named events ``response.created``, ``response.in_progress``, per item
 ``response.output_item.added`` ... ``response.output_item.done`` (text and arguments deltas as they
-are generated), then ``response.completed`` (``response.incomplete`` when cut). Nothing is stored:
+are generated; ``response.reasoning_text.delta`` for reasoning), then ``response.completed``
+(``response.incomplete`` when cut). Nothing is stored:
 ``previous_response_id`` and ``store: true`` are 400s.
 """
 
@@ -25,6 +27,7 @@ from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import check_finished, request_attributes
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, unless_disconnected
+from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
 from spyglass.core.api.responses_schemas import (
     InputItem,
     ResponsesRequest,
@@ -34,7 +37,6 @@ from spyglass.core.api.responses_schemas import (
 from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import (
-    OutputSplitter,
     ToolUse,
     choose_tools,
     function_tool,
@@ -42,6 +44,7 @@ from spyglass.core.api.tools import (
 )
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.core.engine.tool_calls import ToolCallPiece
 
@@ -142,7 +145,9 @@ async def create_response(
         "input",
         lora_name=lora_name,
     )
-    writer = _ResponseWriter(serving, data, response_id, use)
+    writer = _ResponseWriter(
+        serving, data, response_id, use, reasoning_for(serving.reasoning_parser, params, use)
+    )
     if data.stream:
         return event_stream(writer.events(group), named=True)
     return Response(await unless_disconnected(request, writer.collect(group)))
@@ -156,19 +161,30 @@ class _OutputItems:
         self.items: list[dict] = []
         self._open: dict | None = None
 
-    def add(self, piece: ToolCallPiece) -> list[dict]:
+    def add(self, piece: ReasoningPiece | ToolCallPiece) -> list[dict]:
         """The events one piece makes: a new item when the kind of output changes, then a delta."""
         events = []
         opening = (
             self._open is None
             or piece.kind == "call"
-            or (piece.kind == "content") != _is_message(self._open)
+            or self._open["type"] != _ITEM_TYPES[piece.kind]
         )
         if opening:
             events += self.close("completed")
             events += self._start(piece)
         item, position = self._open, len(self.items) - 1
-        if piece.kind == "content":
+        if piece.kind == "reasoning":
+            item["content"][0]["text"] += piece.text
+            events.append(
+                {
+                    "type": "response.reasoning_text.delta",
+                    "item_id": item["id"],
+                    "output_index": position,
+                    "content_index": 0,
+                    "delta": piece.text,
+                }
+            )
+        elif piece.kind == "content":
             item["content"][0]["text"] += piece.text
             events.append(
                 {
@@ -192,8 +208,16 @@ class _OutputItems:
             )
         return events
 
-    def _start(self, piece: ToolCallPiece) -> list[dict]:
-        if piece.kind == "content":
+    def _start(self, piece: ReasoningPiece | ToolCallPiece) -> list[dict]:
+        if piece.kind == "reasoning":
+            item = {
+                "id": f"rs_{uuid.uuid4().hex}",
+                "type": "reasoning",
+                "summary": [],
+                "status": "in_progress",
+                "content": [],
+            }
+        elif piece.kind == "content":
             item = {
                 "id": f"msg_{uuid.uuid4().hex}",
                 "type": "message",
@@ -221,10 +245,13 @@ class _OutputItems:
                 "item": copy.deepcopy(item),
             }
         ]
-        if piece.kind == "content":
-            item["content"].append(
-                {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        if piece.kind in ("content", "reasoning"):
+            part = (
+                {"type": "reasoning_text", "text": ""}
+                if piece.kind == "reasoning"
+                else {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             )
+            item["content"].append(part)
             events.append(
                 {
                     "type": "response.content_part.added",
@@ -243,7 +270,25 @@ class _OutputItems:
             return []
         position = len(self.items) - 1
         item["status"] = status
-        if _is_message(item):
+        if item["type"] == "reasoning":
+            part = item["content"][0]
+            events = [
+                {
+                    "type": "response.reasoning_text.done",
+                    "item_id": item["id"],
+                    "output_index": position,
+                    "content_index": 0,
+                    "text": part["text"],
+                },
+                {
+                    "type": "response.content_part.done",
+                    "item_id": item["id"],
+                    "output_index": position,
+                    "content_index": 0,
+                    "part": copy.deepcopy(part),
+                },
+            ]
+        elif item["type"] == "message":
             part = item["content"][0]
             events = [
                 {
@@ -282,21 +327,32 @@ class _OutputItems:
         ]
 
 
-def _is_message(item: dict) -> bool:
-    return item["type"] == "message"
+# The output item each kind of piece belongs to.
+_ITEM_TYPES = {
+    "reasoning": "reasoning",
+    "content": "message",
+    "call": "function_call",
+    "arguments": "function_call",
+}
 
 
 class _ResponseWriter:
     """Builds the response, or its stream of events, for one call."""
 
     def __init__(
-        self, serving: ServingContext, body: ResponsesRequest, response_id: str, use: ToolUse
+        self,
+        serving: ServingContext,
+        body: ResponsesRequest,
+        response_id: str,
+        use: ToolUse,
+        reasoning: ReasoningParser | None,
     ):
         self.serving = serving
         self.model = serving.response_model(body.model)
         self.body = body
         self.id = response_id
         self.use = use
+        self.reasoning = reasoning
         self.created_at = int(time.time())
 
     def _response(self, items: list[dict], group: RequestGroup | None) -> dict:
@@ -347,7 +403,8 @@ class _ResponseWriter:
         (output,) = await group.final_outputs()
         check_finished(output.outputs[0])
         items = _OutputItems()
-        for piece in OutputSplitter(self.use, self.serving.tool_parser).advance(output):
+        splitter = ChoiceSplitter(self.reasoning, self.use, self.serving.tool_parser)
+        for piece in splitter.advance(output):
             items.add(piece)
         items.close(_item_status(output))
         return self._response(items.items, group)
@@ -364,7 +421,7 @@ class _ResponseWriter:
         yield numbered({"type": "response.created", "response": self._response([], None)})
         yield numbered({"type": "response.in_progress", "response": self._response([], None)})
         splitter, items, output = (
-            OutputSplitter(self.use, self.serving.tool_parser),
+            ChoiceSplitter(self.reasoning, self.use, self.serving.tool_parser),
             _OutputItems(),
             None,
         )

@@ -342,6 +342,8 @@ class AssistantMessage(msgspec.Struct):
     content: str | None
     role: Literal["assistant"] = "assistant"
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    reasoning_content: str | None = None
+    """The model's reasoning before its answer (vLLM's field; with ``--reasoning-parser``)."""
 
 
 class ChatChoice(msgspec.Struct):
@@ -387,6 +389,7 @@ class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):

@@ -13,6 +13,8 @@ class ServerOptions:
     those origins (``*`` for any); empty means no CORS headers at all. ``engine_process`` runs the
     engine in a child process of its own (`EngineProcess`) instead of a thread of the server's.
     ``allow_runtime_lora`` opens ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
+    ``reasoning_parser`` names the plugin format that splits chat and Responses answers into
+    reasoning and content (``deepseek_r1``, ``qwen3``); None leaves answers whole.
     """
 
     host: str = "127.0.0.1"
@@ -26,3 +28,4 @@ class ServerOptions:
     allowed_origins: list[str] = field(default_factory=list)
     engine_process: bool = False
     allow_runtime_lora: bool = False
+    reasoning_parser: str | None = None

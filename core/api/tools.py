@@ -230,11 +230,14 @@ class OutputSplitter:
 
     def advance(self, output: RequestOutput) -> list[ToolCallPiece]:
         """The pieces of a delta output (and all that is left once it finished)."""
-        text = output.outputs[0].text
+        return self.feed(output.outputs[0].text, output.finished)
+
+    def feed(self, text: str, finished: bool) -> list[ToolCallPiece]:
+        """The pieces of the output's next ``text`` (and all that is left when ``finished``)."""
         if self.stream is None:
             pieces = [ToolCallPiece("content", text)] if text else []
         else:
-            pieces = self.stream.feed(text) + (self.stream.finish() if output.finished else [])
+            pieces = self.stream.feed(text) + (self.stream.finish() if finished else [])
         self.num_calls += sum(piece.kind == "call" for piece in pieces)
         return merge(pieces)
 

@@ -72,6 +72,13 @@ def add_parser(subparsers, argv) -> None:
         help="open /v1/load_lora_adapter and /v1/unload_lora_adapter (they read paths on this "
         "machine: for trusted clients)",
     )
+    group.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="split chat and Responses answers into reasoning_content and content: deepseek_r1 "
+        "or qwen3 (<think>...</think>), or a plugin's format",
+    )
     replicas = parser.add_argument_group("replicas (Ray Serve; needs the ray extra)")
     replicas.add_argument(
         "--replicas",
@@ -113,6 +120,7 @@ def server_options_from_args(args) -> ServerOptions:
         ],
         engine_process=args.engine_process,
         allow_runtime_lora=args.allow_runtime_lora,
+        reasoning_parser=args.reasoning_parser,
     )
 
 

@@ -17,6 +17,7 @@ from spyglass.core.engine.engine_loop import EngineDeadError, EngineLoop, settle
 from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription
 from spyglass.core.engine.tool_calls import ToolCallParser
@@ -117,6 +118,10 @@ class AsyncEngine:
     def tool_call_parser(self, name: str) -> ToolCallParser | None:
         """The tool-call parser a plugin provides under ``name`` (`spyglass_tool_call_parser`), if any."""
         return self._loop.engine.hooks.spyglass_tool_call_parser(name=name)
+
+    def reasoning_parser(self, name: str) -> ReasoningParser | None:
+        """The reasoning parser a plugin provides under ``name`` (`spyglass_reasoning_parser`), if any."""
+        return self._loop.engine.hooks.spyglass_reasoning_parser(name=name)
 
     async def metric_families(self, collect: Callable[[], list]) -> list | None:
         """None: the engine records its metrics in this process's own registry (``collect`` is not needed)."""

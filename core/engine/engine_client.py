@@ -5,6 +5,7 @@ from typing import Protocol
 
 from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription
 from spyglass.core.engine.tool_calls import ToolCallParser
@@ -63,6 +64,9 @@ class EngineClient(Protocol):
 
     def tool_call_parser(self, name: str) -> ToolCallParser | None:
         """The tool-call parser a plugin provides under ``name``, if any."""
+
+    def reasoning_parser(self, name: str) -> ReasoningParser | None:
+        """The reasoning parser a plugin provides under ``name``, if any."""
 
     async def metric_families(self, collect: Callable[[], list]) -> list | None:
         """``collect()`` run where the engine records its metrics, or None if that is this process."""

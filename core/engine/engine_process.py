@@ -29,6 +29,7 @@ from spyglass.core.engine.engine_loop import EngineDeadError
 from spyglass.core.engine.engine_process_child import (
     ProcessSetup,
     add_lora,
+    reasoning_parser,
     remove_lora,
     run_engine_process,
     tool_call_parser,
@@ -37,6 +38,7 @@ from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.output_wire import WireOutput, from_wire
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.request_intake import truncated_prompt
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription
@@ -229,6 +231,10 @@ class EngineProcess:
     def tool_call_parser(self, name: str) -> ToolCallParser | None:
         """The tool-call parser a plugin of the engine provides under ``name`` (a copy; parsers keep no state)."""
         return self.call(functools.partial(tool_call_parser, name=name)).result(60)
+
+    def reasoning_parser(self, name: str) -> ReasoningParser | None:
+        """The reasoning parser a plugin of the engine provides under ``name`` (a copy)."""
+        return self.call(functools.partial(reasoning_parser, name=name)).result(60)
 
     async def metric_families(self, collect: Callable[[], list]) -> list:
         """``collect()`` run in the engine process beside its loop (a scrape waits for no step): its metrics."""

@@ -23,6 +23,7 @@ from spyglass.core.engine.engine_loop import EngineLoop
 from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.output_wire import to_wire
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.snapshot import EngineSnapshot
 from spyglass.core.engine.tool_calls import ToolCallParser
 
@@ -82,6 +83,11 @@ def run_engine_process(
 def tool_call_parser(engine: "LLMEngine", name: str) -> ToolCallParser | None:
     """The tool-call parser a plugin of ``engine`` provides under ``name`` (sent to the server by `EngineProcess`)."""
     return engine.hooks.spyglass_tool_call_parser(name=name)
+
+
+def reasoning_parser(engine: "LLMEngine", name: str) -> ReasoningParser | None:
+    """The reasoning parser a plugin of ``engine`` provides under ``name`` (sent to the server by `EngineProcess`)."""
+    return engine.hooks.spyglass_reasoning_parser(name=name)
 
 
 def add_lora(engine: "LLMEngine", name: str, path: str) -> LoRAInfo:

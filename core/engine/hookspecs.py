@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from spyglass.core.engine.config import EngineConfig
     from spyglass.core.engine.kv.block_pool import BlockPool
     from spyglass.core.engine.kv.kv_cache_manager import PrefixMatch
+    from spyglass.core.engine.reasoning import ReasoningParser
     from spyglass.core.engine.request import FinishReason, Request
     from spyglass.core.engine.sampling_params import StructuredOutput
     from spyglass.core.engine.sched.scheduler_policy import SchedulingPolicy
@@ -181,6 +182,20 @@ def spyglass_token_constraint(
     Raise ``ValueError`` naming the problem for an invalid schema or grammar: the request is
     rejected (HTTP 400). When no plugin returns a constraint the request is rejected too.
     Compile grammars once per distinct spec and cache them: this runs on the engine's thread.
+    """
+
+
+@hookspec(firstresult=True)
+def spyglass_reasoning_parser(name: str) -> "ReasoningParser | None":
+    """Return the parser of the reasoning format called ``name``, or None if this plugin has none.
+
+    ``deepseek_r1`` and ``qwen3`` are built in (``<think>...</think>`` before the answer).
+
+    Asked once when the HTTP server starts with ``--reasoning-parser NAME``: chat and Responses
+    answers are then split into the model's reasoning and its content (vLLM's
+    ``reasoning_content``), as they are generated (`ReasoningStream`: ``feed`` each new piece of
+    text, ``finish`` at the end, getting `ReasoningPiece`s back). Only the content is parsed for
+    tool calls.
     """
 
 

@@ -1,0 +1,68 @@
+"""One choice's output split into the model's reasoning, its content and its tool calls.
+
+The reasoning parser (``--reasoning-parser``) sees the output first; only the content after the
+reasoning goes on to the tool-call parser. A request whose output a grammar constrains (a
+response format, ``tool_choice`` required or named) is not split: the grammar leaves no room for
+reasoning.
+"""
+
+from spyglass.core.api.schemas import ToolCall
+from spyglass.core.api.tools import OutputSplitter, ToolUse, split_output
+from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.reasoning import (
+    ReasoningParser,
+    ReasoningPiece,
+    split_reasoning,
+)
+from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.tool_calls import ToolCallParser, ToolCallPiece
+
+
+def reasoning_for(
+    parser: ReasoningParser | None, params: SamplingParams, use: ToolUse
+) -> ReasoningParser | None:
+    """The reasoning parser a request's output goes through: None when its output is constrained."""
+    constrained = params.structured_output is not None or use.mode in ("required", "forced")
+    return None if constrained else parser
+
+
+def split_choice(
+    text: str, reasoning: ReasoningParser | None, use: ToolUse, tool_parser: ToolCallParser | None
+) -> tuple[str | None, str | None, list[ToolCall]]:
+    """``(reasoning, content, tool_calls)`` of a whole output: what its stream assembles to."""
+    thought = None
+    if reasoning is not None:
+        thought, text = split_reasoning(reasoning, text)
+    content, calls = split_output(text or "", use, tool_parser)
+    return thought, content, calls
+
+
+class ChoiceSplitter:
+    """Turns one choice's delta outputs into reasoning pieces, then content and tool-call pieces."""
+
+    def __init__(
+        self, reasoning: ReasoningParser | None, use: ToolUse, tool_parser: ToolCallParser | None
+    ):
+        self.reasoning = reasoning.stream() if reasoning is not None else None
+        self.tools = OutputSplitter(use, tool_parser)
+
+    @property
+    def num_calls(self) -> int:
+        """Tool calls started so far."""
+        return self.tools.num_calls
+
+    def advance(self, output: RequestOutput) -> list[ReasoningPiece | ToolCallPiece]:
+        """The pieces of a delta output (and all that is left once it finished)."""
+        return self.feed(output.outputs[0].text, output.finished)
+
+    def feed(self, text: str, finished: bool = False) -> list[ReasoningPiece | ToolCallPiece]:
+        """The pieces of the output's next ``text`` (and all that is left when ``finished``)."""
+        if self.reasoning is None:
+            return list(self.tools.feed(text, finished))
+        parts = self.reasoning.feed(text) + (self.reasoning.finish() if finished else [])
+        thought = "".join(p.text for p in parts if p.kind == "reasoning")
+        content = "".join(p.text for p in parts if p.kind == "content")
+        pieces: list[ReasoningPiece | ToolCallPiece] = []
+        if thought:
+            pieces.append(ReasoningPiece("reasoning", thought))
+        return pieces + self.tools.feed(content, finished)

@@ -1,0 +1,49 @@
+"""Reasoning in generated text: the parser protocol a plugin provides and the pieces it streams.
+
+Reasoning models (DeepSeek-R1, Qwen3, ...) write their thinking before the answer, between
+``<think>`` and ``</think>``. A reasoning parser splits an output into the reasoning and the content
+that follows; the API returns them apart (vLLM's ``reasoning_content``), and only the content goes
+on to the tool-call parser. A whole answer is its stream's pieces collected.
+"""
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningPiece:
+    """A piece of an output: ``reasoning`` text or ``content`` text."""
+
+    kind: Literal["reasoning", "content"]
+    text: str
+
+
+class ReasoningStream(Protocol):
+    """One output's incremental split: feed text as it is generated, then finish."""
+
+    def feed(self, text: str) -> list[ReasoningPiece]:
+        """The pieces ``text`` (the next part of the output) completes; what may still be part of
+        a tag is held back."""
+        ...
+
+    def finish(self) -> list[ReasoningPiece]:
+        """The output ended: the pieces still held."""
+        ...
+
+
+class ReasoningParser(Protocol):
+    """Splits outputs of one reasoning format into reasoning and content."""
+
+    def stream(self) -> ReasoningStream:
+        """A fresh incremental split of one output."""
+        ...
+
+
+def split_reasoning(parser: ReasoningParser, text: str) -> tuple[str | None, str | None]:
+    """``(reasoning, content)`` of a whole output (None for a part that is empty): its stream's
+    pieces collected, so that a streamed answer assembles to the same."""
+    stream = parser.stream()
+    pieces = stream.feed(text) + stream.finish()
+    reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+    content = "".join(p.text for p in pieces if p.kind == "content")
+    return reasoning or None, content or None

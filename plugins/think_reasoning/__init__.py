@@ -1,0 +1,112 @@
+"""Reasoning between ``<think>`` and ``</think>``: the ``deepseek_r1`` and ``qwen3`` formats.
+
+``deepseek_r1``: DeepSeek-R1's template opens ``<think>`` in the prompt, so the output starts in
+the reasoning (a ``<think>`` the model writes itself is dropped) and everything before
+``</think>`` is reasoning; an output cut before ``</think>`` is all reasoning. ``qwen3``: the output
+reasons only when it starts with ``<think>`` (Qwen3 with thinking on); otherwise, as with
+``enable_thinking: false`` in ``chat_template_kwargs``, all of it is content. In both, the
+whitespace the model writes at the start of its reasoning and between ``</think>`` and the answer is
+dropped.
+
+The plugin holds no state: its entry point registers the module, as the Hermes tool parser's does.
+"""
+
+from dataclasses import dataclass
+
+from spyglass.core.plugin_api import ReasoningPiece, hookimpl
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """The length of the longest end of ``text`` that is a start of ``tag``."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkFormat:
+    """A ``<think>`` format: whether the output starts inside the reasoning without writing ``<think>``."""
+
+    starts_in_reasoning: bool
+
+    def stream(self) -> "ThinkStream":
+        """A fresh incremental split."""
+        return ThinkStream(self.starts_in_reasoning)
+
+
+class ThinkStream:
+    """Splits one output as it grows: the opening (whitespace, then ``<think>`` or not), the
+    reasoning up to ``</think>``, then content; whitespace at the start of either is dropped."""
+
+    def __init__(self, starts_in_reasoning: bool):
+        self._starts_in_reasoning = starts_in_reasoning
+        self._state = "opening"
+        self._buffer = ""
+
+    def feed(self, text: str) -> list[ReasoningPiece]:
+        """The pieces ``text`` completes."""
+        self._buffer += text
+        pieces: list[ReasoningPiece] = []
+        if self._state == "opening":
+            self._open()
+        if self._state == "reasoning_start":
+            self._buffer = self._buffer.lstrip()
+            if self._buffer:
+                self._state = "reasoning"
+        if self._state == "reasoning":
+            at = self._buffer.find(CLOSE)
+            if at < 0:
+                keep = _partial_suffix(self._buffer, CLOSE)
+                pieces.append(ReasoningPiece("reasoning", self._buffer[: len(self._buffer) - keep]))
+                self._buffer = self._buffer[len(self._buffer) - keep :]
+            else:
+                pieces.append(ReasoningPiece("reasoning", self._buffer[:at]))
+                self._buffer = self._buffer[at + len(CLOSE) :]
+                self._state = "after"
+        if self._state == "after":
+            self._buffer = self._buffer.lstrip()
+            if self._buffer:
+                self._state = "content"
+        if self._state == "content":
+            pieces.append(ReasoningPiece("content", self._buffer))
+            self._buffer = ""
+        return [p for p in pieces if p.text]
+
+    def _open(self) -> None:
+        """Leave the opening once it is known whether the output reasons."""
+        stripped = self._buffer.lstrip()
+        if stripped.startswith(OPEN):
+            self._buffer = stripped[len(OPEN) :]
+            self._state = "reasoning_start"
+        elif OPEN.startswith(stripped):
+            return  # only whitespace, or a start of <think>, so far
+        elif self._starts_in_reasoning:
+            self._buffer = stripped
+            self._state = "reasoning_start"
+        else:
+            self._state = "content"
+
+    def finish(self) -> list[ReasoningPiece]:
+        """What is held: a partial tag is text after all."""
+        if self._state == "opening":
+            self._state = "reasoning" if self._starts_in_reasoning else "content"
+            if self._starts_in_reasoning:
+                self._buffer = self._buffer.lstrip()
+        kind = "reasoning" if self._state in ("reasoning", "reasoning_start") else "content"
+        text, self._buffer = self._buffer, ""
+        return [ReasoningPiece(kind, text)] if text and self._state != "after" else []
+
+
+FORMATS = {
+    "deepseek_r1": ThinkFormat(starts_in_reasoning=True),
+    "qwen3": ThinkFormat(starts_in_reasoning=False),
+}
+
+
+@hookimpl
+def spyglass_reasoning_parser(name: str) -> ThinkFormat | None:
+    """The ``deepseek_r1`` or ``qwen3`` format."""
+    return FORMATS.get(name)

@@ -1,0 +1,196 @@
+"""``--reasoning-parser``: chat, Responses and Messages answers split into the model's reasoning and
+its content, streamed and whole, over both server layouts.
+
+The tiny random model never writes ``<think>`` on its own, so the reasoning comes from the answer's
+start: an assistant message the model carries on (``continue_final_message``) and that ``echo``
+returns as the answer's beginning, which is split with the rest. With ``deepseek_r1`` the output
+starts in the reasoning, so a plain answer is all reasoning.
+"""
+
+import anthropic
+import openai
+import pytest
+
+from tests.api.conftest import TINY_ARGS, start_server
+
+GREEDY = {"max_tokens": 8, "temperature": 0}
+CONTINUE = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
+QUESTION = {"role": "user", "content": "What is the capital of France?"}
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def servers(request, tiny_llama_dir, tmp_path_factory):
+    """A ``qwen3`` and a ``deepseek_r1`` server (both layouts), by parser name."""
+    layout = ["--engine-process"] if request.param == "process" else []
+    started = {
+        name: start_server(
+            str(tiny_llama_dir),
+            tmp_path_factory.mktemp(f"reasoning_{name}"),
+            *TINY_ARGS,
+            "--reasoning-parser",
+            name,
+            *layout,
+        )
+        for name in ("qwen3", "deepseek_r1")
+    }
+    yield started
+    for server in started.values():
+        server.stop()
+
+
+def _openai(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def _chat(client, messages, **extra):
+    return client.chat.completions.create(
+        model="tiny", messages=messages, **GREEDY, extra_body=extra
+    )
+
+
+def _streamed(client, messages, **extra) -> tuple[str, str]:
+    """The reasoning and the content a chat stream assembles to."""
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, stream=True, **GREEDY, extra_body=extra
+    )
+    reasoning, content = [], []
+    for chunk in stream:
+        for choice in chunk.choices:
+            reasoning.append(getattr(choice.delta, "reasoning_content", None) or "")
+            content.append(choice.delta.content or "")
+    return "".join(reasoning), "".join(content)
+
+
+def test_reasoning_then_content_from_the_answer_start(servers):
+    client = _openai(servers["qwen3"])
+    start = {"role": "assistant", "content": "<think>Paris is in France.</think>The answer:"}
+    plain = _chat(
+        client, [QUESTION, start], add_generation_prompt=False, continue_final_message=True
+    )
+    continuation = plain.choices[0].message.content
+    assert plain.choices[0].message.model_extra["reasoning_content"] is None
+
+    answer = _chat(client, [QUESTION, start], **CONTINUE).choices[0].message
+    assert answer.model_extra["reasoning_content"] == "Paris is in France."
+    assert answer.content == "The answer:" + continuation
+    assert _streamed(client, [QUESTION, start], **CONTINUE) == (
+        "Paris is in France.",
+        answer.content,
+    )
+
+
+def test_reasoning_cut_by_max_tokens_has_no_content(servers):
+    client = _openai(servers["qwen3"])
+    start = {"role": "assistant", "content": "<think>Still thinking"}
+    response = _chat(client, [QUESTION, start], **CONTINUE)
+    message = response.choices[0].message
+    assert response.choices[0].finish_reason == "length"
+    assert message.content is None
+    assert message.model_extra["reasoning_content"].startswith("Still thinking")
+    assert _streamed(client, [QUESTION, start], **CONTINUE) == (
+        message.model_extra["reasoning_content"],
+        "",
+    )
+
+
+def test_qwen3_answers_without_think_are_all_content(servers):
+    client = _openai(servers["qwen3"])
+    message = _chat(client, [QUESTION]).choices[0].message
+    assert message.content and message.model_extra["reasoning_content"] is None
+
+
+def test_tool_calls_are_parsed_from_the_content_after_the_reasoning(servers):
+    client = _openai(servers["qwen3"])
+    call = '<tool_call>{"name": "lookup", "arguments": {"city": "Paris"}}</tool_call>'
+    start = {"role": "assistant", "content": f"<think>I should look it up.</think>{call}"}
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "lookup", "parameters": {"type": "object"}},
+        }
+    ]
+    response = client.chat.completions.create(
+        model="tiny", messages=[QUESTION, start], tools=tools, **GREEDY, extra_body=CONTINUE
+    )
+    message = response.choices[0].message
+    assert message.model_extra["reasoning_content"] == "I should look it up."
+    assert [c.function.name for c in message.tool_calls] == ["lookup"]
+    assert message.tool_calls[0].function.arguments == '{"city": "Paris"}'
+
+
+def test_deepseek_r1_output_starts_in_the_reasoning(servers):
+    client = _openai(servers["deepseek_r1"])
+    message = _chat(client, [QUESTION]).choices[0].message
+    assert message.content is None and message.model_extra["reasoning_content"]
+    assert _streamed(client, [QUESTION]) == (message.model_extra["reasoning_content"], "")
+
+
+def test_constrained_answers_are_not_split(servers):
+    client = _openai(servers["deepseek_r1"])
+    response = client.chat.completions.create(
+        model="tiny",
+        messages=[QUESTION],
+        max_tokens=12,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    message = response.choices[0].message
+    assert message.content.startswith("{")
+    assert message.model_extra["reasoning_content"] is None
+
+
+def test_responses_api_returns_a_reasoning_item(servers):
+    client = _openai(servers["deepseek_r1"])
+    chat = _chat(client, [QUESTION]).choices[0].message.model_extra["reasoning_content"]
+    response = client.responses.create(
+        model="tiny", input=QUESTION["content"], max_output_tokens=8, temperature=0
+    )
+    [item] = response.output
+    assert item.type == "reasoning" and item.content[0].text == chat
+    events = list(
+        client.responses.create(
+            model="tiny", input=QUESTION["content"], max_output_tokens=8, temperature=0, stream=True
+        )
+    )
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == chat
+    assert events[-1].response.output[0].content[0].text == chat
+
+
+def test_messages_api_returns_a_thinking_block(servers):
+    client = anthropic.Anthropic(base_url=servers["deepseek_r1"].base_url, api_key="unused")
+    chat = _chat(_openai(servers["deepseek_r1"]), [QUESTION]).choices[0].message
+    kwargs = dict(model="tiny", max_tokens=8, temperature=0, messages=[QUESTION])
+    message = client.messages.create(**kwargs)
+    [block] = message.content
+    assert block.type == "thinking" and block.thinking == chat.model_extra["reasoning_content"]
+    with client.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, b.thinking) for b in final.content] == [("thinking", block.thinking)]
+    # A client sends the thinking block back with the next turn: it is accepted (and left out).
+    thought = [
+        {"type": "thinking", "thinking": "x", "signature": ""},
+        {"type": "text", "text": "Paris."},
+    ]
+    again = client.messages.create(
+        model="tiny",
+        max_tokens=4,
+        temperature=0,
+        messages=[
+            QUESTION,
+            {"role": "assistant", "content": thought},
+            {"role": "user", "content": "And of Spain?"},
+        ],
+    )
+    assert again.stop_reason == "max_tokens"
+
+
+def test_an_unknown_reasoning_parser_stops_the_server_with_the_reason(tiny_llama_dir, tmp_path):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "serve", str(tiny_llama_dir),
+               *TINY_ARGS, "--port", "0", "--reasoning-parser", "nope"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode != 0
+    assert "no plugin provides the reasoning parser 'nope'" in result.stdout + result.stderr
