@@ -33,7 +33,9 @@ def split_choice(
     thought = None
     if reasoning is not None:
         thought, text = split_reasoning(reasoning, text)
-    content, calls = split_output(text or "", use, tool_parser)
+        if text is None:  # all of it was reasoning
+            return thought, None, []
+    content, calls = split_output(text, use, tool_parser)
     return thought, content, calls
 
 

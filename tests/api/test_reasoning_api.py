@@ -160,7 +160,7 @@ def test_responses_api_returns_a_reasoning_item(servers):
 def test_messages_api_returns_a_thinking_block(servers):
     client = anthropic.Anthropic(base_url=servers["deepseek_r1"].base_url, api_key="unused")
     chat = _chat(_openai(servers["deepseek_r1"]), [QUESTION]).choices[0].message
-    kwargs = dict(model="tiny", max_tokens=8, temperature=0, messages=[QUESTION])
+    kwargs = dict(model="tiny", max_tokens=8, messages=[QUESTION], extra_body={"temperature": 0})
     message = client.messages.create(**kwargs)
     [block] = message.content
     assert block.type == "thinking" and block.thinking == chat.model_extra["reasoning_content"]
@@ -175,7 +175,6 @@ def test_messages_api_returns_a_thinking_block(servers):
     again = client.messages.create(
         model="tiny",
         max_tokens=4,
-        temperature=0,
         messages=[
             QUESTION,
             {"role": "assistant", "content": thought},
