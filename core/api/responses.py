@@ -270,35 +270,21 @@ class _OutputItems:
             return []
         position = len(self.items) - 1
         item["status"] = status
-        if item["type"] == "reasoning":
+        if item["type"] in ("reasoning", "message"):
             part = item["content"][0]
+            reasoning = item["type"] == "reasoning"
+            done = {
+                "type": "response.reasoning_text.done"
+                if reasoning
+                else "response.output_text.done",
+                "item_id": item["id"],
+                "output_index": position,
+                "content_index": 0,
+                "text": part["text"],
+                **({} if reasoning else {"logprobs": []}),
+            }
             events = [
-                {
-                    "type": "response.reasoning_text.done",
-                    "item_id": item["id"],
-                    "output_index": position,
-                    "content_index": 0,
-                    "text": part["text"],
-                },
-                {
-                    "type": "response.content_part.done",
-                    "item_id": item["id"],
-                    "output_index": position,
-                    "content_index": 0,
-                    "part": copy.deepcopy(part),
-                },
-            ]
-        elif item["type"] == "message":
-            part = item["content"][0]
-            events = [
-                {
-                    "type": "response.output_text.done",
-                    "item_id": item["id"],
-                    "output_index": position,
-                    "content_index": 0,
-                    "text": part["text"],
-                    "logprobs": [],
-                },
+                done,
                 {
                     "type": "response.content_part.done",
                     "item_id": item["id"],

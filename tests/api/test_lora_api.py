@@ -82,6 +82,18 @@ def _complete(client: openai.OpenAI, model: str):
     )
 
 
+def _long_stream(server, model: str):
+    """A streamed completion of 200 tokens on ``model``: still running when the test looks."""
+    return _client(server).completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=200,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+
+
 def test_models_lists_the_adapters_with_their_parent(lora_server, adapters):
     cards = httpx.get(f"{lora_server.base_url}/v1/models").json()["data"]
     assert [c["id"] for c in cards] == ["tiny", "sql"]
@@ -170,14 +182,7 @@ def test_a_request_running_when_its_adapter_unloads_finishes(lora_server, adapte
         f"{base}/v1/load_lora_adapter",
         json={"lora_name": "brief", "lora_path": str(adapters["poet"])},
     ).raise_for_status()
-    stream = _client(lora_server).completions.create(
-        model="brief",
-        prompt=PROMPT,
-        max_tokens=200,
-        temperature=0,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
+    stream = _long_stream(lora_server, "brief")
     chunks = iter(stream)
     first = next(chunks)
     httpx.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "brief"}).raise_for_status()
@@ -190,16 +195,8 @@ def test_a_request_running_when_its_adapter_unloads_finishes(lora_server, adapte
 
 def test_the_request_view_names_the_adapter(lora_server):
     base = lora_server.base_url
-    stream = _client(lora_server).completions.create(
-        model="sql",
-        prompt=PROMPT,
-        max_tokens=200,
-        temperature=0,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    chunks = iter(stream)
-    next(chunks)
+    stream = _long_stream(lora_server, "sql")
+    next(iter(stream))
     live = httpx.get(f"{base}/debug/requests").json()
     stream.close()
     assert [r["lora_name"] for r in live] == ["sql"]
