@@ -173,27 +173,19 @@ class _OutputItems:
             events += self.close("completed")
             events += self._start(piece)
         item, position = self._open, len(self.items) - 1
-        if piece.kind == "reasoning":
+        if piece.kind in ("reasoning", "content"):
             item["content"][0]["text"] += piece.text
+            reasoning = piece.kind == "reasoning"
             events.append(
                 {
-                    "type": "response.reasoning_text.delta",
+                    "type": "response.reasoning_text.delta"
+                    if reasoning
+                    else "response.output_text.delta",
                     "item_id": item["id"],
                     "output_index": position,
                     "content_index": 0,
                     "delta": piece.text,
-                }
-            )
-        elif piece.kind == "content":
-            item["content"][0]["text"] += piece.text
-            events.append(
-                {
-                    "type": "response.output_text.delta",
-                    "item_id": item["id"],
-                    "output_index": position,
-                    "content_index": 0,
-                    "delta": piece.text,
-                    "logprobs": [],
+                    **({} if reasoning else {"logprobs": []}),
                 }
             )
         elif piece.kind == "arguments":
