@@ -1,6 +1,6 @@
 """Spyglass: an observability-first LLM serving engine.
 
-``LLM``, ``SamplingParams``, ``LoRARequest`` and the output classes are imported on first use, so that the
+``LLM``, ``SamplingParams``, ``BeamSearchParams``, ``LoRARequest`` and the output classes are imported on first use, so that the
 ``spyglass`` command answers ``--help`` without loading torch.
 """
 
@@ -13,6 +13,7 @@ _EXPORTS = {
     "RequestOutput": "spyglass.core.engine.outputs",
     "CompletionOutput": "spyglass.core.engine.outputs",
     "LoRARequest": "spyglass.core.engine.lora_info",
+    "BeamSearchParams": "spyglass.core.engine.beam_search",
 }
 
 __all__ = list(_EXPORTS)

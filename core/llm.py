@@ -6,11 +6,12 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
+from spyglass.core.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from spyglass.core.engine.config import EngineConfig, parse_bytes
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.lora_info import LoRARequest
 from spyglass.core.engine.outputs import RequestOutput
-from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
+from spyglass.core.engine.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
 from spyglass.core.tokenizer import Tokenizer
 
 PromptType = str | dict
@@ -106,6 +107,52 @@ class LLM:
         ]
         return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
+    def beam_search(
+        self, prompts: Sequence[PromptType], params: BeamSearchParams
+    ) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: the ``params.beam_width`` best continuations of each prompt,
+        best first (`core.engine.beam_search`). Every round runs one token of every live beam of
+        every prompt in one batch."""
+        tokenizer = self.engine.tokenizer
+        searches = [
+            BeamSearch(
+                self._prompt(prompt)[1], params, tokenizer.eos_token_ids, self.engine.max_model_len
+            )
+            for prompt in prompts
+        ]
+        one_token = SamplingParams(
+            temperature=0.0,
+            max_tokens=1,
+            ignore_eos=True,
+            logprobs=min(MAX_LOGPROBS, 2 * params.beam_width),
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        while live := [s for s in searches if not s.done]:
+            req_ids = [
+                [self._add_one(beam.tokens, one_token) for beam in search.live] for search in live
+            ]
+            finished = self._run_to_completion(sum(map(len, req_ids)), use_tqdm=False)
+            for search, ids in zip(live, req_ids, strict=True):
+                search.advance([finished[i].outputs[0].logprobs[0].top for i in ids])
+        outputs = []
+        for search in searches:
+            best = search.best()
+            for beam in best:
+                beam.text = tokenizer.decode(search.generated(beam), skip_special_tokens=True)
+            outputs.append(BeamSearchOutput(best))
+        return outputs
+
+    def _prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """A prompt's text (None for token ids alone) and token ids."""
+        if isinstance(prompt, str):
+            return prompt, self.engine.tokenizer.encode(prompt)
+        return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+
+    def _add_one(self, token_ids: list[int], params: SamplingParams) -> str:
+        req_id = str(next(self._ids))
+        self.engine.add_request(req_id, token_ids, params)
+        return req_id
+
     def _lora_name(self, lora_request: LoRARequest | None) -> str | None:
         """The adapter's name, loaded from its path on first use (a path other than the one the
         name was loaded from is a ValueError)."""
@@ -117,10 +164,7 @@ class LLM:
         return lora_request.lora_name
 
     def _add(self, prompt: PromptType, params: SamplingParams, lora_name: str | None) -> list[str]:
-        if isinstance(prompt, str):
-            text, token_ids = prompt, self.engine.tokenizer.encode(prompt)
-        else:
-            text, token_ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        text, token_ids = self._prompt(prompt)
         base_id = str(next(self._ids))
         req_ids = []
         params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)

@@ -11,6 +11,7 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
+from spyglass.core.api.beam_search_api import check_beam_search, run_beam_search
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
     TokenNames,
@@ -37,6 +38,7 @@ from spyglass.core.api.schemas import (
     ChatMessage,
     FunctionCallDelta,
     ToolCallDelta,
+    Usage,
 )
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import (
@@ -47,6 +49,7 @@ from spyglass.core.api.tools import (
     tool_use,
 )
 from spyglass.core.api.validation import json_body_guard
+from spyglass.core.engine.beam_search import BeamSearchParams
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
 from spyglass.core.engine.sampling_params import SamplingParams
@@ -172,6 +175,11 @@ async def create_chat_completion(
     response_id = new_id("chatcmpl")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
     template = TemplateOptions.of(data)
+    # Without max_tokens the beams may grow to the context (the search stops there).
+    beams = check_beam_search(data, max_tokens or serving.max_model_len)
+    if beams is not None:
+        search = _beam_search(serving, data, beams, response_id, attributes, template, lora_name)
+        return Response(await unless_disconnected(request, search))
     group = await start_chat(
         serving,
         request,
@@ -188,6 +196,35 @@ async def create_chat_completion(
     if data.stream:
         return event_stream(writer.chunks(group))
     return Response(await unless_disconnected(request, writer.collect(group)))
+
+
+async def _beam_search(
+    serving: ServingContext,
+    data: ChatCompletionRequest,
+    beams: BeamSearchParams,
+    response_id: str,
+    attributes: dict,
+    template: TemplateOptions,
+    lora_name: str | None,
+) -> ChatCompletionResponse:
+    """The ``n`` best beams of the conversation's answer, best first."""
+    with serving.queue_slots(beams.beam_width):
+        plain, prompt = await asyncio.to_thread(
+            render_messages, data.messages, serving.tokenizer, template=template
+        )
+        attributes["messages"] = plain
+        token_ids = await encode_text(serving, prompt, "messages", add_special_tokens=False)
+    search, best = await run_beam_search(
+        serving, response_id, token_ids, beams, attributes, lora_name
+    )
+    choices = [
+        ChatChoice(index, AssistantMessage(beam.text), None, beam.finish_reason)
+        for index, beam in enumerate(best)
+    ]
+    completion_tokens = sum(len(search.generated(beam)) for beam in best)
+    usage = Usage(len(token_ids), completion_tokens, len(token_ids) + completion_tokens)
+    model = serving.response_model(data.model)
+    return ChatCompletionResponse(response_id, int(time.time()), model, choices, usage)
 
 
 async def start_chat(

@@ -13,6 +13,7 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
+from spyglass.core.api.beam_search_api import check_beam_search, run_beam_search
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
     TokenNames,
@@ -28,9 +29,16 @@ from spyglass.core.api.convert import (
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, fan_out, unless_disconnected
 from spyglass.core.api.prompts import count_prompts, parse_prompts
-from spyglass.core.api.schemas import INT64, CompletionChoice, CompletionRequest, CompletionResponse
+from spyglass.core.api.schemas import (
+    INT64,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    Usage,
+)
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.validation import json_body_guard
+from spyglass.core.engine.beam_search import BeamSearchParams
 from spyglass.core.engine.outputs import RequestOutput
 
 DEFAULT_MAX_TOKENS = 16
@@ -51,6 +59,13 @@ async def create_completion(
     lora_name = serving.check_model(data.model)
     serving.admit()
     max_tokens = DEFAULT_MAX_TOKENS if data.max_tokens is None else data.max_tokens
+    beams = check_beam_search(data, max_tokens)
+    if beams is not None:
+        return Response(
+            await unless_disconnected(
+                request, _beam_search(serving, request, data, beams, lora_name)
+            )
+        )
     best_of = _best_of(data)
     params = sampling_params(data, max_tokens, data.logprobs)
     scored = _scored_prompt_logprobs(data)
@@ -73,6 +88,34 @@ async def create_completion(
     if data.stream:
         return event_stream(writer.chunks(group))
     return Response(await unless_disconnected(request, writer.collect(group)))
+
+
+async def _beam_search(
+    serving: ServingContext,
+    request: Request,
+    data: CompletionRequest,
+    beams: BeamSearchParams,
+    lora_name: str | None,
+) -> CompletionResponse:
+    """The ``n`` best beams of each prompt, best first (choice ``i * n + j``: prompt ``i``'s beam ``j``)."""
+    response_id = new_id("cmpl")
+    attributes = request_attributes(
+        data, "text_completion", response_id, serving.model_name, request.headers
+    )
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    with serving.queue_slots(count_prompts(data.prompt) * beams.beam_width):
+        prompts = await parse_prompts(serving, data.prompt)
+    for index, (token_ids, _) in enumerate(prompts):
+        search, best = await run_beam_search(
+            serving, f"{response_id}-{index}", token_ids, beams, attributes, lora_name
+        )
+        prompt_tokens += len(token_ids)
+        for beam in best:
+            completion_tokens += len(search.generated(beam))
+            choices.append(CompletionChoice(len(choices), beam.text, None, beam.finish_reason))
+    usage = Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+    model = serving.response_model(data.model)
+    return CompletionResponse(response_id, int(time.time()), model, choices, usage=usage)
 
 
 def _best_of(body: CompletionRequest) -> int:

@@ -80,9 +80,7 @@ UNSUPPORTED_SAMPLING = frozenset(
     {
         "functions",  # OpenAI's deprecated spelling of tools
         "function_call",
-        "use_beam_search",  # vLLM's extras from here on
-        "length_penalty",
-        "logits_processors",
+        "logits_processors",  # vLLM's extras from here on
         "spaces_between_special_tokens",
     }
 )
@@ -132,11 +130,12 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     # Logprobs name tokens ``token_id:N`` rather than by their text.
     return_tokens_as_token_ids: bool = False
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT32)] | None = None
+    # vLLM's beam search (`beam_search_api`): ``n`` beams, ranked with this length penalty.
+    use_beam_search: bool = False
+    length_penalty: Annotated[float, Meta(ge=-10.0, le=10.0)] = 1.0
     # Not implemented: only absent or neutral values pass, else a 400 (`UNSUPPORTED_SAMPLING`).
     functions: Annotated[list[Any], Meta(max_length=0)] | None = None
     function_call: Literal["none"] | None = None
-    use_beam_search: Literal[False] = False
-    length_penalty: Annotated[float, Meta(ge=1.0, le=1.0)] = 1.0
     logits_processors: Annotated[list[Any], Meta(max_length=0)] | None = None
     spaces_between_special_tokens: Literal[True] = True
 

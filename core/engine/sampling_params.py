@@ -47,6 +47,9 @@ MAX_TOP_K = (
 ) - 1  # the sampler builds int64 tensors of these; anything above is "the whole vocabulary"
 
 
+MAX_LOGPROBS = 20  # the most alternatives a token's logprobs list (vLLM's default max_logprobs)
+
+
 class InvalidRequestError(ValueError):
     """A request's parameters are out of range; the HTTP API answers it with a 400."""
 
@@ -148,9 +151,9 @@ class SamplingParams:
             ),
             (self.repetition_penalty > 0, "repetition_penalty", "repetition_penalty must be > 0"),
             (
-                self.logprobs is None or 0 <= self.logprobs <= 20,
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 "logprobs",
-                "logprobs must be in [0, 20]",
+                f"logprobs must be in [0, {MAX_LOGPROBS}]",
             ),
             (
                 self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,

@@ -159,8 +159,6 @@ def test_only_json_bodies_are_read(tiny_server):
         (COMPLETIONS, "tool_choice", "auto"),
         (COMPLETIONS, "suffix", "end"),
         (CHAT, "prompt_logprobs", 1),
-        (COMPLETIONS, "use_beam_search", True),
-        (CHAT, "length_penalty", 2.0),
         (CHAT, "logits_processors", ["my.module:Processor"]),
         (CHAT, "spaces_between_special_tokens", False),
         (CHAT, "chat_template", "{{ messages }}"),
