@@ -67,6 +67,14 @@ class ToolChoice(msgspec.Struct, kw_only=True):
     disable_parallel_tool_use: bool = False
 
 
+class ThinkingDisabled(msgspec.Struct, kw_only=True):
+    """``thinking: {"type": "disabled"}``: the only setting this server honours. Enabled thinking
+    asks for a budget of thinking tokens, which nothing here enforces: a 400. A server started with
+    ``--reasoning-parser`` returns the model's thinking as ``thinking`` blocks unasked."""
+
+    type: Literal["disabled"]
+
+
 class MessagesRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/messages``."""
 
@@ -84,8 +92,9 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     metadata: dict[str, str] | None = (
         None  # ``user_id`` is the request's user; ``session_id`` its trace's session
     )
+    thinking: ThinkingDisabled | None = None
 
-    unsupported: ClassVar[frozenset[str]] = frozenset()
+    unsupported: ClassVar[frozenset[str]] = frozenset({"thinking"})
     n: ClassVar[int] = 1  # one message per call
 
     @property

@@ -193,3 +193,19 @@ def test_an_unknown_reasoning_parser_stops_the_server_with_the_reason(tiny_llama
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode != 0
     assert "no plugin provides the reasoning parser 'nope'" in result.stdout + result.stderr
+
+
+def test_a_thinking_budget_is_refused_by_name(servers):
+    client = anthropic.Anthropic(base_url=servers["qwen3"].base_url, api_key="unused")
+    with pytest.raises(anthropic.BadRequestError) as error:
+        client.messages.create(
+            model="tiny",
+            max_tokens=8,
+            messages=[QUESTION],
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        )
+    assert "thinking" in str(error.value)
+    disabled = client.messages.create(
+        model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": "disabled"}
+    )
+    assert disabled.stop_reason == "max_tokens"
