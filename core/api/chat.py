@@ -294,6 +294,8 @@ class _ChatWriter:
         self.created = int(time.time())
         self._counted: RequestGroup | None = None
         """The group whose usage so far each chunk carries (``continuous_usage_stats``)."""
+        self._splitters: dict[int, ChoiceSplitter] = {}
+        """Per choice, the split of its output into reasoning, content and tool calls."""
         self.names = TokenNames(serving.tokenizer, body.return_tokens_as_token_ids)
         last = body.messages[-1] if body.messages else None
         self.echo = ""
@@ -303,12 +305,35 @@ class _ChatWriter:
 
     def _chunk(self, choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
         if usage is None and self._counted is not None:
-            usage = make_usage(self._counted, self.body.n)
+            usage = self._usage(self._counted)
         return ChatCompletionChunk(self.id, self.created, self.model, choices, usage=usage)
 
+    def _usage(self, group: RequestGroup):
+        """The call's usage; with a reasoning parser, the tokens its choices spent reasoning."""
+        reasoning_tokens = None
+        if self.reasoning is not None:
+            reasoning_tokens = sum(s.reasoning_tokens for s in self._splitters.values())
+        return make_usage(group, self.body.n, reasoning_tokens)
+
+    def _splitter(self, index: int) -> ChoiceSplitter:
+        if index not in self._splitters:
+            self._splitters[index] = ChoiceSplitter(
+                self.reasoning, self.use, self.serving.tool_parser
+            )
+        return self._splitters[index]
+
     async def collect(self, group: RequestGroup) -> ChatCompletionResponse:
-        """Run every choice to the end and build the full response."""
-        ordered = await group.final_outputs()
+        """Run every choice to the end and build the full response (each choice's deltas are
+        split as they come too, to count the tokens spent reasoning)."""
+        counting = None
+        if self.reasoning is not None:
+
+            def counting(index: int, output: RequestOutput) -> None:
+                if index not in self._splitters:  # the echoed start first, as a stream has it
+                    self._splitter(index).feed(self.echo)
+                self._splitter(index).advance(output)
+
+        ordered = await group.final_outputs(counting)
         choices = []
         for index, output in enumerate(ordered):
             completion = output.outputs[0]
@@ -330,7 +355,7 @@ class _ChatWriter:
                     completion.stop_reason,
                 )
             )
-        usage = make_usage(group, self.body.n)
+        usage = self._usage(group)
         return ChatCompletionResponse(self.id, self.created, self.model, choices, usage)
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[ChatCompletionChunk]:
@@ -342,14 +367,10 @@ class _ChatWriter:
         if continuous_usage(self.body):
             self._counted = group
         split = self.use.active or self.reasoning is not None
-        splitters: dict[int, ChoiceSplitter] = {}
         for index in range(self.body.n):
             yield self._chunk([ChatChunkChoice(index, ChatDelta(role="assistant", content=""))])
             if split:
-                splitters[index] = ChoiceSplitter(
-                    self.reasoning, self.use, self.serving.tool_parser
-                )
-                for delta in _deltas(splitters[index].feed(self.echo)):
+                for delta in _deltas(self._splitter(index).feed(self.echo)):
                     yield self._chunk([ChatChunkChoice(index, delta)])
             elif self.echo:
                 yield self._chunk([ChatChunkChoice(index, ChatDelta(content=self.echo))])
@@ -357,7 +378,7 @@ class _ChatWriter:
             completion = output.outputs[0]
             check_finished(completion)
             if split:
-                for chunk in self._split_chunks(index, splitters[index], output):
+                for chunk in self._split_chunks(index, self._splitter(index), output):
                     yield chunk
                 continue
             if not (completion.text or completion.logprobs or output.finished):
@@ -371,7 +392,7 @@ class _ChatWriter:
             )
         options = self.body.stream_options
         if options is not None and options.include_usage:
-            yield self._chunk([], usage=make_usage(group, self.body.n))
+            yield self._chunk([], usage=self._usage(group))
 
     def _split_chunks(
         self, index: int, splitter: ChoiceSplitter, output: RequestOutput

@@ -12,6 +12,7 @@ from spyglass.core.api.schemas import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
+    CompletionTokensDetails,
     JsonObjectResponseFormat,
     JsonSchemaResponseFormat,
     PromptLogprob,
@@ -162,9 +163,9 @@ def request_attributes(
     }
 
 
-def make_usage(group: RequestGroup, n: int) -> Usage:
+def make_usage(group: RequestGroup, n: int, reasoning_tokens: int | None = None) -> Usage:
     """Exact token counts of a call's choices (``n`` per prompt); each prompt counts once however
-    many choices it has."""
+    many choices it has. ``reasoning_tokens`` (of all choices) where reasoning is split."""
     firsts = group.latest[::n]
     prompt_tokens = sum(len(o.prompt_token_ids) for o in firsts)
     completion_tokens = sum(group.num_tokens)
@@ -175,6 +176,9 @@ def make_usage(group: RequestGroup, n: int) -> Usage:
         prompt_tokens_details=PromptTokensDetails(
             cached_tokens=sum(o.num_cached_tokens for o in firsts)
         ),
+        completion_tokens_details=None
+        if reasoning_tokens is None
+        else CompletionTokensDetails(reasoning_tokens),
     )
 
 

@@ -11,7 +11,7 @@ that no step costs the length of the text so far; a whole answer is accumulated 
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from litestar import Request
@@ -128,11 +128,16 @@ class RequestGroup:
         self.num_tokens[index] += len(output.outputs[0].token_ids)
         return output
 
-    async def final_outputs(self) -> list[RequestOutput]:
-        """Run every choice to the end; the whole output of each, in choice order."""
+    async def final_outputs(
+        self, on_delta: Callable[[int, RequestOutput], object] | None = None
+    ) -> list[RequestOutput]:
+        """Run every choice to the end; the whole output of each, in choice order. ``on_delta``
+        sees each delta as it comes (choice index, output)."""
         deltas: dict[int, list[RequestOutput]] = {}
         async for index, output in self.outputs():
             deltas.setdefault(index, []).append(output)
+            if on_delta is not None:
+                on_delta(index, output)
         return [joined(deltas[i]) for i in sorted(deltas)]
 
     async def aclose(self) -> None:

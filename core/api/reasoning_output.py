@@ -40,13 +40,24 @@ def split_choice(
 
 
 class ChoiceSplitter:
-    """Turns one choice's delta outputs into reasoning pieces, then content and tool-call pieces."""
+    """Turns one choice's delta outputs into reasoning pieces, then content and tool-call pieces,
+    and counts the reasoning's tokens: those of the outputs before the first one that adds to the
+    answer (the tokens of ``</think>`` and the whitespace after it included), once the choice has
+    reasoned at all."""
 
     def __init__(
         self, reasoning: ReasoningParser | None, use: ToolUse, tool_parser: ToolCallParser | None
     ):
         self.reasoning = reasoning.stream() if reasoning is not None else None
         self.tools = OutputSplitter(use, tool_parser)
+        self._answered = False
+        self._reasoned = False
+        self._tokens_before_answer = 0
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The tokens spent reasoning so far (0 for a choice that did not reason)."""
+        return self._tokens_before_answer if self._reasoned else 0
 
     @property
     def num_calls(self) -> int:
@@ -55,10 +66,19 @@ class ChoiceSplitter:
 
     def advance(self, output: RequestOutput) -> list[ReasoningPiece | ToolCallPiece]:
         """The pieces of a delta output (and all that is left once it finished)."""
-        return self.feed(output.outputs[0].text, output.finished)
+        pieces = self.feed(output.outputs[0].text, output.finished)
+        if not self._answered:
+            self._tokens_before_answer += len(output.outputs[0].token_ids)
+        return pieces
 
     def feed(self, text: str, finished: bool = False) -> list[ReasoningPiece | ToolCallPiece]:
         """The pieces of the output's next ``text`` (and all that is left when ``finished``)."""
+        pieces = self._split(text, finished)
+        self._reasoned = self._reasoned or any(p.kind == "reasoning" for p in pieces)
+        self._answered = self._answered or any(p.kind != "reasoning" for p in pieces)
+        return pieces
+
+    def _split(self, text: str, finished: bool) -> list[ReasoningPiece | ToolCallPiece]:
         if self.reasoning is None:
             return list(self.tools.feed(text, finished))
         parts = self.reasoning.feed(text) + (self.reasoning.finish() if finished else [])

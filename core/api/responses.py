@@ -330,7 +330,8 @@ class _ResponseWriter:
         self.body = body
         self.id = response_id
         self.use = use
-        self.reasoning = reasoning
+        self.splitter = ChoiceSplitter(reasoning, use, serving.tool_parser)
+        """The answer's split into reasoning, content and calls (its reasoning tokens counted)."""
         self.created_at = int(time.time())
 
     def _response(self, items: list[dict], group: RequestGroup | None) -> dict:
@@ -346,7 +347,7 @@ class _ResponseWriter:
                 "input_tokens": num_input,
                 "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
                 "output_tokens": num_output,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": self.splitter.reasoning_tokens},
                 "total_tokens": num_input + num_output,
             }
         body = self.body
@@ -378,12 +379,14 @@ class _ResponseWriter:
 
     async def collect(self, group: RequestGroup) -> dict:
         """Run to the end and build the response."""
-        (output,) = await group.final_outputs()
-        check_finished(output.outputs[0])
         items = _OutputItems()
-        splitter = ChoiceSplitter(self.reasoning, self.use, self.serving.tool_parser)
-        for piece in splitter.advance(output):
-            items.add(piece)
+
+        def split(_: int, delta: RequestOutput) -> None:
+            for piece in self.splitter.advance(delta):
+                items.add(piece)
+
+        (output,) = await group.final_outputs(split)
+        check_finished(output.outputs[0])
         items.close(_item_status(output))
         return self._response(items.items, group)
 
@@ -398,14 +401,10 @@ class _ResponseWriter:
 
         yield numbered({"type": "response.created", "response": self._response([], None)})
         yield numbered({"type": "response.in_progress", "response": self._response([], None)})
-        splitter, items, output = (
-            ChoiceSplitter(self.reasoning, self.use, self.serving.tool_parser),
-            _OutputItems(),
-            None,
-        )
+        items, output = _OutputItems(), None
         async for _, output in group.outputs():
             check_finished(output.outputs[0])
-            for piece in splitter.advance(output):
+            for piece in self.splitter.advance(output):
                 for event in items.add(piece):
                     yield numbered(event)
         for event in items.close(_item_status(output)):

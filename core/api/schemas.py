@@ -262,13 +262,21 @@ class PromptTokensDetails(msgspec.Struct):
     cached_tokens: int = 0
 
 
-class Usage(msgspec.Struct):
-    """Token counts of a whole response."""
+class CompletionTokensDetails(msgspec.Struct):
+    """How many completion tokens the model spent reasoning (with ``--reasoning-parser``)."""
+
+    reasoning_tokens: int = 0
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
+    """Token counts of a whole response (``completion_tokens_details`` only where reasoning is
+    split)."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class CompletionLogprobs(msgspec.Struct):

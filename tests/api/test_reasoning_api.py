@@ -70,7 +70,9 @@ def test_reasoning_then_content_from_the_answer_start(servers):
     continuation = plain.choices[0].message.content
     assert plain.choices[0].message.model_extra["reasoning_content"] is None
 
-    answer = _chat(client, [QUESTION, start], **CONTINUE).choices[0].message
+    response = _chat(client, [QUESTION, start], **CONTINUE)
+    answer = response.choices[0].message
+    assert response.usage.completion_tokens_details.reasoning_tokens == 0  # all generated after
     assert answer.model_extra["reasoning_content"] == "Paris is in France."
     assert answer.content == "The answer:" + continuation
     assert _streamed(client, [QUESTION, start], **CONTINUE) == (
@@ -85,6 +87,8 @@ def test_reasoning_cut_by_max_tokens_has_no_content(servers):
     response = _chat(client, [QUESTION, start], **CONTINUE)
     message = response.choices[0].message
     assert response.choices[0].finish_reason == "length"
+    details = response.usage.completion_tokens_details
+    assert details.reasoning_tokens == response.usage.completion_tokens == GREEDY["max_tokens"]
     assert message.content is None
     assert message.model_extra["reasoning_content"].startswith("Still thinking")
     assert _streamed(client, [QUESTION, start], **CONTINUE) == (
@@ -95,8 +99,10 @@ def test_reasoning_cut_by_max_tokens_has_no_content(servers):
 
 def test_qwen3_answers_without_think_are_all_content(servers):
     client = _openai(servers["qwen3"])
-    message = _chat(client, [QUESTION]).choices[0].message
+    response = _chat(client, [QUESTION])
+    message = response.choices[0].message
     assert message.content and message.model_extra["reasoning_content"] is None
+    assert response.usage.completion_tokens_details.reasoning_tokens == 0
 
 
 def test_tool_calls_are_parsed_from_the_content_after_the_reasoning(servers):
@@ -120,9 +126,21 @@ def test_tool_calls_are_parsed_from_the_content_after_the_reasoning(servers):
 
 def test_deepseek_r1_output_starts_in_the_reasoning(servers):
     client = _openai(servers["deepseek_r1"])
-    message = _chat(client, [QUESTION]).choices[0].message
+    response = _chat(client, [QUESTION])
+    message = response.choices[0].message
     assert message.content is None and message.model_extra["reasoning_content"]
+    assert response.usage.completion_tokens_details.reasoning_tokens == GREEDY["max_tokens"]
     assert _streamed(client, [QUESTION]) == (message.model_extra["reasoning_content"], "")
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[QUESTION],
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == GREEDY["max_tokens"]
 
 
 def test_constrained_answers_are_not_split(servers):
@@ -147,6 +165,7 @@ def test_responses_api_returns_a_reasoning_item(servers):
     )
     [item] = response.output
     assert item.type == "reasoning" and item.content[0].text == chat
+    assert response.usage.output_tokens_details.reasoning_tokens == response.usage.output_tokens
     events = list(
         client.responses.create(
             model="tiny", input=QUESTION["content"], max_output_tokens=8, temperature=0, stream=True
