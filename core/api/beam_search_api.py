@@ -80,9 +80,10 @@ async def run_beam_search(
     params: BeamSearchParams,
     attributes: dict,
     lora_name: str | None,
+    cache_salt: str | None,
 ) -> tuple[BeamSearch, list[BeamSearchSequence]]:
     """The search and its best beams (their ``text`` set): one round of one-token engine requests
-    for every live beam at a time."""
+    for every live beam at a time (under the request's ``cache_salt``)."""
     search = BeamSearch(
         prompt_token_ids, params, serving.tokenizer.eos_token_ids, serving.max_model_len
     )
@@ -92,6 +93,7 @@ async def run_beam_search(
         ignore_eos=True,
         logprobs=min(MAX_LOGPROBS, search.num_candidates),
         output_kind=RequestOutputKind.FINAL_ONLY,
+        cache_salt=cache_salt,
     )
     attributes = {**attributes, "num_choices": len(search.live)}
     while not search.done:

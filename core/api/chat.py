@@ -215,7 +215,7 @@ async def _beam_search(
         attributes["messages"] = plain
         token_ids = await encode_text(serving, prompt, "messages", add_special_tokens=False)
     search, best = await run_beam_search(
-        serving, response_id, token_ids, beams, attributes, lora_name
+        serving, response_id, token_ids, beams, attributes, lora_name, data.cache_salt
     )
     choices = [
         ChatChoice(index, AssistantMessage(beam.text), None, beam.finish_reason)

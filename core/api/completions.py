@@ -107,7 +107,13 @@ async def _beam_search(
         prompts = await parse_prompts(serving, data.prompt)
     for index, (token_ids, _) in enumerate(prompts):
         search, best = await run_beam_search(
-            serving, f"{response_id}-{index}", token_ids, beams, attributes, lora_name
+            serving,
+            f"{response_id}-{index}",
+            token_ids,
+            beams,
+            attributes,
+            lora_name,
+            data.cache_salt,
         )
         prompt_tokens += len(token_ids)
         for beam in best:

@@ -65,6 +65,7 @@ def sampling_params(
         logprobs=logprobs,
         n=body.n,
         priority=body.priority,
+        cache_salt=body.cache_salt,
         structured_output=structured_output(body),
         logit_bias=_logit_bias(body.logit_bias),
         stop_token_ids=body.stop_token_ids,

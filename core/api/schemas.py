@@ -130,6 +130,8 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     # Logprobs name tokens ``token_id:N`` rather than by their text.
     return_tokens_as_token_ids: bool = False
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT32)] | None = None
+    # vLLM's: the request's prefix-cache blocks are shared only with requests of the same salt.
+    cache_salt: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
     # vLLM's beam search (`beam_search_api`): ``n`` beams, ranked with this length penalty.
     use_beam_search: bool = False
     length_penalty: Annotated[float, Meta(ge=-10.0, le=10.0)] = 1.0

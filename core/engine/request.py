@@ -122,10 +122,15 @@ class Request:
         return None if self.lora is None else self.lora.name
 
     @property
-    def cache_namespace(self) -> tuple[str, int] | None:
-        """What besides its tokens decides the request's keys and values: its LoRA adapter's name
-        and load (None: the base model). The prefix cache shares blocks only within one namespace."""
-        return None if self.lora is None else (self.lora.name, self.lora.load_id)
+    def cache_namespace(self) -> tuple | None:
+        """What keeps the request's KV blocks apart from other requests' with the same tokens:
+        its LoRA adapter's name and load (the keys and values differ) and its ``cache_salt`` (a
+        tenant's own cache); None for neither. The prefix cache shares blocks only within one."""
+        salt = self.sampling_params.cache_salt
+        if self.lora is None and salt is None:
+            return None
+        adapter = None if self.lora is None else (self.lora.name, self.lora.load_id)
+        return adapter, salt
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -76,7 +76,9 @@ class SamplingParams:
     keeps only the prompt's last that many tokens (-1: the model's context).
     ``prompt_logprobs`` asks for the logprob of every prompt token after the first (and that
     many top alternatives): the request's whole prompt is then computed, none of it taken from
-    the prefix cache.
+    the prefix cache. ``cache_salt`` (vLLM's) keeps the request's prefix-cache blocks apart from
+    those of requests with another salt or none: tenants who do not share a salt cannot learn
+    from a cache hit's speed what another one's prompts hold.
     """
 
     temperature: float = 1.0
@@ -105,6 +107,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
+    cache_salt: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -2,8 +2,9 @@
 
 Block ``i`` of a request is named ``hash((name of block i-1, tokens of block i))``, so equal
 names mean equal tokens from the very start of the sequence (up to a 64-bit hash collision, as
-in nano-vllm and vLLM's default). A request run with a LoRA adapter starts its chain from its
-`Request.cache_namespace`: its keys and values differ from the base model's for the same tokens.
+in nano-vllm and vLLM's default). A request run with a LoRA adapter (its keys and values differ
+from the base model's for the same tokens) or with a ``cache_salt`` starts its chain from its
+`Request.cache_namespace`, so only requests of one namespace share blocks.
 
 When a block fills (`spyglass_blocks_full`) its name goes into
 the pool's hash map; when a new request arrives (`spyglass_match_prefix`) the longest run of its
