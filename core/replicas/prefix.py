@@ -17,6 +17,7 @@ import msgspec
 BLOCK_CHARS = (
     256  # about 64 tokens of English: coarse enough to be cheap, fine enough for system prompts
 )
+_NAMESPACE_END = "\x1d"  # after the model's name, then after the cache salt
 _SEPARATOR = (
     "\x1e"  # between messages, so that moving text from one message to the next changes the names
 )
@@ -35,7 +36,9 @@ def routing_text(body: bytes) -> str:
     """The prompt of an OpenAI or Anthropic request body, flattened to text; empty for anything else.
 
     Chat messages (and Anthropic's ``system``) become ``role: text`` in order; a completion's
-    ``prompt`` is used as is (the first one of a list; token ids as decimal text).
+    ``prompt`` is used as is (the first one of a list; token ids as decimal text). A body that
+    names a ``model`` (a LoRA adapter's keys and values are its own) or a ``cache_salt`` (its blocks
+    are its salt's) starts with them, so such requests share names only with their own kind.
     """
     try:
         request = msgspec.json.decode(body)
@@ -43,6 +46,16 @@ def routing_text(body: bytes) -> str:
         return ""
     if not isinstance(request, dict):
         return ""
+    text = _prompt_text(request)
+    model, salt = (request.get(key) for key in ("model", "cache_salt"))
+    model, salt = (part if isinstance(part, str) else "" for part in (model, salt))
+    if text and (model or salt):
+        return f"{model}{_NAMESPACE_END}{salt}{_NAMESPACE_END}{text}"
+    return text
+
+
+def _prompt_text(request: dict) -> str:
+    """`routing_text` of a decoded body, without its namespace."""
     parts = []
     if request.get("system") is not None:
         parts.append("system: " + _text(request["system"]))

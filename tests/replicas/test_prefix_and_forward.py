@@ -55,6 +55,18 @@ def test_routing_text_of_each_request_shape():
     assert prefix_blocks("x" * (BLOCK_CHARS - 1)) == ()
 
 
+def test_the_model_and_the_cache_salt_name_their_own_blocks():
+    def names(**fields) -> tuple[int, ...]:
+        body = {"messages": [{"role": "system", "content": SYSTEM}], **fields}
+        return prefix_blocks(routing_text(json.dumps(body).encode()))
+
+    plain, adapter, salted = names(), names(model="sql-lora"), names(cache_salt="tenant-a")
+    assert len({plain[0], adapter[0], salted[0]}) == 3
+    assert names(model="sql-lora") == adapter  # the same kind shares names
+    assert names(cache_salt="sql-lora") != adapter  # a salt is not a model of the same name
+    assert routing_text(b'{"model": "m"}') == ""  # no prompt, no names
+
+
 def test_table_answers_the_deepest_live_holder_and_evicts_oldest():
     blocks = prefix_blocks("a" * BLOCK_CHARS * 4)
     table = PrefixTable(capacity=6)
