@@ -11,11 +11,18 @@ from tests.api.conftest import TINY_ARGS, start_server
 PROMPT = "The old lighthouse"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_llama_dir, tmp_path_factory):
-    """The tiny model in float32, as the reference computes it: beams rank by close scores."""
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(request, tiny_llama_dir, tmp_path_factory):
+    """The tiny model in float32, as the reference computes it (beams rank by close scores), in
+    either layout."""
+    layout = ["--engine-process"] if request.param == "process" else []
     started = start_server(
-        str(tiny_llama_dir), tmp_path_factory.mktemp("beams"), *TINY_ARGS, "--dtype", "float32"
+        str(tiny_llama_dir),
+        tmp_path_factory.mktemp("beams"),
+        *TINY_ARGS,
+        "--dtype",
+        "float32",
+        *layout,
     )
     yield started
     started.stop()
