@@ -40,6 +40,8 @@ _NEUTRAL = {
     "guided_grammar": (None,),
     "structured_outputs": (None,),
     "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "return_tokens_as_token_ids": (False,),
     "truncate_prompt_tokens": (None,),
     "logprobs": (None, False),
     "top_logprobs": (None,),
