@@ -242,7 +242,11 @@ class LLMEngine:
         request.bad_word_ids = bad_word_token_ids(self.tokenizer, params.bad_words or [])
         if params.structured_output is not None:
             request.constraint = token_constraint(
-                self.hooks, params.structured_output, self.tokenizer, self.arch.vocab_size
+                self.hooks,
+                params.structured_output,
+                self.tokenizer,
+                self.arch.vocab_size,
+                params.allowed_token_ids,
             )
         self.outputs.add(request)
         self.scheduler.add(request)

@@ -72,10 +72,15 @@ def check_min_tokens(params: SamplingParams, eos_token_ids: tuple[int, ...]) -> 
 
 
 def token_constraint(
-    hooks: SafeHookRelay, spec: StructuredOutput, tokenizer: Tokenizer, vocab_size: int
+    hooks: SafeHookRelay,
+    spec: StructuredOutput,
+    tokenizer: Tokenizer,
+    vocab_size: int,
+    allowed_token_ids: list[int] | None = None,
 ) -> TokenConstraint:
     """A fresh grammar matcher for ``spec`` from the plugins; `InvalidRequestError` when none can
-    enforce it, or when no token of the vocabulary can start an output that matches."""
+    enforce it, or when no token of the vocabulary (of ``allowed_token_ids``, when given) can
+    start an output that matches."""
     try:
         constraint = hooks.spyglass_token_constraint(
             spec=spec, tokenizer=tokenizer, vocab_size=vocab_size
@@ -93,6 +98,11 @@ def token_constraint(
         raise InvalidRequestError(
             f"no token of this model's vocabulary can start an output matching the {spec.kind}",
             "response_format",
+        )
+    if allowed_token_ids is not None and not first[allowed_token_ids].any():
+        raise InvalidRequestError(
+            f"none of allowed_token_ids can start an output matching the {spec.kind}",
+            "allowed_token_ids",
         )
     return constraint
 

@@ -174,6 +174,8 @@ def test_chat_template_kwargs_reach_the_template_but_cannot_replace_its_variable
         ({"allowed_token_ids": []}, "allowed_token_ids"),
         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         ({"bad_words": ["  "]}, "bad_words"),
+        # Found by schemathesis: only EOS may end an empty choice, and it is not allowed.
+        ({"allowed_token_ids": [0], "guided_choice": [""]}, "allowed_token_ids"),
     ],
 )
 def test_bad_extras_are_400s_naming_the_field(server, body, param):
