@@ -465,3 +465,25 @@ def make_lora_adapter(tmp_path_factory):
         return built[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def hf_beams(tiny_llama_dir):
+    """``beams(token_ids, width, length)``: transformers' beam search on the tiny model, best first."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+
+    def beams(token_ids: list[int], width: int, length: int) -> list[list[int]]:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([token_ids]),
+                num_beams=width,
+                num_return_sequences=width,
+                max_new_tokens=length,
+                min_new_tokens=length,
+                do_sample=False,
+            )
+        return [row[len(token_ids) :].tolist() for row in out]
+
+    return beams

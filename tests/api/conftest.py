@@ -90,6 +90,16 @@ def start_server(model: str | None, log_dir: Path, *extra: str, env: dict | None
     pytest.fail(f"server did not become healthy:\n{server.log()}")
 
 
+LAYOUTS = ["thread", "process"]
+"""The two server layouts (the engine in a thread, in its own process): a fixture's params."""
+
+
+def start_tiny(layout: str, model_dir: Path, log_dir: Path, *extra: str) -> Server:
+    """`start_server` on ``model_dir`` with `TINY_ARGS` and ``extra``, the engine in ``layout``."""
+    process = ["--engine-process"] if layout == "process" else []
+    return start_server(str(model_dir), log_dir, *TINY_ARGS, *extra, *process)
+
+
 @pytest.fixture(scope="session")
 def tiny_server(tiny_llama_dir, tmp_path_factory):
     """The tiny random Llama behind an open (keyless) server: fast, for protocol tests."""

@@ -4,26 +4,18 @@ beams transformers' beam search finds, and fields beam search cannot honour are 
 import httpx
 import openai
 import pytest
-import torch
 
-from tests.api.conftest import TINY_ARGS, start_server
+from tests.api.conftest import LAYOUTS, start_tiny
 
 PROMPT = "The old lighthouse"
 
 
-@pytest.fixture(scope="module", params=["thread", "process"])
+@pytest.fixture(scope="module", params=LAYOUTS)
 def server(request, tiny_llama_dir, tmp_path_factory):
     """The tiny model in float32, as the reference computes it (beams rank by close scores), in
     either layout."""
-    layout = ["--engine-process"] if request.param == "process" else []
-    started = start_server(
-        str(tiny_llama_dir),
-        tmp_path_factory.mktemp("beams"),
-        *TINY_ARGS,
-        "--dtype",
-        "float32",
-        *layout,
-    )
+    log_dir = tmp_path_factory.mktemp("beams")
+    started = start_tiny(request.param, tiny_llama_dir, log_dir, "--dtype", "float32")
     yield started
     started.stop()
 
@@ -31,28 +23,6 @@ def server(request, tiny_llama_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def hf_beams(tiny_llama_dir):
-    """``beams(token_ids, width, length)``: transformers' beam search on the tiny model, best first."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
-
-    def beams(token_ids: list[int], width: int, length: int) -> list[list[int]]:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([token_ids]),
-                num_beams=width,
-                num_return_sequences=width,
-                max_new_tokens=length,
-                min_new_tokens=length,
-                do_sample=False,
-            )
-        return [row[len(token_ids) :].tolist() for row in out]
-
-    return beams
 
 
 BEAMS = {"use_beam_search": True, "ignore_eos": True}

@@ -9,7 +9,7 @@ import openai
 import pytest
 import torch
 
-from tests.api.conftest import TINY_ARGS, start_server, wait_for
+from tests.api.conftest import LAYOUTS, TINY_ARGS, start_server, start_tiny, wait_for
 
 PROMPT = "The lighthouse keeper counted the ships"
 MAX_TOKENS = 12
@@ -25,14 +25,13 @@ def adapters(tiny_llama_dir, make_lora_adapter) -> dict[str, object]:
     }
 
 
-@pytest.fixture(scope="module", params=["thread", "process"])
+@pytest.fixture(scope="module", params=LAYOUTS)
 def lora_server(request, tiny_llama_dir, adapters, tmp_path_factory):
     """A server started with the ``sql`` adapter, runtime loading open, in either layout."""
-    layout = ["--engine-process"] if request.param == "process" else []
-    server = start_server(
-        str(tiny_llama_dir),
+    server = start_tiny(
+        request.param,
+        tiny_llama_dir,
         tmp_path_factory.mktemp("lora_server"),
-        *TINY_ARGS,
         "--dtype",
         "float32",
         "--enable-lora",
@@ -41,7 +40,6 @@ def lora_server(request, tiny_llama_dir, adapters, tmp_path_factory):
         "--lora-modules",
         f"sql={adapters['sql']}",
         "--allow-runtime-lora",
-        *layout,
     )
     yield server
     server.stop()

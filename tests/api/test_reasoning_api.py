@@ -11,25 +11,23 @@ import anthropic
 import openai
 import pytest
 
-from tests.api.conftest import TINY_ARGS, start_server
+from tests.api.conftest import LAYOUTS, TINY_ARGS, start_tiny
 
 GREEDY = {"max_tokens": 8, "temperature": 0}
 CONTINUE = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
 QUESTION = {"role": "user", "content": "What is the capital of France?"}
 
 
-@pytest.fixture(scope="module", params=["thread", "process"])
+@pytest.fixture(scope="module", params=LAYOUTS)
 def servers(request, tiny_llama_dir, tmp_path_factory):
     """A ``qwen3`` and a ``deepseek_r1`` server (both layouts), by parser name."""
-    layout = ["--engine-process"] if request.param == "process" else []
     started = {
-        name: start_server(
-            str(tiny_llama_dir),
+        name: start_tiny(
+            request.param,
+            tiny_llama_dir,
             tmp_path_factory.mktemp(f"reasoning_{name}"),
-            *TINY_ARGS,
             "--reasoning-parser",
             name,
-            *layout,
         )
         for name in ("qwen3", "deepseek_r1")
     }

@@ -17,29 +17,13 @@ def llm(tiny_llama_dir):
     torch.set_flush_denormal(False)  # the engine set it on this thread; hypothesis needs it off
 
 
-def _hf_beams(model_dir, prompt: list[int], width: int, length: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            num_beams=width,
-            num_return_sequences=width,
-            max_new_tokens=length,
-            min_new_tokens=length,
-            do_sample=False,
-        )
-    return [row[len(prompt) :].tolist() for row in out]
-
-
 @pytest.mark.parametrize("width", [1, 3, 5])
-def test_beams_match_transformers_beam_search(llm, tiny_llama_dir, width):
+def test_beams_match_transformers_beam_search(llm, hf_beams, width):
     params = BeamSearchParams(beam_width=width, max_tokens=6, ignore_eos=True)
     outputs = llm.beam_search([{"prompt_token_ids": p} for p in PROMPTS], params)
     for prompt, output in zip(PROMPTS, outputs, strict=True):
         ours = [beam.tokens[len(prompt) :] for beam in output.sequences]
-        assert ours == _hf_beams(tiny_llama_dir, prompt, width, 6)
+        assert ours == hf_beams(prompt, width, 6)
         scores = [beam.cum_logprob for beam in output.sequences]
         assert scores == sorted(scores, reverse=True)
         tokenizer = llm.get_tokenizer()
