@@ -242,3 +242,14 @@ def test_bad_lora_options_stop_the_server_with_the_reason(tiny_llama_dir, args, 
     )
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_lora_modules_take_vllms_two_spellings():
+    import argparse
+
+    from spyglass.core.cli.engine_args import lora_module
+
+    assert lora_module("sql=/adapters/sql") == ("sql", "/adapters/sql")
+    assert lora_module('{"name": "sql", "path": "/adapters/sql"}') == ("sql", "/adapters/sql")
+    with pytest.raises(argparse.ArgumentTypeError, match="name"):
+        lora_module('{"path": "/adapters/sql"}')
