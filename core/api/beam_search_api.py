@@ -8,6 +8,7 @@ that names it. ``n`` is the beam width, at most `MAX_BEAM_WIDTH` (each beam's st
 """
 
 import asyncio
+import dataclasses
 
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.errors import APIError
@@ -80,22 +81,24 @@ async def run_beam_search(
     base_id: str,
     prompt_token_ids: list[int],
     params: BeamSearchParams,
+    request_params: SamplingParams,
     attributes: dict,
     lora_name: str | None,
-    cache_salt: str | None,
 ) -> tuple[BeamSearch, list[BeamSearchSequence]]:
     """The search and its best beams (their ``text`` set): one round of one-token engine requests
-    for every live beam at a time (under the request's ``cache_salt``)."""
+    for every live beam at a time, each with the request's own settings (priority, cache salt,
+    SLO target) but greedy, of one token, reporting the next tokens' log-probabilities."""
     search = BeamSearch(
         prompt_token_ids, params, serving.tokenizer.eos_token_ids, serving.max_model_len
     )
-    one_token = SamplingParams(
+    one_token = dataclasses.replace(
+        request_params,
         temperature=0.0,
         max_tokens=1,
         ignore_eos=True,
+        n=1,
         logprobs=min(MAX_LOGPROBS, search.num_candidates),
         output_kind=RequestOutputKind.FINAL_ONLY,
-        cache_salt=cache_salt,
     )
     attributes = {**attributes, "num_choices": len(search.live)}
     while not search.done:

@@ -178,7 +178,9 @@ async def create_chat_completion(
     # Without max_tokens the beams may grow to the context (the search stops there).
     beams = check_beam_search(data, max_tokens or serving.max_model_len)
     if beams is not None:
-        search = _beam_search(serving, data, beams, response_id, attributes, template, lora_name)
+        search = _beam_search(
+            serving, data, beams, params, response_id, attributes, template, lora_name
+        )
         return Response(await unless_disconnected(request, search))
     group = await start_chat(
         serving,
@@ -202,6 +204,7 @@ async def _beam_search(
     serving: ServingContext,
     data: ChatCompletionRequest,
     beams: BeamSearchParams,
+    params: SamplingParams,
     response_id: str,
     attributes: dict,
     template: TemplateOptions,
@@ -215,7 +218,7 @@ async def _beam_search(
         attributes["messages"] = plain
         token_ids = await encode_text(serving, prompt, "messages", add_special_tokens=False)
     search, best = await run_beam_search(
-        serving, response_id, token_ids, beams, attributes, lora_name, data.cache_salt
+        serving, response_id, token_ids, beams, params, attributes, lora_name
     )
     choices = [
         ChatChoice(index, AssistantMessage(beam.text), None, beam.finish_reason)

@@ -111,9 +111,9 @@ async def _beam_search(
             f"{response_id}-{index}",
             token_ids,
             beams,
+            sampling_params(data, beams.max_tokens, None),
             attributes,
             lora_name,
-            data.cache_salt,
         )
         prompt_tokens += len(token_ids)
         for beam in best:

@@ -1,6 +1,7 @@
 """`LoRASeries`: one engine's per-adapter series, and vLLM's LoRA info series for adapter-aware routers."""
 
 import time
+from collections.abc import Iterable
 
 from spyglass.core.plugin_api import EngineConfig, FinishReason, Request, RequestStatus
 from spyglass.telemetry import metrics as m
@@ -16,6 +17,7 @@ class LoRASeries:
         self.series = series
         self.max_lora = "" if config.max_loras is None else str(config.max_loras)
         self.info_labels: tuple[str, str, str] | None = None
+        self.num_live = 0  # live requests with an adapter: without any, a refresh reads no request
         for lora_name in config.lora_modules:
             series.labels(m.LORA_REQUESTS_ACTIVE, lora_name).set(0)
             series.labels(m.LORA_GENERATION_TOKENS, lora_name)
@@ -26,6 +28,7 @@ class LoRASeries:
     def added(self, request: Request) -> None:
         """One more live request on the request's adapter."""
         if request.lora_name is not None:
+            self.num_live += 1
             self.series.labels(m.LORA_REQUESTS_ACTIVE, request.lora_name).inc()
 
     def finished(self, request: Request, reason: FinishReason) -> None:
@@ -33,15 +36,16 @@ class LoRASeries:
         name = request.lora_name
         if name is None:
             return
+        self.num_live -= 1
         self.series.labels(m.LORA_REQUESTS_ACTIVE, name).dec()
         self.series.labels(m.LORA_REQUEST_SUCCESS, name, reason.value).inc()
         self.series.labels(m.LORA_GENERATION_TOKENS, name).inc(request.num_output_tokens)
 
-    def refresh(self, live: list[Request]) -> None:
+    def refresh(self, live: Iterable[Request]) -> None:
         """Set the info series from the live requests (after a step, and when the engine idles)."""
         running: set[str] = set()
         waiting: set[str] = set()
-        for request in live:
+        for request in live if self.num_live else ():
             if request.lora_name is not None:
                 group = running if request.status is RequestStatus.RUNNING else waiting
                 group.add(request.lora_name)

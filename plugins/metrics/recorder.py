@@ -204,7 +204,7 @@ class MetricsRecorder:
             self.series.labels(m.NUM_REQUESTS_WAITING_BY_CLASS, label).set(classes.get(label, 0))
         self.waiting_classes |= classes.keys()
         if self.lora is not None:
-            self.lora.refresh(list(self.live.values()))
+            self.lora.refresh(self.live.values())
         for req_id in stats.req_ids:
             request = self.live.get(req_id)
             if request is not None:
@@ -225,7 +225,7 @@ class MetricsRecorder:
         self.series.labels(m.REQUEST_SUCCESS, reason.value).inc()
         if self.lora is not None:
             self.lora.finished(request, reason)
-            self.lora.refresh(list(self.live.values()))
+            self.lora.refresh(self.live.values())
         e2e = times.finished - times.arrival
         self.e2e.observe(e2e, exemplar)
         error_type = "error" if reason is FinishReason.ERROR else ""

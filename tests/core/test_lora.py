@@ -147,6 +147,12 @@ def adapter(model_dir, make_lora_adapter):
     return make
 
 
+def two_llama_adapters(adapter):
+    """The two llama adapters the batch tests mix: A on all seven projections, B on q and v with
+    rslora and patterns; each as (directory, PEFT reference)."""
+    return adapter("llama-all-seven"), adapter("llama-qv-rslora-patterns")
+
+
 @pytest.fixture(scope="module")
 def prompts(hf_gguf_tokenizer, mixed_texts) -> list[list[int]]:
     """Three prompts: short, past two blocks (and Gemma 2's 16-token window), medium."""
@@ -170,10 +176,7 @@ def test_greedy_tokens_and_logprobs_match_peft(case, adapter, make_lora_engine, 
 
 def test_one_batch_mixing_base_and_two_adapters(adapter, make_lora_engine, prompts):
     # base, A, B, A, base: A's rows are two runs (an index tensor), B's one (a slice).
-    (path_a, ref_a), (path_b, ref_b) = (
-        adapter("llama-all-seven"),
-        adapter("llama-qv-rslora-patterns"),
-    )
+    (path_a, ref_a), (path_b, ref_b) = two_llama_adapters(adapter)
     engine = make_lora_engine("llama")
     engine.add_lora("a", str(path_a))
     engine.add_lora("b", str(path_b))
@@ -206,10 +209,7 @@ def test_prefix_cache_is_keyed_by_adapter_and_load(
     )
     engine = llm.engine
     assert engine.plugin_manager.has_plugin("prefix_cache")
-    (path_a, ref_a), (path_b, ref_b) = (
-        adapter("llama-all-seven"),
-        adapter("llama-qv-rslora-patterns"),
-    )
+    (path_a, ref_a), (path_b, ref_b) = two_llama_adapters(adapter)
     prompt = hf_gguf_tokenizer(mixed_texts[4] + mixed_texts[7]).input_ids
     cached = (len(prompt) - 1) // engine.config.block_size * engine.config.block_size
     assert cached >= 3 * engine.config.block_size
@@ -245,10 +245,7 @@ def test_prefix_cache_is_keyed_by_adapter_and_load(
 
 
 def test_reload_under_the_same_name_while_a_request_runs(adapter, make_lora_engine, prompts):
-    (path_a, ref_a), (path_b, ref_b) = (
-        adapter("llama-all-seven"),
-        adapter("llama-qv-rslora-patterns"),
-    )
+    (path_a, ref_a), (path_b, ref_b) = two_llama_adapters(adapter)
     engine = make_lora_engine("llama")
     engine.add_lora("a", str(path_a))
     engine.add_request("old", prompts[1], GREEDY, lora_name="a")
