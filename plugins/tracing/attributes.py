@@ -38,6 +38,8 @@ def invocation_parameters(request: Request) -> dict:
         "include_stop_str_in_output": p.include_stop_str_in_output or None,
         "skip_special_tokens": False if not p.skip_special_tokens else None,
         "truncate_prompt_tokens": p.truncate_prompt_tokens,
+        # Whether a salt kept the prefix cache apart (why a repeated prompt missed), not the salt.
+        "cache_salted": True if p.cache_salt is not None else None,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
     return params

@@ -41,6 +41,7 @@ def test_output_controls_are_in_the_invocation_parameters(
         skip_special_tokens=False,
         truncate_prompt_tokens=64,
         prompt_logprobs=1,
+        cache_salt="tenant-secret",
     )
     engine.add_request("controls", engine.tokenizer.encode(PROMPT), params)
     run_to_completion(engine)
@@ -59,7 +60,9 @@ def test_output_controls_are_in_the_invocation_parameters(
         "include_stop_str_in_output": True,
         "skip_special_tokens": False,
         "truncate_prompt_tokens": 64,
+        "cache_salted": True,
     }
+    assert not any("tenant-secret" in str(v) for v in span.attributes.values())
 
 
 def test_request_span_tree_attributes_and_step_links(
