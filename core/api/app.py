@@ -19,7 +19,7 @@ from spyglass.core.api.context import ServingContext, api_key_guard, provide_ser
 from spyglass.core.api.engine_placement import load_engine
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.lora_routes import load_lora_adapter, unload_lora_adapter
-from spyglass.core.api.messages import create_message
+from spyglass.core.api.messages import count_message_tokens, create_message
 from spyglass.core.api.responses import create_response
 from spyglass.core.api.routes import ROUTES
 from spyglass.core.api.server_options import ServerOptions
@@ -79,6 +79,7 @@ def create_app(
             create_chat_completion,
             create_response,
             create_message,
+            count_message_tokens,
             tokenize,
             detokenize,
             load_lora_adapter,

@@ -1,4 +1,5 @@
-"""``POST /v1/messages``: Anthropic's Messages API over the same chat machinery (template, tools, constraints).
+"""``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API over the same
+chat machinery (template, tools, constraints).
 
 Messages become chat turns (``system`` first, ``tool_use`` blocks as assistant tool calls,
 ``tool_result`` blocks as tool turns); ``tool_choice`` ``auto``, ``any``, ``tool`` and ``none`` map to
@@ -9,6 +10,7 @@ named events: ``message_start``, a ``content_block_start`` / ``_delta`` / ``_sto
 reason and usage, and ``message_stop``. Errors keep this server's OpenAI-shaped body.
 """
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -17,19 +19,22 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from spyglass.core.api.chat import start_chat
+from spyglass.core.api.chat import render_messages, start_chat
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import check_finished, new_id, request_attributes
 from spyglass.core.api.generation import RequestGroup, unless_disconnected
 from spyglass.core.api.messages_schemas import (
+    Conversation,
     MessageResponse,
     MessagesRequest,
     TextBlock,
     ThinkingBlock,
+    TokenCount,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
 )
+from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for, split_choice
 from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
 from spyglass.core.api.streaming import event_stream
@@ -44,7 +49,7 @@ from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.sampling_params import SamplingParams
 
 
-def chat_messages(body: MessagesRequest) -> list[ChatMessage]:
+def chat_messages(body: Conversation) -> list[ChatMessage]:
     """The conversation as chat turns."""
     turns = []
     if body.system:
@@ -80,7 +85,7 @@ def chat_messages(body: MessagesRequest) -> list[ChatMessage]:
     return turns
 
 
-def tool_use(body: MessagesRequest) -> ToolUse:
+def tool_use(body: Conversation) -> ToolUse:
     """The request's tools and choice in the chat API's terms; a 400 for a choice that cannot be met."""
     tools = [function_tool(t.name, t.description, t.input_schema) for t in body.tools or []]
     choice = body.tool_choice
@@ -129,6 +134,30 @@ async def create_message(
     if data.stream:
         return event_stream(writer.events(group), named=True)
     return Response(await unless_disconnected(request, writer.collect(group)))
+
+
+@post(
+    "/v1/messages/count_tokens",
+    summary="Count a message's input tokens (Anthropic Messages API)",
+    tags=["anthropic"],
+    status_code=200,
+    guards=[json_body_guard],
+    opt={"body": Conversation},
+)
+async def count_message_tokens(
+    data: JSONBody[Conversation], serving: NamedDependency[ServingContext]
+) -> TokenCount:
+    """The ``input_tokens`` that ``POST /v1/messages`` with this conversation and these tools
+    would report: the same template render and tokenizer. Nothing runs on the engine; a
+    conversation longer than the context is counted, not refused."""
+    serving.check_model(data.model)
+    _, prompt = await asyncio.to_thread(
+        render_messages, chat_messages(data), serving.tokenizer, tool_use(data)
+    )
+    token_ids = await encode_text(
+        serving, prompt, "messages", must_fit=False, add_special_tokens=False
+    )
+    return TokenCount(len(token_ids))
 
 
 class _MessageWriter:

@@ -75,32 +75,44 @@ class ThinkingDisabled(msgspec.Struct, kw_only=True):
     type: Literal["disabled"]
 
 
-class MessagesRequest(msgspec.Struct, kw_only=True):
-    """``POST /v1/messages``."""
+class Conversation(msgspec.Struct, kw_only=True):
+    """What a Messages call's prompt is made of: the body of ``POST /v1/messages/count_tokens``."""
 
     model: str
-    max_tokens: Annotated[int, Meta(ge=1, le=INT32)]
     messages: Annotated[list[InputMessage], Meta(min_length=1)]
     system: str | list[TextBlock] | None = None
+    tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingDisabled | None = None
+
+    unsupported: ClassVar[frozenset[str]] = frozenset({"thinking"})
+
+
+class MessagesRequest(Conversation, kw_only=True):
+    """``POST /v1/messages``."""
+
+    max_tokens: Annotated[int, Meta(ge=1, le=INT32)]
     stop_sequences: Annotated[list[StopText], Meta(max_length=MAX_STOP_SEQUENCES)] | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, Meta(ge=0, le=INT32)] = 0
     stream: bool = False
-    tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
-    tool_choice: ToolChoice | None = None
     metadata: dict[str, str] | None = (
         None  # ``user_id`` is the request's user; ``session_id`` its trace's session
     )
-    thinking: ThinkingDisabled | None = None
 
-    unsupported: ClassVar[frozenset[str]] = frozenset({"thinking"})
     n: ClassVar[int] = 1  # one message per call
 
     @property
     def user(self) -> str | None:
         """``metadata.user_id``: the request's user, as plugins see it."""
         return (self.metadata or {}).get("user_id")
+
+
+class TokenCount(msgspec.Struct):
+    """``POST /v1/messages/count_tokens``'s answer."""
+
+    input_tokens: int
 
 
 class Usage(msgspec.Struct):

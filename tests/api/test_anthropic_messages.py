@@ -135,3 +135,27 @@ def test_bad_tool_choice_is_a_400(client):
             tool_choice={"type": "tool", "name": "nope"},
             messages=ASK,
         )
+
+
+@pytest.mark.parametrize("tools", [None, [WEATHER]], ids=["plain", "tools"])
+def test_count_tokens_equals_the_input_tokens_a_message_reports(client, tools):
+    options = dict(
+        model=MODEL,
+        system="Answer in one short sentence.",
+        messages=ASK,
+        **({"tools": tools} if tools else {}),
+    )
+    counted = client.messages.count_tokens(**options)
+    message = client.messages.create(max_tokens=1, extra_body={"temperature": 0}, **options)
+    assert counted.input_tokens == message.usage.input_tokens > 10
+
+
+def test_count_tokens_refuses_what_a_message_would(client):
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="no-such-model", messages=ASK)
+    with pytest.raises(anthropic.BadRequestError, match="thinking"):
+        client.messages.count_tokens(
+            model=MODEL, messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
+    with pytest.raises(anthropic.BadRequestError, match="messages"):
+        client.messages.count_tokens(model=MODEL, messages=[])
