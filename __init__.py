@@ -1,6 +1,6 @@
 """Spyglass: an observability-first LLM serving engine.
 
-``LLM``, ``SamplingParams``, ``BeamSearchParams``, ``LoRARequest`` and the output classes are
+``LLM``, ``SamplingParams``, ``PoolingParams``, ``BeamSearchParams``, ``LoRARequest`` and the output classes are
 imported on first use, so that the ``spyglass`` command answers ``--help`` without loading torch.
 """
 
@@ -12,6 +12,9 @@ _EXPORTS = {
     "RequestOutputKind": "spyglass.core.engine.sampling_params",
     "RequestOutput": "spyglass.core.engine.outputs",
     "CompletionOutput": "spyglass.core.engine.outputs",
+    "PoolingParams": "spyglass.core.engine.pooling_params",
+    "EmbeddingRequestOutput": "spyglass.core.engine.outputs",
+    "EmbeddingOutput": "spyglass.core.engine.outputs",
     "LoRARequest": "spyglass.core.engine.lora_info",
     "BeamSearchParams": "spyglass.core.engine.beam_search",
 }

@@ -10,8 +10,14 @@ from spyglass.core.engine.beam_search import BeamSearch, BeamSearchOutput, BeamS
 from spyglass.core.engine.config import EngineConfig, parse_bytes
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.lora_info import LoRARequest
-from spyglass.core.engine.outputs import RequestOutput
-from spyglass.core.engine.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
+from spyglass.core.engine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from spyglass.core.engine.pooling_params import PoolingParams
+from spyglass.core.engine.sampling_params import (
+    MAX_LOGPROBS,
+    RequestOutputKind,
+    SamplingParams,
+    embedding_params,
+)
 from spyglass.core.tokenizer import Tokenizer
 
 PromptType = str | dict
@@ -106,6 +112,29 @@ class LLM:
             for text in texts
         ]
         return self.generate(prompts, sampling_params, use_tqdm, lora_request)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """vLLM's ``LLM.embed``: each prompt's embedding, in input order (the final norm's output
+        at its last token; unit length unless ``pooling_params.normalize`` is off). Prompts as in
+        `generate`; a request that fails raises RuntimeError."""
+        params = embedding_params(pooling_params or PoolingParams(), truncate_prompt_tokens)
+        results = []
+        for output in self.generate(prompts, params, use_tqdm, lora_request):
+            if output.embedding is None:
+                raise RuntimeError(f"embedding request {output.request_id} failed")
+            results.append(
+                EmbeddingRequestOutput(
+                    output.request_id, output.prompt_token_ids, EmbeddingOutput(output.embedding)
+                )
+            )
+        return results
 
     def beam_search(
         self, prompts: Sequence[PromptType], params: BeamSearchParams

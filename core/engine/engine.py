@@ -29,6 +29,7 @@ from spyglass.core.engine.request import FinishReason, Request
 from spyglass.core.engine.request_intake import (
     bad_word_token_ids,
     check_min_tokens,
+    check_pooling,
     output_room,
     token_constraint,
     truncated_prompt,
@@ -210,6 +211,7 @@ class LLMEngine:
 
         A prompt longer than ``params.truncate_prompt_tokens`` loses its first tokens (its text
         is then that of the tokens kept). ``lora_name`` runs it with that loaded LoRA adapter."""
+        check_pooling(params, self.arch.hidden_size, self.config.tensor_parallel_size)
         lora = None
         if lora_name is not None:
             if self.lora_adapters is None:

@@ -8,7 +8,7 @@ engine's loop (measured on a 2-core EPYC). The prompt stays behind: the server h
 from spyglass.core.engine.outputs import CompletionOutput, Logprob, RequestOutput
 
 WireOutput = tuple
-"""``(request_id, finished, num_cached_tokens, metrics, completions, prompt_logprobs)``; each
+"""``(request_id, finished, num_cached_tokens, metrics, completions, prompt_logprobs, embedding)``; each
 completion is ``(index, text, token_ids, finish_reason, stop_reason, logprobs)``, each logprob
 ``(token_id, logprob, top)``, each prompt logprob None or ``(token_id, logprob, top, rank)``."""
 
@@ -40,6 +40,7 @@ def to_wire(outputs: list[RequestOutput]) -> list[WireOutput]:
                 None if lp is None else (lp.token_id, lp.logprob, lp.top, lp.rank)
                 for lp in o.prompt_logprobs
             ],
+            o.embedding,
         )
         for o in outputs
     ]
@@ -69,6 +70,15 @@ def from_wire(rows: list[WireOutput]) -> list[RequestOutput]:
             prompt_logprobs=None
             if prompt_logprobs is None
             else [None if lp is None else Logprob(*lp) for lp in prompt_logprobs],
+            embedding=embedding,
         )
-        for request_id, finished, num_cached_tokens, metrics, completions, prompt_logprobs in rows
+        for (
+            request_id,
+            finished,
+            num_cached_tokens,
+            metrics,
+            completions,
+            prompt_logprobs,
+            embedding,
+        ) in rows
     ]

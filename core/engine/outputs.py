@@ -41,6 +41,30 @@ class RequestOutput:
     prompt_logprobs: list[Logprob | None] | None = None
     """With ``SamplingParams.prompt_logprobs``: one per prompt token, None for the first; a delta
     request's first output carries them."""
+    embedding: list[float] | None = None
+    """An embedding request's vector (``SamplingParams.pooling``), on its final output."""
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    """A prompt's embedding (vLLM's class of the same name)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        """The vector's length."""
+        return len(self.embedding)
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    """What `LLM.embed` returns per prompt, as vLLM shapes it: ``outputs.embedding`` is the vector."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
 
 
 def joined(deltas: list[RequestOutput]) -> RequestOutput:
@@ -58,6 +82,7 @@ def joined(deltas: list[RequestOutput]) -> RequestOutput:
         num_cached_tokens=last.num_cached_tokens,
         metrics=last.metrics,
         prompt_logprobs=deltas[0].prompt_logprobs,
+        embedding=last.embedding,
     )
 
 

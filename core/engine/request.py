@@ -93,6 +93,8 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
+        # An embedding request's vector, once the step that finished its prompt computed it.
+        self.embedding: list[float] | None = None
         self.times = RequestTimes(
             arrival=time.monotonic() if arrival_time is None else arrival_time
         )

@@ -49,6 +49,14 @@ def output_room(
         if not all(0 <= token < vocab_size for token in getattr(params, field) or ()):
             raise InvalidRequestError(f"{field} names token ids outside the vocabulary", field)
     room = max_model_len - len(prompt_token_ids)
+    if params.pooling is not None:  # an embedding computes the prompt and generates nothing
+        if room < 0:
+            raise InvalidRequestError(
+                f"the prompt ({len(prompt_token_ids)} tokens) exceeds the model's context of "
+                f"{max_model_len} tokens",
+                "prompt",
+            )
+        return 1
     if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
         raise InvalidRequestError(
             f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
@@ -56,6 +64,25 @@ def output_room(
             "max_tokens",
         )
     return room
+
+
+def check_pooling(params: SamplingParams, hidden_size: int, tensor_parallel_size: int) -> None:
+    """`InvalidRequestError` for an embedding request this engine cannot answer: a vector of
+    other ``dimensions`` than the model's hidden size, or any under tensor parallelism (the
+    workers run the forward to the logits only)."""
+    pooling = params.pooling
+    if pooling is None:
+        return
+    if tensor_parallel_size > 1:
+        raise InvalidRequestError(
+            "embeddings are not served with tensor parallelism", "tensor_parallel_size"
+        )
+    if pooling.dimensions is not None and pooling.dimensions != hidden_size:
+        raise InvalidRequestError(
+            f"dimensions must be the model's hidden size ({hidden_size}): it is not trained "
+            "for shorter embeddings",
+            "dimensions",
+        )
 
 
 def check_min_tokens(params: SamplingParams, eos_token_ids: tuple[int, ...]) -> None:

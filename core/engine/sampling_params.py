@@ -3,7 +3,10 @@
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spyglass.core.engine.pooling_params import PoolingParams
 
 STRUCTURED_OUTPUT_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
@@ -78,7 +81,8 @@ class SamplingParams:
     many top alternatives): the request's whole prompt is then computed, none of it taken from
     the prefix cache. ``cache_salt`` (vLLM's) keeps the request's prefix-cache blocks apart from
     those of requests with another salt or none: tenants who do not share a salt cannot learn
-    from a cache hit's speed what another one's prompts hold.
+    from a cache hit's speed what another one's prompts hold. With ``pooling`` the request is
+    an embedding request (`embedding_params`): its output is its prompt's embedding, not text.
     """
 
     temperature: float = 1.0
@@ -108,6 +112,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     cache_salt: str | None = None
+    pooling: "PoolingParams | None" = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -216,3 +221,23 @@ class SamplingParams:
             or self.frequency_penalty != 0
             or self.repetition_penalty != 1
         )
+
+
+def embedding_params(
+    pooling: "PoolingParams",
+    truncate_prompt_tokens: int | None = None,
+    priority: int = 0,
+    cache_salt: str | None = None,
+) -> SamplingParams:
+    """The settings of a request for its prompt's embedding: one greedy step that samples nothing
+    the output keeps, no drafts, and one output at the end."""
+    return SamplingParams(
+        temperature=0.0,
+        max_tokens=1,
+        speculative=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        truncate_prompt_tokens=truncate_prompt_tokens,
+        priority=priority,
+        cache_salt=cache_salt,
+        pooling=pooling,
+    )

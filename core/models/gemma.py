@@ -116,9 +116,14 @@ class GemmaForCausalLM:
 
     def logits(self, hidden, residual, rows) -> torch.Tensor:
         """Float32 logits of ``rows`` of `hidden_states`' result: the final norm, the head, the soft-cap."""
+        logits = self.lm_head(self.final_hidden(hidden, residual, rows)).float()
+        cap = self.arch.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def final_hidden(self, hidden, residual, rows) -> torch.Tensor:
+        """The final norm's output for ``rows`` (the activations' dtype): what the head reads, and
+        a token's embedding (HF's ``last_hidden_state``)."""
         normed, _ = self.backend.add_rms_norm(
             hidden[rows], residual[rows], self.final_norm, self.arch.rms_norm_eps
         )
-        logits = self.lm_head(normed).float()
-        cap = self.arch.final_logit_softcapping
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return normed

@@ -118,10 +118,17 @@ class LlamaForCausalLM:
         self, hidden: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor | slice
     ) -> torch.Tensor:
         """Float32 logits of ``rows`` of `hidden_states`' result: the final norm, then the head."""
+        return self.lm_head(self.final_hidden(hidden, residual, rows)).float()
+
+    def final_hidden(
+        self, hidden: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor | slice
+    ) -> torch.Tensor:
+        """The final norm's output for ``rows`` of `hidden_states`' result, in the activations'
+        dtype: what the head reads, and a token's embedding (HF's ``last_hidden_state``)."""
         normed, _ = self.backend.add_rms_norm(
             hidden[rows], residual[rows], self.final_norm, self.arch.rms_norm_eps
         )
-        return self.lm_head(normed).float()
+        return normed
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of ``input_ids`` in the activations' dtype (a tensor-parallel rank sums its share)."""

@@ -19,7 +19,8 @@ from spyglass.kernels.backend import AttentionBackend
 
 class CausalLM(Protocol):
     """What the runner needs from a model: its config, kernels and dtype, and a forward to logits,
-    also in two halves (CUDA graphs capture the first and run the second on the sampled rows only)."""
+    also in two halves (CUDA graphs capture the first and run the second on the sampled rows only),
+    and the final norm's output that the head reads (embedding requests' vectors)."""
 
     arch: ModelArchConfig
     backend: AttentionBackend
@@ -45,6 +46,10 @@ class CausalLM(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def logits(
+        self, hidden: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor | slice
+    ) -> torch.Tensor: ...
+
+    def final_hidden(
         self, hidden: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor | slice
     ) -> torch.Tensor: ...
 

@@ -30,6 +30,14 @@ def test_outputs_come_back_equal_but_for_their_prompts():
             metrics={"queue_s": 0.25},
             prompt_logprobs=[None, Logprob(4, -2.5, {9: -0.5}, rank=3)],
         ),
+        RequestOutput(
+            "c",
+            None,
+            [8, 9],
+            [CompletionOutput(0, "", [], "stop")],
+            finished=True,
+            embedding=[0.6, -0.8],
+        ),
     ]
     received = from_wire(pickle.loads(pickle.dumps(to_wire(outputs))))
     assert received == [dataclasses.replace(o, prompt=None, prompt_token_ids=[]) for o in outputs]

@@ -14,6 +14,7 @@ from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.lora_rows import lora_groups
+from spyglass.core.engine.runner.pooling import Embedding, embeddings, pooled_rows
 from spyglass.core.engine.runner.prompt_logprobs import score_prompts
 from spyglass.core.engine.runner.sampler import adjust_logits, sample, sample_tokens
 from spyglass.core.engine.runner.spec_verify import verify_drafts
@@ -44,6 +45,9 @@ class RunnerOutput:
     prompt_logprobs: tuple[list[Logprob], ...] = ()
     """Per scheduled request, the logprobs of the prompt tokens this step scored (empty when no
     request of the step asks for prompt logprobs)."""
+    embeddings: tuple[Embedding, ...] = ()
+    """Per scheduled request, the embedding of an embedding request whose prompt the step
+    finished, else None (empty when the step finishes no embedding request)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,29 +208,27 @@ class ModelRunner:
 
         A step of one token per sampled request, none asking for logprobs, samples on the device and
         starts copying the token ids to the host: on a GPU the host returns before the step has run.
-        Drafts and logprobs need the host inside sampling; such a step is finished here. ``after`` is
+        Drafts, logprobs and embeddings need the host; such a step is finished here. ``after`` is
         the step still in flight whose sampled ids this one's pending tokens are (async scheduling).
         """
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables, after)
-        if self.lora is None:
-            logits = self._forward(inputs, len(out.scheduled))
-        else:
-            self.lora.groups = lora_groups(out.scheduled, self.device)
-            try:
-                logits = self._forward(inputs, len(out.scheduled))
-            finally:
-                self.lora.groups = []
+        pooled = pooled_rows(out.scheduled, inputs.sampled_rows)
+        logits, embedded = self._run_model(out, inputs, pooled)
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
-        if inputs.prompt_rows or any(
-            s.num_spec_tokens or s.request.logprobs is not None for s in sampled
+        if (
+            pooled
+            or inputs.prompt_rows
+            or any(s.num_spec_tokens or s.request.logprobs is not None for s in sampled)
         ):
             num_sampled = logits.shape[0] - sum(inputs.prompt_rows)
             tokens, logprobs, mask_time = self._sample(
                 out, inputs.sampled_rows, logits[:num_sampled]
             )
             scored = score_prompts(out, inputs.prompt_rows, logits[num_sampled:])
-            result = RunnerOutput(tokens, logprobs, time.perf_counter() - start, mask_time, scored)
+            result = RunnerOutput(
+                tokens, logprobs, time.perf_counter() - start, mask_time, scored, embedded
+            )
             return LaunchedStep(start, inputs.sampled_rows, result=result)
         requests = [s.request for s in sampled]
         adjusted, mask_time = _adjust_plain(logits, requests)
@@ -261,6 +263,27 @@ class ModelRunner:
             time.perf_counter() - launched.start,
             launched.mask_time,
         )
+
+    def _run_model(
+        self, out: SchedulerOutput, inputs: StepInputs, pooled: dict[int, int]
+    ) -> tuple[torch.Tensor, tuple[Embedding, ...]]:
+        """The logits of ``inputs.logits_indices`` and the embeddings of the ``pooled`` requests
+        (`pooled_rows`; eager, from the same forward), each LoRA row with its adapter's delta."""
+        if self.lora is not None:
+            self.lora.groups = lora_groups(out.scheduled, self.device)
+        try:
+            if not pooled:
+                return self._forward(inputs, len(out.scheduled)), ()
+            hidden, residual = self.model.hidden_states(
+                inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches
+            )
+            rows = inputs.logits_indices
+            final = self.model.final_hidden(hidden, residual, rows[list(pooled.values())])
+            logits = self.model.logits(hidden, residual, rows)
+            return logits, embeddings(final, out.scheduled, pooled)
+        finally:
+            if self.lora is not None:
+                self.lora.groups = []
 
     def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
         """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else eager."""
