@@ -16,6 +16,7 @@ import spyglass
 from spyglass.core.api.chat import create_chat_completion
 from spyglass.core.api.completions import create_completion
 from spyglass.core.api.context import ServingContext, api_key_guard, provide_serving
+from spyglass.core.api.embeddings import create_embedding
 from spyglass.core.api.engine_placement import load_engine
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.lora_routes import load_lora_adapter, unload_lora_adapter
@@ -78,6 +79,7 @@ def create_app(
             create_completion,
             create_chat_completion,
             create_response,
+            create_embedding,
             create_message,
             count_message_tokens,
             tokenize,

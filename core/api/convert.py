@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from opentelemetry import context as otel_context
 
+from spyglass.core.api.embedding_schemas import EmbeddingRequest
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup
 from spyglass.core.api.schemas import (
@@ -148,18 +149,23 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def request_attributes(
-    body: SamplingFields, operation: str, response_id: str, model_name: str, headers
+    body: SamplingFields | EmbeddingRequest,
+    operation: str,
+    response_id: str,
+    model_name: str,
+    headers,
 ) -> dict:
-    """What the tracing plugin reads off each engine request (see `AsyncEngine.generate`)."""
+    """What the tracing plugin reads off each engine request (see `AsyncEngine.generate`); an
+    embeddings body neither streams nor has choices."""
     return {
         "operation": operation,
-        "stream": body.stream,
+        "stream": getattr(body, "stream", False),
         "user": body.user,
         "request_model": body.model or model_name,
         "otel_context": otel_context.get_current(),
         "tenant": headers.get("x-spyglass-tenant") or body.user,
         "api_request_id": response_id,
-        "n": body.n,
+        "n": getattr(body, "n", 1),
         "session_id": (body.metadata or {}).get("session_id"),
     }
 

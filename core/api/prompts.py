@@ -54,29 +54,36 @@ def count_prompts(prompt) -> int:
 
 
 async def parse_prompts(
-    serving: ServingContext, prompt, must_fit: bool = True
+    serving: ServingContext,
+    prompt,
+    must_fit: bool = True,
+    param: str = "prompt",
+    max_prompts: int = MAX_PROMPTS,
+    add_special_tokens: bool = True,
 ) -> list[tuple[list[int], str]]:
-    """``(token_ids, text)`` for each prompt: a string, a token list, or a non-empty list of
-    either (``must_fit`` as `encode_text`'s)."""
+    """``(token_ids, text)`` for each prompt: a string, a token list, or a non-empty list of at
+    most ``max_prompts`` of either. Errors name ``param`` (the body's field); ``must_fit`` and
+    ``add_special_tokens`` as `encode_text`'s."""
     if isinstance(prompt, str) or _is_token_list(prompt):
         prompt = [prompt]
     if not prompt:
-        raise APIError(400, "prompt must not be empty", "prompt")
-    if len(prompt) > MAX_PROMPTS:
-        raise APIError(400, f"at most {MAX_PROMPTS} prompts per request", "prompt")
+        raise APIError(400, f"{param} must not be empty", param)
+    if len(prompt) > max_prompts:
+        raise APIError(400, f"at most {max_prompts} prompts per request", param)
     prompts = []
     for item in prompt:
         if isinstance(item, str):
             if not item:
-                raise APIError(400, "prompt must not be empty", "prompt")
-            prompts.append((await encode_text(serving, item, must_fit=must_fit), item))
+                raise APIError(400, f"{param} must not be empty", param)
+            token_ids = await encode_text(serving, item, param, must_fit, add_special_tokens)
+            prompts.append((token_ids, item))
         elif _is_token_list(item):
-            token_ids = check_token_ids(serving, list(item))
+            token_ids = check_token_ids(serving, list(item), param)
             prompts.append(
                 (token_ids, serving.tokenizer.decode(token_ids, skip_special_tokens=False))
             )
         else:
             raise APIError(
-                400, "prompt must be a string, a list of token ids, or a list of either", "prompt"
+                400, f"{param} must be a string, a list of token ids, or a list of either", param
             )
     return prompts

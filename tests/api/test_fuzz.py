@@ -42,8 +42,9 @@ def _tamed(body):
         key: value for key, value in body.items() if key not in ("model", "max_completion_tokens")
     }
     tamed["max_output_tokens" if "input" in body else "max_tokens"] = 2
-    if isinstance(tamed.get("prompt"), list):
-        tamed["prompt"] = "fuzz"
+    for field in ("prompt", "input"):  # completions', embeddings' and responses' inputs
+        if isinstance(tamed.get(field), list):
+            tamed[field] = "fuzz"
     return tamed
 
 
@@ -52,7 +53,7 @@ def _operations(base_url: str):
     return [result.ok() for result in schema.get_all_operations()]
 
 
-@pytest.mark.timeout(600)  # four generation endpoints, on a shared 2-core box
+@pytest.mark.timeout(600)  # five model endpoints, on a shared 2-core box
 def test_no_case_gets_a_server_error(server_factory, tiny_llama_dir):
     base_url = server_factory(str(tiny_llama_dir), *FUZZ_ARGS).base_url
     session = requests.Session()
@@ -83,6 +84,6 @@ def test_no_case_gets_a_server_error(server_factory, tiny_llama_dir):
 
         run()
     # The fuzzer reached the generation endpoints, with bodies they ran and bodies they refused.
-    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"):
         assert 200 in seen[(f"POST {path}", GenerationMode.POSITIVE)], seen
         assert 400 in seen[(f"POST {path}", GenerationMode.NEGATIVE)], seen

@@ -1,0 +1,120 @@
+"""``POST /v1/embeddings``: one vector per input, OpenAI's endpoint with vLLM's extras.
+
+Each input is an engine request for its embedding (`SamplingParams.pooling`): it is batched with
+generation, chunked, cached and traced like any other request, and its vector is the final norm's
+output at its last token, of unit length unless ``normalize`` is off.
+"""
+
+import asyncio
+import base64
+import time
+
+import numpy as np
+from litestar import Request, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
+
+from spyglass.core.api.chat import TemplateOptions, render_messages
+from spyglass.core.api.context import ServingContext
+from spyglass.core.api.convert import check_finished, new_id, request_attributes
+from spyglass.core.api.embedding_schemas import (
+    MAX_INPUTS,
+    EmbeddingData,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    EmbeddingUsage,
+)
+from spyglass.core.api.errors import APIError
+from spyglass.core.api.generation import ChoiceSpec, RequestGroup, unless_disconnected
+from spyglass.core.api.prompts import count_prompts, encode_text, parse_prompts
+from spyglass.core.api.validation import json_body_guard
+from spyglass.core.engine.pooling_params import PoolingParams
+from spyglass.core.engine.sampling_params import embedding_params
+
+
+@post(
+    "/v1/embeddings",
+    summary="Create embeddings",
+    tags=["openai"],
+    status_code=200,
+    guards=[json_body_guard],
+    opt={"body": EmbeddingRequest},
+)
+async def create_embedding(
+    data: JSONBody[EmbeddingRequest], request: Request, serving: NamedDependency[ServingContext]
+) -> EmbeddingResponse:
+    """The embedding of each ``input`` (or of the ``messages`` rendered as one prompt), in order."""
+    lora_name = serving.check_model(data.model)
+    serving.admit()
+    if (data.input is None) == (data.messages is None):
+        raise APIError(400, "send exactly one of input and messages", "input")
+    params = embedding_params(
+        PoolingParams(normalize=data.normalize, dimensions=data.dimensions),
+        data.truncate_prompt_tokens,
+        data.priority,
+        data.cache_salt,
+    )
+    response_id = new_id("embd")
+    attributes = request_attributes(
+        data, "embeddings", response_id, serving.model_name, request.headers
+    )
+    num_inputs = 1 if data.input is None else count_prompts(data.input)
+    with serving.queue_slots(num_inputs):
+        prompts = await _prompts(serving, data)
+        group = RequestGroup(
+            serving.async_engine,
+            response_id,
+            [ChoiceSpec(token_ids, params, text) for token_ids, text in prompts],
+            attributes,
+            lora_name,
+        )
+        await unless_disconnected(request, group.start())
+    outputs = await unless_disconnected(request, group.final_outputs())
+    data_items = []
+    for index, output in enumerate(outputs):
+        check_finished(output.outputs[0])
+        data_items.append(EmbeddingData(index, _encoded(output.embedding, data.encoding_format)))
+    num_tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    return EmbeddingResponse(
+        response_id,
+        int(time.time()),
+        serving.response_model(data.model),
+        data_items,
+        EmbeddingUsage(num_tokens, num_tokens),
+    )
+
+
+async def _prompts(serving: ServingContext, data: EmbeddingRequest) -> list[tuple[list[int], str]]:
+    """Each input's token ids and text; a 400 naming the field for one that cannot be embedded
+    whole (longer than the context, without ``truncate_prompt_tokens``)."""
+    truncating = data.truncate_prompt_tokens is not None
+    if data.messages is not None:
+        template = TemplateOptions.of(data)
+        _, text = await asyncio.to_thread(
+            render_messages, data.messages, serving.tokenizer, template=template
+        )
+        # The template writes BOS where the model wants it.
+        add_special_tokens = bool(data.add_special_tokens)
+        token_ids = await encode_text(serving, text, "messages", not truncating, add_special_tokens)
+        prompts, param = [(token_ids, text)], "messages"
+    else:
+        add_special_tokens = data.add_special_tokens is not False
+        prompts = await parse_prompts(
+            serving, data.input, not truncating, "input", MAX_INPUTS, add_special_tokens
+        )
+        param = "input"
+    if not truncating and any(len(ids) > serving.max_model_len for ids, _ in prompts):
+        raise APIError(
+            400,
+            f"an input is longer than the model's context of {serving.max_model_len} tokens "
+            "(truncate_prompt_tokens keeps its last tokens)",
+            param,
+        )
+    return prompts
+
+
+def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
+    """The vector as floats, or as base64 of its little-endian float32 bytes."""
+    if encoding_format == "float":
+        return vector
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
