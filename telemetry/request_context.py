@@ -57,3 +57,12 @@ def info_in(ctx: context.Context | None) -> HttpRequestInfo | None:
 def info_of(request) -> HttpRequestInfo | None:
     """The `HttpRequestInfo` of an engine request (from the context captured in its attributes)."""
     return info_in(request.attributes.get("otel_context"))
+
+
+def operation_name(request) -> str:
+    """GenAI's ``gen_ai.operation.name`` of an engine request: ``embeddings`` for an embedding
+    request, else ``chat`` or ``text_completion`` (what the HTTP handler put in
+    ``request.attributes["operation"]``; offline requests are completions)."""
+    if request.sampling_params.pooling is not None:
+        return "embeddings"
+    return request.attributes.get("operation", "text_completion")

@@ -5,6 +5,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from spyglass.core.plugin_api import EngineConfig, EngineInfo, FinishReason, Request, StepStats
 from spyglass.plugins.metrics.lora_series import LoRASeries
 from spyglass.telemetry import metrics as m
+from spyglass.telemetry.request_context import operation_name
 from spyglass.telemetry.settings import TelemetrySettings
 from spyglass.telemetry.tracing import span_context_of
 
@@ -131,13 +132,14 @@ class MetricsRecorder:
             self.series.child(
                 m.GEN_AI_TIME_PER_OUTPUT_TOKEN, operation, PROVIDER, self.model, self.series.engine
             )
+        for operation in ("chat", "text_completion", "embeddings"):
             self.series.child(
                 m.GEN_AI_REQUEST_DURATION, operation, PROVIDER, self.model, self.series.engine, ""
             )
 
     def _gen_ai(self, request: Request) -> tuple[str, str, str, str]:
         return (
-            request.attributes.get("operation", "text_completion"),
+            operation_name(request),
             PROVIDER,
             self.model,
             self.series.engine,
@@ -246,10 +248,16 @@ class MetricsRecorder:
                     tpot, exemplar
                 )
         self.prompt_len.observe(request.num_prompt_tokens)
-        self.generation_len.observe(request.num_output_tokens)
         self.request_preemptions.observe(request.num_preemptions)
-        self.params_max_tokens.observe(request.max_tokens)
         self._call_finished(request)
+        if request.sampling_params.pooling is not None:
+            # An embedding generates nothing: its prompt counts when it is answered, and it is
+            # judged against no token-latency target.
+            if request.embedding is not None:
+                self.prompt_tokens.inc(request.num_prompt_tokens)
+            return
+        self.generation_len.observe(request.num_output_tokens)
+        self.params_max_tokens.observe(request.max_tokens)
         if reason is not FinishReason.ABORT:
             self._judge_slo(request, tpot)
 

@@ -5,14 +5,9 @@ import re
 from datetime import UTC, datetime
 
 from spyglass.core.plugin_api import FinishReason, Request
-from spyglass.telemetry.request_context import info_of
+from spyglass.telemetry.request_context import info_of, operation_name
 
 PROVIDER = "spyglass"
-
-
-def operation_name(request: Request) -> str:
-    """``chat`` or ``text_completion`` (what the HTTP handler put in ``request.attributes["operation"]``)."""
-    return request.attributes.get("operation", "text_completion")
 
 
 def invocation_parameters(request: Request) -> dict:
@@ -92,7 +87,30 @@ def request_attributes(request: Request, model: str) -> dict:
     attrs.update({k: v for k, v in optional.items() if v is not None})
     attrs.update(response_format_attributes(request))
     attrs.update(tool_attributes(extra.get("tools") or ()))
+    if p.pooling is not None:
+        return embedding_request_attributes(attrs, request, model)
     return attrs
+
+
+# What an embedding request's span leaves out: it samples nothing, and it is no LLM call.
+_NOT_FOR_EMBEDDINGS = (
+    "gen_ai.request.max_tokens",
+    "gen_ai.request.temperature",
+    "gen_ai.request.top_p",
+    "llm.model_name",
+    "llm.provider",
+    "llm.invocation_parameters",
+)
+
+
+def embedding_request_attributes(attrs: dict, request: Request, model: str) -> dict:
+    """An embedding request's span: OpenInference's EMBEDDING kind and ``embedding.model_name``,
+    whether its vector is normalized, and none of the sampling settings."""
+    kept = {k: v for k, v in attrs.items() if k not in _NOT_FOR_EMBEDDINGS}
+    kept["openinference.span.kind"] = "EMBEDDING"
+    kept["embedding.model_name"] = model
+    kept["spyglass.embedding.normalize"] = request.sampling_params.pooling.normalize
+    return kept
 
 
 def response_format_attributes(request: Request) -> dict:
@@ -153,6 +171,8 @@ def input_content_attributes(request: Request, prompt_text: str) -> dict:
     else:
         genai = [{"role": "user", "parts": [{"type": "text", "content": prompt_text}]}]
     attrs["gen_ai.input.messages"] = json.dumps(genai)
+    if request.sampling_params.pooling is not None:
+        attrs["embedding.embeddings.0.embedding.text"] = prompt_text
     return attrs
 
 
@@ -170,6 +190,12 @@ def output_content_attributes(text: str, reason: FinishReason) -> dict:
         "llm.output_messages.0.message.content": text,
         "gen_ai.output.messages": json.dumps([message]),
     }
+
+
+def embedding_output_attributes(embedding: list[float]) -> dict:
+    """The vector an embedding request returned (only when content tracing is on: it encodes
+    the input), as OpenInference records it."""
+    return {"embedding.embeddings.0.embedding.vector": embedding}
 
 
 def _text(content) -> str:
@@ -193,6 +219,8 @@ def finish_attributes(request: Request, reason: FinishReason) -> dict:
         "spyglass.num_preemptions": request.num_preemptions,
         "gen_ai.latency.e2e": times.finished - times.arrival,
     }
+    if request.embedding is not None:
+        attrs["gen_ai.embeddings.dimension.count"] = len(request.embedding)
     if request.num_draft_tokens:
         attrs["spyglass.spec.num_draft_tokens"] = request.num_draft_tokens
         attrs["spyglass.spec.num_accepted_tokens"] = request.num_accepted_tokens

@@ -12,6 +12,7 @@ from spyglass.plugins.tracing import attributes as attrs
 from spyglass.plugins.tracing import root_span
 from spyglass.plugins.tracing.step_spans import StepSpans
 from spyglass.telemetry import tracing
+from spyglass.telemetry.request_context import operation_name
 from spyglass.telemetry.settings import TelemetrySettings
 from spyglass.telemetry.tracing import monotonic_to_epoch_ns as epoch_ns
 
@@ -99,7 +100,7 @@ class RequestTracer:
         parent = request.attributes.get("otel_context")
         start = epoch_ns(request.times.arrival)
         span = self.tracer.start_span(
-            f"{attrs.operation_name(request)} {self.model}",
+            f"{operation_name(request)} {self.model}",
             context=parent if isinstance(parent, Context) else Context(),
             kind=SpanKind.INTERNAL,
             start_time=start,
@@ -172,7 +173,9 @@ class RequestTracer:
         )
         span.set_attributes(attrs.finish_attributes(request, reason))
         output_text = None
-        if self.settings.trace_content and self.tokenizer is not None:
+        if self.settings.trace_content and request.embedding is not None:
+            span.set_attributes(attrs.embedding_output_attributes(request.embedding))
+        elif self.settings.trace_content and self.tokenizer is not None:
             output_text = self.tokenizer.decode(request.output_token_ids)
             span.set_attributes(attrs.output_content_attributes(output_text, reason))
         if reason is FinishReason.ERROR:

@@ -22,6 +22,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from spyglass.core.plugin_api import FinishReason, Request
 from spyglass.plugins.tracing import attributes as attrs
+from spyglass.telemetry.request_context import operation_name
 
 
 def server_span(request: Request) -> Span | None:
@@ -49,7 +50,7 @@ def on_added(span: Span, request: Request, model: str, prompt_text: str | None) 
     extra = request.attributes
     values = {
         "openinference.span.kind": "CHAIN",
-        "langfuse.trace.name": f"{attrs.operation_name(request)} {model}",
+        "langfuse.trace.name": f"{operation_name(request)} {model}",
         "user.id": extra.get("user"),
         "langfuse.user.id": extra.get("user"),
         "session.id": attrs.session_id(request),

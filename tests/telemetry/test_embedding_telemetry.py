@@ -1,0 +1,77 @@
+"""Embedding requests in traces: OpenInference's EMBEDDING span kind, GenAI's ``embeddings``
+operation and dimension count, no sampling settings, and the text and vector only on opt-in."""
+
+from spyglass.core.engine.pooling_params import PoolingParams
+from spyglass.core.engine.sampling_params import embedding_params
+
+PROMPT = "Foxes live in forests, deserts and cities"
+
+
+def _embedding_span(span_exporter, engine, run_to_completion):
+    token_ids = engine.tokenizer.encode(PROMPT)
+    engine.add_request("e", token_ids, embedding_params(PoolingParams()), prompt=PROMPT)
+    output = run_to_completion(engine)["e"]
+    (span,) = [s for s in span_exporter.get_finished_spans() if s.name.startswith("embeddings ")]
+    return span.attributes, output, token_ids
+
+
+def test_an_embedding_span_names_its_kind_and_size_and_no_sampling(
+    span_exporter, make_engine, run_to_completion
+):
+    engine = make_engine()
+    a, output, token_ids = _embedding_span(span_exporter, engine, run_to_completion)
+    assert a["gen_ai.operation.name"] == "embeddings"
+    assert a["openinference.span.kind"] == "EMBEDDING"
+    assert a["embedding.model_name"] == engine.model_name
+    assert a["spyglass.embedding.normalize"] is True
+    assert a["gen_ai.usage.input_tokens"] == a["llm.token_count.prompt"] == len(token_ids)
+    assert a["gen_ai.usage.output_tokens"] == 0
+    assert a["gen_ai.embeddings.dimension.count"] == len(output.embedding)
+    assert a["gen_ai.response.finish_reasons"] == ("stop",)
+    for key in ("gen_ai.request.temperature", "gen_ai.request.max_tokens", "llm.model_name"):
+        assert key not in a
+    assert not [key for key in a if key.startswith("embedding.embeddings.")]
+    assert "input.value" not in a
+
+
+def test_the_text_and_vector_are_traced_only_on_opt_in(
+    use_settings, span_exporter, make_engine, run_to_completion
+):
+    use_settings(trace_content=True)
+    a, output, _ = _embedding_span(span_exporter, make_engine(), run_to_completion)
+    assert a["embedding.embeddings.0.embedding.text"] == a["input.value"] == PROMPT
+    assert list(a["embedding.embeddings.0.embedding.vector"]) == output.embedding
+    assert "output.value" not in a
+
+
+def test_metrics_count_an_embeddings_prompt_and_judge_no_token_latency(
+    use_settings, make_engine, run_to_completion
+):
+    from prometheus_client import REGISTRY
+
+    use_settings()
+    engine = make_engine()
+    labels = {"model_name": engine.model_name, "engine": engine.engine_id}
+    duration = {
+        "gen_ai_operation_name": "embeddings",
+        "gen_ai_provider_name": "spyglass",
+        "gen_ai_request_model": engine.model_name,
+        "engine": engine.engine_id,
+        "error_type": "",
+    }
+
+    def value(name, **extra):
+        sample = REGISTRY.get_sample_value(name, {**labels, **extra})
+        assert sample is not None, f"no series {name} {extra}"
+        return sample
+
+    assert REGISTRY.get_sample_value("gen_ai_server_request_duration_seconds_count", duration) == 0
+    token_ids = engine.tokenizer.encode(PROMPT)
+    engine.add_request("e", token_ids, embedding_params(PoolingParams()))
+    run_to_completion(engine)
+    assert value("spyglass:prompt_tokens_total") == len(token_ids)
+    assert value("spyglass:generation_tokens_total") == 0
+    assert value("spyglass:request_success_total", finished_reason="stop") == 1
+    assert value("spyglass:slo_requests_total") == 0
+    assert value("spyglass:time_to_first_token_seconds_count") == 0
+    assert REGISTRY.get_sample_value("gen_ai_server_request_duration_seconds_count", duration) == 1
