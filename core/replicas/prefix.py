@@ -36,7 +36,8 @@ def routing_text(body: bytes) -> str:
     """The prompt of an OpenAI or Anthropic request body, flattened to text; empty for anything else.
 
     Chat messages (and Anthropic's ``system``) become ``role: text`` in order; a completion's
-    ``prompt`` is used as is (the first one of a list; token ids as decimal text). A body that
+    ``prompt`` (an embeddings or Responses call's ``input``) is used as is (the first one of a
+    list; token ids as decimal text). A body that
     names a ``model`` (a LoRA adapter's keys and values are its own) or a ``cache_salt`` (its blocks
     are its salt's) starts with them, so such requests share names only with their own kind.
     """
@@ -67,7 +68,7 @@ def _prompt_text(request: dict) -> str:
             if isinstance(m, dict)
         ]
         return _SEPARATOR.join(parts)
-    prompt = request.get("prompt")
+    prompt = request.get("prompt", request.get("input"))
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         prompt = prompt[0]
     if isinstance(prompt, list):

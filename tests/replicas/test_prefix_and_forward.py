@@ -51,6 +51,8 @@ def test_routing_text_of_each_request_shape():
     assert routing_text(json.dumps(anthropic).encode()) == "system: S\x1euser: q"
     assert routing_text(b'{"prompt": ["p1", "p2"]}') == "p1"
     assert routing_text(b'{"prompt": [1, 2, 3]}') == "1,2,3"
+    assert routing_text(b'{"input": ["e1", "e2"]}') == "e1"  # embeddings
+    assert routing_text(b'{"input": [{"role": "user", "content": "r"}]}') == ""  # Responses items
     assert routing_text(b"not json") == routing_text(b"[1]") == routing_text(b"{}") == ""
     assert prefix_blocks("x" * (BLOCK_CHARS - 1)) == ()
 
