@@ -162,3 +162,36 @@ def test_llm_embed_keeps_the_order_of_its_prompts(tiny_llama_dir):
             torch.tensor(output.outputs.embedding), expected, atol=1e-4, rtol=0
         )
     assert llm.engine.kv.pool.num_free_blocks == llm.engine.kv.pool.num_blocks
+
+
+def test_an_adapter_changes_the_vector_as_peft_does(tiny_llama_dir, make_lora_adapter):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from spyglass.core.engine.lora_info import LoRARequest
+    from spyglass.core.llm import LLM
+
+    path = make_lora_adapter(tiny_llama_dir, ["q_proj", "v_proj", "down_proj"])
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    theirs = PeftModel.from_pretrained(base, path).eval()
+    llm = LLM(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        device="cpu",
+        kv_cache_memory="64MiB",
+        enable_lora=True,
+    )
+    ids = llm.get_tokenizer().encode("A fox in a forest by the sea")
+    prompt = {"prompt_token_ids": ids}
+    adapted, plain = llm.embed(
+        [prompt, prompt], use_tqdm=False, lora_request=[LoRARequest("a", 1, str(path)), None]
+    )
+    with torch.inference_mode():
+        expected = theirs.base_model.model.model(torch.tensor([ids])).last_hidden_state[0, -1]
+    expected = torch.nn.functional.normalize(expected, dim=-1)
+    torch.testing.assert_close(torch.tensor(adapted.outputs.embedding), expected, atol=1e-4, rtol=0)
+    assert _cosine_distance(adapted.outputs.embedding, plain.outputs.embedding) > 1e-3
+
+
+def _cosine_distance(a: list[float], b: list[float]) -> float:
+    return 1 - torch.nn.functional.cosine_similarity(torch.tensor(a), torch.tensor(b), dim=0).item()
