@@ -109,6 +109,35 @@ def tiny_qwen2_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
     )
 
 
+@pytest.fixture(scope="session")
+def tiny_base_model_dir(tmp_path_factory, hf_gguf_tokenizer):
+    """``make(config_class, model_class)``: a random 2-layer base model (no LM head, parameters
+    named without ``model.``, as embedding models such as e5-mistral and gte-Qwen2 ship), e.g.
+    ``make("MistralConfig", "MistralModel")``, saved once with the default model's tokenizer.
+    Weights are drawn at std 0.1, biases too."""
+    import transformers
+
+    built: dict[str, Path] = {}
+
+    def make(config_class: str, model_class: str) -> Path:
+        if model_class not in built:
+            torch.manual_seed(20 + len(built))
+            config = getattr(transformers, config_class)(
+                **TINY_SHAPE, vocab_size=len(hf_gguf_tokenizer), bos_token_id=1, eos_token_id=2
+            )
+            model = getattr(transformers, model_class)(config)
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if not name.endswith("norm.weight"):
+                        param.normal_(std=0.1)
+            built[model_class] = _save_tiny(
+                model, hf_gguf_tokenizer, tmp_path_factory.mktemp(f"tiny_{model_class}")
+            )
+        return built[model_class]
+
+    return make
+
+
 # -- telemetry back-ends: Prometheus and Phoenix on loopback, started by the tests that need them --
 
 SERVICES = Path(__file__).resolve().parent / "services"

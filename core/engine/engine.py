@@ -211,7 +211,7 @@ class LLMEngine:
 
         A prompt longer than ``params.truncate_prompt_tokens`` loses its first tokens (its text
         is then that of the tokens kept). ``lora_name`` runs it with that loaded LoRA adapter."""
-        check_pooling(params, self.arch.hidden_size, self.config.tensor_parallel_size)
+        check_pooling(params, self.arch, self.config.tensor_parallel_size)
         lora = None
         if lora_name is not None:
             if self.lora_adapters is None:

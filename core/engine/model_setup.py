@@ -64,6 +64,8 @@ def build_runnable_model(
     that drives it."""
     if config.tensor_parallel_size == 1:
         return build_model(checkpoint.arch, checkpoint.weights, backend, device), ModelRunner
+    if not checkpoint.arch.has_lm_head:
+        raise ValueError("an embedding model (no LM head) runs without tensor parallelism")
     # imported here: torch.distributed would slow every other start
     from spyglass.core.engine.runner.parallel import ParallelModelRunner, launch_tensor_parallel
 
@@ -74,8 +76,9 @@ def prepare_device_steps(
     runner: ModelRunner, config: EngineConfig, device: torch.device, max_model_len: int
 ) -> None:
     """On CUDA, compile every kernel variant a step can need (nothing compiles while serving) and
-    capture the CUDA graphs ``config`` asks for; nothing to do on the CPU."""
-    if device.type != "cuda":
+    capture the CUDA graphs ``config`` asks for; nothing to do on the CPU, or for a base model
+    (its steps are embeddings, run eagerly: the warm-up and the graphs run the head)."""
+    if device.type != "cuda" or not runner.model.arch.has_lm_head:
         return
     if config.tensor_parallel_size == 1:
         seconds = runner.compile_kernels(config.max_num_batched_tokens, max_model_len)

@@ -10,6 +10,7 @@ from spyglass.core.engine.sampling_params import (
     StructuredOutput,
 )
 from spyglass.core.engine.token_constraint import TokenConstraint, allowed_tokens, fill_rows
+from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.tokenizer import Tokenizer
 
 
@@ -66,13 +67,20 @@ def output_room(
     return room
 
 
-def check_pooling(params: SamplingParams, hidden_size: int, tensor_parallel_size: int) -> None:
-    """`InvalidRequestError` for an embedding request this engine cannot answer: a vector of
-    other ``dimensions`` than the model's hidden size, or any under tensor parallelism (the
-    workers run the forward to the logits only)."""
+def check_pooling(params: SamplingParams, arch: ModelArchConfig, tensor_parallel_size: int) -> None:
+    """`InvalidRequestError` for a request this engine cannot answer: generation on a model
+    without an LM head, an embedding of other ``dimensions`` than the model's hidden size, or any
+    embedding under tensor parallelism (the workers run the forward to the logits only)."""
     pooling = params.pooling
     if pooling is None:
+        if not arch.has_lm_head:
+            raise InvalidRequestError(
+                "this is an embedding model (a base model without an LM head): it answers "
+                "embedding requests only",
+                "model",
+            )
         return
+    hidden_size = arch.hidden_size
     if tensor_parallel_size > 1:
         raise InvalidRequestError(
             "embeddings are not served with tensor parallelism", "tensor_parallel_size"

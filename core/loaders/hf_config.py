@@ -6,7 +6,7 @@ and the transformers 5 ones (``rope_parameters``, per layer type for Gemma 3).
 
 from spyglass.core.models.layers import gated_activation
 from spyglass.core.models.model_config import FULL, SLIDING, ModelArchConfig
-from spyglass.core.models.registry import ModelFamily, family_for_hf_class
+from spyglass.core.models.registry import ModelFamily, family_for_hf_class, is_base_model_class
 from spyglass.core.models.rope import SCALING_TYPES
 
 
@@ -43,6 +43,7 @@ def read_arch(config: dict, eos_token_ids: tuple[int, ...]) -> ModelArchConfig:
     )
     return ModelArchConfig(
         architecture=family.architecture,
+        has_lm_head=not is_base_model_class((config.get("architectures") or [None])[0]),
         vocab_size=config["vocab_size"],
         hidden_size=hidden,
         intermediate_size=config["intermediate_size"],

@@ -43,7 +43,7 @@ def weight_names(arch: ModelArchConfig, fused_projections: bool = False) -> set[
     attention = ["qkv"] if fused_projections else list("qkv")
     mlp = ["gate_up", "down"] if fused_projections else ["gate", "up", "down"]
     names = {"model.embed_tokens.weight", "model.norm.weight"}
-    if not arch.tie_word_embeddings:
+    if arch.has_lm_head and not arch.tie_word_embeddings:
         names.add("lm_head.weight")
     for i in range(arch.num_hidden_layers):
         prefix = f"model.layers.{i}"
@@ -95,7 +95,10 @@ class LlamaForCausalLM:
             device,
         )
         self.layers = [LlamaLayer(w, arch, i, rope) for i in range(arch.num_hidden_layers)]
-        self.lm_head = make_linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
+        self.lm_head = None  # a base model (embeddings only) has none
+        if arch.has_lm_head:
+            head = self.embed if arch.tie_word_embeddings else w["lm_head.weight"]
+            self.lm_head = make_linear(head)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -21,6 +21,8 @@ class ModelArchConfig:
     rope base of sliding layers where it differs (Gemma 3). Mixture of experts: ``num_experts`` > 0 makes
     the layers listed in ``moe_layers`` route each token to ``num_experts_per_tok`` experts of width
     ``moe_intermediate_size``, plus a gated shared expert when ``shared_expert_intermediate_size`` > 0.
+    ``has_lm_head`` is False for a base-model checkpoint (``LlamaModel``, ``Qwen2Model``,
+    ``MistralModel``, ... as embedding models ship): it has no head, and serves embeddings only.
     """
 
     architecture: str
@@ -53,6 +55,7 @@ class ModelArchConfig:
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()
+    has_lm_head: bool = True
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer``, or None when it attends to its whole context."""

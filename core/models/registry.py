@@ -160,21 +160,35 @@ FAMILIES = (
     ),
 )
 _BY_HF_CLASS = {family.hf_class: family for family in FAMILIES}
+# The base models (no LM head) of the Llama-style families, as embedding models ship:
+# e5-mistral's MistralModel, gte-Qwen2's Qwen2Model, ...
+_BY_BASE_CLASS = {
+    family.hf_class.removesuffix("ForCausalLM") + "Model": family
+    for family in FAMILIES
+    if family.model_class is llama.LlamaForCausalLM
+}
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 
 
 def supported_hf_classes() -> str:
     """The HF model classes that load, comma-separated, for error messages and docs."""
-    return ", ".join(_BY_HF_CLASS)
+    return f"{', '.join(_BY_HF_CLASS)}; for embeddings, {', '.join(_BY_BASE_CLASS)}"
+
+
+def is_base_model_class(class_name: str | None) -> bool:
+    """Whether ``class_name`` is a supported base model (no LM head: it serves embeddings only)."""
+    return class_name in _BY_BASE_CLASS
 
 
 def family_for_hf_class(class_name: str | None) -> ModelFamily:
-    """The family of HF class ``class_name``; ValueError naming every supported class otherwise."""
-    if class_name not in _BY_HF_CLASS:
+    """The family of HF class ``class_name`` (a causal LM or its base model); ValueError naming
+    every supported class otherwise."""
+    family = _BY_HF_CLASS.get(class_name) or _BY_BASE_CLASS.get(class_name)
+    if family is None:
         raise ValueError(
             f"Unsupported model class {class_name!r}; supported: {supported_hf_classes()}."
         )
-    return _BY_HF_CLASS[class_name]
+    return family
 
 
 def family(architecture: str) -> ModelFamily:

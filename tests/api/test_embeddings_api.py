@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from spyglass.core.tokenizer import Tokenizer
+from tests.api.conftest import TINY_ARGS, start_server
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog",
@@ -160,4 +161,31 @@ def test_embedding_beside_generation_leaves_no_block_behind(server, client):
     text = first.choices[0].text + "".join(c.choices[0].text for c in stream if c.choices)
     assert text
     kv = httpx.get(f"{server.base_url}/debug/kv", timeout=10).json()
+    assert kv["num_free_blocks"] == kv["num_blocks"] and kv["num_requests"] == 0
+
+
+@pytest.fixture(scope="module")
+def embedding_model_server(tiny_base_model_dir, tmp_path_factory):
+    """A server on a base model (``MistralModel``: no LM head), as e5-mistral is served."""
+    path = tiny_base_model_dir("MistralConfig", "MistralModel")
+    server = start_server(str(path), tmp_path_factory.mktemp("embedding_model"), *TINY_ARGS)
+    yield server
+    server.stop()
+
+
+def test_an_embedding_model_embeds_and_refuses_generation(embedding_model_server):
+    client = openai.OpenAI(
+        base_url=f"{embedding_model_server.base_url}/v1", api_key="unused", max_retries=0
+    )
+    embedded = client.embeddings.create(model="tiny", input=TEXTS)
+    assert len(embedded.data) == 3 and len(embedded.data[0].embedding) > 0
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    assert error.value.body["param"] == "model"
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=4, stream=True)
+    assert error.value.body["param"] == "model"
+    kv = httpx.get(f"{embedding_model_server.base_url}/debug/kv", timeout=10).json()
     assert kv["num_free_blocks"] == kv["num_blocks"] and kv["num_requests"] == 0

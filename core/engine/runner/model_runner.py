@@ -215,6 +215,14 @@ class ModelRunner:
         inputs = self.prepare(out, block_tables, after)
         pooled = pooled_rows(out.scheduled, inputs.sampled_rows)
         logits, embedded = self._run_model(out, inputs, pooled)
+        if logits is None:  # only embeddings: each pooled row's token (never kept) is a 0
+            rows = inputs.sampled_rows
+            tokens = tuple([0] if is_sampled else [] for is_sampled in rows)
+            logprobs = tuple([None] if is_sampled else [] for is_sampled in rows)
+            result = RunnerOutput(
+                tokens, logprobs, time.perf_counter() - start, embeddings=embedded
+            )
+            return LaunchedStep(start, rows, result=result)
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         if (
             pooled
@@ -266,9 +274,11 @@ class ModelRunner:
 
     def _run_model(
         self, out: SchedulerOutput, inputs: StepInputs, pooled: dict[int, int]
-    ) -> tuple[torch.Tensor, tuple[Embedding, ...]]:
+    ) -> tuple[torch.Tensor | None, tuple[Embedding, ...]]:
         """The logits of ``inputs.logits_indices`` and the embeddings of the ``pooled`` requests
-        (`pooled_rows`; eager, from the same forward), each LoRA row with its adapter's delta."""
+        (`pooled_rows`; eager, from the same forward), each LoRA row with its adapter's delta.
+        No logits (None) when every row is an embedding's: the head is not run (a base model
+        has none)."""
         if self.lora is not None:
             self.lora.groups = lora_groups(out.scheduled, self.device)
         try:
@@ -279,8 +289,10 @@ class ModelRunner:
             )
             rows = inputs.logits_indices
             final = self.model.final_hidden(hidden, residual, rows[list(pooled.values())])
-            logits = self.model.logits(hidden, residual, rows)
-            return logits, embeddings(final, out.scheduled, pooled)
+            embedded = embeddings(final, out.scheduled, pooled)
+            if len(pooled) == len(rows):
+                return None, embedded
+            return self.model.logits(hidden, residual, rows), embedded
         finally:
             if self.lora is not None:
                 self.lora.groups = []
