@@ -23,6 +23,7 @@ from spyglass.core.api.lora_routes import load_lora_adapter, unload_lora_adapter
 from spyglass.core.api.messages import count_message_tokens, create_message
 from spyglass.core.api.responses import create_response
 from spyglass.core.api.routes import ROUTES
+from spyglass.core.api.scoring import create_rerank, create_score
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.tokenize import detokenize, tokenize
 from spyglass.core.engine.config import EngineConfig
@@ -80,6 +81,8 @@ def create_app(
             create_chat_completion,
             create_response,
             create_embedding,
+            create_score,
+            create_rerank,
             create_message,
             count_message_tokens,
             tokenize,

@@ -82,17 +82,18 @@ class ServingContext:
             )
 
     @contextmanager
-    def queue_slots(self, num_requests: int) -> Iterator[None]:
+    def queue_slots(self, num_requests: int, param: str = "n") -> Iterator[None]:
         """Hold ``num_requests`` places of the queue (until the call's requests have started); 429 when full.
 
-        Every engine request counts, so one call with many prompts or a large ``n`` weighs what it costs.
+        Every engine request counts, so one call with many prompts or a large ``n`` weighs what it
+        costs; a call that makes more than the queue holds is a 400 naming ``param``.
         """
         limit = self.options.max_queued_requests
         if num_requests > limit:
             raise APIError(
                 400,
                 f"this call makes {num_requests} engine requests (prompts x n); the limit is {limit}",
-                "n",
+                param,
             )
         queued = max(self.num_queued, self.async_engine.latest.num_waiting)
         if queued + num_requests > limit:

@@ -22,6 +22,7 @@ from spyglass.core.api.schemas import (
     TopLogprob,
     Usage,
 )
+from spyglass.core.api.scoring_schemas import ScoringFields
 from spyglass.core.engine.outputs import CompletionOutput, Logprob
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.core.tokenizer import Tokenizer
@@ -149,14 +150,14 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def request_attributes(
-    body: SamplingFields | EmbeddingRequest,
+    body: SamplingFields | EmbeddingRequest | ScoringFields,
     operation: str,
     response_id: str,
     model_name: str,
     headers,
 ) -> dict:
     """What the tracing plugin reads off each engine request (see `AsyncEngine.generate`); an
-    embeddings body neither streams nor has choices."""
+    embeddings or scoring body neither streams nor has choices."""
     return {
         "operation": operation,
         "stream": getattr(body, "stream", False),

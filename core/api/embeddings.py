@@ -28,8 +28,9 @@ from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import ChoiceSpec, RequestGroup, unless_disconnected
 from spyglass.core.api.prompts import count_prompts, encode_text, parse_prompts
 from spyglass.core.api.validation import json_body_guard
+from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.pooling_params import PoolingParams
-from spyglass.core.engine.sampling_params import embedding_params
+from spyglass.core.engine.sampling_params import SamplingParams, embedding_params
 
 
 @post(
@@ -59,21 +60,15 @@ async def create_embedding(
         data, "embeddings", response_id, serving.model_name, request.headers
     )
     num_inputs = 1 if data.input is None else count_prompts(data.input)
-    with serving.queue_slots(num_inputs):
+    with serving.queue_slots(num_inputs, "input"):
         prompts = await _prompts(serving, data)
-        group = RequestGroup(
-            serving.async_engine,
-            response_id,
-            [ChoiceSpec(token_ids, params, text) for token_ids, text in prompts],
-            attributes,
-            lora_name,
+        outputs = await embed_prompts(
+            serving, request, response_id, prompts, params, attributes, lora_name
         )
-        await unless_disconnected(request, group.start())
-    outputs = await unless_disconnected(request, group.final_outputs())
-    data_items = []
-    for index, output in enumerate(outputs):
-        check_finished(output.outputs[0])
-        data_items.append(EmbeddingData(index, _encoded(output.embedding, data.encoding_format)))
+    data_items = [
+        EmbeddingData(index, _encoded(output.embedding, data.encoding_format))
+        for index, output in enumerate(outputs)
+    ]
     num_tokens = sum(len(output.prompt_token_ids) for output in outputs)
     return EmbeddingResponse(
         response_id,
@@ -82,6 +77,27 @@ async def create_embedding(
         data_items,
         EmbeddingUsage(num_tokens, num_tokens),
     )
+
+
+async def embed_prompts(
+    serving: ServingContext,
+    request: Request,
+    response_id: str,
+    prompts: list[tuple[list[int], str]],
+    params: SamplingParams,
+    attributes: dict,
+    lora_name: str | None,
+) -> list[RequestOutput]:
+    """Each prompt's finished embedding request (ids ``{response_id}-{i}``), in order; aborted
+    when the client goes away, a 500 when the engine failed one."""
+    specs = [ChoiceSpec(token_ids, params, text) for token_ids, text in prompts]
+    group = RequestGroup(serving.async_engine, response_id, specs, attributes, lora_name)
+    # An embedding request's first output is its last: starting the group runs it.
+    await unless_disconnected(request, group.start())
+    outputs = await unless_disconnected(request, group.final_outputs())
+    for output in outputs:
+        check_finished(output.outputs[0])
+    return outputs
 
 
 async def _prompts(serving: ServingContext, data: EmbeddingRequest) -> list[tuple[list[int], str]]:

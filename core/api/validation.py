@@ -13,7 +13,7 @@ from litestar.handlers import BaseRouteHandler
 from spyglass.core.api.errors import APIError
 
 _JSON_TYPES = ("application/json",)
-_FIELD = re.compile(r"missing required field `([^`]+)`|at `\$\.([A-Za-z_]+)")
+_FIELD = re.compile(r"missing required field `([^`]+)`|at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _is_json(content_type: str) -> bool:

@@ -84,6 +84,13 @@ def test_no_case_gets_a_server_error(server_factory, tiny_llama_dir):
 
         run()
     # The fuzzer reached the generation endpoints, with bodies they ran and bodies they refused.
-    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"):
+    for path in (
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/v1/score",
+        "/v1/rerank",
+    ):
         assert 200 in seen[(f"POST {path}", GenerationMode.POSITIVE)], seen
         assert 400 in seen[(f"POST {path}", GenerationMode.NEGATIVE)], seen
