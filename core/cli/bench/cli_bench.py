@@ -34,6 +34,10 @@ BENCHMARKS = {
         "spyglass.core.cli.bench.prefix_cache",
         "shared system prompt: TTFT with and without the prefix cache",
     ),
+    "embed": (
+        "spyglass.core.cli.bench.embed",
+        "embedding throughput and agreement against HF transformers",
+    ),
 }
 
 
