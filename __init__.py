@@ -15,6 +15,8 @@ _EXPORTS = {
     "PoolingParams": "spyglass.core.engine.pooling_params",
     "EmbeddingRequestOutput": "spyglass.core.engine.outputs",
     "EmbeddingOutput": "spyglass.core.engine.outputs",
+    "ScoringRequestOutput": "spyglass.core.engine.outputs",
+    "ScoringOutput": "spyglass.core.engine.outputs",
     "LoRARequest": "spyglass.core.engine.lora_info",
     "BeamSearchParams": "spyglass.core.engine.beam_search",
 }

@@ -10,8 +10,14 @@ from spyglass.core.engine.beam_search import BeamSearch, BeamSearchOutput, BeamS
 from spyglass.core.engine.config import EngineConfig, parse_bytes
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.lora_info import LoRARequest
-from spyglass.core.engine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
-from spyglass.core.engine.pooling_params import PoolingParams
+from spyglass.core.engine.outputs import (
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from spyglass.core.engine.pooling_params import PoolingParams, score_pairs
 from spyglass.core.engine.sampling_params import (
     MAX_LOGPROBS,
     RequestOutputKind,
@@ -132,6 +138,40 @@ class LLM:
             results.append(
                 EmbeddingRequestOutput(
                     output.request_id, output.prompt_token_ids, EmbeddingOutput(output.embedding)
+                )
+            )
+        return results
+
+    def score(
+        self,
+        data_1: PromptType | Sequence[PromptType],
+        data_2: PromptType | Sequence[PromptType],
+        use_tqdm: bool = True,
+        lora_request: LoRARequest | None = None,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's ``LLM.score`` with an embedding model: per pair (one with one, one with many, or
+        pairwise), the cosine similarity of the two prompts' embeddings."""
+        firsts = [data_1] if isinstance(data_1, (str, dict)) else list(data_1)
+        seconds = [data_2] if isinstance(data_2, (str, dict)) else list(data_2)
+        pairs = score_pairs(
+            list(range(len(firsts))), list(range(len(firsts), len(firsts) + len(seconds)))
+        )
+        embedded = self.embed(
+            firsts + seconds,
+            use_tqdm=use_tqdm,
+            lora_request=lora_request,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+        )
+        results = []
+        for index, (a, b) in enumerate(pairs):
+            first, second = embedded[a], embedded[b]
+            score = sum(x * y for x, y in zip(first.outputs.embedding, second.outputs.embedding))
+            results.append(
+                ScoringRequestOutput(
+                    str(index),
+                    first.prompt_token_ids + second.prompt_token_ids,
+                    ScoringOutput(score),
                 )
             )
         return results

@@ -31,7 +31,7 @@ from spyglass.core.api.scoring_schemas import (
     ScoringFields,
 )
 from spyglass.core.api.validation import json_body_guard
-from spyglass.core.engine.pooling_params import PoolingParams
+from spyglass.core.engine.pooling_params import PoolingParams, score_pairs
 from spyglass.core.engine.sampling_params import embedding_params
 
 
@@ -49,14 +49,7 @@ async def create_score(
     """``text_1`` against ``text_2``: one to one, one to many, or pairwise."""
     firsts = [data.text_1] if isinstance(data.text_1, str) else data.text_1
     seconds = [data.text_2] if isinstance(data.text_2, str) else data.text_2
-    if len(firsts) != 1 and len(firsts) != len(seconds):
-        raise APIError(
-            400,
-            f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: pair one with one, one "
-            "with many, or two lists of one length",
-            "text_1",
-        )
-    pairs = list(zip(firsts * len(seconds) if len(firsts) == 1 else firsts, seconds, strict=True))
+    pairs = score_pairs(firsts, seconds)
     response_id = new_id("score")
     fields = {"text_1": firsts, "text_2": seconds}
     vectors, num_tokens = await _embed_texts(serving, request, data, response_id, fields)

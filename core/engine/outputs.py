@@ -67,6 +67,24 @@ class EmbeddingRequestOutput:
     finished: bool = True
 
 
+@dataclass(slots=True)
+class ScoringOutput:
+    """A pair's score (vLLM's class of the same name): the cosine similarity of its embeddings."""
+
+    score: float
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput:
+    """What `LLM.score` returns per pair, as vLLM shapes it; ``prompt_token_ids`` are the first
+    text's then the second's."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ScoringOutput
+    finished: bool = True
+
+
 def joined(deltas: list[RequestOutput]) -> RequestOutput:
     """One request's delta outputs, in order, as one output: what they added together, and the
     state of the last. Costs what they hold, once."""

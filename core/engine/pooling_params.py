@@ -7,6 +7,11 @@ last token is always computed, prefix-cache hits serve embedding requests too.
 """
 
 from dataclasses import dataclass
+from typing import TypeVar
+
+from spyglass.core.engine.sampling_params import InvalidRequestError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,3 +22,17 @@ class PoolingParams:
 
     normalize: bool = True
     dimensions: int | None = None
+
+
+def score_pairs(firsts: list[T], seconds: list[T]) -> list[tuple[T, T]]:
+    """The pairs vLLM's scoring forms: one with one, one with many (``firsts`` a single item), or
+    pairwise (two lists of one length); `InvalidRequestError` naming ``text_1`` otherwise."""
+    if len(firsts) == 1:
+        return [(firsts[0], second) for second in seconds]
+    if len(firsts) != len(seconds):
+        raise InvalidRequestError(
+            f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: pair one with one, one "
+            "with many, or two lists of one length",
+            "text_1",
+        )
+    return list(zip(firsts, seconds, strict=True))

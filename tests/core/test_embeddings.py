@@ -195,3 +195,37 @@ def test_an_adapter_changes_the_vector_as_peft_does(tiny_llama_dir, make_lora_ad
 
 def _cosine_distance(a: list[float], b: list[float]) -> float:
     return 1 - torch.nn.functional.cosine_similarity(torch.tensor(a), torch.tensor(b), dim=0).item()
+
+
+def test_llm_score_gives_cosine_similarities_in_every_pairing(tiny_llama_dir):
+    from transformers import AutoModel
+
+    from spyglass.core.llm import LLM
+
+    theirs = AutoModel.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    llm = LLM(model=str(tiny_llama_dir), dtype="float32", device="cpu", kv_cache_memory="64MiB")
+    tokenizer = llm.get_tokenizer()
+
+    def cosine(a: str, b: str) -> float:
+        with torch.inference_mode():
+            vectors = [
+                theirs(torch.tensor([tokenizer.encode(t)])).last_hidden_state[0, -1] for t in (a, b)
+            ]
+        return torch.nn.functional.cosine_similarity(*vectors, dim=0).item()
+
+    query, documents = "foxes", ["a fox den", "stock prices", "foxes"]
+    one_to_many = llm.score(query, documents, use_tqdm=False)
+    assert [o.outputs.score for o in one_to_many] == pytest.approx(
+        [cosine(query, d) for d in documents], abs=1e-5
+    )
+    assert one_to_many[2].outputs.score == pytest.approx(1.0, abs=1e-6)
+    assert one_to_many[0].prompt_token_ids == tokenizer.encode(query) + tokenizer.encode(
+        documents[0]
+    )
+    pairwise = llm.score(documents[:2], documents[1:], use_tqdm=False)
+    assert [o.outputs.score for o in pairwise] == pytest.approx(
+        [cosine(documents[0], documents[1]), cosine(documents[1], documents[2])], abs=1e-5
+    )
+    with pytest.raises(InvalidRequestError) as error:
+        llm.score(documents[:2], documents, use_tqdm=False)
+    assert error.value.param == "text_1"
