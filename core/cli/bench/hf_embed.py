@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from spyglass.core.cli.bench.hf_static import load_hf_model
 from spyglass.core.engine.config import dtype_name
-from spyglass.core.loaders.default_model import default_model_override, ensure_default_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,15 +136,6 @@ def embed_batches(
     return vectors, num_pad_tokens
 
 
-def _load(model_path: str | None, dtype: torch.dtype, device: str):
-    from transformers import AutoModel
-
-    path = Path(model_path) if model_path else default_model_override() or ensure_default_model()
-    kwargs = {"gguf_file": str(path)} if path.suffix == ".gguf" else {}
-    directory = str(path.parent) if kwargs else str(path)
-    return AutoModel.from_pretrained(directory, dtype=dtype, **kwargs).eval().to(device)
-
-
 def main() -> None:
     """Child-process entry: the prompts as one JSON line on stdin, answered once the model is
     loaded; then one ``run`` line per pass, answered with its timing as a JSON line (the vectors
@@ -162,7 +153,9 @@ def main() -> None:
     answers, sys.stdout = sys.stdout, sys.stderr
     torch.set_num_threads(args.num_threads)
     prompts = json.loads(sys.stdin.readline())
-    model = _load(args.model, getattr(torch, args.dtype), args.device)
+    from transformers import AutoModel
+
+    model = load_hf_model(AutoModel, args.model, getattr(torch, args.dtype), args.device)
     print(json.dumps({"loaded": True}), file=answers, flush=True)
     for _ in sys.stdin:
         with torch.inference_mode():

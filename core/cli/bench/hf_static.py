@@ -56,6 +56,15 @@ class HFStaticBatching:
         return RunResult(**json.loads(child.stdout.strip().splitlines()[-1]))
 
 
+def load_hf_model(model_class: type, model_path: str | None, dtype: torch.dtype, device: str):
+    """``model_class`` (a transformers auto class) of the bench's model (the default one when
+    ``model_path`` is None; a GGUF file through transformers' own reader), in eval mode on ``device``."""
+    path = Path(model_path) if model_path else default_model_override() or ensure_default_model()
+    kwargs = {"gguf_file": str(path)} if path.suffix == ".gguf" else {}
+    directory = str(path.parent) if kwargs else str(path)
+    return model_class.from_pretrained(directory, dtype=dtype, **kwargs).eval().to(device)
+
+
 def _generate(
     model_path: str | None, dtype: torch.dtype, workload: list[BenchRequest], device: str
 ) -> RunResult:
@@ -66,10 +75,7 @@ def _generate(
     lengths = {len(r.prompt_token_ids) for r in workload}
     if len(lengths) != 1:
         raise ValueError("HF static batching is only run on uniform-length workloads such as W1")
-    path = Path(model_path) if model_path else default_model_override() or ensure_default_model()
-    kwargs = {"gguf_file": str(path)} if path.suffix == ".gguf" else {}
-    directory = str(path.parent) if kwargs else str(path)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs).eval().to(device)
+    model = load_hf_model(AutoModelForCausalLM, model_path, dtype, device)
     output_len = max(r.output_len for r in workload)
     input_ids = torch.tensor([r.prompt_token_ids for r in workload], device=device)
     with torch.inference_mode():
