@@ -31,6 +31,15 @@ TINY_SHAPE = dict(
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def denormals_restored():
+    """An engine built in this process flushes denormals on its thread, the tests' (`LLMEngine`):
+    each module leaves them restored, since hypothesis' float strategies (the fuzz test's, the
+    property tests') refuse to run with them flushed."""
+    yield
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
     """The default model's GGUF file (downloaded into the user cache on first use)."""
@@ -51,6 +60,16 @@ def hf_gguf_tokenizer(default_model_path):
     return AutoTokenizer.from_pretrained(
         default_model_path.parent, gguf_file=default_model_path.name
     )
+
+
+def _with_wide_weights(model):
+    """``model`` with every weight but the norms' drawn at std 0.1 (biases too): wider than
+    transformers' init, so that masks, windows and caps show in the outputs."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                param.normal_(std=0.1)
+    return model
 
 
 def _save_tiny(model, tokenizer, path: Path, **save_kwargs) -> Path:
@@ -125,11 +144,7 @@ def tiny_base_model_dir(tmp_path_factory, hf_gguf_tokenizer):
             config = getattr(transformers, config_class)(
                 **TINY_SHAPE, vocab_size=len(hf_gguf_tokenizer), bos_token_id=1, eos_token_id=2
             )
-            model = getattr(transformers, model_class)(config)
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    if not name.endswith("norm.weight"):
-                        param.normal_(std=0.1)
+            model = _with_wide_weights(getattr(transformers, model_class)(config))
             built[model_class] = _save_tiny(
                 model, hf_gguf_tokenizer, tmp_path_factory.mktemp(f"tiny_{model_class}")
             )
@@ -450,11 +465,7 @@ def tiny_family_dir(tmp_path_factory, hf_gguf_tokenizer):
                 bos_token_id=1,
                 eos_token_id=2,
             )
-            model = getattr(transformers, model_class)(config)
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    if not name.endswith("norm.weight"):
-                        param.normal_(std=0.1)
+            model = _with_wide_weights(getattr(transformers, model_class)(config))
             built[family] = _save_tiny(
                 model, hf_gguf_tokenizer, tmp_path_factory.mktemp(f"tiny_{family}")
             )

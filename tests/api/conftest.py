@@ -129,6 +129,21 @@ def tiny_client(tiny_server) -> openai.OpenAI:
     )
 
 
+@pytest.fixture(scope="module", params=["engine thread", "engine process"])
+def layout_server(request, tiny_server, tiny_process_server) -> Server:
+    """The tiny server with its engine in a thread, then in a process of its own: a module's
+    tests run against both layouts (the process one puts prompts back on outputs itself)."""
+    return tiny_server if request.param == "engine thread" else tiny_process_server
+
+
+@pytest.fixture(scope="module")
+def layout_client(layout_server) -> openai.OpenAI:
+    """The official OpenAI client pointed at `layout_server`."""
+    return openai.OpenAI(
+        base_url=f"{layout_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
+    )
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
     """Poll ``predicate()`` until it returns something truthy; returns it, or fails after ``timeout`` s."""
     deadline = time.monotonic() + timeout

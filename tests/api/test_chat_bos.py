@@ -6,7 +6,6 @@ import shutil
 
 import httpx
 import pytest
-import torch
 
 from spyglass import LLM, SamplingParams
 from spyglass.core.tokenizer import Tokenizer
@@ -28,19 +27,11 @@ def bos_model_dir(tiny_llama_dir, tmp_path_factory):
     return path
 
 
-@pytest.fixture
-def denormals_restored():
-    """An offline engine flushes denormals on its thread, this test's: later tests in this process
-    (hypothesis' float strategies in the fuzz test) need them back."""
-    yield
-    torch.set_flush_denormal(False)
-
-
 def _leading_bos(token_ids: list[int], bos: int) -> int:
     return next((i for i, t in enumerate(token_ids) if t != bos), len(token_ids))
 
 
-def test_offline_chat_has_one_bos(bos_model_dir, denormals_restored):
+def test_offline_chat_has_one_bos(bos_model_dir):
     llm = LLM(model=str(bos_model_dir), dtype="float32", kv_cache_memory="8MiB", plugins=["fcfs"])
     tokenizer = llm.get_tokenizer()
     bos = tokenizer.bos_token_id

@@ -19,18 +19,6 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["engine thread", "engine process"])
-def server(request, tiny_server, tiny_process_server):
-    return tiny_server if request.param == "engine thread" else tiny_process_server
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
-    )
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tiny_llama_dir) -> Tokenizer:
     return Tokenizer.from_hf_dir(tiny_llama_dir)
@@ -62,9 +50,11 @@ def _cosine(a, b) -> float:
     ).item()
 
 
-def test_the_official_client_gets_transformers_vectors_in_order(client, tokenizer, hf_last_hidden):
+def test_the_official_client_gets_transformers_vectors_in_order(
+    layout_client, tokenizer, hf_last_hidden
+):
     # The client asks for base64 unless told otherwise, and decodes it.
-    response = client.embeddings.create(model="tiny", input=TEXTS)
+    response = layout_client.embeddings.create(model="tiny", input=TEXTS)
     assert response.object == "list" and response.model == "tiny"
     assert [d.index for d in response.data] == [0, 1, 2]
     token_ids = [tokenizer.encode(text) for text in TEXTS]
@@ -75,49 +65,53 @@ def test_the_official_client_gets_transformers_vectors_in_order(client, tokenize
         assert _cosine(item.embedding, hf_last_hidden(ids)) > 0.995
 
 
-def test_floats_and_base64_carry_the_same_vector(client):
-    as_floats = client.embeddings.create(model="tiny", input=TEXTS[0], encoding_format="float")
-    as_base64 = client.embeddings.create(model="tiny", input=TEXTS[0])
+def test_floats_and_base64_carry_the_same_vector(layout_client):
+    as_floats = layout_client.embeddings.create(
+        model="tiny", input=TEXTS[0], encoding_format="float"
+    )
+    as_base64 = layout_client.embeddings.create(model="tiny", input=TEXTS[0])
     assert as_floats.data[0].embedding == pytest.approx(as_base64.data[0].embedding, abs=1e-6)
 
 
-def test_token_ids_embed_as_their_text_does(server, tokenizer):
+def test_token_ids_embed_as_their_text_does(layout_server, tokenizer):
     ids = [tokenizer.encode(text) for text in TEXTS[:2]]
-    by_text = _post(server, input=TEXTS[:2], encoding_format="float").json()["data"]
-    by_ids = _post(server, input=ids, encoding_format="float").json()["data"]
-    one = _post(server, input=ids[1], encoding_format="float").json()["data"]
+    by_text = _post(layout_server, input=TEXTS[:2], encoding_format="float").json()["data"]
+    by_ids = _post(layout_server, input=ids, encoding_format="float").json()["data"]
+    one = _post(layout_server, input=ids[1], encoding_format="float").json()["data"]
     for a, b in zip(by_text, by_ids, strict=True):
         assert a["embedding"] == pytest.approx(b["embedding"], abs=1e-5)
     assert one[0]["embedding"] == pytest.approx(by_text[1]["embedding"], abs=1e-5)
 
 
-def test_messages_embed_the_rendered_conversation(server):
+def test_messages_embed_the_rendered_conversation(layout_server):
     messages = [{"role": "user", "content": "Where do foxes live?"}]
     rendered = httpx.post(
-        f"{server.base_url}/tokenize",
+        f"{layout_server.base_url}/tokenize",
         json={"messages": messages, "add_generation_prompt": False},
         timeout=60,
     ).json()["tokens"]
-    chat = _post(server, messages=messages, encoding_format="float").json()
+    chat = _post(layout_server, messages=messages, encoding_format="float").json()
     assert chat["usage"]["prompt_tokens"] == len(rendered)
-    direct = _post(server, input=rendered, encoding_format="float").json()
+    direct = _post(layout_server, input=rendered, encoding_format="float").json()
     assert chat["data"][0]["embedding"] == pytest.approx(direct["data"][0]["embedding"], abs=1e-5)
 
 
-def test_unnormalized_vectors_keep_their_length(server):
-    raw = _post(server, input=TEXTS[0], normalize=False, encoding_format="float").json()
-    unit = _post(server, input=TEXTS[0], encoding_format="float").json()
+def test_unnormalized_vectors_keep_their_length(layout_server):
+    raw = _post(layout_server, input=TEXTS[0], normalize=False, encoding_format="float").json()
+    unit = _post(layout_server, input=TEXTS[0], encoding_format="float").json()
     vector = torch.tensor(raw["data"][0]["embedding"])
     assert vector.norm() > 1.5
     assert _cosine(vector, unit["data"][0]["embedding"]) > 0.9999
 
 
-def test_truncation_embeds_the_last_tokens(server, tokenizer):
+def test_truncation_embeds_the_last_tokens(layout_server, tokenizer):
     long = " ".join(["fox"] * 300)
-    response = _post(server, input=long, truncate_prompt_tokens=8, encoding_format="float").json()
+    response = _post(
+        layout_server, input=long, truncate_prompt_tokens=8, encoding_format="float"
+    ).json()
     assert response["usage"]["prompt_tokens"] == 8
     tail = tokenizer.encode(long)[-8:]
-    direct = _post(server, input=tail, encoding_format="float").json()
+    direct = _post(layout_server, input=tail, encoding_format="float").json()
     assert response["data"][0]["embedding"] == pytest.approx(
         direct["data"][0]["embedding"], abs=1e-5
     )
@@ -138,29 +132,33 @@ def test_truncation_embeds_the_last_tokens(server, tokenizer):
         ({"input": TEXTS[0], "cache_salt": ""}, "cache_salt"),
     ],
 )
-def test_bad_bodies_are_400s_naming_the_field(server, body, param):
-    response = _post(server, **body)
+def test_bad_bodies_are_400s_naming_the_field(layout_server, body, param):
+    response = _post(layout_server, **body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
 
 
-def test_the_hidden_size_is_a_valid_dimensions_and_another_model_a_404(server, client):
-    size = len(_post(server, input="x", encoding_format="float").json()["data"][0]["embedding"])
-    assert _post(server, input="x", dimensions=size).status_code == 200
+def test_the_hidden_size_is_a_valid_dimensions_and_another_model_a_404(
+    layout_server, layout_client
+):
+    size = len(
+        _post(layout_server, input="x", encoding_format="float").json()["data"][0]["embedding"]
+    )
+    assert _post(layout_server, input="x", dimensions=size).status_code == 200
     with pytest.raises(openai.NotFoundError):
-        client.embeddings.create(model="other", input="x")
+        layout_client.embeddings.create(model="other", input="x")
 
 
-def test_embedding_beside_generation_leaves_no_block_behind(server, client):
-    stream = client.completions.create(
+def test_embedding_beside_generation_leaves_no_block_behind(layout_server, layout_client):
+    stream = layout_client.completions.create(
         model="tiny", prompt="Once upon a time", max_tokens=32, stream=True
     )
     first = next(iter(stream))
-    embedded = client.embeddings.create(model="tiny", input=TEXTS * 4)
+    embedded = layout_client.embeddings.create(model="tiny", input=TEXTS * 4)
     assert len(embedded.data) == 12
     text = first.choices[0].text + "".join(c.choices[0].text for c in stream if c.choices)
     assert text
-    kv = httpx.get(f"{server.base_url}/debug/kv", timeout=10).json()
+    kv = httpx.get(f"{layout_server.base_url}/debug/kv", timeout=10).json()
     assert kv["num_free_blocks"] == kv["num_blocks"] and kv["num_requests"] == 0
 
 

@@ -16,17 +16,15 @@ PROMPT = "The quick brown fox"
 GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
-@pytest.fixture(scope="module", params=["engine thread", "engine process"])
-def server(request, tiny_server, tiny_process_server):
+@pytest.fixture(scope="module")
+def server(layout_server):
     """The prompt a process server puts back on outputs must be the one its engine saw."""
-    return tiny_server if request.param == "engine thread" else tiny_process_server
+    return layout_server
 
 
 @pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
-    )
+def client(layout_client) -> openai.OpenAI:
+    return layout_client
 
 
 @pytest.fixture(scope="module")

@@ -16,20 +16,17 @@ DOCUMENTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["engine thread", "engine process"])
-def server(request, tiny_server, tiny_process_server):
-    return tiny_server if request.param == "engine thread" else tiny_process_server
-
-
 def _post(server, path: str, **body) -> httpx.Response:
     return httpx.post(f"{server.base_url}{path}", json={"model": "tiny", **body}, timeout=60)
 
 
 @pytest.fixture(scope="module")
-def vectors(server):
+def vectors(layout_server):
     """The server's own unit embeddings of the query and the documents."""
     texts = [QUERY, *DOCUMENTS]
-    data = _post(server, "/v1/embeddings", input=texts, encoding_format="float").json()["data"]
+    data = _post(layout_server, "/v1/embeddings", input=texts, encoding_format="float").json()[
+        "data"
+    ]
     return {text: np.array(item["embedding"]) for text, item in zip(texts, data, strict=True)}
 
 
@@ -50,9 +47,9 @@ def hf_cosine(tiny_llama_dir, tiny_server):
     return cosine
 
 
-def test_one_to_many_scores_are_cosine_similarities(server, vectors, hf_cosine):
+def test_one_to_many_scores_are_cosine_similarities(layout_server, vectors, hf_cosine):
     for path in ("/score", "/v1/score"):
-        response = _post(server, path, text_1=QUERY, text_2=DOCUMENTS).json()
+        response = _post(layout_server, path, text_1=QUERY, text_2=DOCUMENTS).json()
         assert response["object"] == "list" and response["model"] == "tiny"
         assert [d["index"] for d in response["data"]] == [0, 1, 2, 3]
         for item, document in zip(response["data"], DOCUMENTS, strict=True):
@@ -60,27 +57,27 @@ def test_one_to_many_scores_are_cosine_similarities(server, vectors, hf_cosine):
             assert item["score"] == pytest.approx(hf_cosine(QUERY, document), abs=0.02)
 
 
-def test_one_to_one_and_pairwise_scores(server, vectors):
-    single = _post(server, "/score", text_1=DOCUMENTS[0], text_2=DOCUMENTS[2]).json()
+def test_one_to_one_and_pairwise_scores(layout_server, vectors):
+    single = _post(layout_server, "/score", text_1=DOCUMENTS[0], text_2=DOCUMENTS[2]).json()
     assert [d["score"] for d in single["data"]] == pytest.approx(
         [vectors[DOCUMENTS[0]] @ vectors[DOCUMENTS[2]]], abs=1e-5
     )
-    pairwise = _post(server, "/score", text_1=DOCUMENTS[:2], text_2=DOCUMENTS[2:]).json()
+    pairwise = _post(layout_server, "/score", text_1=DOCUMENTS[:2], text_2=DOCUMENTS[2:]).json()
     expected = [vectors[a] @ vectors[b] for a, b in zip(DOCUMENTS[:2], DOCUMENTS[2:])]
     assert [d["score"] for d in pairwise["data"]] == pytest.approx(expected, abs=1e-5)
     # Each distinct text is embedded once: the usage counts the query once.
-    repeated = _post(server, "/score", text_1=QUERY, text_2=[QUERY, QUERY]).json()
-    once = _post(server, "/v1/embeddings", input=QUERY).json()["usage"]["prompt_tokens"]
+    repeated = _post(layout_server, "/score", text_1=QUERY, text_2=[QUERY, QUERY]).json()
+    once = _post(layout_server, "/v1/embeddings", input=QUERY).json()["usage"]["prompt_tokens"]
     assert repeated["usage"]["prompt_tokens"] == once
     assert [d["score"] for d in repeated["data"]] == pytest.approx([1.0, 1.0], abs=1e-5)
 
 
-def test_rerank_orders_documents_by_relevance(server, vectors):
+def test_rerank_orders_documents_by_relevance(layout_server, vectors):
     expected = sorted(
         range(len(DOCUMENTS)), key=lambda i: vectors[QUERY] @ vectors[DOCUMENTS[i]], reverse=True
     )
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        response = _post(server, path, query=QUERY, documents=DOCUMENTS).json()
+        response = _post(layout_server, path, query=QUERY, documents=DOCUMENTS).json()
         results = response["results"]
         assert [r["index"] for r in results] == expected
         assert [r["document"]["text"] for r in results] == [DOCUMENTS[i] for i in expected]
@@ -91,7 +88,7 @@ def test_rerank_orders_documents_by_relevance(server, vectors):
         )
         assert response["usage"]["total_tokens"] > 0
     top = _post(
-        server, "/rerank", query=QUERY, documents=DOCUMENTS, top_n=2, return_documents=False
+        layout_server, "/rerank", query=QUERY, documents=DOCUMENTS, top_n=2, return_documents=False
     ).json()["results"]
     assert [r["index"] for r in top] == expected[:2] and "document" not in top[0]
 
@@ -111,18 +108,18 @@ def test_rerank_orders_documents_by_relevance(server, vectors):
         ("/rerank", {"query": QUERY, "documents": [f"d{i}" for i in range(1024)]}, "documents"),
     ],
 )
-def test_bad_bodies_are_400s_naming_the_field(server, path, body, param):
-    response = _post(server, path, **body)
+def test_bad_bodies_are_400s_naming_the_field(layout_server, path, body, param):
+    response = _post(layout_server, path, **body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
 
 
-def test_another_model_is_a_404_and_no_block_stays_held(server):
+def test_another_model_is_a_404_and_no_block_stays_held(layout_server):
     response = httpx.post(
-        f"{server.base_url}/rerank",
+        f"{layout_server.base_url}/rerank",
         json={"model": "other", "query": QUERY, "documents": DOCUMENTS},
         timeout=60,
     )
     assert response.status_code == 404
-    kv = httpx.get(f"{server.base_url}/debug/kv", timeout=10).json()
+    kv = httpx.get(f"{layout_server.base_url}/debug/kv", timeout=10).json()
     assert kv["num_free_blocks"] == kv["num_blocks"] and kv["num_requests"] == 0

@@ -24,8 +24,7 @@ def llm(default_model_path):
         enable_lora=True,
         max_lora_rank=8,
     )
-    yield engine
-    torch.set_flush_denormal(False)  # the engine set it on this thread; hypothesis needs it off
+    return engine
 
 
 def test_an_adapter_on_the_gguf_model_matches_peft(llm, hf_default_model, tmp_path):
