@@ -17,6 +17,8 @@ _EXPORTS = {
     "EmbeddingOutput": "spyglass.core.engine.outputs",
     "ScoringRequestOutput": "spyglass.core.engine.outputs",
     "ScoringOutput": "spyglass.core.engine.outputs",
+    "ClassificationRequestOutput": "spyglass.core.engine.outputs",
+    "ClassificationOutput": "spyglass.core.engine.outputs",
     "LoRARequest": "spyglass.core.engine.lora_info",
     "BeamSearchParams": "spyglass.core.engine.beam_search",
 }

@@ -11,6 +11,8 @@ from spyglass.core.engine.config import EngineConfig, parse_bytes
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.lora_info import LoRARequest
 from spyglass.core.engine.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
     RequestOutput,
@@ -22,7 +24,7 @@ from spyglass.core.engine.sampling_params import (
     MAX_LOGPROBS,
     RequestOutputKind,
     SamplingParams,
-    embedding_params,
+    pooling_request_params,
 )
 from spyglass.core.tokenizer import Tokenizer
 
@@ -130,17 +132,53 @@ class LLM:
         """vLLM's ``LLM.embed``: each prompt's embedding, in input order (the final norm's output
         at its last token; unit length unless ``pooling_params.normalize`` is off). Prompts as in
         `generate`; a request that fails raises RuntimeError."""
-        params = embedding_params(pooling_params or PoolingParams(), truncate_prompt_tokens)
-        results = []
-        for output in self.generate(prompts, params, use_tqdm, lora_request):
-            if output.embedding is None:
-                raise RuntimeError(f"embedding request {output.request_id} failed")
-            results.append(
-                EmbeddingRequestOutput(
-                    output.request_id, output.prompt_token_ids, EmbeddingOutput(output.embedding)
-                )
+        outputs = self._pool(
+            prompts,
+            pooling_params or PoolingParams(),
+            use_tqdm,
+            lora_request,
+            truncate_prompt_tokens,
+        )
+        return [
+            EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.pooled))
+            for o in outputs
+        ]
+
+    def classify(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        truncate_prompt_tokens: int | None = None,
+        activation: bool = True,
+    ) -> list[ClassificationRequestOutput]:
+        """vLLM's ``LLM.classify`` on a sequence classifier (``...ForSequenceClassification``):
+        each prompt's class probabilities (softmax; a sigmoid for a single class), in input
+        order; with ``activation`` off, the raw logits (a reward model's score)."""
+        pooling = PoolingParams(task="classify", activation=activation)
+        outputs = self._pool(prompts, pooling, use_tqdm, lora_request, truncate_prompt_tokens)
+        return [
+            ClassificationRequestOutput(
+                o.request_id, o.prompt_token_ids, ClassificationOutput(o.pooled)
             )
-        return results
+            for o in outputs
+        ]
+
+    def _pool(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling: PoolingParams,
+        use_tqdm: bool,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None,
+        truncate_prompt_tokens: int | None,
+    ) -> list[RequestOutput]:
+        """The final outputs of one pooling request per prompt; RuntimeError for one that failed."""
+        params = pooling_request_params(pooling, truncate_prompt_tokens)
+        outputs = self.generate(prompts, params, use_tqdm, lora_request)
+        for output in outputs:
+            if output.pooled is None:
+                raise RuntimeError(f"pooling request {output.request_id} failed")
+        return outputs
 
     def score(
         self,

@@ -129,26 +129,33 @@ def tiny_qwen2_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_base_model_dir(tmp_path_factory, hf_gguf_tokenizer):
-    """``make(config_class, model_class)``: a random 2-layer base model (no LM head, parameters
-    named without ``model.``, as embedding models such as e5-mistral and gte-Qwen2 ship), e.g.
-    ``make("MistralConfig", "MistralModel")``, saved once with the default model's tokenizer.
-    Weights are drawn at std 0.1, biases too."""
+def tiny_pooling_model_dir(tmp_path_factory, hf_gguf_tokenizer):
+    """``make(config_class, model_class, **config)``: a random 2-layer model that pools rather
+    than generates, saved once with the default model's tokenizer: a base model (no head,
+    parameters named without ``model.``, as embedding models such as e5-mistral and gte-Qwen2
+    ship), e.g. ``make("MistralConfig", "MistralModel")``, or a sequence classifier, e.g.
+    ``make("LlamaConfig", "LlamaForSequenceClassification", num_labels=3)``. Weights are drawn
+    at std 0.1, biases too."""
     import transformers
 
     built: dict[str, Path] = {}
 
-    def make(config_class: str, model_class: str) -> Path:
-        if model_class not in built:
+    def make(config_class: str, model_class: str, **options) -> Path:
+        key = json.dumps([model_class, options], sort_keys=True)
+        if key not in built:
             torch.manual_seed(20 + len(built))
             config = getattr(transformers, config_class)(
-                **TINY_SHAPE, vocab_size=len(hf_gguf_tokenizer), bos_token_id=1, eos_token_id=2
+                **TINY_SHAPE,
+                vocab_size=len(hf_gguf_tokenizer),
+                bos_token_id=1,
+                eos_token_id=2,
+                **options,
             )
             model = _with_wide_weights(getattr(transformers, model_class)(config))
-            built[model_class] = _save_tiny(
+            built[key] = _save_tiny(
                 model, hf_gguf_tokenizer, tmp_path_factory.mktemp(f"tiny_{model_class}")
             )
-        return built[model_class]
+        return built[key]
 
     return make
 

@@ -36,6 +36,7 @@ class ServingContext:
         """The LoRA adapters requests may name as their ``model`` (loaded at start or at run time)."""
         self.max_model_len = model.max_model_len
         self.vocab_size = model.vocab_size
+        self.labels = model.labels
         # No text longer than this can fit the context: each token covers at most the longest token's bytes.
         self.max_prompt_bytes = model.max_model_len * _longest_token_bytes(self.tokenizer)
         # Splits text into content and tool calls for chat requests that leave the choice to the model.

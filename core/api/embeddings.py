@@ -30,7 +30,7 @@ from spyglass.core.api.prompts import count_prompts, encode_text, parse_prompts
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.pooling_params import PoolingParams
-from spyglass.core.engine.sampling_params import SamplingParams, embedding_params
+from spyglass.core.engine.sampling_params import SamplingParams, pooling_request_params
 
 
 @post(
@@ -49,7 +49,7 @@ async def create_embedding(
     serving.admit()
     if (data.input is None) == (data.messages is None):
         raise APIError(400, "send exactly one of input and messages", "input")
-    params = embedding_params(
+    params = pooling_request_params(
         PoolingParams(normalize=data.normalize, dimensions=data.dimensions),
         data.truncate_prompt_tokens,
         data.priority,
@@ -66,7 +66,7 @@ async def create_embedding(
             serving, request, response_id, prompts, params, attributes, lora_name
         )
     data_items = [
-        EmbeddingData(index, _encoded(output.embedding, data.encoding_format))
+        EmbeddingData(index, _encoded(output.pooled, data.encoding_format))
         for index, output in enumerate(outputs)
     ]
     num_tokens = sum(len(output.prompt_token_ids) for output in outputs)

@@ -32,7 +32,7 @@ from spyglass.core.api.scoring_schemas import (
 )
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.pooling_params import PoolingParams, score_pairs
-from spyglass.core.engine.sampling_params import embedding_params
+from spyglass.core.engine.sampling_params import pooling_request_params
 
 
 @post(
@@ -109,7 +109,7 @@ async def _embed_texts(
     for field, texts in fields.items():
         for text in texts:
             field_of.setdefault(text, field)
-    params = embedding_params(
+    params = pooling_request_params(
         PoolingParams(), data.truncate_prompt_tokens, data.priority, data.cache_salt
     )
     attributes = request_attributes(
@@ -132,7 +132,7 @@ async def _embed_texts(
             serving, request, response_id, prompts, params, attributes, lora_name
         )
     vectors = {
-        text: np.asarray(output.embedding, dtype=np.float64)
+        text: np.asarray(output.pooled, dtype=np.float64)
         for text, output in zip(field_of, outputs, strict=True)
     }
     return vectors, sum(len(output.prompt_token_ids) for output in outputs)

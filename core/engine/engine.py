@@ -579,6 +579,7 @@ class LLMEngine:
             self.arch.vocab_size,
             lora_enabled=self.lora_adapters is not None,
             loras=self.loras,
+            labels=self.arch.labels,
         )
 
     def _request_snapshot(self, request: Request) -> RequestSnapshot:

@@ -82,9 +82,9 @@ class OutputProcessor:
         num_generated = 0
         now = time.monotonic()
         scored = runner_out.prompt_logprobs or ((),) * len(out.scheduled)
-        embedded = runner_out.embeddings or (None,) * len(out.scheduled)
-        for scheduled, token_ids, logprobs, prompt_logprobs, embedding in zip(
-            out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs, scored, embedded
+        pooled = runner_out.pooled or (None,) * len(out.scheduled)
+        for scheduled, token_ids, logprobs, prompt_logprobs, answer in zip(
+            out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs, scored, pooled
         ):
             request = scheduled.request
             request.num_in_flight_tokens -= scheduled.num_new_tokens
@@ -98,8 +98,8 @@ class OutputProcessor:
                 if scheduled.num_spec_tokens:
                     self._settle_drafts(request, scheduled.num_spec_tokens, len(token_ids) - 1)
                 self._kv.announce_full_blocks(request)
-            if embedding is not None:  # its answer: the token sampled with it is not kept
-                request.embedding = embedding
+            if answer is not None:  # a pooling request's: the token sampled with it is not kept
+                request.pooled = answer
                 self.finish(request, FinishReason.STOP)
                 progressed.append(request)
                 continue
@@ -208,7 +208,7 @@ class OutputProcessor:
             finished=finished,
             num_cached_tokens=request.num_cached_tokens,
             prompt_logprobs=prompt_logprobs,
-            embedding=request.embedding,
+            pooled=request.pooled,
         )
 
     def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:

@@ -8,7 +8,7 @@ engine's loop (measured on a 2-core EPYC). The prompt stays behind: the server h
 from spyglass.core.engine.outputs import CompletionOutput, Logprob, RequestOutput
 
 WireOutput = tuple
-"""``(request_id, finished, num_cached_tokens, metrics, completions, prompt_logprobs, embedding)``; each
+"""``(request_id, finished, num_cached_tokens, metrics, completions, prompt_logprobs, pooled)``; each
 completion is ``(index, text, token_ids, finish_reason, stop_reason, logprobs)``, each logprob
 ``(token_id, logprob, top)``, each prompt logprob None or ``(token_id, logprob, top, rank)``."""
 
@@ -40,7 +40,7 @@ def to_wire(outputs: list[RequestOutput]) -> list[WireOutput]:
                 None if lp is None else (lp.token_id, lp.logprob, lp.top, lp.rank)
                 for lp in o.prompt_logprobs
             ],
-            o.embedding,
+            o.pooled,
         )
         for o in outputs
     ]
@@ -70,7 +70,7 @@ def from_wire(rows: list[WireOutput]) -> list[RequestOutput]:
             prompt_logprobs=None
             if prompt_logprobs is None
             else [None if lp is None else Logprob(*lp) for lp in prompt_logprobs],
-            embedding=embedding,
+            pooled=pooled,
         )
         for (
             request_id,
@@ -79,6 +79,6 @@ def from_wire(rows: list[WireOutput]) -> list[RequestOutput]:
             metrics,
             completions,
             prompt_logprobs,
-            embedding,
+            pooled,
         ) in rows
     ]

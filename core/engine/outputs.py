@@ -41,8 +41,9 @@ class RequestOutput:
     prompt_logprobs: list[Logprob | None] | None = None
     """With ``SamplingParams.prompt_logprobs``: one per prompt token, None for the first; a delta
     request's first output carries them."""
-    embedding: list[float] | None = None
-    """An embedding request's vector (``SamplingParams.pooling``), on its final output."""
+    pooled: list[float] | None = None
+    """A pooling request's answer (``SamplingParams.pooling``) on its final output: its
+    embedding, or its class probabilities (`PoolingParams.task`)."""
 
 
 @dataclass(slots=True)
@@ -85,6 +86,29 @@ class ScoringRequestOutput:
     finished: bool = True
 
 
+@dataclass(slots=True)
+class ClassificationOutput:
+    """A prompt's class probabilities (vLLM's class of the same name; raw logits when the request
+    turned the activation off)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        """How many classes the model tells apart."""
+        return len(self.probs)
+
+
+@dataclass(slots=True)
+class ClassificationRequestOutput:
+    """What `LLM.classify` returns per prompt, as vLLM shapes it: ``outputs.probs``."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ClassificationOutput
+    finished: bool = True
+
+
 def joined(deltas: list[RequestOutput]) -> RequestOutput:
     """One request's delta outputs, in order, as one output: what they added together, and the
     state of the last. Costs what they hold, once."""
@@ -100,7 +124,7 @@ def joined(deltas: list[RequestOutput]) -> RequestOutput:
         num_cached_tokens=last.num_cached_tokens,
         metrics=last.metrics,
         prompt_logprobs=deltas[0].prompt_logprobs,
-        embedding=last.embedding,
+        pooled=last.pooled,
     )
 
 

@@ -1,9 +1,11 @@
-"""What an embedding request asks for: vLLM's ``PoolingParams`` for the ``embed`` task.
+"""What a pooling request asks for: vLLM's ``PoolingParams`` for the ``embed`` and ``classify``
+tasks.
 
-An embedding request is an engine request like any other (it is scheduled, chunked, cached and
-preempted the same way), whose answer is a vector instead of text: the final norm's output at its
-prompt's last token (last-token pooling, as vLLM pools decoder models for embeddings). Because the
-last token is always computed, prefix-cache hits serve embedding requests too.
+A pooling request is an engine request like any other (it is scheduled, chunked, cached and
+preempted the same way), whose answer is a vector instead of text, from the final norm's output
+at its prompt's last token (last-token pooling, as vLLM pools decoder models): that vector itself
+(an embedding), or a sequence classifier's class probabilities from it. Because the last token is
+always computed, prefix-cache hits serve pooling requests too.
 """
 
 from dataclasses import dataclass
@@ -14,14 +16,27 @@ from spyglass.core.engine.sampling_params import InvalidRequestError
 T = TypeVar("T")
 
 
+POOLING_TASKS = ("embed", "classify")
+
+
 @dataclass(frozen=True, slots=True)
 class PoolingParams:
-    """How to pool the prompt: ``normalize`` scales the vector to unit length (cosine similarity is
-    then a dot product); ``dimensions`` must be None or the model's hidden size (no served model is
-    trained to be cut shorter, Matryoshka style)."""
+    """How to pool the prompt. ``task`` ``embed``: ``normalize`` scales the vector to unit length
+    (cosine similarity is then a dot product); ``dimensions`` must be None or the model's hidden
+    size (no served model is trained to be cut shorter, Matryoshka style). ``task`` ``classify``
+    (a sequence classifier): the class probabilities, softmax over the classes (a sigmoid for a
+    single one), or with ``activation`` off the raw logits (a reward model's score)."""
 
+    task: str = "embed"
     normalize: bool = True
     dimensions: int | None = None
+    activation: bool = True
+
+    def __post_init__(self) -> None:
+        if self.task not in POOLING_TASKS:
+            raise InvalidRequestError(
+                f"the pooling task must be one of {POOLING_TASKS}, got {self.task!r}", "task"
+            )
 
 
 def score_pairs(firsts: list[T], seconds: list[T]) -> list[tuple[T, T]]:

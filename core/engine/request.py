@@ -93,8 +93,9 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
-        # An embedding request's vector, once the step that finished its prompt computed it.
-        self.embedding: list[float] | None = None
+        # A pooling request's answer (embedding or class probabilities), once the step that
+        # finished its prompt computed it.
+        self.pooled: list[float] | None = None
         self.times = RequestTimes(
             arrival=time.monotonic() if arrival_time is None else arrival_time
         )

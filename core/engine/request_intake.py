@@ -69,17 +69,21 @@ def output_room(
 
 def check_pooling(params: SamplingParams, arch: ModelArchConfig, tensor_parallel_size: int) -> None:
     """`InvalidRequestError` for a request this engine cannot answer: generation on a model
-    without an LM head, an embedding of other ``dimensions`` than the model's hidden size, or any
-    embedding under tensor parallelism (the workers run the forward to the logits only)."""
+    without an LM head, classification on one without a classifier's, an embedding of other
+    ``dimensions`` than the model's hidden size, or any pooling under tensor parallelism (the
+    workers run the forward to the logits only)."""
     pooling = params.pooling
     if pooling is None:
         if not arch.has_lm_head:
-            raise InvalidRequestError(
-                "this is an embedding model (a base model without an LM head): it answers "
-                "embedding requests only",
-                "model",
-            )
+            kind = "a classifier" if arch.num_labels else "an embedding model (no LM head)"
+            raise InvalidRequestError(f"this model is {kind}: it does not generate text", "model")
         return
+    if pooling.task == "classify" and not arch.num_labels:
+        raise InvalidRequestError(
+            "this model has no classification head (serve a ...ForSequenceClassification "
+            "checkpoint to classify)",
+            "model",
+        )
     hidden_size = arch.hidden_size
     if tensor_parallel_size > 1:
         raise InvalidRequestError(

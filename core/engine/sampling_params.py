@@ -82,7 +82,7 @@ class SamplingParams:
     the prefix cache. ``cache_salt`` (vLLM's) keeps the request's prefix-cache blocks apart from
     those of requests with another salt or none: tenants who do not share a salt cannot learn
     from a cache hit's speed what another one's prompts hold. With ``pooling`` the request is
-    an embedding request (`embedding_params`): its output is its prompt's embedding, not text.
+    an embedding request (`pooling_request_params`): its output is its prompt's embedding, not text.
     """
 
     temperature: float = 1.0
@@ -223,14 +223,15 @@ class SamplingParams:
         )
 
 
-def embedding_params(
+def pooling_request_params(
     pooling: "PoolingParams",
     truncate_prompt_tokens: int | None = None,
     priority: int = 0,
     cache_salt: str | None = None,
 ) -> SamplingParams:
-    """The settings of a request for its prompt's embedding: one greedy step that samples nothing
-    the output keeps, no drafts, and one output at the end."""
+    """The settings of a pooling request (its prompt's embedding or classes, as ``pooling``
+    says): one greedy step that samples nothing the output keeps, no drafts, and one output at
+    the end."""
     return SamplingParams(
         temperature=0.0,
         max_tokens=1,

@@ -66,3 +66,5 @@ class ModelDescription:
     """Whether requests may name LoRA adapters (`EngineConfig.enable_lora`)."""
     loras: tuple[LoRAInfo, ...] = ()
     """The adapters loaded at start."""
+    labels: tuple[str, ...] = ()
+    """A sequence classifier's class names, in order (none for other models)."""

@@ -6,7 +6,7 @@ and the transformers 5 ones (``rope_parameters``, per layer type for Gemma 3).
 
 from spyglass.core.models.layers import gated_activation
 from spyglass.core.models.model_config import FULL, SLIDING, ModelArchConfig
-from spyglass.core.models.registry import ModelFamily, family_for_hf_class, is_base_model_class
+from spyglass.core.models.registry import ModelFamily, family_for_hf_class, model_head
 from spyglass.core.models.rope import SCALING_TYPES
 
 
@@ -19,6 +19,8 @@ def read_arch(config: dict, eos_token_ids: tuple[int, ...]) -> ModelArchConfig:
     """The architecture ``config`` describes; ValueError for classes and variants that do not load."""
     family = hf_family(config)
     defaults = family.config_defaults
+    head = model_head((config.get("architectures") or [None])[0])
+    labels = _labels(config) if head == "classifier" else ()
 
     def get(key: str, default=None):
         return config[key] if config.get(key) is not None else defaults.get(key, default)
@@ -43,7 +45,9 @@ def read_arch(config: dict, eos_token_ids: tuple[int, ...]) -> ModelArchConfig:
     )
     return ModelArchConfig(
         architecture=family.architecture,
-        has_lm_head=not is_base_model_class((config.get("architectures") or [None])[0]),
+        has_lm_head=head == "lm",
+        num_labels=len(labels),
+        labels=labels,
         vocab_size=config["vocab_size"],
         hidden_size=hidden,
         intermediate_size=config["intermediate_size"],
@@ -125,3 +129,12 @@ def _layer_types(config: dict, architecture: str, num_layers: int) -> tuple[str,
         first_sliding = config.get("max_window_layers", num_layers)
         return tuple(SLIDING if i >= first_sliding else FULL for i in range(num_layers))
     return ()  # Mistral, Mixtral, Phi-3: every layer slides
+
+
+def _labels(config: dict) -> tuple[str, ...]:
+    """A sequence classifier's class names in order: ``id2label``'s, else ``LABEL_i`` for each of
+    ``num_labels`` (transformers' default: 2)."""
+    id2label = config.get("id2label") or {}
+    if id2label:
+        return tuple(id2label[key] for key in sorted(id2label, key=int))
+    return tuple(f"LABEL_{i}" for i in range(config.get("num_labels") or 2))

@@ -62,7 +62,7 @@ def _read_weights(path: Path, arch: ModelArchConfig, dtype: torch.dtype) -> dict
         _shard_files(path), desc=f"converting {path.name}", unit="shard", disable=None
     ):
         weights.update((name, tensor.to(dtype)) for name, tensor in load_file(shard).items())
-    if not arch.has_lm_head:
+    if not arch.has_lm_head and not arch.num_labels:
         # A base model's checkpoint names its parameters without the causal LM's "model." prefix.
         weights = {
             name if name.startswith("model.") else f"model.{name}": w for name, w in weights.items()

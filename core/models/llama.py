@@ -45,6 +45,8 @@ def weight_names(arch: ModelArchConfig, fused_projections: bool = False) -> set[
     names = {"model.embed_tokens.weight", "model.norm.weight"}
     if arch.has_lm_head and not arch.tie_word_embeddings:
         names.add("lm_head.weight")
+    if arch.num_labels:
+        names.add("score.weight")
     for i in range(arch.num_hidden_layers):
         prefix = f"model.layers.{i}"
         names |= {f"{prefix}.input_layernorm.weight", f"{prefix}.post_attention_layernorm.weight"}
@@ -95,10 +97,12 @@ class LlamaForCausalLM:
             device,
         )
         self.layers = [LlamaLayer(w, arch, i, rope) for i in range(arch.num_hidden_layers)]
-        self.lm_head = None  # a base model (embeddings only) has none
+        self.lm_head = None  # a base model or a classifier has none
         if arch.has_lm_head:
             head = self.embed if arch.tie_word_embeddings else w["lm_head.weight"]
             self.lm_head = make_linear(head)
+        # A sequence classifier's head: class logits from the last token's final hidden state.
+        self.score = make_linear(w["score.weight"]) if arch.num_labels else None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -132,6 +136,10 @@ class LlamaForCausalLM:
             hidden[rows], residual[rows], self.final_norm, self.arch.rms_norm_eps
         )
         return normed
+
+    def classify(self, final_hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 class logits ``[rows, num_labels]`` of `final_hidden` rows (a classifier only)."""
+        return self.score(final_hidden).float()
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of ``input_ids`` in the activations' dtype (a tensor-parallel rank sums its share)."""

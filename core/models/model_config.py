@@ -22,7 +22,9 @@ class ModelArchConfig:
     the layers listed in ``moe_layers`` route each token to ``num_experts_per_tok`` experts of width
     ``moe_intermediate_size``, plus a gated shared expert when ``shared_expert_intermediate_size`` > 0.
     ``has_lm_head`` is False for a base-model checkpoint (``LlamaModel``, ``Qwen2Model``,
-    ``MistralModel``, ... as embedding models ship): it has no head, and serves embeddings only.
+    ``MistralModel``, ... as embedding models ship) and for a classifier: neither generates.
+    ``num_labels`` > 0 gives a sequence classifier's head (``...ForSequenceClassification``:
+    reward models, moderation classifiers), ``labels`` its classes' names in order.
     """
 
     architecture: str
@@ -56,6 +58,8 @@ class ModelArchConfig:
     norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()
     has_lm_head: bool = True
+    num_labels: int = 0
+    labels: tuple[str, ...] = ()
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer``, or None when it attends to its whole context."""

@@ -20,7 +20,8 @@ from spyglass.kernels.backend import AttentionBackend
 class CausalLM(Protocol):
     """What the runner needs from a model: its config, kernels and dtype, and a forward to logits,
     also in two halves (CUDA graphs capture the first and run the second on the sampled rows only),
-    and the final norm's output that the head reads (embedding requests' vectors)."""
+    and the final norm's output that the head reads (embedding requests' vectors). A sequence
+    classifier (``arch.num_labels`` > 0; Llama-style families) also has ``classify``."""
 
     arch: ModelArchConfig
     backend: AttentionBackend
@@ -160,30 +161,40 @@ FAMILIES = (
     ),
 )
 _BY_HF_CLASS = {family.hf_class: family for family in FAMILIES}
-# The base models (no LM head) of the Llama-style families, as embedding models ship:
-# e5-mistral's MistralModel, gte-Qwen2's Qwen2Model, ...
-_BY_BASE_CLASS = {
-    family.hf_class.removesuffix("ForCausalLM") + "Model": family
-    for family in FAMILIES
-    if family.model_class is llama.LlamaForCausalLM
+# The Llama-style families' base models (no head, as embedding models ship: e5-mistral's
+# MistralModel, gte-Qwen2's Qwen2Model, ...) and sequence classifiers (reward models, ...).
+_LLAMA_STYLE = [family for family in FAMILIES if family.model_class is llama.LlamaForCausalLM]
+_BY_BASE_CLASS = {f.hf_class.removesuffix("ForCausalLM") + "Model": f for f in _LLAMA_STYLE}
+_BY_CLASSIFIER_CLASS = {
+    f.hf_class.removesuffix("ForCausalLM") + "ForSequenceClassification": f for f in _LLAMA_STYLE
 }
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 
 
 def supported_hf_classes() -> str:
     """The HF model classes that load, comma-separated, for error messages and docs."""
-    return f"{', '.join(_BY_HF_CLASS)}; for embeddings, {', '.join(_BY_BASE_CLASS)}"
+    return (
+        f"{', '.join(_BY_HF_CLASS)}; for embeddings, {', '.join(_BY_BASE_CLASS)}; "
+        f"for classification, {', '.join(_BY_CLASSIFIER_CLASS)}"
+    )
 
 
-def is_base_model_class(class_name: str | None) -> bool:
-    """Whether ``class_name`` is a supported base model (no LM head: it serves embeddings only)."""
-    return class_name in _BY_BASE_CLASS
+def model_head(class_name: str | None) -> str:
+    """The head of a supported HF class: ``"lm"`` (a causal LM), ``"none"`` (a base model, which
+    serves embeddings only) or ``"classifier"`` (a sequence classifier)."""
+    if class_name in _BY_BASE_CLASS:
+        return "none"
+    return "classifier" if class_name in _BY_CLASSIFIER_CLASS else "lm"
 
 
 def family_for_hf_class(class_name: str | None) -> ModelFamily:
-    """The family of HF class ``class_name`` (a causal LM or its base model); ValueError naming
-    every supported class otherwise."""
-    family = _BY_HF_CLASS.get(class_name) or _BY_BASE_CLASS.get(class_name)
+    """The family of HF class ``class_name`` (a causal LM, its base model or its sequence
+    classifier); ValueError naming every supported class otherwise."""
+    family = (
+        _BY_HF_CLASS.get(class_name)
+        or _BY_BASE_CLASS.get(class_name)
+        or _BY_CLASSIFIER_CLASS.get(class_name)
+    )
     if family is None:
         raise ValueError(
             f"Unsupported model class {class_name!r}; supported: {supported_hf_classes()}."

@@ -253,7 +253,7 @@ class MetricsRecorder:
         if request.sampling_params.pooling is not None:
             # An embedding generates nothing: its prompt counts when it is answered, and it is
             # judged against no token-latency target.
-            if request.embedding is not None:
+            if request.pooled is not None:
                 self.prompt_tokens.inc(request.num_prompt_tokens)
             return
         self.generation_len.observe(request.num_output_tokens)

@@ -219,8 +219,8 @@ def finish_attributes(request: Request, reason: FinishReason) -> dict:
         "spyglass.num_preemptions": request.num_preemptions,
         "gen_ai.latency.e2e": times.finished - times.arrival,
     }
-    if request.embedding is not None:
-        attrs["gen_ai.embeddings.dimension.count"] = len(request.embedding)
+    if request.pooled is not None:
+        attrs["gen_ai.embeddings.dimension.count"] = len(request.pooled)
     if request.num_draft_tokens:
         attrs["spyglass.spec.num_draft_tokens"] = request.num_draft_tokens
         attrs["spyglass.spec.num_accepted_tokens"] = request.num_accepted_tokens

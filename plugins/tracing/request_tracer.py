@@ -173,8 +173,8 @@ class RequestTracer:
         )
         span.set_attributes(attrs.finish_attributes(request, reason))
         output_text = None
-        if self.settings.trace_content and request.embedding is not None:
-            span.set_attributes(attrs.embedding_output_attributes(request.embedding))
+        if self.settings.trace_content and request.pooled is not None:
+            span.set_attributes(attrs.embedding_output_attributes(request.pooled))
         elif self.settings.trace_content and self.tokenizer is not None:
             output_text = self.tokenizer.decode(request.output_token_ids)
             span.set_attributes(attrs.output_content_attributes(output_text, reason))

@@ -163,9 +163,9 @@ def test_embedding_beside_generation_leaves_no_block_behind(layout_server, layou
 
 
 @pytest.fixture(scope="module")
-def embedding_model_server(tiny_base_model_dir, tmp_path_factory):
+def embedding_model_server(tiny_pooling_model_dir, tmp_path_factory):
     """A server on a base model (``MistralModel``: no LM head), as e5-mistral is served."""
-    path = tiny_base_model_dir("MistralConfig", "MistralModel")
+    path = tiny_pooling_model_dir("MistralConfig", "MistralModel")
     server = start_server(str(path), tmp_path_factory.mktemp("embedding_model"), *TINY_ARGS)
     yield server
     server.stop()

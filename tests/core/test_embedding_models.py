@@ -19,12 +19,12 @@ BASE_MODELS = [
 
 
 @pytest.fixture(scope="module", params=BASE_MODELS, ids=[m for _, m in BASE_MODELS])
-def base_model(request, tiny_base_model_dir):
+def base_model(request, tiny_pooling_model_dir):
     from transformers import AutoModel
 
     from spyglass.core.llm import LLM
 
-    path = tiny_base_model_dir(*request.param)
+    path = tiny_pooling_model_dir(*request.param)
     assert json.loads((path / "config.json").read_text())["architectures"] == [request.param[1]]
     theirs = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
     ours = LLM(model=str(path), dtype="float32", device="cpu", kv_cache_memory="64MiB")

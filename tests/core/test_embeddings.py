@@ -11,7 +11,7 @@ from spyglass.core.engine.pooling_params import PoolingParams
 from spyglass.core.engine.sampling_params import (
     InvalidRequestError,
     SamplingParams,
-    embedding_params,
+    pooling_request_params,
 )
 
 TEXTS = [
@@ -19,8 +19,8 @@ TEXTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
     "Once upon a time there was a little fox who lived in a forest near the sea. " * 3,
 ]
-EMBED = embedding_params(PoolingParams())
-RAW = embedding_params(PoolingParams(normalize=False))
+EMBED = pooling_request_params(PoolingParams())
+RAW = pooling_request_params(PoolingParams(normalize=False))
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def reference(hf_default_model, prompts):
 def _assert_embeds(output, expected: torch.Tensor, normalize: bool = True) -> None:
     assert output.finished and output.outputs[0].finish_reason == "stop"
     assert output.outputs[0].token_ids == [] and output.outputs[0].text == ""
-    vector = torch.tensor(output.embedding)
+    vector = torch.tensor(output.pooled)
     if normalize:
         assert vector.norm().item() == pytest.approx(1.0, abs=1e-5)
         expected = torch.nn.functional.normalize(expected, dim=-1)
@@ -59,7 +59,7 @@ def test_embeddings_match_transformers_beside_generation(
     *embedded, generated = run_engine(engine, [*prompts, prompts[0]], [EMBED] * 3 + [generate])
     for output, expected in zip(embedded, reference, strict=True):
         _assert_embeds(output, expected)
-    assert generated.embedding is None
+    assert generated.pooled is None
     (alone,) = run_engine(make_default_engine(), [prompts[0]], generate)
     assert generated.outputs[0].token_ids == alone.outputs[0].token_ids
 
@@ -70,7 +70,7 @@ def test_unnormalized_vectors_are_the_final_hidden_state(
     outputs = run_engine(make_default_engine(), prompts, [RAW, EMBED, RAW])
     for output, expected, normalize in zip(outputs, reference, [False, True, False]):
         _assert_embeds(output, expected, normalize)
-    assert torch.tensor(outputs[0].embedding).norm() > 2
+    assert torch.tensor(outputs[0].pooled).norm() > 2
 
 
 def test_chunks_preemption_and_the_prefix_cache_give_the_same_vectors(
@@ -101,7 +101,7 @@ def test_chunks_preemption_and_the_prefix_cache_give_the_same_vectors(
 def test_a_prompt_as_long_as_the_context_is_embedded(make_default_engine, run_engine, prompts):
     engine = make_default_engine(max_model_len=len(prompts[2]))
     (output,) = run_engine(engine, [prompts[2]], EMBED)
-    assert len(output.embedding) == engine.arch.hidden_size
+    assert len(output.pooled) == engine.arch.hidden_size
     with pytest.raises(InvalidRequestError) as error:
         engine.add_request("long", prompts[2] + [1], EMBED)
     assert error.value.param == "prompt"
@@ -111,10 +111,14 @@ def test_other_dimensions_are_refused(make_default_engine, run_engine, prompts):
     engine = make_default_engine()
     hidden = engine.arch.hidden_size
     with pytest.raises(InvalidRequestError) as error:
-        engine.add_request("short", prompts[0], embedding_params(PoolingParams(dimensions=64)))
+        engine.add_request(
+            "short", prompts[0], pooling_request_params(PoolingParams(dimensions=64))
+        )
     assert error.value.param == "dimensions"
-    (output,) = run_engine(engine, [prompts[0]], embedding_params(PoolingParams(dimensions=hidden)))
-    assert len(output.embedding) == hidden
+    (output,) = run_engine(
+        engine, [prompts[0]], pooling_request_params(PoolingParams(dimensions=hidden))
+    )
+    assert len(output.pooled) == hidden
 
 
 def test_truncated_prompts_embed_their_last_tokens(make_default_engine, run_engine, prompts):
@@ -122,7 +126,7 @@ def test_truncated_prompts_embed_their_last_tokens(make_default_engine, run_engi
     truncated = replace(EMBED, truncate_prompt_tokens=10)
     cut, whole = run_engine(engine, [prompts[2], prompts[2][-10:]], [truncated, EMBED])
     assert cut.prompt_token_ids == prompts[2][-10:]
-    torch.testing.assert_close(torch.tensor(cut.embedding), torch.tensor(whole.embedding))
+    torch.testing.assert_close(torch.tensor(cut.pooled), torch.tensor(whole.pooled))
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3", "qwen3"])

@@ -36,7 +36,7 @@ def test_outputs_come_back_equal_but_for_their_prompts():
             [8, 9],
             [CompletionOutput(0, "", [], "stop")],
             finished=True,
-            embedding=[0.6, -0.8],
+            pooled=[0.6, -0.8],
         ),
     ]
     received = from_wire(pickle.loads(pickle.dumps(to_wire(outputs))))

@@ -2,14 +2,14 @@
 operation and dimension count, no sampling settings, and the text and vector only on opt-in."""
 
 from spyglass.core.engine.pooling_params import PoolingParams
-from spyglass.core.engine.sampling_params import embedding_params
+from spyglass.core.engine.sampling_params import pooling_request_params
 
 PROMPT = "Foxes live in forests, deserts and cities"
 
 
 def _embedding_span(span_exporter, engine, run_to_completion):
     token_ids = engine.tokenizer.encode(PROMPT)
-    engine.add_request("e", token_ids, embedding_params(PoolingParams()), prompt=PROMPT)
+    engine.add_request("e", token_ids, pooling_request_params(PoolingParams()), prompt=PROMPT)
     output = run_to_completion(engine)["e"]
     (span,) = [s for s in span_exporter.get_finished_spans() if s.name.startswith("embeddings ")]
     return span.attributes, output, token_ids
@@ -26,7 +26,7 @@ def test_an_embedding_span_names_its_kind_and_size_and_no_sampling(
     assert a["spyglass.embedding.normalize"] is True
     assert a["gen_ai.usage.input_tokens"] == a["llm.token_count.prompt"] == len(token_ids)
     assert a["gen_ai.usage.output_tokens"] == 0
-    assert a["gen_ai.embeddings.dimension.count"] == len(output.embedding)
+    assert a["gen_ai.embeddings.dimension.count"] == len(output.pooled)
     assert a["gen_ai.response.finish_reasons"] == ("stop",)
     for key in ("gen_ai.request.temperature", "gen_ai.request.max_tokens", "llm.model_name"):
         assert key not in a
@@ -40,7 +40,7 @@ def test_the_text_and_vector_are_traced_only_on_opt_in(
     use_settings(trace_content=True)
     a, output, _ = _embedding_span(span_exporter, make_engine(), run_to_completion)
     assert a["embedding.embeddings.0.embedding.text"] == a["input.value"] == PROMPT
-    assert list(a["embedding.embeddings.0.embedding.vector"]) == output.embedding
+    assert list(a["embedding.embeddings.0.embedding.vector"]) == output.pooled
     assert "output.value" not in a
 
 
@@ -67,7 +67,7 @@ def test_metrics_count_an_embeddings_prompt_and_judge_no_token_latency(
 
     assert REGISTRY.get_sample_value("gen_ai_server_request_duration_seconds_count", duration) == 0
     token_ids = engine.tokenizer.encode(PROMPT)
-    engine.add_request("e", token_ids, embedding_params(PoolingParams()))
+    engine.add_request("e", token_ids, pooling_request_params(PoolingParams()))
     run_to_completion(engine)
     assert value("spyglass:prompt_tokens_total") == len(token_ids)
     assert value("spyglass:generation_tokens_total") == 0

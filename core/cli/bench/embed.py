@@ -1,7 +1,7 @@
 """``spyglass bench embed``: embedding throughput against HF transformers, and their agreement.
 
 A seeded set of prompts of mixed lengths is embedded (last-token pooling, unit vectors) by
-Spyglass's continuous batching (`LLMEngine` with `embedding_params`, chunked prefill within
+Spyglass's continuous batching (`LLMEngine` with `pooling_request_params`, chunked prefill within
 ``--max-num-batched-tokens``) and by HF ``AutoModel`` over padded batches in a child process
 (`hf_embed`), on the same weights in the same dtype: by default float32 and, for a GGUF file,
 its weights dequantized (``--quantization none``), so both compute the same thing. Each side runs
@@ -21,7 +21,7 @@ from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_fr
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.pooling_params import PoolingParams
-from spyglass.core.engine.sampling_params import embedding_params
+from spyglass.core.engine.sampling_params import pooling_request_params
 
 # Stay clear of the special tokens at the start of typical vocabularies (as `workloads` does).
 _FIRST_ORDINARY_TOKEN = 100
@@ -97,7 +97,7 @@ def embed_prompts(
 def embed_on_engine(engine: LLMEngine, prompts: list[list[int]]) -> tuple[float, torch.Tensor]:
     """Embed every prompt on ``engine`` at once (unit vectors); the seconds from the first request
     to the last vector, and the vectors ``[num prompts, hidden]`` in prompt order."""
-    params = embedding_params(PoolingParams(normalize=True))
+    params = pooling_request_params(PoolingParams(normalize=True))
     vectors: list[list[float] | None] = [None] * len(prompts)
     start = time.perf_counter()
     for index, prompt in enumerate(prompts):
@@ -105,7 +105,7 @@ def embed_on_engine(engine: LLMEngine, prompts: list[list[int]]) -> tuple[float,
     while engine.has_unfinished_requests:
         for output in engine.step():
             if output.finished:
-                vectors[int(output.request_id.removeprefix("embed-"))] = output.embedding
+                vectors[int(output.request_id.removeprefix("embed-"))] = output.pooled
     seconds = time.perf_counter() - start
     if any(vector is None for vector in vectors):
         raise RuntimeError("an embedding request finished without its vector")

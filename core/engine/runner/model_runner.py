@@ -14,7 +14,7 @@ from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.lora_rows import lora_groups
-from spyglass.core.engine.runner.pooling import Embedding, embeddings, pooled_rows
+from spyglass.core.engine.runner.pooling import Pooled, pooled_outputs, pooled_rows
 from spyglass.core.engine.runner.prompt_logprobs import score_prompts
 from spyglass.core.engine.runner.sampler import adjust_logits, sample, sample_tokens
 from spyglass.core.engine.runner.spec_verify import verify_drafts
@@ -45,9 +45,9 @@ class RunnerOutput:
     prompt_logprobs: tuple[list[Logprob], ...] = ()
     """Per scheduled request, the logprobs of the prompt tokens this step scored (empty when no
     request of the step asks for prompt logprobs)."""
-    embeddings: tuple[Embedding, ...] = ()
-    """Per scheduled request, the embedding of an embedding request whose prompt the step
-    finished, else None (empty when the step finishes no embedding request)."""
+    pooled: tuple[Pooled, ...] = ()
+    """Per scheduled request, the answer of a pooling request whose prompt the step finished
+    (an embedding or class probabilities), else None (empty when the step finishes none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,20 +208,18 @@ class ModelRunner:
 
         A step of one token per sampled request, none asking for logprobs, samples on the device and
         starts copying the token ids to the host: on a GPU the host returns before the step has run.
-        Drafts, logprobs and embeddings need the host; such a step is finished here. ``after`` is
+        Drafts, logprobs and pooling need the host; such a step is finished here. ``after`` is
         the step still in flight whose sampled ids this one's pending tokens are (async scheduling).
         """
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables, after)
         pooled = pooled_rows(out.scheduled, inputs.sampled_rows)
-        logits, embedded = self._run_model(out, inputs, pooled)
-        if logits is None:  # only embeddings: each pooled row's token (never kept) is a 0
+        logits, answers = self._run_model(out, inputs, pooled)
+        if logits is None:  # only pooling: each pooled row's token (never kept) is a 0
             rows = inputs.sampled_rows
             tokens = tuple([0] if is_sampled else [] for is_sampled in rows)
             logprobs = tuple([None] if is_sampled else [] for is_sampled in rows)
-            result = RunnerOutput(
-                tokens, logprobs, time.perf_counter() - start, embeddings=embedded
-            )
+            result = RunnerOutput(tokens, logprobs, time.perf_counter() - start, pooled=answers)
             return LaunchedStep(start, rows, result=result)
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         if (
@@ -235,7 +233,7 @@ class ModelRunner:
             )
             scored = score_prompts(out, inputs.prompt_rows, logits[num_sampled:])
             result = RunnerOutput(
-                tokens, logprobs, time.perf_counter() - start, mask_time, scored, embedded
+                tokens, logprobs, time.perf_counter() - start, mask_time, scored, answers
             )
             return LaunchedStep(start, inputs.sampled_rows, result=result)
         requests = [s.request for s in sampled]
@@ -274,11 +272,11 @@ class ModelRunner:
 
     def _run_model(
         self, out: SchedulerOutput, inputs: StepInputs, pooled: dict[int, int]
-    ) -> tuple[torch.Tensor | None, tuple[Embedding, ...]]:
-        """The logits of ``inputs.logits_indices`` and the embeddings of the ``pooled`` requests
+    ) -> tuple[torch.Tensor | None, tuple[Pooled, ...]]:
+        """The logits of ``inputs.logits_indices`` and the answers of the ``pooled`` requests
         (`pooled_rows`; eager, from the same forward), each LoRA row with its adapter's delta.
-        No logits (None) when every row is an embedding's: the head is not run (a base model
-        has none)."""
+        No logits (None) when every row is a pooling request's: the LM head is not run (a base
+        model or a classifier has none)."""
         if self.lora is not None:
             self.lora.groups = lora_groups(out.scheduled, self.device)
         try:
@@ -289,10 +287,12 @@ class ModelRunner:
             )
             rows = inputs.logits_indices
             final = self.model.final_hidden(hidden, residual, rows[list(pooled.values())])
-            embedded = embeddings(final, out.scheduled, pooled)
+            # Read only when a request classifies: families without classifiers have no head.
+            classify = lambda final_rows: self.model.classify(final_rows)
+            answers = pooled_outputs(final, out.scheduled, pooled, classify)
             if len(pooled) == len(rows):
-                return None, embedded
-            return self.model.logits(hidden, residual, rows), embedded
+                return None, answers
+            return self.model.logits(hidden, residual, rows), answers
         finally:
             if self.lora is not None:
                 self.lora.groups = []
