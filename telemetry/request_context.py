@@ -61,8 +61,10 @@ def info_of(request) -> HttpRequestInfo | None:
 
 def operation_name(request) -> str:
     """GenAI's ``gen_ai.operation.name`` of an engine request: ``embeddings`` for an embedding
-    request, else ``chat`` or ``text_completion`` (what the HTTP handler put in
-    ``request.attributes["operation"]``; offline requests are completions)."""
-    if request.sampling_params.pooling is not None:
-        return "embeddings"
+    request, ``classify`` for a classification (Spyglass's: GenAI names none), else ``chat`` or
+    ``text_completion`` (what the HTTP handler put in ``request.attributes["operation"]``;
+    offline requests are completions)."""
+    pooling = request.sampling_params.pooling
+    if pooling is not None:
+        return "embeddings" if pooling.task == "embed" else "classify"
     return request.attributes.get("operation", "text_completion")

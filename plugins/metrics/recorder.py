@@ -132,7 +132,7 @@ class MetricsRecorder:
             self.series.child(
                 m.GEN_AI_TIME_PER_OUTPUT_TOKEN, operation, PROVIDER, self.model, self.series.engine
             )
-        for operation in ("chat", "text_completion", "embeddings"):
+        for operation in ("chat", "text_completion", "embeddings", "classify"):
             self.series.child(
                 m.GEN_AI_REQUEST_DURATION, operation, PROVIDER, self.model, self.series.engine, ""
             )
@@ -251,7 +251,7 @@ class MetricsRecorder:
         self.request_preemptions.observe(request.num_preemptions)
         self._call_finished(request)
         if request.sampling_params.pooling is not None:
-            # An embedding generates nothing: its prompt counts when it is answered, and it is
+            # A pooling request generates nothing: its prompt counts when it is answered, and it is
             # judged against no token-latency target.
             if request.pooled is not None:
                 self.prompt_tokens.inc(request.num_prompt_tokens)

@@ -5,6 +5,11 @@ import re
 from datetime import UTC, datetime
 
 from spyglass.core.plugin_api import FinishReason, Request
+from spyglass.plugins.tracing.pooling_attributes import (
+    pooling_finish_attributes,
+    pooling_input_attributes,
+    pooling_request_attributes,
+)
 from spyglass.telemetry.request_context import info_of, operation_name
 
 PROVIDER = "spyglass"
@@ -88,29 +93,8 @@ def request_attributes(request: Request, model: str) -> dict:
     attrs.update(response_format_attributes(request))
     attrs.update(tool_attributes(extra.get("tools") or ()))
     if p.pooling is not None:
-        return embedding_request_attributes(attrs, request, model)
+        return pooling_request_attributes(attrs, request, model)
     return attrs
-
-
-# What an embedding request's span leaves out: it samples nothing, and it is no LLM call.
-_NOT_FOR_EMBEDDINGS = (
-    "gen_ai.request.max_tokens",
-    "gen_ai.request.temperature",
-    "gen_ai.request.top_p",
-    "llm.model_name",
-    "llm.provider",
-    "llm.invocation_parameters",
-)
-
-
-def embedding_request_attributes(attrs: dict, request: Request, model: str) -> dict:
-    """An embedding request's span: OpenInference's EMBEDDING kind and ``embedding.model_name``,
-    whether its vector is normalized, and none of the sampling settings."""
-    kept = {k: v for k, v in attrs.items() if k not in _NOT_FOR_EMBEDDINGS}
-    kept["openinference.span.kind"] = "EMBEDDING"
-    kept["embedding.model_name"] = model
-    kept["spyglass.embedding.normalize"] = request.sampling_params.pooling.normalize
-    return kept
 
 
 def response_format_attributes(request: Request) -> dict:
@@ -172,7 +156,7 @@ def input_content_attributes(request: Request, prompt_text: str) -> dict:
         genai = [{"role": "user", "parts": [{"type": "text", "content": prompt_text}]}]
     attrs["gen_ai.input.messages"] = json.dumps(genai)
     if request.sampling_params.pooling is not None:
-        attrs["embedding.embeddings.0.embedding.text"] = prompt_text
+        attrs.update(pooling_input_attributes(request, prompt_text))
     return attrs
 
 
@@ -190,12 +174,6 @@ def output_content_attributes(text: str, reason: FinishReason) -> dict:
         "llm.output_messages.0.message.content": text,
         "gen_ai.output.messages": json.dumps([message]),
     }
-
-
-def embedding_output_attributes(embedding: list[float]) -> dict:
-    """The vector an embedding request returned (only when content tracing is on: it encodes
-    the input), as OpenInference records it."""
-    return {"embedding.embeddings.0.embedding.vector": embedding}
 
 
 def _text(content) -> str:
@@ -220,7 +198,7 @@ def finish_attributes(request: Request, reason: FinishReason) -> dict:
         "gen_ai.latency.e2e": times.finished - times.arrival,
     }
     if request.pooled is not None:
-        attrs["gen_ai.embeddings.dimension.count"] = len(request.pooled)
+        attrs.update(pooling_finish_attributes(request))
     if request.num_draft_tokens:
         attrs["spyglass.spec.num_draft_tokens"] = request.num_draft_tokens
         attrs["spyglass.spec.num_accepted_tokens"] = request.num_accepted_tokens

@@ -10,6 +10,7 @@ from opentelemetry.trace import Link, Span, SpanKind
 from spyglass.core.plugin_api import EngineInfo, FinishReason, Request, StepStats
 from spyglass.plugins.tracing import attributes as attrs
 from spyglass.plugins.tracing import root_span
+from spyglass.plugins.tracing.pooling_attributes import pooling_output_attributes
 from spyglass.plugins.tracing.step_spans import StepSpans
 from spyglass.telemetry import tracing
 from spyglass.telemetry.request_context import operation_name
@@ -174,7 +175,7 @@ class RequestTracer:
         span.set_attributes(attrs.finish_attributes(request, reason))
         output_text = None
         if self.settings.trace_content and request.pooled is not None:
-            span.set_attributes(attrs.embedding_output_attributes(request.pooled))
+            span.set_attributes(pooling_output_attributes(request))
         elif self.settings.trace_content and self.tokenizer is not None:
             output_text = self.tokenizer.decode(request.output_token_ids)
             span.set_attributes(attrs.output_content_attributes(output_text, reason))

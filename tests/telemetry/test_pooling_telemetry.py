@@ -1,5 +1,8 @@
-"""Embedding requests in traces: OpenInference's EMBEDDING span kind, GenAI's ``embeddings``
-operation and dimension count, no sampling settings, and the text and vector only on opt-in."""
+"""Pooling requests in telemetry: embeddings as OpenInference EMBEDDING spans (GenAI's
+``embeddings`` operation and dimension count), classifications as EVALUATOR spans, neither with
+sampling settings, their text and answer only on opt-in; and their metrics."""
+
+import json
 
 from spyglass.core.engine.pooling_params import PoolingParams
 from spyglass.core.engine.sampling_params import pooling_request_params
@@ -75,3 +78,29 @@ def test_metrics_count_an_embeddings_prompt_and_judge_no_token_latency(
     assert value("spyglass:slo_requests_total") == 0
     assert value("spyglass:time_to_first_token_seconds_count") == 0
     assert REGISTRY.get_sample_value("gen_ai_server_request_duration_seconds_count", duration) == 1
+
+
+def test_a_classification_span_is_an_evaluator_with_its_verdict_on_opt_in(
+    use_settings, span_exporter, tiny_pooling_model_dir, run_to_completion
+):
+    from spyglass.core.engine.config import EngineConfig
+    from spyglass.core.engine.engine import LLMEngine
+
+    path = tiny_pooling_model_dir("LlamaConfig", "LlamaForSequenceClassification", num_labels=3)
+    use_settings(trace_content=True)
+    engine = LLMEngine(EngineConfig(model=str(path), dtype="float32"))
+    try:
+        params = pooling_request_params(PoolingParams(task="classify"))
+        engine.add_request("c", engine.tokenizer.encode(PROMPT), params, prompt=PROMPT)
+        output = run_to_completion(engine)["c"]
+    finally:
+        engine.shutdown()
+    (span,) = [s for s in span_exporter.get_finished_spans() if s.name.startswith("classify ")]
+    a = span.attributes
+    assert a["gen_ai.operation.name"] == "classify"
+    assert a["openinference.span.kind"] == "EVALUATOR"
+    assert a["spyglass.classify.activation"] is True
+    assert a["spyglass.classify.num_classes"] == 3
+    assert json.loads(a["output.value"]) == output.pooled
+    assert a["input.value"] == PROMPT
+    assert "embedding.embeddings.0.embedding.text" not in a
