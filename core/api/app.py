@@ -14,6 +14,7 @@ from litestar.openapi import OpenAPIConfig
 
 import spyglass
 from spyglass.core.api.chat import create_chat_completion
+from spyglass.core.api.classification import create_classification
 from spyglass.core.api.completions import create_completion
 from spyglass.core.api.context import ServingContext, api_key_guard, provide_serving
 from spyglass.core.api.embeddings import create_embedding
@@ -83,6 +84,7 @@ def create_app(
             create_embedding,
             create_score,
             create_rerank,
+            create_classification,
             create_message,
             count_message_tokens,
             tokenize,

@@ -3,10 +3,10 @@
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Protocol
 
 from opentelemetry import context as otel_context
 
-from spyglass.core.api.embedding_schemas import EmbeddingRequest
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup
 from spyglass.core.api.schemas import (
@@ -22,7 +22,6 @@ from spyglass.core.api.schemas import (
     TopLogprob,
     Usage,
 )
-from spyglass.core.api.scoring_schemas import ScoringFields
 from spyglass.core.engine.outputs import CompletionOutput, Logprob
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.core.tokenizer import Tokenizer
@@ -149,15 +148,24 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         ) from None
 
 
+class CallBody(Protocol):
+    """What `request_attributes` reads of any API call's body (generation's ``stream`` and ``n``
+    where it has them)."""
+
+    model: str | None
+    user: str | None
+    metadata: dict[str, str] | None
+
+
 def request_attributes(
-    body: SamplingFields | EmbeddingRequest | ScoringFields,
+    body: CallBody,
     operation: str,
     response_id: str,
     model_name: str,
     headers,
 ) -> dict:
     """What the tracing plugin reads off each engine request (see `AsyncEngine.generate`); an
-    embeddings or scoring body neither streams nor has choices."""
+    embeddings, scoring or classification body neither streams nor has choices."""
     return {
         "operation": operation,
         "stream": getattr(body, "stream", False),

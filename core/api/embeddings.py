@@ -16,7 +16,7 @@ from litestar.params import JSONBody
 
 from spyglass.core.api.chat import TemplateOptions, render_messages
 from spyglass.core.api.context import ServingContext
-from spyglass.core.api.convert import check_finished, new_id, request_attributes
+from spyglass.core.api.convert import new_id, request_attributes
 from spyglass.core.api.embedding_schemas import (
     MAX_INPUTS,
     EmbeddingData,
@@ -25,12 +25,11 @@ from spyglass.core.api.embedding_schemas import (
     EmbeddingUsage,
 )
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.generation import ChoiceSpec, RequestGroup, unless_disconnected
+from spyglass.core.api.pooling_runs import check_whole, pool_prompts
 from spyglass.core.api.prompts import count_prompts, encode_text, parse_prompts
 from spyglass.core.api.validation import json_body_guard
-from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.pooling_params import PoolingParams
-from spyglass.core.engine.sampling_params import SamplingParams, pooling_request_params
+from spyglass.core.engine.sampling_params import pooling_request_params
 
 
 @post(
@@ -62,7 +61,7 @@ async def create_embedding(
     num_inputs = 1 if data.input is None else count_prompts(data.input)
     with serving.queue_slots(num_inputs, "input"):
         prompts = await _prompts(serving, data)
-        outputs = await embed_prompts(
+        outputs = await pool_prompts(
             serving, request, response_id, prompts, params, attributes, lora_name
         )
     data_items = [
@@ -77,27 +76,6 @@ async def create_embedding(
         data_items,
         EmbeddingUsage(num_tokens, num_tokens),
     )
-
-
-async def embed_prompts(
-    serving: ServingContext,
-    request: Request,
-    response_id: str,
-    prompts: list[tuple[list[int], str]],
-    params: SamplingParams,
-    attributes: dict,
-    lora_name: str | None,
-) -> list[RequestOutput]:
-    """Each prompt's finished embedding request (ids ``{response_id}-{i}``), in order; aborted
-    when the client goes away, a 500 when the engine failed one."""
-    specs = [ChoiceSpec(token_ids, params, text) for token_ids, text in prompts]
-    group = RequestGroup(serving.async_engine, response_id, specs, attributes, lora_name)
-    # An embedding request's first output is its last: starting the group runs it.
-    await unless_disconnected(request, group.start())
-    outputs = await unless_disconnected(request, group.final_outputs())
-    for output in outputs:
-        check_finished(output.outputs[0])
-    return outputs
 
 
 async def _prompts(serving: ServingContext, data: EmbeddingRequest) -> list[tuple[list[int], str]]:
@@ -119,13 +97,8 @@ async def _prompts(serving: ServingContext, data: EmbeddingRequest) -> list[tupl
             serving, data.input, not truncating, "input", MAX_INPUTS, add_special_tokens
         )
         param = "input"
-    if not truncating and any(len(ids) > serving.max_model_len for ids, _ in prompts):
-        raise APIError(
-            400,
-            f"an input is longer than the model's context of {serving.max_model_len} tokens "
-            "(truncate_prompt_tokens keeps its last tokens)",
-            param,
-        )
+    for token_ids, _ in prompts:
+        check_whole(serving, token_ids, truncating, param)
     return prompts
 
 

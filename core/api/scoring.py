@@ -16,8 +16,7 @@ from litestar.params import JSONBody
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import new_id, request_attributes
 from spyglass.core.api.embedding_schemas import EmbeddingUsage
-from spyglass.core.api.embeddings import embed_prompts
-from spyglass.core.api.errors import APIError
+from spyglass.core.api.pooling_runs import check_whole, pool_prompts
 from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.scoring_schemas import (
     RerankDocument,
@@ -120,15 +119,9 @@ async def _embed_texts(
         prompts = []
         for text, field in field_of.items():
             token_ids = await encode_text(serving, text, field, not truncating)
-            if not truncating and len(token_ids) > serving.max_model_len:
-                raise APIError(
-                    400,
-                    f"a text is longer than the model's context of {serving.max_model_len} "
-                    "tokens (truncate_prompt_tokens keeps its last tokens)",
-                    field,
-                )
+            check_whole(serving, token_ids, truncating, field)
             prompts.append((token_ids, text))
-        outputs = await embed_prompts(
+        outputs = await pool_prompts(
             serving, request, response_id, prompts, params, attributes, lora_name
         )
     vectors = {
