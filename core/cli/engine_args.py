@@ -4,6 +4,7 @@ import argparse
 import json
 
 from spyglass.core.engine.config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig, parse_bytes
+from spyglass.core.models.model_config import POOLING_TYPES
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +25,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: keep a GGUF file's Q4_0/Q4_1/Q8_0 blocks on the CPU; none: dequantize; int8: "
         "weight-only int8; dual: blocks for steps of under 8 rows, a bf16 copy for bigger ones "
         "(bf16 only; 1.7-1.9x throughput on AMX CPUs, for memory and bit-for-bit reproducibility)",
+    )
+    group.add_argument(
+        "--pooling-type",
+        default=None,
+        choices=POOLING_TYPES,
+        help="how embeddings pool the prompt's final hidden states: the last token's, their mean "
+        "or the first token's (default: the checkpoint's sentence-transformers config, else last)",
     )
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--block-size", type=int, default=defaults.block_size)
@@ -135,6 +143,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         dtype=args.dtype,
         device=args.device,
         quantization=args.quantization,
+        pooling_type=args.pooling_type,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from spyglass.core.models.model_config import POOLING_TYPES
 from spyglass.kernels import cpu_isa
 
 # torch is imported when a dtype or device is asked for, so the CLI starts without it; the
@@ -82,6 +83,8 @@ class EngineConfig:
     ``enable_lora`` lets requests run with LoRA adapters (PEFT directories) of rank up to
     ``max_lora_rank``; ``lora_modules`` maps names to the adapters loaded at start; ``max_loras``
     caps the distinct adapters the running batch holds (None: no cap), as vLLM's option does.
+    ``pooling_type`` (``last``, ``mean``, ``cls``) is how embeddings pool the prompt; None takes
+    the checkpoint's (its sentence-transformers Pooling config or GGUF metadata; else ``last``).
     """
 
     model: str | None = None
@@ -114,6 +117,7 @@ class EngineConfig:
     max_lora_rank: int = 16
     max_loras: int | None = None
     lora_modules: dict[str, str] = field(default_factory=dict)
+    pooling_type: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -142,6 +146,10 @@ class EngineConfig:
             raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
         if self.max_loras is not None and self.max_loras < 1:
             raise ValueError(f"max_loras must be at least 1, got {self.max_loras}")
+        if self.pooling_type is not None and self.pooling_type not in POOLING_TYPES:
+            raise ValueError(
+                f"pooling_type must be one of {POOLING_TYPES}, got {self.pooling_type!r}"
+            )
 
     def torch_device(self) -> "torch.device":
         """The device to run on: CUDA when available unless told otherwise."""

@@ -31,6 +31,7 @@ from spyglass.core.engine.request_intake import (
     check_min_tokens,
     check_pooling,
     output_room,
+    pool_range,
     token_constraint,
     truncated_prompt,
 )
@@ -105,6 +106,8 @@ class LLMEngine:
         self.model_name = checkpoint.name
         self.tokenizer = checkpoint.tokenizer
         self.arch = checkpoint.arch
+        # How embeddings pool the prompt: the option's, else the checkpoint's own.
+        self.pooling_type = config.pooling_type or checkpoint.arch.pooling_type
         self.backend = select_backend(self.device, config.attention_backend)
         model, runner_class = build_runnable_model(checkpoint, self.backend, self.device, config)
         cache_dtype = config.kv_cache_torch_dtype(dtype, self.device)
@@ -211,7 +214,7 @@ class LLMEngine:
 
         A prompt longer than ``params.truncate_prompt_tokens`` loses its first tokens (its text
         is then that of the tokens kept). ``lora_name`` runs it with that loaded LoRA adapter."""
-        check_pooling(params, self.arch, self.config.tensor_parallel_size)
+        check_pooling(params, self.arch, self.pooling_type, self.config.tensor_parallel_size)
         lora = None
         if lora_name is not None:
             if self.lora_adapters is None:
@@ -240,6 +243,7 @@ class LLMEngine:
             attributes=attributes,
         )
         request.lora = lora
+        request.pool_range = pool_range(params, self.pooling_type, len(prompt_token_ids))
         check_min_tokens(params, request.eos_token_ids)
         request.bad_word_ids = bad_word_token_ids(self.tokenizer, params.bad_words or [])
         if params.structured_output is not None:

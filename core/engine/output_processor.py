@@ -18,6 +18,7 @@ from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
 from spyglass.core.engine.plugin_manager import SafeHookRelay
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus
 from spyglass.core.engine.runner.model_runner import RunnerOutput
+from spyglass.core.engine.runner.pooling import PoolPart
 from spyglass.core.engine.sampling_params import RequestOutputKind
 from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.tokenizer import Tokenizer
@@ -83,8 +84,9 @@ class OutputProcessor:
         now = time.monotonic()
         scored = runner_out.prompt_logprobs or ((),) * len(out.scheduled)
         pooled = runner_out.pooled or (None,) * len(out.scheduled)
-        for scheduled, token_ids, logprobs, prompt_logprobs, answer in zip(
-            out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs, scored, pooled
+        parts = runner_out.pool_parts or (None,) * len(out.scheduled)
+        for scheduled, token_ids, logprobs, prompt_logprobs, answer, part in zip(
+            out.scheduled, runner_out.sampled_token_ids, runner_out.logprobs, scored, pooled, parts
         ):
             request = scheduled.request
             request.num_in_flight_tokens -= scheduled.num_new_tokens
@@ -98,6 +100,8 @@ class OutputProcessor:
                 if scheduled.num_spec_tokens:
                     self._settle_drafts(request, scheduled.num_spec_tokens, len(token_ids) - 1)
                 self._kv.announce_full_blocks(request)
+                if part is not None:
+                    self._add_pool_part(request, part)
             if answer is not None:  # a pooling request's: the token sampled with it is not kept
                 request.pooled = answer
                 self.finish(request, FinishReason.STOP)
@@ -210,6 +214,13 @@ class OutputProcessor:
             prompt_logprobs=prompt_logprobs,
             pooled=request.pooled,
         )
+
+    @staticmethod
+    def _add_pool_part(request: Request, part: PoolPart) -> None:
+        """Add a step's sum of a pooling request's final hidden states to the request's own."""
+        total = request.pool_sum
+        request.pool_sum = part.hidden_sum if total is None else total + part.hidden_sum
+        request.pooled_upto = part.upto
 
     def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
         """Roll the computed count back past rejected drafts (their KV slots are simply overwritten later)."""

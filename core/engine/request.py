@@ -94,8 +94,13 @@ class Request:
         self.stop_reason: str | int | None = None
         self.error: str | None = None
         # A pooling request's answer (embedding or class probabilities), once the step that
-        # finished its prompt computed it.
+        # finished its prompt computed it; set by the engine: the prompt positions it pools
+        # (`request_intake.pool_range`). ``pool_sum`` adds up the final hidden states of those
+        # before ``pooled_upto`` that committed steps computed (a prompt in several chunks).
         self.pooled: list[float] | None = None
+        self.pool_range: tuple[int, int] | None = None
+        self.pool_sum: torch.Tensor | None = None
+        self.pooled_upto = 0
         self.times = RequestTimes(
             arrival=time.monotonic() if arrival_time is None else arrival_time
         )
@@ -134,6 +139,13 @@ class Request:
             return None
         adapter = None if self.lora is None else (self.lora.name, self.lora.load_id)
         return adapter, salt
+
+    @property
+    def reads_every_prompt_row(self) -> bool:
+        """Whether a step must compute the prompt's positions themselves, not take them from the
+        prefix cache: for prompt logprobs, or for pooling that reads more than the last token."""
+        pooled = self.pool_range is not None and self.pool_range[0] < self.num_prompt_tokens - 1
+        return pooled or self.prompt_logprobs is not None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -10,7 +10,7 @@ from spyglass.core.engine.sampling_params import (
     StructuredOutput,
 )
 from spyglass.core.engine.token_constraint import TokenConstraint, allowed_tokens, fill_rows
-from spyglass.core.models.model_config import ModelArchConfig
+from spyglass.core.models.model_config import POOLING_TYPES, ModelArchConfig
 from spyglass.core.tokenizer import Tokenizer
 
 
@@ -67,11 +67,28 @@ def output_room(
     return room
 
 
-def check_pooling(params: SamplingParams, arch: ModelArchConfig, tensor_parallel_size: int) -> None:
+def pool_range(
+    params: SamplingParams, pooling_type: str, num_prompt_tokens: int
+) -> tuple[int, int] | None:
+    """The prompt positions ``[first, last)`` whose final hidden states a pooling request pools:
+    the last one (``last``, and every classification: classifiers read the last token), all of
+    them (``mean``) or the first (``cls``); None for a request that generates."""
+    pooling = params.pooling
+    if pooling is None:
+        return None
+    if pooling.task == "classify" or pooling_type == "last":
+        return num_prompt_tokens - 1, num_prompt_tokens
+    return (0, 1) if pooling_type == "cls" else (0, num_prompt_tokens)
+
+
+def check_pooling(
+    params: SamplingParams, arch: ModelArchConfig, pooling_type: str, tensor_parallel_size: int
+) -> None:
     """`InvalidRequestError` for a request this engine cannot answer: generation on a model
-    without an LM head, classification on one without a classifier's, an embedding of other
-    ``dimensions`` than the model's hidden size, or any pooling under tensor parallelism (the
-    workers run the forward to the logits only)."""
+    without an LM head, classification on one without a classifier's, an embedding by a
+    ``pooling_type`` that does not run here (a checkpoint's, without ``--pooling-type``) or of
+    other ``dimensions`` than the model's hidden size, or any pooling under tensor parallelism
+    (the workers run the forward to the logits only)."""
     pooling = params.pooling
     if pooling is None:
         if not arch.has_lm_head:
@@ -84,11 +101,17 @@ def check_pooling(params: SamplingParams, arch: ModelArchConfig, tensor_parallel
             "checkpoint to classify)",
             "model",
         )
-    hidden_size = arch.hidden_size
+    if pooling.task == "embed" and pooling_type not in POOLING_TYPES:
+        raise InvalidRequestError(
+            f"this model's checkpoint pools embeddings by {pooling_type!r}, which Spyglass does "
+            f"not run; start it with --pooling-type (one of {', '.join(POOLING_TYPES)}) to embed",
+            "model",
+        )
     if tensor_parallel_size > 1:
         raise InvalidRequestError(
             "embeddings are not served with tensor parallelism", "tensor_parallel_size"
         )
+    hidden_size = arch.hidden_size
     if pooling.dimensions is not None and pooling.dimensions != hidden_size:
         raise InvalidRequestError(
             f"dimensions must be the model's hidden size ({hidden_size}): it is not trained "

@@ -120,6 +120,10 @@ def read_arch(reader: GGUFReader) -> ModelArchConfig:
         if num_experts
         else False,
         moe_layers=moe_layers,
+        # llama.cpp's enum: 0 none (token embeddings), 1 mean, 2 cls, 3 last, 4 rank.
+        pooling_type={0: "last", 1: "mean", 2: "cls", 3: "last"}.get(
+            get("pooling_type", 0), "rank"
+        ),
     )
 
 

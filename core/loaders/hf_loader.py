@@ -1,5 +1,6 @@
 """Load a Hugging Face model directory (config.json + *.safetensors) of a supported family into a Checkpoint."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from tqdm import tqdm
 
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.hf_config import hf_family, read_arch
+from spyglass.core.loaders.pooling_config import sentence_transformers_pooling
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.registry import family
 from spyglass.core.tokenizer import Tokenizer
@@ -27,6 +29,9 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     hf_family(config)  # an unsupported class fails here, before the tokenizer and weights are read
     tokenizer = Tokenizer.from_hf_dir(path)
     arch = read_arch(config, tokenizer.eos_token_ids)
+    pooling_type = sentence_transformers_pooling(path)
+    if pooling_type is not None:
+        arch = dataclasses.replace(arch, pooling_type=pooling_type)
     weights = _read_weights(path, arch, dtype)
     return Checkpoint(path.name, arch, weights, tokenizer)
 

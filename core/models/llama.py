@@ -139,7 +139,7 @@ class LlamaForCausalLM:
 
     def classify(self, final_hidden: torch.Tensor) -> torch.Tensor:
         """Float32 class logits ``[rows, num_labels]`` of `final_hidden` rows (a classifier only)."""
-        return self.score(final_hidden).float()
+        return self.score(final_hidden.to(self.dtype)).float()
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of ``input_ids`` in the activations' dtype (a tensor-parallel rank sums its share)."""

@@ -2,6 +2,10 @@
 
 from dataclasses import dataclass, field
 
+POOLING_TYPES = ("last", "mean", "cls")
+"""How an embedding pools its prompt's final hidden states: the last token's (what decoder
+embedding models are trained for), their mean, or the first token's."""
+
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 
@@ -25,6 +29,9 @@ class ModelArchConfig:
     ``MistralModel``, ... as embedding models ship) and for a classifier: neither generates.
     ``num_labels`` > 0 gives a sequence classifier's head (``...ForSequenceClassification``:
     reward models, moderation classifiers), ``labels`` its classes' names in order.
+    ``pooling_type`` is how the checkpoint says its embeddings pool the prompt (a
+    sentence-transformers Pooling module, a GGUF file's ``pooling_type``): ``last``, ``mean`` or
+    ``cls`` (`POOLING_TYPES`); another name is a mode that does not run here.
     """
 
     architecture: str
@@ -60,6 +67,7 @@ class ModelArchConfig:
     has_lm_head: bool = True
     num_labels: int = 0
     labels: tuple[str, ...] = ()
+    pooling_type: str = "last"
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer``, or None when it attends to its whole context."""

@@ -361,11 +361,17 @@ def _add_tokenizer_metadata(writer, tokenizer_source: Path) -> None:
 
 
 def _write_gguf(
-    hf_dir: Path, gguf_arch: str, path: Path, tokenizer_source: Path, per_expert: bool = False
+    hf_dir: Path,
+    gguf_arch: str,
+    path: Path,
+    tokenizer_source: Path,
+    per_expert: bool = False,
+    pooling_type: str | None = None,
 ) -> Path:
     """Write the float32 HF checkpoint in ``hf_dir`` as llama.cpp's converter would for ``gguf_arch``
     (its tensor names, q/k row order and norm offsets, experts stacked into 3-D tensors, its metadata
-    keys), with the tokenizer metadata of the GGUF file ``tokenizer_source``."""
+    keys), with the tokenizer metadata of the GGUF file ``tokenizer_source`` and, when given, a
+    ``pooling_type`` (a name of gguf's ``PoolingType``, as embedding models' files carry)."""
     import json
 
     import gguf
@@ -387,6 +393,8 @@ def _write_gguf(
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType[pooling_type])
     _add_family_metadata(writer, gguf_arch, config, state)
     _stack_experts(state, per_expert)
     _add_tokenizer_metadata(writer, tokenizer_source)
@@ -405,10 +413,11 @@ def _write_gguf(
 
 @pytest.fixture(scope="session")
 def gguf_from_hf(default_model_path) -> Callable[[Path, str, Path], Path]:
-    """``write(hf_dir, gguf_arch, path, per_expert=False)``: a GGUF file of a tiny HF checkpoint, written as
-    llama.cpp's converter writes that architecture, with the default model's tokenizer."""
-    return lambda hf_dir, gguf_arch, path, per_expert=False: _write_gguf(
-        hf_dir, gguf_arch, path, default_model_path, per_expert
+    """``write(hf_dir, gguf_arch, path, per_expert=False, pooling_type=None)``: a GGUF file of a
+    tiny HF checkpoint, written as llama.cpp's converter writes that architecture, with the default
+    model's tokenizer."""
+    return lambda hf_dir, gguf_arch, path, per_expert=False, pooling_type=None: _write_gguf(
+        hf_dir, gguf_arch, path, default_model_path, per_expert, pooling_type
     )
 
 

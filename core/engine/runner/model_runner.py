@@ -14,7 +14,7 @@ from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.host_sampling import adjust_plain, sample_on_host
 from spyglass.core.engine.runner.lora_rows import lora_groups
-from spyglass.core.engine.runner.pooling import Pooled, pooled_outputs, pooled_rows
+from spyglass.core.engine.runner.pooling import Pooled, PoolPart, PoolSlice, pool, pool_slices
 from spyglass.core.engine.runner.prompt_logprobs import score_prompts
 from spyglass.core.engine.runner.sampler import sample_tokens
 from spyglass.core.engine.runner.step_inputs import StepInputs, build_step_inputs
@@ -46,6 +46,9 @@ class RunnerOutput:
     pooled: tuple[Pooled, ...] = ()
     """Per scheduled request, the answer of a pooling request whose prompt the step finished
     (an embedding or class probabilities), else None (empty when the step finishes none)."""
+    pool_parts: tuple[PoolPart | None, ...] = ()
+    """Per scheduled request, what the step adds to a pooling request's sum when it computed
+    some of the positions it pools without finishing its prompt (empty when none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,17 +214,18 @@ class ModelRunner:
         """
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables, after)
-        pooled = pooled_rows(out.scheduled, inputs.sampled_rows)
-        logits, answers = self._run_model(out, inputs, pooled)
+        slices = pool_slices(out.scheduled, inputs.sampled_rows)
+        logits, answers, parts = self._run_model(out, inputs, slices)
         if logits is None:  # only pooling: each pooled row's token (never kept) is a 0
             rows = inputs.sampled_rows
             tokens = tuple([0] if is_sampled else [] for is_sampled in rows)
             logprobs = tuple([None] if is_sampled else [] for is_sampled in rows)
-            result = RunnerOutput(tokens, logprobs, time.perf_counter() - start, pooled=answers)
+            seconds = time.perf_counter() - start
+            result = RunnerOutput(tokens, logprobs, seconds, pooled=answers, pool_parts=parts)
             return LaunchedStep(start, rows, result=result)
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         if (
-            pooled
+            slices
             or inputs.prompt_rows
             or any(s.num_spec_tokens or s.request.logprobs is not None for s in sampled)
         ):
@@ -230,9 +234,8 @@ class ModelRunner:
                 out, inputs.sampled_rows, logits[:num_sampled]
             )
             scored = score_prompts(out, inputs.prompt_rows, logits[num_sampled:])
-            result = RunnerOutput(
-                tokens, logprobs, time.perf_counter() - start, mask_time, scored, answers
-            )
+            seconds = time.perf_counter() - start
+            result = RunnerOutput(tokens, logprobs, seconds, mask_time, scored, answers, parts)
             return LaunchedStep(start, inputs.sampled_rows, result=result)
         requests = [s.request for s in sampled]
         adjusted, mask_time = adjust_plain(logits, requests)
@@ -269,28 +272,32 @@ class ModelRunner:
         )
 
     def _run_model(
-        self, out: SchedulerOutput, inputs: StepInputs, pooled: dict[int, int]
-    ) -> tuple[torch.Tensor | None, tuple[Pooled, ...]]:
-        """The logits of ``inputs.logits_indices`` and the answers of the ``pooled`` requests
-        (`pooled_rows`; eager, from the same forward), each LoRA row with its adapter's delta.
-        No logits (None) when every row is a pooling request's: the LM head is not run (a base
-        model or a classifier has none)."""
+        self, out: SchedulerOutput, inputs: StepInputs, slices: list[PoolSlice]
+    ) -> tuple[torch.Tensor | None, tuple[Pooled, ...], tuple[PoolPart | None, ...]]:
+        """The logits of ``inputs.logits_indices``, and the pooling requests' answers and parts
+        (`pooling.pool`; eager, from the same forward), each LoRA row with its adapter's delta.
+        No logits (None) when every row is that of a pooling request the step answers: the LM
+        head is not run (a base model or a classifier has none)."""
         if self.lora is not None:
             self.lora.groups = lora_groups(out.scheduled, self.device)
         try:
-            if not pooled:
-                return self._forward(inputs, len(out.scheduled)), ()
+            if not slices:
+                return self._forward(inputs, len(out.scheduled)), (), ()
             hidden, residual = self.model.hidden_states(
                 inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches
             )
-            rows = inputs.logits_indices
-            final = self.model.final_hidden(hidden, residual, rows[list(pooled.values())])
+            pooled = [row for piece in slices for row in piece.rows]
+            final = hidden.new_zeros((0, hidden.shape[-1]))
+            if pooled:
+                where = torch.tensor(pooled, dtype=torch.long, device=self.device)
+                final = self.model.final_hidden(hidden, residual, where)
             # Read only when a request classifies: families without classifiers have no head.
             classify = lambda final_rows: self.model.classify(final_rows)
-            answers = pooled_outputs(final, out.scheduled, pooled, classify)
-            if len(pooled) == len(rows):
-                return None, answers
-            return self.model.logits(hidden, residual, rows), answers
+            answers, parts = pool(final, slices, out.scheduled, classify)
+            rows = inputs.logits_indices
+            if sum(piece.finishes for piece in slices) == len(rows):
+                return None, answers, parts
+            return self.model.logits(hidden, residual, rows), answers, parts
         finally:
             if self.lora is not None:
                 self.lora.groups = []

@@ -249,8 +249,9 @@ class Scheduler:
     def _admit(self, request: Request, budget: int) -> int:
         """Give a waiting request blocks (reusing a cached prefix) and move it to running; 0 if it does not fit."""
         prefix = NO_MATCH
-        # Prompt logprobs need every prompt position's logits: nothing is taken from the cache.
-        if request.num_computed_tokens == 0 and request.prompt_logprobs is None:
+        # Prompt logprobs and mean or first-token pooling read every prompt position's own
+        # output: nothing is taken from the cache.
+        if request.num_computed_tokens == 0 and not request.reads_every_prompt_row:
             try:
                 prefix = self.kv.match_prefix(request)
             except Exception as error:
