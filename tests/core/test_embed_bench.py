@@ -17,14 +17,17 @@ def _rows(out: str) -> dict[str, list[str]]:
     return {row[0]: row for row in rows}
 
 
-@pytest.mark.parametrize("hf_order", ["length", "given"])
+@pytest.mark.parametrize(
+    ("hf_order", "pooling_type"), [("length", "last"), ("given", "mean"), ("length", "cls")]
+)
 def test_bench_embed_times_both_sides_and_their_vectors_agree(
-    tiny_llama_dir, hf_gguf_tokenizer, capsys, hf_order
+    tiny_llama_dir, hf_gguf_tokenizer, capsys, hf_order, pooling_type
 ):
     # 16-token chunks: the longer prompts are embedded over several steps, beside other prompts.
     argv = ["bench", "embed", "--model", str(tiny_llama_dir), *TINY, "--num-prompts", "7",
             "--min-prompt-len", "3", "--max-prompt-len", "40", "--repeats", "2", "--hf-batch-size", "3",
-            "--max-num-batched-tokens", "16", "--hf-order", hf_order]  # fmt: skip
+            "--max-num-batched-tokens", "16", "--hf-order", hf_order,
+            "--pooling-type", pooling_type]  # fmt: skip
     args = build_parser(argv).parse_args(argv)
     assert (args.dtype, args.quantization) == ("float32", "none")
     result = embed.compare(args)

@@ -133,9 +133,9 @@ def compare(args) -> EmbedComparison:
     print(
         f"model {probe.model_name} dtype {probe.info.dtype} quantization {probe.info.quantization} "
         f"device {probe.info.device} threads {torch.get_num_threads()} "
-        f"max_num_batched_tokens {config.max_num_batched_tokens}"
+        f"max_num_batched_tokens {config.max_num_batched_tokens} pooling {probe.pooling_type}"
     )
-    vocab_size, device = probe.arch.vocab_size, probe.device.type
+    vocab_size, device, pooling_type = probe.arch.vocab_size, probe.device.type, probe.pooling_type
     probe.shutdown()
     del probe
     prompts = embed_prompts(
@@ -145,7 +145,13 @@ def compare(args) -> EmbedComparison:
     runs: dict[str, list[EmbedRun]] = {"spyglass": [], "hf": []}
     by_length = args.hf_order == "length"
     with HFEmbedder(
-        args.model, config.torch_dtype(), prompts, args.hf_batch_size, by_length, device
+        args.model,
+        config.torch_dtype(),
+        prompts,
+        args.hf_batch_size,
+        by_length,
+        device,
+        pooling_type,
     ) as hf:
         for repeat in range(args.repeats):
             for side in ("spyglass", "hf") if repeat % 2 == 0 else ("hf", "spyglass"):

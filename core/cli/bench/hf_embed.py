@@ -1,7 +1,8 @@
 """HF transformers embeddings the plain way, the baseline of ``spyglass bench embed``.
 
 ``AutoModel`` runs padded batches of the prompts (right-padded, with an attention mask) and each
-prompt's vector is its last real token's ``last_hidden_state``, scaled to unit length. The model
+prompt's vector is its last real token's ``last_hidden_state`` (or the mean of its real tokens',
+or its first token's, as the engine's pooling type says), scaled to unit length. The model
 lives in one child process (``python -m spyglass.core.cli.bench.hf_embed``) for the whole bench:
 it loads once, then times one pass over the prompts each time it is asked. So HF never shares the
 bench's process (`hf_static` measured Spyglass 5-15% slower beside HF in one process) and its
@@ -49,6 +50,7 @@ class HFEmbedder:
         batch_size: int,
         length_sorted: bool,
         device: str = "cpu",
+        pooling_type: str = "last",
     ):
         self._files = contextlib.ExitStack()
         directory = Path(self._files.enter_context(tempfile.TemporaryDirectory(prefix="hf-embed-")))
@@ -68,6 +70,8 @@ class HFEmbedder:
             str(batch_size),
             "--vectors",
             str(self._vectors),
+            "--pooling-type",
+            pooling_type,
         ]
         if length_sorted:
             command.append("--length-sorted")
@@ -112,9 +116,15 @@ class HFEmbedder:
 
 
 def embed_batches(
-    model, prompts: list[list[int]], batch_size: int, length_sorted: bool, device: str
+    model,
+    prompts: list[list[int]],
+    batch_size: int,
+    length_sorted: bool,
+    device: str,
+    pooling_type: str = "last",
 ) -> tuple[torch.Tensor, int]:
-    """Every prompt's unit vector at its last token, in prompt order, from right-padded batches of
+    """Every prompt's unit vector (pooled as ``pooling_type`` says: its last token's, the mean of
+    its tokens', its first token's), in prompt order, from right-padded batches of
     ``batch_size``; and how many pad tokens the batches held."""
     order = list(range(len(prompts)))
     if length_sorted:
@@ -128,10 +138,16 @@ def embed_batches(
         for row, index in enumerate(rows):
             input_ids[row, : len(prompts[index])] = torch.tensor(prompts[index])
         mask = (torch.arange(input_ids.shape[1]) < lengths[:, None]).long()
-        hidden = model(input_ids=input_ids.to(device), attention_mask=mask.to(device))
-        last = hidden.last_hidden_state[torch.arange(len(rows)), lengths.to(device) - 1]
+        mask, lengths = mask.to(device), lengths.to(device)
+        hidden = model(input_ids=input_ids.to(device), attention_mask=mask).last_hidden_state
+        if pooling_type == "mean":
+            pooled = (hidden.float() * mask[..., None]).sum(dim=1) / lengths[:, None]
+        elif pooling_type == "cls":
+            pooled = hidden[:, 0]
+        else:
+            pooled = hidden[torch.arange(len(rows)), lengths - 1]
         # On a GPU, copying to the host waits for the batch: the pass needs no synchronize.
-        vectors[rows] = torch.nn.functional.normalize(last.float(), dim=-1).cpu()
+        vectors[rows] = torch.nn.functional.normalize(pooled.float(), dim=-1).cpu()
         num_pad_tokens += int((1 - mask).sum())
     return vectors, num_pad_tokens
 
@@ -148,6 +164,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--length-sorted", action="store_true")
     parser.add_argument("--vectors", required=True)
+    parser.add_argument("--pooling-type", default="last")
     args = parser.parse_args()
     # Whatever the libraries print goes to stderr, off the replies.
     answers, sys.stdout = sys.stdout, sys.stderr
@@ -161,7 +178,7 @@ def main() -> None:
         with torch.inference_mode():
             start = time.perf_counter()
             vectors, num_pad_tokens = embed_batches(
-                model, prompts, args.batch_size, args.length_sorted, args.device
+                model, prompts, args.batch_size, args.length_sorted, args.device, args.pooling_type
             )
             seconds = time.perf_counter() - start
         torch.save(vectors, args.vectors)
