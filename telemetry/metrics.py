@@ -379,9 +379,20 @@ CACHE_CONFIG_INFO = Gauge(
 ENGINE_CONFIG_INFO = Gauge(
     "spyglass:engine_config_info",
     "How the engine runs, in labels: device, dtype, kernels (the CPU instruction set, e.g. "
-    "avx512-bf16+amx, or cuda), quantization mode, async output and async scheduling (on/off); "
-    "the value is always 1.",
-    M + ["device", "dtype", "kernels", "quantization", "async_output", "async_scheduling"],
+    "avx512-bf16+amx, or cuda), quantization mode, async output and async scheduling (on/off), "
+    "the tasks the model answers (generate, embed, classify; joined by +) and how embeddings "
+    "pool the prompt; the value is always 1.",
+    M
+    + [
+        "device",
+        "dtype",
+        "kernels",
+        "quantization",
+        "async_output",
+        "async_scheduling",
+        "tasks",
+        "pooling_type",
+    ],
 )
 
 # -- service-level objectives ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.model_setup import (
     build_runnable_model,
     log_started,
+    model_tasks,
     prepare_device_steps,
     prepare_weights,
     warn_if_bf16_is_emulated,
@@ -178,6 +179,8 @@ class LLMEngine:
             quantization=quantization,
             async_output=self.async_output,
             async_scheduling=self.async_scheduling,
+            tasks=model_tasks(self.arch),
+            pooling_type=self.pooling_type,
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
         )

@@ -12,6 +12,7 @@ from spyglass.core.engine.step_stats import EngineInfo
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.load import load_checkpoint
 from spyglass.core.models.linear import DualLinear
+from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import (
     check_dense_copies,
     quantize_weights_int8,
@@ -90,11 +91,20 @@ def prepare_device_steps(
         log.info("CUDA graph capture took %.2f s", seconds)
 
 
+def model_tasks(arch: ModelArchConfig) -> tuple[str, ...]:
+    """What a model answers, as its head decides: a causal LM generates and embeds, a
+    classifier classifies and embeds, a base model only embeds."""
+    if arch.num_labels:
+        return ("classify", "embed")
+    return ("generate", "embed") if arch.has_lm_head else ("embed",)
+
+
 def log_started(info: EngineInfo, dtype_reason: str, weights: dict, block_size: int) -> None:
     """The engine's start line: model, device, instruction set, dtype and why, weights, KV cache."""
     log.info(
         "engine started: %s on %s (%s), %s (%s), weights %.0f MB (quantization %s), kernels %s, "
-        "%d KV blocks of %d tokens (%s), async output %s, async scheduling %s",
+        "%d KV blocks of %d tokens (%s), async output %s, async scheduling %s, tasks %s, "
+        "pooling %s",
         info.model_name,
         info.device,
         info.kernels,
@@ -110,4 +120,6 @@ def log_started(info: EngineInfo, dtype_reason: str, weights: dict, block_size: 
         info.kv_cache_dtype,
         "on" if info.async_output else "off",
         "on" if info.async_scheduling else "off",
+        "+".join(info.tasks),
+        info.pooling_type,
     )

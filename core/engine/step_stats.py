@@ -31,6 +31,8 @@ class EngineInfo:
     quantization: str = ""  # the --quantization mode in force (auto, none, int8, dual)
     async_output: bool = False  # a step's outputs are emitted while the next step runs
     async_scheduling: bool = False  # a step is scheduled before the previous one's tokens are known
+    tasks: tuple[str, ...] = ("generate", "embed")  # what the model answers (its head decides)
+    pooling_type: str = "last"  # how embeddings pool the prompt (last, mean, cls)
     # Live views for plugins: the tokenizer (to decode output for traces) and the hook relay's
     # error counts by "plugin.hook" (exported as a metric). Not part of equality or the repr.
     tokenizer: "Tokenizer | None" = field(default=None, compare=False, repr=False)

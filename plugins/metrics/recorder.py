@@ -92,6 +92,8 @@ class MetricsRecorder:
             info.quantization,
             "on" if info.async_output else "off",
             "on" if info.async_scheduling else "off",
+            "+".join(info.tasks),
+            info.pooling_type,
         ).set(1)
         # Per-adapter series, with LoRA on.
         self.lora = (

@@ -79,6 +79,7 @@ def test_series_exist_at_zero_before_the_first_request(engine_and_registry):
     assert reg.value("spyglass:tensor_parallel_size") == 1
     how = {"device": "cpu", "dtype": "float32", "kernels": cpu_isa.describe()}
     how |= {"quantization": "auto", "async_output": "off", "async_scheduling": "off"}
+    how |= {"tasks": "generate+embed", "pooling_type": "last"}
     assert reg.value("spyglass:engine_config_info", **how) == 1
     engine.shutdown()
     assert reg.value("spyglass:engine_ready") == 0  # kept, at 0, for the not-ready alert

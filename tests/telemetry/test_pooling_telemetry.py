@@ -4,6 +4,8 @@ sampling settings, their text and answer only on opt-in; and their metrics."""
 
 import json
 
+from prometheus_client import REGISTRY
+
 from spyglass.core.engine.pooling_params import PoolingParams
 from spyglass.core.engine.sampling_params import pooling_request_params
 
@@ -50,8 +52,6 @@ def test_the_text_and_vector_are_traced_only_on_opt_in(
 def test_metrics_count_an_embeddings_prompt_and_judge_no_token_latency(
     use_settings, make_engine, run_to_completion
 ):
-    from prometheus_client import REGISTRY
-
     use_settings()
     engine = make_engine()
     labels = {"model_name": engine.model_name, "engine": engine.engine_id}
@@ -88,7 +88,15 @@ def test_a_classification_span_is_an_evaluator_with_its_verdict_on_opt_in(
 
     path = tiny_pooling_model_dir("LlamaConfig", "LlamaForSequenceClassification", num_labels=3)
     use_settings(trace_content=True)
-    engine = LLMEngine(EngineConfig(model=str(path), dtype="float32"))
+    engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", pooling_type="mean"))
+    (config,) = [
+        sample.labels
+        for metric in REGISTRY.collect()
+        if metric.name == "spyglass:engine_config_info"
+        for sample in metric.samples
+        if sample.labels["engine"] == engine.engine_id
+    ]
+    assert (config["tasks"], config["pooling_type"]) == ("classify+embed", "mean")
     try:
         params = pooling_request_params(PoolingParams(task="classify"))
         engine.add_request("c", engine.tokenizer.encode(PROMPT), params, prompt=PROMPT)
