@@ -111,13 +111,25 @@ def check_pooling(
         raise InvalidRequestError(
             "embeddings are not served with tensor parallelism", "tensor_parallel_size"
         )
-    hidden_size = arch.hidden_size
-    if pooling.dimensions is not None and pooling.dimensions != hidden_size:
+    check_dimensions(pooling.dimensions, arch)
+
+
+def check_dimensions(dimensions: int | None, arch: ModelArchConfig) -> None:
+    """`InvalidRequestError` for an embedding length the model was not trained to give: its
+    hidden size always is; a shorter one only for a Matryoshka-trained model (one it lists, or
+    any when it lists none)."""
+    hidden_size, allowed = arch.hidden_size, arch.matryoshka_dimensions
+    if dimensions is None or dimensions == hidden_size:
+        return
+    if not allowed:
         raise InvalidRequestError(
             f"dimensions must be the model's hidden size ({hidden_size}): it is not trained "
-            "for shorter embeddings",
+            "for shorter embeddings (Matryoshka)",
             "dimensions",
         )
+    if dimensions > hidden_size or (allowed != (0,) and dimensions not in allowed):
+        sizes = f"at most {hidden_size}" if allowed == (0,) else f"one of {list(allowed)}"
+        raise InvalidRequestError(f"dimensions must be {sizes}", "dimensions")
 
 
 def check_min_tokens(params: SamplingParams, eos_token_ids: tuple[int, ...]) -> None:

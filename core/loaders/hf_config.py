@@ -48,6 +48,7 @@ def read_arch(config: dict, eos_token_ids: tuple[int, ...]) -> ModelArchConfig:
         has_lm_head=head == "lm",
         num_labels=len(labels),
         labels=labels,
+        matryoshka_dimensions=_matryoshka_dimensions(config),
         vocab_size=config["vocab_size"],
         hidden_size=hidden,
         intermediate_size=config["intermediate_size"],
@@ -138,3 +139,12 @@ def _labels(config: dict) -> tuple[str, ...]:
     if id2label:
         return tuple(id2label[key] for key in sorted(id2label, key=int))
     return tuple(f"LABEL_{i}" for i in range(config.get("num_labels") or 2))
+
+
+def _matryoshka_dimensions(config: dict) -> tuple[int, ...]:
+    """The embedding lengths a Matryoshka-trained model may be cut to, as vLLM reads its config:
+    ``matryoshka_dimensions`` listed, ``(0,)`` (any) for ``is_matryoshka``, else none."""
+    listed = config.get("matryoshka_dimensions")
+    if listed:
+        return tuple(int(d) for d in listed)
+    return (0,) if config.get("is_matryoshka") else ()

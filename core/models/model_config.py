@@ -32,6 +32,9 @@ class ModelArchConfig:
     ``pooling_type`` is how the checkpoint says its embeddings pool the prompt (a
     sentence-transformers Pooling module, a GGUF file's ``pooling_type``): ``last``, ``mean`` or
     ``cls`` (`POOLING_TYPES`); another name is a mode that does not run here.
+    ``matryoshka_dimensions`` are the lengths an embedding may be cut to (the model was trained
+    Matryoshka style: its config says ``is_matryoshka`` or lists ``matryoshka_dimensions``); empty
+    when only the hidden size is meaningful, ``(0,)`` for any length up to it.
     """
 
     architecture: str
@@ -68,6 +71,7 @@ class ModelArchConfig:
     num_labels: int = 0
     labels: tuple[str, ...] = ()
     pooling_type: str = "last"
+    matryoshka_dimensions: tuple[int, ...] = ()
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer``, or None when it attends to its whole context."""

@@ -62,3 +62,37 @@ def test_a_base_model_of_an_unsupported_family_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="for embeddings, LlamaModel"):
         hf_family({"architectures": ["Gemma2Model"]})
+
+
+@pytest.mark.parametrize(("declared", "asked", "param"), [
+    ({"is_matryoshka": True}, [16, 40], None),
+    ({"matryoshka_dimensions": [16, 32]}, [16, 32], None),
+    ({"matryoshka_dimensions": [16, 32]}, [24], "dimensions"),
+    ({"is_matryoshka": True}, [65], "dimensions"),
+    ({}, [16], "dimensions"),
+])  # fmt: skip
+def test_matryoshka_models_cut_their_vectors_and_others_refuse(
+    tiny_pooling_model_dir, declared, asked, param
+):
+    from transformers import AutoModel
+
+    from spyglass.core.llm import LLM
+
+    path = tiny_pooling_model_dir("Qwen3Config", "Qwen3Model", **declared)
+    ours = LLM(model=str(path), dtype="float32", device="cpu", kv_cache_memory="64MiB")
+    ids = ours.get_tokenizer().encode("Foxes live in forests, deserts and cities")
+    for dimensions in asked:
+        pooling = PoolingParams(dimensions=dimensions)
+        if param is not None:
+            with pytest.raises(InvalidRequestError) as error:
+                ours.embed({"prompt_token_ids": ids}, pooling, use_tqdm=False)
+            assert error.value.param == param
+            continue
+        (output,) = ours.embed({"prompt_token_ids": ids}, pooling, use_tqdm=False)
+        theirs = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+        with torch.inference_mode():
+            full = theirs(torch.tensor([ids])).last_hidden_state[0, -1]
+        expected = torch.nn.functional.normalize(full[:dimensions], dim=-1)
+        torch.testing.assert_close(
+            torch.tensor(output.outputs.embedding), expected, atol=1e-4, rtol=0
+        )

@@ -102,16 +102,17 @@ def _answers(
     classify: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[list[float]]:
     """The pooled ``vectors`` (float32, one per finished request at ``indices``) turned into
-    answers: embeddings (unit length where asked) or class probabilities (or logits)."""
+    answers: embeddings (cut to their ``dimensions``, then of unit length where asked) or class
+    probabilities (or logits)."""
     params = [scheduled[index].request.sampling_params.pooling for index in indices]
     answers: list[list[float]] = [[] for _ in indices]
-    embed = [k for k, p in enumerate(params) if p.task == "embed"]
-    if embed:
-        raw = vectors[embed]
-        unit = torch.nn.functional.normalize(raw, dim=-1)
-        chosen = _where([params[k].normalize for k in embed], unit, raw)
-        for k, answer in zip(embed, chosen.tolist()):
-            answers[k] = answer
+    for k, p in enumerate(params):
+        if p.task == "embed":
+            # ``dimensions`` (a Matryoshka-trained model's shorter vector): the first ones.
+            vector = vectors[k, : p.dimensions]
+            if p.normalize:
+                vector = torch.nn.functional.normalize(vector, dim=-1)
+            answers[k] = vector.tolist()
     sort = [k for k, p in enumerate(params) if p.task == "classify"]
     if sort:
         logits = classify(vectors[sort])
