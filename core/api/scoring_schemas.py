@@ -68,6 +68,17 @@ class RerankRequest(ScoringFields, kw_only=True):
     documents: Texts
     top_n: Annotated[int, Meta(ge=0, le=INT32)] | None = None
     return_documents: bool = True
+    # Cohere's, not implemented (each document is embedded whole, or cut by
+    # truncate_prompt_tokens): only absent passes, else a 400 naming the field.
+    max_tokens_per_doc: None = None
+    max_chunks_per_doc: None = None
+    rank_fields: None = None
+
+    unsupported: ClassVar[frozenset[str]] = ScoringFields.unsupported | {
+        "max_tokens_per_doc",
+        "max_chunks_per_doc",
+        "rank_fields",
+    }
 
 
 class RerankDocument(msgspec.Struct):

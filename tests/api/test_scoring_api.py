@@ -104,6 +104,11 @@ def test_rerank_orders_documents_by_relevance(layout_server, vectors):
         ("/rerank", {"query": QUERY, "documents": [" ".join(["fox"] * 20000)]}, "documents"),
         ("/rerank", {"query": QUERY, "documents": ["a"], "top_n": -1}, "top_n"),
         ("/v1/rerank", {"documents": ["a"]}, "query"),
+        (
+            "/v2/rerank",
+            {"query": QUERY, "documents": ["a"], "max_tokens_per_doc": 8},
+            "max_tokens_per_doc",
+        ),
         # More distinct texts than the queue holds (--max-queued-requests, 1024 by default).
         ("/rerank", {"query": QUERY, "documents": [f"d{i}" for i in range(1024)]}, "documents"),
     ],
