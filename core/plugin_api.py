@@ -29,6 +29,7 @@ from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.kv.kv_cache_manager import NO_MATCH, PrefixMatch
 from spyglass.core.engine.plugin_context import PluginContext
+from spyglass.core.engine.pooling_params import PoolingParams
 from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece, ReasoningStream
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus, RequestTimes
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
@@ -83,6 +84,7 @@ __all__ = [
     "FinishReason",
     "ParsedToolCall",
     "PluginContext",
+    "PoolingParams",
     "PreemptingPolicy",
     "PrefixMatch",
     "ReasoningParser",
