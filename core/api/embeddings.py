@@ -2,7 +2,8 @@
 
 Each input is an engine request for its embedding (`SamplingParams.pooling`): it is batched with
 generation, chunked, cached and traced like any other request, and its vector is the final norm's
-output at its last token, of unit length unless ``normalize`` is off.
+output pooled as the server's pooling type says (its last token's by default), of unit length
+unless ``normalize`` is off.
 """
 
 import asyncio
