@@ -18,7 +18,7 @@ from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import new_id, request_attributes
 from spyglass.core.api.embedding_schemas import MAX_INPUTS, EmbeddingUsage
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.pooling_runs import check_whole, pool_prompts
+from spyglass.core.api.pooling_runs import check_whole, pool_prompts, pooled_usage
 from spyglass.core.api.prompts import count_prompts, parse_prompts
 from spyglass.core.api.schemas import INT32
 from spyglass.core.api.validation import json_body_guard
@@ -105,11 +105,10 @@ async def create_classification(
         probs = output.pooled
         best = max(range(len(probs)), key=probs.__getitem__)
         items.append(ClassificationData(index, serving.labels[best], probs, len(probs)))
-    num_tokens = sum(len(output.prompt_token_ids) for output in outputs)
     return ClassificationResponse(
         response_id,
         int(time.time()),
         serving.response_model(data.model),
         items,
-        EmbeddingUsage(num_tokens, num_tokens),
+        pooled_usage(outputs),
     )

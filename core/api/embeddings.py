@@ -23,10 +23,9 @@ from spyglass.core.api.embedding_schemas import (
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,
-    EmbeddingUsage,
 )
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.pooling_runs import check_whole, pool_prompts
+from spyglass.core.api.pooling_runs import check_whole, pool_prompts, pooled_usage
 from spyglass.core.api.prompts import count_prompts, encode_text, parse_prompts
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.pooling_params import PoolingParams
@@ -69,13 +68,12 @@ async def create_embedding(
         EmbeddingData(index, _encoded(output.pooled, data.encoding_format))
         for index, output in enumerate(outputs)
     ]
-    num_tokens = sum(len(output.prompt_token_ids) for output in outputs)
     return EmbeddingResponse(
         response_id,
         int(time.time()),
         serving.response_model(data.model),
         data_items,
-        EmbeddingUsage(num_tokens, num_tokens),
+        pooled_usage(outputs),
     )
 
 

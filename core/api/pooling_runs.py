@@ -5,6 +5,7 @@ from litestar import Request
 
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import check_finished
+from spyglass.core.api.embedding_schemas import EmbeddingUsage
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import ChoiceSpec, RequestGroup, unless_disconnected
 from spyglass.core.engine.outputs import RequestOutput
@@ -30,6 +31,12 @@ async def pool_prompts(
     for output in outputs:
         check_finished(output.outputs[0])
     return outputs
+
+
+def pooled_usage(outputs: list[RequestOutput]) -> EmbeddingUsage:
+    """The tokens the pooling requests read (after truncation); they generate none."""
+    num_tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    return EmbeddingUsage(num_tokens, num_tokens)
 
 
 def check_whole(

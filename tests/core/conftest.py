@@ -167,6 +167,22 @@ MIXED_TEXTS = [
 ]
 
 
+# Three prompts of the default model (about 15, 20 and 60 tokens): prose, code, and one long
+# enough for chunks of 16 and a cramped KV cache to split and preempt.
+SCORING_TEXTS = [
+    "The capital of France is Paris, and the capital of Italy is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Once upon a time there was a little fox who lived in a forest near the sea. " * 3,
+]
+
+
+@pytest.fixture(scope="session")
+def default_prompts(default_checkpoint) -> list[list[int]]:
+    """`SCORING_TEXTS` as the default model's token ids: prompts whose every position's output
+    the prompt-logprob and pooling tests check against transformers."""
+    return [default_checkpoint.tokenizer.encode(text) for text in SCORING_TEXTS]
+
+
 @pytest.fixture(scope="session")
 def mixed_texts() -> list[str]:
     """Eight varied prompts (one of 1-3 tokens, several past 64): the engine and family tests' batch."""

@@ -14,18 +14,13 @@ from spyglass.core.engine.sampling_params import (
     pooling_request_params,
 )
 
-TEXTS = [
-    "The capital of France is Paris, and the capital of Italy is",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
-    "Once upon a time there was a little fox who lived in a forest near the sea. " * 3,
-]
 EMBED = pooling_request_params(PoolingParams())
 RAW = pooling_request_params(PoolingParams(normalize=False))
 
 
 @pytest.fixture(scope="module")
-def prompts(default_checkpoint):
-    return [default_checkpoint.tokenizer.encode(t) for t in TEXTS]
+def prompts(default_prompts):
+    return default_prompts
 
 
 def _last_hidden(hf_model, prompt: list[int]) -> torch.Tensor:

@@ -12,17 +12,12 @@ from spyglass.core.engine.sampling_params import (
     SamplingParams,
 )
 
-TEXTS = [
-    "The capital of France is Paris, and the capital of Italy is",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
-    "Once upon a time there was a little fox who lived in a forest near the sea. " * 3,
-]
 SCORED = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=3)
 
 
 @pytest.fixture(scope="module")
-def prompts(default_checkpoint):
-    return [default_checkpoint.tokenizer.encode(t) for t in TEXTS]
+def prompts(default_prompts):
+    return default_prompts
 
 
 @pytest.fixture(scope="module")
