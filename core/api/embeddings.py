@@ -48,6 +48,8 @@ async def create_embedding(
     serving.admit()
     if (data.input is None) == (data.messages is None):
         raise APIError(400, "send exactly one of input and messages", "input")
+    if data.input is not None:
+        _check_no_template_fields(data)
     params = pooling_request_params(
         PoolingParams(normalize=data.normalize, dimensions=data.dimensions),
         data.truncate_prompt_tokens,
@@ -75,6 +77,17 @@ async def create_embedding(
         data_items,
         pooled_usage(outputs),
     )
+
+
+def _check_no_template_fields(data: EmbeddingRequest) -> None:
+    """A 400 naming a chat-template field sent with ``input``: only ``messages`` are rendered."""
+    for field, value in (
+        ("add_generation_prompt", data.add_generation_prompt),
+        ("continue_final_message", data.continue_final_message),
+        ("chat_template_kwargs", data.chat_template_kwargs),
+    ):
+        if value:
+            raise APIError(400, f"{field} applies to messages, not to input", field)
 
 
 async def _prompts(serving: ServingContext, data: EmbeddingRequest) -> list[tuple[list[int], str]]:

@@ -130,6 +130,8 @@ def test_truncation_embeds_the_last_tokens(layout_server, tokenizer):
         ({"input": TEXTS[0], "embed_dtype": "float16"}, "embed_dtype"),
         ({"input": TEXTS[0], "encoding_format": "int8"}, "encoding_format"),
         ({"input": TEXTS[0], "cache_salt": ""}, "cache_salt"),
+        ({"input": TEXTS[0], "add_generation_prompt": True}, "add_generation_prompt"),
+        ({"input": TEXTS[0], "chat_template_kwargs": {"x": 1}}, "chat_template_kwargs"),
     ],
 )
 def test_bad_bodies_are_400s_naming_the_field(layout_server, body, param):
