@@ -95,6 +95,8 @@ def check_pooling(
             kind = "a classifier" if arch.num_labels else "an embedding model (no LM head)"
             raise InvalidRequestError(f"this model is {kind}: it does not generate text", "model")
         return
+    if pooling.task == "classify" and pooling.dimensions is not None:
+        raise InvalidRequestError("dimensions applies to embeddings, not classes", "dimensions")
     if pooling.task == "classify" and not arch.num_labels:
         raise InvalidRequestError(
             "this model has no classification head (serve a ...ForSequenceClassification "

@@ -85,3 +85,7 @@ def test_a_model_without_a_classifier_refuses_to_classify(make_tiny_engine):
     with pytest.raises(InvalidRequestError) as error:
         PoolingParams(task="rank")
     assert error.value.param == "task"
+    cut = pooling_request_params(PoolingParams(task="classify", dimensions=8))
+    with pytest.raises(InvalidRequestError) as error:
+        engine.add_request("d", [1, 2, 3], cut)
+    assert error.value.param == "dimensions"
