@@ -14,6 +14,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.generation import GenerationMode
 
+CHAT_TEMPLATE_FIELDS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+
 # A short context keeps every valid case cheap: max_tokens is bounded by what is left of it.
 FUZZ_ARGS = [
     "--served-model-name",
@@ -30,7 +32,16 @@ FUZZ_ARGS = [
 CASES_PER_OPERATION = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 40}
 
 
-def _tamed(body):
+# Per pooling endpoint, what a tamed body sets: one short text (cut to the context where the
+# endpoint takes several), and the fields it drops (a second form of input, a vector length).
+_POOLING_TAMES = {
+    "/v1/embeddings": ({"input": "fuzz"}, ("messages", "dimensions", *CHAT_TEMPLATE_FIELDS)),
+    "/v1/score": ({"truncate_prompt_tokens": 8}, ()),
+    "/v1/rerank": ({"truncate_prompt_tokens": 8}, ()),
+}
+
+
+def _tamed(body, path: str):
     """A valid body made likely to run: the served model, and a length that fits the short context.
 
     Random valid bodies mostly name another model or ask for more tokens than the context holds;
@@ -41,8 +52,14 @@ def _tamed(body):
     tamed = {
         key: value for key, value in body.items() if key not in ("model", "max_completion_tokens")
     }
+    if path in _POOLING_TAMES:
+        overrides, dropped = _POOLING_TAMES[path]
+        for field in ("text_1", "text_2", "documents"):  # a few texts: each is a request
+            if isinstance(tamed.get(field), list):
+                tamed[field] = tamed[field][:2]
+        return {k: v for k, v in tamed.items() if k not in dropped} | overrides
     tamed["max_output_tokens" if "input" in body else "max_tokens"] = 2
-    for field in ("prompt", "input"):  # completions', embeddings' and responses' inputs
+    for field in ("prompt", "input"):  # completions' and responses' inputs
         if isinstance(tamed.get(field), list):
             tamed[field] = "fuzz"
     return tamed
@@ -72,7 +89,9 @@ def test_no_case_gets_a_server_error(server_factory, tiny_llama_dir):
         @given(case=operation.as_strategy(generation_mode=mode))
         def run(case):
             for body in (
-                (case.body, _tamed(case.body)) if mode == GenerationMode.POSITIVE else (case.body,)
+                (case.body, _tamed(case.body, operation.path))
+                if mode == GenerationMode.POSITIVE
+                else (case.body,)
             ):
                 case.body = body
                 response = case.call(base_url=base_url, session=session, timeout=60)
