@@ -176,6 +176,19 @@ SCORING_TEXTS = [
 ]
 
 
+# The default model in 8-token blocks, 14 of them, and 16-token steps: `SCORING_TEXTS` are
+# prefilled in chunks and, with generation alongside, preempted; the prefix cache is on.
+CRAMPED = dict(
+    plugins=["fcfs", "prefix_cache"], block_size=8, num_kv_blocks=14, max_num_batched_tokens=16
+)
+
+
+@pytest.fixture(scope="session")
+def make_cramped_engine(make_default_engine) -> Callable[..., LLMEngine]:
+    """``make_default_engine`` with the `CRAMPED` settings (and any others given)."""
+    return lambda **options: make_default_engine(**CRAMPED, **options)
+
+
 @pytest.fixture(scope="session")
 def default_prompts(default_checkpoint) -> list[list[int]]:
     """`SCORING_TEXTS` as the default model's token ids: prompts whose every position's output

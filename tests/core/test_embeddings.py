@@ -69,15 +69,9 @@ def test_unnormalized_vectors_are_the_final_hidden_state(
 
 
 def test_chunks_preemption_and_the_prefix_cache_give_the_same_vectors(
-    make_default_engine, run_engine, prompts, reference, count_preemptions
+    make_cramped_engine, run_engine, prompts, reference, count_preemptions
 ):
-    # 16-token chunks and few blocks (generation alongside preempts), the prefix cache on.
-    engine = make_default_engine(
-        plugins=["fcfs", "prefix_cache"],
-        block_size=8,
-        num_kv_blocks=14,
-        max_num_batched_tokens=16,
-    )
+    engine = make_cramped_engine()
     preemptions = count_preemptions(engine)
     first = run_engine(engine, prompts, EMBED)
     generate = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)

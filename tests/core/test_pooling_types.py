@@ -35,16 +35,9 @@ POOL = {"mean": lambda states: states.mean(dim=0), "cls": lambda states: states[
 
 @pytest.mark.parametrize("pooling_type", ["mean", "cls"])
 def test_vectors_match_transformers_through_chunks_preemption_and_the_cache(
-    make_default_engine, run_engine, prompts, hidden_states, count_preemptions, pooling_type
+    make_cramped_engine, run_engine, prompts, hidden_states, count_preemptions, pooling_type
 ):
-    # 16-token chunks and few blocks (generation alongside preempts), the prefix cache on.
-    engine = make_default_engine(
-        plugins=["fcfs", "prefix_cache"],
-        block_size=8,
-        num_kv_blocks=14,
-        max_num_batched_tokens=16,
-        pooling_type=pooling_type,
-    )
+    engine = make_cramped_engine(pooling_type=pooling_type)
     preemptions = count_preemptions(engine)
     generate = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for _ in range(2):  # the second round's prompts are all in the cache

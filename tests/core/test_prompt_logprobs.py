@@ -63,15 +63,9 @@ def test_prompt_logprobs_match_transformers(
 
 
 def test_chunks_preemption_and_the_prefix_cache_score_every_position_once(
-    make_default_engine, run_engine, prompts, reference, count_preemptions
+    make_cramped_engine, run_engine, prompts, reference, count_preemptions
 ):
-    # 16-token chunks, few blocks (preemptions recompute the prompt), the prefix cache on.
-    engine = make_default_engine(
-        plugins=["fcfs", "prefix_cache"],
-        block_size=8,
-        num_kv_blocks=14,
-        max_num_batched_tokens=16,
-    )
+    engine = make_cramped_engine()
     preemptions = count_preemptions(engine)
     run_engine(engine, prompts, replace(SCORED, prompt_logprobs=None))  # fills the cache
     preemptions.req_ids.clear()
