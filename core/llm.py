@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from tqdm import tqdm
 
 from spyglass.core.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from spyglass.core.engine.chat_images import render_with_images, take_images
 from spyglass.core.engine.config import EngineConfig, parse_bytes
 from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.lora_info import LoRARequest
 from spyglass.core.engine.outputs import (
     ClassificationOutput,
@@ -20,6 +22,7 @@ from spyglass.core.engine.outputs import (
     ScoringRequestOutput,
 )
 from spyglass.core.engine.pooling_params import PoolingParams, score_pairs
+from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.sampling_params import (
     MAX_LOGPROBS,
     RequestOutputKind,
@@ -56,7 +59,9 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order.
 
-        A prompt is a string or ``{"prompt_token_ids": [...]}``; ``sampling_params`` is one for
+        A prompt is a string, ``{"prompt": ...}`` or ``{"prompt_token_ids": [...]}``, with
+        ``"multi_modal_data": {"image": image or [images]}`` (PIL images) for a vision model,
+        one image placeholder (``<image>``) in the prompt per image; ``sampling_params`` is one for
         all prompts or one per prompt, and so is ``lora_request`` (the LoRA adapter to run with,
         loaded the first time its name is seen; needs ``enable_lora=True``). Only the final outputs
         are built (each request's output kind is `RequestOutputKind.FINAL_ONLY`, as in vLLM).
@@ -98,27 +103,34 @@ class LLM:
     ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation (or a list of them) and generate.
 
-        ``continue_final_message`` (with ``add_generation_prompt=False``) has the model carry on
+        A vision model's messages may hold images as content parts: ``{"type": "image_url",
+        "image_url": {"url": "data:image/png;base64,..."}}`` or ``{"type": "image_pil",
+        "image_pil": image}``. ``continue_final_message`` (with ``add_generation_prompt=False``) has the model carry on
         writing the last message; ``chat_template_kwargs`` are further template variables;
         ``lora_request`` as in `generate`."""
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message needs add_generation_prompt=False")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
-        texts = [
-            tokenizer.apply_chat_template(
-                c,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                template_kwargs=chat_template_kwargs,
-            )
-            for c in conversations
-        ]
-        # The template writes BOS where the model wants it: encoding must not add another.
-        prompts = [
-            {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
-            for text in texts
-        ]
+        vision = self.engine.arch.vision
+        options = {
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+            "template_kwargs": chat_template_kwargs,
+        }
+        prompts = []
+        for conversation in conversations:
+            # Images to a model that reads none are refused when the prompt is added.
+            plain, images = take_images(conversation, "messages")
+            if vision is None:
+                text = tokenizer.apply_chat_template(plain, **options)
+            else:
+                image_text = tokenizer.decode([vision.image_token_id], skip_special_tokens=False)
+                text = render_with_images(tokenizer, plain, image_text, **options)
+            # The template writes BOS where the model wants it: encoding must not add another.
+            token_ids = tokenizer.encode(text, add_special_tokens=False)
+            prompt = {"prompt": text, "prompt_token_ids": token_ids}
+            prompts.append({**prompt, "multi_modal_data": {"image": images}} if images else prompt)
         return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def embed(
@@ -249,11 +261,23 @@ class LLM:
             outputs.append(BeamSearchOutput(best))
         return outputs
 
-    def _prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        """A prompt's text (None for token ids alone) and token ids."""
+    def _prompt(self, prompt: PromptType) -> tuple[str | None, list[int], tuple[ImageInput, ...]]:
+        """A prompt's text (None for token ids alone), token ids and images (placed)."""
         if isinstance(prompt, str):
-            return prompt, self.engine.tokenizer.encode(prompt)
-        return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            return prompt, self.engine.tokenizer.encode(prompt), ()
+        text = prompt.get("prompt")
+        token_ids = prompt.get("prompt_token_ids")
+        token_ids = self.engine.tokenizer.encode(text) if token_ids is None else list(token_ids)
+        images = (prompt.get("multi_modal_data") or {}).get("image") or []
+        images = images if isinstance(images, list | tuple) else [images]
+        token_ids, placed = images_in_prompt(
+            token_ids,
+            images,
+            self.engine.arch.vision,
+            self.engine.max_model_len,
+            "multi_modal_data",
+        )
+        return text, token_ids, placed
 
     def _add_one(self, token_ids: list[int], params: SamplingParams) -> str:
         req_id = str(next(self._ids))
@@ -271,7 +295,7 @@ class LLM:
         return lora_request.lora_name
 
     def _add(self, prompt: PromptType, params: SamplingParams, lora_name: str | None) -> list[str]:
-        text, token_ids = self._prompt(prompt)
+        text, token_ids, images = self._prompt(prompt)
         base_id = str(next(self._ids))
         req_ids = []
         params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
@@ -283,7 +307,9 @@ class LLM:
                 # The prompt is scored once, by the first choice: the merged output carries it.
                 scored = params.prompt_logprobs if index == 0 else None
                 sub_params = dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=scored)
-            self.engine.add_request(req_id, token_ids, sub_params, prompt=text, lora_name=lora_name)
+            self.engine.add_request(
+                req_id, token_ids, sub_params, prompt=text, lora_name=lora_name, images=images
+            )
             req_ids.append(req_id)
         return req_ids
 

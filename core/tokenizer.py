@@ -176,6 +176,10 @@ class Tokenizer:
         if not continue_final_message:
             return text
         final = (messages[-1].get("content") or "") if messages else ""
+        if isinstance(final, list):  # content parts: the text of the last one
+            final = next(
+                (p.get("text", "") for p in reversed(final) if p.get("type") == "text"), ""
+            )
         # As written first (a trailing space the model should follow stays), then as templates
         # that trim messages render it.
         for content in (final, final.strip()):

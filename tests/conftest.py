@@ -534,3 +534,56 @@ def hf_beams(tiny_llama_dir):
         return [row[len(token_ids) :].tolist() for row in out]
 
     return beams
+
+
+# A chat template that reads content parts and writes an image's placeholder, as llava-hf's does.
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'].upper() }}: "
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '<image>\\n' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
+    """A random LlavaForConditionalGeneration: a 3-layer CLIP tower on 32-pixel images in 8-pixel
+    patches (16 image tokens each) and a 2-layer Llama, with the default model's tokenizer plus
+    an ``<image>`` token, a chat template that reads content parts, and a CLIP image processor's
+    config (shortest edge resized to 40, centre cut to 32)."""
+    import copy
+
+    from transformers import (
+        CLIPImageProcessorPil,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
+
+    tokenizer = copy.deepcopy(hf_gguf_tokenizer)
+    tokenizer.add_tokens(["<image>"], special_tokens=True)
+    tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
+    torch.manual_seed(7)
+    text = LlamaConfig(**TINY_SHAPE, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2)
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=len(tokenizer) - 1,
+        image_seq_length=16,
+    )
+    path = _save_tiny(
+        _with_wide_weights(LlavaForConditionalGeneration(config)),
+        tokenizer,
+        tmp_path_factory.mktemp("tiny_llava"),
+    )
+    CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size=32).save_pretrained(path)
+    return path

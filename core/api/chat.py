@@ -37,6 +37,8 @@ from spyglass.core.api.schemas import (
     ChatDelta,
     ChatMessage,
     FunctionCallDelta,
+    ImageURLPart,
+    TextPart,
     ToolCallDelta,
     Usage,
 )
@@ -50,10 +52,13 @@ from spyglass.core.api.tools import (
 )
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.beam_search import BeamSearchParams
+from spyglass.core.engine.chat_images import render_with_images, take_images
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.tool_calls import ToolCallPiece
+from spyglass.core.models.vision_config import VisionConfig
 from spyglass.core.tokenizer import Tokenizer
 
 _ROLES = {
@@ -97,30 +102,48 @@ def render_messages(
     use: ToolUse = _NO_TOOLS,
     param: str = "messages",
     template: TemplateOptions = TemplateOptions(),
-) -> tuple[list[dict], str]:
-    """Plain message dicts (HF's shape, tool calls and results included) and the prompt the chat template makes."""
+    vision: VisionConfig | None = None,
+) -> tuple[list[dict], str, list]:
+    """Plain message dicts (HF's shape, tool calls and results included; an image part as
+    ``{"type": "image"}``), the prompt the chat template makes, and the messages' images (PIL
+    images, in order). ``vision`` is the served vision model's (images are a 400 without it)."""
     if not messages:
         raise APIError(400, f"{param} must not be empty", param)
     plain = [_plain(message, param) for message in messages]
-    takes_tools = tokenizer.template_takes_tools
-    try:
-        prompt = tokenizer.apply_chat_template(
-            prompt_messages(plain, use, takes_tools),
-            add_generation_prompt=template.add_generation_prompt,
-            tools=use.tools if use.active and takes_tools else None,
-            continue_final_message=template.continue_final_message,
-            template_kwargs=template.kwargs,
+    if vision is None and any(isinstance(m["content"], list) for m in plain):
+        raise APIError(
+            400,
+            f"{param} holds an image: only a vision model's (LLaVA's) chat and Messages calls "
+            "take images (not beam search or embeddings)",
+            param,
         )
+    takes_tools = tokenizer.template_takes_tools
+    options = {
+        "add_generation_prompt": template.add_generation_prompt,
+        "tools": use.tools if use.active and takes_tools else None,
+        "continue_final_message": template.continue_final_message,
+        "template_kwargs": template.kwargs,
+    }
+    images: list = []
+    if vision is not None:
+        plain, images = take_images(plain, param)
+    try:
+        conversation = prompt_messages(plain, use, takes_tools)
+        if vision is None:
+            prompt = tokenizer.apply_chat_template(conversation, **options)
+        else:
+            image_text = tokenizer.decode([vision.image_token_id], skip_special_tokens=False)
+            prompt = render_with_images(tokenizer, conversation, image_text, **options)
     except (ValueError, jinja2.TemplateError) as error:
         raise APIError(400, f"cannot apply the chat template: {error}", param) from error
-    return plain, prompt
+    return plain, prompt, images
 
 
 def _plain(message: ChatMessage, param: str) -> dict:
     # Roles and part types are checked by the schema; developer messages are system messages here.
     content = message.content
     if isinstance(content, list):
-        content = "\n".join(part.text for part in content)
+        content = _parts(content)
     plain = {"role": _ROLES[message.role], "content": content or ""}
     if message.role == "tool":
         plain["tool_call_id"] = message.tool_call_id
@@ -137,6 +160,18 @@ def _plain(message: ChatMessage, param: str) -> dict:
             for call in message.tool_calls
         ]
     return plain
+
+
+def _parts(parts: list[TextPart | ImageURLPart]) -> str | list[dict]:
+    """Text parts joined into one string; with an image among them, every part as a dict."""
+    if all(isinstance(part, TextPart) for part in parts):
+        return "\n".join(part.text for part in parts)
+    return [
+        {"type": "text", "text": part.text}
+        if isinstance(part, TextPart)
+        else {"type": "image_url", "image_url": {"url": part.image_url.url}}
+        for part in parts
+    ]
 
 
 def _arguments(text: str, param: str) -> dict:
@@ -212,7 +247,7 @@ async def _beam_search(
 ) -> ChatCompletionResponse:
     """The ``n`` best beams of the conversation's answer, best first."""
     with serving.queue_slots(beams.beam_width):
-        plain, prompt = await asyncio.to_thread(
+        plain, prompt, _ = await asyncio.to_thread(
             render_messages, data.messages, serving.tokenizer, template=template
         )
         attributes["messages"] = plain
@@ -258,8 +293,8 @@ async def start_chat(
         params = dataclasses.replace(params, structured_output=tool_constraint)
     with serving.queue_slots(params.n):
         # Rendering and tokenizing a large conversation take a while: off the event loop, like tokenizing.
-        plain, prompt = await asyncio.to_thread(
-            render_messages, messages, serving.tokenizer, use, param, template
+        plain, prompt, images = await asyncio.to_thread(
+            render_messages, messages, serving.tokenizer, use, param, template, serving.vision
         )
         attributes["messages"] = plain
         if use.active:
@@ -271,7 +306,10 @@ async def start_chat(
             must_fit=params.truncate_prompt_tokens is None,
             add_special_tokens=False,
         )
-        specs = fan_out([(token_ids, prompt)], params)
+        token_ids, placed = await asyncio.to_thread(
+            images_in_prompt, token_ids, images, serving.vision, serving.max_model_len, param
+        )
+        specs = fan_out([(token_ids, prompt)], params, placed)
         group = RequestGroup(serving.async_engine, response_id, specs, attributes, lora_name)
         await unless_disconnected(request, group.start())
     return group

@@ -37,6 +37,8 @@ class ServingContext:
         self.max_model_len = model.max_model_len
         self.vocab_size = model.vocab_size
         self.labels = model.labels
+        self.vision = model.vision
+        """A vision model's image token and preprocessing; None when the model reads no images."""
         # No text longer than this can fit the context: each token covers at most the longest token's bytes.
         self.max_prompt_bytes = model.max_model_len * _longest_token_bytes(self.tokenizer)
         # Splits text into content and tool calls for chat requests that leave the choice to the model.

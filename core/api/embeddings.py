@@ -96,7 +96,7 @@ async def _prompts(serving: ServingContext, data: EmbeddingRequest) -> list[tupl
     truncating = data.truncate_prompt_tokens is not None
     if data.messages is not None:
         template = TemplateOptions.of(data)
-        _, text = await asyncio.to_thread(
+        _, text, _ = await asyncio.to_thread(
             render_messages, data.messages, serving.tokenizer, template=template
         )
         # The template writes BOS where the model wants it.

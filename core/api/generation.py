@@ -18,28 +18,35 @@ from litestar import Request
 
 from spyglass.core.api.errors import APIError
 from spyglass.core.engine.engine_client import EngineClient
+from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.outputs import RequestOutput, joined
 from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChoiceSpec:
-    """One engine request of a group: its prompt and sampling params."""
+    """One engine request of a group: its prompt (and a vision model's prompt's images) and
+    sampling params."""
 
     prompt_token_ids: list[int]
     params: SamplingParams
     prompt: str | None = None
+    images: tuple[ImageInput, ...] = ()
 
 
 def fan_out(
-    prompts: list[tuple[list[int], str | None]], params: SamplingParams
+    prompts: list[tuple[list[int], str | None]],
+    params: SamplingParams,
+    images: tuple[ImageInput, ...] = (),
 ) -> list[ChoiceSpec]:
-    """``n`` choices per prompt, choice ``i`` seeded with ``seed + i`` so choices differ yet reproduce."""
+    """``n`` choices per prompt, choice ``i`` seeded with ``seed + i`` so choices differ yet
+    reproduce; ``images`` are a single prompt's."""
     specs = []
     for token_ids, text in prompts:
         for index in range(params.n):
             seed = None if params.seed is None else params.seed + index
-            specs.append(ChoiceSpec(token_ids, dataclasses.replace(params, n=1, seed=seed), text))
+            choice = dataclasses.replace(params, n=1, seed=seed)
+            specs.append(ChoiceSpec(token_ids, choice, text, images))
     return specs
 
 
@@ -69,6 +76,7 @@ class RequestGroup:
                 spec.prompt,
                 attributes,
                 lora_name,
+                spec.images,
             )
             for req_id, spec in zip(self.req_ids, specs)
         ]

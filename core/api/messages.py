@@ -25,6 +25,7 @@ from spyglass.core.api.convert import check_finished, new_id, request_attributes
 from spyglass.core.api.generation import RequestGroup, unless_disconnected
 from spyglass.core.api.messages_schemas import (
     Conversation,
+    ImageBlock,
     MessageResponse,
     MessagesRequest,
     TextBlock,
@@ -36,7 +37,14 @@ from spyglass.core.api.messages_schemas import (
 )
 from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for, split_choice
-from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
+from spyglass.core.api.schemas import (
+    ChatMessage,
+    FunctionCall,
+    ImageURL,
+    ImageURLPart,
+    TextPart,
+    ToolCall,
+)
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import (
     ToolUse,
@@ -45,6 +53,7 @@ from spyglass.core.api.tools import (
 )
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import CompletionOutput
+from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.sampling_params import SamplingParams
 
@@ -80,9 +89,23 @@ def chat_messages(body: Conversation) -> list[ChatMessage]:
                     else "\n".join(b.text for b in block.content)
                 )
                 turns.append(ChatMessage("tool", result, tool_call_id=block.tool_use_id))
-        if text:
+        images = any(isinstance(block, ImageBlock) for block in message.content)
+        if images:
+            turns.append(ChatMessage("user", _chat_parts(message.content)))
+        elif text:
             turns.append(ChatMessage("user", text))
     return turns
+
+
+def _chat_parts(blocks: list) -> list[TextPart | ImageURLPart]:
+    """A user turn's text and image blocks as chat content parts, in order (images as data URLs)."""
+    return [
+        TextPart(block.text)
+        if isinstance(block, TextBlock)
+        else ImageURLPart(ImageURL(f"data:{block.source.media_type};base64,{block.source.data}"))
+        for block in blocks
+        if isinstance(block, TextBlock | ImageBlock)
+    ]
 
 
 def tool_use(body: Conversation) -> ToolUse:
@@ -151,11 +174,18 @@ async def count_message_tokens(
     would report: the same template render and tokenizer. Nothing runs on the engine; a
     conversation longer than the context is counted, not refused."""
     serving.check_model(data.model)
-    _, prompt = await asyncio.to_thread(
-        render_messages, chat_messages(data), serving.tokenizer, tool_use(data)
+    _, prompt, images = await asyncio.to_thread(
+        render_messages,
+        chat_messages(data),
+        serving.tokenizer,
+        tool_use(data),
+        vision=serving.vision,
     )
     token_ids = await encode_text(
         serving, prompt, "messages", must_fit=False, add_special_tokens=False
+    )
+    token_ids, _ = await asyncio.to_thread(
+        images_in_prompt, token_ids, images, serving.vision, serving.max_model_len, "messages"
     )
     return TokenCount(len(token_ids))
 

@@ -41,7 +41,20 @@ class ToolResultBlock(msgspec.Struct, tag_field="type", tag="tool_result", kw_on
     is_error: bool = False
 
 
-Block = TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock
+class Base64ImageSource(msgspec.Struct, tag_field="type", tag="base64"):
+    """An image's bytes, base64-encoded (the server fetches no URLs)."""
+
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class ImageBlock(msgspec.Struct, tag_field="type", tag="image"):
+    """An image in a user turn (a vision model's)."""
+
+    source: Base64ImageSource
+
+
+Block = TextBlock | ImageBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock
 
 
 class InputMessage(msgspec.Struct):

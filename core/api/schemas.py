@@ -210,18 +210,32 @@ class ToolCall(msgspec.Struct, kw_only=True):
     type: Literal["function"] = "function"
 
 
-class TextPart(msgspec.Struct):
-    """One part of a message's content list; only ``{"type": "text", "text": ...}`` is supported."""
+class TextPart(msgspec.Struct, tag_field="type", tag="text"):
+    """A text part of a message's content list: ``{"type": "text", "text": ...}``."""
 
-    type: Literal["text"]
     text: str
+
+
+class ImageURL(msgspec.Struct):
+    """Where an image is: a base64 ``data:`` URL (the server fetches nothing). ``detail`` may be
+    ``auto`` only: a vision model reads every image at its tower's one resolution."""
+
+    url: str
+    detail: Literal["auto"] | None = None
+
+
+class ImageURLPart(msgspec.Struct, tag_field="type", tag="image_url"):
+    """An image part of a message's content list (a vision model's):
+    ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``."""
+
+    image_url: ImageURL
 
 
 class ChatMessage(msgspec.Struct):
     """One conversation turn."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | ImageURLPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: which call this is the result of

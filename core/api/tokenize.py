@@ -15,6 +15,7 @@ from spyglass.core.api.errors import APIError
 from spyglass.core.api.prompts import check_token_ids, encode_text
 from spyglass.core.api.schemas import ChatMessage, TokenId
 from spyglass.core.api.validation import json_body_guard
+from spyglass.core.engine.prompt_images import images_in_prompt
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -68,10 +69,15 @@ async def tokenize(
     serving.check_model(data.model)
     if (data.prompt is None) == (data.messages is None):
         raise APIError(400, "send exactly one of prompt and messages", "prompt")
+    images: list = []
     if data.messages is not None:
         template = TemplateOptions.of(data)
-        _, text = await asyncio.to_thread(
-            render_messages, data.messages, serving.tokenizer, template=template
+        _, text, images = await asyncio.to_thread(
+            render_messages,
+            data.messages,
+            serving.tokenizer,
+            template=template,
+            vision=serving.vision,
         )
     else:
         text = data.prompt
@@ -84,6 +90,10 @@ async def tokenize(
         text,
         "prompt" if data.messages is None else "messages",
         add_special_tokens=add_special_tokens,
+    )
+    # A vision model's images count as the tokens they fill.
+    tokens, _ = await asyncio.to_thread(
+        images_in_prompt, tokens, images, serving.vision, serving.max_model_len, "messages"
     )
     return TokenizeResponse(len(tokens), serving.max_model_len, tokens)
 

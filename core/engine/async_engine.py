@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.engine_loop import EngineDeadError, EngineLoop, settle
+from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.outputs import RequestOutput
@@ -77,6 +78,7 @@ class AsyncEngine:
         prompt: str | None = None,
         attributes: dict | None = None,
         lora_name: str | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs until it finishes; aborts it if the caller stops listening.
 
@@ -91,7 +93,7 @@ class AsyncEngine:
                 lambda: settle(
                     added,
                     lambda: self._loop.engine.add_request(
-                        req_id, prompt_token_ids, params, prompt, attributes, lora_name
+                        req_id, prompt_token_ids, params, prompt, attributes, lora_name, images
                     ),
                 )
             )

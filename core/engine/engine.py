@@ -9,6 +9,7 @@ import torch
 
 from spyglass.core.engine.config import EngineConfig, dtype_name
 from spyglass.core.engine.draft_collection import DraftCollection
+from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.kv.block_pool import BlockPool
 from spyglass.core.engine.kv.host_memory import keep_freed_memory_mapped
 from spyglass.core.engine.kv.kv_cache_manager import KVCacheManager
@@ -29,6 +30,7 @@ from spyglass.core.engine.plugin_manager import SafeHookRelay, create_plugin_man
 from spyglass.core.engine.request import FinishReason, Request
 from spyglass.core.engine.request_intake import (
     bad_word_token_ids,
+    check_images,
     check_min_tokens,
     check_pooling,
     output_room,
@@ -212,12 +214,15 @@ class LLMEngine:
         prompt: str | None = None,
         attributes: dict | None = None,
         lora_name: str | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> Request:
         """Validate and queue a request; raises `InvalidRequestError` for one that can never run.
 
         A prompt longer than ``params.truncate_prompt_tokens`` loses its first tokens (its text
-        is then that of the tokens kept). ``lora_name`` runs it with that loaded LoRA adapter."""
+        is then that of the tokens kept). ``lora_name`` runs it with that loaded LoRA adapter.
+        ``images`` are a vision model's prompt's (`image_inputs.place_images` placed them)."""
         check_pooling(params, self.arch, self.pooling_type, self.config.tensor_parallel_size)
+        check_images(prompt_token_ids, images, self.arch.vision, params, self.max_model_len)
         lora = None
         if lora_name is not None:
             if self.lora_adapters is None:
@@ -244,6 +249,7 @@ class LLMEngine:
             max_tokens=params.max_tokens or room,
             eos_token_ids=() if params.ignore_eos else self.tokenizer.eos_token_ids,
             attributes=attributes,
+            images=images,
         )
         request.lora = lora
         request.pool_range = pool_range(params, self.pooling_type, len(prompt_token_ids))
@@ -587,6 +593,7 @@ class LLMEngine:
             lora_enabled=self.lora_adapters is not None,
             loras=self.loras,
             labels=self.arch.labels,
+            vision=self.arch.vision,
         )
 
     def _request_snapshot(self, request: Request) -> RequestSnapshot:

@@ -3,6 +3,7 @@
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.reasoning import ReasoningParser
@@ -46,9 +47,11 @@ class EngineClient(Protocol):
         prompt: str | None = None,
         attributes: dict | None = None,
         lora_name: str | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> AsyncIterator[RequestOutput]:
         """Outputs until the finished one; `InvalidRequestError` before any for a rejected request.
-        ``lora_name`` runs the request with that loaded LoRA adapter."""
+        ``lora_name`` runs the request with that loaded LoRA adapter; ``images`` are a vision
+        model's prompt's (`image_inputs.place_images`)."""
 
     def abort(self, req_id: str) -> None:
         """Abort a request if it is still alive."""

@@ -34,6 +34,7 @@ from spyglass.core.engine.engine_process_child import (
     run_engine_process,
     tool_call_parser,
 )
+from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.output_wire import WireOutput, from_wire
@@ -186,13 +187,16 @@ class EngineProcess:
         prompt: str | None = None,
         attributes: dict | None = None,
         lora_name: str | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs until it finishes; aborts it if the caller stops listening."""
 
-        # Truncated here too, so that the prompt put back on outputs is the one the engine saw.
-        prompt_token_ids, prompt = truncated_prompt(
-            prompt_token_ids, prompt, params, self.model.max_model_len, self.tokenizer
-        )
+        # Truncated here too, so that the prompt put back on outputs is the one the engine saw
+        # (a prompt with images is not: the engine refuses to cut it).
+        if not images:
+            prompt_token_ids, prompt = truncated_prompt(
+                prompt_token_ids, prompt, params, self.model.max_model_len, self.tokenizer
+            )
 
         def add() -> Future:
             if not self.is_alive:
@@ -203,7 +207,9 @@ class EngineProcess:
             exported = attributes
             if attributes is not None and self._setup.export_attributes is not None:
                 exported = self._setup.export_attributes(attributes)
-            self._send(("add", req_id, prompt_token_ids, params, prompt, exported, lora_name))
+            self._send(
+                ("add", req_id, prompt_token_ids, params, prompt, exported, lora_name, images)
+            )
             return added
 
         return self._streams.listen(req_id, add, self.abort, params.output_kind)

@@ -1,7 +1,7 @@
 """The engine process's half of `EngineProcess`: load the engine, run its loop, talk over two pipes.
 
 Messages from the server (``commands``): ``("add", req_id, prompt_token_ids, params, prompt,
-attributes, lora_name)``, ``("abort", req_id, epoch_ns)``, ``("call", call_id, function)`` (``function(engine)``
+attributes, lora_name, images)``, ``("abort", req_id, epoch_ns)``, ``("call", call_id, function)`` (``function(engine)``
 between steps), ``("collect", call_id, function)`` (``function()`` in the main thread, beside the
 loop: a metrics scrape) and ``("stop", timeout)``.
 Messages to it (``events``): ``("ready", model, tokenizer)`` or ``("failed", error)`` once at
@@ -164,12 +164,12 @@ class _EngineChild:
             result = ("result", call_id, False, portable(error))
         self._send(result)
 
-    def _add(self, req_id, prompt_token_ids, params, prompt, attributes, lora_name) -> None:
+    def _add(self, req_id, prompt_token_ids, params, prompt, attributes, lora_name, images) -> None:
         try:
             if attributes is not None and self._setup.import_attributes is not None:
                 attributes = self._setup.import_attributes(attributes)
             self._engine.add_request(
-                req_id, prompt_token_ids, params, prompt, attributes, lora_name
+                req_id, prompt_token_ids, params, prompt, attributes, lora_name, images
             )
         except Exception as error:
             self._send(("added", req_id, portable(error)))

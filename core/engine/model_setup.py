@@ -67,6 +67,8 @@ def build_runnable_model(
         return build_model(checkpoint.arch, checkpoint.weights, backend, device), ModelRunner
     if not checkpoint.arch.has_lm_head:
         raise ValueError("an embedding model (no LM head) runs without tensor parallelism")
+    if checkpoint.arch.vision is not None:
+        raise ValueError("a vision model (images in prompts) runs without tensor parallelism")
     # imported here: torch.distributed would slow every other start
     from spyglass.core.engine.runner.parallel import ParallelModelRunner, launch_tensor_parallel
 

@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spyglass.core.engine.image_inputs import ImageInput, image_digests
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.token_constraint import TokenConstraint
@@ -66,6 +67,7 @@ class Request:
         eos_token_ids: tuple[int, ...] = (),
         arrival_time: float | None = None,
         attributes: dict[str, Any] | None = None,
+        images: tuple[ImageInput, ...] = (),
     ):
         self.req_id = req_id
         self.prompt = prompt
@@ -74,6 +76,10 @@ class Request:
         self.max_tokens = max_tokens
         self.eos_token_ids = eos_token_ids
         self.attributes = dict(attributes or {})
+        # A vision model's prompt: its images, and (kept by the runner while prompt positions
+        # they fill are still to compute) their embeddings by index.
+        self.images = images
+        self.image_embeds: dict[int, torch.Tensor] = {}
         self.output_token_ids: list[int] = []
         self.spec_token_ids: list[int] = []
         self.logprobs: list[Logprob] | None = [] if sampling_params.logprobs is not None else None
@@ -139,6 +145,11 @@ class Request:
             return None
         adapter = None if self.lora is None else (self.lora.name, self.lora.load_id)
         return adapter, salt
+
+    def image_digests(self, start: int, end: int) -> tuple[str, ...]:
+        """The digests of the prompt's images that fill any of positions ``[start, end)``: what,
+        besides the tokens, decides the KV of those positions (empty for a prompt of text)."""
+        return image_digests(self.images, start, end) if self.images else ()
 
     @property
     def reads_every_prompt_row(self) -> bool:

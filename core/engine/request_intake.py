@@ -3,6 +3,7 @@ the vocabulary and the context, and a grammar some plugin can enforce; its bad w
 
 from collections.abc import Container
 
+from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.plugin_manager import SafeHookRelay
 from spyglass.core.engine.sampling_params import (
     InvalidRequestError,
@@ -11,6 +12,7 @@ from spyglass.core.engine.sampling_params import (
 )
 from spyglass.core.engine.token_constraint import TokenConstraint, allowed_tokens, fill_rows
 from spyglass.core.models.model_config import POOLING_TYPES, ModelArchConfig
+from spyglass.core.models.vision_config import VisionConfig
 from spyglass.core.tokenizer import Tokenizer
 
 
@@ -28,6 +30,36 @@ def truncated_prompt(
         return prompt_token_ids, prompt
     kept = prompt_token_ids[-keep:]
     return kept, None if prompt is None else tokenizer.decode(kept, skip_special_tokens=False)
+
+
+def check_images(
+    prompt_token_ids: list[int],
+    images: tuple[ImageInput, ...],
+    vision: VisionConfig | None,
+    params: SamplingParams,
+    max_model_len: int,
+) -> None:
+    """`InvalidRequestError` naming ``multi_modal_data`` for images given to a model that reads
+    none, for a vision model's prompt that holds image placeholders with no image to fill them,
+    and for a truncation that would cut through a prompt with images."""
+    if vision is None:
+        if images:
+            raise InvalidRequestError(
+                "this model reads no images (serve a vision model, e.g. LLaVA, for images)",
+                "multi_modal_data",
+            )
+        return
+    if not images:
+        if vision.image_token_id in prompt_token_ids:
+            raise InvalidRequestError(
+                "the prompt holds image placeholder tokens but no images", "multi_modal_data"
+            )
+        return
+    keep = max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+    if keep is not None and len(prompt_token_ids) > keep:
+        raise InvalidRequestError(
+            "truncate_prompt_tokens would cut a prompt with images", "truncate_prompt_tokens"
+        )
 
 
 def output_room(

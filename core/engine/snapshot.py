@@ -8,6 +8,7 @@ Nothing here lets a reader reach the scheduler, the block pool or a live `Reques
 from dataclasses import dataclass
 
 from spyglass.core.engine.lora_info import LoRAInfo
+from spyglass.core.models.vision_config import VisionConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +69,5 @@ class ModelDescription:
     """The adapters loaded at start."""
     labels: tuple[str, ...] = ()
     """A sequence classifier's class names, in order (none for other models)."""
+    vision: VisionConfig | None = None
+    """A vision model's image token and preprocessing (None: the model reads no images)."""

@@ -10,25 +10,30 @@ from tqdm import tqdm
 
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.hf_config import hf_family, read_arch
+from spyglass.core.loaders.llava_config import canonical_names, is_llava, text_config, vision_config
 from spyglass.core.loaders.pooling_config import sentence_transformers_pooling
 from spyglass.core.models.model_config import ModelArchConfig
-from spyglass.core.models.registry import family
+from spyglass.core.models.registry import model_weight_names
 from spyglass.core.tokenizer import Tokenizer
 
 
 def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     """Load a model directory of any family in `core.models.registry`, converting weights to ``dtype``.
 
-    Reads config.json (`hf_config.read_arch`), every safetensors shard, and the tokenizer.
+    Reads config.json (`hf_config.read_arch`; a LLaVA model's language model and vision tower,
+    `llava_config`), every safetensors shard, and the tokenizer.
     """
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{path} is not a Hugging Face model directory: it has no config.json")
     config = json.loads(config_file.read_text())
+    vision = None
+    if is_llava(config):
+        vision, config = vision_config(config, path), text_config(config)
     hf_family(config)  # an unsupported class fails here, before the tokenizer and weights are read
     tokenizer = Tokenizer.from_hf_dir(path)
-    arch = read_arch(config, tokenizer.eos_token_ids)
+    arch = dataclasses.replace(read_arch(config, tokenizer.eos_token_ids), vision=vision)
     pooling_type = sentence_transformers_pooling(path)
     if pooling_type is not None:
         arch = dataclasses.replace(arch, pooling_type=pooling_type)
@@ -39,9 +44,14 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
 def check_supported(path: str | Path) -> None:
     """Raise ValueError, naming the supported model classes, when the HF directory ``path`` holds a model
     class no family here loads. Reads config.json only; anything that is not an HF directory passes."""
-    config_file = Path(path).expanduser() / "config.json"
+    path = Path(path).expanduser()
+    config_file = path / "config.json"
     if config_file.is_file():
-        hf_family(json.loads(config_file.read_text()))
+        config = json.loads(config_file.read_text())
+        if is_llava(config):
+            vision_config(config, path)
+            config = text_config(config)
+        hf_family(config)
 
 
 def _shard_files(path: Path) -> list[Path]:
@@ -67,6 +77,8 @@ def _read_weights(path: Path, arch: ModelArchConfig, dtype: torch.dtype) -> dict
         _shard_files(path), desc=f"converting {path.name}", unit="shard", disable=None
     ):
         weights.update((name, tensor.to(dtype)) for name, tensor in load_file(shard).items())
+    if arch.vision is not None:
+        weights = canonical_names(weights)
     if not arch.has_lm_head and not arch.num_labels:
         # A base model's checkpoint names its parameters without the causal LM's "model." prefix.
         weights = {
@@ -77,7 +89,7 @@ def _read_weights(path: Path, arch: ModelArchConfig, dtype: torch.dtype) -> dict
         weights.pop("lm_head.weight", None)
     # Old checkpoints saved the rotary cache as a buffer; it is recomputed from rope_theta.
     weights = {name: w for name, w in weights.items() if not name.endswith("rotary_emb.inv_freq")}
-    expected = family(arch.architecture).weight_names(arch)
+    expected = model_weight_names(arch)
     missing, unexpected = expected - weights.keys(), weights.keys() - expected
     if missing or unexpected:
         raise ValueError(

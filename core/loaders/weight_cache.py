@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight
+from spyglass.core.models.vision_config import VisionConfig
 from spyglass.core.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,11 @@ def _read(entry: Path) -> Checkpoint:
     meta = json.loads((entry / _META).read_text())
     # JSON turns the config's tuples into lists; its one dict (rope_scaling) may hold lists of its own.
     arch_fields = {name: tuple(v) if isinstance(v, list) else v for name, v in meta["arch"].items()}
+    if arch_fields.get("vision") is not None:
+        vision = arch_fields["vision"]
+        arch_fields["vision"] = VisionConfig(
+            **{name: tuple(v) if isinstance(v, list) else v for name, v in vision.items()}
+        )
     saved = meta["tokenizer"]
     tokenizer = Tokenizer(
         tokenizers.Tokenizer.from_str(saved["backend"]),

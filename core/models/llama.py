@@ -8,6 +8,7 @@ the checkpoint, LongRoPE), and the mixture-of-experts Mixtral, Qwen2-MoE and Qwe
 import torch
 
 from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.image_rows import ImageRows
 from spyglass.core.models.layers import GatedMLP, SelfAttention, SparseMoE
 from spyglass.core.models.linear import make_linear
 from spyglass.core.models.model_config import ModelArchConfig
@@ -116,9 +117,11 @@ class LlamaForCausalLM:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_indices: torch.Tensor,
+        image_rows: ImageRows | None = None,
     ) -> torch.Tensor:
-        """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened batch."""
-        hidden, residual = self.hidden_states(input_ids, positions, meta, kv_caches)
+        """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened
+        batch (``image_rows``: see `hidden_states`)."""
+        hidden, residual = self.hidden_states(input_ids, positions, meta, kv_caches, image_rows)
         return self.logits(hidden, residual, logits_indices)
 
     def logits(
@@ -145,10 +148,20 @@ class LlamaForCausalLM:
         """The embeddings of ``input_ids`` in the activations' dtype (a tensor-parallel rank sums its share)."""
         return lookup_rows(self.embed, input_ids, self.dtype)
 
-    def hidden_states(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
-        """The last layer's output and the residual stream it adds to, for every token, before the final norm."""
+    def hidden_states(
+        self,
+        input_ids,
+        positions,
+        meta: AttentionMetadata,
+        kv_caches,
+        image_rows: ImageRows | None = None,
+    ):
+        """The last layer's output and the residual stream it adds to, for every token, before
+        the final norm. ``image_rows`` (a vision model's prompt) replace their rows' embeddings."""
         eps, ops = self.arch.rms_norm_eps, self.backend
         hidden, residual = self.embed_tokens(input_ids), None
+        if image_rows is not None:
+            hidden[image_rows.rows] = image_rows.embeds
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
             hidden = layer.attention(x, positions, meta, k_cache, v_cache, ops)

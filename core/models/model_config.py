@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from spyglass.core.models.vision_config import VisionConfig
+
 POOLING_TYPES = ("last", "mean", "cls")
 """How an embedding pools its prompt's final hidden states: the last token's (what decoder
 embedding models are trained for), their mean, or the first token's."""
@@ -35,6 +37,7 @@ class ModelArchConfig:
     ``matryoshka_dimensions`` are the lengths an embedding may be cut to (the model was trained
     Matryoshka style: its config says ``is_matryoshka`` or lists ``matryoshka_dimensions``); empty
     when only the hidden size is meaningful, ``(0,)`` for any length up to it.
+    ``vision`` is the image encoder of a LLaVA-style model (images in the prompt), else None.
     """
 
     architecture: str
@@ -72,6 +75,7 @@ class ModelArchConfig:
     labels: tuple[str, ...] = ()
     pooling_type: str = "last"
     matryoshka_dimensions: tuple[int, ...] = ()
+    vision: VisionConfig | None = None
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer``, or None when it attends to its whole context."""

@@ -20,6 +20,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quantize
 
+from spyglass.core.models.vision_config import VISION_PREFIXES
 from spyglass.kernels import cpu_isa, cpu_quant
 
 _BLOCK = 32
@@ -163,12 +164,16 @@ def lookup_rows(
 def quantize_weights_int8(weights: dict[str, torch.Tensor]) -> dict:
     """``weights`` with every float matrix (projections, embedding, LM head) as Q8_0.
 
-    Vectors (norms, biases), matrices whose width is not a multiple of 32 and weights already
-    quantized are left as they are.
+    Vectors (norms, biases), matrices whose width is not a multiple of 32, weights already
+    quantized and a vision tower's and projector's weights (run by torch's float ops) are left
+    as they are.
     """
     return {
         name: quantize_int8(w)
-        if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % _BLOCK == 0
+        if isinstance(w, torch.Tensor)
+        and w.dim() == 2
+        and w.shape[1] % _BLOCK == 0
+        and not name.startswith(VISION_PREFIXES)
         else w
         for name, w in weights.items()
     }

@@ -13,6 +13,8 @@ import torch
 
 from spyglass.core.models import gemma, llama
 from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.clip_vision import vision_weight_names
+from spyglass.core.models.llava import LlavaForConditionalGeneration
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.kernels.backend import AttentionBackend
 
@@ -211,8 +213,18 @@ def family(architecture: str) -> ModelFamily:
     return _BY_ARCHITECTURE[architecture]
 
 
+def model_weight_names(arch: ModelArchConfig) -> set[str]:
+    """The parameter names a checkpoint of ``arch`` holds: its family's, and a vision model's
+    tower and projector."""
+    names = family(arch.architecture).weight_names(arch)
+    return names if arch.vision is None else names | vision_weight_names(arch.vision)
+
+
 def build_model(
     arch: ModelArchConfig, weights: dict[str, torch.Tensor], backend: AttentionBackend, device
 ) -> CausalLM:
-    """The model for ``arch`` over ``weights`` (HF names), on ``device``, running ``backend``'s kernels."""
+    """The model for ``arch`` over ``weights`` (HF names), on ``device``, running ``backend``'s
+    kernels: LLaVA's language model and vision tower when ``arch.vision`` is set."""
+    if arch.vision is not None:
+        return LlavaForConditionalGeneration(arch, weights, backend, device)
     return family(arch.architecture).model_class(arch, weights, backend, device)

@@ -4,7 +4,8 @@ Block ``i`` of a request is named ``hash((name of block i-1, tokens of block i))
 names mean equal tokens from the very start of the sequence (up to a 64-bit hash collision, as
 in nano-vllm and vLLM's default). A request run with a LoRA adapter (its keys and values differ
 from the base model's for the same tokens) or with a ``cache_salt`` starts its chain from its
-`Request.cache_namespace`, so only requests of one namespace share blocks.
+`Request.cache_namespace`, so only requests of one namespace share blocks. A block that holds
+image tokens (all the same placeholder id) is named by the digests of its images as well.
 
 When a block fills (`spyglass_blocks_full`) its name goes into
 the pool's hash map; when a new request arrives (`spyglass_match_prefix`) the longest run of its
@@ -51,8 +52,10 @@ def block_hashes(
         namespace = request.cache_namespace
         parent = ROOT_HASH if namespace is None else hash((ROOT_HASH, namespace))
     for index in range(len(known), num_blocks):
-        tokens = tuple(request.token_ids_slice(index * block_size, (index + 1) * block_size))
-        parent = hash((parent, tokens))
+        start, end = index * block_size, (index + 1) * block_size
+        tokens = tuple(request.token_ids_slice(start, end))
+        # An image's tokens are all one placeholder: the image itself tells its blocks apart.
+        parent = hash((parent, tokens, request.image_digests(start, end)))
         known.append(parent)
     return known[:num_blocks]
 

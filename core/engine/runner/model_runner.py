@@ -13,6 +13,7 @@ from spyglass.core.engine.kv.host_memory import (
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.host_sampling import adjust_plain, sample_on_host
+from spyglass.core.engine.runner.image_rows import step_image_rows
 from spyglass.core.engine.runner.lora_rows import lora_groups
 from spyglass.core.engine.runner.pooling import Pooled, PoolPart, PoolSlice, pool, pool_slices
 from spyglass.core.engine.runner.prompt_logprobs import score_prompts
@@ -20,6 +21,7 @@ from spyglass.core.engine.runner.sampler import sample_tokens
 from spyglass.core.engine.runner.step_inputs import StepInputs, build_step_inputs
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
 from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.image_rows import ImageRows
 from spyglass.core.models.lora import LoRABatch, attach_lora
 from spyglass.core.models.registry import CausalLM
 
@@ -275,17 +277,19 @@ class ModelRunner:
         self, out: SchedulerOutput, inputs: StepInputs, slices: list[PoolSlice]
     ) -> tuple[torch.Tensor | None, tuple[Pooled, ...], tuple[PoolPart | None, ...]]:
         """The logits of ``inputs.logits_indices``, and the pooling requests' answers and parts
-        (`pooling.pool`; eager, from the same forward), each LoRA row with its adapter's delta.
-        No logits (None) when every row is that of a pooling request the step answers: the LM
-        head is not run (a base model or a classifier has none)."""
+        (`pooling.pool`; eager, from the same forward), each LoRA row with its adapter's delta
+        and each image token with its image's embedding. No logits (None) when every row is that
+        of a pooling request the step answers: the LM head is not run (a base model or a
+        classifier has none)."""
         if self.lora is not None:
             self.lora.groups = lora_groups(out.scheduled, self.device)
+        images = None
+        if self.model.arch.vision is not None:
+            images = step_image_rows(out.scheduled, self.model.encode_images)
         try:
             if not slices:
-                return self._forward(inputs, len(out.scheduled)), (), ()
-            hidden, residual = self.model.hidden_states(
-                inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches
-            )
+                return self._forward(inputs, len(out.scheduled), images), (), ()
+            hidden, residual = self._hidden_states(inputs, images)
             pooled = [row for piece in slices for row in piece.rows]
             final = hidden.new_zeros((0, hidden.shape[-1]))
             if pooled:
@@ -302,9 +306,22 @@ class ModelRunner:
             if self.lora is not None:
                 self.lora.groups = []
 
-    def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
-        """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else eager."""
+    def _hidden_states(
+        self, inputs: StepInputs, images: ImageRows | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's `hidden_states` for the step (with its image tokens' embeddings, if any)."""
+        args = (inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        return (
+            self.model.hidden_states(*args, images) if images else self.model.hidden_states(*args)
+        )
+
+    def _forward(self, inputs: StepInputs, num_reqs: int, images: ImageRows | None) -> torch.Tensor:
+        """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else
+        eager (always for a step with image tokens)."""
         # Graphs compute only the sampled rows' logits, and no adapter's delta.
+        if images is not None:
+            hidden, residual = self._hidden_states(inputs, images)
+            return self.model.logits(hidden, residual, inputs.logits_indices)
         if (
             self.graphs
             and not inputs.prompt_rows

@@ -1,0 +1,102 @@
+"""A vision model's conversation: its images taken out of its messages' content parts, each part
+left as ``{"type": "image"}`` (what vision models' chat templates render as their image
+placeholder), and rendered by a template that reads content parts or one that reads strings."""
+
+import base64
+import binascii
+from typing import Any
+
+from spyglass.core.engine.image_preprocess import decode_image
+from spyglass.core.engine.sampling_params import InvalidRequestError
+from spyglass.core.tokenizer import Tokenizer
+
+IMAGE_PART_TYPES = ("image_url", "image", "image_pil")
+"""Content part types that hold an image: OpenAI's ``image_url`` (a data URL), and ``image`` or
+vLLM's ``image_pil`` holding a PIL image (offline)."""
+
+
+def take_images(messages: list[dict[str, Any]], field: str) -> tuple[list[dict], list]:
+    """``messages`` with each image part replaced by ``{"type": "image"}``, and the images in
+    the order they appear (PIL images, decoded from data URLs where given as such)."""
+    images: list = []
+    plain = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            plain.append(message)
+            continue
+        parts = []
+        for part in content:
+            if part.get("type") in IMAGE_PART_TYPES:
+                images.append(_image_of(part, field))
+                parts.append({"type": "image"})
+            else:
+                parts.append(part)
+        plain.append({**message, "content": parts})
+    return plain, images
+
+
+def _image_of(part: dict, field: str):
+    kind = part["type"]
+    value = part.get(kind)
+    if kind == "image_url":
+        url = value.get("url") if isinstance(value, dict) else value
+        return decode_image(data_url_bytes(url, field), field)
+    if value is None:
+        raise InvalidRequestError(f"an {kind!r} content part holds no image", field)
+    return value
+
+
+def data_url_bytes(url: str, field: str) -> bytes:
+    """The bytes of a base64 ``data:`` URL; `InvalidRequestError` naming ``field`` for any other
+    URL (the server fetches nothing) or bad base64."""
+    if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
+        raise InvalidRequestError(
+            "images must be given as base64 data URLs (data:image/png;base64,...): this server "
+            "fetches no URLs",
+            field,
+        )
+    try:
+        return base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+    except (binascii.Error, ValueError) as error:
+        message = f"the image's data URL is not valid base64: {error}"
+        raise InvalidRequestError(message, field) from error
+
+
+def render_with_images(
+    tokenizer: Tokenizer, messages: list[dict], image_text: str, **options
+) -> str:
+    """A vision model's chat template's text for ``messages`` (image parts as `take_images`
+    leaves them). A template that reads content parts gets every message's content as parts
+    (text as ``{"type": "text", ...}``) and writes the image placeholders itself; one that reads
+    content as a string gets each message's images as lines of ``image_text`` before its text,
+    as vLLM gives them."""
+    if reads_content_parts(tokenizer):
+        return tokenizer.apply_chat_template([_as_parts(m) for m in messages], **options)
+    return tokenizer.apply_chat_template([_as_string(m, image_text) for m in messages], **options)
+
+
+def reads_content_parts(tokenizer: Tokenizer) -> bool:
+    """Whether the chat template renders a message whose content is a list of parts by their
+    text (it loops over them), not as the list's Python form."""
+    probe = "spyglass-probe"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": probe}]}]
+    )
+    return probe in text and "'type'" not in text
+
+
+def _as_parts(message: dict) -> dict:
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": [{"type": "text", "text": content}]}
+    return message
+
+
+def _as_string(message: dict, image_text: str) -> dict:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    images = sum(part.get("type") == "image" for part in content)
+    texts = [part.get("text", "") for part in content if part.get("type") == "text"]
+    return {**message, "content": f"{image_text}\n" * images + "\n".join(texts)}

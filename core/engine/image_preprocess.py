@@ -1,0 +1,97 @@
+"""A request's image, from its bytes to the vision tower's pixels, as transformers' PIL-based
+``CLIPImageProcessorPil`` (``LlavaImageProcessorPil`` when padding to a square) computes them."""
+
+import io
+
+import numpy as np
+import torch
+from PIL import Image
+
+from spyglass.core.engine.sampling_params import InvalidRequestError
+from spyglass.core.models.vision_config import VisionConfig
+
+MAX_IMAGE_PIXELS = 40_000_000
+"""The largest image (width times height) a request may send: about 160 MB once decoded to RGBA."""
+
+# Single-channel 16-bit modes (PNG and TIFF open as I;16, 16-bit PPM as I).
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def decode_image(data: bytes, field: str) -> Image.Image:
+    """The fully decoded image in ``data`` (any format Pillow reads); `InvalidRequestError` naming
+    ``field`` when it is no image, is truncated or corrupt, or has over `MAX_IMAGE_PIXELS` pixels."""
+    try:
+        image = Image.open(io.BytesIO(data))
+        too_large = image.width * image.height > MAX_IMAGE_PIXELS
+        if not too_large:
+            image.load()
+    except Image.DecompressionBombError:  # past twice Pillow's own limit, raised by open
+        too_large = True
+    except Image.UnidentifiedImageError:
+        # Its message names the BytesIO object: nothing the client can use.
+        raise InvalidRequestError(
+            f"{field} is not a readable image: no image format recognised", field
+        ) from None
+    except Exception as error:
+        # Pillow's format plugins raise many kinds of exception on bad input (OSError,
+        # SyntaxError, ValueError, struct.error, ...); each means the same to the client.
+        raise InvalidRequestError(f"{field} is not a readable image: {error}", field) from None
+    if too_large:
+        raise InvalidRequestError(
+            f"{field} is too large: an image may have at most {MAX_IMAGE_PIXELS} pixels", field
+        )
+    return image
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """``image`` as RGB, transparency composited onto white as transformers' ``convert_to_rgb`` does."""
+    if image.mode in _SIXTEEN_BIT_MODES:
+        # Pillow's conversion clips 16-bit values at 255, whitening the image (transformers
+        # keeps that); keep their high bytes instead, as Pillow does for 16-bit RGB files.
+        high_bytes = np.clip(np.asarray(image), 0, 65535) >> 8
+        return Image.fromarray(high_bytes.astype(np.uint8)).convert("RGB")
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
+    return image.convert("RGB")
+
+
+def _pad_to_square(image: Image.Image, color: tuple[int, ...]) -> Image.Image:
+    """``image`` centred on a square of ``color`` as wide as its longer side."""
+    side = max(image.size)
+    square = Image.new("RGB", (side, side), color)
+    square.paste(image, ((side - image.width) // 2, (side - image.height) // 2))
+    return square
+
+
+def _resized_size(width: int, height: int, vision: VisionConfig) -> tuple[int, int]:
+    """``(width, height)`` after the resize: the shorter side to ``resize_shortest_edge``, the
+    longer scaled and truncated (transformers' ``get_resize_output_image_size``), or the square."""
+    edge = vision.resize_shortest_edge
+    if not edge:
+        return vision.image_size, vision.image_size
+    if width <= height:
+        return edge, int(edge * height / width)
+    return int(edge * width / height), edge
+
+
+def pixel_values(image: Image.Image, vision: VisionConfig) -> torch.Tensor:
+    """The float32 ``[3, image_size, image_size]`` pixels the tower reads for ``image``: RGB, padded
+    to a square of the mean colour (``pad_to_square``), resized, centre-cropped, rescaled and
+    normalized. (Without ``center_crop`` the size is the resize's.)"""
+    image = _to_rgb(image)
+    if vision.pad_to_square:
+        image = _pad_to_square(image, tuple(int(x * 255) for x in vision.image_mean))
+    width, height = _resized_size(*image.size, vision)
+    image = image.resize((width, height), resample=vision.resample)
+    if vision.center_crop:
+        size = vision.image_size
+        left, top = (width - size) // 2, (height - size) // 2
+        # Beyond an edge PIL's crop fills with black: transformers' center_crop zero-pads the same.
+        image = image.crop((left, top, left + size, top + size))
+    pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)
+    # transformers rescales in float64, rounds to float32, then normalizes in float32.
+    pixels = (pixels.double() * vision.rescale_factor).float()
+    mean = torch.tensor(vision.image_mean, dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(vision.image_std, dtype=torch.float32).view(-1, 1, 1)
+    return (pixels - mean) / std

@@ -1,0 +1,61 @@
+"""A vision model's step: the embeddings of the image tokens its prompt chunks compute, each image
+encoded once per request (`Request.image_embeds` keeps it while its tokens are still to compute)."""
+
+from dataclasses import dataclass
+
+import torch
+
+from spyglass.core.engine.request import Request
+from spyglass.core.engine.sched.scheduler import ScheduledRequest
+from spyglass.core.models.image_rows import ImageRows
+
+
+@dataclass(frozen=True, slots=True)
+class _ImageSpan:
+    """Tokens ``[first, first + count)`` of image ``index`` of ``request`` go in the step's rows
+    from ``row`` on."""
+
+    request: Request
+    index: int
+    row: int
+    first: int
+    count: int
+
+
+def step_image_rows(scheduled: list[ScheduledRequest], encode_images) -> ImageRows | None:
+    """The step's image-token rows and their embeddings, None when it computes no image token.
+
+    ``encode_images`` maps stacked pixels to embeddings (`LlavaForConditionalGeneration`); the
+    images not encoded yet are encoded together, in one call. An image whose last token this step
+    computes is let go (a request recomputed after a preemption encodes it again)."""
+    spans, row = [], 0
+    for item in scheduled:
+        request = item.request
+        start = request.num_launched_tokens
+        end = start + item.num_new_tokens
+        for index, image in enumerate(request.images):
+            first, last = max(start, image.offset), min(end, image.end)
+            if first < last:
+                spans.append(
+                    _ImageSpan(
+                        request, index, row + first - start, first - image.offset, last - first
+                    )
+                )
+        row += item.num_new_tokens
+    if not spans:
+        return None
+    missing = list(
+        dict.fromkeys((s.request, s.index) for s in spans if s.index not in s.request.image_embeds)
+    )
+    if missing:
+        pixels = torch.stack([request.images[index].pixel_values for request, index in missing])
+        for (request, index), embeds in zip(missing, encode_images(pixels)):
+            request.image_embeds[index] = embeds
+    rows = [torch.arange(s.row, s.row + s.count) for s in spans]
+    embeds = torch.cat(
+        [s.request.image_embeds[s.index][s.first : s.first + s.count] for s in spans]
+    )
+    for s in spans:
+        if s.first + s.count == s.request.images[s.index].length:
+            s.request.image_embeds.pop(s.index, None)
+    return ImageRows(torch.cat(rows).to(embeds.device), embeds)

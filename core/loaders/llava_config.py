@@ -1,0 +1,145 @@
+"""Read a ``LlavaForConditionalGeneration`` directory's config: its language model's config as a
+causal LM of a supported family would have it, and the `VisionConfig` of its CLIP tower,
+projector and image preprocessing (``preprocessor_config.json``); and its checkpoint's parameter
+names mapped to the ones the models use."""
+
+import json
+from pathlib import Path
+
+from spyglass.core.models.registry import FAMILIES
+from spyglass.core.models.vision_config import FEATURE_SELECTS, VisionConfig
+
+LLAVA_CLASS = "LlavaForConditionalGeneration"
+
+# The HF config classes' defaults for keys llava-hf's config.json leaves out (llava-1.5's
+# text_config names only the vocabulary and context; its vision_config only what differs).
+_LLAMA_DEFAULTS = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+}
+_CLIP_DEFAULTS = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "image_size": 224,
+    "patch_size": 32,
+    "num_channels": 3,
+    "layer_norm_eps": 1e-5,
+    "hidden_act": "quick_gelu",
+}
+# Checkpoint prefixes, as llava-hf's files (transformers 4) and transformers 5 write them.
+# Applied in order, each where it matches.
+_RENAMES = (
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."),
+    ("model.vision_tower.", "vision_tower."),
+    ("vision_tower.vision_model.", "vision_tower."),
+    ("model.multi_modal_projector.", "multi_modal_projector."),
+)
+
+
+def is_llava(config: dict) -> bool:
+    """Whether ``config`` (a config.json) is a LLaVA model's."""
+    return (config.get("architectures") or [None])[0] == LLAVA_CLASS
+
+
+def text_config(config: dict) -> dict:
+    """The language model's config, naming the causal LM class of its family; ValueError for a
+    family other than the Llama-style ones."""
+    text = dict(config.get("text_config") or {})
+    model_type = text.get("model_type", "llama")
+    family = next((f for f in FAMILIES if f.architecture == model_type), None)
+    if family is None or family.model_class.__name__ != "LlamaForCausalLM":
+        raise ValueError(f"Unsupported {LLAVA_CLASS} variant: a {model_type!r} language model.")
+    defaults = _LLAMA_DEFAULTS if model_type == "llama" else {}
+    return {**defaults, **text, "architectures": [family.hf_class]}
+
+
+def vision_config(config: dict, model_dir: Path) -> VisionConfig:
+    """The vision side of ``config`` and of ``model_dir``'s preprocessor_config.json (CLIP's
+    defaults at the tower's image size when it has none); ValueError for what does not run here."""
+    vision = {**_CLIP_DEFAULTS, **(config.get("vision_config") or {})}
+    if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
+        raise ValueError(
+            f"Unsupported {LLAVA_CLASS} variant: a {vision['model_type']!r} vision tower "
+            "(only CLIP's runs here)."
+        )
+    feature_layer = config.get("vision_feature_layer", -2)
+    feature_select = config.get("vision_feature_select_strategy", "default")
+    if not isinstance(feature_layer, int) or feature_select not in FEATURE_SELECTS:
+        raise ValueError(
+            f"Unsupported {LLAVA_CLASS} variant: vision_feature_layer {feature_layer!r} with "
+            f"vision_feature_select_strategy {feature_select!r}."
+        )
+    image_token_id = config.get("image_token_id", config.get("image_token_index", 32000))
+    return VisionConfig(
+        hidden_size=vision["hidden_size"],
+        intermediate_size=vision["intermediate_size"],
+        num_hidden_layers=vision["num_hidden_layers"],
+        num_attention_heads=vision["num_attention_heads"],
+        image_size=vision["image_size"],
+        patch_size=vision["patch_size"],
+        image_token_id=image_token_id,
+        num_channels=vision["num_channels"],
+        layer_norm_eps=vision["layer_norm_eps"],
+        hidden_act=vision["hidden_act"],
+        feature_layer=feature_layer,
+        feature_select=feature_select,
+        projector_act=config.get("projector_hidden_act", "gelu"),
+        projector_bias=config.get("multimodal_projector_bias", True),
+        **_preprocessing(model_dir / "preprocessor_config.json", vision["image_size"]),
+    )
+
+
+def _preprocessing(path: Path, image_size: int) -> dict:
+    """`VisionConfig`'s preprocessing fields from a CLIP or LLaVA image processor's config."""
+    if not path.is_file():
+        return {"resize_shortest_edge": image_size}
+    processor = json.loads(path.read_text())
+    size, crop = processor.get("size") or {}, processor.get("crop_size") or image_size
+    crop = crop if isinstance(crop, int) else crop.get("height", image_size)
+    if crop != image_size:
+        raise ValueError(
+            f"preprocessor_config.json crops images to {crop} pixels; the vision tower takes "
+            f"{image_size}."
+        )
+    shortest = size if isinstance(size, int) else size.get("shortest_edge", 0)
+    if not all(processor.get(step, True) for step in ("do_resize", "do_rescale", "do_normalize")):
+        raise ValueError(
+            "preprocessor_config.json turns off resizing, rescaling or normalizing, which "
+            "Spyglass always does."
+        )
+    if shortest and not processor.get("do_center_crop", True) and not processor.get("do_pad"):
+        raise ValueError(
+            "preprocessor_config.json resizes images by their shortest edge without cutting "
+            "them square; the vision tower takes square images."
+        )
+    fields = {
+        "resize_shortest_edge": shortest,
+        "center_crop": processor.get("do_center_crop", True),
+        "pad_to_square": processor.get("do_pad", False),
+        "resample": processor.get("resample", 3),
+        "rescale_factor": processor.get("rescale_factor", 1 / 255),
+    }
+    for key in ("image_mean", "image_std"):
+        if processor.get(key):
+            fields[key] = tuple(processor[key])
+    return fields
+
+
+def canonical_names(weights: dict) -> dict:
+    """``weights`` under the names the models read: the language model's as its causal LM's
+    (``model.``, ``lm_head.``), the tower's under ``vision_tower.``, the projector's under
+    ``multi_modal_projector.``."""
+    renamed = {}
+    for name, tensor in weights.items():
+        for old, new in _RENAMES:
+            if name.startswith(old):
+                name = new + name[len(old) :]
+        renamed[name] = tensor
+    return renamed

@@ -1,0 +1,140 @@
+"""LLaVA's image encoder: a CLIP vision tower read out at one hidden layer, then the two-layer MLP
+projector into the language model's embedding space. Plain tensors, as the decoders are."""
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from spyglass.core.models.vision_config import FEATURE_SELECTS, VisionConfig
+
+TOWER = "vision_tower"
+PROJECTOR = "multi_modal_projector"
+
+# HF activation name -> the function (gelu_new is HF's own code for the same tanh approximation).
+_ACTIVATIONS = {
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "gelu_new": functools.partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+def _activation(name: str):
+    """The function HF calls ``name``; ValueError for one this encoder does not know."""
+    if name not in _ACTIVATIONS:
+        raise ValueError(
+            f"unsupported vision activation {name!r}; supported: {', '.join(_ACTIVATIONS)}"
+        )
+    return _ACTIVATIONS[name]
+
+
+def vision_weight_names(vision: VisionConfig) -> set[str]:
+    """The canonical names of the tower's and the projector's parameters: transformers' in-memory
+    ``LlavaModel`` names without the leading ``model.``. ``post_layernorm`` is among them (every
+    checkpoint has it) though LLaVA never applies it."""
+    names = {
+        f"{TOWER}.embeddings.class_embedding",
+        f"{TOWER}.embeddings.patch_embedding.weight",
+        f"{TOWER}.embeddings.position_embedding.weight",
+    }
+    for norm in ("pre_layrnorm", "post_layernorm"):
+        names |= {f"{TOWER}.{norm}.weight", f"{TOWER}.{norm}.bias"}
+    for i in range(vision.num_hidden_layers):
+        modules = ["layer_norm1", "layer_norm2", "mlp.fc1", "mlp.fc2"]
+        modules += [f"self_attn.{p}_proj" for p in ("q", "k", "v", "out")]
+        names |= {
+            f"{TOWER}.encoder.layers.{i}.{m}.{p}" for m in modules for p in ("weight", "bias")
+        }
+    params = ("weight", "bias") if vision.projector_bias else ("weight",)
+    names |= {f"{PROJECTOR}.linear_{n}.{p}" for n in (1, 2) for p in params}
+    return names
+
+
+class ClipEncoderLayer:
+    """One pre-LayerNorm transformer layer of the tower: full (unmasked) attention, then the MLP."""
+
+    __slots__ = ("act", "eps", "fc1", "fc2", "norm1", "norm2", "num_heads", "out_proj", "qkv")
+
+    def __init__(self, vision: VisionConfig, weights: dict[str, torch.Tensor], prefix: str):
+        def pair(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+            return weights[f"{prefix}.{name}.weight"], weights[f"{prefix}.{name}.bias"]
+
+        self.norm1, self.norm2 = pair("layer_norm1"), pair("layer_norm2")
+        # q, k and v fused: one matmul per layer instead of three.
+        q, k, v = (pair(f"self_attn.{p}_proj") for p in "qkv")
+        self.qkv = torch.cat([q[0], k[0], v[0]]), torch.cat([q[1], k[1], v[1]])
+        self.out_proj = pair("self_attn.out_proj")
+        self.fc1, self.fc2 = pair("mlp.fc1"), pair("mlp.fc2")
+        self.act = _activation(vision.hidden_act)
+        self.eps = vision.layer_norm_eps
+        self.num_heads = vision.num_attention_heads
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for ``x [images, positions, hidden]``."""
+        images, positions, hidden = x.shape
+        h = F.layer_norm(x, (hidden,), *self.norm1, self.eps)
+        qkv = F.linear(h, *self.qkv).view(images, positions, 3, self.num_heads, -1)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, scale=q.shape[-1] ** -0.5)
+        x = x + F.linear(attn.transpose(1, 2).reshape(images, positions, hidden), *self.out_proj)
+        h = F.layer_norm(x, (hidden,), *self.norm2, self.eps)
+        return x + F.linear(self.act(F.linear(h, *self.fc1)), *self.fc2)
+
+
+class ClipVisionEncoder:
+    """Pixels to image tokens: CLIP embeddings, ``pre_layrnorm``, the encoder layers up to HF's
+    ``hidden_states[feature_layer]`` (the rest never run), the class position dropped unless
+    ``feature_select`` is ``full``, then the projector. Takes the `vision_weight_names` weights
+    (other keys are ignored) and keeps only those it uses, on ``device`` in ``dtype``."""
+
+    def __init__(self, vision: VisionConfig, weights: dict[str, torch.Tensor], device, dtype):
+        num_states = vision.num_hidden_layers + 1  # hidden_states[0] is pre_layrnorm's output
+        if not -num_states <= vision.feature_layer < num_states:
+            raise ValueError(
+                f"feature_layer {vision.feature_layer} is outside the tower's {num_states} hidden states"
+            )
+        if vision.feature_select not in FEATURE_SELECTS:
+            raise ValueError(
+                f"unknown feature_select {vision.feature_select!r}; known: {', '.join(FEATURE_SELECTS)}"
+            )
+        self.vision = vision
+        self.dtype = dtype
+        w = {
+            name: weights[name].to(device=device, dtype=dtype)
+            for name in vision_weight_names(vision)
+            if not name.startswith(f"{TOWER}.post_layernorm")
+        }
+        self.class_embedding = w[f"{TOWER}.embeddings.class_embedding"]
+        self.patch_embedding = w[f"{TOWER}.embeddings.patch_embedding.weight"]
+        self.position_embedding = w[f"{TOWER}.embeddings.position_embedding.weight"]
+        self.pre_norm = w[f"{TOWER}.pre_layrnorm.weight"], w[f"{TOWER}.pre_layrnorm.bias"]
+        num_layers = vision.feature_layer % num_states
+        self.layers = [
+            ClipEncoderLayer(vision, w, f"{TOWER}.encoder.layers.{i}") for i in range(num_layers)
+        ]
+        self.projector = [
+            (w[f"{PROJECTOR}.linear_{n}.weight"], w.get(f"{PROJECTOR}.linear_{n}.bias"))
+            for n in (1, 2)
+        ]
+        self.projector_act = _activation(vision.projector_act)
+
+    @torch.inference_mode()
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The image tokens ``[images, tokens_per_image, text_hidden]`` in the encoder's dtype for
+        ``pixel_values [images, channels, image_size, image_size]``."""
+        vision = self.vision
+        x = pixel_values.to(device=self.patch_embedding.device, dtype=self.dtype)
+        patches = F.conv2d(x, self.patch_embedding, stride=vision.patch_size)
+        patches = patches.flatten(2).transpose(1, 2)
+        class_token = self.class_embedding.expand(patches.shape[0], 1, -1)
+        x = torch.cat([class_token, patches], dim=1) + self.position_embedding
+        x = F.layer_norm(x, (vision.hidden_size,), *self.pre_norm, vision.layer_norm_eps)
+        for layer in self.layers:
+            x = layer(x)
+        if vision.feature_select == "default":
+            x = x[:, 1:]
+        (w1, b1), (w2, b2) = self.projector
+        return F.linear(self.projector_act(F.linear(x, w1, b1)), w2, b2)

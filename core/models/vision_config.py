@@ -1,0 +1,58 @@
+"""The image side of a LLaVA-style model: its CLIP vision tower, the projector into the language
+model, the image token, and how an image becomes the tower's pixels."""
+
+from dataclasses import dataclass
+
+VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
+"""The parameter names of the vision tower and the projector start with these."""
+
+FEATURE_SELECTS = ("default", "full")
+"""Which of the tower's positions become image tokens: all but the class token, or all."""
+
+
+@dataclass(frozen=True, slots=True)
+class VisionConfig:
+    """A CLIP vision tower (``vision_config`` of a ``LlavaForConditionalGeneration`` config.json)
+    whose ``feature_layer`` output (``-2``: the second to last layer's) passes a two-layer MLP
+    projector (``projector_act`` between, biases when ``projector_bias``) into the language
+    model's embedding space, where it replaces the prompt's ``image_token_id`` placeholders,
+    `tokens_per_image` of them per image.
+
+    Preprocessing (``preprocessor_config.json``, a ``CLIPImageProcessor``): RGB, padded to a
+    square of the mean colour when ``pad_to_square`` (``LlavaImageProcessor``'s ``do_pad``),
+    resized so the shortest edge is ``resize_shortest_edge`` (PIL ``resample``: 3 is bicubic),
+    cut to the centre ``image_size`` square when ``center_crop``, scaled by ``rescale_factor``
+    and normalized by ``image_mean`` and ``image_std`` per channel.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    image_size: int
+    patch_size: int
+    image_token_id: int
+    num_channels: int = 3
+    layer_norm_eps: float = 1e-5
+    hidden_act: str = "quick_gelu"
+    feature_layer: int = -2
+    feature_select: str = "default"
+    projector_act: str = "gelu"
+    projector_bias: bool = True
+    resize_shortest_edge: int = 0
+    center_crop: bool = True
+    pad_to_square: bool = False
+    resample: int = 3
+    rescale_factor: float = 1 / 255
+    image_mean: tuple[float, ...] = (0.48145466, 0.4578275, 0.40821073)
+    image_std: tuple[float, ...] = (0.26862954, 0.26130258, 0.27577711)
+
+    @property
+    def num_patches(self) -> int:
+        """Patches the tower cuts an image into."""
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def tokens_per_image(self) -> int:
+        """Prompt positions one image fills: a patch each, plus the class token's with ``full``."""
+        return self.num_patches + (self.feature_select == "full")

@@ -1,0 +1,179 @@
+"""LLaVA: prompts with images, checked against transformers' LlavaForConditionalGeneration on a
+tiny random checkpoint, through chunked prefill, preemption and the prefix cache."""
+
+import base64
+import dataclasses
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
+from spyglass.core.llm import LLM
+
+PROMPT = "USER: <image>\nWhat is in the picture?\nASSISTANT:"
+TWO_IMAGES = "USER: <image>\nand <image>\nWhich differ?\nASSISTANT:"
+GREEDY = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
+
+
+def noise_image(seed: int, size=(50, 40), mode="RGB") -> Image.Image:
+    """A seeded random image (its aspect ratio is not the tower's square)."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels).convert(mode)
+
+
+def data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def hf_llava(tiny_llava_dir):
+    """transformers' model and image processor for the tiny checkpoint."""
+    from transformers import CLIPImageProcessorPil, LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(tiny_llava_dir, dtype=torch.float32)
+    return model.eval(), CLIPImageProcessorPil.from_pretrained(tiny_llava_dir)
+
+
+@pytest.fixture(scope="module")
+def llava(tiny_llava_dir):
+    return LLM(model=str(tiny_llava_dir), dtype="float32", device="cpu", kv_cache_memory="64MiB")
+
+
+def hf_greedy(hf_llava, token_ids: list[int], images: list, max_tokens: int = 8):
+    """transformers' greedy tokens and their logprobs for the expanded prompt and images."""
+    model, processor = hf_llava
+    pixels = processor(images=images, return_tensors="pt")["pixel_values"]
+    ids = torch.tensor([token_ids])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            pixel_values=pixels,
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    tokens = out.sequences[0, len(token_ids) :].tolist()
+    logprobs = [
+        torch.log_softmax(score[0].float(), -1)[token].item()
+        for score, token in zip(out.scores, tokens)
+    ]
+    return tokens, logprobs
+
+
+def assert_matches_hf(hf_llava, output, images, max_tokens: int = 8):
+    tokens, logprobs = hf_greedy(hf_llava, output.prompt_token_ids, images, max_tokens)
+    completion = output.outputs[0]
+    assert completion.token_ids == tokens
+    ours = [entry.logprob for entry in completion.logprobs]
+    np.testing.assert_allclose(ours, logprobs, atol=2e-4)
+
+
+def test_a_prompt_with_an_image_matches_transformers(llava, hf_llava, tiny_llava_dir):
+    image = noise_image(1)
+    [output] = llava.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)
+    image_id = llava.engine.arch.vision.image_token_id
+    # The placeholder became one token per patch (4 x 4), where it stood.
+    assert output.prompt_token_ids.count(image_id) == 16
+    assert_matches_hf(hf_llava, output, [image])
+
+
+def test_images_steer_the_answer_and_each_prompt_keeps_its_own(llava, hf_llava):
+    images = [noise_image(2), noise_image(3, (20, 70)), noise_image(4, (33, 33), "L")]
+    prompts = [
+        {"prompt": PROMPT, "multi_modal_data": {"image": images[0]}},
+        {"prompt": PROMPT, "multi_modal_data": {"image": images[1]}},
+        {"prompt": TWO_IMAGES, "multi_modal_data": {"image": [images[2], images[0]]}},
+    ]
+    outputs = llava.generate(prompts, GREEDY)
+    assert outputs[0].outputs[0].token_ids != outputs[1].outputs[0].token_ids
+    for output, used in zip(outputs, [[images[0]], [images[1]], [images[2], images[0]]]):
+        assert_matches_hf(hf_llava, output, used)
+
+
+def test_chat_with_an_image_url_renders_the_placeholder_and_matches_generate(llava):
+    image = noise_image(5)
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": data_url(image)}},
+                {"type": "text", "text": "What is in the picture?"},
+            ],
+        }
+    ]
+    [chat] = llava.chat(messages, GREEDY)
+    [plain] = llava.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)
+    assert chat.prompt == PROMPT
+    assert chat.outputs[0].token_ids == plain.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("preempting", [False, True], ids=["chunked", "chunked+preempted"])
+def test_images_split_across_chunks_and_preemptions_match_transformers(
+    tiny_llava_dir, hf_llava, count_preemptions, preempting
+):
+    # Chunks of 8 tokens cut every 16-token image in two; with 8 blocks of 8 for three requests
+    # of 30+ tokens, requests are preempted and recomputed (their images encoded again).
+    options = dict(max_num_batched_tokens=8, block_size=8, num_kv_blocks=8 if preempting else 64)
+    llm = LLM(model=str(tiny_llava_dir), dtype="float32", device="cpu", **options)
+    preemptions = count_preemptions(llm.engine)
+    images = [noise_image(10 + i) for i in range(3)]
+    prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": image}} for image in images]
+    outputs = llm.generate(prompts, dataclasses.replace(GREEDY, max_tokens=16))
+    for output, image in zip(outputs, images):
+        assert_matches_hf(hf_llava, output, [image], max_tokens=16)
+    llm.engine.kv.check_integrity()
+    pool = llm.engine.kv.pool
+    assert pool.num_free_blocks == pool.num_blocks
+    assert bool(preemptions.req_ids) == preempting
+
+
+def test_the_prefix_cache_tells_images_apart(tiny_llava_dir, hf_llava):
+    llm = LLM(
+        model=str(tiny_llava_dir),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_kv_blocks=64,
+        plugins=["fcfs", "prefix_cache"],
+    )
+
+    def run(image):
+        prompt = {"prompt": PROMPT, "multi_modal_data": {"image": image}}
+        return llm.generate(prompt, GREEDY)[0]
+
+    first, second = noise_image(20), noise_image(21)
+    a = run(first)
+    b = run(second)  # same tokens, another image: only the blocks before the image are shared
+    c = run(first)  # the same image again: every full block of the prompt is
+    image_start = a.prompt_token_ids.index(llm.engine.arch.vision.image_token_id)
+    assert b.num_cached_tokens == image_start // 4 * 4
+    assert c.num_cached_tokens == (len(a.prompt_token_ids) - 1) // 4 * 4
+    assert c.outputs[0].token_ids == a.outputs[0].token_ids
+    assert_matches_hf(hf_llava, b, [second])
+
+
+def test_bad_image_prompts_are_refused_naming_the_field(llava, tiny_llama_dir):
+    image = noise_image(30)
+    with pytest.raises(InvalidRequestError, match="2 images") as error:
+        llava.generate({"prompt": PROMPT, "multi_modal_data": {"image": [image, image]}})
+    assert error.value.param == "multi_modal_data"
+    with pytest.raises(InvalidRequestError, match="no images") as error:
+        llava.generate(PROMPT)
+    assert error.value.param == "multi_modal_data"
+    cut = SamplingParams(max_tokens=4, truncate_prompt_tokens=12)
+    with pytest.raises(InvalidRequestError) as error:
+        llava.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, cut)
+    assert error.value.param == "truncate_prompt_tokens"
+    text_model = LLM(
+        model=str(tiny_llama_dir), dtype="float32", device="cpu", kv_cache_memory="64MiB"
+    )
+    with pytest.raises(InvalidRequestError, match="reads no images") as error:
+        text_model.generate({"prompt": "Hi <image>", "multi_modal_data": {"image": image}})
+    assert error.value.param == "multi_modal_data"
+    assert not llava.engine.has_unfinished_requests
