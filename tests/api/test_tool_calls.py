@@ -182,7 +182,7 @@ def test_fallback_prompt_lists_tools_and_writes_calls_and_results(default_checkp
         ),
         ChatMessage("tool", "rain", tool_call_id="call_1"),
     ]
-    _, prompt = render_messages(messages, tokenizer, ToolUse(TOOLS, "auto"))
+    _, prompt, _ = render_messages(messages, tokenizer, ToolUse(TOOLS, "auto"))
     assert "<tools>" in prompt and '"get_weather"' in prompt
     assert (
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'

@@ -4,6 +4,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from spyglass.core.loaders.load import load_checkpoint
@@ -15,16 +16,19 @@ def _entries(cache_root):
     )
 
 
-def test_second_load_maps_the_cached_conversion(tiny_qwen2_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("model", ["tiny_qwen2_dir", "tiny_llava_dir"])
+def test_second_load_maps_the_cached_conversion(model, request, tmp_path, monkeypatch):
+    # A vision model's architecture (its tower and preprocessing) comes back from the cache too.
+    model_dir = request.getfixturevalue(model)
     monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path))
-    first = load_checkpoint(str(tiny_qwen2_dir), torch.bfloat16)
+    first = load_checkpoint(str(model_dir), torch.bfloat16)
     assert len(_entries(tmp_path)) == 1
 
     conversions = []
     monkeypatch.setattr(
         "spyglass.core.loaders.hf_loader.load_hf_dir", lambda *args: conversions.append(args)
     )
-    second = load_checkpoint(str(tiny_qwen2_dir), torch.bfloat16)
+    second = load_checkpoint(str(model_dir), torch.bfloat16)
     assert conversions == [], "the second load converted again instead of reading the cache"
     assert second.name == first.name and second.arch == first.arch
     assert second.weights.keys() == first.weights.keys()

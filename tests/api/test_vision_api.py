@@ -1,0 +1,146 @@
+"""Images over HTTP: the official OpenAI and Anthropic clients send images to a LLaVA server (its
+engine in a thread, then in a process of its own) and get the offline API's answers."""
+
+import base64
+import io
+
+import anthropic
+import numpy as np
+import openai
+import pytest
+import requests
+from PIL import Image
+
+from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.llm import LLM
+from tests.api.conftest import start_tiny
+
+QUESTION = "What is in the picture?"
+
+
+def png_bytes(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (30, 45, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def data_url(seed: int) -> str:
+    return "data:image/png;base64," + base64.b64encode(png_bytes(seed)).decode()
+
+
+def chat_messages(url: str, detail: str | None = None) -> list[dict]:
+    image_url = {"url": url} if detail is None else {"url": url, "detail": detail}
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": image_url},
+                {"type": "text", "text": QUESTION},
+            ],
+        }
+    ]
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def llava_server(request, tiny_llava_dir, tmp_path_factory):
+    server = start_tiny(request.param, tiny_llava_dir, tmp_path_factory.mktemp("llava"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(llava_server) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{llava_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
+    )
+
+
+@pytest.fixture(scope="module")
+def offline_answers(tiny_llava_dir) -> dict[int, tuple[str, int]]:
+    """Per image seed, the offline API's greedy answer and prompt length for `chat_messages`."""
+    llm = LLM(model=str(tiny_llava_dir), dtype="float32", device="cpu", kv_cache_memory="64MiB")
+    answers = {}
+    for seed in (1, 2):
+        [output] = llm.chat(
+            chat_messages(data_url(seed)), SamplingParams(temperature=0, max_tokens=8)
+        )
+        answers[seed] = (output.outputs[0].text, len(output.prompt_token_ids))
+    return answers
+
+
+def test_chat_with_images_answers_as_the_offline_api(client, offline_answers):
+    for seed, (text, prompt_tokens) in offline_answers.items():
+        response = client.chat.completions.create(
+            model="tiny", messages=chat_messages(data_url(seed)), max_tokens=8, temperature=0
+        )
+        assert response.choices[0].message.content == text
+        assert response.usage.prompt_tokens == prompt_tokens  # the image's tokens count
+    assert offline_answers[1][0] != offline_answers[2][0]  # the image, not the text, decides
+
+
+def test_a_streamed_chat_with_an_image_gives_the_same_answer(client, offline_answers):
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=chat_messages(data_url(1), detail="auto"),
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == offline_answers[1][0]
+
+
+def test_messages_with_an_image_block_answer_as_the_offline_api(llava_server, offline_answers):
+    client = anthropic.Anthropic(
+        base_url=llava_server.base_url, api_key="unused", max_retries=0, timeout=60
+    )
+    image = {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": "image/png",
+            "data": base64.b64encode(png_bytes(2)).decode(),
+        },
+    }
+    messages = [{"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}]
+    message = client.messages.create(
+        model="tiny", messages=messages, max_tokens=8, extra_body={"temperature": 0}
+    )
+    text, prompt_tokens = offline_answers[2]
+    assert message.content[0].text == text
+    assert message.usage.input_tokens == prompt_tokens
+    counted = client.messages.count_tokens(model="tiny", messages=messages)
+    assert counted.input_tokens == prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "says"),
+    [
+        (chat_messages("https://example.com/cat.png"), "messages", "data URLs"),
+        (chat_messages("data:image/png;base64,@@@"), "messages", "base64"),
+        (chat_messages("data:image/png;base64,aGVsbG8="), "messages", "not a readable image"),
+        (chat_messages(data_url(1), detail="high"), "messages", "detail"),
+    ],
+    ids=["http URL", "bad base64", "not an image", "detail high"],
+)
+def test_bad_images_are_400s_naming_the_field(llava_server, client, messages, param, says):
+    response = requests.post(
+        f"{llava_server.base_url}/v1/chat/completions",
+        json={"model": "tiny", "messages": messages, "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and says in error["message"]
+    # The server still answers.
+    assert client.models.list().data
+
+
+def test_a_text_model_refuses_images_naming_messages(tiny_client):
+    with pytest.raises(openai.BadRequestError) as error:
+        tiny_client.chat.completions.create(
+            model="tiny", messages=chat_messages(data_url(1)), max_tokens=4
+        )
+    assert error.value.body["param"] == "messages"
+    assert "vision model" in error.value.body["message"]
