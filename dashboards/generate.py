@@ -201,6 +201,13 @@ def sections() -> list[tuple[str, list[dict]]]:
         ),
         latency_panel("Structured outputs: grammar compile time", m.STRUCTURED_OUTPUT_COMPILE_TIME),
         latency_panel("Structured outputs: mask time per step", m.STRUCTURED_OUTPUT_MASK_TIME),
+        latency_panel("Vision: encoder time per step", m.VISION_ENCODER_TIME),
+        panel(
+            "Vision: images encoded",
+            "ops",
+            [target(rate(m.IMAGES_ENCODED), "images/s")],
+            m.IMAGES_ENCODED._documentation,
+        ),
         panel(
             "Step phases (mean)",
             "s",

@@ -260,6 +260,19 @@ STRUCTURED_OUTPUT_MASK_TIME = Histogram(
     M,
     buckets=GRAMMAR_SECONDS_BUCKETS,
 )
+VISION_ENCODER_TIME = Histogram(
+    "spyglass:vision_encoder_seconds",
+    "Per step that encodes images (a vision model's): running the vision tower and projector on "
+    "them (part of the model phase; on a GPU, queueing it).",
+    M,
+    buckets=GRAMMAR_SECONDS_BUCKETS,
+)
+IMAGES_ENCODED = Counter(
+    "spyglass:images_encoded",
+    "Images a vision model's tower encoded (a request preempted and recomputed encodes its "
+    "images again).",
+    M,
+)
 
 # -- per-request histograms (observed when a request finishes; latencies carry trace exemplars) --
 TIME_TO_FIRST_TOKEN = Histogram(

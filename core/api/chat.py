@@ -5,6 +5,7 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import jinja2
 from litestar import Request, Response, post
@@ -58,8 +59,10 @@ from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.tool_calls import ToolCallPiece
-from spyglass.core.models.vision_config import VisionConfig
 from spyglass.core.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from spyglass.core.models.vision_config import VisionConfig
 
 _ROLES = {
     "system": "system",
@@ -102,7 +105,7 @@ def render_messages(
     use: ToolUse = _NO_TOOLS,
     param: str = "messages",
     template: TemplateOptions = TemplateOptions(),
-    vision: VisionConfig | None = None,
+    vision: "VisionConfig | None" = None,
 ) -> tuple[list[dict], str, list]:
     """Plain message dicts (HF's shape, tool calls and results included; an image part as
     ``{"type": "image"}``), the prompt the chat template makes, and the messages' images (PIL

@@ -554,6 +554,8 @@ class LLMEngine:
             waiting_by_class=self.scheduler.waiting_by_class(),
             tensor_parallel_size=self.config.tensor_parallel_size,
             mask_time=runner_out.mask_time,
+            num_images_encoded=runner_out.vision.num_images,
+            vision_time=runner_out.vision.seconds,
         )
 
     def abort_all(self) -> list[RequestOutput]:

@@ -11,7 +11,8 @@ from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models.vision_config import VisionConfig
 
 MAX_IMAGE_PIXELS = 40_000_000
-"""The largest image (width times height) a request may send: about 160 MB once decoded to RGBA."""
+"""The largest image (width times height) a request may send: about 160 MB once decoded to RGBA.
+Below Pillow's own limit (89 million), so its decompression-bomb warning never comes first."""
 
 # Single-channel 16-bit modes (PNG and TIFF open as I;16, 16-bit PPM as I).
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")

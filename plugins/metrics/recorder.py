@@ -67,6 +67,8 @@ class MetricsRecorder:
         }
         self.batch_size = series.labels(m.ENGINE_STEP_BATCH_SIZE)
         self.mask_time = series.labels(m.STRUCTURED_OUTPUT_MASK_TIME)
+        self.vision_time = series.labels(m.VISION_ENCODER_TIME)
+        self.images_encoded = series.labels(m.IMAGES_ENCODED)
         self.slo_requests = series.labels(m.SLO_REQUESTS)
         self.slo_ttft_met = series.labels(m.SLO_TTFT_MET)
         self.slo_tpot_met = series.labels(m.SLO_TPOT_MET)
@@ -203,6 +205,9 @@ class MetricsRecorder:
         self.step_phases["update"].observe(stats.update_time)
         if stats.mask_time:
             self.mask_time.observe(stats.mask_time)
+        if stats.num_images_encoded:
+            self.vision_time.observe(stats.vision_time)
+            self.images_encoded.inc(stats.num_images_encoded)
         classes = dict(stats.waiting_by_class)
         for label in self.waiting_classes | classes.keys():
             self.series.labels(m.NUM_REQUESTS_WAITING_BY_CLASS, label).set(classes.get(label, 0))

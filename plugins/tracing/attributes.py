@@ -88,6 +88,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "user.id": extra.get("user"),
         "spyglass.tenant": extra.get("tenant"),
         "spyglass.lora.name": request.lora_name,
+        "spyglass.request.images": len(request.images) or None,
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     attrs.update(response_format_attributes(request))

@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.llm import LLM
 
@@ -177,3 +178,49 @@ def test_bad_image_prompts_are_refused_naming_the_field(llava, tiny_llama_dir):
         text_model.generate({"prompt": "Hi <image>", "multi_modal_data": {"image": image}})
     assert error.value.param == "multi_modal_data"
     assert not llava.engine.has_unfinished_requests
+
+
+class StepImages:
+    """A plugin that adds up the images each step's stats say the tower encoded."""
+
+    def __init__(self):
+        self.num_images = 0
+        self.seconds = 0.0
+
+    @hookimpl
+    def spyglass_step_finished(self, stats):
+        """Count the step's encoded images and their time."""
+        self.num_images += stats.num_images_encoded
+        self.seconds += stats.vision_time
+
+
+def test_step_stats_count_each_image_once_per_computation(tiny_llava_dir):
+    llm = LLM(model=str(tiny_llava_dir), dtype="float32", device="cpu", max_num_batched_tokens=8)
+    counted = StepImages()
+    llm.engine.plugin_manager.register(counted)
+    images = [noise_image(40), noise_image(41), noise_image(42)]
+    prompts = [
+        {"prompt": TWO_IMAGES, "multi_modal_data": {"image": images[:2]}},
+        {"prompt": PROMPT, "multi_modal_data": {"image": images[2]}},
+    ]
+    llm.generate(prompts, SamplingParams(max_tokens=2))
+    # Chunks of 8 tokens split each 16-token image: each is still encoded once.
+    assert counted.num_images == 3
+    assert counted.seconds > 0
+
+
+def test_request_spans_count_images_without_their_bytes(llava):
+    from spyglass.plugins.tracing.attributes import request_attributes
+
+    image = noise_image(50)
+    prompt = {"prompt": TWO_IMAGES, "multi_modal_data": {"image": [image, image]}}
+    _, token_ids, images = llava._prompt(prompt)
+    llava.engine.add_request("traced", token_ids, SamplingParams(max_tokens=1), images=images)
+    request = llava.engine.requests["traced"]
+    attributes = request_attributes(request, "tiny")
+    assert attributes["spyglass.request.images"] == 2
+    assert not any(isinstance(v, bytes) for v in attributes.values())
+    llava.engine.abort("traced")
+    plain = request_attributes(llava.engine.add_request("plain", [1, 2, 3], SamplingParams()), "t")
+    assert "spyglass.request.images" not in plain
+    llava.engine.abort("plain")

@@ -22,8 +22,11 @@ class _ImageSpan:
     count: int
 
 
-def step_image_rows(scheduled: list[ScheduledRequest], encode_images) -> ImageRows | None:
-    """The step's image-token rows and their embeddings, None when it computes no image token.
+def step_image_rows(
+    scheduled: list[ScheduledRequest], encode_images
+) -> tuple[ImageRows | None, int]:
+    """The step's image-token rows and their embeddings (None when it computes no image token),
+    and how many images it encoded.
 
     ``encode_images`` maps stacked pixels to embeddings (`LlavaForConditionalGeneration`); the
     images not encoded yet are encoded together, in one call. An image whose last token this step
@@ -43,7 +46,7 @@ def step_image_rows(scheduled: list[ScheduledRequest], encode_images) -> ImageRo
                 )
         row += item.num_new_tokens
     if not spans:
-        return None
+        return None, 0
     missing = list(
         dict.fromkeys((s.request, s.index) for s in spans if s.index not in s.request.image_embeds)
     )
@@ -58,4 +61,4 @@ def step_image_rows(scheduled: list[ScheduledRequest], encode_images) -> ImageRo
     for s in spans:
         if s.first + s.count == s.request.images[s.index].length:
             s.request.image_embeds.pop(s.index, None)
-    return ImageRows(torch.cat(rows).to(embeds.device), embeds)
+    return ImageRows(torch.cat(rows).to(embeds.device), embeds), len(missing)

@@ -34,6 +34,15 @@ class FatalRunnerError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class VisionWork:
+    """A vision model's step: how many images its vision tower encoded, and the seconds that
+    took (on a GPU, to queue it)."""
+
+    num_images: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class RunnerOutput:
     """Sampled tokens per scheduled request (same order; empty for a prefill chunk that ends mid-prompt)."""
 
@@ -51,6 +60,8 @@ class RunnerOutput:
     pool_parts: tuple[PoolPart | None, ...] = ()
     """Per scheduled request, what the step adds to a pooling request's sum when it computed
     some of the positions it pools without finishing its prompt (empty when none)."""
+    vision: VisionWork = VisionWork()
+    """The images the step encoded (none for a model that reads no images)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +79,7 @@ class LaunchedStep:
     copied: "torch.cuda.Event | None" = None
     """Recorded after the copy to the host: what `collect` waits for."""
     mask_time: float = 0.0
+    vision: VisionWork = VisionWork()
     result: RunnerOutput | None = None
     """The whole output, when sampling needed the host and the step is therefore already done."""
 
@@ -107,6 +119,8 @@ class ModelRunner:
         self.graphs: CudaGraphDecoder | None = None
         # Set by `enable_lora`: the rows of the step running that use each adapter.
         self.lora: LoRABatch | None = None
+        # The images the step being launched encoded (`_run_model` sets it).
+        self._vision = VisionWork()
 
     def enable_lora(self) -> LoRABatch:
         """Wrap the model's projections for LoRA adapters (`core.models.lora.attach_lora`)."""
@@ -223,7 +237,9 @@ class ModelRunner:
             tokens = tuple([0] if is_sampled else [] for is_sampled in rows)
             logprobs = tuple([None] if is_sampled else [] for is_sampled in rows)
             seconds = time.perf_counter() - start
-            result = RunnerOutput(tokens, logprobs, seconds, pooled=answers, pool_parts=parts)
+            result = RunnerOutput(
+                tokens, logprobs, seconds, pooled=answers, pool_parts=parts, vision=self._vision
+            )
             return LaunchedStep(start, rows, result=result)
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         if (
@@ -237,7 +253,9 @@ class ModelRunner:
             )
             scored = score_prompts(out, inputs.prompt_rows, logits[num_sampled:])
             seconds = time.perf_counter() - start
-            result = RunnerOutput(tokens, logprobs, seconds, mask_time, scored, answers, parts)
+            result = RunnerOutput(
+                tokens, logprobs, seconds, mask_time, scored, answers, parts, self._vision
+            )
             return LaunchedStep(start, inputs.sampled_rows, result=result)
         requests = [s.request for s in sampled]
         adjusted, mask_time = adjust_plain(logits, requests)
@@ -256,6 +274,7 @@ class ModelRunner:
             sampled_req_ids=tuple(r.req_id for r in requests),
             copied=copied,
             mask_time=mask_time,
+            vision=self._vision,
         )
 
     def collect(self, launched: LaunchedStep) -> RunnerOutput:
@@ -271,6 +290,7 @@ class ModelRunner:
             tuple([None] if is_sampled else [] for is_sampled in rows),
             time.perf_counter() - launched.start,
             launched.mask_time,
+            vision=launched.vision,
         )
 
     def _run_model(
@@ -283,9 +303,11 @@ class ModelRunner:
         classifier has none)."""
         if self.lora is not None:
             self.lora.groups = lora_groups(out.scheduled, self.device)
-        images = None
+        images, self._vision = None, VisionWork()
         if self.model.arch.vision is not None:
-            images = step_image_rows(out.scheduled, self.model.encode_images)
+            start = time.perf_counter()
+            images, encoded = step_image_rows(out.scheduled, self.model.encode_images)
+            self._vision = VisionWork(encoded, time.perf_counter() - start if encoded else 0.0)
         try:
             if not slices:
                 return self._forward(inputs, len(out.scheduled), images), (), ()
