@@ -22,6 +22,7 @@ from litestar.params import JSONBody
 from spyglass.core.api.chat import render_messages, start_chat
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import check_finished, new_id, request_attributes
+from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, unless_disconnected
 from spyglass.core.api.messages_schemas import (
     Conversation,
@@ -74,6 +75,8 @@ def chat_messages(body: Conversation) -> list[ChatMessage]:
             continue
         text = "\n".join(block.text for block in message.content if isinstance(block, TextBlock))
         if message.role == "assistant":
+            if any(isinstance(block, ImageBlock) for block in message.content):
+                raise APIError(400, "images go in user turns, not assistant ones", "messages")
             calls = [
                 ToolCall(id=block.id, function=FunctionCall(block.name, json.dumps(block.input)))
                 for block in message.content

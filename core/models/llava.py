@@ -27,4 +27,4 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The prompt embeddings ``[n, tokens_per_image, hidden_size]`` of ``n`` preprocessed
         images ``[n, channels, image_size, image_size]``, in the activations' dtype."""
-        return self.vision(pixel_values.to(self.embed.device))
+        return self.vision(pixel_values.to(self.final_norm.device))

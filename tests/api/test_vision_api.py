@@ -144,3 +144,26 @@ def test_a_text_model_refuses_images_naming_messages(tiny_client):
         )
     assert error.value.body["param"] == "messages"
     assert "vision model" in error.value.body["message"]
+
+
+def test_an_image_in_an_assistant_turn_is_a_400(llava_server):
+    image = {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": "image/png",
+            "data": base64.b64encode(png_bytes(3)).decode(),
+        },
+    }
+    messages = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": [image]},
+        {"role": "user", "content": QUESTION},
+    ]
+    response = requests.post(
+        f"{llava_server.base_url}/v1/messages",
+        json={"model": "tiny", "messages": messages, "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert "user turns" in response.text
