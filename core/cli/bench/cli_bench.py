@@ -38,6 +38,10 @@ BENCHMARKS = {
         "spyglass.core.cli.bench.embed",
         "embedding throughput and agreement against HF transformers",
     ),
+    "vision": (
+        "spyglass.core.cli.bench.vision",
+        "prompts with images: throughput against HF transformers' LLaVA",
+    ),
 }
 
 

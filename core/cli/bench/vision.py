@@ -1,0 +1,227 @@
+"""``spyglass bench vision``: prompts with images, Spyglass's continuous batching against HF
+transformers' ``LlavaForConditionalGeneration.generate`` in static batches.
+
+Each prompt is seeded random text around one random image (the same length for every prompt, so
+HF's batches need no padding); both sides get the same preprocessed pixels and generate
+``--max-tokens`` tokens greedily, EOS ignored, in float32. Each side runs ``--repeats`` times,
+alternating which goes first; the medians are compared. Without ``--model`` a random LLaVA is
+built: a CLIP tower of the given shape before SmolLM2-135M's language model (`random_llava`).
+The vision share is the tower's and projector's time over the model time of Spyglass's steps.
+"""
+
+import gc
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from spyglass.core.cli.bench.random_llava import TowerShape, write_random_llava
+from spyglass.core.cli.bench.results import RunResult
+from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.image_inputs import ImageInput
+from spyglass.core.engine.prompt_images import images_in_prompt
+from spyglass.core.engine.sampling_params import SamplingParams
+
+# Stay clear of the special tokens at the start of typical vocabularies (as `workloads` does).
+_FIRST_ORDINARY_TOKEN = 100
+
+
+def add_parser(subparsers, argv) -> None:
+    """Register ``bench vision``."""
+    parser = subparsers.add_parser(
+        "vision", help="prompts with images: throughput against HF transformers' LLaVA"
+    )
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--text-tokens", type=int, default=24, help="text tokens per prompt")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per side; medians compared")
+    parser.add_argument("--hf-batch-size", type=int, default=8, help="prompts per HF batch")
+    shape = TowerShape()
+    parser.add_argument("--image-size", type=int, default=shape.image_size)
+    parser.add_argument("--patch-size", type=int, default=shape.patch_size)
+    parser.add_argument("--vision-layers", type=int, default=shape.num_layers)
+    parser.add_argument(
+        "--text-layers", type=int, default=None, help="cut the random model's language model"
+    )
+    add_engine_arguments(parser)
+    parser.set_defaults(dtype="float32", run=run)
+
+
+@dataclass(frozen=True, slots=True)
+class VisionComparison:
+    """Each side's median run, the vision share of Spyglass's model time, and how many prompts
+    both sides answered with the same tokens."""
+
+    spyglass: RunResult
+    hf: RunResult
+    vision_share: float
+    num_identical: int
+    num_prompts: int
+    tokens_per_image: int
+
+    @property
+    def speedup(self) -> float:
+        """Spyglass's throughput over HF's."""
+        return self.hf.seconds / self.spyglass.seconds
+
+
+class _VisionTime:
+    """A plugin adding up the steps' vision and model seconds."""
+
+    def __init__(self):
+        self.vision = self.model = 0.0
+
+    @hookimpl
+    def spyglass_step_finished(self, stats):
+        """Add the step's vision and model seconds."""
+        self.vision += stats.vision_time
+        self.model += stats.model_time
+
+
+def vision_prompts(
+    engine: LLMEngine, num_prompts: int, text_tokens: int, seed: int
+) -> list[tuple[list[int], tuple[ImageInput, ...]]]:
+    """Seeded prompts of ``text_tokens`` random tokens with one random image two thirds in,
+    placed for ``engine``'s model."""
+    vision = engine.arch.vision
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for _ in range(num_prompts):
+        text = rng.integers(_FIRST_ORDINARY_TOKEN, vision.image_token_id, text_tokens).tolist()
+        cut = 2 * text_tokens // 3
+        pixels = rng.integers(0, 256, (vision.image_size, vision.image_size, 3), dtype=np.uint8)
+        token_ids = [*text[:cut], vision.image_token_id, *text[cut:]]
+        prompts.append(
+            images_in_prompt(
+                token_ids, [Image.fromarray(pixels)], vision, engine.max_model_len, "bench"
+            )
+        )
+    return prompts
+
+
+def _spyglass_run(config: EngineConfig, prompts, max_tokens: int):
+    """One pass on a fresh engine: its result, each prompt's tokens, and the vision share."""
+    gc.collect()
+    engine = LLMEngine(config)
+    timer = _VisionTime()
+    engine.plugin_manager.register(timer)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    tokens: dict[str, list[int]] = {}
+    try:
+        start = time.perf_counter()
+        for index, (token_ids, images) in enumerate(prompts):
+            engine.add_request(str(index), token_ids, params, images=images)
+        while engine.has_unfinished_requests:
+            for output in engine.step():
+                if output.finished:
+                    tokens[output.request_id] = list(output.outputs[0].token_ids)
+        seconds = time.perf_counter() - start
+    finally:
+        engine.shutdown()
+    ordered = [tokens[str(index)] for index in range(len(prompts))]
+    return seconds, ordered, timer.vision / max(timer.model, 1e-9)
+
+
+def _hf_run(model, prompts, max_tokens: int, batch_size: int):
+    """One pass of HF's generate over static batches: the seconds and each prompt's tokens."""
+    outputs = []
+    start = time.perf_counter()
+    for first in range(0, len(prompts), batch_size):
+        batch = prompts[first : first + batch_size]
+        input_ids = torch.tensor([token_ids for token_ids, _ in batch])
+        pixels = torch.stack([images[0].pixel_values for _, images in batch])
+        with torch.inference_mode():
+            generated = model.generate(
+                input_ids=input_ids,
+                pixel_values=pixels,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+            )
+        outputs += generated[:, input_ids.shape[1] :].tolist()
+    return time.perf_counter() - start, outputs
+
+
+def compare(args, model_dir: Path) -> VisionComparison:
+    """Time both sides ``args.repeats`` times, alternating which goes first."""
+    from transformers import LlavaForConditionalGeneration
+
+    config = engine_config_from_args(args, model=str(model_dir))
+    probe = LLMEngine(config)
+    print(
+        f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
+        f"threads {torch.get_num_threads()} max_num_batched_tokens {config.max_num_batched_tokens}"
+    )
+    prompts = vision_prompts(probe, args.num_prompts, args.text_tokens, args.seed)
+    tokens_per_image = probe.arch.vision.tokens_per_image
+    probe.shutdown()
+    del probe
+    hf_model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=config.torch_dtype())
+    hf_model.eval()
+    num_prompt_tokens = sum(len(token_ids) for token_ids, _ in prompts)
+    num_output_tokens = args.num_prompts * args.max_tokens
+    runs: dict[str, list[float]] = {"spyglass": [], "hf": []}
+    shares = []
+    for repeat in range(args.repeats):
+        for side in ("spyglass", "hf") if repeat % 2 == 0 else ("hf", "spyglass"):
+            if side == "hf":
+                seconds, hf_tokens = _hf_run(hf_model, prompts, args.max_tokens, args.hf_batch_size)
+            else:
+                seconds, ours, share = _spyglass_run(config, prompts, args.max_tokens)
+                shares.append(share)
+            runs[side].append(seconds)
+    median = lambda values: sorted(values)[len(values) // 2]
+    result = lambda side: RunResult(median(runs[side]), num_prompt_tokens, num_output_tokens)
+    identical = sum(a == b for a, b in zip(ours, hf_tokens))
+    return VisionComparison(
+        result("spyglass"),
+        result("hf"),
+        median(shares),
+        identical,
+        args.num_prompts,
+        tokens_per_image,
+    )
+
+
+def run(args) -> int:
+    """Compare both sides (on a random LLaVA unless ``--model`` names one) and print the table."""
+    if args.model is not None:
+        report(args, compare(args, Path(args.model)))
+        return 0
+    tower = TowerShape(args.image_size, args.patch_size, num_layers=args.vision_layers)
+    with tempfile.TemporaryDirectory(prefix="spyglass-llava-") as scratch:
+        model_dir = write_random_llava(Path(scratch), tower, args.text_layers, args.seed)
+        report(args, compare(args, model_dir))
+    return 0
+
+
+def report(args, result: VisionComparison) -> None:
+    """Print ``result``: a row per side, the ratio, the vision share and the agreement."""
+    print(
+        f"\nvision: {result.num_prompts} prompts of {args.text_tokens} text tokens and one image "
+        f"({result.tokens_per_image} tokens), {args.max_tokens} tokens generated each "
+        f"(median of {args.repeats} runs)"
+    )
+    print(f"{'engine':<26}{'seconds':>9}{'images/s':>10}{'output tok/s':>14}{'total tok/s':>13}")
+    for label, side in (
+        ("spyglass", result.spyglass),
+        (f"hf (batches of {args.hf_batch_size})", result.hf),
+    ):
+        print(
+            f"{label:<26}{side.seconds:>9.2f}{result.num_prompts / side.seconds:>10.2f}"
+            f"{side.output_tokens_per_s:>14.1f}{side.total_tokens_per_s:>13.1f}"
+        )
+    print(f"spyglass / hf throughput: {result.speedup:.2f}x")
+    print(f"spyglass vision tower and projector: {result.vision_share:.1%} of model time")
+    print(
+        f"agreement: {result.num_identical} of {result.num_prompts} prompts gave identical "
+        "greedy tokens"
+    )
