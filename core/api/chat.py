@@ -26,6 +26,7 @@ from spyglass.core.api.convert import (
 )
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, fan_out, unless_disconnected
+from spyglass.core.api.media_fetch import fetch_images
 from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for, split_choice
 from spyglass.core.api.schemas import (
@@ -106,10 +107,12 @@ def render_messages(
     param: str = "messages",
     template: TemplateOptions = TemplateOptions(),
     vision: "VisionConfig | None" = None,
+    fetched: dict[str, bytes] | None = None,
 ) -> tuple[list[dict], str, list]:
     """Plain message dicts (HF's shape, tool calls and results included; an image part as
     ``{"type": "image"}``), the prompt the chat template makes, and the messages' images (PIL
-    images, in order). ``vision`` is the served vision model's (images are a 400 without it)."""
+    images, in order). ``vision`` is the served vision model's (images are a 400 without it);
+    ``fetched`` holds the bytes of image URLs other than data URLs (`media_fetch`)."""
     if not messages:
         raise APIError(400, f"{param} must not be empty", param)
     plain = [_plain(message, param) for message in messages]
@@ -129,7 +132,7 @@ def render_messages(
     }
     images: list = []
     if vision is not None:
-        plain, images = take_images(plain, param)
+        plain, images = take_images(plain, param, fetched)
     try:
         conversation = prompt_messages(plain, use, takes_tools)
         if vision is None:
@@ -140,6 +143,23 @@ def render_messages(
     except (ValueError, jinja2.TemplateError) as error:
         raise APIError(400, f"cannot apply the chat template: {error}", param) from error
     return plain, prompt, images
+
+
+async def render_conversation(
+    serving: ServingContext,
+    messages: list[ChatMessage],
+    use: ToolUse = _NO_TOOLS,
+    param: str = "messages",
+    template: TemplateOptions = TemplateOptions(),
+) -> tuple[list[dict], str, list]:
+    """`render_messages` for the served model, off the event loop, its image URLs fetched first
+    (a vision model's; others refuse images before anything is fetched)."""
+    fetched = {}
+    if serving.vision is not None:
+        fetched = await fetch_images(messages, serving.options, param)
+    return await asyncio.to_thread(
+        render_messages, messages, serving.tokenizer, use, param, template, serving.vision, fetched
+    )
 
 
 def _plain(message: ChatMessage, param: str) -> dict:
@@ -296,9 +316,7 @@ async def start_chat(
         params = dataclasses.replace(params, structured_output=tool_constraint)
     with serving.queue_slots(params.n):
         # Rendering and tokenizing a large conversation take a while: off the event loop, like tokenizing.
-        plain, prompt, images = await asyncio.to_thread(
-            render_messages, messages, serving.tokenizer, use, param, template, serving.vision
-        )
+        plain, prompt, images = await render_conversation(serving, messages, use, param, template)
         attributes["messages"] = plain
         if use.active:
             attributes["tools"] = use.tools  # for the LLM span's llm.tools.* attributes

@@ -19,7 +19,7 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from spyglass.core.api.chat import render_messages, start_chat
+from spyglass.core.api.chat import render_conversation, start_chat
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import check_finished, new_id, request_attributes
 from spyglass.core.api.errors import APIError
@@ -34,6 +34,7 @@ from spyglass.core.api.messages_schemas import (
     TokenCount,
     ToolResultBlock,
     ToolUseBlock,
+    URLImageSource,
     Usage,
 )
 from spyglass.core.api.prompts import encode_text
@@ -100,12 +101,20 @@ def chat_messages(body: Conversation) -> list[ChatMessage]:
     return turns
 
 
+def _image_url(block: ImageBlock) -> str:
+    """An image block's source as a chat image URL: its own URL, or its bytes as a data URL."""
+    source = block.source
+    if isinstance(source, URLImageSource):
+        return source.url
+    return f"data:{source.media_type};base64,{source.data}"
+
+
 def _chat_parts(blocks: list) -> list[TextPart | ImageURLPart]:
-    """A user turn's text and image blocks as chat content parts, in order (images as data URLs)."""
+    """A user turn's text and image blocks as chat content parts, in order."""
     return [
         TextPart(block.text)
         if isinstance(block, TextBlock)
-        else ImageURLPart(ImageURL(f"data:{block.source.media_type};base64,{block.source.data}"))
+        else ImageURLPart(ImageURL(_image_url(block)))
         for block in blocks
         if isinstance(block, TextBlock | ImageBlock)
     ]
@@ -177,13 +186,7 @@ async def count_message_tokens(
     would report: the same template render and tokenizer. Nothing runs on the engine; a
     conversation longer than the context is counted, not refused."""
     serving.check_model(data.model)
-    _, prompt, images = await asyncio.to_thread(
-        render_messages,
-        chat_messages(data),
-        serving.tokenizer,
-        tool_use(data),
-        vision=serving.vision,
-    )
+    _, prompt, images = await render_conversation(serving, chat_messages(data), tool_use(data))
     token_ids = await encode_text(
         serving, prompt, "messages", must_fit=False, add_special_tokens=False
     )

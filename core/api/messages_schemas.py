@@ -42,16 +42,22 @@ class ToolResultBlock(msgspec.Struct, tag_field="type", tag="tool_result", kw_on
 
 
 class Base64ImageSource(msgspec.Struct, tag_field="type", tag="base64"):
-    """An image's bytes, base64-encoded (the server fetches no URLs)."""
+    """An image's bytes, base64-encoded."""
 
     media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
     data: str
 
 
+class URLImageSource(msgspec.Struct, tag_field="type", tag="url"):
+    """An image's URL: fetched by the server only from ``--allowed-media-domains`` hosts."""
+
+    url: str
+
+
 class ImageBlock(msgspec.Struct, tag_field="type", tag="image"):
     """An image in a user turn (a vision model's)."""
 
-    source: Base64ImageSource
+    source: Base64ImageSource | URLImageSource
 
 
 Block = TextBlock | ImageBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock

@@ -9,7 +9,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from msgspec import Meta
 
-from spyglass.core.api.chat import TemplateOptions, render_messages
+from spyglass.core.api.chat import TemplateOptions, render_conversation
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.prompts import check_token_ids, encode_text
@@ -72,13 +72,7 @@ async def tokenize(
     images: list = []
     if data.messages is not None:
         template = TemplateOptions.of(data)
-        _, text, images = await asyncio.to_thread(
-            render_messages,
-            data.messages,
-            serving.tokenizer,
-            template=template,
-            vision=serving.vision,
-        )
+        _, text, images = await render_conversation(serving, data.messages, template=template)
     else:
         text = data.prompt
     # A prompt gets BOS where the model wants one; a rendered conversation has it from its template.

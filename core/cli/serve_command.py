@@ -36,6 +36,21 @@ def add_parser(subparsers, argv) -> None:
         "--max-body-bytes", default="4MiB", help="largest request body; bigger ones get a 413"
     )
     group.add_argument(
+        "--allowed-media-domains",
+        default="",
+        help="hosts whose http(s) image URLs a vision model's requests may name, comma-separated "
+        "(* for any); by default the server fetches nothing and images come as data: URLs",
+    )
+    group.add_argument(
+        "--media-fetch-timeout",
+        type=float,
+        default=defaults.media_fetch_timeout,
+        help="seconds an image URL's fetch may take",
+    )
+    group.add_argument(
+        "--max-media-bytes", default="20MiB", help="largest image an image URL may fetch"
+    )
+    group.add_argument(
         "--max-queued-requests",
         type=int,
         default=defaults.max_queued_requests,
@@ -121,6 +136,11 @@ def server_options_from_args(args) -> ServerOptions:
         engine_process=args.engine_process,
         allow_runtime_lora=args.allow_runtime_lora,
         reasoning_parser=args.reasoning_parser,
+        allowed_media_domains=[
+            host.strip() for host in args.allowed_media_domains.split(",") if host.strip()
+        ],
+        media_fetch_timeout=args.media_fetch_timeout,
+        max_media_bytes=parse_bytes(args.max_media_bytes),
     )
 
 

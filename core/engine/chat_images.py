@@ -4,6 +4,7 @@ placeholder), and rendered by a template that reads content parts or one that re
 
 import base64
 import binascii
+from collections.abc import Mapping
 from typing import Any
 
 from spyglass.core.engine.image_preprocess import decode_image
@@ -15,9 +16,12 @@ IMAGE_PART_TYPES = ("image_url", "image", "image_pil")
 vLLM's ``image_pil`` holding a PIL image (offline)."""
 
 
-def take_images(messages: list[dict[str, Any]], field: str) -> tuple[list[dict], list]:
+def take_images(
+    messages: list[dict[str, Any]], field: str, fetched: Mapping[str, bytes] | None = None
+) -> tuple[list[dict], list]:
     """``messages`` with each image part replaced by ``{"type": "image"}``, and the images in
-    the order they appear (PIL images, decoded from data URLs where given as such)."""
+    the order they appear (PIL images; an ``image_url`` part's decoded from its data URL, or
+    from ``fetched``, the bytes the HTTP server fetched for other URLs)."""
     images: list = []
     plain = []
     for message in messages:
@@ -28,7 +32,7 @@ def take_images(messages: list[dict[str, Any]], field: str) -> tuple[list[dict],
         parts = []
         for part in content:
             if part.get("type") in IMAGE_PART_TYPES:
-                images.append(_image_of(part, field))
+                images.append(_image_of(part, field, fetched or {}))
                 parts.append({"type": "image"})
             else:
                 parts.append(part)
@@ -36,12 +40,13 @@ def take_images(messages: list[dict[str, Any]], field: str) -> tuple[list[dict],
     return plain, images
 
 
-def _image_of(part: dict, field: str):
+def _image_of(part: dict, field: str, fetched: Mapping[str, bytes]):
     kind = part["type"]
     value = part.get(kind)
     if kind == "image_url":
         url = value.get("url") if isinstance(value, dict) else value
-        return decode_image(data_url_bytes(url, field), field)
+        data = fetched[url] if url in fetched else data_url_bytes(url, field)
+        return decode_image(data, field)
     if value is None:
         raise InvalidRequestError(f"an {kind!r} content part holds no image", field)
     return value
@@ -49,11 +54,11 @@ def _image_of(part: dict, field: str):
 
 def data_url_bytes(url: str, field: str) -> bytes:
     """The bytes of a base64 ``data:`` URL; `InvalidRequestError` naming ``field`` for any other
-    URL (the server fetches nothing) or bad base64."""
+    URL or bad base64."""
     if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
         raise InvalidRequestError(
-            "images must be given as base64 data URLs (data:image/png;base64,...): this server "
-            "fetches no URLs",
+            "images must be given as base64 data URLs (data:image/png;base64,...); only the "
+            "HTTP server fetches image URLs, from the hosts --allowed-media-domains names",
             field,
         )
     try:

@@ -2,7 +2,9 @@
 engine in a thread, then in a process of its own) and get the offline API's answers."""
 
 import base64
+import http.server
 import io
+import threading
 
 import anthropic
 import numpy as np
@@ -42,9 +44,45 @@ def chat_messages(url: str, detail: str | None = None) -> list[dict]:
     ]
 
 
+class _Images(http.server.BaseHTTPRequestHandler):
+    """Serves ``/<seed>.png`` (`png_bytes`), ``/big.png`` (over the server's 64 KiB limit) and
+    ``/moved.png`` (a redirect); anything else is a 404."""
+
+    def do_GET(self):
+        if self.path == "/moved.png":
+            self.send_response(302)
+            self.send_header("Location", "/1.png")
+            self.end_headers()
+            return
+        body = b"\0" * (100 << 10) if self.path == "/big.png" else None
+        if body is None and self.path.removesuffix(".png").strip("/").isdigit():
+            body = png_bytes(int(self.path.removesuffix(".png").strip("/")))
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        """Quiet."""
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    """The base URL of a local HTTP server of images (`_Images`)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
 @pytest.fixture(scope="module", params=["thread", "process"])
 def llava_server(request, tiny_llava_dir, tmp_path_factory):
-    server = start_tiny(request.param, tiny_llava_dir, tmp_path_factory.mktemp("llava"))
+    # Image URLs are fetched from 127.0.0.1 only (not from "localhost").
+    fetching = ["--allowed-media-domains", "127.0.0.1", "--max-media-bytes", "64KiB"]
+    server = start_tiny(request.param, tiny_llava_dir, tmp_path_factory.mktemp("llava"), *fetching)
     yield server
     server.stop()
 
@@ -117,12 +155,13 @@ def test_messages_with_an_image_block_answer_as_the_offline_api(llava_server, of
 @pytest.mark.parametrize(
     ("messages", "param", "says"),
     [
-        (chat_messages("https://example.com/cat.png"), "messages", "data URLs"),
+        (chat_messages("https://example.com/1.png"), "messages", "--allowed-media-domains"),
+        (chat_messages("ftp://127.0.0.1/1.png"), "messages", "http(s) URL"),
         (chat_messages("data:image/png;base64,@@@"), "messages", "base64"),
         (chat_messages("data:image/png;base64,aGVsbG8="), "messages", "not a readable image"),
         (chat_messages(data_url(1), detail="high"), "messages", "detail"),
     ],
-    ids=["http URL", "bad base64", "not an image", "detail high"],
+    ids=["host not allowed", "ftp URL", "bad base64", "not an image", "detail high"],
 )
 def test_bad_images_are_400s_naming_the_field(llava_server, client, messages, param, says):
     response = requests.post(
@@ -167,3 +206,45 @@ def test_an_image_in_an_assistant_turn_is_a_400(llava_server):
     )
     assert response.status_code == 400, response.text
     assert "user turns" in response.text
+
+
+def test_images_by_url_from_allowed_hosts_answer_as_data_urls(
+    llava_server, client, image_host, offline_answers
+):
+    text, prompt_tokens = offline_answers[1]
+    response = client.chat.completions.create(
+        model="tiny", messages=chat_messages(f"{image_host}/1.png"), max_tokens=8, temperature=0
+    )
+    assert response.choices[0].message.content == text
+    assert response.usage.prompt_tokens == prompt_tokens
+    anthropic_client = anthropic.Anthropic(
+        base_url=llava_server.base_url, api_key="unused", max_retries=0, timeout=60
+    )
+    image = {"type": "image", "source": {"type": "url", "url": f"{image_host}/1.png"}}
+    message = anthropic_client.messages.create(
+        model="tiny",
+        messages=[{"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}],
+        max_tokens=8,
+        extra_body={"temperature": 0},
+    )
+    assert message.content[0].text == text
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("/missing.png", "HTTP 404"),
+        ("/big.png", "65536-byte limit"),
+        ("/moved.png", "HTTP 302"),  # a redirect could lead past the allowed hosts
+    ],
+    ids=["404", "too big", "redirect"],
+)
+def test_image_urls_that_cannot_be_fetched_are_400s(llava_server, image_host, path, says):
+    response = requests.post(
+        f"{llava_server.base_url}/v1/chat/completions",
+        json={"model": "tiny", "messages": chat_messages(image_host + path), "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages" and says in error["message"]
