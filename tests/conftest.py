@@ -546,44 +546,64 @@ LLAVA_CHAT_TEMPLATE = (
 
 
 @pytest.fixture(scope="session")
-def tiny_llava_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
-    """A random LlavaForConditionalGeneration: a 3-layer CLIP tower on 32-pixel images in 8-pixel
-    patches (16 image tokens each) and a 2-layer Llama, with the default model's tokenizer plus
-    an ``<image>`` token, a chat template that reads content parts, and a CLIP image processor's
-    config (shortest edge resized to 40, centre cut to 32)."""
+def make_tiny_llava(tmp_path_factory, hf_gguf_tokenizer):
+    """``make(tower)``: a random LlavaForConditionalGeneration, built once per tower, with the
+    default model's tokenizer plus an ``<image>`` token and a chat template that reads content
+    parts. ``clip``: a 3-layer CLIP tower on 32-pixel images in 8-pixel patches (16 image tokens,
+    the class token dropped) before a 2-layer Llama; a CLIP image processor's config (shortest
+    edge resized to 40, centre cut to 32). ``siglip``: a 3-layer SigLIP tower (16 tokens, all
+    kept, read at its last layer) before a 2-layer Qwen2; a SigLIP processor (a square resize)."""
     import copy
 
-    from transformers import (
-        CLIPImageProcessorPil,
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-    )
+    import transformers
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
 
-    tokenizer = copy.deepcopy(hf_gguf_tokenizer)
-    tokenizer.add_tokens(["<image>"], special_tokens=True)
-    tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
-    torch.manual_seed(7)
-    text = LlamaConfig(**TINY_SHAPE, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2)
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        image_size=32,
-        patch_size=8,
-    )
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=len(tokenizer) - 1,
-        image_seq_length=16,
-    )
-    path = _save_tiny(
-        _with_wide_weights(LlavaForConditionalGeneration(config)),
-        tokenizer,
-        tmp_path_factory.mktemp("tiny_llava"),
-    )
-    CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size=32).save_pretrained(path)
-    return path
+    built: dict[str, Path] = {}
+
+    def make(tower: str) -> Path:
+        if tower in built:
+            return built[tower]
+        tokenizer = copy.deepcopy(hf_gguf_tokenizer)
+        tokenizer.add_tokens(["<image>"], special_tokens=True)
+        tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
+        torch.manual_seed(7)
+        clip = tower == "clip"
+        text = getattr(transformers, "LlamaConfig" if clip else "Qwen2Config")(
+            **TINY_SHAPE, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2
+        )
+        vision = getattr(transformers, "CLIPVisionConfig" if clip else "SiglipVisionConfig")(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            image_size=32,
+            patch_size=8,
+        )
+        config = LlavaConfig(
+            vision_config=vision,
+            text_config=text,
+            image_token_index=len(tokenizer) - 1,
+            image_seq_length=16,
+            vision_feature_layer=-2 if clip else -1,
+            vision_feature_select_strategy="default" if clip else "full",
+        )
+        path = _save_tiny(
+            _with_wide_weights(LlavaForConditionalGeneration(config)),
+            tokenizer,
+            tmp_path_factory.mktemp(f"tiny_llava_{tower}"),
+        )
+        if clip:
+            processor = transformers.CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size=32)
+        else:
+            processor = transformers.SiglipImageProcessorPil(size={"height": 32, "width": 32})
+        processor.save_pretrained(path)
+        built[tower] = path
+        return path
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_dir(make_tiny_llava) -> Path:
+    """The CLIP-tower tiny LLaVA of `make_tiny_llava`."""
+    return make_tiny_llava("clip")

@@ -1,5 +1,5 @@
 """Read a ``LlavaForConditionalGeneration`` directory's config: its language model's config as a
-causal LM of a supported family would have it, and the `VisionConfig` of its CLIP tower,
+causal LM of a supported family would have it, and the `VisionConfig` of its CLIP or SigLIP tower,
 projector and image preprocessing (``preprocessor_config.json``); and its checkpoint's parameter
 names mapped to the ones the models use."""
 
@@ -31,6 +31,13 @@ _CLIP_DEFAULTS = {
     "layer_norm_eps": 1e-5,
     "hidden_act": "quick_gelu",
 }
+_SIGLIP_DEFAULTS = {
+    **_CLIP_DEFAULTS,
+    "patch_size": 16,
+    "layer_norm_eps": 1e-6,
+    "hidden_act": "gelu_pytorch_tanh",
+}
+_TOWER_DEFAULTS = {"clip_vision_model": _CLIP_DEFAULTS, "siglip_vision_model": _SIGLIP_DEFAULTS}
 # Checkpoint prefixes, as llava-hf's files (transformers 4) and transformers 5 write them.
 # Applied in order, each where it matches.
 _RENAMES = (
@@ -63,12 +70,14 @@ def text_config(config: dict) -> dict:
 def vision_config(config: dict, model_dir: Path) -> VisionConfig:
     """The vision side of ``config`` and of ``model_dir``'s preprocessor_config.json (CLIP's
     defaults at the tower's image size when it has none); ValueError for what does not run here."""
-    vision = {**_CLIP_DEFAULTS, **(config.get("vision_config") or {})}
-    if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
+    given = config.get("vision_config") or {}
+    model_type = given.get("model_type", "clip_vision_model")
+    if model_type not in _TOWER_DEFAULTS:
         raise ValueError(
-            f"Unsupported {LLAVA_CLASS} variant: a {vision['model_type']!r} vision tower "
-            "(only CLIP's runs here)."
+            f"Unsupported {LLAVA_CLASS} variant: a {model_type!r} vision tower "
+            "(CLIP's and SigLIP's run here)."
         )
+    vision = {**_TOWER_DEFAULTS[model_type], **given}
     feature_layer = config.get("vision_feature_layer", -2)
     feature_select = config.get("vision_feature_select_strategy", "default")
     if not isinstance(feature_layer, int) or feature_select not in FEATURE_SELECTS:
@@ -85,6 +94,8 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
         image_size=vision["image_size"],
         patch_size=vision["patch_size"],
         image_token_id=image_token_id,
+        tower=model_type.removesuffix("_vision_model"),
+        use_head=model_type == "siglip_vision_model" and vision.get("vision_use_head", True),
         num_channels=vision["num_channels"],
         layer_norm_eps=vision["layer_norm_eps"],
         hidden_act=vision["hidden_act"],
@@ -109,6 +120,13 @@ def _preprocessing(path: Path, image_size: int) -> dict:
             f"{image_size}."
         )
     shortest = size if isinstance(size, int) else size.get("shortest_edge", 0)
+    if not shortest and any(
+        size.get(side, image_size) != image_size for side in ("height", "width")
+    ):
+        raise ValueError(
+            f"preprocessor_config.json resizes images to {size}; the vision tower takes "
+            f"{image_size} x {image_size}."
+        )
     if not all(processor.get(step, True) for step in ("do_resize", "do_rescale", "do_normalize")):
         raise ValueError(
             "preprocessor_config.json turns off resizing, rescaling or normalizing, which "

@@ -1,5 +1,6 @@
-"""LLaVA's image encoder: a CLIP vision tower read out at one hidden layer, then the two-layer MLP
-projector into the language model's embedding space. Plain tensors, as the decoders are."""
+"""LLaVA's image encoder: a CLIP or SigLIP vision tower read out at one hidden layer, then the
+two-layer MLP projector into the language model's embedding space. Plain tensors, as the
+decoders are."""
 
 import functools
 
@@ -31,17 +32,43 @@ def _activation(name: str):
     return _ACTIVATIONS[name]
 
 
+# SigLIP's attention-pooling head: in its checkpoints, never run by LLaVA.
+_SIGLIP_HEAD = (
+    "probe",
+    "attention.in_proj_weight",
+    "attention.in_proj_bias",
+    "attention.out_proj.weight",
+    "attention.out_proj.bias",
+    "layernorm.weight",
+    "layernorm.bias",
+    "mlp.fc1.weight",
+    "mlp.fc1.bias",
+    "mlp.fc2.weight",
+    "mlp.fc2.bias",
+)
+
+
 def vision_weight_names(vision: VisionConfig) -> set[str]:
     """The canonical names of the tower's and the projector's parameters: transformers' in-memory
-    ``LlavaModel`` names without the leading ``model.``. ``post_layernorm`` is among them (every
-    checkpoint has it) though LLaVA never applies it."""
+    ``LlavaModel`` names without the leading ``model.``. ``post_layernorm`` and SigLIP's head are
+    among them (checkpoints have them) though LLaVA never applies them."""
+    clip = vision.tower == "clip"
     names = {
-        f"{TOWER}.embeddings.class_embedding",
         f"{TOWER}.embeddings.patch_embedding.weight",
         f"{TOWER}.embeddings.position_embedding.weight",
+        f"{TOWER}.post_layernorm.weight",
+        f"{TOWER}.post_layernorm.bias",
     }
-    for norm in ("pre_layrnorm", "post_layernorm"):
-        names |= {f"{TOWER}.{norm}.weight", f"{TOWER}.{norm}.bias"}
+    if clip:
+        names |= {
+            f"{TOWER}.embeddings.class_embedding",
+            f"{TOWER}.pre_layrnorm.weight",
+            f"{TOWER}.pre_layrnorm.bias",
+        }
+    else:
+        names.add(f"{TOWER}.embeddings.patch_embedding.bias")
+    if vision.use_head:
+        names |= {f"{TOWER}.head.{name}" for name in _SIGLIP_HEAD}
     for i in range(vision.num_hidden_layers):
         modules = ["layer_norm1", "layer_norm2", "mlp.fc1", "mlp.fc2"]
         modules += [f"self_attn.{p}_proj" for p in ("q", "k", "v", "out")]
@@ -85,13 +112,14 @@ class ClipEncoderLayer:
 
 
 class ClipVisionEncoder:
-    """Pixels to image tokens: CLIP embeddings, ``pre_layrnorm``, the encoder layers up to HF's
-    ``hidden_states[feature_layer]`` (the rest never run), the class position dropped unless
-    ``feature_select`` is ``full``, then the projector. Takes the `vision_weight_names` weights
-    (other keys are ignored) and keeps only those it uses, on ``device`` in ``dtype``."""
+    """Pixels to image tokens: the patch (and CLIP's class) embeddings, CLIP's ``pre_layrnorm``,
+    the encoder layers up to HF's ``hidden_states[feature_layer]`` (the rest never run), the
+    first position dropped unless ``feature_select`` is ``full``, then the projector. Takes the
+    `vision_weight_names` weights (other keys are ignored) and keeps only those it uses, on
+    ``device`` in ``dtype``."""
 
     def __init__(self, vision: VisionConfig, weights: dict[str, torch.Tensor], device, dtype):
-        num_states = vision.num_hidden_layers + 1  # hidden_states[0] is pre_layrnorm's output
+        num_states = vision.num_hidden_layers + 1  # hidden_states[0] is the embeddings' output
         if not -num_states <= vision.feature_layer < num_states:
             raise ValueError(
                 f"feature_layer {vision.feature_layer} is outside the tower's {num_states} hidden states"
@@ -105,12 +133,16 @@ class ClipVisionEncoder:
         w = {
             name: weights[name].to(device=device, dtype=dtype)
             for name in vision_weight_names(vision)
-            if not name.startswith(f"{TOWER}.post_layernorm")
+            if not name.startswith((f"{TOWER}.post_layernorm", f"{TOWER}.head."))
         }
-        self.class_embedding = w[f"{TOWER}.embeddings.class_embedding"]
-        self.patch_embedding = w[f"{TOWER}.embeddings.patch_embedding.weight"]
+        # CLIP's alone: SigLIP has neither (None).
+        self.class_embedding = w.get(f"{TOWER}.embeddings.class_embedding")
+        self.pre_norm = w.get(f"{TOWER}.pre_layrnorm.weight"), w.get(f"{TOWER}.pre_layrnorm.bias")
+        self.patch_embedding = (
+            w[f"{TOWER}.embeddings.patch_embedding.weight"],
+            w.get(f"{TOWER}.embeddings.patch_embedding.bias"),  # SigLIP's alone
+        )
         self.position_embedding = w[f"{TOWER}.embeddings.position_embedding.weight"]
-        self.pre_norm = w[f"{TOWER}.pre_layrnorm.weight"], w[f"{TOWER}.pre_layrnorm.bias"]
         num_layers = vision.feature_layer % num_states
         self.layers = [
             ClipEncoderLayer(vision, w, f"{TOWER}.encoder.layers.{i}") for i in range(num_layers)
@@ -126,12 +158,13 @@ class ClipVisionEncoder:
         """The image tokens ``[images, tokens_per_image, text_hidden]`` in the encoder's dtype for
         ``pixel_values [images, channels, image_size, image_size]``."""
         vision = self.vision
-        x = pixel_values.to(device=self.patch_embedding.device, dtype=self.dtype)
-        patches = F.conv2d(x, self.patch_embedding, stride=vision.patch_size)
-        patches = patches.flatten(2).transpose(1, 2)
-        class_token = self.class_embedding.expand(patches.shape[0], 1, -1)
-        x = torch.cat([class_token, patches], dim=1) + self.position_embedding
-        x = F.layer_norm(x, (vision.hidden_size,), *self.pre_norm, vision.layer_norm_eps)
+        x = pixel_values.to(device=self.position_embedding.device, dtype=self.dtype)
+        x = F.conv2d(x, *self.patch_embedding, stride=vision.patch_size).flatten(2).transpose(1, 2)
+        if self.class_embedding is not None:
+            x = torch.cat([self.class_embedding.expand(x.shape[0], 1, -1), x], dim=1)
+        x = x + self.position_embedding
+        if self.pre_norm[0] is not None:
+            x = F.layer_norm(x, (vision.hidden_size,), *self.pre_norm, vision.layer_norm_eps)
         for layer in self.layers:
             x = layer(x)
         if vision.feature_select == "default":

@@ -7,13 +7,19 @@ VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 """The parameter names of the vision tower and the projector start with these."""
 
 FEATURE_SELECTS = ("default", "full")
-"""Which of the tower's positions become image tokens: all but the class token, or all."""
+"""Which of the tower's positions become image tokens: all but the first (CLIP's class token),
+or all."""
+
+TOWERS = ("clip", "siglip")
+"""The vision towers that run: CLIP's (a class token, a LayerNorm before the layers) and
+SigLIP's (patches only, a bias on the patch embedding, an attention-pooling head LLaVA ignores)."""
 
 
 @dataclass(frozen=True, slots=True)
 class VisionConfig:
-    """A CLIP vision tower (``vision_config`` of a ``LlavaForConditionalGeneration`` config.json)
-    whose ``feature_layer`` output (``-2``: the second to last layer's) passes a two-layer MLP
+    """A CLIP or SigLIP vision tower (``tower``; ``vision_config`` of a
+    ``LlavaForConditionalGeneration`` config.json; ``use_head``: a SigLIP checkpoint holds its
+    pooling head) whose ``feature_layer`` output (``-2``: the second to last layer's) passes a two-layer MLP
     projector (``projector_act`` between, biases when ``projector_bias``) into the language
     model's embedding space, where it replaces the prompt's ``image_token_id`` placeholders,
     `tokens_per_image` of them per image.
@@ -32,6 +38,8 @@ class VisionConfig:
     image_size: int
     patch_size: int
     image_token_id: int
+    tower: str = "clip"
+    use_head: bool = False
     num_channels: int = 3
     layer_norm_eps: float = 1e-5
     hidden_act: str = "quick_gelu"
@@ -53,6 +61,11 @@ class VisionConfig:
         return (self.image_size // self.patch_size) ** 2
 
     @property
+    def num_positions(self) -> int:
+        """The tower's positions: a patch each, after CLIP's class token."""
+        return self.num_patches + (self.tower == "clip")
+
+    @property
     def tokens_per_image(self) -> int:
-        """Prompt positions one image fills: a patch each, plus the class token's with ``full``."""
-        return self.num_patches + (self.feature_select == "full")
+        """Prompt positions one image fills: the tower's, less the first with ``default``."""
+        return self.num_positions - (self.feature_select == "default")

@@ -97,6 +97,27 @@ def test_images_steer_the_answer_and_each_prompt_keeps_its_own(llava, hf_llava):
         assert_matches_hf(hf_llava, output, used)
 
 
+def test_a_siglip_tower_before_qwen2_matches_transformers(make_tiny_llava):
+    # llava-interleave-qwen's layout: SigLIP (no class token, every position kept, its last
+    # layer), a Qwen2 language model; chunks of 8 tokens split its 16-token images.
+    from transformers import LlavaForConditionalGeneration, SiglipImageProcessorPil
+
+    path = make_tiny_llava("siglip")
+    llm = LLM(model=str(path), dtype="float32", device="cpu", max_num_batched_tokens=8)
+    assert llm.engine.arch.architecture == "qwen2" and llm.engine.arch.vision.tower == "siglip"
+    hf = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    reference = (hf, SiglipImageProcessorPil.from_pretrained(path))
+    images = [noise_image(60), noise_image(61, (70, 20))]
+    prompts = [
+        {"prompt": PROMPT, "multi_modal_data": {"image": images[0]}},
+        {"prompt": TWO_IMAGES, "multi_modal_data": {"image": images[::-1]}},
+    ]
+    first, second = llm.generate(prompts, GREEDY)
+    assert first.prompt_token_ids.count(llm.engine.arch.vision.image_token_id) == 16
+    assert_matches_hf(reference, first, images[:1])
+    assert_matches_hf(reference, second, images[::-1])
+
+
 def test_chat_with_an_image_url_renders_the_placeholder_and_matches_generate(llava):
     image = noise_image(5)
     messages = [

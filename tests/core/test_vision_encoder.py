@@ -1,4 +1,4 @@
-"""The CLIP vision tower and projector against transformers' LLaVA on a tiny random checkpoint: the
+"""The CLIP and SigLIP vision towers and projector against transformers' LLaVA on a tiny random checkpoint: the
 parameter names, and the image features for every feature layer and selection, in float32 and bfloat16."""
 
 import pytest
@@ -8,20 +8,17 @@ from spyglass.core.models.clip_vision import ClipVisionEncoder, vision_weight_na
 from spyglass.core.models.vision_config import VisionConfig
 
 
-def tiny_llava(hidden_act="quick_gelu", projector_act="gelu", projector_bias=True):
-    """A random float32 ``LlavaForConditionalGeneration``: a 3-layer CLIP tower on 32-pixel images of
-    8-pixel patches, a one-layer Llama. Weights are drawn wider than transformers' init (std 0.1,
-    norms around 1), so every layer moves the features."""
-    from transformers import (
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-    )
+def tiny_llava(hidden_act="quick_gelu", projector_act="gelu", projector_bias=True, tower="clip"):
+    """A random float32 ``LlavaForConditionalGeneration``: a 3-layer CLIP (or SigLIP) tower on
+    32-pixel images of 8-pixel patches, a one-layer Llama. Weights are drawn wider than
+    transformers' init (std 0.1, norms around 1), so every layer moves the features."""
+    import transformers
+    from transformers import LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     torch.manual_seed(0)
+    tower_config = {"clip": "CLIPVisionConfig", "siglip": "SiglipVisionConfig"}[tower]
     config = LlavaConfig(
-        vision_config=CLIPVisionConfig(
+        vision_config=getattr(transformers, tower_config)(
             hidden_size=32,
             intermediate_size=64,
             num_hidden_layers=3,
@@ -60,6 +57,8 @@ def vision_config(model, **overrides) -> VisionConfig:
         image_size=tower.image_size,
         patch_size=tower.patch_size,
         image_token_id=config.image_token_id,
+        tower=tower.model_type.removesuffix("_vision_model"),
+        use_head=tower.model_type == "siglip_vision_model",
         num_channels=tower.num_channels,
         layer_norm_eps=tower.layer_norm_eps,
         hidden_act=tower.hidden_act,
@@ -92,10 +91,10 @@ def transformers_features(model, pixels, vision: VisionConfig) -> torch.Tensor:
     return torch.stack(out.pooler_output)  # a list of per-image [tokens, text_hidden] tensors
 
 
-@pytest.fixture(scope="module")
-def llava():
-    """The default tiny LLaVA (quick_gelu tower, gelu projector with biases)."""
-    return tiny_llava()
+@pytest.fixture(scope="module", params=["clip", "siglip"])
+def llava(request):
+    """The default tiny LLaVA (quick_gelu tower, gelu projector with biases), with each tower."""
+    return tiny_llava(tower=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +103,10 @@ def pixels() -> torch.Tensor:
     return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
+@pytest.mark.parametrize("tower", ["clip", "siglip"])
 @pytest.mark.parametrize("projector_bias", [True, False])
-def test_weight_names_are_the_checkpoints(projector_bias):
-    model = tiny_llava(projector_bias=projector_bias)
+def test_weight_names_are_the_checkpoints(projector_bias, tower):
+    model = tiny_llava(projector_bias=projector_bias, tower=tower)
     vision = vision_config(model)
     image_side = {
         n for n in canonical_weights(model) if not n.startswith(("language_model.", "lm_head."))
