@@ -8,6 +8,7 @@ from spyglass.core.engine.runner.model_runner import ModelRunner
 from spyglass.core.engine.runner.parallel.comm import TensorParallelError
 from spyglass.core.engine.runner.parallel.launch import LeaderGroup
 from spyglass.core.engine.runner.step_inputs import StepInputs
+from spyglass.core.models.image_rows import ImageRows
 from spyglass.core.models.parallel.layers import TensorParallelLlama
 
 log = logging.getLogger("spyglass.engine")
@@ -38,13 +39,14 @@ class ParallelModelRunner(ModelRunner):
         log.info("CUDA graphs are not captured with tensor parallelism; decode runs eagerly")
         return 0.0
 
-    def _forward(self, inputs: StepInputs, num_reqs: int) -> torch.Tensor:
+    def _forward(self, inputs: StepInputs, num_reqs: int, images: ImageRows | None) -> torch.Tensor:
+        # ``images`` is always None: a vision model runs without tensor parallelism.
         self.group.check_workers()
         try:
             self.group.send_step(
                 inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices
             )
-            return super()._forward(inputs, num_reqs)
+            return super()._forward(inputs, num_reqs, images)
         except TensorParallelError:
             raise
         except Exception as error:
