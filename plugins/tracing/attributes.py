@@ -149,6 +149,7 @@ def input_content_attributes(request: Request, prompt_text: str) -> dict:
         for i, message in enumerate(messages):
             attrs[f"llm.input_messages.{i}.message.role"] = str(message.get("role", ""))
             attrs[f"llm.input_messages.{i}.message.content"] = _text(message.get("content"))
+            attrs.update(_content_parts(i, message.get("content")))
         genai = [
             {"role": m.get("role"), "parts": [{"type": "text", "content": _text(m.get("content"))}]}
             for m in messages
@@ -175,6 +176,20 @@ def output_content_attributes(text: str, reason: FinishReason) -> dict:
         "llm.output_messages.0.message.content": text,
         "gen_ai.output.messages": json.dumps([message]),
     }
+
+
+def _content_parts(index: int, content) -> dict:
+    """OpenInference's ``message.contents`` of a message whose content is a list of parts: each
+    part's type (``text``, or ``image``: the API keeps no image bytes) and a text part's text."""
+    if not isinstance(content, list):
+        return {}
+    attrs = {}
+    for j, part in enumerate(p for p in content if isinstance(p, dict)):
+        prefix = f"llm.input_messages.{index}.message.contents.{j}.message_content"
+        attrs[f"{prefix}.type"] = str(part.get("type", ""))
+        if part.get("type") == "text":
+            attrs[f"{prefix}.text"] = str(part.get("text", ""))
+    return attrs
 
 
 def _text(content) -> str:

@@ -186,6 +186,15 @@ def test_content_only_when_opted_in(use_settings, span_exporter, make_engine, ru
         SamplingParams(max_tokens=4, temperature=0),
         prompt=PROMPT,
     )
+    # A vision model's conversation, as the API leaves it: image parts without their bytes.
+    parts = [{"type": "image"}, {"type": "text", "text": "What is it?"}]
+    engine.add_request(
+        "v",
+        engine.tokenizer.encode(PROMPT),
+        SamplingParams(max_tokens=1),
+        prompt=PROMPT,
+        attributes={"operation": "chat", "messages": [{"role": "user", "content": parts}]},
+    )
     outputs = run_to_completion(engine)
     spans = {s.attributes.get("gen_ai.response.id"): s for s in span_exporter.get_finished_spans()}
     chat, text = spans["c"].attributes, spans["t"].attributes
@@ -199,6 +208,13 @@ def test_content_only_when_opted_in(use_settings, span_exporter, make_engine, ru
     assert json.loads(chat["gen_ai.input.messages"]) == [
         {"role": "user", "parts": [{"type": "text", "content": "Say hi"}]}
     ]
+    assert not any(".message.contents." in key for key in chat)
+    vision = spans["v"].attributes
+    contents = "llm.input_messages.0.message.contents"
+    assert vision[f"{contents}.0.message_content.type"] == "image"
+    assert vision[f"{contents}.1.message_content.type"] == "text"
+    assert vision[f"{contents}.1.message_content.text"] == "What is it?"
+    assert vision["llm.input_messages.0.message.content"] == "What is it?"
 
 
 def test_preemption_and_resumption_spans(
