@@ -141,6 +141,7 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int):
         with torch.inference_mode():
             generated = model.generate(
                 input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),  # equal lengths: no padding
                 pixel_values=pixels,
                 max_new_tokens=max_tokens,
                 min_new_tokens=max_tokens,
