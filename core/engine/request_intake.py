@@ -41,7 +41,8 @@ def check_images(
 ) -> None:
     """`InvalidRequestError` naming ``multi_modal_data`` for images given to a model that reads
     none, for a vision model's prompt that holds image placeholders with no image to fill them,
-    and for a truncation that would cut through a prompt with images."""
+    for an image that does not fill its placeholders or has other pixels than the tower's, and
+    for a truncation that would cut through a prompt with images."""
     if vision is None:
         if images:
             raise InvalidRequestError(
@@ -55,6 +56,21 @@ def check_images(
                 "the prompt holds image placeholder tokens but no images", "multi_modal_data"
             )
         return
+    shape = (vision.num_channels, vision.image_size, vision.image_size)
+    for image in images:
+        span = prompt_token_ids[image.offset : image.end]
+        if (
+            image.offset < 0
+            or image.length != vision.tokens_per_image
+            or span != [vision.image_token_id] * image.length
+            or tuple(image.pixel_values.shape) != shape
+        ):
+            # Only a caller that placed images by hand gets here (`place_images` places them right).
+            raise InvalidRequestError(
+                f"an image must fill {vision.tokens_per_image} placeholder tokens of the prompt "
+                f"and hold {list(shape)} pixels",
+                "multi_modal_data",
+            )
     keep = max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
     if keep is not None and len(prompt_token_ids) > keep:
         raise InvalidRequestError(

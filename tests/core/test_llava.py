@@ -245,3 +245,19 @@ def test_request_spans_count_images_without_their_bytes(llava):
     plain = request_attributes(llava.engine.add_request("plain", [1, 2, 3], SamplingParams()), "t")
     assert "spyglass.request.images" not in plain
     llava.engine.abort("plain")
+
+
+def test_images_placed_by_hand_must_fill_their_placeholders(llava):
+    image = noise_image(70)
+    _, token_ids, [placed] = llava._prompt({"prompt": PROMPT, "multi_modal_data": {"image": image}})
+    wrong = [
+        dataclasses.replace(placed, offset=placed.offset + 1),  # runs past the placeholders
+        dataclasses.replace(placed, length=4),
+        dataclasses.replace(placed, pixel_values=placed.pixel_values[:, :8]),
+    ]
+    for index, bad in enumerate(wrong):
+        with pytest.raises(InvalidRequestError, match="placeholder tokens") as error:
+            llava.engine.add_request(f"bad-{index}", token_ids, GREEDY, images=(bad,))
+        assert error.value.param == "multi_modal_data"
+    [output] = llava.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)
+    assert output.outputs[0].finish_reason in ("length", "stop")  # the engine still serves
