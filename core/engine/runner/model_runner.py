@@ -304,11 +304,11 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.groups = lora_groups(out.scheduled, self.device)
         images, self._vision = None, VisionWork()
-        if self.model.arch.vision is not None:
-            start = time.perf_counter()
-            images, encoded = step_image_rows(out.scheduled, self.model.encode_images)
-            self._vision = VisionWork(encoded, time.perf_counter() - start if encoded else 0.0)
         try:
+            if self.model.arch.vision is not None:
+                start = time.perf_counter()
+                images, encoded = step_image_rows(out.scheduled, self.model.encode_images)
+                self._vision = VisionWork(encoded, time.perf_counter() - start if encoded else 0.0)
             if not slices:
                 return self._forward(inputs, len(out.scheduled), images), (), ()
             hidden, residual = self._hidden_states(inputs, images)
@@ -333,9 +333,9 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's `hidden_states` for the step (with its image tokens' embeddings, if any)."""
         args = (inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
-        return (
-            self.model.hidden_states(*args, images) if images else self.model.hidden_states(*args)
-        )
+        if images is None:
+            return self.model.hidden_states(*args)
+        return self.model.hidden_states(*args, images)
 
     def _forward(self, inputs: StepInputs, num_reqs: int, images: ImageRows | None) -> torch.Tensor:
         """The logits of ``inputs.logits_indices``: a captured graph's replay where one fits, else
