@@ -29,12 +29,20 @@ from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, unless_disconnected
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
 from spyglass.core.api.responses_schemas import (
+    InputImage,
     InputItem,
     ResponsesRequest,
     TextFormatJsonObject,
     TextFormatJsonSchema,
 )
-from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
+from spyglass.core.api.schemas import (
+    ChatMessage,
+    FunctionCall,
+    ImageURL,
+    ImageURLPart,
+    TextPart,
+    ToolCall,
+)
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import (
     ToolUse,
@@ -57,7 +65,7 @@ def conversation(body: ResponsesRequest) -> list[ChatMessage]:
     for item in body.input:
         if item.type == "message":
             _require(item, "role", "content")
-            turns.append(ChatMessage(item.role, _text(item.content)))
+            turns.append(ChatMessage(item.role, _content(item.content)))
         elif item.type == "function_call":
             _require(item, "call_id", "name", "arguments")
             call = ToolCall(id=item.call_id, function=FunctionCall(item.name, item.arguments))
@@ -79,6 +87,18 @@ def _require(item: InputItem, *fields: str) -> None:
 
 def _text(content) -> str:
     return content if isinstance(content, str) else "\n".join(part.text for part in content)
+
+
+def _content(content) -> str | list[TextPart | ImageURLPart]:
+    """A message item's content in the chat API's terms: text, or parts when it holds images."""
+    if isinstance(content, str) or not any(isinstance(p, InputImage) for p in content):
+        return _text(content)
+    return [
+        ImageURLPart(ImageURL(part.image_url))
+        if isinstance(part, InputImage)
+        else TextPart(part.text)
+        for part in content
+    ]
 
 
 def tool_use(body: ResponsesRequest) -> ToolUse:

@@ -15,14 +15,31 @@ from spyglass.core.api.schemas import PositiveInt
 MAX_INPUT_ITEMS = 4096
 
 
-class InputText(msgspec.Struct, kw_only=True):
-    """A text part: ``input_text``, or ``output_text`` (an earlier answer sent back)."""
+class InputText(msgspec.Struct, tag_field="type", tag="input_text"):
+    """A text part of the input."""
 
-    type: Literal["input_text", "output_text"]
     text: str
 
 
-ItemText = str | Annotated[list[InputText], Meta(max_length=MAX_INPUT_ITEMS)]
+class OutputText(msgspec.Struct, tag_field="type", tag="output_text"):
+    """A text part of an earlier answer sent back."""
+
+    text: str
+
+
+class InputImage(msgspec.Struct, tag_field="type", tag="input_image", kw_only=True):
+    """An image part (a vision model's): ``image_url`` a base64 data URL, or an http(s) URL of a
+    host ``--allowed-media-domains`` lists; ``detail`` only ``auto``; no uploaded ``file_id``."""
+
+    image_url: str
+    detail: Literal["auto"] | None = None
+    file_id: None = None
+
+
+ItemText = str | Annotated[list[InputText | OutputText], Meta(max_length=MAX_INPUT_ITEMS)]
+ItemContent = (
+    str | Annotated[list[InputText | OutputText | InputImage], Meta(max_length=MAX_INPUT_ITEMS)]
+)
 
 
 class InputItem(msgspec.Struct, kw_only=True):
@@ -31,7 +48,7 @@ class InputItem(msgspec.Struct, kw_only=True):
 
     type: Literal["message", "function_call", "function_call_output"] = "message"
     role: Literal["user", "system", "developer", "assistant"] | None = None
-    content: ItemText | None = None
+    content: ItemContent | None = None
     call_id: Annotated[str, Meta(max_length=256)] | None = None
     name: Annotated[str, Meta(max_length=64)] | None = None
     arguments: str | None = None

@@ -248,3 +248,19 @@ def test_image_urls_that_cannot_be_fetched_are_400s(llava_server, image_host, pa
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "messages" and says in error["message"]
+
+
+def test_responses_with_an_input_image_answer_as_the_offline_api(client, offline_answers):
+    content = [
+        {"type": "input_image", "image_url": data_url(2)},
+        {"type": "input_text", "text": QUESTION},
+    ]
+    response = client.responses.create(
+        model="tiny",
+        input=[{"role": "user", "content": content}],
+        max_output_tokens=8,
+        temperature=0,
+    )
+    text, prompt_tokens = offline_answers[2]
+    assert response.output_text == text
+    assert response.usage.input_tokens == prompt_tokens
