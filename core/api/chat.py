@@ -156,10 +156,26 @@ async def render_conversation(
     (a vision model's; others refuse images before anything is fetched)."""
     fetched = {}
     if serving.vision is not None:
+        _check_image_count(messages, serving.max_images_per_prompt, param)
         fetched = await fetch_images(messages, serving.options, param)
     return await asyncio.to_thread(
         render_messages, messages, serving.tokenizer, use, param, template, serving.vision, fetched
     )
+
+
+def _check_image_count(messages: list[ChatMessage], limit: int | None, param: str) -> None:
+    """A 400 before any image is fetched or decoded when the conversation holds more than
+    ``limit`` (``--limit-mm-per-prompt``)."""
+    count = sum(
+        isinstance(part, ImageURLPart)
+        for message in messages
+        if isinstance(message.content, list)
+        for part in message.content
+    )
+    if limit is not None and count > limit:
+        raise APIError(
+            400, f"a prompt may hold at most {limit} images (--limit-mm-per-prompt)", param
+        )
 
 
 def _plain(message: ChatMessage, param: str) -> dict:

@@ -39,6 +39,7 @@ class ServingContext:
         self.labels = model.labels
         self.vision = model.vision
         """A vision model's image token and preprocessing; None when the model reads no images."""
+        self.max_images_per_prompt = model.max_images_per_prompt
         # No text longer than this can fit the context: each token covers at most the longest token's bytes.
         self.max_prompt_bytes = model.max_model_len * _longest_token_bytes(self.tokenizer)
         # Splits text into content and tool calls for chat requests that leave the choice to the model.

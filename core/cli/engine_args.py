@@ -33,6 +33,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="how embeddings pool the prompt's final hidden states: the last token's, their mean "
         "or the first token's (default: the checkpoint's sentence-transformers config, else last)",
     )
+    group.add_argument(
+        "--limit-mm-per-prompt",
+        type=json.loads,
+        default={},
+        help="the most images a prompt may hold, as vLLM takes it: '{\"image\": 4}' "
+        "(default: as many as the context holds)",
+    )
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--block-size", type=int, default=defaults.block_size)
     group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
@@ -144,6 +151,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         device=args.device,
         quantization=args.quantization,
         pooling_type=args.pooling_type,
+        limit_mm_per_prompt=args.limit_mm_per_prompt,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

@@ -85,6 +85,8 @@ class EngineConfig:
     caps the distinct adapters the running batch holds (None: no cap), as vLLM's option does.
     ``pooling_type`` (``last``, ``mean``, ``cls``) is how embeddings pool the prompt; None takes
     the checkpoint's (its sentence-transformers Pooling config or GGUF metadata; else ``last``).
+    ``limit_mm_per_prompt`` caps a prompt's inputs of a modality (vLLM's option; ``{"image": 4}``:
+    at most 4 images); a modality it does not name is bounded by the context alone.
     """
 
     model: str | None = None
@@ -118,6 +120,7 @@ class EngineConfig:
     max_loras: int | None = None
     lora_modules: dict[str, str] = field(default_factory=dict)
     pooling_type: str | None = None
+    limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -150,6 +153,12 @@ class EngineConfig:
             raise ValueError(
                 f"pooling_type must be one of {POOLING_TYPES}, got {self.pooling_type!r}"
             )
+        for modality, limit in self.limit_mm_per_prompt.items():
+            if modality != "image" or not isinstance(limit, int) or limit < 0:
+                raise ValueError(
+                    'limit_mm_per_prompt takes {"image": N} with N >= 0 (images are the only '
+                    f"modality served), got {self.limit_mm_per_prompt!r}"
+                )
 
     def torch_device(self) -> "torch.device":
         """The device to run on: CUDA when available unless told otherwise."""

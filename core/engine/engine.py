@@ -222,7 +222,14 @@ class LLMEngine:
         is then that of the tokens kept). ``lora_name`` runs it with that loaded LoRA adapter.
         ``images`` are a vision model's prompt's (`image_inputs.place_images` placed them)."""
         check_pooling(params, self.arch, self.pooling_type, self.config.tensor_parallel_size)
-        check_images(prompt_token_ids, images, self.arch.vision, params, self.max_model_len)
+        check_images(
+            prompt_token_ids,
+            images,
+            self.arch.vision,
+            params,
+            self.max_model_len,
+            self.config.limit_mm_per_prompt.get("image"),
+        )
         lora = None
         if lora_name is not None:
             if self.lora_adapters is None:
@@ -596,6 +603,7 @@ class LLMEngine:
             loras=self.loras,
             labels=self.arch.labels,
             vision=self.arch.vision,
+            max_images_per_prompt=self.config.limit_mm_per_prompt.get("image"),
         )
 
     def _request_snapshot(self, request: Request) -> RequestSnapshot:

@@ -38,11 +38,13 @@ def check_images(
     vision: VisionConfig | None,
     params: SamplingParams,
     max_model_len: int,
+    max_images: int | None = None,
 ) -> None:
     """`InvalidRequestError` naming ``multi_modal_data`` for images given to a model that reads
     none, for a vision model's prompt that holds image placeholders with no image to fill them,
     for an image that does not fill its placeholders or has other pixels than the tower's, and
-    for a truncation that would cut through a prompt with images."""
+    for more images than ``max_images`` (``--limit-mm-per-prompt``), and for a truncation that
+    would cut through a prompt with images."""
     if vision is None:
         if images:
             raise InvalidRequestError(
@@ -56,6 +58,11 @@ def check_images(
                 "the prompt holds image placeholder tokens but no images", "multi_modal_data"
             )
         return
+    if max_images is not None and len(images) > max_images:
+        raise InvalidRequestError(
+            f"a prompt may hold at most {max_images} images (--limit-mm-per-prompt)",
+            "multi_modal_data",
+        )
     shape = (vision.num_channels, vision.image_size, vision.image_size)
     for image in images:
         span = prompt_token_ids[image.offset : image.end]

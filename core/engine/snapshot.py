@@ -71,3 +71,5 @@ class ModelDescription:
     """A sequence classifier's class names, in order (none for other models)."""
     vision: VisionConfig | None = None
     """A vision model's image token and preprocessing (None: the model reads no images)."""
+    max_images_per_prompt: int | None = None
+    """The most images a prompt may hold (``--limit-mm-per-prompt``; None: the context bounds it)."""

@@ -82,6 +82,7 @@ def image_host():
 def llava_server(request, tiny_llava_dir, tmp_path_factory):
     # Image URLs are fetched from 127.0.0.1 only (not from "localhost").
     fetching = ["--allowed-media-domains", "127.0.0.1", "--max-media-bytes", "64KiB"]
+    fetching += ["--limit-mm-per-prompt", '{"image": 2}']
     server = start_tiny(request.param, tiny_llava_dir, tmp_path_factory.mktemp("llava"), *fetching)
     yield server
     server.stop()
@@ -264,3 +265,18 @@ def test_responses_with_an_input_image_answer_as_the_offline_api(client, offline
     text, prompt_tokens = offline_answers[2]
     assert response.output_text == text
     assert response.usage.input_tokens == prompt_tokens
+
+
+def test_more_images_than_the_limit_are_refused_before_any_is_fetched(llava_server):
+    # Three URLs of a host that is not allowed: the count is checked first.
+    parts = [
+        {"type": "image_url", "image_url": {"url": f"https://example.com/{i}.png"}}
+        for i in range(3)
+    ]
+    response = requests.post(
+        f"{llava_server.base_url}/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": parts}], "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert "at most 2 images" in response.json()["error"]["message"]

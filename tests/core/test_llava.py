@@ -261,3 +261,21 @@ def test_images_placed_by_hand_must_fill_their_placeholders(llava):
         assert error.value.param == "multi_modal_data"
     [output] = llava.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)
     assert output.outputs[0].finish_reason in ("length", "stop")  # the engine still serves
+
+
+def test_limit_mm_per_prompt_caps_the_images_of_a_prompt(tiny_llava_dir):
+    with pytest.raises(ValueError, match="limit_mm_per_prompt"):
+        LLM(model=str(tiny_llava_dir), device="cpu", limit_mm_per_prompt={"video": 1})
+    llm = LLM(
+        model=str(tiny_llava_dir),
+        dtype="float32",
+        device="cpu",
+        kv_cache_memory="32MiB",
+        limit_mm_per_prompt={"image": 1},
+    )
+    images = [noise_image(80), noise_image(81)]
+    with pytest.raises(InvalidRequestError, match="at most 1 images") as error:
+        llm.generate({"prompt": TWO_IMAGES, "multi_modal_data": {"image": images}})
+    assert error.value.param == "multi_modal_data"
+    [output] = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": images[0]}}, GREEDY)
+    assert len(output.outputs[0].token_ids) > 0
