@@ -17,14 +17,12 @@ import numpy as np
 import torch
 
 from spyglass.core.cli.bench.hf_embed import HFEmbedder
+from spyglass.core.cli.bench.workloads import FIRST_ORDINARY_TOKEN
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.pooling_params import PoolingParams
 from spyglass.core.engine.sampling_params import pooling_request_params
-
-# Stay clear of the special tokens at the start of typical vocabularies (as `workloads` does).
-_FIRST_ORDINARY_TOKEN = 100
 
 
 def add_parser(subparsers, argv) -> None:
@@ -91,7 +89,7 @@ def embed_prompts(
     """Random prompts of lengths drawn uniformly from ``min_len..max_len``, the same for a seed."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(min_len, max_len + 1, size=num_prompts)
-    return [rng.integers(_FIRST_ORDINARY_TOKEN, vocab_size, size=n).tolist() for n in lengths]
+    return [rng.integers(FIRST_ORDINARY_TOKEN, vocab_size, size=n).tolist() for n in lengths]
 
 
 def embed_on_engine(engine: LLMEngine, prompts: list[list[int]]) -> tuple[float, torch.Tensor]:

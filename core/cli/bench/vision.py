@@ -21,6 +21,7 @@ from PIL import Image
 
 from spyglass.core.cli.bench.random_llava import TowerShape, write_random_llava
 from spyglass.core.cli.bench.results import RunResult
+from spyglass.core.cli.bench.workloads import FIRST_ORDINARY_TOKEN
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
@@ -28,9 +29,6 @@ from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.sampling_params import SamplingParams
-
-# Stay clear of the special tokens at the start of typical vocabularies (as `workloads` does).
-_FIRST_ORDINARY_TOKEN = 100
 
 
 def add_parser(subparsers, argv) -> None:
@@ -95,7 +93,7 @@ def vision_prompts(
     rng = np.random.default_rng(seed)
     prompts = []
     for _ in range(num_prompts):
-        text = rng.integers(_FIRST_ORDINARY_TOKEN, vision.image_token_id, text_tokens).tolist()
+        text = rng.integers(FIRST_ORDINARY_TOKEN, vision.image_token_id, text_tokens).tolist()
         cut = 2 * text_tokens // 3
         pixels = rng.integers(0, 256, (vision.image_size, vision.image_size, 3), dtype=np.uint8)
         token_ids = [*text[:cut], vision.image_token_id, *text[cut:]]

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Stay clear of the special tokens at the start of typical vocabularies.
-_FIRST_ORDINARY_TOKEN = 100
+FIRST_ORDINARY_TOKEN = 100
+"""Random prompts stay clear of the special tokens at the start of typical vocabularies."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +17,7 @@ class BenchRequest:
 
 
 def _random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> list[int]:
-    return rng.integers(_FIRST_ORDINARY_TOKEN, vocab_size, size=length).tolist()
+    return rng.integers(FIRST_ORDINARY_TOKEN, vocab_size, size=length).tolist()
 
 
 def w1_workload(
