@@ -618,4 +618,5 @@ class LLMEngine:
             num_preemptions=request.num_preemptions,
             arrival_time=request.times.arrival,
             lora_name=request.lora_name,
+            num_images=len(request.images),
         )

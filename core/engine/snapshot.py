@@ -30,6 +30,8 @@ class RequestSnapshot:
     """``time.monotonic()`` at arrival."""
     lora_name: str | None = None
     """The LoRA adapter the request runs with (None: the base model)."""
+    num_images: int = 0
+    """Images in the prompt (a vision model's)."""
 
 
 @dataclass(frozen=True, slots=True)

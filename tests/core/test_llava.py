@@ -230,7 +230,7 @@ def test_step_stats_count_each_image_once_per_computation(tiny_llava_dir):
     assert counted.seconds > 0
 
 
-def test_request_spans_count_images_without_their_bytes(llava):
+def test_spans_and_snapshots_count_images_without_their_bytes(llava):
     from spyglass.plugins.tracing.attributes import request_attributes
 
     image = noise_image(50)
@@ -240,6 +240,8 @@ def test_request_spans_count_images_without_their_bytes(llava):
     request = llava.engine.requests["traced"]
     attributes = request_attributes(request, "tiny")
     assert attributes["spyglass.request.images"] == 2
+    [snapshot] = llava.engine.snapshot(with_requests=True).requests  # /debug/requests' view
+    assert snapshot.num_images == 2
     assert not any(isinstance(v, bytes) for v in attributes.values())
     llava.engine.abort("traced")
     plain = request_attributes(llava.engine.add_request("plain", [1, 2, 3], SamplingParams()), "t")
