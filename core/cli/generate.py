@@ -1,6 +1,7 @@
 """``spyglass generate "prompt"``: stream one chat answer to the terminal."""
 
 import sys
+from pathlib import Path
 
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.cli.startup import collector_paused
@@ -16,6 +17,14 @@ def add_parser(subparsers, argv) -> None:
     parser.add_argument(
         "--no-chat-template", action="store_true", help="send the prompt as raw text"
     )
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an image before the prompt (a vision model's; repeat for several; with "
+        "--no-chat-template the prompt places each with <image>)",
+    )
     add_engine_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -25,20 +34,26 @@ def run(args) -> int:
     # Imported here, not at the top, so ``spyglass generate --help`` does not load torch.
     with collector_paused():
         from spyglass.core.engine.engine import LLMEngine
-        from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
+        from spyglass.core.engine.sampling_params import (
+            InvalidRequestError,
+            RequestOutputKind,
+            SamplingParams,
+        )
 
         engine = LLMEngine(engine_config_from_args(args))
-    tokenizer = engine.tokenizer
-    prompt = args.prompt
-    if not args.no_chat_template:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
     params = SamplingParams(
         temperature=args.temperature,
         max_tokens=args.max_tokens,
         seed=args.seed,
         output_kind=RequestOutputKind.DELTA,
     )
-    engine.add_request("cli", tokenizer.encode(prompt), params, prompt=prompt)
+    try:
+        prompt, token_ids, images = _prompt(engine, args)
+        engine.add_request("cli", token_ids, params, prompt=prompt, images=images)
+    except (OSError, InvalidRequestError) as error:  # an unreadable image, a refused prompt
+        print(f"error: {error}", file=sys.stderr)
+        engine.shutdown()
+        return 2
     while engine.has_unfinished_requests:
         for output in engine.step():
             sys.stdout.write(output.outputs[0].text)
@@ -46,3 +61,26 @@ def run(args) -> int:
     sys.stdout.write("\n")
     engine.shutdown()
     return 0
+
+
+def _prompt(engine, args):
+    """The prompt's text, token ids and placed images: the chat template over one user message
+    (its images first, for a vision model) unless ``--no-chat-template``."""
+    from spyglass.core.engine.chat_images import render_with_images
+    from spyglass.core.engine.image_preprocess import decode_image
+    from spyglass.core.engine.prompt_images import images_in_prompt
+
+    tokenizer, vision = engine.tokenizer, engine.arch.vision
+    images = [decode_image(Path(path).read_bytes(), "--image") for path in args.image]
+    prompt = args.prompt
+    if not args.no_chat_template:
+        if vision is None:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        else:
+            parts = [{"type": "image"}] * len(images) + [{"type": "text", "text": prompt}]
+            image_text = tokenizer.decode([vision.image_token_id], skip_special_tokens=False)
+            prompt = render_with_images(tokenizer, [{"role": "user", "content": parts}], image_text)
+    token_ids, placed = images_in_prompt(
+        tokenizer.encode(prompt), images, vision, engine.max_model_len, "--image"
+    )
+    return prompt, token_ids, placed

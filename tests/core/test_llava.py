@@ -4,6 +4,8 @@ tiny random checkpoint, through chunked prefill, preemption and the prefix cache
 import base64
 import dataclasses
 import io
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -281,3 +283,28 @@ def test_limit_mm_per_prompt_caps_the_images_of_a_prompt(tiny_llava_dir):
     assert error.value.param == "multi_modal_data"
     [output] = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": images[0]}}, GREEDY)
     assert len(output.outputs[0].token_ids) > 0
+
+
+def test_spyglass_generate_with_an_image_answers_as_chat(llava, tiny_llava_dir, tmp_path):
+    image = noise_image(90)
+    image.save(tmp_path / "picture.png")
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "generate", "What is in the picture?",
+               "--model", str(tiny_llava_dir), "--image", str(tmp_path / "picture.png"),
+               "--max-tokens", "8", "--dtype", "float32", "--device", "cpu", "--num-threads", "1"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_pil", "image_pil": image},
+                {"type": "text", "text": "What is in the picture?"},
+            ],
+        }
+    ]
+    [chat] = llava.chat(messages, SamplingParams(temperature=0, max_tokens=8))
+    assert result.stdout == chat.outputs[0].text + "\n"
+    (tmp_path / "broken.png").write_bytes(b"not a picture")
+    command[command.index(str(tmp_path / "picture.png"))] = str(tmp_path / "broken.png")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "--image is not a readable image" in result.stderr
