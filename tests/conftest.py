@@ -536,6 +536,17 @@ def hf_beams(tiny_llama_dir):
     return beams
 
 
+# A 3-layer vision tower on 32-pixel images in 8-pixel patches (16 of them): the tiny LLaVAs'.
+TINY_TOWER = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    image_size=32,
+    patch_size=8,
+)
+
+
 # A chat template that reads content parts and writes an image's placeholder, as llava-hf's does.
 LLAVA_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'].upper() }}: "
@@ -572,12 +583,7 @@ def make_tiny_llava(tmp_path_factory, hf_gguf_tokenizer):
             **TINY_SHAPE, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2
         )
         vision = getattr(transformers, "CLIPVisionConfig" if clip else "SiglipVisionConfig")(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            image_size=32,
-            patch_size=8,
+            **TINY_TOWER
         )
         config = LlavaConfig(
             vision_config=vision,

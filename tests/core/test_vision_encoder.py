@@ -6,6 +6,7 @@ import torch
 
 from spyglass.core.models.clip_vision import ClipVisionEncoder, vision_weight_names
 from spyglass.core.models.vision_config import VisionConfig
+from tests.conftest import TINY_TOWER
 
 
 def tiny_llava(hidden_act="quick_gelu", projector_act="gelu", projector_bias=True, tower="clip"):
@@ -18,15 +19,7 @@ def tiny_llava(hidden_act="quick_gelu", projector_act="gelu", projector_bias=Tru
     torch.manual_seed(0)
     tower_config = {"clip": "CLIPVisionConfig", "siglip": "SiglipVisionConfig"}[tower]
     config = LlavaConfig(
-        vision_config=getattr(transformers, tower_config)(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            image_size=32,
-            patch_size=8,
-            hidden_act=hidden_act,
-        ),
+        vision_config=getattr(transformers, tower_config)(**TINY_TOWER, hidden_act=hidden_act),
         text_config=LlamaConfig(
             hidden_size=64,
             intermediate_size=128,
