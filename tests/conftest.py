@@ -609,6 +609,81 @@ def make_tiny_llava(tmp_path_factory, hf_gguf_tokenizer):
     return make
 
 
+# Idefics3's tower on 24-pixel tiles of 4-pixel patches (6 a side: 1/6 is no exact float, so
+# transformers' position buckets are put to the test), 3 x 3 patches shuffled into a token:
+# 4 tokens a tile.
+TINY_TILED_TOWER = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    image_size=24,
+    patch_size=4,
+)
+
+# SmolVLM's chat template (content parts; an image part is its placeholder).
+SMOLVLM_CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+    "{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}"
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def make_tiny_idefics3(tmp_path_factory, hf_gguf_tokenizer):
+    """``make(architecture, split=True)``: a random ``Idefics3ForConditionalGeneration`` or
+    ``SmolVLMForConditionalGeneration`` (`TINY_TILED_TOWER`, pixel shuffle by 3, before a 2-layer
+    Llama), built once per argument pair, saved with its processor (longest edge resized to 60,
+    24-pixel tiles: at most 3 x 3 of them, splitting as ``split`` says) and the default model's
+    tokenizer plus Idefics3's image, tile and row/column tokens and SmolVLM's chat template."""
+    import copy
+
+    import transformers
+
+    built: dict[tuple[str, bool], Path] = {}
+
+    def make(architecture: str = "Idefics3", split: bool = True) -> Path:
+        if (architecture, split) in built:
+            return built[architecture, split]
+        tokenizer = copy.deepcopy(hf_gguf_tokenizer)
+        tiles = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+        tokenizer.add_tokens(
+            ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", *tiles],
+            special_tokens=True,
+        )
+        tokenizer.chat_template = SMOLVLM_CHAT_TEMPLATE
+        torch.manual_seed(11)
+        text = transformers.LlamaConfig(
+            **TINY_SHAPE, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2
+        )
+        vision = getattr(transformers, f"{architecture}VisionConfig")(**TINY_TILED_TOWER)
+        config = getattr(transformers, f"{architecture}Config")(
+            vision_config=vision,
+            text_config=text,
+            scale_factor=3,
+            image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        )
+        model = getattr(transformers, f"{architecture}ForConditionalGeneration")(config)
+        path = tmp_path_factory.mktemp(f"tiny_{architecture.lower()}_{split}")
+        model = _with_wide_weights(model)
+        model.save_pretrained(path)
+        image_processor = getattr(transformers, f"{architecture}ImageProcessorPil")(
+            size={"longest_edge": 60},
+            max_image_size={"longest_edge": 24},
+            do_image_splitting=split,
+        )
+        processor_class = getattr(transformers, f"{architecture}Processor")
+        extra = {"video_processor": None} if architecture == "SmolVLM" else {}
+        processor = processor_class(image_processor, tokenizer, image_seq_len=4, **extra)
+        processor.save_pretrained(path)
+        built[architecture, split] = path
+        return path
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def tiny_llava_dir(make_tiny_llava) -> Path:
     """The CLIP-tower tiny LLaVA of `make_tiny_llava`."""

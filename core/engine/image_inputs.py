@@ -1,10 +1,11 @@
 """Images in a prompt: their pixels, the prompt positions their tokens fill, and the prompt's
-placeholders expanded to one token per position."""
+placeholders expanded to the tokens each image becomes (`image_layout`)."""
 
 import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from spyglass.core.engine.image_layout import ImageLayout, image_layout
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models.vision_config import VisionConfig
 
@@ -13,55 +14,108 @@ if TYPE_CHECKING:  # the request holds images; plugins load without torch
 
 
 @dataclass(frozen=True, slots=True)
+class ImagePixels:
+    """An image preprocessed: its tiles' pixels ``[tiles, channels, size, size]`` (float32; LLaVA's
+    one tile is the image) and the ``rows`` x ``cols`` grid it was split into (0 x 0: not split)."""
+
+    values: "torch.Tensor"
+    rows: int = 0
+    cols: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ImageInput:
-    """One image of a prompt: its preprocessed pixels ``[channels, size, size]`` (float32), the
-    prompt positions ``[offset, offset + length)`` its tokens fill, and a digest of its pixels,
-    which names the image to the prefix cache (equal tokens with another image are other KV)."""
+    """One image of a prompt: its tiles' pixels ``[tiles, channels, size, size]`` (float32), the
+    prompt positions ``[offset, offset + length)`` its tokens fill, where each tile's run of
+    ``tile_tokens`` image tokens starts among them (``tile_offsets``, in tile order), and a digest
+    of its pixels, which names the image to the prefix cache (equal tokens with another image
+    are other KV)."""
 
     pixel_values: "torch.Tensor"
     offset: int
     length: int
     digest: str
+    tile_offsets: tuple[int, ...]
+    tile_tokens: int
 
     @property
     def end(self) -> int:
         """The position after the image's last token."""
         return self.offset + self.length
 
+    def runs(self) -> list[tuple[int, int, int]]:
+        """``(start, end, first)``: the prompt positions ``[start, end)`` of each tile's image
+        tokens, whose embeddings are the image's ``first`` to ``first + end - start``."""
+        return [
+            (self.offset + at, self.offset + at + self.tile_tokens, tile * self.tile_tokens)
+            for tile, at in enumerate(self.tile_offsets)
+        ]
+
 
 def place_images(
-    token_ids: list[int], pixels: "list[torch.Tensor]", vision: VisionConfig, field: str
+    token_ids: list[int], pixels: list[ImagePixels], vision: VisionConfig, field: str
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
     """The prompt with each image's placeholder token (``vision.image_token_id``, one per image,
-    in order) expanded to ``vision.tokens_per_image`` of them, and each image's `ImageInput`.
-    A prompt already expanded (a run of that many placeholders per image) is kept as it is.
+    in order) expanded to its `image_layout`, and each image's `ImageInput`. A prompt already
+    expanded (each image's layout in order, with no other placeholders) is kept as it is.
     `InvalidRequestError` naming ``field`` when the placeholders do not match the images."""
-    placeholder, width = vision.image_token_id, vision.tokens_per_image
-    found = [i for i, token in enumerate(token_ids) if token == placeholder]
-    if len(found) == len(pixels) * width and all(
-        found[k * width + width - 1] - found[k * width] == width - 1 for k in range(len(pixels))
-    ):
-        offsets = found[::width]
+    layouts = [image_layout(vision, image.rows, image.cols) for image in pixels]
+    placeholder = vision.image_token_id
+    found = token_ids.count(placeholder)
+    offsets = _expanded_offsets(token_ids, layouts, placeholder)
+    if offsets is not None:
         expanded = token_ids
-    elif len(found) == len(pixels):
-        expanded, offsets = [], []
+    elif found == len(pixels):
+        expanded, offsets, pending = [], [], iter(layouts)
         for token in token_ids:
             if token == placeholder:
                 offsets.append(len(expanded))
-                expanded += [placeholder] * width
+                expanded += next(pending).token_ids
             else:
                 expanded.append(token)
     else:
         raise InvalidRequestError(
-            f"the prompt has {len(found)} image placeholders for {len(pixels)} images "
+            f"the prompt has {found} image placeholders for {len(pixels)} images "
             "(one per image, where the image goes)",
             field,
         )
     images = tuple(
-        ImageInput(values, offset, width, _digest(values))
-        for values, offset in zip(pixels, offsets)
+        ImageInput(
+            image.values,
+            offset,
+            len(layout.token_ids),
+            _digest(image.values),
+            layout.tile_offsets,
+            layout.tile_tokens,
+        )
+        for image, layout, offset in zip(pixels, layouts, offsets)
     )
     return expanded, images
+
+
+def _expanded_offsets(
+    token_ids: list[int], layouts: list[ImageLayout], placeholder: int
+) -> list[int] | None:
+    """Where each layout starts in ``token_ids`` when the prompt holds them all, in order, and no
+    placeholder outside them; else None."""
+    if token_ids.count(placeholder) != sum(layout.token_ids.count(placeholder) for layout in layouts):
+        return None
+    offsets, start = [], 0
+    for layout in layouts:
+        tokens, width = list(layout.token_ids), len(layout.token_ids)
+        at = next(
+            (
+                i
+                for i in range(start, len(token_ids) - width + 1)
+                if token_ids[i] == tokens[0] and token_ids[i : i + width] == tokens
+            ),
+            None,
+        )
+        if at is None:
+            return None
+        offsets.append(at)
+        start = at + width
+    return offsets
 
 
 def _digest(pixel_values: "torch.Tensor") -> str:

@@ -1,5 +1,6 @@
 """A request's image, from its bytes to the vision tower's pixels, as transformers' PIL-based
-``CLIPImageProcessorPil`` (``LlavaImageProcessorPil`` when padding to a square) computes them."""
+``CLIPImageProcessorPil`` (``LlavaImageProcessorPil`` when padding to a square,
+``Idefics3ImageProcessorPil`` when cutting it into tiles) computes them."""
 
 import io
 
@@ -7,6 +8,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from spyglass.core.engine.image_inputs import ImagePixels
+from spyglass.core.engine.image_tiling import tile_arrays, tile_grid
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models.vision_config import VisionConfig
 
@@ -76,11 +79,15 @@ def _resized_size(width: int, height: int, vision: VisionConfig) -> tuple[int, i
     return int(edge * width / height), edge
 
 
-def pixel_values(image: Image.Image, vision: VisionConfig) -> torch.Tensor:
-    """The float32 ``[3, image_size, image_size]`` pixels the tower reads for ``image``: RGB, padded
-    to a square of the mean colour (``pad_to_square``), resized, centre-cropped, rescaled and
-    normalized. (Without ``center_crop`` the size is the resize's.)"""
+def pixel_values(image: Image.Image, vision: VisionConfig) -> ImagePixels:
+    """The float32 pixels the tower reads for ``image``: RGB, then either cut into tiles
+    (``vision.tiles``, `image_tiling.split_image`) or padded to a square of the mean colour
+    (``pad_to_square``), resized and centre-cropped into one ``[1, 3, image_size, image_size]``
+    tile (without ``center_crop`` the size is the resize's); rescaled and normalized."""
     image = _to_rgb(image)
+    if vision.tiles is not None:
+        tiles = tile_arrays(image, vision.tiles, vision.resample)
+        return ImagePixels(_normalized(tiles, vision), *tile_grid(*image.size, vision.tiles))
     if vision.pad_to_square:
         image = _pad_to_square(image, tuple(int(x * 255) for x in vision.image_mean))
     width, height = _resized_size(*image.size, vision)
@@ -90,8 +97,14 @@ def pixel_values(image: Image.Image, vision: VisionConfig) -> torch.Tensor:
         left, top = (width - size) // 2, (height - size) // 2
         # Beyond an edge PIL's crop fills with black: transformers' center_crop zero-pads the same.
         image = image.crop((left, top, left + size, top + size))
-    pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)
-    # transformers rescales in float64, rounds to float32, then normalizes in float32.
+    return ImagePixels(_normalized(np.array(image)[None], vision))
+
+
+def _normalized(tiles: np.ndarray, vision: VisionConfig) -> torch.Tensor:
+    """``tiles [n, height, width, 3]`` (uint8) as float32 ``[n, 3, height, width]``, rescaled and
+    normalized per channel: in float64, rounded to float32, then normalized in float32, as
+    transformers does."""
+    pixels = torch.from_numpy(tiles).permute(0, 3, 1, 2)
     pixels = (pixels.double() * vision.rescale_factor).float()
     mean = torch.tensor(vision.image_mean, dtype=torch.float32).view(-1, 1, 1)
     std = torch.tensor(vision.image_std, dtype=torch.float32).view(-1, 1, 1)

@@ -4,7 +4,9 @@ image's placeholder expanded, and each image's pixels as the vision tower reads 
 from collections.abc import Sequence
 
 from spyglass.core.engine.image_inputs import ImageInput, place_images
+from spyglass.core.engine.image_layout import image_layout
 from spyglass.core.engine.image_preprocess import pixel_values
+from spyglass.core.engine.image_tiling import tile_grid
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models.vision_config import VisionConfig
 
@@ -25,11 +27,18 @@ def images_in_prompt(
         raise InvalidRequestError(
             "this model reads no images (serve a vision model, e.g. LLaVA, for images)", field
         )
-    if len(images) * vision.tokens_per_image > max_model_len:
+    needed = sum(image_tokens(image.size, vision) for image in images)
+    if needed > max_model_len:
         raise InvalidRequestError(
-            f"{len(images)} images take {len(images) * vision.tokens_per_image} tokens, more "
-            f"than the model's context of {max_model_len}",
+            f"{len(images)} images take {needed} tokens, more than the model's context of "
+            f"{max_model_len}",
             field,
         )
     pixels = [pixel_values(image, vision) for image in images]
     return place_images(token_ids, pixels, vision, field)
+
+
+def image_tokens(size: tuple[int, int], vision: VisionConfig) -> int:
+    """The prompt tokens an image of ``size`` (width, height) becomes (`image_layout`)."""
+    grid = (0, 0) if vision.tiles is None else tile_grid(*size, vision.tiles)
+    return len(image_layout(vision, *grid).token_ids)

@@ -65,17 +65,21 @@ def check_images(
         )
     shape = (vision.num_channels, vision.image_size, vision.image_size)
     for image in images:
-        span = prompt_token_ids[image.offset : image.end]
+        runs = image.runs()
         if (
             image.offset < 0
-            or image.length != vision.tokens_per_image
-            or span != [vision.image_token_id] * image.length
-            or tuple(image.pixel_values.shape) != shape
+            or image.tile_tokens != vision.tokens_per_tile
+            or tuple(image.pixel_values.shape) != (len(runs), *shape)
+            or any(start < image.offset or end > image.end for start, end, _ in runs)
+            or any(
+                prompt_token_ids[start:end] != [vision.image_token_id] * (end - start)
+                for start, end, _ in runs
+            )
         ):
             # Only a caller that placed images by hand gets here (`place_images` places them right).
             raise InvalidRequestError(
-                f"an image must fill {vision.tokens_per_image} placeholder tokens of the prompt "
-                f"and hold {list(shape)} pixels",
+                f"each tile of an image must fill {vision.tokens_per_tile} placeholder tokens "
+                f"of the prompt and hold {list(shape)} pixels",
                 "multi_modal_data",
             )
     keep = max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens

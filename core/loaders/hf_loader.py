@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.hf_config import hf_family, read_arch
-from spyglass.core.loaders.llava_config import canonical_names, is_llava, text_config, vision_config
+from spyglass.core.loaders import idefics3_config, llava_config
 from spyglass.core.loaders.pooling_config import sentence_transformers_pooling
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.registry import model_weight_names
@@ -20,19 +20,24 @@ from spyglass.core.tokenizer import Tokenizer
 def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     """Load a model directory of any family in `core.models.registry`, converting weights to ``dtype``.
 
-    Reads config.json (`hf_config.read_arch`; a LLaVA model's language model and vision tower,
-    `llava_config`), every safetensors shard, and the tokenizer.
+    Reads config.json (`hf_config.read_arch`; a vision model's language model and vision tower,
+    `llava_config`, `idefics3_config`), every safetensors shard, and the tokenizer.
     """
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{path} is not a Hugging Face model directory: it has no config.json")
-    config = json.loads(config_file.read_text())
+    outer = config = json.loads(config_file.read_text())
     vision = None
-    if is_llava(config):
-        vision, config = vision_config(config, path), text_config(config)
+    if llava_config.is_llava(config):
+        vision, config = llava_config.vision_config(config, path), llava_config.text_config(config)
+    elif idefics3_config.is_idefics3(config):
+        idefics3_config.check_vision(config, path)
+        config = idefics3_config.text_config(config)
     hf_family(config)  # an unsupported class fails here, before the tokenizer and weights are read
     tokenizer = Tokenizer.from_hf_dir(path)
+    if idefics3_config.is_idefics3(outer):
+        vision = idefics3_config.vision_config(outer, path, tokenizer)
     arch = dataclasses.replace(read_arch(config, tokenizer.eos_token_ids), vision=vision)
     pooling_type = sentence_transformers_pooling(path)
     if pooling_type is not None:
@@ -48,9 +53,12 @@ def check_supported(path: str | Path) -> None:
     config_file = path / "config.json"
     if config_file.is_file():
         config = json.loads(config_file.read_text())
-        if is_llava(config):
-            vision_config(config, path)
-            config = text_config(config)
+        if llava_config.is_llava(config):
+            llava_config.vision_config(config, path)
+            config = llava_config.text_config(config)
+        elif idefics3_config.is_idefics3(config):
+            idefics3_config.check_vision(config, path)
+            config = idefics3_config.text_config(config)
         hf_family(config)
 
 
@@ -78,7 +86,8 @@ def _read_weights(path: Path, arch: ModelArchConfig, dtype: torch.dtype) -> dict
     ):
         weights.update((name, tensor.to(dtype)) for name, tensor in load_file(shard).items())
     if arch.vision is not None:
-        weights = canonical_names(weights)
+        tiled = arch.vision.tower == "idefics3"
+        weights = (idefics3_config if tiled else llava_config).canonical_names(weights)
     if not arch.has_lm_head and not arch.num_labels:
         # A base model's checkpoint names its parameters without the causal LM's "model." prefix.
         weights = {

@@ -13,7 +13,7 @@ LLAVA_CLASS = "LlavaForConditionalGeneration"
 
 # The HF config classes' defaults for keys llava-hf's config.json leaves out (llava-1.5's
 # text_config names only the vocabulary and context; its vision_config only what differs).
-_LLAMA_DEFAULTS = {
+LLAMA_DEFAULTS = {
     "vocab_size": 32000,
     "hidden_size": 4096,
     "intermediate_size": 11008,
@@ -63,7 +63,7 @@ def text_config(config: dict) -> dict:
     family = next((f for f in FAMILIES if f.architecture == model_type), None)
     if family is None or family.model_class.__name__ != "LlamaForCausalLM":
         raise ValueError(f"Unsupported {LLAVA_CLASS} variant: a {model_type!r} language model.")
-    defaults = _LLAMA_DEFAULTS if model_type == "llama" else {}
+    defaults = LLAMA_DEFAULTS if model_type == "llama" else {}
     return {**defaults, **text, "architectures": [family.hf_class]}
 
 

@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight
+from spyglass.core.models.image_tiles import ImageTiles
 from spyglass.core.models.vision_config import VisionConfig
 from spyglass.core.tokenizer import Tokenizer
 
@@ -142,10 +143,10 @@ def _read(entry: Path) -> Checkpoint:
     # JSON turns the config's tuples into lists; its one dict (rope_scaling) may hold lists of its own.
     arch_fields = {name: tuple(v) if isinstance(v, list) else v for name, v in meta["arch"].items()}
     if arch_fields.get("vision") is not None:
-        vision = arch_fields["vision"]
-        arch_fields["vision"] = VisionConfig(
-            **{name: tuple(v) if isinstance(v, list) else v for name, v in vision.items()}
-        )
+        vision = {name: _tuples(v) for name, v in arch_fields["vision"].items()}
+        if vision.get("tiles") is not None:
+            vision["tiles"] = ImageTiles(**{name: _tuples(v) for name, v in vision["tiles"].items()})
+        arch_fields["vision"] = VisionConfig(**vision)
     saved = meta["tokenizer"]
     tokenizer = Tokenizer(
         tokenizers.Tokenizer.from_str(saved["backend"]),
@@ -158,3 +159,8 @@ def _read(entry: Path) -> Checkpoint:
     for name, qtype in meta["quantized"].items():
         weights[name] = QuantizedWeight(weights[name], GGMLQuantizationType(qtype))
     return Checkpoint(meta["name"], ModelArchConfig(**arch_fields), weights, tokenizer)
+
+
+def _tuples(value):
+    """``value`` with JSON's lists (nested too) made tuples again, as the configs hold them."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

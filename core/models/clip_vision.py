@@ -50,8 +50,9 @@ _SIGLIP_HEAD = (
 
 def vision_weight_names(vision: VisionConfig) -> set[str]:
     """The canonical names of the tower's and the projector's parameters: transformers' in-memory
-    ``LlavaModel`` names without the leading ``model.``. ``post_layernorm`` and SigLIP's head are
-    among them (checkpoints have them) though LLaVA never applies them."""
+    ``LlavaModel`` names without the leading ``model.`` (Idefics3's tower is named as SigLIP's,
+    its projection ``multi_modal_projector.proj.weight``). ``post_layernorm`` and SigLIP's head
+    are among them (checkpoints have them) though LLaVA never applies them."""
     clip = vision.tower == "clip"
     names = {
         f"{TOWER}.embeddings.patch_embedding.weight",
@@ -75,6 +76,8 @@ def vision_weight_names(vision: VisionConfig) -> set[str]:
         names |= {
             f"{TOWER}.encoder.layers.{i}.{m}.{p}" for m in modules for p in ("weight", "bias")
         }
+    if vision.tower == "idefics3":
+        return names | {f"{PROJECTOR}.proj.weight"}
     params = ("weight", "bias") if vision.projector_bias else ("weight",)
     names |= {f"{PROJECTOR}.linear_{n}.{p}" for n in (1, 2) for p in params}
     return names
@@ -155,7 +158,7 @@ class ClipVisionEncoder:
 
     @torch.inference_mode()
     def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """The image tokens ``[images, tokens_per_image, text_hidden]`` in the encoder's dtype for
+        """The image tokens ``[images, tokens_per_tile, text_hidden]`` in the encoder's dtype for
         ``pixel_values [images, channels, image_size, image_size]``."""
         vision = self.vision
         x = pixel_values.to(device=self.position_embedding.device, dtype=self.dtype)

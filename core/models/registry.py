@@ -14,7 +14,7 @@ import torch
 from spyglass.core.models import gemma, llama
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.clip_vision import vision_weight_names
-from spyglass.core.models.llava import LlavaForConditionalGeneration
+from spyglass.core.models.vision_language import VisionLanguageModel
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.kernels.backend import AttentionBackend
 
@@ -226,5 +226,5 @@ def build_model(
     """The model for ``arch`` over ``weights`` (HF names), on ``device``, running ``backend``'s
     kernels: LLaVA's language model and vision tower when ``arch.vision`` is set."""
     if arch.vision is not None:
-        return LlavaForConditionalGeneration(arch, weights, backend, device)
+        return VisionLanguageModel(arch, weights, backend, device)
     return family(arch.architecture).model_class(arch, weights, backend, device)

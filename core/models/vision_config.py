@@ -1,7 +1,9 @@
-"""The image side of a LLaVA-style model: its CLIP vision tower, the projector into the language
-model, the image token, and how an image becomes the tower's pixels."""
+"""The image side of a vision-language model (LLaVA, Idefics3): its vision tower, the projector
+into the language model, the image token, and how an image becomes the tower's pixels."""
 
 from dataclasses import dataclass
+
+from spyglass.core.models.image_tiles import ImageTiles
 
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 """The parameter names of the vision tower and the projector start with these."""
@@ -10,9 +12,11 @@ FEATURE_SELECTS = ("default", "full")
 """Which of the tower's positions become image tokens: all but the first (CLIP's class token),
 or all."""
 
-TOWERS = ("clip", "siglip")
-"""The vision towers that run: CLIP's (a class token, a LayerNorm before the layers) and
-SigLIP's (patches only, a bias on the patch embedding, an attention-pooling head LLaVA ignores)."""
+TOWERS = ("clip", "siglip", "idefics3")
+"""The vision towers that run: CLIP's (a class token, a LayerNorm before the layers), SigLIP's
+(patches only, a bias on the patch embedding, an attention-pooling head LLaVA ignores) and
+Idefics3's (SigLIP's layers, all of them, then its final LayerNorm, a pixel shuffle merging
+``scale_factor`` x ``scale_factor`` patches into one token, and one linear projection)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +26,8 @@ class VisionConfig:
     pooling head) whose ``feature_layer`` output (``-2``: the second to last layer's) passes a two-layer MLP
     projector (``projector_act`` between, biases when ``projector_bias``) into the language
     model's embedding space, where it replaces the prompt's ``image_token_id`` placeholders,
-    `tokens_per_image` of them per image.
+    `tokens_per_tile` of them per image. Or Idefics3's tower (``idefics3``), whose images are
+    cut into ``tiles`` (`ImageTiles`), each of them `tokens_per_tile` placeholders.
 
     Preprocessing (``preprocessor_config.json``, a ``CLIPImageProcessor``): RGB, padded to a
     square of the mean colour when ``pad_to_square`` (``LlavaImageProcessor``'s ``do_pad``),
@@ -54,6 +59,8 @@ class VisionConfig:
     rescale_factor: float = 1 / 255
     image_mean: tuple[float, ...] = (0.48145466, 0.4578275, 0.40821073)
     image_std: tuple[float, ...] = (0.26862954, 0.26130258, 0.27577711)
+    scale_factor: int = 1
+    tiles: ImageTiles | None = None
 
     @property
     def num_patches(self) -> int:
@@ -66,6 +73,8 @@ class VisionConfig:
         return self.num_patches + (self.tower == "clip")
 
     @property
-    def tokens_per_image(self) -> int:
-        """Prompt positions one image fills: the tower's, less the first with ``default``."""
-        return self.num_positions - (self.feature_select == "default")
+    def tokens_per_tile(self) -> int:
+        """Prompt positions one tile (the tower's input; LLaVA's whole image) fills: the tower's
+        positions, less the first with ``default``, merged ``scale_factor`` squared into one."""
+        kept = self.num_positions - (self.feature_select == "default")
+        return kept // self.scale_factor**2

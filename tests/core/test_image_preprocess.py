@@ -79,10 +79,10 @@ def test_pixels_match_transformers(preprocessing, mode):
     config = vision(**PREPROCESSING[preprocessing])
     for seed, size in enumerate(SIZES):
         image = random_image(mode, size, seed)
-        ours = pixel_values(image, config)
-        expected = transformers_pixels(image, config)
+        ours = pixel_values(image, config).values
+        expected = transformers_pixels(image, config)[None]
         assert ours.dtype == torch.float32
-        assert ours.shape == (3, 24, 24) == expected.shape
+        assert ours.shape == (1, 3, 24, 24) == expected.shape
         torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
 
 
@@ -94,9 +94,10 @@ def test_sixteen_bit_keeps_the_high_bytes():
     sixteen_bit = Image.fromarray(values)
     assert sixteen_bit.mode == "I;16"
     eight_bit = Image.fromarray((values >> 8).astype(np.uint8))
-    assert torch.equal(pixel_values(sixteen_bit, config), pixel_values(eight_bit, config))
+    expected = pixel_values(eight_bit, config).values
+    assert torch.equal(pixel_values(sixteen_bit, config).values, expected)
     as_int32 = Image.fromarray(values.astype(np.int32))  # how Pillow opens a 16-bit PPM
-    assert torch.equal(pixel_values(as_int32, config), pixel_values(eight_bit, config))
+    assert torch.equal(pixel_values(as_int32, config).values, expected)
 
 
 def encoded(image: Image.Image, fmt: str) -> bytes:

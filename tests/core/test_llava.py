@@ -257,7 +257,7 @@ def test_images_placed_by_hand_must_fill_their_placeholders(llava):
     wrong = [
         dataclasses.replace(placed, offset=placed.offset + 1),  # runs past the placeholders
         dataclasses.replace(placed, length=4),
-        dataclasses.replace(placed, pixel_values=placed.pixel_values[:, :8]),
+        dataclasses.replace(placed, pixel_values=placed.pixel_values[..., :8]),
     ]
     for index, bad in enumerate(wrong):
         with pytest.raises(InvalidRequestError, match="placeholder tokens") as error:

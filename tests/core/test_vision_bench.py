@@ -41,7 +41,7 @@ def test_the_random_llava_loads_and_reads_images(tmp_path):
     tower = TowerShape(image_size=32, patch_size=16, hidden_size=32, num_layers=2, num_heads=2)
     model_dir = write_random_llava(tmp_path / "llava", tower, text_layers=1, seed=0)
     llm = LLM(model=str(model_dir), dtype="float32", device="cpu", kv_cache_memory="32MiB")
-    assert llm.engine.arch.vision.tokens_per_image == 4
+    assert llm.engine.arch.vision.tokens_per_tile == 4
     assert llm.engine.arch.num_hidden_layers == 1
     [(token_ids, images)] = vision.vision_prompts(llm.engine, 1, 6, seed=3)
     assert token_ids.count(llm.engine.arch.vision.image_token_id) == 4 and len(images) == 1

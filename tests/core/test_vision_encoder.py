@@ -113,7 +113,7 @@ def test_matches_transformers_in_float32(llava, pixels, feature_layer, feature_s
     vision = vision_config(llava, feature_layer=feature_layer, feature_select=feature_select)
     ours = ClipVisionEncoder(vision, canonical_weights(llava), "cpu", torch.float32)(pixels)
     expected = transformers_features(llava, pixels, vision)
-    assert ours.shape == (2, vision.tokens_per_image, llava.config.text_config.hidden_size)
+    assert ours.shape == (2, vision.tokens_per_tile, llava.config.text_config.hidden_size)
     assert ours.dtype == torch.float32
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
 

@@ -135,7 +135,7 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int):
     for first in range(0, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
         input_ids = torch.tensor([token_ids for token_ids, _ in batch])
-        pixels = torch.stack([images[0].pixel_values for _, images in batch])
+        pixels = torch.cat([images[0].pixel_values for _, images in batch])
         with torch.inference_mode():
             generated = model.generate(
                 input_ids=input_ids,
@@ -160,7 +160,7 @@ def compare(args, model_dir: Path) -> VisionComparison:
         f"threads {torch.get_num_threads()} max_num_batched_tokens {config.max_num_batched_tokens}"
     )
     prompts = vision_prompts(probe, args.num_prompts, args.text_tokens, args.seed)
-    tokens_per_image = probe.arch.vision.tokens_per_image
+    tokens_per_image = probe.arch.vision.tokens_per_tile
     probe.shutdown()
     del probe
     hf_model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=config.torch_dtype())

@@ -12,8 +12,8 @@ from spyglass.core.models.image_rows import ImageRows
 
 @dataclass(frozen=True, slots=True)
 class _ImageSpan:
-    """Tokens ``[first, first + count)`` of image ``index`` of ``request`` go in the step's rows
-    from ``row`` on."""
+    """Embeddings ``[first, first + count)`` of image ``index`` of ``request`` go in the step's
+    rows from ``row`` on."""
 
     request: Request
     index: int
@@ -28,22 +28,26 @@ def step_image_rows(
     """The step's image-token rows and their embeddings (None when it computes no image token),
     and how many images it encoded.
 
-    ``encode_images`` maps stacked pixels to embeddings (`LlavaForConditionalGeneration`); the
-    images not encoded yet are encoded together, in one call. An image whose last token this step
-    computes is let go (a request recomputed after a preemption encodes it again)."""
+    ``encode_images`` maps stacked tiles to their embeddings (`VisionLanguageModel`); the tiles
+    of the images not encoded yet are encoded together, in one call. An image whose last image
+    token this step computes is let go (a request recomputed after a preemption encodes it
+    again)."""
     spans, row = [], 0
     for item in scheduled:
         request = item.request
         start = request.num_launched_tokens
         end = start + item.num_new_tokens
         for index, image in enumerate(request.images):
-            first, last = max(start, image.offset), min(end, image.end)
-            if first < last:
-                spans.append(
-                    _ImageSpan(
-                        request, index, row + first - start, first - image.offset, last - first
+            if image.offset >= end or image.end <= start:
+                continue
+            for run_start, run_end, embed in image.runs():
+                first, last = max(start, run_start), min(end, run_end)
+                if first < last:
+                    spans.append(
+                        _ImageSpan(
+                            request, index, row + first - start, embed + first - run_start, last - first
+                        )
                     )
-                )
         row += item.num_new_tokens
     if not spans:
         return None, 0
@@ -51,14 +55,15 @@ def step_image_rows(
         dict.fromkeys((s.request, s.index) for s in spans if s.index not in s.request.image_embeds)
     )
     if missing:
-        pixels = torch.stack([request.images[index].pixel_values for request, index in missing])
-        for (request, index), embeds in zip(missing, encode_images(pixels)):
-            request.image_embeds[index] = embeds
+        tiles = [request.images[index].pixel_values for request, index in missing]
+        embeds = encode_images(torch.cat(tiles)).split([len(t) for t in tiles])
+        for (request, index), image_embeds in zip(missing, embeds):
+            request.image_embeds[index] = image_embeds.flatten(0, 1)
     rows = [torch.arange(s.row, s.row + s.count) for s in spans]
     embeds = torch.cat(
         [s.request.image_embeds[s.index][s.first : s.first + s.count] for s in spans]
     )
     for s in spans:
-        if s.first + s.count == s.request.images[s.index].length:
-            s.request.image_embeds.pop(s.index, None)
+        if s.first + s.count == len(s.request.image_embeds.get(s.index, ())):
+            s.request.image_embeds.pop(s.index)
     return ImageRows(torch.cat(rows).to(embeds.device), embeds), len(missing)

@@ -1,15 +1,17 @@
-"""LLaVA: a Llama-style decoder that reads images, each turned into prompt embeddings by a CLIP
-vision tower and a projector (`clip_vision.ClipVisionEncoder`)."""
+"""A vision-language model (LLaVA, Idefics3/SmolVLM): a Llama-style decoder that reads images,
+each turned into prompt embeddings by its vision tower and projector (`clip_vision`,
+`idefics3_vision`)."""
 
 import torch
 
 from spyglass.core.models.clip_vision import ClipVisionEncoder
+from spyglass.core.models.idefics3_vision import Idefics3VisionEncoder
 from spyglass.core.models.llama import LlamaForCausalLM
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.kernels.backend import AttentionBackend
 
 
-class LlavaForConditionalGeneration(LlamaForCausalLM):
+class VisionLanguageModel(LlamaForCausalLM):
     """The language model of `LlamaForCausalLM`, whose prompts' image tokens take the embeddings
     `encode_images` gives (the runner passes them to ``hidden_states`` as ``image_rows``)."""
 
@@ -21,10 +23,11 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         device,
     ):
         super().__init__(arch, weights, backend, device)
-        self.vision = ClipVisionEncoder(arch.vision, weights, device, self.dtype)
+        encoder = Idefics3VisionEncoder if arch.vision.tower == "idefics3" else ClipVisionEncoder
+        self.vision = encoder(arch.vision, weights, device, self.dtype)
 
     @torch.inference_mode()
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """The prompt embeddings ``[n, tokens_per_image, hidden_size]`` of ``n`` preprocessed
-        images ``[n, channels, image_size, image_size]``, in the activations' dtype."""
+        """The prompt embeddings ``[n, tokens_per_tile, hidden_size]`` of ``n`` preprocessed tiles
+        ``[n, channels, image_size, image_size]``, in the activations' dtype."""
         return self.vision(pixel_values.to(self.final_norm.device))
