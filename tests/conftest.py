@@ -674,14 +674,23 @@ def make_tiny_idefics3(tmp_path_factory, hf_gguf_tokenizer):
             max_image_size={"longest_edge": 24},
             do_image_splitting=split,
         )
-        processor_class = getattr(transformers, f"{architecture}Processor")
-        extra = {"video_processor": None} if architecture == "SmolVLM" else {}
-        processor = processor_class(image_processor, tokenizer, image_seq_len=4, **extra)
-        processor.save_pretrained(path)
+        if architecture == "SmolVLM":
+            # As the Hub's SmolVLM checkpoints ship it: preprocessor_config.json and the
+            # tokenizer (transformers' SmolVLMProcessor wants a video processor, torchvision's).
+            image_processor.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+        else:
+            transformers.Idefics3Processor(image_processor, tokenizer, image_seq_len=4).save_pretrained(path)
         built[architecture, split] = path
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_idefics3_dir(make_tiny_idefics3) -> Path:
+    """The splitting tiny Idefics3 of `make_tiny_idefics3`."""
+    return make_tiny_idefics3("Idefics3")
 
 
 @pytest.fixture(scope="session")

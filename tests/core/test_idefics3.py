@@ -24,11 +24,6 @@ SIZES = [(50, 40), (30, 70), (33, 33), (20, 10), (3, 90), (61, 7)]
 
 
 @pytest.fixture(scope="module")
-def tiny_idefics3_dir(make_tiny_idefics3):
-    return make_tiny_idefics3("Idefics3")
-
-
-@pytest.fixture(scope="module")
 def hf_idefics3(tiny_idefics3_dir):
     """transformers' model and processor for the tiny checkpoint."""
     from transformers import AutoProcessor, Idefics3ForConditionalGeneration
@@ -108,3 +103,148 @@ def test_images_of_every_shape_match_transformers(idefics3, hf_idefics3):
     for output, used in zip(outputs, [[image] for image in images] + [images[:2]]):
         assert_matches_hf(hf_idefics3, output, output.prompt, used)
     assert len({tuple(o.outputs[0].token_ids) for o in outputs}) > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_tower_matches_transformers_image_features(tiny_idefics3_dir, hf_idefics3, dtype):
+    model, _ = hf_idefics3
+    checkpoint = load_hf_dir(tiny_idefics3_dir, torch.float32)
+    vision = checkpoint.arch.vision
+    encoder = Idefics3VisionEncoder(vision, checkpoint.weights, "cpu", dtype)
+    tiles = pixel_values(noise_image(3, (70, 30)), vision).values
+    with torch.no_grad():
+        expected = model.model.get_image_features(pixel_values=tiles[None]).pooler_output[0]
+    ours = encoder(tiles)
+    assert ours.shape == (len(tiles), vision.tokens_per_tile, model.config.text_config.hidden_size)
+    assert ours.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(ours.flatten(0, 1).float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_smolvlm_without_splitting_matches_transformers(make_tiny_idefics3):
+    # Prompts expanded by Idefics3Processor, which writes SmolVLMProcessor's image layout.
+    from transformers import (
+        AutoTokenizer,
+        Idefics3Processor,
+        SmolVLMForConditionalGeneration,
+        SmolVLMImageProcessorPil,
+    )
+
+    path = make_tiny_idefics3("SmolVLM", split=False)
+    llm = LLM(model=str(path), dtype="float32", device="cpu", kv_cache_memory="32MiB")
+    model = SmolVLMForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    processor = Idefics3Processor(
+        SmolVLMImageProcessorPil.from_pretrained(path),
+        AutoTokenizer.from_pretrained(path),
+        image_seq_len=4,
+    )
+    hf = model, processor
+    images = [noise_image(70), noise_image(71, (20, 90))]
+    outputs = llm.generate(
+        [
+            {"prompt": PROMPT, "multi_modal_data": {"image": images[0]}},
+            {"prompt": TWO_IMAGES, "multi_modal_data": {"image": images}},
+        ],
+        GREEDY,
+    )
+    # Unsplit, an image is its global image alone: 4 tokens between its three markers.
+    assert outputs[0].prompt_token_ids.count(llm.engine.arch.vision.image_token_id) == 4
+    assert_matches_hf(hf, outputs[0], PROMPT, images[:1])
+    assert_matches_hf(hf, outputs[1], TWO_IMAGES, images)
+
+
+def test_chat_renders_the_template_and_matches_generate(idefics3, hf_idefics3):
+    image = noise_image(5)
+    content = [{"type": "text", "text": "What is in the picture?"}]
+    messages = [{"role": "user", "content": [{"type": "image"}, *content]}]
+    expected = hf_idefics3[1].apply_chat_template(messages, add_generation_prompt=True)
+    assert expected == PROMPT
+    url = {"type": "image_url", "image_url": {"url": data_url(image)}}
+    [chat] = idefics3.chat([{"role": "user", "content": [url, *content]}], GREEDY)
+    assert chat.prompt == PROMPT
+    assert_matches_hf(hf_idefics3, chat, PROMPT, [image])
+
+
+@pytest.mark.parametrize("preempting", [False, True], ids=["chunked", "chunked+preempted"])
+def test_tiles_split_across_chunks_and_preemptions_match_transformers(
+    tiny_idefics3_dir, hf_idefics3, count_preemptions, preempting
+):
+    # Chunks of 7 tokens cut through tiles and the markers between them; with 12 blocks of 8 for
+    # three requests of 60+ tokens, requests are preempted and recomputed.
+    options = dict(max_num_batched_tokens=7, block_size=8, num_kv_blocks=12 if preempting else 64)
+    llm = LLM(model=str(tiny_idefics3_dir), dtype="float32", device="cpu", **options)
+    preemptions = count_preemptions(llm.engine)
+    images = [noise_image(80 + i, size) for i, size in enumerate(SIZES[:3])]
+    prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": image}} for image in images]
+    outputs = llm.generate(prompts, dataclasses.replace(GREEDY, max_tokens=12))
+    for output, image in zip(outputs, images):
+        assert_matches_hf(hf_idefics3, output, PROMPT, [image], max_tokens=12)
+    llm.engine.kv.check_integrity()
+    pool = llm.engine.kv.pool
+    assert pool.num_free_blocks == pool.num_blocks
+    assert bool(preemptions.req_ids) == preempting
+
+
+def test_the_prefix_cache_tells_images_apart(tiny_idefics3_dir):
+    llm = LLM(
+        model=str(tiny_idefics3_dir),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_kv_blocks=128,
+        plugins=["fcfs", "prefix_cache"],
+    )
+
+    def run(image):
+        return llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)[0]
+
+    first, second = noise_image(20), noise_image(21)
+    a, b, c = run(first), run(second), run(first)
+    assert a.prompt_token_ids == b.prompt_token_ids  # same size: the same tokens
+    fake = llm.engine.arch.vision.tiles.fake_token_id
+    image_start = a.prompt_token_ids.index(fake)
+    assert b.num_cached_tokens == image_start // 4 * 4
+    assert c.num_cached_tokens == (len(a.prompt_token_ids) - 1) // 4 * 4
+    assert c.outputs[0].token_ids == a.outputs[0].token_ids
+
+
+def test_prompts_expanded_by_transformers_are_taken_as_they_are(idefics3, hf_idefics3):
+    images = [noise_image(90), noise_image(91, (30, 70))]
+    expanded = hf_inputs(hf_idefics3[1], TWO_IMAGES, images)["input_ids"][0].tolist()
+    [output] = idefics3.generate(
+        {"prompt_token_ids": expanded, "multi_modal_data": {"image": images}}, GREEDY
+    )
+    assert output.prompt_token_ids == expanded
+    assert_matches_hf(hf_idefics3, output, TWO_IMAGES, images)
+    # The same ids with the images swapped (another grid) match neither layout: refused.
+    with pytest.raises(InvalidRequestError, match="placeholders") as error:
+        idefics3.generate({"prompt_token_ids": expanded, "multi_modal_data": {"image": images[::-1]}})
+    assert error.value.param == "multi_modal_data"
+
+
+def test_tiles_placed_by_hand_must_fill_their_runs(idefics3):
+    image = noise_image(92)
+    _, token_ids, [placed] = idefics3._prompt(
+        {"prompt": PROMPT, "multi_modal_data": {"image": image}}
+    )
+    wrong = [
+        dataclasses.replace(placed, tile_offsets=(0, *placed.tile_offsets[1:])),  # on a marker
+        dataclasses.replace(placed, pixel_values=placed.pixel_values[:-1]),  # a tile short
+        dataclasses.replace(placed, length=placed.length - 2),  # the last run sticks out
+        dataclasses.replace(placed, tile_tokens=2),
+    ]
+    for index, bad in enumerate(wrong):
+        with pytest.raises(InvalidRequestError, match="placeholder tokens") as error:
+            idefics3.engine.add_request(f"bad-{index}", token_ids, GREEDY, images=(bad,))
+        assert error.value.param == "multi_modal_data"
+    assert not idefics3.engine.has_unfinished_requests
+
+
+def test_images_whose_tiles_overflow_the_context_are_refused(tiny_idefics3_dir):
+    llm = LLM(model=str(tiny_idefics3_dir), dtype="float32", device="cpu", max_model_len=100)
+    big = [noise_image(1), noise_image(2)]  # 3 x 3 tiles each: 64 tokens an image
+    with pytest.raises(InvalidRequestError, match="2 images take 128 tokens") as error:
+        llm.generate({"prompt": TWO_IMAGES, "multi_modal_data": {"image": big}})
+    assert error.value.param == "multi_modal_data"
+    [output] = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": big[0]}}, GREEDY)
+    assert len(output.outputs[0].token_ids) == 8
