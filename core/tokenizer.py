@@ -217,12 +217,15 @@ class Tokenizer:
                 bos_token_id
             ]
 
-        template_file = path / "chat_template.jinja"
-        chat_template = (
-            template_file.read_text()
-            if template_file.is_file()
-            else _pick_template(config.get("chat_template"))
-        )
+        # A multimodal checkpoint keeps its processor's template beside the tokenizer's
+        # (chat_template.jinja in transformers 5, chat_template.json before); that one wins.
+        template_file, processor_file = path / "chat_template.jinja", path / "chat_template.json"
+        if template_file.is_file():
+            chat_template = template_file.read_text()
+        elif processor_file.is_file():
+            chat_template = _pick_template(_read_json(processor_file).get("chat_template"))
+        else:
+            chat_template = _pick_template(config.get("chat_template"))
         return cls(backend, chat_template, bos_token_id, eos_token_ids, bool(add_bos_token))
 
 

@@ -93,6 +93,20 @@ def test_hf_dir_tokenizer_matches_gguf_tokenizer(tokenizer, tiny_llama_dir):
     assert (from_dir.bos_token_id, from_dir.eos_token_ids) == (1, (2,))
 
 
+def test_a_processor_chat_template_json_is_the_template(tiny_llama_dir, tmp_path):
+    # As SmolVLM and llava-hf checkpoints ship theirs: the processor's template in a JSON file.
+    import json
+    import shutil
+
+    model_dir = shutil.copytree(tiny_llama_dir, tmp_path / "with_processor_template")
+    (model_dir / "chat_template.jinja").unlink(missing_ok=True)
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    (model_dir / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    loaded = Tokenizer.from_hf_dir(model_dir)
+    assert loaded.chat_template == template
+    assert loaded.apply_chat_template([{"role": "user", "content": "hi"}], False) == "<user>hi"
+
+
 def test_template_features_hf_templates_use(tokenizer):
     template = (
         "{{ bos_token }}{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}{% endif %}"
