@@ -1,12 +1,12 @@
-"""``spyglass bench vision`` at toy scale: on the tiny LLaVA both sides time the same prompts and
-give the same greedy tokens; a random LLaVA it builds loads and runs."""
+"""``spyglass bench vision`` at toy scale: on the tiny LLaVA and Idefics3 both sides time the same
+prompts and give the same greedy tokens; the random LLaVA and SmolVLM it builds load and run."""
 
 from pathlib import Path
 
 import pytest
 
 from spyglass.core.cli.bench import vision
-from spyglass.core.cli.bench.random_llava import TowerShape, write_random_llava
+from spyglass.core.cli.bench.random_vlm import TowerShape, write_random_llava, write_random_smolvlm
 from spyglass.core.cli.main import build_parser
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.llm import LLM
@@ -37,14 +37,34 @@ def test_bench_vision_times_both_sides_and_they_agree(tiny_llava_dir, capsys):
     assert "agreement: 5 of 5 prompts gave identical greedy tokens" in out
 
 
-def test_the_random_llava_loads_and_reads_images(tmp_path):
-    tower = TowerShape(image_size=32, patch_size=16, hidden_size=32, num_layers=2, num_heads=2)
-    model_dir = write_random_llava(tmp_path / "llava", tower, text_layers=1, seed=0)
+def test_bench_vision_on_tiles_agrees_with_transformers(tiny_idefics3_dir, capsys):
+    argv = ["bench", "vision", "--model", str(tiny_idefics3_dir), *TINY, "--num-prompts", "3",
+            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
+    args = build_parser(argv).parse_args(argv)
+    result = vision.compare(args, Path(args.model))
+    # A 60-pixel square image: 3 x 3 tiles and the global one, 4 tokens each, with their markers.
+    assert (result.tiles_per_image, result.tokens_per_image) == (10, 64)
+    assert result.num_identical == 3
+    vision.report(args, result)
+    assert "one image (10 tiles, 64 tokens)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arch", ["llava", "smolvlm"])
+def test_the_random_models_load_and_read_images(tmp_path, arch):
+    tower = TowerShape(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2)
+    if arch == "llava":
+        model_dir = write_random_llava(tmp_path / arch, tower, text_layers=1, seed=0)
+    else:
+        model_dir = write_random_smolvlm(tmp_path / arch, tower, grid=2, text_layers=1, seed=0)
     llm = LLM(model=str(model_dir), dtype="float32", device="cpu", kv_cache_memory="32MiB")
-    assert llm.engine.arch.vision.tokens_per_tile == 4
+    # LLaVA: 4 x 4 patches a token each; SmolVLM: shuffled 4 x 4 into one token a tile, and
+    # each image 2 x 2 tiles and the global one.
+    tokens, tiles = (16, 1) if arch == "llava" else (1, 5)
+    assert llm.engine.arch.vision.tokens_per_tile == tokens
     assert llm.engine.arch.num_hidden_layers == 1
     [(token_ids, images)] = vision.vision_prompts(llm.engine, 1, 6, seed=3)
-    assert token_ids.count(llm.engine.arch.vision.image_token_id) == 4 and len(images) == 1
+    assert token_ids.count(llm.engine.arch.vision.image_token_id) == tokens * tiles
+    assert len(images) == 1 and len(images[0].pixel_values) == tiles
     llm.engine.add_request(
         "r", token_ids, SamplingParams(max_tokens=3, ignore_eos=True), images=images
     )

@@ -1,15 +1,19 @@
 """``spyglass bench vision``: prompts with images, Spyglass's continuous batching against HF
-transformers' ``LlavaForConditionalGeneration.generate`` in static batches.
+transformers' ``generate`` (``LlavaForConditionalGeneration``, ``Idefics3ForConditionalGeneration``)
+in static batches.
 
 Each prompt is seeded random text around one random image (the same length for every prompt, so
 HF's batches need no padding); both sides get the same preprocessed pixels and generate
 ``--max-tokens`` tokens greedily, EOS ignored, in float32. Each side runs ``--repeats`` times,
-alternating which goes first; the medians are compared. Without ``--model`` a random LLaVA is
-built: a CLIP tower of the given shape before SmolLM2-135M's language model (`random_llava`).
+alternating which goes first; the medians are compared. Without ``--model`` a random model is
+built before SmolLM2-135M's language model (`random_vlm`): with ``--arch llava`` a CLIP tower of
+the given shape; with ``--arch smolvlm`` SmolVLM's layout, a SigLIP tower on tiles of
+``--image-size`` pixels, images of ``--grid`` x ``--grid`` tiles plus the global one.
 The vision share is the tower's and projector's time over the model time of Spyglass's steps.
 """
 
 import gc
+import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from spyglass.core.cli.bench.random_llava import TowerShape, write_random_llava
+from spyglass.core.cli.bench.random_vlm import TowerShape, write_random_llava, write_random_smolvlm
 from spyglass.core.cli.bench.results import RunResult
 from spyglass.core.cli.bench.workloads import FIRST_ORDINARY_TOKEN
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
@@ -34,7 +38,7 @@ from spyglass.core.engine.sampling_params import SamplingParams
 def add_parser(subparsers, argv) -> None:
     """Register ``bench vision``."""
     parser = subparsers.add_parser(
-        "vision", help="prompts with images: throughput against HF transformers' LLaVA"
+        "vision", help="prompts with images: throughput against HF transformers' LLaVA or Idefics3"
     )
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--text-tokens", type=int, default=24, help="text tokens per prompt")
@@ -43,7 +47,13 @@ def add_parser(subparsers, argv) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per side; medians compared")
     parser.add_argument("--hf-batch-size", type=int, default=8, help="prompts per HF batch")
     shape = TowerShape()
-    parser.add_argument("--image-size", type=int, default=shape.image_size)
+    parser.add_argument(
+        "--arch", choices=["llava", "smolvlm"], default="llava", help="the random model's layout"
+    )
+    parser.add_argument(
+        "--image-size", type=int, default=None, help="the tower's input (224; smolvlm: 256-pixel tiles)"
+    )
+    parser.add_argument("--grid", type=int, default=2, help="smolvlm: tiles a side of each image")
     parser.add_argument("--patch-size", type=int, default=shape.patch_size)
     parser.add_argument("--vision-layers", type=int, default=shape.num_layers)
     parser.add_argument(
@@ -64,6 +74,7 @@ class VisionComparison:
     num_identical: int
     num_prompts: int
     tokens_per_image: int
+    tiles_per_image: int
 
     @property
     def speedup(self) -> float:
@@ -88,14 +99,16 @@ def vision_prompts(
     engine: LLMEngine, num_prompts: int, text_tokens: int, seed: int
 ) -> list[tuple[list[int], tuple[ImageInput, ...]]]:
     """Seeded prompts of ``text_tokens`` random tokens with one random image two thirds in,
-    placed for ``engine``'s model."""
+    placed for ``engine``'s model: a square image of the tower's size, or of the longest edge a
+    tiling model resizes images to."""
     vision = engine.arch.vision
+    side = vision.image_size if vision.tiles is None else vision.tiles.longest_edge
     rng = np.random.default_rng(seed)
     prompts = []
     for _ in range(num_prompts):
         text = rng.integers(FIRST_ORDINARY_TOKEN, vision.image_token_id, text_tokens).tolist()
         cut = 2 * text_tokens // 3
-        pixels = rng.integers(0, 256, (vision.image_size, vision.image_size, 3), dtype=np.uint8)
+        pixels = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
         token_ids = [*text[:cut], vision.image_token_id, *text[cut:]]
         prompts.append(
             images_in_prompt(
@@ -135,7 +148,9 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int):
     for first in range(0, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
         input_ids = torch.tensor([token_ids for token_ids, _ in batch])
-        pixels = torch.cat([images[0].pixel_values for _, images in batch])
+        # LLaVA takes [images, ...]; Idefics3 [prompts, tiles, ...] (each tile an "image").
+        join = torch.stack if model.config.model_type != "llava" else torch.cat
+        pixels = join([images[0].pixel_values for _, images in batch])
         with torch.inference_mode():
             generated = model.generate(
                 input_ids=input_ids,
@@ -151,7 +166,7 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int):
 
 def compare(args, model_dir: Path) -> VisionComparison:
     """Time both sides ``args.repeats`` times, alternating which goes first."""
-    from transformers import LlavaForConditionalGeneration
+    import transformers
 
     config = engine_config_from_args(args, model=str(model_dir))
     probe = LLMEngine(config)
@@ -160,10 +175,11 @@ def compare(args, model_dir: Path) -> VisionComparison:
         f"threads {torch.get_num_threads()} max_num_batched_tokens {config.max_num_batched_tokens}"
     )
     prompts = vision_prompts(probe, args.num_prompts, args.text_tokens, args.seed)
-    tokens_per_image = probe.arch.vision.tokens_per_tile
+    image = prompts[0][1][0]
     probe.shutdown()
     del probe
-    hf_model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=config.torch_dtype())
+    hf_class = getattr(transformers, json.loads((model_dir / "config.json").read_text())["architectures"][0])
+    hf_model = hf_class.from_pretrained(model_dir, dtype=config.torch_dtype())
     hf_model.eval()
     num_prompt_tokens = sum(len(token_ids) for token_ids, _ in prompts)
     num_output_tokens = args.num_prompts * args.max_tokens
@@ -186,27 +202,35 @@ def compare(args, model_dir: Path) -> VisionComparison:
         median(shares),
         identical,
         args.num_prompts,
-        tokens_per_image,
+        image.length,
+        len(image.pixel_values),
     )
 
 
 def run(args) -> int:
-    """Compare both sides (on a random LLaVA unless ``--model`` names one) and print the table."""
+    """Compare both sides (on a random model unless ``--model`` names one) and print the table."""
     if args.model is not None:
         report(args, compare(args, Path(args.model)))
         return 0
-    tower = TowerShape(args.image_size, args.patch_size, num_layers=args.vision_layers)
-    with tempfile.TemporaryDirectory(prefix="spyglass-llava-") as scratch:
-        model_dir = write_random_llava(Path(scratch), tower, args.text_layers, args.seed)
+    default_size = 224 if args.arch == "llava" else 256
+    tower = TowerShape(args.image_size or default_size, args.patch_size, num_layers=args.vision_layers)
+    with tempfile.TemporaryDirectory(prefix=f"spyglass-{args.arch}-") as scratch:
+        if args.arch == "llava":
+            model_dir = write_random_llava(Path(scratch), tower, args.text_layers, args.seed)
+        else:
+            model_dir = write_random_smolvlm(
+                Path(scratch), tower, args.grid, args.text_layers, args.seed
+            )
         report(args, compare(args, model_dir))
     return 0
 
 
 def report(args, result: VisionComparison) -> None:
     """Print ``result``: a row per side, the ratio, the vision share and the agreement."""
+    tiles = f"{result.tiles_per_image} tiles, " if result.tiles_per_image > 1 else ""
     print(
         f"\nvision: {result.num_prompts} prompts of {args.text_tokens} text tokens and one image "
-        f"({result.tokens_per_image} tokens), {args.max_tokens} tokens generated each "
+        f"({tiles}{result.tokens_per_image} tokens), {args.max_tokens} tokens generated each "
         f"(median of {args.repeats} runs)"
     )
     print(f"{'engine':<26}{'seconds':>9}{'images/s':>10}{'output tok/s':>14}{'total tok/s':>13}")

@@ -1,0 +1,126 @@
+"""Random vision-language checkpoints before the default model's language model shape
+(SmolLM2-135M's), with the default model's tokenizer plus the image tokens: a LLaVA (a CLIP
+tower) and an Idefics3 shaped as SmolVLM (a pixel-shuffled SigLIP tower on tiles). What
+``bench vision`` runs when no vision model is at hand (speed does not depend on the values)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from spyglass.core.loaders.default_model import ensure_default_model
+from spyglass.core.loaders.gguf_loader import load_gguf
+
+IMAGE_TOKEN = "<image>"
+# Idefics3's prompt tokens around tiles, and SmolVLM's end of turn.
+TILE_TOKENS = [
+    "<fake_token_around_image>",
+    "<end_of_utterance>",
+    "<global-img>",
+    *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TowerShape:
+    """A vision tower's shape (the defaults: ViT-B/16 at 224 pixels, 196 patches)."""
+
+    image_size: int = 224
+    patch_size: int = 16
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+
+
+def _text_model(extra_tokens: list[str], text_layers: int | None):
+    """The default model's tokenizer with ``extra_tokens`` added (special), and a LlamaConfig of
+    its language model's shape (``text_layers`` deep when given) for that vocabulary."""
+    from transformers import AutoTokenizer, LlamaConfig
+
+    source = ensure_default_model()
+    arch = load_gguf(source, torch.float32).arch
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    tokenizer.add_tokens(extra_tokens, special_tokens=True)
+    text = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=text_layers or arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads,
+        rms_norm_eps=arch.rms_norm_eps,
+        rope_theta=arch.rope_theta,
+        max_position_embeddings=arch.max_position_embeddings,
+        tie_word_embeddings=arch.tie_word_embeddings,
+        bos_token_id=arch.bos_token_id,
+        eos_token_id=list(arch.eos_token_ids),
+    )
+    return tokenizer, text
+
+
+def _tower_fields(tower: TowerShape) -> dict:
+    return dict(
+        hidden_size=tower.hidden_size,
+        intermediate_size=4 * tower.hidden_size,
+        num_hidden_layers=tower.num_layers,
+        num_attention_heads=tower.num_heads,
+        image_size=tower.image_size,
+        patch_size=tower.patch_size,
+    )
+
+
+def write_random_llava(path: Path, tower: TowerShape, text_layers: int | None, seed: int) -> Path:
+    """Save a random ``LlavaForConditionalGeneration`` (float32) and its tokenizer at ``path``;
+    ``text_layers`` cuts the language model's depth (None: the default model's)."""
+    from transformers import (
+        CLIPImageProcessorPil,
+        CLIPVisionConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
+
+    tokenizer, text = _text_model([IMAGE_TOKEN], text_layers)
+    config = LlavaConfig(
+        vision_config=CLIPVisionConfig(**_tower_fields(tower)),
+        text_config=text,
+        image_token_index=len(tokenizer) - 1,
+        image_seq_length=(tower.image_size // tower.patch_size) ** 2,
+    )
+    torch.manual_seed(seed)
+    LlavaForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    CLIPImageProcessorPil(
+        size={"shortest_edge": tower.image_size}, crop_size=tower.image_size
+    ).save_pretrained(path)
+    return path
+
+
+def write_random_smolvlm(
+    path: Path, tower: TowerShape, grid: int, text_layers: int | None, seed: int
+) -> Path:
+    """Save a random ``Idefics3ForConditionalGeneration`` (float32) as SmolVLM's are made: a SigLIP
+    tower on ``tower.image_size`` tiles, patches shuffled 4 x 4 into a token, images resized to
+    ``grid`` tiles on their longest edge; with its tokenizer and image processor config."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3VisionConfig,
+    )
+
+    tokenizer, text = _text_model([IMAGE_TOKEN, *TILE_TOKENS], text_layers)
+    config = Idefics3Config(
+        vision_config=Idefics3VisionConfig(**_tower_fields(tower)),
+        text_config=text,
+        scale_factor=4,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        tie_word_embeddings=text.tie_word_embeddings,
+    )
+    torch.manual_seed(seed)
+    Idefics3ForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    Idefics3ImageProcessorPil(
+        size={"longest_edge": grid * tower.image_size},
+        max_image_size={"longest_edge": tower.image_size},
+    ).save_pretrained(path)
+    return path
