@@ -680,7 +680,9 @@ def make_tiny_idefics3(tmp_path_factory, hf_gguf_tokenizer):
             image_processor.save_pretrained(path)
             tokenizer.save_pretrained(path)
         else:
-            transformers.Idefics3Processor(image_processor, tokenizer, image_seq_len=4).save_pretrained(path)
+            transformers.Idefics3Processor(
+                image_processor, tokenizer, image_seq_len=4
+            ).save_pretrained(path)
         built[architecture, split] = path
         return path
 

@@ -98,7 +98,9 @@ def _expanded_offsets(
 ) -> list[int] | None:
     """Where each layout starts in ``token_ids`` when the prompt holds them all, in order, and no
     placeholder outside them; else None."""
-    if token_ids.count(placeholder) != sum(layout.token_ids.count(placeholder) for layout in layouts):
+    if token_ids.count(placeholder) != sum(
+        layout.token_ids.count(placeholder) for layout in layouts
+    ):
         return None
     offsets, start = [], 0
     for layout in layouts:

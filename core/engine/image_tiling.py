@@ -64,9 +64,7 @@ def split_image(image: Image.Image, tiles: ImageTiles, resample: int) -> list[Im
     """The tiles of the RGB ``image``, row by row, then the global image (the image alone when it
     is not split), each ``tile_size`` square; every resize on 8-bit pixels, as transformers'."""
     size = tiles.tile_size
-    image = image.resize(
-        _longest_edge_size(*image.size, tiles.longest_edge), resample=resample
-    )
+    image = image.resize(_longest_edge_size(*image.size, tiles.longest_edge), resample=resample)
     if not tiles.split:
         return [image.resize((size, size), resample=resample)]
     image = image.resize(_tile_multiple_size(*image.size, size), resample=resample)

@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
+from spyglass.core.loaders import idefics3_config, llava_config
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.hf_config import hf_family, read_arch
-from spyglass.core.loaders import idefics3_config, llava_config
 from spyglass.core.loaders.pooling_config import sentence_transformers_pooling
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.registry import model_weight_names

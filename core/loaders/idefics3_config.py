@@ -90,7 +90,10 @@ def check_vision(config: dict, model_dir: Path) -> tuple[dict, dict]:
 def _image_processor(model_dir: Path) -> dict:
     """The image processor's config: preprocessor_config.json (as the Hub's checkpoints ship
     it), or the ``image_processor`` of processor_config.json (as transformers 5 saves it)."""
-    for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
+    for name, key in (
+        ("preprocessor_config.json", None),
+        ("processor_config.json", "image_processor"),
+    ):
         path = model_dir / name
         if path.is_file():
             saved = json.loads(path.read_text())

@@ -22,9 +22,9 @@ import torch
 from gguf import GGMLQuantizationType
 
 from spyglass.core.loaders.checkpoint import Checkpoint
+from spyglass.core.models.image_tiles import ImageTiles
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight
-from spyglass.core.models.image_tiles import ImageTiles
 from spyglass.core.models.vision_config import VisionConfig
 from spyglass.core.tokenizer import Tokenizer
 
@@ -145,7 +145,9 @@ def _read(entry: Path) -> Checkpoint:
     if arch_fields.get("vision") is not None:
         vision = {name: _tuples(v) for name, v in arch_fields["vision"].items()}
         if vision.get("tiles") is not None:
-            vision["tiles"] = ImageTiles(**{name: _tuples(v) for name, v in vision["tiles"].items()})
+            vision["tiles"] = ImageTiles(
+                **{name: _tuples(v) for name, v in vision["tiles"].items()}
+            )
         arch_fields["vision"] = VisionConfig(**vision)
     saved = meta["tokenizer"]
     tokenizer = Tokenizer(

@@ -21,7 +21,9 @@ def patch_position_ids(patches_per_side: int) -> torch.Tensor:
     ``1 / patches_per_side``, in float32) placed among the boundaries ``k / patches_per_side``.
     Computed as transformers does, so float32 rounding puts a patch in the same bucket."""
     step = 1.0 / torch.tensor(patches_per_side)
-    fractions = torch.clamp(torch.arange(patches_per_side, dtype=torch.float32) * step, max=1 - 1e-6)
+    fractions = torch.clamp(
+        torch.arange(patches_per_side, dtype=torch.float32) * step, max=1 - 1e-6
+    )
     boundaries = torch.arange(1 / patches_per_side, 1.0, 1 / patches_per_side)
     buckets = torch.bucketize(fractions, boundaries, right=True)
     return (buckets[:, None] * patches_per_side + buckets[None, :]).flatten()

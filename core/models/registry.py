@@ -14,8 +14,8 @@ import torch
 from spyglass.core.models import gemma, llama
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.clip_vision import vision_weight_names
-from spyglass.core.models.vision_language import VisionLanguageModel
 from spyglass.core.models.model_config import ModelArchConfig
+from spyglass.core.models.vision_language import VisionLanguageModel
 from spyglass.kernels.backend import AttentionBackend
 
 

@@ -63,7 +63,10 @@ def test_chat_and_responses_with_tiled_images_answer_as_the_offline_api(server, 
         {"type": "input_text", "text": QUESTION},
     ]
     response = client.responses.create(
-        model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=8, temperature=0
+        model="tiny",
+        input=[{"role": "user", "content": content}],
+        max_output_tokens=8,
+        temperature=0,
     )
     assert (response.output_text, response.usage.input_tokens) == offline[(0,)]
     assert offline[(0,)][0] != offline[(1, 2)][0]

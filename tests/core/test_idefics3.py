@@ -7,7 +7,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from spyglass.core.engine.image_preprocess import pixel_values
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -218,7 +217,9 @@ def test_prompts_expanded_by_transformers_are_taken_as_they_are(idefics3, hf_ide
     assert_matches_hf(hf_idefics3, output, TWO_IMAGES, images)
     # The same ids with the images swapped (another grid) match neither layout: refused.
     with pytest.raises(InvalidRequestError, match="placeholders") as error:
-        idefics3.generate({"prompt_token_ids": expanded, "multi_modal_data": {"image": images[::-1]}})
+        idefics3.generate(
+            {"prompt_token_ids": expanded, "multi_modal_data": {"image": images[::-1]}}
+        )
     assert error.value.param == "multi_modal_data"
 
 

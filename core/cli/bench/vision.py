@@ -51,7 +51,10 @@ def add_parser(subparsers, argv) -> None:
         "--arch", choices=["llava", "smolvlm"], default="llava", help="the random model's layout"
     )
     parser.add_argument(
-        "--image-size", type=int, default=None, help="the tower's input (224; smolvlm: 256-pixel tiles)"
+        "--image-size",
+        type=int,
+        default=None,
+        help="the tower's input (224; smolvlm: 256-pixel tiles)",
     )
     parser.add_argument("--grid", type=int, default=2, help="smolvlm: tiles a side of each image")
     parser.add_argument("--patch-size", type=int, default=shape.patch_size)
@@ -178,7 +181,9 @@ def compare(args, model_dir: Path) -> VisionComparison:
     image = prompts[0][1][0]
     probe.shutdown()
     del probe
-    hf_class = getattr(transformers, json.loads((model_dir / "config.json").read_text())["architectures"][0])
+    hf_class = getattr(
+        transformers, json.loads((model_dir / "config.json").read_text())["architectures"][0]
+    )
     hf_model = hf_class.from_pretrained(model_dir, dtype=config.torch_dtype())
     hf_model.eval()
     num_prompt_tokens = sum(len(token_ids) for token_ids, _ in prompts)
@@ -213,7 +218,9 @@ def run(args) -> int:
         report(args, compare(args, Path(args.model)))
         return 0
     default_size = 224 if args.arch == "llava" else 256
-    tower = TowerShape(args.image_size or default_size, args.patch_size, num_layers=args.vision_layers)
+    tower = TowerShape(
+        args.image_size or default_size, args.patch_size, num_layers=args.vision_layers
+    )
     with tempfile.TemporaryDirectory(prefix=f"spyglass-{args.arch}-") as scratch:
         if args.arch == "llava":
             model_dir = write_random_llava(Path(scratch), tower, args.text_layers, args.seed)

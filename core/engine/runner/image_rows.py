@@ -45,7 +45,11 @@ def step_image_rows(
                 if first < last:
                     spans.append(
                         _ImageSpan(
-                            request, index, row + first - start, embed + first - run_start, last - first
+                            request,
+                            index,
+                            row + first - start,
+                            embed + first - run_start,
+                            last - first,
                         )
                     )
         row += item.num_new_tokens
