@@ -217,8 +217,9 @@ class TextPart(msgspec.Struct, tag_field="type", tag="text"):
 
 
 class ImageURL(msgspec.Struct):
-    """Where an image is: a base64 ``data:`` URL (the server fetches nothing). ``detail`` may be
-    ``auto`` only: a vision model reads every image at its tower's one resolution."""
+    """Where an image is: a base64 ``data:`` URL, or an http(s) URL of a host that
+    ``--allowed-media-domains`` names. ``detail`` may be ``auto`` only: a vision model reads every
+    image as its image processor's config says (one resolution, or Idefics3's tiles)."""
 
     url: str
     detail: Literal["auto"] | None = None
