@@ -15,41 +15,42 @@ if TYPE_CHECKING:  # the request holds images; plugins load without torch
 
 @dataclass(frozen=True, slots=True)
 class ImagePixels:
-    """An image preprocessed: its tiles' pixels ``[tiles, channels, size, size]`` (float32; LLaVA's
-    one tile is the image) and the ``rows`` x ``cols`` grid it was split into (0 x 0: not split)."""
+    """An image preprocessed: its tiles' pixels ``[tiles, channels, size, size]`` (float32;
+    LLaVA's one tile is the image) and the image's own ``width`` and ``height``."""
 
     values: "torch.Tensor"
-    rows: int = 0
-    cols: int = 0
+    width: int
+    height: int
 
 
 @dataclass(frozen=True, slots=True)
 class ImageInput:
     """One image of a prompt: its tiles' pixels ``[tiles, channels, size, size]`` (float32), the
-    prompt positions ``[offset, offset + length)`` its tokens fill, where each tile's run of
-    ``tile_tokens`` image tokens starts among them (``tile_offsets``, in tile order), and a digest
-    of its pixels, which names the image to the prefix cache (equal tokens with another image
-    are other KV)."""
+    prompt positions ``[offset, offset + length)`` its tokens fill, the runs ``(offset, length)``
+    of image tokens among them (relative to ``offset``; they take the image's embeddings in
+    order), the image's ``size`` (width, height) and a digest of its pixels, which names the
+    image to the prefix cache (equal tokens with another image are other KV)."""
 
     pixel_values: "torch.Tensor"
     offset: int
     length: int
     digest: str
-    tile_offsets: tuple[int, ...]
-    tile_tokens: int
+    runs: tuple[tuple[int, int], ...]
+    size: tuple[int, int]
 
     @property
     def end(self) -> int:
         """The position after the image's last token."""
         return self.offset + self.length
 
-    def runs(self) -> list[tuple[int, int, int]]:
-        """``(start, end, first)``: the prompt positions ``[start, end)`` of each tile's image
+    def embedding_runs(self) -> list[tuple[int, int, int]]:
+        """``(start, end, first)``: the prompt positions ``[start, end)`` of each run of image
         tokens, whose embeddings are the image's ``first`` to ``first + end - start``."""
-        return [
-            (self.offset + at, self.offset + at + self.tile_tokens, tile * self.tile_tokens)
-            for tile, at in enumerate(self.tile_offsets)
-        ]
+        spans, first = [], 0
+        for at, length in self.runs:
+            spans.append((self.offset + at, self.offset + at + length, first))
+            first += length
+        return spans
 
 
 def place_images(
@@ -59,7 +60,7 @@ def place_images(
     in order) expanded to its `image_layout`, and each image's `ImageInput`. A prompt already
     expanded (each image's layout in order, with no other placeholders) is kept as it is.
     `InvalidRequestError` naming ``field`` when the placeholders do not match the images."""
-    layouts = [image_layout(vision, image.rows, image.cols) for image in pixels]
+    layouts = [image_layout(vision, image.width, image.height) for image in pixels]
     placeholder = vision.image_token_id
     found = token_ids.count(placeholder)
     offsets = _expanded_offsets(token_ids, layouts, placeholder)
@@ -85,8 +86,8 @@ def place_images(
             offset,
             len(layout.token_ids),
             _digest(image.values),
-            layout.tile_offsets,
-            layout.tile_tokens,
+            layout.runs,
+            (image.width, image.height),
         )
         for image, layout, offset in zip(pixels, layouts, offsets)
     )

@@ -3,26 +3,30 @@ behind its row and column token, and the global image."""
 
 from dataclasses import dataclass
 
+from spyglass.core.engine.image_tiling import tile_grid
 from spyglass.core.models.vision_config import VisionConfig
 
 
 @dataclass(frozen=True, slots=True)
 class ImageLayout:
-    """The tokens an image's placeholder expands to, and where each of its tiles' runs of
-    ``tile_tokens`` image tokens starts among them (the tower encodes the tiles in that order)."""
+    """The tokens an image's placeholder expands to; the runs ``(offset, length)`` of image
+    tokens among them, which take the image's embeddings in order; and how many tiles the tower
+    reads for it."""
 
     token_ids: tuple[int, ...]
-    tile_offsets: tuple[int, ...]
-    tile_tokens: int
+    runs: tuple[tuple[int, int], ...]
+    num_tiles: int
 
 
-def image_layout(vision: VisionConfig, rows: int = 0, cols: int = 0) -> ImageLayout:
-    """The layout of an image cut into ``rows`` x ``cols`` tiles (0 x 0: not split) plus the
-    global image, as ``Idefics3Processor`` writes it; LLaVA's: `tokens_per_tile` placeholders."""
+def image_layout(vision: VisionConfig, width: int, height: int) -> ImageLayout:
+    """The layout of an image of ``width`` x ``height`` pixels: LLaVA's `tokens_per_tile`
+    placeholders, or, for Idefics3, its tiles (`image_tiling.tile_grid`) and the global image
+    as ``Idefics3Processor`` writes them."""
     run = (vision.image_token_id,) * vision.tokens_per_tile
     tiles = vision.tiles
     if tiles is None:
-        return ImageLayout(run, (0,), len(run))
+        return ImageLayout(run, ((0, len(run)),), 1)
+    rows, cols = tile_grid(width, height, tiles)
     tokens: list[int] = []
     offsets: list[int] = []
     for row in range(rows):
@@ -34,4 +38,4 @@ def image_layout(vision: VisionConfig, rows: int = 0, cols: int = 0) -> ImageLay
     tokens += (tiles.fake_token_id, tiles.global_token_id)
     offsets.append(len(tokens))
     tokens += (*run, tiles.fake_token_id)
-    return ImageLayout(tuple(tokens), tuple(offsets), len(run))
+    return ImageLayout(tuple(tokens), tuple((at, len(run)) for at in offsets), len(offsets))

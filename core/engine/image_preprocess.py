@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from spyglass.core.engine.image_inputs import ImagePixels
-from spyglass.core.engine.image_tiling import tile_arrays, tile_grid
+from spyglass.core.engine.image_tiling import split_image
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models.vision_config import VisionConfig
 
@@ -86,8 +86,11 @@ def pixel_values(image: Image.Image, vision: VisionConfig) -> ImagePixels:
     tile (without ``center_crop`` the size is the resize's); rescaled and normalized."""
     image = _to_rgb(image)
     if vision.tiles is not None:
-        tiles = tile_arrays(image, vision.tiles, vision.resample)
-        return ImagePixels(_normalized(tiles, vision), *tile_grid(*image.size, vision.tiles))
+        tiles = split_image(image, vision.tiles, vision.resample)
+        return ImagePixels(
+            _normalized(np.stack([np.asarray(t) for t in tiles]), vision), *image.size
+        )
+    original = image.size
     if vision.pad_to_square:
         image = _pad_to_square(image, tuple(int(x * 255) for x in vision.image_mean))
     width, height = _resized_size(*image.size, vision)
@@ -97,7 +100,7 @@ def pixel_values(image: Image.Image, vision: VisionConfig) -> ImagePixels:
         left, top = (width - size) // 2, (height - size) // 2
         # Beyond an edge PIL's crop fills with black: transformers' center_crop zero-pads the same.
         image = image.crop((left, top, left + size, top + size))
-    return ImagePixels(_normalized(np.array(image)[None], vision))
+    return ImagePixels(_normalized(np.array(image)[None], vision), *original)
 
 
 def _normalized(tiles: np.ndarray, vision: VisionConfig) -> torch.Tensor:

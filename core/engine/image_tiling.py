@@ -4,11 +4,12 @@ PIL-based ``Idefics3ImageProcessorPil`` computes them: the longest edge resized 
 row, then the whole resized image shrunk to one tile (the global image)."""
 
 import math
-
-import numpy as np
-from PIL import Image
+from typing import TYPE_CHECKING
 
 from spyglass.core.models.image_tiles import ImageTiles
+
+if TYPE_CHECKING:  # prompt layouts use the sizes here; the engine's requests load without PIL
+    from PIL import Image
 
 MAX_IMAGE_SIDE = 4096
 """transformers' cap on either side of the first resize."""
@@ -60,7 +61,7 @@ def tile_grid(width: int, height: int, tiles: ImageTiles) -> tuple[int, int]:
     return height // tiles.tile_size, width // tiles.tile_size
 
 
-def split_image(image: Image.Image, tiles: ImageTiles, resample: int) -> list[Image.Image]:
+def split_image(image: "Image.Image", tiles: ImageTiles, resample: int) -> "list[Image.Image]":
     """The tiles of the RGB ``image``, row by row, then the global image (the image alone when it
     is not split), each ``tile_size`` square; every resize on 8-bit pixels, as transformers'."""
     size = tiles.tile_size
@@ -77,8 +78,3 @@ def split_image(image: Image.Image, tiles: ImageTiles, resample: int) -> list[Im
         for left in range(0, width, size)
     ]
     return [*cuts, image.resize((size, size), resample=resample)]
-
-
-def tile_arrays(image: Image.Image, tiles: ImageTiles, resample: int) -> np.ndarray:
-    """`split_image`'s tiles as one ``[tiles, height, width, 3]`` uint8 array."""
-    return np.stack([np.asarray(tile) for tile in split_image(image, tiles, resample)])

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from spyglass.core.engine.image_inputs import ImageInput, place_images
 from spyglass.core.engine.image_layout import image_layout
 from spyglass.core.engine.image_preprocess import pixel_values
-from spyglass.core.engine.image_tiling import tile_grid
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models.vision_config import VisionConfig
 
@@ -40,5 +39,4 @@ def images_in_prompt(
 
 def image_tokens(size: tuple[int, int], vision: VisionConfig) -> int:
     """The prompt tokens an image of ``size`` (width, height) becomes (`image_layout`)."""
-    grid = (0, 0) if vision.tiles is None else tile_grid(*size, vision.tiles)
-    return len(image_layout(vision, *grid).token_ids)
+    return len(image_layout(vision, *size).token_ids)

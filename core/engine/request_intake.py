@@ -4,6 +4,7 @@ the vocabulary and the context, and a grammar some plugin can enforce; its bad w
 from collections.abc import Container
 
 from spyglass.core.engine.image_inputs import ImageInput
+from spyglass.core.engine.image_layout import image_layout
 from spyglass.core.engine.plugin_manager import SafeHookRelay
 from spyglass.core.engine.sampling_params import (
     InvalidRequestError,
@@ -65,21 +66,21 @@ def check_images(
         )
     shape = (vision.num_channels, vision.image_size, vision.image_size)
     for image in images:
-        runs = image.runs()
+        layout = image_layout(vision, *image.size)
         if (
             image.offset < 0
-            or image.tile_tokens != vision.tokens_per_tile
-            or tuple(image.pixel_values.shape) != (len(runs), *shape)
-            or any(start < image.offset or end > image.end for start, end, _ in runs)
+            or image.runs != layout.runs
+            or image.length != len(layout.token_ids)
+            or tuple(image.pixel_values.shape) != (layout.num_tiles, *shape)
             or any(
                 prompt_token_ids[start:end] != [vision.image_token_id] * (end - start)
-                for start, end, _ in runs
+                for start, end, _ in image.embedding_runs()
             )
         ):
             # Only a caller that placed images by hand gets here (`place_images` places them right).
             raise InvalidRequestError(
-                f"each tile of an image must fill {vision.tokens_per_tile} placeholder tokens "
-                f"of the prompt and hold {list(shape)} pixels",
+                f"an image must fill its placeholder tokens of the prompt as its size lays them "
+                f"out and hold {list(shape)} pixels a tile",
                 "multi_modal_data",
             )
     keep = max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens

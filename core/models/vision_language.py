@@ -27,7 +27,9 @@ class VisionLanguageModel(LlamaForCausalLM):
         self.vision = encoder(arch.vision, weights, device, self.dtype)
 
     @torch.inference_mode()
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """The prompt embeddings ``[n, tokens_per_tile, hidden_size]`` of ``n`` preprocessed tiles
-        ``[n, channels, image_size, image_size]``, in the activations' dtype."""
-        return self.vision(pixel_values.to(self.final_norm.device))
+    def encode_images(self, pixel_values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each image's prompt embeddings ``[tokens, hidden_size]``, in the activations' dtype,
+        for its preprocessed tiles ``[tiles, channels, image_size, image_size]``; the tiles of
+        all the images run the tower together."""
+        tiles = self.vision(torch.cat(pixel_values).to(self.final_norm.device))
+        return [embeds.flatten(0, 1) for embeds in tiles.split([len(p) for p in pixel_values])]

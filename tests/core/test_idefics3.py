@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from spyglass.core.engine.image_preprocess import pixel_values
+from spyglass.core.engine.image_tiling import tile_grid
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.llm import LLM
 from spyglass.core.loaders.hf_loader import load_hf_dir
@@ -81,7 +82,9 @@ def test_tiles_match_the_transformers_processor(make_tiny_idefics3, split, mode)
         image = noise_image(seed, size, mode)
         ours = pixel_values(image, vision)
         expected = image_processor(images=[[image]], return_tensors="pt", return_row_col_info=True)
-        assert (ours.rows, ours.cols) == (expected["rows"][0][0], expected["cols"][0][0])
+        grid = tile_grid(*image.size, vision.tiles)
+        assert grid == (expected["rows"][0][0], expected["cols"][0][0])
+        assert (ours.width, ours.height) == size
         torch.testing.assert_close(ours.values, expected["pixel_values"][0], atol=1e-5, rtol=0)
 
 
@@ -229,10 +232,11 @@ def test_tiles_placed_by_hand_must_fill_their_runs(idefics3):
         {"prompt": PROMPT, "multi_modal_data": {"image": image}}
     )
     wrong = [
-        dataclasses.replace(placed, tile_offsets=(0, *placed.tile_offsets[1:])),  # on a marker
+        dataclasses.replace(placed, runs=((0, 4), *placed.runs[1:])),  # on the markers
         dataclasses.replace(placed, pixel_values=placed.pixel_values[:-1]),  # a tile short
-        dataclasses.replace(placed, length=placed.length - 2),  # the last run sticks out
-        dataclasses.replace(placed, tile_tokens=2),
+        dataclasses.replace(placed, length=placed.length - 2),
+        dataclasses.replace(placed, size=(20, 10)),  # a one-tile image's layout
+        dataclasses.replace(placed, offset=placed.offset + 1),
     ]
     for index, bad in enumerate(wrong):
         with pytest.raises(InvalidRequestError, match="placeholder tokens") as error:

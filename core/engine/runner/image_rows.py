@@ -28,8 +28,8 @@ def step_image_rows(
     """The step's image-token rows and their embeddings (None when it computes no image token),
     and how many images it encoded.
 
-    ``encode_images`` maps stacked tiles to their embeddings (`VisionLanguageModel`); the tiles
-    of the images not encoded yet are encoded together, in one call. An image whose last image
+    ``encode_images`` maps images' tiles to their embeddings (`VisionLanguageModel`); the images
+    not encoded yet are encoded together, in one call. An image whose last image
     token this step computes is let go (a request recomputed after a preemption encodes it
     again)."""
     spans, row = [], 0
@@ -40,7 +40,7 @@ def step_image_rows(
         for index, image in enumerate(request.images):
             if image.offset >= end or image.end <= start:
                 continue
-            for run_start, run_end, embed in image.runs():
+            for run_start, run_end, embed in image.embedding_runs():
                 first, last = max(start, run_start), min(end, run_end)
                 if first < last:
                     spans.append(
@@ -59,10 +59,9 @@ def step_image_rows(
         dict.fromkeys((s.request, s.index) for s in spans if s.index not in s.request.image_embeds)
     )
     if missing:
-        tiles = [request.images[index].pixel_values for request, index in missing]
-        embeds = encode_images(torch.cat(tiles)).split([len(t) for t in tiles])
-        for (request, index), image_embeds in zip(missing, embeds):
-            request.image_embeds[index] = image_embeds.flatten(0, 1)
+        encoded = encode_images([request.images[index].pixel_values for request, index in missing])
+        for (request, index), image_embeds in zip(missing, encoded):
+            request.image_embeds[index] = image_embeds
     rows = [torch.arange(s.row, s.row + s.count) for s in spans]
     embeds = torch.cat(
         [s.request.image_embeds[s.index][s.first : s.first + s.count] for s in spans]
