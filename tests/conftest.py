@@ -563,7 +563,8 @@ def make_tiny_llava(tmp_path_factory, hf_gguf_tokenizer):
     parts. ``clip``: a 3-layer CLIP tower on 32-pixel images in 8-pixel patches (16 image tokens,
     the class token dropped) before a 2-layer Llama; a CLIP image processor's config (shortest
     edge resized to 40, centre cut to 32). ``siglip``: a 3-layer SigLIP tower (16 tokens, all
-    kept, read at its last layer) before a 2-layer Qwen2; a SigLIP processor (a square resize)."""
+    kept, read at its last layer) before a 2-layer Qwen2; a SigLIP processor (a square resize).
+    ``next``: a LLaVA-NeXT of the CLIP tower (`_tiny_llava_next`)."""
     import copy
 
     import transformers
@@ -578,6 +579,8 @@ def make_tiny_llava(tmp_path_factory, hf_gguf_tokenizer):
         tokenizer.add_tokens(["<image>"], special_tokens=True)
         tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
         torch.manual_seed(7)
+        if tower == "next":
+            return _tiny_llava_next(tokenizer, tmp_path_factory.mktemp("tiny_llava_next"))
         clip = tower == "clip"
         text = getattr(transformers, "LlamaConfig" if clip else "Qwen2Config")(
             **TINY_SHAPE, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2
@@ -693,6 +696,39 @@ def make_tiny_idefics3(tmp_path_factory, hf_gguf_tokenizer):
 def tiny_idefics3_dir(make_tiny_idefics3) -> Path:
     """The splitting tiny Idefics3 of `make_tiny_idefics3`."""
     return make_tiny_idefics3("Idefics3")
+
+
+# LLaVA-NeXT's grid resolutions (height, width) for 32-pixel tiles, as llava-v1.6's are for 336.
+TINY_PINPOINTS = [[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]
+
+
+def _tiny_llava_next(tokenizer, path: Path) -> Path:
+    """A random LlavaNextForConditionalGeneration: the CLIP tower of `TINY_TOWER` (16 tokens a
+    tile) before a 2-layer Llama, `TINY_PINPOINTS`, saved as llava-v1.6's checkpoints are (the
+    image processor's preprocessor_config.json and the tokenizer)."""
+    import transformers
+
+    text = transformers.LlamaConfig(
+        **TINY_SHAPE, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2
+    )
+    config = transformers.LlavaNextConfig(
+        vision_config=transformers.CLIPVisionConfig(**TINY_TOWER),
+        text_config=text,
+        image_token_index=len(tokenizer) - 1,
+        image_grid_pinpoints=TINY_PINPOINTS,
+    )
+    model = _with_wide_weights(transformers.LlavaNextForConditionalGeneration(config))
+    _save_tiny(model, tokenizer, path)
+    transformers.LlavaNextImageProcessorPil(
+        size={"shortest_edge": 32}, crop_size=32, image_grid_pinpoints=TINY_PINPOINTS
+    ).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_next_dir(make_tiny_llava) -> Path:
+    """The tiny LLaVA-NeXT of `make_tiny_llava`."""
+    return make_tiny_llava("next")
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,11 @@
-"""The prompt tokens one image becomes: LLaVA's run of placeholders, or Idefics3's tiles, each
-behind its row and column token, and the global image."""
+"""The prompt tokens one image becomes: LLaVA's run of placeholders (LLaVA-NeXT's as long as its
+base image and unpadded grid), or Idefics3's tiles, each behind its row and column token, and the
+global image."""
 
 from dataclasses import dataclass
 
 from spyglass.core.engine.image_tiling import tile_grid
+from spyglass.core.models import anyres
 from spyglass.core.models.vision_config import VisionConfig
 
 
@@ -20,8 +22,12 @@ class ImageLayout:
 
 def image_layout(vision: VisionConfig, width: int, height: int) -> ImageLayout:
     """The layout of an image of ``width`` x ``height`` pixels: LLaVA's `tokens_per_tile`
-    placeholders, or, for Idefics3, its tiles (`image_tiling.tile_grid`) and the global image
-    as ``Idefics3Processor`` writes them."""
+    placeholders (LLaVA-NeXT's `anyres.num_image_tokens`), or, for Idefics3, its tiles
+    (`image_tiling.tile_grid`) and the global image as ``Idefics3Processor`` writes them."""
+    if vision.grid_pinpoints:
+        rows, cols = anyres.tile_grid(width, height, vision)
+        count = anyres.num_image_tokens(width, height, vision)
+        return ImageLayout((vision.image_token_id,) * count, ((0, count),), 1 + rows * cols)
     run = (vision.image_token_id,) * vision.tokens_per_tile
     tiles = vision.tiles
     if tiles is None:

@@ -1,6 +1,7 @@
 """A request's image, from its bytes to the vision tower's pixels, as transformers' PIL-based
 ``CLIPImageProcessorPil`` (``LlavaImageProcessorPil`` when padding to a square,
-``Idefics3ImageProcessorPil`` when cutting it into tiles) computes them."""
+``Idefics3ImageProcessorPil`` or ``LlavaNextImageProcessorPil`` when cutting it into tiles)
+computes them."""
 
 import io
 
@@ -8,6 +9,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from spyglass.core.engine.image_anyres import anyres_tiles
 from spyglass.core.engine.image_inputs import ImagePixels
 from spyglass.core.engine.image_tiling import split_image
 from spyglass.core.engine.sampling_params import InvalidRequestError
@@ -81,15 +83,18 @@ def _resized_size(width: int, height: int, vision: VisionConfig) -> tuple[int, i
 
 def pixel_values(image: Image.Image, vision: VisionConfig) -> ImagePixels:
     """The float32 pixels the tower reads for ``image``: RGB, then either cut into tiles
-    (``vision.tiles``, `image_tiling.split_image`) or padded to a square of the mean colour
+    (``vision.tiles``, `image_tiling.split_image`; ``vision.grid_pinpoints``,
+    `image_anyres.anyres_tiles`) or padded to a square of the mean colour
     (``pad_to_square``), resized and centre-cropped into one ``[1, 3, image_size, image_size]``
     tile (without ``center_crop`` the size is the resize's); rescaled and normalized."""
     image = _to_rgb(image)
-    if vision.tiles is not None:
-        tiles = split_image(image, vision.tiles, vision.resample)
-        return ImagePixels(
-            _normalized(np.stack([np.asarray(t) for t in tiles]), vision), *image.size
-        )
+    if vision.tiles is not None or vision.grid_pinpoints:
+        if vision.tiles is not None:
+            tiles = split_image(image, vision.tiles, vision.resample)
+        else:
+            tiles = anyres_tiles(image, vision)
+        stacked = np.stack([np.asarray(tile) for tile in tiles])
+        return ImagePixels(_normalized(stacked, vision), *image.size)
     original = image.size
     if vision.pad_to_square:
         image = _pad_to_square(image, tuple(int(x * 255) for x in vision.image_mean))

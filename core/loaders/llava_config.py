@@ -1,7 +1,8 @@
-"""Read a ``LlavaForConditionalGeneration`` directory's config: its language model's config as a
-causal LM of a supported family would have it, and the `VisionConfig` of its CLIP or SigLIP tower,
-projector and image preprocessing (``preprocessor_config.json``); and its checkpoint's parameter
-names mapped to the ones the models use."""
+"""Read a ``LlavaForConditionalGeneration`` or ``LlavaNextForConditionalGeneration`` directory's
+config: its language model's config as a causal LM of a supported family would have it, and the
+`VisionConfig` of its CLIP or SigLIP tower, projector, LLaVA-NeXT's grid resolutions and image
+preprocessing (``preprocessor_config.json``); and its checkpoint's parameter names mapped to the
+ones the models use."""
 
 import json
 from pathlib import Path
@@ -10,6 +11,9 @@ from spyglass.core.models.registry import FAMILIES
 from spyglass.core.models.vision_config import FEATURE_SELECTS, VisionConfig
 
 LLAVA_CLASS = "LlavaForConditionalGeneration"
+LLAVA_NEXT_CLASS = "LlavaNextForConditionalGeneration"
+# LlavaNextConfig's default grid resolutions, (height, width).
+_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
 
 # The HF config classes' defaults for keys llava-hf's config.json leaves out (llava-1.5's
 # text_config names only the vocabulary and context; its vision_config only what differs).
@@ -47,12 +51,13 @@ _RENAMES = (
     ("model.vision_tower.", "vision_tower."),
     ("vision_tower.vision_model.", "vision_tower."),
     ("model.multi_modal_projector.", "multi_modal_projector."),
+    ("model.image_newline", "image_newline"),
 )
 
 
 def is_llava(config: dict) -> bool:
-    """Whether ``config`` (a config.json) is a LLaVA model's."""
-    return (config.get("architectures") or [None])[0] == LLAVA_CLASS
+    """Whether ``config`` (a config.json) is a LLaVA or LLaVA-NeXT model's."""
+    return (config.get("architectures") or [None])[0] in (LLAVA_CLASS, LLAVA_NEXT_CLASS)
 
 
 def text_config(config: dict) -> dict:
@@ -86,6 +91,13 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
             f"vision_feature_select_strategy {feature_select!r}."
         )
     image_token_id = config.get("image_token_id", config.get("image_token_index", 32000))
+    next_ = config["architectures"][0] == LLAVA_NEXT_CLASS
+    pinpoints = _pinpoints(config, model_dir, vision["image_size"]) if next_ else ()
+    if next_ and model_type == "clip_vision_model" and feature_select != "default":
+        raise ValueError(
+            f"Unsupported {LLAVA_NEXT_CLASS} variant: a CLIP tower's class token kept "
+            "(vision_feature_select_strategy full) leaves no square grid of features."
+        )
     return VisionConfig(
         hidden_size=vision["hidden_size"],
         intermediate_size=vision["intermediate_size"],
@@ -103,12 +115,34 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
         feature_select=feature_select,
         projector_act=config.get("projector_hidden_act", "gelu"),
         projector_bias=config.get("multimodal_projector_bias", True),
-        **_preprocessing(model_dir / "preprocessor_config.json", vision["image_size"]),
+        grid_pinpoints=pinpoints,
+        **_preprocessing(model_dir / "preprocessor_config.json", vision["image_size"], next_),
     )
 
 
-def _preprocessing(path: Path, image_size: int) -> dict:
-    """`VisionConfig`'s preprocessing fields from a CLIP or LLaVA image processor's config."""
+def _pinpoints(config: dict, model_dir: Path, image_size: int) -> tuple[tuple[int, int], ...]:
+    """LLaVA-NeXT's grid resolutions ``(height, width)``; ValueError when one is no whole grid
+    of tower-sized tiles or the image processor's differ from the model's."""
+    pinpoints = tuple(tuple(p) for p in config.get("image_grid_pinpoints", _PINPOINTS))
+    if any(side % image_size for pinpoint in pinpoints for side in pinpoint):
+        raise ValueError(
+            f"image_grid_pinpoints {[list(p) for p in pinpoints]} are not all whole grids of "
+            f"the tower's {image_size}-pixel tiles."
+        )
+    path = model_dir / "preprocessor_config.json"
+    processor = json.loads(path.read_text()) if path.is_file() else {}
+    theirs = tuple(tuple(p) for p in processor.get("image_grid_pinpoints", pinpoints))
+    if theirs != pinpoints:
+        raise ValueError(
+            "preprocessor_config.json's image_grid_pinpoints differ from config.json's."
+        )
+    return pinpoints
+
+
+def _preprocessing(path: Path, image_size: int, tiled: bool = False) -> dict:
+    """`VisionConfig`'s preprocessing fields from a CLIP, LLaVA or LLaVA-NeXT (``tiled``: its
+    tiles are square already, and its ``do_pad`` pads batches, not images) image processor's
+    config."""
     if not path.is_file():
         return {"resize_shortest_edge": image_size}
     processor = json.loads(path.read_text())
@@ -132,7 +166,8 @@ def _preprocessing(path: Path, image_size: int) -> dict:
             "preprocessor_config.json turns off resizing, rescaling or normalizing, which "
             "Spyglass always does."
         )
-    if shortest and not processor.get("do_center_crop", True) and not processor.get("do_pad"):
+    square = tiled or processor.get("do_center_crop", True) or processor.get("do_pad")
+    if shortest and not square:
         raise ValueError(
             "preprocessor_config.json resizes images by their shortest edge without cutting "
             "them square; the vision tower takes square images."
@@ -140,7 +175,7 @@ def _preprocessing(path: Path, image_size: int) -> dict:
     fields = {
         "resize_shortest_edge": shortest,
         "center_crop": processor.get("do_center_crop", True),
-        "pad_to_square": processor.get("do_pad", False),
+        "pad_to_square": not tiled and processor.get("do_pad", False),
         "resample": processor.get("resample", 3),
         "rescale_factor": processor.get("rescale_factor", 1 / 255),
     }

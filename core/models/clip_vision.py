@@ -11,6 +11,7 @@ from spyglass.core.models.vision_config import FEATURE_SELECTS, VisionConfig
 
 TOWER = "vision_tower"
 PROJECTOR = "multi_modal_projector"
+IMAGE_NEWLINE = "image_newline"
 
 # HF activation name -> the function (gelu_new is HF's own code for the same tanh approximation).
 _ACTIVATIONS = {
@@ -51,7 +52,7 @@ _SIGLIP_HEAD = (
 def vision_weight_names(vision: VisionConfig) -> set[str]:
     """The canonical names of the tower's and the projector's parameters: transformers' in-memory
     ``LlavaModel`` names without the leading ``model.`` (Idefics3's tower is named as SigLIP's,
-    its projection ``multi_modal_projector.proj.weight``). ``post_layernorm`` and SigLIP's head
+    its projection ``multi_modal_projector.proj.weight``; LLaVA-NeXT adds ``image_newline``). ``post_layernorm`` and SigLIP's head
     are among them (checkpoints have them) though LLaVA never applies them."""
     clip = vision.tower == "clip"
     names = {
@@ -80,7 +81,7 @@ def vision_weight_names(vision: VisionConfig) -> set[str]:
         return names | {f"{PROJECTOR}.proj.weight"}
     params = ("weight", "bias") if vision.projector_bias else ("weight",)
     names |= {f"{PROJECTOR}.linear_{n}.{p}" for n in (1, 2) for p in params}
-    return names
+    return names | {IMAGE_NEWLINE} if vision.grid_pinpoints else names
 
 
 class ClipEncoderLayer:

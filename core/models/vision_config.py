@@ -5,8 +5,9 @@ from dataclasses import dataclass
 
 from spyglass.core.models.image_tiles import ImageTiles
 
-VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
-"""The parameter names of the vision tower and the projector start with these."""
+VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "image_newline")
+"""The parameter names of the vision tower, the projector and LLaVA-NeXT's row end start with
+these."""
 
 FEATURE_SELECTS = ("default", "full")
 """Which of the tower's positions become image tokens: all but the first (CLIP's class token),
@@ -27,7 +28,11 @@ class VisionConfig:
     projector (``projector_act`` between, biases when ``projector_bias``) into the language
     model's embedding space, where it replaces the prompt's ``image_token_id`` placeholders,
     `tokens_per_tile` of them per image. Or Idefics3's tower (``idefics3``), whose images are
-    cut into ``tiles`` (`ImageTiles`), each of them `tokens_per_tile` placeholders.
+    cut into ``tiles`` (`ImageTiles`), each of them `tokens_per_tile` placeholders. With
+    ``grid_pinpoints`` (LLaVA-NeXT's ``image_grid_pinpoints``, ``(height, width)`` each), an image
+    is also fitted into the best of those resolutions and cut into tower-sized tiles whose
+    features, unpadded and each row ended by the learned ``image_newline``, follow the whole
+    image's (`anyres`).
 
     Preprocessing (``preprocessor_config.json``, a ``CLIPImageProcessor``): RGB, padded to a
     square of the mean colour when ``pad_to_square`` (``LlavaImageProcessor``'s ``do_pad``),
@@ -61,6 +66,7 @@ class VisionConfig:
     image_std: tuple[float, ...] = (0.26862954, 0.26130258, 0.27577711)
     scale_factor: int = 1
     tiles: ImageTiles | None = None
+    grid_pinpoints: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_patches(self) -> int:

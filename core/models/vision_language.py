@@ -1,10 +1,11 @@
-"""A vision-language model (LLaVA, Idefics3/SmolVLM): a Llama-style decoder that reads images,
+"""A vision-language model (LLaVA, LLaVA-NeXT, Idefics3/SmolVLM): a Llama-style decoder that reads images,
 each turned into prompt embeddings by its vision tower and projector (`clip_vision`,
 `idefics3_vision`)."""
 
 import torch
 
-from spyglass.core.models.clip_vision import ClipVisionEncoder
+from spyglass.core.models import anyres
+from spyglass.core.models.clip_vision import IMAGE_NEWLINE, ClipVisionEncoder
 from spyglass.core.models.idefics3_vision import Idefics3VisionEncoder
 from spyglass.core.models.llama import LlamaForCausalLM
 from spyglass.core.models.model_config import ModelArchConfig
@@ -25,11 +26,40 @@ class VisionLanguageModel(LlamaForCausalLM):
         super().__init__(arch, weights, backend, device)
         encoder = Idefics3VisionEncoder if arch.vision.tower == "idefics3" else ClipVisionEncoder
         self.vision = encoder(arch.vision, weights, device, self.dtype)
+        # LLaVA-NeXT's learned end of each row of an image's grid features.
+        self.image_newline = (
+            weights[IMAGE_NEWLINE].to(device=device, dtype=self.dtype)
+            if arch.vision.grid_pinpoints
+            else None
+        )
 
     @torch.inference_mode()
-    def encode_images(self, pixel_values: list[torch.Tensor]) -> list[torch.Tensor]:
+    def encode_images(
+        self, pixel_values: list[torch.Tensor], sizes: list[tuple[int, int]]
+    ) -> list[torch.Tensor]:
         """Each image's prompt embeddings ``[tokens, hidden_size]``, in the activations' dtype,
-        for its preprocessed tiles ``[tiles, channels, image_size, image_size]``; the tiles of
-        all the images run the tower together."""
+        for its preprocessed tiles ``[tiles, channels, image_size, image_size]`` and its own
+        ``(width, height)``; the tiles of all the images run the tower together."""
         tiles = self.vision(torch.cat(pixel_values).to(self.final_norm.device))
-        return [embeds.flatten(0, 1) for embeds in tiles.split([len(p) for p in pixel_values])]
+        per_image = tiles.split([len(p) for p in pixel_values])
+        if self.image_newline is None:
+            return [embeds.flatten(0, 1) for embeds in per_image]
+        return [self._pack_anyres(embeds, *size) for embeds, size in zip(per_image, sizes)]
+
+    def _pack_anyres(self, embeds: torch.Tensor, width: int, height: int) -> torch.Tensor:
+        """LLaVA-NeXT's image embeddings from its tiles' ``[tiles, side * side, hidden]``: the base
+        image's, then the grid's feature map with its padding cut away (`anyres.unpadded_grid`),
+        row by row, each row followed by ``image_newline`` (transformers' ``pack_image_features``)."""
+        vision = self.arch.vision
+        side = vision.image_size // vision.patch_size
+        rows, cols = anyres.tile_grid(width, height, vision)
+        grid = anyres.unpadded_grid(width, height, vision)
+        features = (
+            embeds[1:]
+            .view(rows, cols, side, side, -1)
+            .permute(0, 2, 1, 3, 4)
+            .reshape(rows * side, cols * side, -1)
+        )
+        features = features[grid.top : grid.top + grid.rows, grid.left : grid.left + grid.cols]
+        newline = self.image_newline.expand(grid.rows, 1, -1)
+        return torch.cat([embeds[0], torch.cat([features, newline], dim=1).flatten(0, 1)])

@@ -59,7 +59,10 @@ def step_image_rows(
         dict.fromkeys((s.request, s.index) for s in spans if s.index not in s.request.image_embeds)
     )
     if missing:
-        encoded = encode_images([request.images[index].pixel_values for request, index in missing])
+        images = [request.images[index] for request, index in missing]
+        encoded = encode_images(
+            [image.pixel_values for image in images], [image.size for image in images]
+        )
         for (request, index), image_embeds in zip(missing, encoded):
             request.image_embeds[index] = image_embeds
     rows = [torch.arange(s.row, s.row + s.count) for s in spans]
