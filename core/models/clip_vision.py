@@ -52,8 +52,9 @@ _SIGLIP_HEAD = (
 def vision_weight_names(vision: VisionConfig) -> set[str]:
     """The canonical names of the tower's and the projector's parameters: transformers' in-memory
     ``LlavaModel`` names without the leading ``model.`` (Idefics3's tower is named as SigLIP's,
-    its projection ``multi_modal_projector.proj.weight``; LLaVA-NeXT adds ``image_newline``). ``post_layernorm`` and SigLIP's head
-    are among them (checkpoints have them) though LLaVA never applies them."""
+    its projection ``multi_modal_projector.proj.weight``; LLaVA-NeXT adds ``image_newline``).
+    ``post_layernorm`` and SigLIP's head are among them (checkpoints have them) though LLaVA
+    never applies them."""
     clip = vision.tower == "clip"
     names = {
         f"{TOWER}.embeddings.patch_embedding.weight",
