@@ -49,26 +49,34 @@ def test_bench_vision_on_tiles_agrees_with_transformers(tiny_idefics3_dir, capsy
     assert "one image (10 tiles, 64 tokens)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("arch", ["llava", "smolvlm"])
+@pytest.mark.parametrize("arch", ["llava", "llava-next", "smolvlm"])
 def test_the_random_models_load_and_read_images(tmp_path, arch):
     tower = TowerShape(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2)
-    if arch == "llava":
-        model_dir = write_random_llava(tmp_path / arch, tower, text_layers=1, seed=0)
-    else:
+    if arch == "smolvlm":
         model_dir = write_random_smolvlm(tmp_path / arch, tower, grid=2, text_layers=1, seed=0)
+    else:
+        model_dir = write_random_llava(tmp_path / arch, tower, 1, 0, arch == "llava-next")
     llm = LLM(model=str(model_dir), dtype="float32", device="cpu", kv_cache_memory="32MiB")
-    # LLaVA: 4 x 4 patches a token each; SmolVLM: shuffled 4 x 4 into one token a tile, and
-    # each image 2 x 2 tiles and the global one.
-    tokens, tiles = (16, 1) if arch == "llava" else (1, 5)
-    assert llm.engine.arch.vision.tokens_per_tile == tokens
+    # LLaVA: 4 x 4 patches a token each. LLaVA-NeXT: a 64-pixel square image is the base tile
+    # (16 tokens) and a 2 x 2 grid, 8 x 8 features with a newline a row (72 tokens). SmolVLM:
+    # 4 x 4 patches shuffled into one token a tile, each image 2 x 2 tiles and the global one.
+    tokens, tiles = {"llava": (16, 1), "llava-next": (16 + 72, 5), "smolvlm": (5, 5)}[arch]
     assert llm.engine.arch.num_hidden_layers == 1
     [(token_ids, images)] = vision.vision_prompts(llm.engine, 1, 6, seed=3)
-    assert token_ids.count(llm.engine.arch.vision.image_token_id) == tokens * tiles
+    assert token_ids.count(llm.engine.arch.vision.image_token_id) == tokens
     assert len(images) == 1 and len(images[0].pixel_values) == tiles
-    llm.engine.add_request(
-        "r", token_ids, SamplingParams(max_tokens=3, ignore_eos=True), images=images
-    )
-    outputs = []
+    llm.engine.add_request("r", token_ids, SamplingParams(max_tokens=3), images=images)
     while llm.engine.has_unfinished_requests:
-        outputs += [o for o in llm.engine.step() if o.finished]
-    assert len(outputs[0].outputs[0].token_ids) == 3
+        llm.engine.step()
+    pool = llm.engine.kv.pool
+    assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_bench_vision_on_llava_next_agrees_with_transformers(tiny_llava_next_dir):
+    argv = ["bench", "vision", "--model", str(tiny_llava_next_dir), *TINY, "--num-prompts", "2",
+            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
+    args = build_parser(argv).parse_args(argv)
+    result = vision.compare(args, Path(args.model))
+    # A 64-pixel square: the base tile and a 2 x 2 grid; 16 + 8 x 9 tokens.
+    assert (result.tiles_per_image, result.tokens_per_image) == (5, 88)
+    assert result.num_identical == 2

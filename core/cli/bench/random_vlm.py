@@ -1,6 +1,7 @@
 """Random vision-language checkpoints before the default model's language model shape
 (SmolLM2-135M's), with the default model's tokenizer plus the image tokens: a LLaVA (a CLIP
-tower) and an Idefics3 shaped as SmolVLM (a pixel-shuffled SigLIP tower on tiles). What
+tower), a LLaVA-NeXT (the same tower on a grid of tiles) and an Idefics3 shaped as SmolVLM (a
+pixel-shuffled SigLIP tower on tiles). What
 ``bench vision`` runs when no vision model is at hand (speed does not depend on the values)."""
 
 from dataclasses import dataclass
@@ -69,29 +70,38 @@ def _tower_fields(tower: TowerShape) -> dict:
     )
 
 
-def write_random_llava(path: Path, tower: TowerShape, text_layers: int | None, seed: int) -> Path:
+def write_random_llava(
+    path: Path, tower: TowerShape, text_layers: int | None, seed: int, next_: bool = False
+) -> Path:
     """Save a random ``LlavaForConditionalGeneration`` (float32) and its tokenizer at ``path``;
-    ``text_layers`` cuts the language model's depth (None: the default model's)."""
-    from transformers import (
-        CLIPImageProcessorPil,
-        CLIPVisionConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-    )
+    ``text_layers`` cuts the language model's depth (None: the default model's). With ``next_``
+    a ``LlavaNextForConditionalGeneration`` whose grid resolutions are llava-v1.6's in tiles of
+    the tower's size (1 x 2, 2 x 1, 2 x 2, 3 x 1, 1 x 3)."""
+    import transformers
 
     tokenizer, text = _text_model([IMAGE_TOKEN], text_layers)
-    config = LlavaConfig(
-        vision_config=CLIPVisionConfig(**_tower_fields(tower)),
+    size = tower.image_size
+    pinpoints = [
+        [size * rows, size * cols] for rows, cols in ((1, 2), (2, 1), (2, 2), (3, 1), (1, 3))
+    ]
+    config = (transformers.LlavaNextConfig if next_ else transformers.LlavaConfig)(
+        vision_config=transformers.CLIPVisionConfig(**_tower_fields(tower)),
         text_config=text,
         image_token_index=len(tokenizer) - 1,
-        image_seq_length=(tower.image_size // tower.patch_size) ** 2,
+        image_seq_length=(size // tower.patch_size) ** 2,
+        **({"image_grid_pinpoints": pinpoints} if next_ else {}),
     )
+    model_class = "LlavaNextForConditionalGeneration" if next_ else "LlavaForConditionalGeneration"
     torch.manual_seed(seed)
-    LlavaForConditionalGeneration(config).save_pretrained(path)
+    getattr(transformers, model_class)(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
-    CLIPImageProcessorPil(
-        size={"shortest_edge": tower.image_size}, crop_size=tower.image_size
-    ).save_pretrained(path)
+    if next_:
+        processor = transformers.LlavaNextImageProcessorPil(
+            size={"shortest_edge": size}, crop_size=size, image_grid_pinpoints=pinpoints
+        )
+    else:
+        processor = transformers.CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size=size)
+    processor.save_pretrained(path)
     return path
 
 

@@ -7,8 +7,9 @@ HF's batches need no padding); both sides get the same preprocessed pixels and g
 ``--max-tokens`` tokens greedily, EOS ignored, in float32. Each side runs ``--repeats`` times,
 alternating which goes first; the medians are compared. Without ``--model`` a random model is
 built before SmolLM2-135M's language model (`random_vlm`): with ``--arch llava`` a CLIP tower of
-the given shape; with ``--arch smolvlm`` SmolVLM's layout, a SigLIP tower on tiles of
-``--image-size`` pixels, images of ``--grid`` x ``--grid`` tiles plus the global one.
+the given shape (``llava-next``: on a 2 x 2 grid of tiles and the base image); with ``--arch
+smolvlm`` SmolVLM's layout, a SigLIP tower on tiles of ``--image-size`` pixels, images of
+``--grid`` x ``--grid`` tiles plus the global one.
 The vision share is the tower's and projector's time over the model time of Spyglass's steps.
 """
 
@@ -48,7 +49,10 @@ def add_parser(subparsers, argv) -> None:
     parser.add_argument("--hf-batch-size", type=int, default=8, help="prompts per HF batch")
     shape = TowerShape()
     parser.add_argument(
-        "--arch", choices=["llava", "smolvlm"], default="llava", help="the random model's layout"
+        "--arch",
+        choices=["llava", "llava-next", "smolvlm"],
+        default="llava",
+        help="the random model's layout",
     )
     parser.add_argument(
         "--image-size",
@@ -105,7 +109,11 @@ def vision_prompts(
     placed for ``engine``'s model: a square image of the tower's size, or of the longest edge a
     tiling model resizes images to."""
     vision = engine.arch.vision
-    side = vision.image_size if vision.tiles is None else vision.tiles.longest_edge
+    side = vision.image_size
+    if vision.tiles is not None:
+        side = vision.tiles.longest_edge
+    elif vision.grid_pinpoints:
+        side = max(min(pinpoint) for pinpoint in vision.grid_pinpoints)
     rng = np.random.default_rng(seed)
     prompts = []
     for _ in range(num_prompts):
@@ -151,14 +159,20 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int):
     for first in range(0, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
         input_ids = torch.tensor([token_ids for token_ids, _ in batch])
-        # LLaVA takes [images, ...]; Idefics3 [prompts, tiles, ...] (each tile an "image").
+        # LLaVA takes [images, ...]; LLaVA-NeXT and Idefics3 [prompts, tiles, ...] (LLaVA-NeXT
+        # with each image's (height, width)).
         join = torch.stack if model.config.model_type != "llava" else torch.cat
         pixels = join([images[0].pixel_values for _, images in batch])
+        extra = {}
+        if model.config.model_type == "llava_next":
+            sizes = [images[0].size[::-1] for _, images in batch]
+            extra["image_sizes"] = torch.tensor(sizes)
         with torch.inference_mode():
             generated = model.generate(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),  # equal lengths: no padding
                 pixel_values=pixels,
+                **extra,
                 max_new_tokens=max_tokens,
                 min_new_tokens=max_tokens,
                 do_sample=False,
@@ -217,13 +231,15 @@ def run(args) -> int:
     if args.model is not None:
         report(args, compare(args, Path(args.model)))
         return 0
-    default_size = 224 if args.arch == "llava" else 256
+    default_size = 256 if args.arch == "smolvlm" else 224
     tower = TowerShape(
         args.image_size or default_size, args.patch_size, num_layers=args.vision_layers
     )
     with tempfile.TemporaryDirectory(prefix=f"spyglass-{args.arch}-") as scratch:
-        if args.arch == "llava":
-            model_dir = write_random_llava(Path(scratch), tower, args.text_layers, args.seed)
+        if args.arch != "smolvlm":
+            model_dir = write_random_llava(
+                Path(scratch), tower, args.text_layers, args.seed, args.arch == "llava-next"
+            )
         else:
             model_dir = write_random_smolvlm(
                 Path(scratch), tower, args.grid, args.text_layers, args.seed
