@@ -89,6 +89,8 @@ def request_attributes(request: Request, model: str) -> dict:
         "spyglass.tenant": extra.get("tenant"),
         "spyglass.lora.name": request.lora_name,
         "spyglass.request.images": len(request.images) or None,
+        # Their prompt tokens (tiles and markers): what the images cost the prefill.
+        "spyglass.request.image_tokens": sum(image.length for image in request.images) or None,
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     attrs.update(response_format_attributes(request))

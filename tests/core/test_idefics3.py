@@ -19,7 +19,7 @@ from tests.core.test_llava import data_url, noise_image
 PROMPT = "<|im_start|>User:<image>What is in the picture?<end_of_utterance>\nAssistant:"
 TWO_IMAGES = "<|im_start|>User:<image>and<image>Which differ?<end_of_utterance>\nAssistant:"
 GREEDY = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
-# (width, height): landscape, portrait, square, one tile's worth, a sliver, odd sizes.
+# (width, height): landscape, portrait, square, small (upscaled), a sliver, odd sizes.
 SIZES = [(50, 40), (30, 70), (33, 33), (20, 10), (3, 90), (61, 7)]
 
 
@@ -253,3 +253,20 @@ def test_images_whose_tiles_overflow_the_context_are_refused(tiny_idefics3_dir):
     assert error.value.param == "multi_modal_data"
     [output] = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": big[0]}}, GREEDY)
     assert len(output.outputs[0].token_ids) == 8
+
+
+def test_request_spans_count_the_tokens_tiles_fill(idefics3):
+    from spyglass.plugins.tracing.attributes import request_attributes
+
+    prompt = {
+        "prompt": TWO_IMAGES,
+        "multi_modal_data": {"image": [noise_image(1), noise_image(3, (20, 10))]},
+    }
+    _, token_ids, images = idefics3._prompt(prompt)
+    idefics3.engine.add_request("traced", token_ids, SamplingParams(max_tokens=1), images=images)
+    attributes = request_attributes(idefics3.engine.requests["traced"], "tiny")
+    # 50 x 40 becomes 72 x 72: 3 x 3 tiles (64 tokens); 20 x 10 becomes 60 x 30, then 72 x 48:
+    # 2 x 3 tiles (6 x 6 + 2 newlines + 7 for the global image: 45 tokens).
+    assert attributes["spyglass.request.images"] == 2
+    assert attributes["spyglass.request.image_tokens"] == 64 + 45
+    idefics3.engine.abort("traced")
