@@ -10,7 +10,6 @@ named events: ``message_start``, a ``content_block_start`` / ``_delta`` / ``_sto
 reason and usage, and ``message_stop``. Errors keep this server's OpenAI-shaped body.
 """
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -55,7 +54,7 @@ from spyglass.core.api.tools import (
 )
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import CompletionOutput
-from spyglass.core.engine.prompt_images import images_in_prompt
+from spyglass.core.engine.prompt_images import prompt_with_image_tokens
 from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.sampling_params import SamplingParams
 
@@ -190,9 +189,7 @@ async def count_message_tokens(
     token_ids = await encode_text(
         serving, prompt, "messages", must_fit=False, add_special_tokens=False
     )
-    token_ids, _ = await asyncio.to_thread(
-        images_in_prompt, token_ids, images, serving.vision, serving.max_model_len, "messages"
-    )
+    token_ids = prompt_with_image_tokens(token_ids, images, serving.vision, "messages")
     return TokenCount(len(token_ids))
 
 

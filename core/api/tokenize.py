@@ -15,7 +15,7 @@ from spyglass.core.api.errors import APIError
 from spyglass.core.api.prompts import check_token_ids, encode_text
 from spyglass.core.api.schemas import ChatMessage, TokenId
 from spyglass.core.api.validation import json_body_guard
-from spyglass.core.engine.prompt_images import images_in_prompt
+from spyglass.core.engine.prompt_images import prompt_with_image_tokens
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -86,9 +86,7 @@ async def tokenize(
         add_special_tokens=add_special_tokens,
     )
     # A vision model's images count as the tokens they fill.
-    tokens, _ = await asyncio.to_thread(
-        images_in_prompt, tokens, images, serving.vision, serving.max_model_len, "messages"
-    )
+    tokens = prompt_with_image_tokens(tokens, images, serving.vision, "messages")
     return TokenizeResponse(len(tokens), serving.max_model_len, tokens)
 
 

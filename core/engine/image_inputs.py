@@ -56,30 +56,10 @@ class ImageInput:
 def place_images(
     token_ids: list[int], pixels: list[ImagePixels], vision: VisionConfig, field: str
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
-    """The prompt with each image's placeholder token (``vision.image_token_id``, one per image,
-    in order) expanded to its `image_layout`, and each image's `ImageInput`. A prompt already
-    expanded (each image's layout in order, with no other placeholders) is kept as it is.
-    `InvalidRequestError` naming ``field`` when the placeholders do not match the images."""
+    """The prompt with each image's placeholder expanded (`expand_placeholders`), and each
+    image's `ImageInput`."""
     layouts = [image_layout(vision, image.width, image.height) for image in pixels]
-    placeholder = vision.image_token_id
-    found = token_ids.count(placeholder)
-    offsets = _expanded_offsets(token_ids, layouts, placeholder)
-    if offsets is not None:
-        expanded = token_ids
-    elif found == len(pixels):
-        expanded, offsets, pending = [], [], iter(layouts)
-        for token in token_ids:
-            if token == placeholder:
-                offsets.append(len(expanded))
-                expanded += next(pending).token_ids
-            else:
-                expanded.append(token)
-    else:
-        raise InvalidRequestError(
-            f"the prompt has {found} image placeholders for {len(pixels)} images "
-            "(one per image, where the image goes)",
-            field,
-        )
+    expanded, offsets = expand_placeholders(token_ids, layouts, vision.image_token_id, field)
     images = tuple(
         ImageInput(
             image.values,
@@ -92,6 +72,33 @@ def place_images(
         for image, layout, offset in zip(pixels, layouts, offsets)
     )
     return expanded, images
+
+
+def expand_placeholders(
+    token_ids: list[int], layouts: list[ImageLayout], placeholder: int, field: str
+) -> tuple[list[int], list[int]]:
+    """The prompt with each ``placeholder`` token (one per image, in order) expanded to its
+    image's layout, and where each layout starts. A prompt already expanded (each layout in
+    order, with no other placeholders) is kept as it is. `InvalidRequestError` naming ``field``
+    when the placeholders do not match the images."""
+    offsets = _expanded_offsets(token_ids, layouts, placeholder)
+    if offsets is not None:
+        return token_ids, offsets
+    found = token_ids.count(placeholder)
+    if found != len(layouts):
+        raise InvalidRequestError(
+            f"the prompt has {found} image placeholders for {len(layouts)} images "
+            "(one per image, where the image goes)",
+            field,
+        )
+    expanded, offsets, pending = [], [], iter(layouts)
+    for token in token_ids:
+        if token == placeholder:
+            offsets.append(len(expanded))
+            expanded += next(pending).token_ids
+        else:
+            expanded.append(token)
+    return expanded, offsets
 
 
 def _expanded_offsets(

@@ -3,8 +3,8 @@ image's placeholder expanded, and each image's pixels as the vision tower reads 
 
 from collections.abc import Sequence
 
-from spyglass.core.engine.image_inputs import ImageInput, place_images
-from spyglass.core.engine.image_layout import image_layout
+from spyglass.core.engine.image_inputs import ImageInput, expand_placeholders, place_images
+from spyglass.core.engine.image_layout import ImageLayout, image_layout
 from spyglass.core.engine.image_preprocess import pixel_values
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models.vision_config import VisionConfig
@@ -22,11 +22,8 @@ def images_in_prompt(
     its context holds (checked before any is resized)."""
     if not images:
         return token_ids, ()
-    if vision is None:
-        raise InvalidRequestError(
-            "this model reads no images (serve a vision model, e.g. LLaVA, for images)", field
-        )
-    needed = sum(image_tokens(image.size, vision) for image in images)
+    _check_reads_images(vision, field)
+    needed = sum(len(_layout(image, vision).token_ids) for image in images)
     if needed > max_model_len:
         raise InvalidRequestError(
             f"{len(images)} images take {needed} tokens, more than the model's context of "
@@ -37,6 +34,25 @@ def images_in_prompt(
     return place_images(token_ids, pixels, vision, field)
 
 
-def image_tokens(size: tuple[int, int], vision: VisionConfig) -> int:
-    """The prompt tokens an image of ``size`` (width, height) becomes (`image_layout`)."""
-    return len(image_layout(vision, *size).token_ids)
+def prompt_with_image_tokens(
+    token_ids: list[int], images: Sequence, vision: VisionConfig | None, field: str
+) -> list[int]:
+    """``token_ids`` with each image's placeholder expanded to the tokens the image becomes, laid
+    out from its size alone (nothing is resized): what a prompt counts. `InvalidRequestError`
+    naming ``field`` for images to a model that reads none or placeholders that do not match."""
+    if not images:
+        return token_ids
+    _check_reads_images(vision, field)
+    layouts = [_layout(image, vision) for image in images]
+    return expand_placeholders(token_ids, layouts, vision.image_token_id, field)[0]
+
+
+def _check_reads_images(vision: VisionConfig | None, field: str) -> None:
+    if vision is None:
+        raise InvalidRequestError(
+            "this model reads no images (serve a vision model, e.g. LLaVA, for images)", field
+        )
+
+
+def _layout(image, vision: VisionConfig) -> ImageLayout:
+    return image_layout(vision, *image.size)
