@@ -7,7 +7,7 @@ use."""
 import json
 from pathlib import Path
 
-from spyglass.core.loaders.llava_config import LLAMA_DEFAULTS
+from spyglass.core.loaders.llava_config import LLAMA_DEFAULTS, with_prefixes_renamed
 from spyglass.core.models.image_tiles import ImageTiles
 from spyglass.core.models.vision_config import VisionConfig
 from spyglass.core.tokenizer import Tokenizer
@@ -165,11 +165,4 @@ def canonical_names(weights: dict) -> dict:
     """``weights`` under the names the models read: the language model's as Llama's
     (``model.``, ``lm_head.``), the tower's under ``vision_tower.``, the projection's under
     ``multi_modal_projector.``."""
-    renamed = {}
-    for name, tensor in weights.items():
-        for old, new in _RENAMES:
-            if name.startswith(old):
-                name = new + name[len(old) :]
-                break
-        renamed[name] = tensor
-    return renamed
+    return with_prefixes_renamed(weights, _RENAMES)

@@ -189,9 +189,15 @@ def canonical_names(weights: dict) -> dict:
     """``weights`` under the names the models read: the language model's as its causal LM's
     (``model.``, ``lm_head.``), the tower's under ``vision_tower.``, the projector's under
     ``multi_modal_projector.``."""
+    return with_prefixes_renamed(weights, _RENAMES)
+
+
+def with_prefixes_renamed(weights: dict, renames: tuple[tuple[str, str], ...]) -> dict:
+    """``weights`` with each ``(old, new)`` prefix of ``renames`` replaced, in order, wherever it
+    starts a name (a rename may apply to what an earlier one made)."""
     renamed = {}
     for name, tensor in weights.items():
-        for old, new in _RENAMES:
+        for old, new in renames:
             if name.startswith(old):
                 name = new + name[len(old) :]
         renamed[name] = tensor

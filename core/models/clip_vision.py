@@ -85,6 +85,22 @@ def vision_weight_names(vision: VisionConfig) -> set[str]:
     return names | {IMAGE_NEWLINE} if vision.grid_pinpoints else names
 
 
+def tower_weights(
+    vision: VisionConfig,
+    weights: dict[str, torch.Tensor],
+    device,
+    dtype,
+    unused: tuple[str, ...] = (),
+) -> dict[str, torch.Tensor]:
+    """The `vision_weight_names` of ``weights`` but those starting with one of ``unused``, on
+    ``device`` in ``dtype``."""
+    return {
+        name: weights[name].to(device=device, dtype=dtype)
+        for name in vision_weight_names(vision)
+        if not (unused and name.startswith(unused))
+    }
+
+
 class ClipEncoderLayer:
     """One pre-LayerNorm transformer layer of the tower: full (unmasked) attention, then the MLP."""
 
@@ -135,11 +151,8 @@ class ClipVisionEncoder:
             )
         self.vision = vision
         self.dtype = dtype
-        w = {
-            name: weights[name].to(device=device, dtype=dtype)
-            for name in vision_weight_names(vision)
-            if not name.startswith((f"{TOWER}.post_layernorm", f"{TOWER}.head."))
-        }
+        unused = (f"{TOWER}.post_layernorm", f"{TOWER}.head.", IMAGE_NEWLINE)
+        w = tower_weights(vision, weights, device, dtype, unused)
         # CLIP's alone: SigLIP has neither (None).
         self.class_embedding = w.get(f"{TOWER}.embeddings.class_embedding")
         self.pre_norm = w.get(f"{TOWER}.pre_layrnorm.weight"), w.get(f"{TOWER}.pre_layrnorm.bias")

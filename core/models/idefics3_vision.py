@@ -10,7 +10,7 @@ from spyglass.core.models.clip_vision import (
     PROJECTOR,
     TOWER,
     ClipEncoderLayer,
-    vision_weight_names,
+    tower_weights,
 )
 from spyglass.core.models.vision_config import VisionConfig
 
@@ -53,10 +53,7 @@ class Idefics3VisionEncoder:
             )
         self.vision = vision
         self.dtype = dtype
-        w = {
-            name: weights[name].to(device=device, dtype=dtype)
-            for name in vision_weight_names(vision)
-        }
+        w = tower_weights(vision, weights, device, dtype)
         self.patch_embedding = (
             w[f"{TOWER}.embeddings.patch_embedding.weight"],
             w[f"{TOWER}.embeddings.patch_embedding.bias"],

@@ -10,7 +10,7 @@ import requests
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.llm import LLM
 from tests.api.conftest import start_tiny
-from tests.core.test_llava import data_url, noise_image
+from tests.core.vision_reference import data_url, noise_image
 
 QUESTION = "What differs?"
 # A landscape image (3 x 3 tiles), a portrait one (3 x 2) and one of a single tile.

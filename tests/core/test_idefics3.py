@@ -4,7 +4,6 @@ preemption and the prefix cache."""
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,7 +13,12 @@ from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingPa
 from spyglass.core.llm import LLM
 from spyglass.core.loaders.hf_loader import load_hf_dir
 from spyglass.core.models.idefics3_vision import Idefics3VisionEncoder
-from tests.core.test_llava import data_url, noise_image
+from tests.core.vision_reference import (
+    assert_blocks_returned,
+    assert_greedy_as_transformers,
+    data_url,
+    noise_image,
+)
 
 PROMPT = "<|im_start|>User:<image>What is in the picture?<end_of_utterance>\nAssistant:"
 TWO_IMAGES = "<|im_start|>User:<image>and<image>Which differ?<end_of_utterance>\nAssistant:"
@@ -41,33 +45,9 @@ def hf_inputs(processor, prompt: str, images: list):
     return processor(text=prompt, images=[images], return_tensors="pt")
 
 
-def hf_greedy(hf, prompt: str, images: list, max_tokens: int = 8):
-    """transformers' prompt ids, greedy tokens and their logprobs."""
-    model, processor = hf
-    inputs = hf_inputs(processor, prompt, images)
-    with torch.no_grad():
-        out = model.generate(
-            **inputs,
-            max_new_tokens=max_tokens,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    prompt_ids = inputs["input_ids"][0].tolist()
-    tokens = out.sequences[0, len(prompt_ids) :].tolist()
-    logprobs = [
-        torch.log_softmax(score[0].float(), -1)[token].item()
-        for score, token in zip(out.scores, tokens)
-    ]
-    return prompt_ids, tokens, logprobs
-
-
 def assert_matches_hf(hf, output, prompt: str, images: list, max_tokens: int = 8):
-    prompt_ids, tokens, logprobs = hf_greedy(hf, prompt, images, max_tokens)
-    assert output.prompt_token_ids == prompt_ids
-    completion = output.outputs[0]
-    assert completion.token_ids == tokens
-    np.testing.assert_allclose([e.logprob for e in completion.logprobs], logprobs, atol=2e-4)
+    model, processor = hf
+    assert_greedy_as_transformers(output, model, hf_inputs(processor, prompt, images), max_tokens)
 
 
 @pytest.mark.parametrize("split", [True, False])
@@ -181,9 +161,7 @@ def test_tiles_split_across_chunks_and_preemptions_match_transformers(
     outputs = llm.generate(prompts, dataclasses.replace(GREEDY, max_tokens=12))
     for output, image in zip(outputs, images):
         assert_matches_hf(hf_idefics3, output, PROMPT, [image], max_tokens=12)
-    llm.engine.kv.check_integrity()
-    pool = llm.engine.kv.pool
-    assert pool.num_free_blocks == pool.num_blocks
+    assert_blocks_returned(llm)
     assert bool(preemptions.req_ids) == preempting
 
 

@@ -1,36 +1,26 @@
 """LLaVA: prompts with images, checked against transformers' LlavaForConditionalGeneration on a
 tiny random checkpoint, through chunked prefill, preemption and the prefix cache."""
 
-import base64
 import dataclasses
-import io
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.llm import LLM
+from tests.core.vision_reference import (
+    assert_blocks_returned,
+    assert_greedy_as_transformers,
+    data_url,
+    noise_image,
+)
 
 PROMPT = "USER: <image>\nWhat is in the picture?\nASSISTANT:"
 TWO_IMAGES = "USER: <image>\nand <image>\nWhich differ?\nASSISTANT:"
 GREEDY = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
-
-
-def noise_image(seed: int, size=(50, 40), mode="RGB") -> Image.Image:
-    """A seeded random image (its aspect ratio is not the tower's square)."""
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    return Image.fromarray(pixels).convert(mode)
-
-
-def data_url(image: Image.Image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 @pytest.fixture(scope="module")
@@ -47,34 +37,13 @@ def llava(tiny_llava_dir):
     return LLM(model=str(tiny_llava_dir), dtype="float32", device="cpu", kv_cache_memory="64MiB")
 
 
-def hf_greedy(hf_llava, token_ids: list[int], images: list, max_tokens: int = 8):
-    """transformers' greedy tokens and their logprobs for the expanded prompt and images."""
-    model, processor = hf_llava
-    pixels = processor(images=images, return_tensors="pt")["pixel_values"]
-    ids = torch.tensor([token_ids])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            pixel_values=pixels,
-            max_new_tokens=max_tokens,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    tokens = out.sequences[0, len(token_ids) :].tolist()
-    logprobs = [
-        torch.log_softmax(score[0].float(), -1)[token].item()
-        for score, token in zip(out.scores, tokens)
-    ]
-    return tokens, logprobs
-
-
 def assert_matches_hf(hf_llava, output, images, max_tokens: int = 8):
-    tokens, logprobs = hf_greedy(hf_llava, output.prompt_token_ids, images, max_tokens)
-    completion = output.outputs[0]
-    assert completion.token_ids == tokens
-    ours = [entry.logprob for entry in completion.logprobs]
-    np.testing.assert_allclose(ours, logprobs, atol=2e-4)
+    model, processor = hf_llava
+    inputs = {
+        "input_ids": torch.tensor([output.prompt_token_ids]),
+        "pixel_values": processor(images=images, return_tensors="pt")["pixel_values"],
+    }
+    assert_greedy_as_transformers(output, model, inputs, max_tokens)
 
 
 def test_a_prompt_with_an_image_matches_transformers(llava, hf_llava, tiny_llava_dir):
@@ -151,9 +120,7 @@ def test_images_split_across_chunks_and_preemptions_match_transformers(
     outputs = llm.generate(prompts, dataclasses.replace(GREEDY, max_tokens=16))
     for output, image in zip(outputs, images):
         assert_matches_hf(hf_llava, output, [image], max_tokens=16)
-    llm.engine.kv.check_integrity()
-    pool = llm.engine.kv.pool
-    assert pool.num_free_blocks == pool.num_blocks
+    assert_blocks_returned(llm)
     assert bool(preemptions.req_ids) == preempting
 
 

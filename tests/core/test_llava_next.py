@@ -5,7 +5,6 @@ preemption."""
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,7 +12,12 @@ from spyglass.core.engine.image_preprocess import pixel_values
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.llm import LLM
 from spyglass.core.loaders.hf_loader import load_hf_dir
-from tests.core.test_llava import PROMPT, TWO_IMAGES, noise_image
+from tests.core.test_llava import PROMPT, TWO_IMAGES
+from tests.core.vision_reference import (
+    assert_blocks_returned,
+    assert_greedy_as_transformers,
+    noise_image,
+)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
 # (width, height): wide, tall, square, small, slivers both ways, odd sizes.
@@ -51,26 +55,9 @@ def llava_next(tiny_llava_next_dir):
 
 
 def assert_matches_hf(hf, output, prompt: str, images: list, max_tokens: int = 8):
-    """The prompt ids transformers' processor writes, its greedy tokens and their logprobs."""
     model, processor = hf
     inputs = processor(text=prompt, images=images, return_tensors="pt")
-    assert output.prompt_token_ids == inputs["input_ids"][0].tolist()
-    with torch.no_grad():
-        out = model.generate(
-            **inputs,
-            max_new_tokens=max_tokens,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    tokens = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
-    logprobs = [
-        torch.log_softmax(score[0].float(), -1)[token].item()
-        for score, token in zip(out.scores, tokens)
-    ]
-    completion = output.outputs[0]
-    assert completion.token_ids == tokens
-    np.testing.assert_allclose([e.logprob for e in completion.logprobs], logprobs, atol=2e-4)
+    assert_greedy_as_transformers(output, model, inputs, max_tokens)
 
 
 @pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
@@ -110,7 +97,5 @@ def test_images_split_across_chunks_and_preemptions_match_transformers(
     outputs = llm.generate(prompts, dataclasses.replace(GREEDY, max_tokens=12))
     for output, image in zip(outputs, images):
         assert_matches_hf(hf_next, output, PROMPT, [image], max_tokens=12)
-    llm.engine.kv.check_integrity()
-    pool = llm.engine.kv.pool
-    assert pool.num_free_blocks == pool.num_blocks
+    assert_blocks_returned(llm)
     assert bool(preemptions.req_ids) == preempting

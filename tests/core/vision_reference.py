@@ -1,0 +1,52 @@
+"""What the vision-model tests share: seeded images, and the check that an output of ours is
+transformers' greedy generation for the same prompt ids and pixels, token for token and logprob
+for logprob."""
+
+import base64
+import io
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+def noise_image(seed: int, size=(50, 40), mode="RGB") -> Image.Image:
+    """A seeded random image (its aspect ratio is not the tower's square)."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels).convert(mode)
+
+
+def data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def assert_greedy_as_transformers(output, model, inputs: dict, max_tokens: int) -> None:
+    """``output`` has ``inputs``' prompt ids and the greedy tokens and logprobs transformers'
+    ``model.generate(**inputs)`` gives (float32, to 2e-4)."""
+    prompt_ids = inputs["input_ids"][0].tolist()
+    assert output.prompt_token_ids == prompt_ids
+    with torch.no_grad():
+        out = model.generate(
+            **inputs,
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    tokens = out.sequences[0, len(prompt_ids) :].tolist()
+    logprobs = [
+        torch.log_softmax(score[0].float(), -1)[token].item()
+        for score, token in zip(out.scores, tokens)
+    ]
+    completion = output.outputs[0]
+    assert completion.token_ids == tokens
+    np.testing.assert_allclose([e.logprob for e in completion.logprobs], logprobs, atol=2e-4)
+
+
+def assert_blocks_returned(llm) -> None:
+    """Every KV block of ``llm``'s engine is back in its pool, and the cache is consistent."""
+    llm.engine.kv.check_integrity()
+    pool = llm.engine.kv.pool
+    assert pool.num_free_blocks == pool.num_blocks
