@@ -7,7 +7,11 @@ use."""
 import json
 from pathlib import Path
 
-from spyglass.core.loaders.llava_config import LLAMA_DEFAULTS, with_prefixes_renamed
+from spyglass.core.loaders.llava_config import (
+    LLAMA_DEFAULTS,
+    check_steps_on,
+    with_prefixes_renamed,
+)
 from spyglass.core.models.image_tiles import ImageTiles
 from spyglass.core.models.vision_config import VisionConfig
 from spyglass.core.tokenizer import Tokenizer
@@ -79,11 +83,7 @@ def check_vision(config: dict, model_dir: Path) -> tuple[dict, dict]:
             f"preprocessor_config.json cuts images into {tile_size}-pixel tiles; the vision tower "
             f"takes {tower['image_size']}."
         )
-    if not all(processor.get(step, True) for step in ("do_resize", "do_rescale", "do_normalize")):
-        raise ValueError(
-            "preprocessor_config.json turns off resizing, rescaling or normalizing, which "
-            "Spyglass always does."
-        )
+    check_steps_on(processor)
     return tower, processor
 
 

@@ -161,11 +161,7 @@ def _preprocessing(path: Path, image_size: int, tiled: bool = False) -> dict:
             f"preprocessor_config.json resizes images to {size}; the vision tower takes "
             f"{image_size} x {image_size}."
         )
-    if not all(processor.get(step, True) for step in ("do_resize", "do_rescale", "do_normalize")):
-        raise ValueError(
-            "preprocessor_config.json turns off resizing, rescaling or normalizing, which "
-            "Spyglass always does."
-        )
+    check_steps_on(processor)
     square = tiled or processor.get("do_center_crop", True) or processor.get("do_pad")
     if shortest and not square:
         raise ValueError(
@@ -183,6 +179,16 @@ def _preprocessing(path: Path, image_size: int, tiled: bool = False) -> dict:
         if processor.get(key):
             fields[key] = tuple(processor[key])
     return fields
+
+
+def check_steps_on(processor: dict) -> None:
+    """ValueError when an image processor's config turns off resizing, rescaling or
+    normalizing, which Spyglass always does."""
+    if not all(processor.get(step, True) for step in ("do_resize", "do_rescale", "do_normalize")):
+        raise ValueError(
+            "preprocessor_config.json turns off resizing, rescaling or normalizing, which "
+            "Spyglass always does."
+        )
 
 
 def canonical_names(weights: dict) -> dict:
