@@ -248,3 +248,38 @@ def test_request_spans_count_the_tokens_tiles_fill(idefics3):
     assert attributes["spyglass.request.images"] == 2
     assert attributes["spyglass.request.image_tokens"] == 64 + 45
     idefics3.engine.abort("traced")
+
+
+def _changed_copy(source, tmp_path, name: str, change) -> str:
+    """A copy of the checkpoint ``source`` whose JSON file ``name`` ``change`` edits in place."""
+    import json
+    import shutil
+
+    copy = shutil.copytree(source, tmp_path / "changed")
+    config = json.loads((copy / name).read_text())
+    change(config)
+    (copy / name).write_text(json.dumps(config))
+    return str(copy)
+
+
+def test_checkpoints_that_do_not_run_here_are_refused_naming_why(tiny_idefics3_dir, tmp_path):
+    def tiles_of_32(config):
+        config["image_processor"]["max_image_size"] = {"longest_edge": 32}
+
+    def qwen2_text(config):
+        config["text_config"]["model_type"] = "qwen2"
+
+    def no_global_token(config):
+        for token in config["added_tokens"]:
+            if token["content"] == "<global-img>":
+                token["content"] = "<global-image>"
+
+    cases = [
+        ("processor_config.json", tiles_of_32, "32-pixel tiles; the vision tower takes 24"),
+        ("config.json", qwen2_text, "'qwen2' language model"),
+        ("tokenizer.json", no_global_token, "no <global-img> token"),
+    ]
+    for index, (name, change, says) in enumerate(cases):
+        path = _changed_copy(tiny_idefics3_dir, tmp_path / str(index), name, change)
+        with pytest.raises(ValueError, match=says):
+            load_hf_dir(path, torch.float32)

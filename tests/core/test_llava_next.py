@@ -99,3 +99,21 @@ def test_images_split_across_chunks_and_preemptions_match_transformers(
         assert_matches_hf(hf_next, output, PROMPT, [image], max_tokens=12)
     assert_blocks_returned(llm)
     assert bool(preemptions.req_ids) == preempting
+
+
+def test_grids_that_do_not_fit_the_tower_are_refused(tiny_llava_next_dir, tmp_path):
+    import json
+    import shutil
+
+    for index, (name, pinpoints, says) in enumerate(
+        [
+            ("config.json", [[32, 48]], "not all whole grids of the tower's 32-pixel tiles"),
+            ("preprocessor_config.json", [[64, 64]], "image_grid_pinpoints differ"),
+        ]
+    ):
+        copy = shutil.copytree(tiny_llava_next_dir, tmp_path / str(index))
+        config = json.loads((copy / name).read_text())
+        config["image_grid_pinpoints"] = pinpoints
+        (copy / name).write_text(json.dumps(config))
+        with pytest.raises(ValueError, match=says):
+            load_hf_dir(copy, torch.float32)
