@@ -119,8 +119,8 @@ def render_messages(
     if vision is None and any(isinstance(m["content"], list) for m in plain):
         raise APIError(
             400,
-            f"{param} holds an image: only a vision model's (LLaVA's) chat and Messages calls "
-            "take images (not beam search or embeddings)",
+            f"{param} holds an image: only a vision model's (LLaVA's) chat, Responses, Messages "
+            "and embeddings calls take images (not beam search)",
             param,
         )
     takes_tools = tokenizer.template_takes_tools

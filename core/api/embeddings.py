@@ -15,7 +15,7 @@ from litestar import Request, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from spyglass.core.api.chat import TemplateOptions, render_messages
+from spyglass.core.api.chat import TemplateOptions, render_conversation
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import new_id, request_attributes
 from spyglass.core.api.embedding_schemas import (
@@ -28,7 +28,9 @@ from spyglass.core.api.errors import APIError
 from spyglass.core.api.pooling_runs import check_whole, pool_prompts, pooled_usage
 from spyglass.core.api.prompts import count_prompts, encode_text, parse_prompts
 from spyglass.core.api.validation import json_body_guard
+from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.pooling_params import PoolingParams
+from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.sampling_params import pooling_request_params
 
 
@@ -43,7 +45,8 @@ from spyglass.core.engine.sampling_params import pooling_request_params
 async def create_embedding(
     data: JSONBody[EmbeddingRequest], request: Request, serving: NamedDependency[ServingContext]
 ) -> EmbeddingResponse:
-    """The embedding of each ``input`` (or of the ``messages`` rendered as one prompt), in order."""
+    """The embedding of each ``input`` (or of the ``messages`` rendered as one prompt, with a
+    vision model's images), in order."""
     lora_name = serving.check_model(data.model)
     serving.admit()
     if (data.input is None) == (data.messages is None):
@@ -62,9 +65,9 @@ async def create_embedding(
     )
     num_inputs = 1 if data.input is None else count_prompts(data.input)
     with serving.queue_slots(num_inputs, "input"):
-        prompts = await _prompts(serving, data)
+        prompts, images = await _prompts(serving, data)
         outputs = await pool_prompts(
-            serving, request, response_id, prompts, params, attributes, lora_name
+            serving, request, response_id, prompts, params, attributes, lora_name, images
         )
     data_items = [
         EmbeddingData(index, _encoded(output.pooled, data.encoding_format))
@@ -90,18 +93,25 @@ def _check_no_template_fields(data: EmbeddingRequest) -> None:
             raise APIError(400, f"{field} applies to messages, not to input", field)
 
 
-async def _prompts(serving: ServingContext, data: EmbeddingRequest) -> list[tuple[list[int], str]]:
-    """Each input's token ids and text; a 400 naming the field for one that cannot be embedded
-    whole (longer than the context, without ``truncate_prompt_tokens``)."""
+async def _prompts(
+    serving: ServingContext, data: EmbeddingRequest
+) -> tuple[list[tuple[list[int], str]], tuple[ImageInput, ...]]:
+    """Each input's token ids and text, and the images of ``messages`` (a vision model's, placed
+    in its one prompt); a 400 naming the field for one that cannot be embedded whole (longer
+    than the context, without ``truncate_prompt_tokens``)."""
     truncating = data.truncate_prompt_tokens is not None
+    placed: tuple[ImageInput, ...] = ()
     if data.messages is not None:
         template = TemplateOptions.of(data)
-        _, text, _ = await asyncio.to_thread(
-            render_messages, data.messages, serving.tokenizer, template=template
+        _, text, images = await render_conversation(
+            serving, data.messages, param="messages", template=template
         )
         # The template writes BOS where the model wants it.
         add_special_tokens = bool(data.add_special_tokens)
         token_ids = await encode_text(serving, text, "messages", not truncating, add_special_tokens)
+        token_ids, placed = await asyncio.to_thread(
+            images_in_prompt, token_ids, images, serving.vision, serving.max_model_len, "messages"
+        )
         prompts, param = [(token_ids, text)], "messages"
     else:
         add_special_tokens = data.add_special_tokens is not False
@@ -111,7 +121,7 @@ async def _prompts(serving: ServingContext, data: EmbeddingRequest) -> list[tupl
         param = "input"
     for token_ids, _ in prompts:
         check_whole(serving, token_ids, truncating, param)
-    return prompts
+    return prompts, placed
 
 
 def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:

@@ -8,6 +8,7 @@ from spyglass.core.api.convert import check_finished
 from spyglass.core.api.embedding_schemas import EmbeddingUsage
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import ChoiceSpec, RequestGroup, unless_disconnected
+from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import SamplingParams
 
@@ -20,10 +21,12 @@ async def pool_prompts(
     params: SamplingParams,
     attributes: dict,
     lora_name: str | None,
+    images: tuple[ImageInput, ...] = (),
 ) -> list[RequestOutput]:
     """Each prompt's finished pooling request (ids ``{response_id}-{i}``), in order; aborted
-    when the client goes away, a 500 when the engine failed one."""
-    specs = [ChoiceSpec(token_ids, params, text) for token_ids, text in prompts]
+    when the client goes away, a 500 when the engine failed one. ``images`` are a single
+    prompt's (a vision model's conversation)."""
+    specs = [ChoiceSpec(token_ids, params, text, images) for token_ids, text in prompts]
     group = RequestGroup(serving.async_engine, response_id, specs, attributes, lora_name)
     # A pooling request's first output is its last: starting the group runs it.
     await unless_disconnected(request, group.start())

@@ -281,3 +281,26 @@ def test_more_images_than_the_limit_are_refused_before_any_is_fetched(llava_serv
     )
     assert response.status_code == 400, response.text
     assert "at most 2 images" in response.json()["error"]["message"]
+
+
+def test_embeddings_of_messages_with_an_image_match_the_offline_api(llava_server, tiny_llava_dir):
+    messages = chat_messages(data_url(1))
+    counted = requests.post(
+        f"{llava_server.base_url}/tokenize",
+        json={"messages": messages, "add_generation_prompt": False},
+        timeout=60,
+    ).json()
+    response = requests.post(
+        f"{llava_server.base_url}/v1/embeddings",
+        json={"model": "tiny", "messages": messages},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["usage"]["prompt_tokens"] == counted["count"]  # the image's tokens count
+    llm = LLM(model=str(tiny_llava_dir), dtype="float32", device="cpu", kv_cache_memory="32MiB")
+    image = Image.open(io.BytesIO(png_bytes(1)))
+    [offline] = llm.embed(
+        {"prompt_token_ids": counted["tokens"], "multi_modal_data": {"image": image}}
+    )
+    np.testing.assert_allclose(body["data"][0]["embedding"], offline.outputs.embedding, atol=1e-5)
