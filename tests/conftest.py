@@ -564,7 +564,7 @@ def make_tiny_llava(tmp_path_factory, hf_gguf_tokenizer):
     the class token dropped) before a 2-layer Llama; a CLIP image processor's config (shortest
     edge resized to 40, centre cut to 32). ``siglip``: a 3-layer SigLIP tower (16 tokens, all
     kept, read at its last layer) before a 2-layer Qwen2; a SigLIP processor (a square resize).
-    ``next``: a LLaVA-NeXT of the CLIP tower (`_tiny_llava_next`)."""
+    ``next`` and ``onevision``: LLaVA-NeXT and LLaVA-OneVision (`_tiny_llava_grid`)."""
     import copy
 
     import transformers
@@ -579,8 +579,10 @@ def make_tiny_llava(tmp_path_factory, hf_gguf_tokenizer):
         tokenizer.add_tokens(["<image>"], special_tokens=True)
         tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
         torch.manual_seed(7)
-        if tower == "next":
-            return _tiny_llava_next(tokenizer, tmp_path_factory.mktemp("tiny_llava_next"))
+        if tower in ("next", "onevision"):
+            path = tmp_path_factory.mktemp(f"tiny_llava_{tower}")
+            built[tower] = _tiny_llava_grid(tokenizer, path, tower == "onevision")
+            return built[tower]
         clip = tower == "clip"
         text = getattr(transformers, "LlamaConfig" if clip else "Qwen2Config")(
             **TINY_SHAPE, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2
@@ -698,29 +700,40 @@ def tiny_idefics3_dir(make_tiny_idefics3) -> Path:
     return make_tiny_idefics3("Idefics3")
 
 
-# LLaVA-NeXT's grid resolutions (height, width) for 32-pixel tiles, as llava-v1.6's are for 336.
+# LLaVA-NeXT's grid resolutions (height, width) for 32-pixel tiles, as llava-v1.6's are for 336;
+# LLaVA-OneVision's: every grid up to 3 x 3.
 TINY_PINPOINTS = [[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]
+TINY_ONEVISION_PINPOINTS = [[32 * r, 32 * c] for r in range(1, 4) for c in range(1, 4)]
 
 
-def _tiny_llava_next(tokenizer, path: Path) -> Path:
-    """A random LlavaNextForConditionalGeneration: the CLIP tower of `TINY_TOWER` (16 tokens a
-    tile) before a 2-layer Llama, `TINY_PINPOINTS`, saved as llava-v1.6's checkpoints are (the
-    image processor's preprocessor_config.json and the tokenizer)."""
+def _tiny_llava_grid(tokenizer, path: Path, onevision: bool) -> Path:
+    """A random LlavaNextForConditionalGeneration (the CLIP tower of `TINY_TOWER`, 16 tokens a
+    tile, before a 2-layer Llama, `TINY_PINPOINTS`) or, with ``onevision``, a
+    LlavaOnevisionForConditionalGeneration (its SigLIP tower, every patch, before a 2-layer
+    Qwen2; `TINY_ONEVISION_PINPOINTS`; grids shrunk past 2 tiles' worth: ``anyres_max_2``),
+    saved as llava-hf's checkpoints are (preprocessor_config.json and the tokenizer)."""
     import transformers
 
-    text = transformers.LlamaConfig(
+    text = getattr(transformers, "Qwen2Config" if onevision else "LlamaConfig")(
         **TINY_SHAPE, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2
     )
-    config = transformers.LlavaNextConfig(
-        vision_config=transformers.CLIPVisionConfig(**TINY_TOWER),
+    tower = getattr(transformers, "SiglipVisionConfig" if onevision else "CLIPVisionConfig")
+    kind = "Onevision" if onevision else "Next"
+    pinpoints = TINY_ONEVISION_PINPOINTS if onevision else TINY_PINPOINTS
+    extra = {"vision_aspect_ratio": "anyres_max_2"} if onevision else {}
+    config = getattr(transformers, f"Llava{kind}Config")(
+        vision_config=tower(**TINY_TOWER),
         text_config=text,
         image_token_index=len(tokenizer) - 1,
-        image_grid_pinpoints=TINY_PINPOINTS,
+        image_grid_pinpoints=pinpoints,
+        **extra,
     )
-    model = _with_wide_weights(transformers.LlavaNextForConditionalGeneration(config))
-    _save_tiny(model, tokenizer, path)
-    transformers.LlavaNextImageProcessorPil(
-        size={"shortest_edge": 32}, crop_size=32, image_grid_pinpoints=TINY_PINPOINTS
+    model_class = getattr(transformers, f"Llava{kind}ForConditionalGeneration")
+    _save_tiny(_with_wide_weights(model_class(config)), tokenizer, path)
+    size = {"height": 32, "width": 32} if onevision else {"shortest_edge": 32}
+    crop = {} if onevision else {"crop_size": 32}
+    getattr(transformers, f"Llava{kind}ImageProcessorPil")(
+        size=size, image_grid_pinpoints=pinpoints, **crop
     ).save_pretrained(path)
     return path
 

@@ -58,7 +58,8 @@ def place_images(
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
     """The prompt with each image's placeholder expanded (`expand_placeholders`), and each
     image's `ImageInput`."""
-    layouts = [image_layout(vision, image.width, image.height) for image in pixels]
+    alone = len(pixels) == 1
+    layouts = [image_layout(vision, image.width, image.height, alone) for image in pixels]
     expanded, offsets = expand_placeholders(token_ids, layouts, vision.image_token_id, field)
     images = tuple(
         ImageInput(

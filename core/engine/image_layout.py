@@ -20,13 +20,16 @@ class ImageLayout:
     num_tiles: int
 
 
-def image_layout(vision: VisionConfig, width: int, height: int) -> ImageLayout:
+def image_layout(vision: VisionConfig, width: int, height: int, alone: bool = True) -> ImageLayout:
     """The layout of an image of ``width`` x ``height`` pixels: LLaVA's `tokens_per_tile`
-    placeholders (LLaVA-NeXT's `anyres.num_image_tokens`), or, for Idefics3, its tiles
-    (`image_tiling.tile_grid`) and the global image as ``Idefics3Processor`` writes them."""
+    placeholders (LLaVA-NeXT's `anyres.num_image_tokens`; ``alone``: the only image of its
+    prompt), or, for Idefics3, its tiles (`image_tiling.tile_grid`) and the global image as
+    ``Idefics3Processor`` writes them."""
     if vision.grid_pinpoints:
+        count = anyres.num_image_tokens(width, height, vision, alone)
+        if vision.max_grid_tiles and not alone:  # LLaVA-OneVision: the base image alone
+            return ImageLayout((vision.image_token_id,) * count, ((0, count),), 1)
         rows, cols = anyres.tile_grid(width, height, vision)
-        count = anyres.num_image_tokens(width, height, vision)
         return ImageLayout((vision.image_token_id,) * count, ((0, count),), 1 + rows * cols)
     run = (vision.image_token_id,) * vision.tokens_per_tile
     tiles = vision.tiles

@@ -81,21 +81,26 @@ def _resized_size(width: int, height: int, vision: VisionConfig) -> tuple[int, i
     return int(edge * width / height), edge
 
 
-def pixel_values(image: Image.Image, vision: VisionConfig) -> ImagePixels:
+def pixel_values(image: Image.Image, vision: VisionConfig, alone: bool = True) -> ImagePixels:
     """The float32 pixels the tower reads for ``image``: RGB, then either cut into tiles
     (``vision.tiles``, `image_tiling.split_image`; ``vision.grid_pinpoints``,
-    `image_anyres.anyres_tiles`) or padded to a square of the mean colour
+    `image_anyres.anyres_tiles`, unless LLaVA-OneVision's image is not ``alone`` in its prompt:
+    then padded square and resized, one tile) or padded to a square of the mean colour
     (``pad_to_square``), resized and centre-cropped into one ``[1, 3, image_size, image_size]``
     tile (without ``center_crop`` the size is the resize's); rescaled and normalized."""
     image = _to_rgb(image)
+    original = image.size
+    if vision.max_grid_tiles and not alone:  # LLaVA-OneVision: one of several images
+        image = _pad_to_square(image, tuple(int(x * 255) for x in vision.image_mean))
+        square = image.resize((vision.image_size, vision.image_size), resample=vision.resample)
+        return ImagePixels(_normalized(np.array(square)[None], vision), *original)
     if vision.tiles is not None or vision.grid_pinpoints:
         if vision.tiles is not None:
             tiles = split_image(image, vision.tiles, vision.resample)
         else:
             tiles = anyres_tiles(image, vision)
         stacked = np.stack([np.asarray(tile) for tile in tiles])
-        return ImagePixels(_normalized(stacked, vision), *image.size)
-    original = image.size
+        return ImagePixels(_normalized(stacked, vision), *original)
     if vision.pad_to_square:
         image = _pad_to_square(image, tuple(int(x * 255) for x in vision.image_mean))
     width, height = _resized_size(*image.size, vision)

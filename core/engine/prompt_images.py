@@ -23,14 +23,14 @@ def images_in_prompt(
     if not images:
         return token_ids, ()
     _check_reads_images(vision, field)
-    needed = sum(len(_layout(image, vision).token_ids) for image in images)
+    needed = sum(len(_layout(image, vision, len(images) == 1).token_ids) for image in images)
     if needed > max_model_len:
         raise InvalidRequestError(
             f"{len(images)} images take {needed} tokens, more than the model's context of "
             f"{max_model_len}",
             field,
         )
-    pixels = [pixel_values(image, vision) for image in images]
+    pixels = [pixel_values(image, vision, len(images) == 1) for image in images]
     return place_images(token_ids, pixels, vision, field)
 
 
@@ -43,7 +43,7 @@ def prompt_with_image_tokens(
     if not images:
         return token_ids
     _check_reads_images(vision, field)
-    layouts = [_layout(image, vision) for image in images]
+    layouts = [_layout(image, vision, len(images) == 1) for image in images]
     return expand_placeholders(token_ids, layouts, vision.image_token_id, field)[0]
 
 
@@ -54,5 +54,5 @@ def _check_reads_images(vision: VisionConfig | None, field: str) -> None:
         )
 
 
-def _layout(image, vision: VisionConfig) -> ImageLayout:
-    return image_layout(vision, *image.size)
+def _layout(image, vision: VisionConfig, alone: bool) -> ImageLayout:
+    return image_layout(vision, *image.size, alone)

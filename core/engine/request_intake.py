@@ -66,7 +66,7 @@ def check_images(
         )
     shape = (vision.num_channels, vision.image_size, vision.image_size)
     for image in images:
-        layout = image_layout(vision, *image.size)
+        layout = image_layout(vision, *image.size, len(images) == 1)
         if (
             image.offset < 0
             or image.runs != layout.runs

@@ -1,8 +1,8 @@
-"""Read a ``LlavaForConditionalGeneration`` or ``LlavaNextForConditionalGeneration`` directory's
-config: its language model's config as a causal LM of a supported family would have it, and the
-`VisionConfig` of its CLIP or SigLIP tower, projector, LLaVA-NeXT's grid resolutions and image
-preprocessing (``preprocessor_config.json``); and its checkpoint's parameter names mapped to the
-ones the models use."""
+"""Read a ``LlavaForConditionalGeneration``, ``LlavaNextForConditionalGeneration`` or
+``LlavaOnevisionForConditionalGeneration`` directory's config: its language model's config as a
+causal LM of a supported family would have it, and the `VisionConfig` of its CLIP or SigLIP
+tower, projector, grid resolutions and image preprocessing (``preprocessor_config.json``); and its
+checkpoint's parameter names mapped to the ones the models use."""
 
 import json
 from pathlib import Path
@@ -12,8 +12,13 @@ from spyglass.core.models.vision_config import FEATURE_SELECTS, VisionConfig
 
 LLAVA_CLASS = "LlavaForConditionalGeneration"
 LLAVA_NEXT_CLASS = "LlavaNextForConditionalGeneration"
-# LlavaNextConfig's default grid resolutions, (height, width).
-_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
+LLAVA_ONEVISION_CLASS = "LlavaOnevisionForConditionalGeneration"
+# The config classes' default grid resolutions, (height, width): LLaVA-NeXT's, and
+# LLaVA-OneVision's (every grid of 1 to 6 by 1 to 6 tiles of 384).
+_PINPOINTS = {
+    LLAVA_NEXT_CLASS: ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)),
+    LLAVA_ONEVISION_CLASS: tuple((384 * r, 384 * c) for r in range(1, 7) for c in range(1, 7)),
+}
 
 # The HF config classes' defaults for keys llava-hf's config.json leaves out (llava-1.5's
 # text_config names only the vocabulary and context; its vision_config only what differs).
@@ -57,7 +62,8 @@ _RENAMES = (
 
 def is_llava(config: dict) -> bool:
     """Whether ``config`` (a config.json) is a LLaVA or LLaVA-NeXT model's."""
-    return (config.get("architectures") or [None])[0] in (LLAVA_CLASS, LLAVA_NEXT_CLASS)
+    architecture = (config.get("architectures") or [None])[0]
+    return architecture in (LLAVA_CLASS, LLAVA_NEXT_CLASS, LLAVA_ONEVISION_CLASS)
 
 
 def text_config(config: dict) -> dict:
@@ -75,27 +81,35 @@ def text_config(config: dict) -> dict:
 def vision_config(config: dict, model_dir: Path) -> VisionConfig:
     """The vision side of ``config`` and of ``model_dir``'s preprocessor_config.json (CLIP's
     defaults at the tower's image size when it has none); ValueError for what does not run here."""
+    architecture = config["architectures"][0]
+    # The config classes' defaults: LLaVA(-NeXT)'s CLIP read at its second to last layer,
+    # without the class token; OneVision's SigLIP at its last, every patch.
+    onevision = architecture == LLAVA_ONEVISION_CLASS
     given = config.get("vision_config") or {}
-    model_type = given.get("model_type", "clip_vision_model")
+    model_type = given.get(
+        "model_type", "siglip_vision_model" if onevision else "clip_vision_model"
+    )
     if model_type not in _TOWER_DEFAULTS:
         raise ValueError(
-            f"Unsupported {LLAVA_CLASS} variant: a {model_type!r} vision tower "
+            f"Unsupported {architecture} variant: a {model_type!r} vision tower "
             "(CLIP's and SigLIP's run here)."
         )
     vision = {**_TOWER_DEFAULTS[model_type], **given}
-    feature_layer = config.get("vision_feature_layer", -2)
-    feature_select = config.get("vision_feature_select_strategy", "default")
+    feature_layer = config.get("vision_feature_layer", -1 if onevision else -2)
+    feature_select = config.get(
+        "vision_feature_select_strategy", "full" if onevision else "default"
+    )
     if not isinstance(feature_layer, int) or feature_select not in FEATURE_SELECTS:
         raise ValueError(
-            f"Unsupported {LLAVA_CLASS} variant: vision_feature_layer {feature_layer!r} with "
+            f"Unsupported {architecture} variant: vision_feature_layer {feature_layer!r} with "
             f"vision_feature_select_strategy {feature_select!r}."
         )
     image_token_id = config.get("image_token_id", config.get("image_token_index", 32000))
-    next_ = config["architectures"][0] == LLAVA_NEXT_CLASS
-    pinpoints = _pinpoints(config, model_dir, vision["image_size"]) if next_ else ()
-    if next_ and model_type == "clip_vision_model" and feature_select != "default":
+    tiled = architecture != LLAVA_CLASS
+    pinpoints = _pinpoints(config, model_dir, vision["image_size"]) if tiled else ()
+    if tiled and model_type == "clip_vision_model" and feature_select != "default":
         raise ValueError(
-            f"Unsupported {LLAVA_NEXT_CLASS} variant: a CLIP tower's class token kept "
+            f"Unsupported {architecture} variant: a CLIP tower's class token kept "
             "(vision_feature_select_strategy full) leaves no square grid of features."
         )
     return VisionConfig(
@@ -116,14 +130,28 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
         projector_act=config.get("projector_hidden_act", "gelu"),
         projector_bias=config.get("multimodal_projector_bias", True),
         grid_pinpoints=pinpoints,
-        **_preprocessing(model_dir / "preprocessor_config.json", vision["image_size"], next_),
+        max_grid_tiles=_max_grid_tiles(config) if onevision else 0,
+        **_preprocessing(model_dir / "preprocessor_config.json", vision["image_size"], tiled),
     )
 
 
+def _max_grid_tiles(config: dict) -> int:
+    """N of LLaVA-OneVision's ``vision_aspect_ratio`` ``anyres_max_N``; ValueError for another."""
+    aspect = config.get("vision_aspect_ratio", "anyres_max_9")
+    count = aspect.removeprefix("anyres_max_")
+    if not aspect.startswith("anyres_max_") or not count.isdigit() or not int(count):
+        raise ValueError(
+            f"Unsupported {LLAVA_ONEVISION_CLASS} variant: vision_aspect_ratio {aspect!r} "
+            "(anyres_max_N runs here)."
+        )
+    return int(count)
+
+
 def _pinpoints(config: dict, model_dir: Path, image_size: int) -> tuple[tuple[int, int], ...]:
-    """LLaVA-NeXT's grid resolutions ``(height, width)``; ValueError when one is no whole grid
-    of tower-sized tiles or the image processor's differ from the model's."""
-    pinpoints = tuple(tuple(p) for p in config.get("image_grid_pinpoints", _PINPOINTS))
+    """LLaVA-NeXT's and OneVision's grid resolutions ``(height, width)``; ValueError when one is
+    no whole grid of tower-sized tiles or the image processor's differ from the model's."""
+    default = _PINPOINTS[config["architectures"][0]]
+    pinpoints = tuple(tuple(p) for p in config.get("image_grid_pinpoints", default))
     if any(side % image_size for pinpoint in pinpoints for side in pinpoint):
         raise ValueError(
             f"image_grid_pinpoints {[list(p) for p in pinpoints]} are not all whole grids of "

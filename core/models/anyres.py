@@ -2,6 +2,7 @@
 image's features once the grid's padding is cut away. Shared by the preprocessing, the prompt
 layout and the model, so the three always agree."""
 
+import math
 from dataclasses import dataclass
 
 from spyglass.core.models.vision_config import VisionConfig
@@ -53,8 +54,25 @@ def unpadded_grid(width: int, height: int, vision: VisionConfig) -> UnpaddedGrid
     return UnpaddedGrid(rows, cols - 2 * padding, 0, padding)
 
 
-def num_image_tokens(width: int, height: int, vision: VisionConfig) -> int:
-    """The prompt tokens an image becomes: the base image's, then the unpadded grid's, each of
-    its rows ending in the learned ``image_newline``."""
+def grid_features(width: int, height: int, vision: VisionConfig) -> tuple[int, int]:
+    """The ``(rows, cols)`` of grid features an image becomes: the unpadded grid's, or, past 1.1
+    times ``max_grid_tiles`` tiles' worth, that shrunk by the square root of the excess
+    (LLaVA-OneVision's ``anyres_max``; transformers' rounding)."""
     grid = unpadded_grid(width, height, vision)
-    return vision.tokens_per_tile + grid.rows * (grid.cols + 1)
+    if not vision.max_grid_tiles:
+        return grid.rows, grid.cols
+    side = vision.image_size // vision.patch_size
+    ratio = math.sqrt(grid.rows * grid.cols / (vision.max_grid_tiles * side**2))
+    if ratio <= 1.1:
+        return grid.rows, grid.cols
+    return int(grid.rows // ratio), int(grid.cols // ratio)
+
+
+def num_image_tokens(width: int, height: int, vision: VisionConfig, alone: bool = True) -> int:
+    """The prompt tokens an image becomes: the base image's, then its grid features, each row of
+    them ending in the learned ``image_newline``. LLaVA-OneVision reads an image that is not
+    ``alone`` in its prompt as the base image and one newline."""
+    if vision.max_grid_tiles and not alone:
+        return vision.tokens_per_tile + 1
+    rows, cols = grid_features(width, height, vision)
+    return vision.tokens_per_tile + rows * (cols + 1)

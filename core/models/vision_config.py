@@ -32,7 +32,9 @@ class VisionConfig:
     ``grid_pinpoints`` (LLaVA-NeXT's ``image_grid_pinpoints``, ``(height, width)`` each), an image
     is also fitted into the best of those resolutions and cut into tower-sized tiles whose
     features, unpadded and each row ended by the learned ``image_newline``, follow the whole
-    image's (`anyres`).
+    image's (`anyres`). LLaVA-OneVision's ``max_grid_tiles`` (its ``anyres_max_N``) also shrinks
+    those features to about N tiles' worth, and reads an image that shares its prompt with
+    others as the whole image alone, padded square.
 
     Preprocessing (``preprocessor_config.json``, a ``CLIPImageProcessor``): RGB, padded to a
     square of the mean colour when ``pad_to_square`` (``LlavaImageProcessor``'s ``do_pad``),
@@ -67,6 +69,7 @@ class VisionConfig:
     scale_factor: int = 1
     tiles: ImageTiles | None = None
     grid_pinpoints: tuple[tuple[int, int], ...] = ()
+    max_grid_tiles: int = 0
 
     @property
     def num_patches(self) -> int:

@@ -3,6 +3,7 @@ each turned into prompt embeddings by its vision tower and projector (`clip_visi
 `idefics3_vision`)."""
 
 import torch
+import torch.nn.functional as F
 
 from spyglass.core.models import anyres
 from spyglass.core.models.clip_vision import IMAGE_NEWLINE, ClipVisionEncoder
@@ -48,8 +49,12 @@ class VisionLanguageModel(LlamaForCausalLM):
 
     def _pack_anyres(self, embeds: torch.Tensor, width: int, height: int) -> torch.Tensor:
         """LLaVA-NeXT's image embeddings from its tiles' ``[tiles, side * side, hidden]``: the base
-        image's, then the grid's feature map with its padding cut away (`anyres.unpadded_grid`),
-        row by row, each row followed by ``image_newline`` (transformers' ``pack_image_features``)."""
+        image's, then the grid's feature map with its padding cut away (`anyres.unpadded_grid`;
+        LLaVA-OneVision's shrunk bilinearly to `anyres.grid_features`), row by row, each row
+        followed by ``image_newline`` (transformers' ``pack_image_features``). A base image alone
+        (LLaVA-OneVision's image among others) is followed by one ``image_newline``."""
+        if len(embeds) == 1:
+            return torch.cat([embeds[0], self.image_newline[None]])
         vision = self.arch.vision
         side = vision.image_size // vision.patch_size
         rows, cols = anyres.tile_grid(width, height, vision)
@@ -61,5 +66,11 @@ class VisionLanguageModel(LlamaForCausalLM):
             .reshape(rows * side, cols * side, -1)
         )
         features = features[grid.top : grid.top + grid.rows, grid.left : grid.left + grid.cols]
-        newline = self.image_newline.expand(grid.rows, 1, -1)
+        shrunk = anyres.grid_features(width, height, vision)
+        if shrunk != (grid.rows, grid.cols):
+            channels_first = features.permute(2, 0, 1)[None]
+            features = F.interpolate(channels_first, list(shrunk), mode="bilinear")[0].permute(
+                1, 2, 0
+            )
+        newline = self.image_newline.expand(shrunk[0], 1, -1)
         return torch.cat([embeds[0], torch.cat([features, newline], dim=1).flatten(0, 1)])
