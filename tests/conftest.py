@@ -739,6 +739,12 @@ def _tiny_llava_grid(tokenizer, path: Path, onevision: bool) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_onevision_dir(make_tiny_llava) -> Path:
+    """The tiny LLaVA-OneVision of `make_tiny_llava`."""
+    return make_tiny_llava("onevision")
+
+
+@pytest.fixture(scope="session")
 def tiny_llava_next_dir(make_tiny_llava) -> Path:
     """The tiny LLaVA-NeXT of `make_tiny_llava`."""
     return make_tiny_llava("next")

@@ -27,11 +27,6 @@ SIZES = [(90, 90), (50, 40), (30, 70), (20, 10), (3, 90)]
 
 
 @pytest.fixture(scope="module")
-def tiny_onevision_dir(make_tiny_llava):
-    return make_tiny_llava("onevision")
-
-
-@pytest.fixture(scope="module")
 def hf_onevision(tiny_onevision_dir):
     from transformers import LlavaOnevisionForConditionalGeneration, LlavaOnevisionImageProcessorPil
 

@@ -17,7 +17,14 @@ def _entries(cache_root):
 
 
 @pytest.mark.parametrize(
-    "model", ["tiny_qwen2_dir", "tiny_llava_dir", "tiny_llava_next_dir", "tiny_idefics3_dir"]
+    "model",
+    [
+        "tiny_qwen2_dir",
+        "tiny_llava_dir",
+        "tiny_llava_next_dir",
+        "tiny_onevision_dir",
+        "tiny_idefics3_dir",
+    ],
 )
 def test_second_load_maps_the_cached_conversion(model, request, tmp_path, monkeypatch):
     # A vision model's architecture (its tower and preprocessing) comes back from the cache too.
