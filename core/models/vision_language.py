@@ -1,6 +1,6 @@
-"""A vision-language model (LLaVA, LLaVA-NeXT, Idefics3/SmolVLM): a Llama-style decoder that reads images,
-each turned into prompt embeddings by its vision tower and projector (`clip_vision`,
-`idefics3_vision`)."""
+"""A vision-language model (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Idefics3/SmolVLM): a Llama-style
+decoder that reads images, each turned into prompt embeddings by its vision tower and projector
+(`clip_vision`, `idefics3_vision`; LLaVA-NeXT's grid packed as `anyres` lays it out)."""
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ class VisionLanguageModel(LlamaForCausalLM):
         super().__init__(arch, weights, backend, device)
         encoder = Idefics3VisionEncoder if arch.vision.tower == "idefics3" else ClipVisionEncoder
         self.vision = encoder(arch.vision, weights, device, self.dtype)
-        # LLaVA-NeXT's learned end of each row of an image's grid features.
+        # LLaVA-NeXT's (and OneVision's) learned end of each row of an image's grid features.
         self.image_newline = (
             weights[IMAGE_NEWLINE].to(device=device, dtype=self.dtype)
             if arch.vision.grid_pinpoints
