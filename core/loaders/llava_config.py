@@ -68,13 +68,17 @@ def is_llava(config: dict) -> bool:
 
 def text_config(config: dict) -> dict:
     """The language model's config, naming the causal LM class of its family; ValueError for a
-    family other than the Llama-style ones."""
+    family other than the Llama-style ones. Whether the output is tied to the embedding is the
+    outer config's say where it has one, as in transformers (a LLaVA-NeXT's text_config may say
+    tied while the model is not)."""
     text = dict(config.get("text_config") or {})
     model_type = text.get("model_type", "llama")
     family = next((f for f in FAMILIES if f.architecture == model_type), None)
     if family is None or family.model_class.__name__ != "LlamaForCausalLM":
         raise ValueError(f"Unsupported {LLAVA_CLASS} variant: a {model_type!r} language model.")
     defaults = LLAMA_DEFAULTS if model_type == "llama" else {}
+    if "tie_word_embeddings" in config:
+        text["tie_word_embeddings"] = config["tie_word_embeddings"]
     return {**defaults, **text, "architectures": [family.hf_class]}
 
 

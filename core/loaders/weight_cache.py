@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 # 2: the architecture JSON gained the model-family fields (windows, soft-caps, experts).
 # 4: GGUF types the kernels do not multiply are kept as Q4_1 or Q8_0 blocks (`gguf_transcode`), not floats.
-_FORMAT_VERSION = "4"
+# 5: vision models: tiles, grids and their arch fields; LLaVA-NeXT tying read from the outer config.
+_FORMAT_VERSION = "5"
 _WEIGHTS, _META = "weights.pt", "meta.json"
 
 

@@ -80,3 +80,14 @@ def test_bench_vision_on_llava_next_agrees_with_transformers(tiny_llava_next_dir
     # A 64-pixel square: the base tile and a 2 x 2 grid; 16 + 8 x 9 tokens.
     assert (result.tiles_per_image, result.tokens_per_image) == (5, 88)
     assert result.num_identical == 2
+
+
+def test_random_llava_next_with_a_tied_text_config_agrees_with_transformers(tmp_path):
+    # LlavaNextConfig keeps the text config's tie_word_embeddings (SmolLM2's: tied) but unties the
+    # model (its own default): the checkpoint holds an lm_head, which must be read, not tied.
+    tower = TowerShape(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2)
+    model_dir = write_random_llava(tmp_path / "next", tower, 1, 0, next_=True)
+    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", "2",
+            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
+    args = build_parser(argv).parse_args(argv)
+    assert vision.compare(args, model_dir).num_identical == 2
