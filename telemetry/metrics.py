@@ -274,6 +274,14 @@ IMAGES_ENCODED = Counter(
     M,
 )
 
+IMAGE_CACHE_HITS = Counter(
+    "spyglass:image_cache_hits",
+    "Requests' images a vision model's steps read without running the tower: from the cache of "
+    "recently encoded images (--image-cache-tokens), or encoded in the same step for another "
+    "request.",
+    M,
+)
+
 # -- per-request histograms (observed when a request finishes; latencies carry trace exemplars) --
 TIME_TO_FIRST_TOKEN = Histogram(
     "spyglass:time_to_first_token_seconds",

@@ -40,6 +40,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="the most images a prompt may hold, as vLLM takes it: '{\"image\": 4}' "
         "(default: as many as the context holds)",
     )
+    group.add_argument(
+        "--image-cache-tokens",
+        type=int,
+        default=defaults.image_cache_tokens,
+        help="embeddings of recently encoded images kept for other requests with the same image "
+        "(a vision model's; 0: none)",
+    )
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--block-size", type=int, default=defaults.block_size)
     group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
@@ -152,6 +159,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         quantization=args.quantization,
         pooling_type=args.pooling_type,
         limit_mm_per_prompt=args.limit_mm_per_prompt,
+        image_cache_tokens=args.image_cache_tokens,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

@@ -87,6 +87,8 @@ class EngineConfig:
     the checkpoint's (its sentence-transformers Pooling config or GGUF metadata; else ``last``).
     ``limit_mm_per_prompt`` caps a prompt's inputs of a modality (vLLM's option; ``{"image": 4}``:
     at most 4 images); a modality it does not name is bounded by the context alone.
+    ``image_cache_tokens`` bounds the embeddings of recently encoded images a vision model keeps
+    for other requests with the same image (0: none kept).
     """
 
     model: str | None = None
@@ -121,6 +123,7 @@ class EngineConfig:
     lora_modules: dict[str, str] = field(default_factory=dict)
     pooling_type: str | None = None
     limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
+    image_cache_tokens: int = 16384
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -159,6 +162,10 @@ class EngineConfig:
                     'limit_mm_per_prompt takes {"image": N} with N >= 0 (images are the only '
                     f"modality served), got {self.limit_mm_per_prompt!r}"
                 )
+        if self.image_cache_tokens < 0:
+            raise ValueError(
+                f"image_cache_tokens must be at least 0, got {self.image_cache_tokens}"
+            )
 
     def torch_device(self) -> "torch.device":
         """The device to run on: CUDA when available unless told otherwise."""

@@ -137,6 +137,8 @@ class LLMEngine:
             )
             for name, path in config.lora_modules.items():
                 self.lora_adapters.load(name, path)
+        if checkpoint.arch.vision is not None:
+            self.runner.enable_image_cache(config.image_cache_tokens)
         prepare_device_steps(self.runner, config, self.device, self.max_model_len)
         self.async_output, self.async_scheduling = config.async_modes(self.device)
         self._in_flight: InFlightStep | None = None
@@ -562,6 +564,7 @@ class LLMEngine:
             tensor_parallel_size=self.config.tensor_parallel_size,
             mask_time=runner_out.mask_time,
             num_images_encoded=runner_out.vision.num_images,
+            num_images_cached=runner_out.vision.num_images_cached,
             vision_time=runner_out.vision.seconds,
         )
 

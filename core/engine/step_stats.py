@@ -63,5 +63,6 @@ class StepStats:
     waiting_by_class: tuple[tuple[str, int], ...] = ()
     mask_time: float = 0.0  # of model_time: filling structured-output (grammar) bitmasks
     num_images_encoded: int = 0  # images a vision model's tower encoded this step
+    num_images_cached: int = 0  # requests' images read without the tower (cached or shared)
     vision_time: float = 0.0  # of model_time: encoding them (on a GPU, queueing the encoder)
     tensor_parallel_size: int = 1  # the ranks (processes) that ran this step's forward

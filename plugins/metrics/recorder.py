@@ -69,6 +69,7 @@ class MetricsRecorder:
         self.mask_time = series.labels(m.STRUCTURED_OUTPUT_MASK_TIME)
         self.vision_time = series.labels(m.VISION_ENCODER_TIME)
         self.images_encoded = series.labels(m.IMAGES_ENCODED)
+        self.image_cache_hits = series.labels(m.IMAGE_CACHE_HITS)
         self.slo_requests = series.labels(m.SLO_REQUESTS)
         self.slo_ttft_met = series.labels(m.SLO_TTFT_MET)
         self.slo_tpot_met = series.labels(m.SLO_TPOT_MET)
@@ -208,6 +209,8 @@ class MetricsRecorder:
         if stats.num_images_encoded:
             self.vision_time.observe(stats.vision_time)
             self.images_encoded.inc(stats.num_images_encoded)
+        if stats.num_images_cached:
+            self.image_cache_hits.inc(stats.num_images_cached)
         classes = dict(stats.waiting_by_class)
         for label in self.waiting_classes | classes.keys():
             self.series.labels(m.NUM_REQUESTS_WAITING_BY_CLASS, label).set(classes.get(label, 0))

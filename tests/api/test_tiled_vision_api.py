@@ -90,3 +90,25 @@ def test_messages_with_image_blocks_answer_as_the_offline_api(server, offline):
     text, prompt_tokens = offline[(1, 2)]
     assert response.content[0].text == text
     assert response.usage.input_tokens == prompt_tokens
+
+
+def test_the_choices_of_one_call_run_the_tower_once(server):
+    def counter(name: str) -> float | None:
+        text = requests.get(f"{server.base_url}/metrics", timeout=30).text
+        values = [
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)
+        ]
+        return sum(values) if values else None
+
+    encoded = counter("spyglass:images_encoded_total")
+    assert counter("spyglass:image_cache_hits_total") is not None  # exported, in both layouts
+    response = requests.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"model": "tiny", "messages": messages(1), "max_tokens": 2, "n": 3},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == 3
+    # Each choice is an engine request with the image; the others read it from the cache, from
+    # the same step, or from the prefix cache's blocks, so the tower ran once at most.
+    assert counter("spyglass:images_encoded_total") - encoded <= 1

@@ -175,12 +175,14 @@ class StepImages:
 
     def __init__(self):
         self.num_images = 0
+        self.num_cached = 0
         self.seconds = 0.0
 
     @hookimpl
     def spyglass_step_finished(self, stats):
-        """Count the step's encoded images and their time."""
+        """Count the step's encoded and cached images and the tower's time."""
         self.num_images += stats.num_images_encoded
+        self.num_cached += stats.num_images_cached
         self.seconds += stats.vision_time
 
 
@@ -197,6 +199,33 @@ def test_step_stats_count_each_image_once_per_computation(tiny_llava_dir):
     # Chunks of 8 tokens split each 16-token image: each is still encoded once.
     assert counted.num_images == 3
     assert counted.seconds > 0
+
+
+@pytest.mark.parametrize("cache_tokens", [16384, 0], ids=["cached", "uncached"])
+def test_an_image_seen_again_is_taken_from_the_cache(tiny_llava_dir, cache_tokens):
+    # Chunks of 8 tokens: the three requests reach the same image in different steps.
+    llm = LLM(
+        model=str(tiny_llava_dir),
+        dtype="float32",
+        device="cpu",
+        max_num_batched_tokens=8,
+        image_cache_tokens=cache_tokens,
+    )
+    counted = StepImages()
+    llm.engine.plugin_manager.register(counted)
+    image = noise_image(43)
+    prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": image}}] * 3
+    outputs = llm.generate(prompts, GREEDY)
+    assert len({tuple(output.outputs[0].token_ids) for output in outputs}) == 1
+    if cache_tokens:
+        assert (counted.num_images, counted.num_cached) == (1, 2)
+        assert llm.engine.runner.image_cache.num_tokens == 16
+    else:
+        assert (counted.num_images, counted.num_cached) == (3, 0)
+    [alone] = LLM(model=str(tiny_llava_dir), dtype="float32", device="cpu").generate(
+        prompts[0], GREEDY
+    )
+    assert outputs[0].outputs[0].token_ids == alone.outputs[0].token_ids
 
 
 def test_spans_and_snapshots_count_images_without_their_bytes(llava):

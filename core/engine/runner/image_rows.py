@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.image_cache import EncodedImageCache
 from spyglass.core.engine.sched.scheduler import ScheduledRequest
 from spyglass.core.models.image_rows import ImageRows
 
@@ -23,14 +24,16 @@ class _ImageSpan:
 
 
 def step_image_rows(
-    scheduled: list[ScheduledRequest], encode_images
-) -> tuple[ImageRows | None, int]:
+    scheduled: list[ScheduledRequest], encode_images, cache: EncodedImageCache
+) -> tuple[ImageRows | None, int, int]:
     """The step's image-token rows and their embeddings (None when it computes no image token),
-    and how many images it encoded.
+    how many images it encoded, and how many of its requests' images it read without running the
+    tower (from ``cache``, or encoded for another request of the step).
 
     ``encode_images`` maps images' tiles to their embeddings (`VisionLanguageModel`); the images
-    not encoded yet are encoded together, in one call. An image whose last image
-    token this step computes is let go (a request recomputed after a preemption encodes it
+    neither kept by a request nor in ``cache`` are encoded together, in one call, each distinct
+    image once, and kept in ``cache``. An image whose last image token this step computes is let
+    go by its request (one recomputed after a preemption finds it in ``cache`` or encodes it
     again)."""
     spans, row = [], 0
     for item in scheduled:
@@ -54,17 +57,26 @@ def step_image_rows(
                     )
         row += item.num_new_tokens
     if not spans:
-        return None, 0
+        return None, 0, 0
     missing = list(
         dict.fromkeys((s.request, s.index) for s in spans if s.index not in s.request.image_embeds)
     )
-    if missing:
-        images = [request.images[index] for request, index in missing]
+    keys, images = {}, {}
+    for request, index in missing:
+        image = request.images[index]
+        keys[request, index] = key = (image.digest, image.size)
+        images.setdefault(key, image)
+    kept = {key: cache.get(key) for key in images}
+    new = [key for key, embeds in kept.items() if embeds is None]
+    if new:
         encoded = encode_images(
-            [image.pixel_values for image in images], [image.size for image in images]
+            [images[key].pixel_values for key in new], [images[key].size for key in new]
         )
-        for (request, index), image_embeds in zip(missing, encoded):
-            request.image_embeds[index] = image_embeds
+        for key, image_embeds in zip(new, encoded):
+            kept[key] = image_embeds
+            cache.put(key, image_embeds)
+    for (request, index), key in keys.items():
+        request.image_embeds[index] = kept[key]
     rows = [torch.arange(s.row, s.row + s.count) for s in spans]
     embeds = torch.cat(
         [s.request.image_embeds[s.index][s.first : s.first + s.count] for s in spans]
@@ -72,4 +84,4 @@ def step_image_rows(
     for s in spans:
         if s.first + s.count == len(s.request.image_embeds.get(s.index, ())):
             s.request.image_embeds.pop(s.index)
-    return ImageRows(torch.cat(rows).to(embeds.device), embeds), len(missing)
+    return ImageRows(torch.cat(rows).to(embeds.device), embeds), len(new), len(keys) - len(new)

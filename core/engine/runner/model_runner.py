@@ -13,6 +13,7 @@ from spyglass.core.engine.kv.host_memory import (
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.host_sampling import adjust_plain, sample_on_host
+from spyglass.core.engine.runner.image_cache import EncodedImageCache
 from spyglass.core.engine.runner.image_rows import step_image_rows
 from spyglass.core.engine.runner.lora_rows import lora_groups
 from spyglass.core.engine.runner.pooling import Pooled, PoolPart, PoolSlice, pool, pool_slices
@@ -35,11 +36,13 @@ class FatalRunnerError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class VisionWork:
-    """A vision model's step: how many images its vision tower encoded, and the seconds that
-    took (on a GPU, to queue it)."""
+    """A vision model's step: how many images its vision tower encoded, the seconds that took
+    (on a GPU, to queue it), and how many of its requests' images it read without running the
+    tower (from the runner's `EncodedImageCache`, or shared within the step)."""
 
     num_images: int = 0
     seconds: float = 0.0
+    num_images_cached: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,12 @@ class ModelRunner:
         self.lora: LoRABatch | None = None
         # The images the step being launched encoded (`_run_model` sets it).
         self._vision = VisionWork()
+        # Images recently encoded, for other requests with the same image (`enable_image_cache`).
+        self.image_cache = EncodedImageCache(0)
+
+    def enable_image_cache(self, max_tokens: int) -> None:
+        """Keep up to ``max_tokens`` embeddings of recently encoded images (a vision model's)."""
+        self.image_cache = EncodedImageCache(max_tokens)
 
     def enable_lora(self) -> LoRABatch:
         """Wrap the model's projections for LoRA adapters (`core.models.lora.attach_lora`)."""
@@ -307,8 +316,11 @@ class ModelRunner:
         try:
             if self.model.arch.vision is not None:
                 start = time.perf_counter()
-                images, encoded = step_image_rows(out.scheduled, self.model.encode_images)
-                self._vision = VisionWork(encoded, time.perf_counter() - start if encoded else 0.0)
+                images, encoded, cached = step_image_rows(
+                    out.scheduled, self.model.encode_images, self.image_cache
+                )
+                seconds = time.perf_counter() - start if encoded else 0.0
+                self._vision = VisionWork(encoded, seconds, cached)
             if not slices:
                 return self._forward(inputs, len(out.scheduled), images), (), ()
             hidden, residual = self._hidden_states(inputs, images)
