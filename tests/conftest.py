@@ -754,3 +754,85 @@ def tiny_llava_next_dir(make_tiny_llava) -> Path:
 def tiny_llava_dir(make_tiny_llava) -> Path:
     """The CLIP-tower tiny LLaVA of `make_tiny_llava`."""
     return make_tiny_llava("clip")
+
+
+# Qwen2-VL's chat template, cut to what the tests render: an image part is its placeholder
+# between the vision start and end tokens.
+QWEN_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}"
+    "{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Qwen2-VL's towers on 4-pixel patches merged 2 x 2, images resized to between 16 x 16 and
+# 48 x 48 pixels (1 to 36 tokens); Qwen2.5-VL's windows are 2 x 2 tokens, its second layer
+# attends to the whole image.
+TINY_QWEN_PATCHES = dict(patch_size=4, spatial_merge_size=2, temporal_patch_size=2)
+TINY_QWEN_TOWERS = {
+    "Qwen2VL": dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, **TINY_QWEN_PATCHES),
+    "Qwen2_5_VL": dict(
+        depth=3,
+        hidden_size=32,
+        intermediate_size=48,
+        out_hidden_size=64,
+        num_heads=2,
+        window_size=16,
+        fullatt_block_indexes=[1],
+        **TINY_QWEN_PATCHES,
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def make_tiny_qwen2_vl(tmp_path_factory, hf_gguf_tokenizer):
+    """``make(architecture)``: a random ``Qwen2VLForConditionalGeneration`` (``"Qwen2VL"``) or
+    ``Qwen2_5_VLForConditionalGeneration`` (``"Qwen2_5_VL"``), built once each: a tower of
+    `TINY_QWEN_TOWERS` before a 2-layer Qwen2 whose M-RoPE sections are 2, 3 and 3 frequencies,
+    saved as transformers 5 saves it, with its image processor's preprocessor_config.json
+    (`TINY_QWEN_PATCHES`; 256 to 2304 pixels) and the default model's tokenizer plus the vision
+    tokens and `QWEN_VL_CHAT_TEMPLATE`."""
+    import copy
+
+    import transformers
+
+    built: dict[str, Path] = {}
+
+    def make(architecture: str = "Qwen2VL") -> Path:
+        if architecture in built:
+            return built[architecture]
+        tokenizer = copy.deepcopy(hf_gguf_tokenizer)
+        tokenizer.add_tokens(
+            ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
+            special_tokens=True,
+        )
+        tokenizer.chat_template = QWEN_VL_CHAT_TEMPLATE
+        torch.manual_seed(13)
+        text = dict(
+            **TINY_SHAPE,
+            vocab_size=len(tokenizer),
+            bos_token_id=1,
+            eos_token_id=2,
+            rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
+        )
+        ids = tokenizer.convert_tokens_to_ids
+        config = getattr(transformers, f"{architecture}Config")(
+            text_config=text,
+            vision_config=TINY_QWEN_TOWERS[architecture],
+            image_token_id=ids("<|image_pad|>"),
+            video_token_id=ids("<|video_pad|>"),
+            vision_start_token_id=ids("<|vision_start|>"),
+            vision_end_token_id=ids("<|vision_end|>"),
+        )
+        model = getattr(transformers, f"{architecture}ForConditionalGeneration")(config)
+        path = _save_tiny(
+            _with_wide_weights(model), tokenizer, tmp_path_factory.mktemp(f"tiny_{architecture}")
+        )
+        transformers.Qwen2VLImageProcessorPil(
+            min_pixels=256, max_pixels=2304, patch_size=4, merge_size=2
+        ).save_pretrained(path)
+        built[architecture] = path
+        return path
+
+    return make

@@ -23,6 +23,7 @@ from spyglass.core.engine.model_setup import (
     prepare_weights,
     warn_if_bf16_is_emulated,
 )
+from spyglass.core.engine.mrope_positions import prompt_positions
 from spyglass.core.engine.output_processor import DeferredText, OutputProcessor
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.plugin_context import PluginContext
@@ -261,6 +262,10 @@ class LLMEngine:
             images=images,
         )
         request.lora = lora
+        if images and self.arch.uses_mrope:
+            request.rope_positions = prompt_positions(
+                len(prompt_token_ids), images, self.arch.vision
+            )
         request.pool_range = pool_range(params, self.pooling_type, len(prompt_token_ids))
         check_min_tokens(params, request.eos_token_ids)
         request.bad_word_ids = bad_word_token_ids(self.tokenizer, params.bad_words or [])

@@ -1,40 +1,52 @@
 """The prompt tokens one image becomes: LLaVA's run of placeholders (LLaVA-NeXT's as long as its
-base image and unpadded grid), or Idefics3's tiles, each behind its row and column token, and the
-global image."""
+base image and unpadded grid; Qwen2-VL's as long as its grid of merged patches), or Idefics3's
+tiles, each behind its row and column token, and the global image."""
 
 from dataclasses import dataclass
 
 from spyglass.core.engine.image_tiling import tile_grid
-from spyglass.core.models import anyres
+from spyglass.core.engine.sampling_params import InvalidRequestError
+from spyglass.core.models import anyres, qwen_grid
 from spyglass.core.models.vision_config import VisionConfig
 
 
 @dataclass(frozen=True, slots=True)
 class ImageLayout:
     """The tokens an image's placeholder expands to; the runs ``(offset, length)`` of image
-    tokens among them, which take the image's embeddings in order; and how many tiles the tower
-    reads for it."""
+    tokens among them, which take the image's embeddings in order; and the shape of the pixels
+    the tower reads for it (``[tiles, channels, side, side]``; Qwen2-VL's ``[patches, values]``)."""
 
     token_ids: tuple[int, ...]
     runs: tuple[tuple[int, int], ...]
-    num_tiles: int
+    pixel_shape: tuple[int, ...]
+
+
+def _tiles(vision: VisionConfig, count: int) -> tuple[int, ...]:
+    return (count, vision.num_channels, vision.image_size, vision.image_size)
 
 
 def image_layout(vision: VisionConfig, width: int, height: int, alone: bool = True) -> ImageLayout:
     """The layout of an image of ``width`` x ``height`` pixels: LLaVA's `tokens_per_tile`
     placeholders (LLaVA-NeXT's `anyres.num_image_tokens`; ``alone``: the only image of its
     prompt), or, for Idefics3, its tiles (`image_tiling.tile_grid`) and the global image as
-    ``Idefics3Processor`` writes them."""
+    ``Idefics3Processor`` writes them. ValueError for an image Qwen2-VL cannot read
+    (`qwen_grid.resized_size`)."""
+    if vision.temporal_patch_size:
+        rows, cols = qwen_grid.patch_grid(width, height, vision)
+        count = rows * cols // vision.scale_factor**2
+        pixels = (rows * cols, vision.patch_pixels)
+        return ImageLayout((vision.image_token_id,) * count, ((0, count),), pixels)
     if vision.grid_pinpoints:
         count = anyres.num_image_tokens(width, height, vision, alone)
         if vision.max_grid_tiles and not alone:  # LLaVA-OneVision: the base image alone
-            return ImageLayout((vision.image_token_id,) * count, ((0, count),), 1)
+            return ImageLayout((vision.image_token_id,) * count, ((0, count),), _tiles(vision, 1))
         rows, cols = anyres.tile_grid(width, height, vision)
-        return ImageLayout((vision.image_token_id,) * count, ((0, count),), 1 + rows * cols)
+        pixels = _tiles(vision, 1 + rows * cols)
+        return ImageLayout((vision.image_token_id,) * count, ((0, count),), pixels)
     run = (vision.image_token_id,) * vision.tokens_per_tile
     tiles = vision.tiles
     if tiles is None:
-        return ImageLayout(run, ((0, len(run)),), 1)
+        return ImageLayout(run, ((0, len(run)),), _tiles(vision, 1))
     rows, cols = tile_grid(width, height, tiles)
     tokens: list[int] = []
     offsets: list[int] = []
@@ -47,4 +59,15 @@ def image_layout(vision: VisionConfig, width: int, height: int, alone: bool = Tr
     tokens += (tiles.fake_token_id, tiles.global_token_id)
     offsets.append(len(tokens))
     tokens += (*run, tiles.fake_token_id)
-    return ImageLayout(tuple(tokens), tuple((at, len(run)) for at in offsets), len(offsets))
+    runs = tuple((at, len(run)) for at in offsets)
+    return ImageLayout(tuple(tokens), runs, _tiles(vision, len(offsets)))
+
+
+def checked_layout(
+    vision: VisionConfig, width: int, height: int, alone: bool, field: str
+) -> ImageLayout:
+    """`image_layout`, its ValueError an `InvalidRequestError` naming ``field``."""
+    try:
+        return image_layout(vision, width, height, alone)
+    except ValueError as error:
+        raise InvalidRequestError(str(error), field) from None

@@ -1,7 +1,7 @@
 """A request's image, from its bytes to the vision tower's pixels, as transformers' PIL-based
 ``CLIPImageProcessorPil`` (``LlavaImageProcessorPil`` when padding to a square,
-``Idefics3ImageProcessorPil`` or ``LlavaNextImageProcessorPil`` when cutting it into tiles)
-computes them."""
+``Idefics3ImageProcessorPil`` or ``LlavaNextImageProcessorPil`` when cutting it into tiles,
+``Qwen2VLImageProcessorPil`` when cutting it into patches) computes them."""
 
 import io
 
@@ -11,8 +11,10 @@ from PIL import Image
 
 from spyglass.core.engine.image_anyres import anyres_tiles
 from spyglass.core.engine.image_inputs import ImagePixels
+from spyglass.core.engine.image_patches import image_patches
 from spyglass.core.engine.image_tiling import split_image
 from spyglass.core.engine.sampling_params import InvalidRequestError
+from spyglass.core.models import qwen_grid
 from spyglass.core.models.vision_config import VisionConfig
 
 MAX_IMAGE_PIXELS = 40_000_000
@@ -85,11 +87,16 @@ def pixel_values(image: Image.Image, vision: VisionConfig, alone: bool = True) -
     """The float32 pixels the tower reads for ``image``: RGB, then either cut into tiles
     (``vision.tiles``, `image_tiling.split_image`; ``vision.grid_pinpoints``,
     `image_anyres.anyres_tiles`, unless LLaVA-OneVision's image is not ``alone`` in its prompt:
-    then padded square and resized, one tile) or padded to a square of the mean colour
+    then padded square and resized, one tile), resized to Qwen2-VL's grid and cut into patches
+    (``vision.temporal_patch_size``, `image_patches`), or padded to a square of the mean colour
     (``pad_to_square``), resized and centre-cropped into one ``[1, 3, image_size, image_size]``
     tile (without ``center_crop`` the size is the resize's); rescaled and normalized."""
     image = _to_rgb(image)
     original = image.size
+    if vision.temporal_patch_size:
+        resized = image.resize(qwen_grid.resized_size(*original, vision), resample=vision.resample)
+        pixels = _normalized(np.array(resized)[None], vision)[0]
+        return ImagePixels(image_patches(pixels, vision), *original)
     if vision.max_grid_tiles and not alone:  # LLaVA-OneVision: one of several images
         image = _pad_to_square(image, tuple(int(x * 255) for x in vision.image_mean))
         square = image.resize((vision.image_size, vision.image_size), resample=vision.resample)

@@ -4,7 +4,7 @@ image's placeholder expanded, and each image's pixels as the vision tower reads 
 from collections.abc import Sequence
 
 from spyglass.core.engine.image_inputs import ImageInput, expand_placeholders, place_images
-from spyglass.core.engine.image_layout import ImageLayout, image_layout
+from spyglass.core.engine.image_layout import ImageLayout, checked_layout
 from spyglass.core.engine.image_preprocess import pixel_values
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models.vision_config import VisionConfig
@@ -23,7 +23,7 @@ def images_in_prompt(
     if not images:
         return token_ids, ()
     _check_reads_images(vision, field)
-    needed = sum(len(_layout(image, vision, len(images) == 1).token_ids) for image in images)
+    needed = sum(len(_layout(image, vision, len(images) == 1, field).token_ids) for image in images)
     if needed > max_model_len:
         raise InvalidRequestError(
             f"{len(images)} images take {needed} tokens, more than the model's context of "
@@ -43,7 +43,7 @@ def prompt_with_image_tokens(
     if not images:
         return token_ids
     _check_reads_images(vision, field)
-    layouts = [_layout(image, vision, len(images) == 1) for image in images]
+    layouts = [_layout(image, vision, len(images) == 1, field) for image in images]
     return expand_placeholders(token_ids, layouts, vision.image_token_id, field)[0]
 
 
@@ -54,5 +54,5 @@ def _check_reads_images(vision: VisionConfig | None, field: str) -> None:
         )
 
 
-def _layout(image, vision: VisionConfig, alone: bool) -> ImageLayout:
-    return image_layout(vision, *image.size, alone)
+def _layout(image, vision: VisionConfig, alone: bool, field: str) -> ImageLayout:
+    return checked_layout(vision, *image.size, alone, field)

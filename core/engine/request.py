@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spyglass.core.engine.image_inputs import ImageInput, image_digests
+from spyglass.core.engine.mrope_positions import PromptPositions
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.token_constraint import TokenConstraint
@@ -80,6 +81,8 @@ class Request:
         # they fill are still to compute) their embeddings by index.
         self.images = images
         self.image_embeds: dict[int, torch.Tensor] = {}
+        # M-RoPE's positions of a prompt with images (Qwen2-VL; set by the engine), else None.
+        self.rope_positions: PromptPositions | None = None
         self.output_token_ids: list[int] = []
         self.spec_token_ids: list[int] = []
         self.logprobs: list[Logprob] | None = [] if sampling_params.logprobs is not None else None

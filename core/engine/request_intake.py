@@ -4,7 +4,7 @@ the vocabulary and the context, and a grammar some plugin can enforce; its bad w
 from collections.abc import Container
 
 from spyglass.core.engine.image_inputs import ImageInput
-from spyglass.core.engine.image_layout import image_layout
+from spyglass.core.engine.image_layout import checked_layout
 from spyglass.core.engine.plugin_manager import SafeHookRelay
 from spyglass.core.engine.sampling_params import (
     InvalidRequestError,
@@ -64,14 +64,13 @@ def check_images(
             f"a prompt may hold at most {max_images} images (--limit-mm-per-prompt)",
             "multi_modal_data",
         )
-    shape = (vision.num_channels, vision.image_size, vision.image_size)
     for image in images:
-        layout = image_layout(vision, *image.size, len(images) == 1)
+        layout = checked_layout(vision, *image.size, len(images) == 1, "multi_modal_data")
         if (
             image.offset < 0
             or image.runs != layout.runs
             or image.length != len(layout.token_ids)
-            or tuple(image.pixel_values.shape) != (layout.num_tiles, *shape)
+            or tuple(image.pixel_values.shape) != layout.pixel_shape
             or any(
                 prompt_token_ids[start:end] != [vision.image_token_id] * (end - start)
                 for start, end, _ in image.embedding_runs()
@@ -80,7 +79,7 @@ def check_images(
             # Only a caller that placed images by hand gets here (`place_images` places them right).
             raise InvalidRequestError(
                 f"an image must fill its placeholder tokens of the prompt as its size lays them "
-                f"out and hold {list(shape)} pixels a tile",
+                f"out and hold pixels of shape {list(layout.pixel_shape)}",
                 "multi_modal_data",
             )
     keep = max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens

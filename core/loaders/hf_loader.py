@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from spyglass.core.loaders import idefics3_config, llava_config
+from spyglass.core.loaders import idefics3_config, llava_config, qwen2_vl_config
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.hf_config import hf_family, read_arch
 from spyglass.core.loaders.pooling_config import sentence_transformers_pooling
@@ -21,7 +21,8 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     """Load a model directory of any family in `core.models.registry`, converting weights to ``dtype``.
 
     Reads config.json (`hf_config.read_arch`; a vision model's language model and vision tower,
-    `llava_config`, `idefics3_config`), every safetensors shard, and the tokenizer.
+    `llava_config`, `idefics3_config`, `qwen2_vl_config`), every safetensors shard, and the
+    tokenizer.
     """
     path = Path(path)
     config_file = path / "config.json"
@@ -34,6 +35,9 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     elif idefics3_config.is_idefics3(config):
         idefics3_config.check_vision(config, path)
         config = idefics3_config.text_config(config)
+    elif qwen2_vl_config.is_qwen2_vl(config):
+        vision = qwen2_vl_config.vision_config(config, path)
+        config = qwen2_vl_config.text_config(config)
     hf_family(config)  # an unsupported class fails here, before the tokenizer and weights are read
     tokenizer = Tokenizer.from_hf_dir(path)
     if idefics3_config.is_idefics3(outer):
@@ -59,7 +63,20 @@ def check_supported(path: str | Path) -> None:
         elif idefics3_config.is_idefics3(config):
             idefics3_config.check_vision(config, path)
             config = idefics3_config.text_config(config)
+        elif qwen2_vl_config.is_qwen2_vl(config):
+            qwen2_vl_config.vision_config(config, path)
+            config = qwen2_vl_config.text_config(config)
         hf_family(config)
+
+
+# Which loader names each tower's checkpoints' parameters.
+_NAMING = {
+    "clip": llava_config,
+    "siglip": llava_config,
+    "idefics3": idefics3_config,
+    "qwen2_vl": qwen2_vl_config,
+    "qwen2_5_vl": qwen2_vl_config,
+}
 
 
 def _shard_files(path: Path) -> list[Path]:
@@ -86,8 +103,7 @@ def _read_weights(path: Path, arch: ModelArchConfig, dtype: torch.dtype) -> dict
     ):
         weights.update((name, tensor.to(dtype)) for name, tensor in load_file(shard).items())
     if arch.vision is not None:
-        tiled = arch.vision.tower == "idefics3"
-        weights = (idefics3_config if tiled else llava_config).canonical_names(weights)
+        weights = _NAMING[arch.vision.tower].canonical_names(weights)
     if not arch.has_lm_head and not arch.num_labels:
         # A base model's checkpoint names its parameters without the causal LM's "model." prefix.
         weights = {

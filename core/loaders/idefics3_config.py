@@ -4,9 +4,9 @@ it, the `VisionConfig` of its tower, pixel shuffle and image splitting (``prepro
 the tokenizer's tile tokens); and its checkpoint's parameter names mapped to the ones the models
 use."""
 
-import json
 from pathlib import Path
 
+from spyglass.core.loaders.image_processor_config import image_processor_config
 from spyglass.core.loaders.llava_config import (
     LLAMA_DEFAULTS,
     check_steps_on,
@@ -76,7 +76,7 @@ def check_vision(config: dict, model_dir: Path) -> tuple[dict, dict]:
     """The tower's config and the image processor's, with their defaults filled in; ValueError
     for what does not run here."""
     tower = {**_TOWER_DEFAULTS, **(config.get("vision_config") or {})}
-    processor = {**_PROCESSOR_DEFAULTS, **_image_processor(model_dir)}
+    processor = {**_PROCESSOR_DEFAULTS, **image_processor_config(model_dir)}
     tile_size = processor["max_image_size"]["longest_edge"]
     if tile_size != tower["image_size"]:
         raise ValueError(
@@ -85,21 +85,6 @@ def check_vision(config: dict, model_dir: Path) -> tuple[dict, dict]:
         )
     check_steps_on(processor)
     return tower, processor
-
-
-def _image_processor(model_dir: Path) -> dict:
-    """The image processor's config: preprocessor_config.json (as the Hub's checkpoints ship
-    it), or the ``image_processor`` of processor_config.json (as transformers 5 saves it)."""
-    for name, key in (
-        ("preprocessor_config.json", None),
-        ("processor_config.json", "image_processor"),
-    ):
-        path = model_dir / name
-        if path.is_file():
-            saved = json.loads(path.read_text())
-            if key is None or key in saved:
-                return saved if key is None else saved[key]
-    return {}
 
 
 def vision_config(config: dict, model_dir: Path, tokenizer: Tokenizer) -> VisionConfig:

@@ -24,7 +24,7 @@ _ACTIVATIONS = {
 }
 
 
-def _activation(name: str):
+def vision_activation(name: str):
     """The function HF calls ``name``; ValueError for one this encoder does not know."""
     if name not in _ACTIVATIONS:
         raise ValueError(
@@ -116,7 +116,7 @@ class ClipEncoderLayer:
         self.qkv = torch.cat([q[0], k[0], v[0]]), torch.cat([q[1], k[1], v[1]])
         self.out_proj = pair("self_attn.out_proj")
         self.fc1, self.fc2 = pair("mlp.fc1"), pair("mlp.fc2")
-        self.act = _activation(vision.hidden_act)
+        self.act = vision_activation(vision.hidden_act)
         self.eps = vision.layer_norm_eps
         self.num_heads = vision.num_attention_heads
 
@@ -169,7 +169,7 @@ class ClipVisionEncoder:
             (w[f"{PROJECTOR}.linear_{n}.weight"], w.get(f"{PROJECTOR}.linear_{n}.bias"))
             for n in (1, 2)
         ]
-        self.projector_act = _activation(vision.projector_act)
+        self.projector_act = vision_activation(vision.projector_act)
 
     @torch.inference_mode()
     def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:

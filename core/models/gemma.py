@@ -32,12 +32,12 @@ class GemmaLayer:
         "pre_mlp_norm",
     )
 
-    def __init__(self, weights, arch: ModelArchConfig, layer: int, rope: RotaryEmbedding):
+    def __init__(self, weights, arch: ModelArchConfig, layer: int):
         prefix = f"model.layers.{layer}"
         self.input_norm, self.post_attention_norm, self.pre_mlp_norm, self.post_mlp_norm = (
             weights[f"{prefix}.{name}.weight"] + 1.0 for name in _NORMS
         )
-        self.attention = SelfAttention(weights, prefix, arch, layer, rope, norm_offset=1.0)
+        self.attention = SelfAttention(weights, prefix, arch, layer, norm_offset=1.0)
         self.mlp = GatedMLP(weights, f"{prefix}.mlp", arch.hidden_act)
 
 
@@ -76,18 +76,15 @@ class GemmaForCausalLM:
         # transformers rounds the scale to the weights' dtype before multiplying.
         self.embed_scale = torch.tensor(arch.hidden_size**0.5, dtype=self.dtype).item()
         dtype, positions = self.dtype, arch.max_position_embeddings
-        global_rope = RotaryEmbedding(
+        self.global_rope = RotaryEmbedding(
             arch.head_dim, positions, arch.rope_theta, arch.rope_scaling, dtype, device
         )
-        local_rope = global_rope
+        self.local_rope = self.global_rope
         if arch.local_rope_theta is not None:
-            local_rope = RotaryEmbedding(
+            self.local_rope = RotaryEmbedding(
                 arch.head_dim, positions, arch.local_rope_theta, None, dtype, device
             )
-        self.layers = [
-            GemmaLayer(w, arch, i, local_rope if arch.window(i) else global_rope)
-            for i in range(arch.num_hidden_layers)
-        ]
+        self.layers = [GemmaLayer(w, arch, i) for i in range(arch.num_hidden_layers)]
         self.lm_head = make_linear(self.embed if arch.tie_word_embeddings else w["lm_head.weight"])
 
     @property
@@ -106,9 +103,11 @@ class GemmaForCausalLM:
         """The last layer's output and the residual stream it adds to, for every token, before the final norm."""
         eps, ops = self.arch.rms_norm_eps, self.backend
         hidden, residual = lookup_rows(self.embed, input_ids, self.dtype) * self.embed_scale, None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+        local, rotary = self.local_rope.at(positions), self.global_rope.at(positions)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
-            hidden = layer.attention(x, positions, meta, k_cache, v_cache, ops)
+            tables = local if self.arch.window(i) else rotary
+            hidden = layer.attention(x, tables, meta, k_cache, v_cache, ops)
             hidden, _ = ops.add_rms_norm(hidden, None, layer.post_attention_norm, eps)
             x, residual = ops.add_rms_norm(hidden, residual, layer.pre_mlp_norm, eps)
             hidden, _ = ops.add_rms_norm(layer.mlp(x, ops), None, layer.post_mlp_norm, eps)

@@ -7,7 +7,7 @@ from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.linear import make_linear
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight, cat_rows
-from spyglass.core.models.rope import RotaryEmbedding
+from spyglass.core.models.rope import RotaryTables
 from spyglass.kernels.backend import AttentionBackend
 from spyglass.kernels.torch_moe import sort_by_expert
 
@@ -33,9 +33,10 @@ def _fused(weights: dict[str, torch.Tensor], fused: str, parts: list[str]) -> to
 
 class SelfAttention:
     """One layer's attention: fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3, Gemma 3),
-    rotary embedding, KV store, paged attention with the layer's window and soft-cap, output projection."""
+    rotary embedding (the step's `RotaryTables`), KV store, paged attention with the layer's window
+    and soft-cap, output projection."""
 
-    __slots__ = ("arch", "k_norm", "o_proj", "q_norm", "qkv", "rope", "scale", "softcap", "window")
+    __slots__ = ("arch", "k_norm", "o_proj", "q_norm", "qkv", "scale", "softcap", "window")
 
     def __init__(
         self,
@@ -43,7 +44,6 @@ class SelfAttention:
         prefix: str,
         arch: ModelArchConfig,
         layer: int,
-        rope: RotaryEmbedding,
         norm_offset: float = 0.0,
     ):
         attn = f"{prefix}.self_attn"
@@ -58,16 +58,22 @@ class SelfAttention:
         # Gemma's norms scale by (1 + weight): the offset folds that into the weight once.
         self.q_norm = weights[f"{attn}.q_norm.weight"] + norm_offset if arch.qk_norm else None
         self.k_norm = weights[f"{attn}.k_norm.weight"] + norm_offset if arch.qk_norm else None
-        self.rope = rope
         self.window = arch.window(layer)
         self.softcap = arch.attn_logit_softcapping
         self.scale = (arch.query_pre_attn_scalar or arch.head_dim) ** -0.5
         self.arch = arch
 
     def __call__(
-        self, x, positions, meta: AttentionMetadata, k_cache, v_cache, ops: AttentionBackend
+        self,
+        x,
+        rotary: RotaryTables,
+        meta: AttentionMetadata,
+        k_cache,
+        v_cache,
+        ops: AttentionBackend,
     ):
-        """The attention output ``[num_tokens, hidden]`` of the normed input ``x``; stores this step's K and V."""
+        """The attention output ``[num_tokens, hidden]`` of the normed input ``x``, its q and k
+        rotated by ``rotary``; stores this step's K and V."""
         arch = self.arch
         num_tokens, num_heads, head_dim = x.shape[0], arch.num_attention_heads, arch.head_dim
         q_size, kv_size = num_heads * head_dim, arch.num_key_value_heads * head_dim
@@ -76,7 +82,7 @@ class SelfAttention:
         if self.q_norm is not None:
             self._norm_heads_(qk, ops)
         # Rotate q and k heads together, in place: one rope call instead of two.
-        ops.rotary_embedding_(qk, positions, self.rope.cos, self.rope.sin)
+        ops.rotary_embedding_(qk, rotary.positions, rotary.cos, rotary.sin)
         v = qkv[:, q_size + kv_size :].view(num_tokens, -1, head_dim)
         ops.store_kv(qk[:, num_heads:], v, k_cache, v_cache, meta.slot_mapping)
         out = ops.paged_attention(

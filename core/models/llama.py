@@ -12,8 +12,8 @@ from spyglass.core.models.image_rows import ImageRows
 from spyglass.core.models.layers import GatedMLP, SelfAttention, SparseMoE
 from spyglass.core.models.linear import make_linear
 from spyglass.core.models.model_config import ModelArchConfig
+from spyglass.core.models.mrope import rotary_embedding
 from spyglass.core.models.quantization import lookup_rows
-from spyglass.core.models.rope import RotaryEmbedding
 from spyglass.kernels.backend import AttentionBackend
 
 # Where a family keeps its experts, and their gate, up and down projections' names.
@@ -26,10 +26,10 @@ class LlamaLayer:
 
     __slots__ = ("attention", "input_norm", "mlp", "post_norm")
 
-    def __init__(self, weights, arch: ModelArchConfig, layer: int, rope: RotaryEmbedding):
+    def __init__(self, weights, arch: ModelArchConfig, layer: int):
         prefix = f"model.layers.{layer}"
         self.input_norm = weights[f"{prefix}.input_layernorm.weight"]
-        self.attention = SelfAttention(weights, prefix, arch, layer, rope)
+        self.attention = SelfAttention(weights, prefix, arch, layer)
         self.post_norm = weights[f"{prefix}.post_attention_layernorm.weight"]
         if layer in arch.moe_layers:
             module, names = _EXPERTS.get(arch.architecture, _QWEN_EXPERTS)
@@ -89,7 +89,7 @@ class LlamaForCausalLM:
         w = {name: t.to(device) for name, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
         self.final_norm = w["model.norm.weight"]
-        rope = RotaryEmbedding(
+        self.rope = rotary_embedding(
             arch.head_dim,
             arch.max_position_embeddings,
             arch.rope_theta,
@@ -97,7 +97,7 @@ class LlamaForCausalLM:
             self.dtype,
             device,
         )
-        self.layers = [LlamaLayer(w, arch, i, rope) for i in range(arch.num_hidden_layers)]
+        self.layers = [LlamaLayer(w, arch, i) for i in range(arch.num_hidden_layers)]
         self.lm_head = None  # a base model or a classifier has none
         if arch.has_lm_head:
             head = self.embed if arch.tie_word_embeddings else w["lm_head.weight"]
@@ -157,14 +157,16 @@ class LlamaForCausalLM:
         image_rows: ImageRows | None = None,
     ):
         """The last layer's output and the residual stream it adds to, for every token, before
-        the final norm. ``image_rows`` (a vision model's prompt) replace their rows' embeddings."""
+        the final norm. ``image_rows`` (a vision model's prompt) replace their rows' embeddings.
+        ``positions`` are the tokens' ``[tokens]``, or M-RoPE's ``[3, tokens]`` (`mrope`)."""
         eps, ops = self.arch.rms_norm_eps, self.backend
         hidden, residual = self.embed_tokens(input_ids), None
+        rotary = self.rope.at(positions)
         if image_rows is not None:
             hidden[image_rows.rows] = image_rows.embeds
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
-            hidden = layer.attention(x, positions, meta, k_cache, v_cache, ops)
+            hidden = layer.attention(x, rotary, meta, k_cache, v_cache, ops)
             x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, eps)
             hidden = layer.mlp(x, ops)
         return hidden, residual

@@ -77,6 +77,11 @@ class ModelArchConfig:
     matryoshka_dimensions: tuple[int, ...] = ()
     vision: VisionConfig | None = None
 
+    @property
+    def uses_mrope(self) -> bool:
+        """Whether rope rotates by M-RoPE's three positions a token (Qwen2-VL)."""
+        return (self.rope_scaling or {}).get("rope_type") == "mrope"
+
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer``, or None when it attends to its whole context."""
         sliding = self.layer_types[layer] == SLIDING if self.layer_types else True

@@ -15,6 +15,7 @@ from spyglass.core.models import gemma, llama
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.clip_vision import vision_weight_names
 from spyglass.core.models.model_config import ModelArchConfig
+from spyglass.core.models.qwen_vision import qwen_vision_weight_names
 from spyglass.core.models.vision_language import VisionLanguageModel
 from spyglass.kernels.backend import AttentionBackend
 
@@ -217,7 +218,11 @@ def model_weight_names(arch: ModelArchConfig) -> set[str]:
     """The parameter names a checkpoint of ``arch`` holds: its family's, and a vision model's
     tower and projector."""
     names = family(arch.architecture).weight_names(arch)
-    return names if arch.vision is None else names | vision_weight_names(arch.vision)
+    if arch.vision is None:
+        return names
+    if arch.vision.temporal_patch_size:
+        return names | qwen_vision_weight_names(arch.vision)
+    return names | vision_weight_names(arch.vision)
 
 
 def build_model(

@@ -1,11 +1,14 @@
-"""Rotary position embeddings, with the llama3, linear, YaRN and LongRoPE scalings as transformers computes them."""
+"""Rotary position embeddings, with the llama3, linear, YaRN and LongRoPE scalings as transformers
+computes them, and Qwen2-VL's multimodal rope (`mrope`)."""
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-# The rope_type values (besides "default") that rotation_angles computes.
-SCALING_TYPES = ("linear", "llama3", "yarn", "longrope")
+# The rope_type values (besides "default") that rotation_angles computes. "mrope" rotates by the
+# default frequencies; `mrope.MultimodalRotaryEmbedding` gives each of its sections its own axis.
+SCALING_TYPES = ("linear", "llama3", "yarn", "longrope", "mrope")
 
 
 def _default_frequencies(head_dim: int, theta: float) -> torch.Tensor:
@@ -93,7 +96,7 @@ def rotation_angles(
     and the factor transformers multiplies cos and sin by (1 except for YaRN and LongRoPE)."""
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
     attention_factor = 1.0
-    if rope_type in (None, "default"):
+    if rope_type in (None, "default", "mrope"):
         inv_freq = _default_frequencies(head_dim, theta)
     elif rope_type == "llama3":
         inv_freq = _llama3(_default_frequencies(head_dim, theta), scaling)
@@ -110,10 +113,22 @@ def rotation_angles(
     ), attention_factor
 
 
+@dataclass(frozen=True, slots=True)
+class RotaryTables:
+    """What a step's attention rotates by: each token's row of the ``cos`` and ``sin`` tables
+    (``[rows, head_dim]``) is ``positions[token]``; the backend's ``rotary_embedding_`` reads
+    them."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 class RotaryEmbedding:
     """Precomputed cos/sin tables ``[max_positions, head_dim]`` (HF's rotate-half layout, both halves equal).
 
-    The backend's ``rotary_embedding_`` applies them to the query and key heads.
+    `at` gives a step's tables; the backend's ``rotary_embedding_`` applies them to the query
+    and key heads.
     """
 
     def __init__(
@@ -123,3 +138,7 @@ class RotaryEmbedding:
         angles = torch.cat([angles, angles], dim=-1)
         self.cos = (angles.cos() * attention_factor).to(dtype=dtype, device=device)
         self.sin = (angles.sin() * attention_factor).to(dtype=dtype, device=device)
+
+    def at(self, positions: torch.Tensor) -> RotaryTables:
+        """The tables for a step whose tokens sit at ``positions [tokens]``."""
+        return RotaryTables(positions, self.cos, self.sin)

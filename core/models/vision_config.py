@@ -13,11 +13,14 @@ FEATURE_SELECTS = ("default", "full")
 """Which of the tower's positions become image tokens: all but the first (CLIP's class token),
 or all."""
 
-TOWERS = ("clip", "siglip", "idefics3")
+TOWERS = ("clip", "siglip", "idefics3", "qwen2_vl", "qwen2_5_vl")
 """The vision towers that run: CLIP's (a class token, a LayerNorm before the layers), SigLIP's
 (patches only, a bias on the patch embedding, an attention-pooling head LLaVA ignores) and
 Idefics3's (SigLIP's layers, all of them, then its final LayerNorm, a pixel shuffle merging
-``scale_factor`` x ``scale_factor`` patches into one token, and one linear projection)."""
+``scale_factor`` x ``scale_factor`` patches into one token, and one linear projection). Qwen2-VL's
+(``qwen2_vl``: patches of two frames, 2D rope, LayerNorm and GELU layers; ``qwen2_5_vl``: RMSNorm
+and gated SiLU layers, attention within windows but in ``full_attention_layers``) reads an image
+at (about) its own size and merges ``scale_factor`` x ``scale_factor`` patches into one token."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +37,11 @@ class VisionConfig:
     features, unpadded and each row ended by the learned ``image_newline``, follow the whole
     image's (`anyres`). LLaVA-OneVision's ``max_grid_tiles`` (its ``anyres_max_N``) also shrinks
     those features to about N tiles' worth, and reads an image that shares its prompt with
-    others as the whole image alone, padded square.
+    others as the whole image alone, padded square. Qwen2-VL's towers (`qwen_grid`) resize an
+    image to between ``min_pixels`` and ``max_pixels``, in multiples of ``patch_size`` times
+    ``scale_factor``, each patch repeated over ``temporal_patch_size`` frames; ``hidden_size``
+    is the tower's width, ``projector_size`` the language model's; Qwen2.5-VL attends within
+    windows of ``window_size`` pixels.
 
     Preprocessing (``preprocessor_config.json``, a ``CLIPImageProcessor``): RGB, padded to a
     square of the mean colour when ``pad_to_square`` (``LlavaImageProcessor``'s ``do_pad``),
@@ -70,6 +77,17 @@ class VisionConfig:
     tiles: ImageTiles | None = None
     grid_pinpoints: tuple[tuple[int, int], ...] = ()
     max_grid_tiles: int = 0
+    temporal_patch_size: int = 0
+    min_pixels: int = 0
+    max_pixels: int = 0
+    projector_size: int = 0
+    window_size: int = 0
+    full_attention_layers: tuple[int, ...] = ()
+
+    @property
+    def patch_pixels(self) -> int:
+        """The values of one patch as Qwen2-VL's tower reads it (channels x frames x side x side)."""
+        return self.num_channels * self.temporal_patch_size * self.patch_size**2
 
     @property
     def num_patches(self) -> int:

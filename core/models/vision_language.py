@@ -1,16 +1,25 @@
-"""A vision-language model (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Idefics3/SmolVLM): a Llama-style
-decoder that reads images, each turned into prompt embeddings by its vision tower and projector
-(`clip_vision`, `idefics3_vision`; LLaVA-NeXT's grid packed as `anyres` lays it out)."""
+"""A vision-language model (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Idefics3/SmolVLM, Qwen2-VL,
+Qwen2.5-VL): a Llama-style decoder that reads images, each turned into prompt embeddings by its
+vision tower and projector (`clip_vision`, `idefics3_vision`, `qwen_vision`; LLaVA-NeXT's grid
+packed as `anyres` lays it out)."""
 
 import torch
 import torch.nn.functional as F
 
-from spyglass.core.models import anyres
+from spyglass.core.models import anyres, qwen_grid
 from spyglass.core.models.clip_vision import IMAGE_NEWLINE, ClipVisionEncoder
 from spyglass.core.models.idefics3_vision import Idefics3VisionEncoder
 from spyglass.core.models.llama import LlamaForCausalLM
 from spyglass.core.models.model_config import ModelArchConfig
+from spyglass.core.models.qwen_vision import QwenVisionEncoder
 from spyglass.kernels.backend import AttentionBackend
+
+# The towers with encoders of their own (CLIP's and SigLIP's run `ClipVisionEncoder`).
+_ENCODERS = {
+    "idefics3": Idefics3VisionEncoder,
+    "qwen2_vl": QwenVisionEncoder,
+    "qwen2_5_vl": QwenVisionEncoder,
+}
 
 
 class VisionLanguageModel(LlamaForCausalLM):
@@ -25,7 +34,7 @@ class VisionLanguageModel(LlamaForCausalLM):
         device,
     ):
         super().__init__(arch, weights, backend, device)
-        encoder = Idefics3VisionEncoder if arch.vision.tower == "idefics3" else ClipVisionEncoder
+        encoder = _ENCODERS.get(arch.vision.tower, ClipVisionEncoder)
         self.vision = encoder(arch.vision, weights, device, self.dtype)
         # LLaVA-NeXT's (and OneVision's) learned end of each row of an image's grid features.
         self.image_newline = (
@@ -39,8 +48,17 @@ class VisionLanguageModel(LlamaForCausalLM):
         self, pixel_values: list[torch.Tensor], sizes: list[tuple[int, int]]
     ) -> list[torch.Tensor]:
         """Each image's prompt embeddings ``[tokens, hidden_size]``, in the activations' dtype,
-        for its preprocessed tiles ``[tiles, channels, image_size, image_size]`` and its own
-        ``(width, height)``; the tiles of all the images run the tower together."""
+        for its preprocessed tiles ``[tiles, channels, image_size, image_size]`` (Qwen2-VL's
+        patches ``[patches, patch_pixels]``) and its own ``(width, height)``; the tiles of all
+        the images run the tower together."""
+        vision = self.arch.vision
+        if vision.temporal_patch_size:
+            grids = [qwen_grid.patch_grid(*size, vision) for size in sizes]
+            patches = torch.cat(pixel_values).to(self.final_norm.device)
+            tokens = self.vision(patches, grids)
+            return list(
+                tokens.split([rows * cols // vision.scale_factor**2 for rows, cols in grids])
+            )
         tiles = self.vision(torch.cat(pixel_values).to(self.final_norm.device))
         per_image = tiles.split([len(p) for p in pixel_values])
         if self.image_newline is None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from spyglass.core.engine.mrope_positions import step_rope_positions
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.uploads import upload
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class StepInputs:
-    """The flattened batch for one forward."""
+    """The flattened batch for one forward. ``positions`` are the tokens' rope positions:
+    ``[tokens]``, or M-RoPE's ``[3, tokens]`` in a step that computes a Qwen2-VL image."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -68,8 +70,11 @@ def build_step_inputs(
     if any(r.prompt_logprobs is not None for r in requests):
         extra, prompt_rows = _prompt_logprob_rows(requests, starts, ends, query_start)
         logits_rows = np.concatenate([logits_rows, extra])
+    rope_positions = step_rope_positions(
+        [r.rope_positions for r in requests], starts, ends, query_start, positions
+    )
     input_ids, positions_t, slot_mapping, logits_indices, at, rows = upload(
-        [np.array(tokens), positions, slots, logits_rows, pending_at, pending_rows],
+        [np.array(tokens), rope_positions, slots, logits_rows, pending_at, pending_rows],
         np.int64,
         device,
     )

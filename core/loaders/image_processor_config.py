@@ -1,0 +1,20 @@
+"""Where a vision model's directory keeps its image processor's config."""
+
+import json
+from pathlib import Path
+
+
+def image_processor_config(model_dir: Path) -> dict:
+    """The image processor's config: preprocessor_config.json (as the Hub's checkpoints ship
+    it), or the ``image_processor`` of processor_config.json (as transformers 5 saves it); empty
+    when there is neither."""
+    for name, key in (
+        ("preprocessor_config.json", None),
+        ("processor_config.json", "image_processor"),
+    ):
+        path = model_dir / name
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if key is None or key in saved:
+                return saved if key is None else saved[key]
+    return {}

@@ -1,0 +1,140 @@
+"""Read a Qwen2-VL or Qwen2.5-VL directory's config (``Qwen2VLForConditionalGeneration``,
+``Qwen2_5_VLForConditionalGeneration``): its language model's as a ``Qwen2ForCausalLM`` config
+(with M-RoPE's ``mrope_section``), the `VisionConfig` of its tower and image processor; and its
+checkpoint's parameter names mapped to the ones the models use."""
+
+from pathlib import Path
+
+from spyglass.core.loaders.image_processor_config import image_processor_config
+from spyglass.core.loaders.llava_config import check_steps_on, with_prefixes_renamed
+from spyglass.core.models.vision_config import VisionConfig
+
+QWEN2_VL_CLASS = "Qwen2VLForConditionalGeneration"
+QWEN2_5_VL_CLASS = "Qwen2_5_VLForConditionalGeneration"
+
+# Qwen2VLTextConfig's defaults, for keys a config.json leaves out.
+_TEXT_DEFAULTS = {
+    "vocab_size": 152064,
+    "hidden_size": 8192,
+    "intermediate_size": 29568,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "rope_theta": 1000000.0,
+}
+# The towers' config classes' defaults.
+_TOWER_DEFAULTS = {
+    QWEN2_VL_CLASS: {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4},
+    QWEN2_5_VL_CLASS: {
+        "depth": 32,
+        "hidden_size": 3584,
+        "intermediate_size": 3420,
+        "out_hidden_size": 3584,
+        "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+    },
+}
+_ACTIVATIONS = {QWEN2_VL_CLASS: "quick_gelu", QWEN2_5_VL_CLASS: "silu"}
+# Qwen2VLImageProcessor's defaults.
+_PROCESSOR_DEFAULTS = {
+    "min_pixels": 56 * 56,
+    "max_pixels": 28 * 28 * 1280,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "resample": 3,  # bicubic
+    "rescale_factor": 1 / 255,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+}
+# The Hub's names (``visual.``, ``model.``) and transformers 5's (``model.visual.``,
+# ``model.language_model.``) to the models' own.
+_RENAMES = (
+    ("model.visual.", "vision_tower."),
+    ("visual.", "vision_tower."),
+    ("model.language_model.", "model."),
+)
+# Config keys of the outer config that are not the language model's.
+_OUTER_KEYS = ("vision_config", "text_config", "architectures", "model_type")
+
+
+def is_qwen2_vl(config: dict) -> bool:
+    """Whether ``config`` (a config.json) is a Qwen2-VL or Qwen2.5-VL model's."""
+    return (config.get("architectures") or [None])[0] in (QWEN2_VL_CLASS, QWEN2_5_VL_CLASS)
+
+
+def text_config(config: dict) -> dict:
+    """The language model's config as a ``Qwen2ForCausalLM`` config.json: the Hub's flat keys,
+    or transformers 5's ``text_config``; tying is the outer config's say."""
+    flat = {key: value for key, value in config.items() if key not in _OUTER_KEYS}
+    text = {**_TEXT_DEFAULTS, **flat, **(config.get("text_config") or {})}
+    text["tie_word_embeddings"] = config.get("tie_word_embeddings", False)
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    if "mrope_section" not in rope:
+        raise ValueError(
+            f"{config['architectures'][0]}'s config.json has no rope mrope_section; its "
+            "language model rotates by M-RoPE."
+        )
+    return {**text, "architectures": ["Qwen2ForCausalLM"]}
+
+
+def vision_config(config: dict, model_dir: Path) -> VisionConfig:
+    """The tower and image processor of ``config`` and ``model_dir`` (preprocessor_config.json,
+    or processor_config.json's ``image_processor``); ValueError for what does not run here."""
+    architecture = config["architectures"][0]
+    tower = {**_TOWER_DEFAULTS[architecture], **(config.get("vision_config") or {})}
+    processor = {**_PROCESSOR_DEFAULTS, **image_processor_config(model_dir)}
+    size = processor.get("size") or {}
+    min_pixels = size.get("shortest_edge", processor["min_pixels"])
+    max_pixels = size.get("longest_edge", processor["max_pixels"])
+    check_steps_on(processor)
+    patch, merge = tower.get("patch_size", 14), tower.get("spatial_merge_size", 2)
+    frames = tower.get("temporal_patch_size", 2)
+    seen = (processor["patch_size"], processor["merge_size"], processor["temporal_patch_size"])
+    if seen != (patch, merge, frames):
+        raise ValueError(
+            f"the image processor cuts patches of {seen[0]} pixels over {seen[2]} frames, merged "
+            f"{seen[1]} x {seen[1]}; the vision tower takes {patch}, {frames} and {merge}."
+        )
+    qwen2 = architecture == QWEN2_VL_CLASS
+    width = tower["embed_dim"] if qwen2 else tower["hidden_size"]
+    text_width = text_config(config)["hidden_size"]
+    projector_size = tower["hidden_size"] if qwen2 else tower["out_hidden_size"]
+    if projector_size != text_width:
+        raise ValueError(
+            f"the vision tower's merger gives {projector_size}-wide tokens; the language model "
+            f"is {text_width} wide."
+        )
+    return VisionConfig(
+        hidden_size=width,
+        intermediate_size=width * tower["mlp_ratio"] if qwen2 else tower["intermediate_size"],
+        num_hidden_layers=tower["depth"],
+        num_attention_heads=tower.get("num_heads", 16),
+        image_size=patch * merge,
+        patch_size=patch,
+        image_token_id=config.get("image_token_id", 151655),
+        tower="qwen2_vl" if qwen2 else "qwen2_5_vl",
+        num_channels=tower.get("in_channels", tower.get("in_chans", 3)),
+        layer_norm_eps=1e-6,
+        hidden_act=tower.get("hidden_act", _ACTIVATIONS[architecture]),
+        feature_layer=-1,
+        feature_select="full",
+        center_crop=False,
+        resample=processor["resample"],
+        rescale_factor=processor["rescale_factor"],
+        image_mean=tuple(processor["image_mean"]),
+        image_std=tuple(processor["image_std"]),
+        scale_factor=merge,
+        temporal_patch_size=frames,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        projector_size=projector_size,
+        window_size=0 if qwen2 else tower["window_size"],
+        full_attention_layers=() if qwen2 else tuple(tower["fullatt_block_indexes"]),
+    )
+
+
+def canonical_names(weights: dict) -> dict:
+    """``weights`` under the names the models read: the language model's as Qwen2's
+    (``model.``, ``lm_head.``), the tower's and its merger's under ``vision_tower.``."""
+    return with_prefixes_renamed(weights, _RENAMES)

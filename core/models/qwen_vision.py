@@ -1,0 +1,152 @@
+"""Qwen2-VL's and Qwen2.5-VL's image encoder: patches of two frames embedded by one matmul (the
+checkpoint's 3D convolution), transformer blocks whose attention rotates q and k by each patch's
+row and column (2D rope) and stays within its image (Qwen2.5-VL: within a window of it, but in
+``full_attention_layers``), then a merger: a norm, ``scale_factor`` x ``scale_factor`` patches
+concatenated and a two-layer GELU MLP into the language model's width. Plain tensors, as the
+decoders are."""
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from spyglass.core.models.clip_vision import TOWER, vision_activation
+from spyglass.core.models.qwen_windows import image_segments
+from spyglass.core.models.vision_config import VisionConfig
+
+_ROPE_THETA = 10000.0
+
+
+def qwen_vision_weight_names(vision: VisionConfig) -> set[str]:
+    """The canonical names of the tower's and the merger's parameters (the Hub's ``visual.``
+    names under ``vision_tower.``). Qwen2-VL's norms are LayerNorms with biases, its MLP
+    ``fc1``/``fc2``; Qwen2.5-VL's norms are RMSNorms, its MLP gated."""
+    qwen2 = vision.tower == "qwen2_vl"
+    norm = ("weight", "bias") if qwen2 else ("weight",)
+    both = ("weight", "bias")
+    mlp = ("fc1", "fc2") if qwen2 else ("gate_proj", "up_proj", "down_proj")
+    names = {f"{TOWER}.patch_embed.proj.weight"}
+    names |= {f"{TOWER}.merger.ln_q.{p}" for p in norm}
+    names |= {f"{TOWER}.merger.mlp.{i}.{p}" for i in (0, 2) for p in both}
+    for i in range(vision.num_hidden_layers):
+        block = f"{TOWER}.blocks.{i}"
+        names |= {f"{block}.norm{n}.{p}" for n in (1, 2) for p in norm}
+        names |= {f"{block}.attn.{m}.{p}" for m in ("qkv", "proj") for p in both}
+        names |= {f"{block}.mlp.{m}.{p}" for m in mlp for p in both}
+    return names
+
+
+class _Norm:
+    """Qwen2-VL's LayerNorm (with a bias) or Qwen2.5-VL's RMSNorm (no bias; in float32)."""
+
+    __slots__ = ("bias", "eps", "weight")
+
+    def __init__(self, weights: dict[str, torch.Tensor], prefix: str, eps: float):
+        self.weight, self.bias, self.eps = (
+            weights[f"{prefix}.weight"],
+            weights.get(f"{prefix}.bias"),
+            eps,
+        )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is not None:
+            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def _pair(weights: dict[str, torch.Tensor], prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return weights[f"{prefix}.weight"], weights[f"{prefix}.bias"]
+
+
+class _Block:
+    """One pre-norm block: attention within segments, then the MLP."""
+
+    __slots__ = ("act", "mlp", "norm1", "norm2", "num_heads", "proj", "qkv")
+
+    def __init__(self, vision: VisionConfig, weights: dict[str, torch.Tensor], prefix: str):
+        self.norm1 = _Norm(weights, f"{prefix}.norm1", vision.layer_norm_eps)
+        self.norm2 = _Norm(weights, f"{prefix}.norm2", vision.layer_norm_eps)
+        self.qkv, self.proj = (
+            _pair(weights, f"{prefix}.attn.qkv"),
+            _pair(weights, f"{prefix}.attn.proj"),
+        )
+        names = (
+            ("fc1", "fc2") if vision.tower == "qwen2_vl" else ("gate_proj", "up_proj", "down_proj")
+        )
+        self.mlp = [_pair(weights, f"{prefix}.mlp.{name}") for name in names]
+        self.act = vision_activation(vision.hidden_act)
+        self.num_heads = vision.num_attention_heads
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bounds: list[int]):
+        """The block's output for ``x [patches, width]``; patches attend within each
+        ``[bounds[i], bounds[i + 1])``."""
+        patches, width = x.shape
+        qkv = F.linear(self.norm1(x), *self.qkv).view(patches, 3, self.num_heads, -1)
+        q, k = (_rotated(t, cos, sin) for t in (qkv[:, 0], qkv[:, 1]))
+        v = qkv[:, 2]
+        parts = []
+        for start, end in itertools.pairwise(bounds):
+            heads = [t[start:end].transpose(0, 1) for t in (q, k, v)]
+            parts.append(F.scaled_dot_product_attention(*heads).transpose(0, 1))
+        x = x + F.linear(torch.cat(parts).reshape(patches, width), *self.proj)
+        h = self.norm2(x)
+        if len(self.mlp) == 2:
+            (w1, b1), (w2, b2) = self.mlp
+            return x + F.linear(self.act(F.linear(h, w1, b1)), w2, b2)
+        gate, up, down = self.mlp
+        return x + F.linear(self.act(F.linear(h, *gate)) * F.linear(h, *up), *down)
+
+
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x [patches, heads, head_dim]`` rotated (rotate-half) in float32, back in its dtype."""
+    half = x.shape[-1] // 2
+    x32 = x.float()
+    turned = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
+    return (x32 * cos[:, None] + turned * sin[:, None]).to(x.dtype)
+
+
+class QwenVisionEncoder:
+    """Patches to image tokens (see the module). Takes the `qwen_vision_weight_names` weights
+    (other keys are ignored), on ``device`` in ``dtype``."""
+
+    def __init__(self, vision: VisionConfig, weights: dict[str, torch.Tensor], device, dtype):
+        self.vision = vision
+        self.dtype = dtype
+        w = {
+            name: weights[name].to(device=device, dtype=dtype)
+            for name in qwen_vision_weight_names(vision)
+        }
+        self.patch_embed = w[f"{TOWER}.patch_embed.proj.weight"].reshape(vision.hidden_size, -1)
+        self.blocks = [
+            _Block(vision, w, f"{TOWER}.blocks.{i}") for i in range(vision.num_hidden_layers)
+        ]
+        self.merger_norm = _Norm(w, f"{TOWER}.merger.ln_q", vision.layer_norm_eps)
+        self.merger = [_pair(w, f"{TOWER}.merger.mlp.{i}") for i in (0, 2)]
+        quarter = vision.hidden_size // vision.num_attention_heads // 2
+        self.inv_freq = 1.0 / (
+            _ROPE_THETA
+            ** (torch.arange(0, quarter, 2, dtype=torch.float32, device=device) / quarter)
+        )
+
+    @torch.inference_mode()
+    def __call__(self, patches: torch.Tensor, grids: list[tuple[int, int]]) -> torch.Tensor:
+        """The image tokens ``[tokens, projector_size]`` in the encoder's dtype of the images
+        whose patches ``[patches, patch_pixels]`` follow one another, image ``i`` a grid of
+        ``grids[i]`` (rows, columns) patches in the processor's order (merged squares together)."""
+        vision = self.vision
+        x = F.linear(patches.to(device=self.patch_embed.device, dtype=self.dtype), self.patch_embed)
+        segments = image_segments(grids, vision)
+        angles = segments.positions.to(x.device)[..., None].float() * self.inv_freq
+        angles = angles.flatten(1)
+        angles = torch.cat([angles, angles], dim=-1)
+        cos, sin = angles.cos(), angles.sin()
+        x, cos, sin = (t[segments.order] for t in (x, cos, sin))
+        for i, block in enumerate(self.blocks):
+            full = not vision.window_size or i in vision.full_attention_layers
+            x = block(x, cos, sin, segments.images if full else segments.windows)
+        merged = self.merger_norm(x).view(-1, vision.hidden_size * vision.scale_factor**2)
+        (w1, b1), (w2, b2) = self.merger
+        tokens = F.linear(F.gelu(F.linear(merged, w1, b1)), w2, b2)
+        return tokens[segments.token_restore]
