@@ -836,3 +836,9 @@ def make_tiny_qwen2_vl(tmp_path_factory, hf_gguf_tokenizer):
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl_dir(make_tiny_qwen2_vl) -> Path:
+    """The tiny Qwen2.5-VL of `make_tiny_qwen2_vl`."""
+    return make_tiny_qwen2_vl("Qwen2_5_VL")

@@ -21,6 +21,7 @@ from spyglass.core.loaders.hf_loader import load_hf_dir
 from tests.core.vision_reference import (
     assert_blocks_returned,
     assert_greedy_as_transformers,
+    data_url,
     noise_image,
 )
 
@@ -72,7 +73,7 @@ def qwen(request, make_tiny_qwen2_vl):
 
 
 def test_patches_match_the_transformers_processor(qwen):
-    path, hf, llm = qwen
+    _, hf, llm = qwen
     vision = llm.engine.arch.vision
     for seed, size in enumerate(SIZES):
         for mode in ("RGB", "RGBA", "L"):
@@ -126,3 +127,140 @@ def test_images_of_every_shape_match_transformers(qwen):
         inputs = hf.inputs(text, pictures) if pictures else hf.tokenizer(text, return_tensors="pt")
         assert_greedy_as_transformers(output, hf.model, dict(inputs), 8)
     assert len({tuple(o.outputs[0].token_ids) for o in outputs}) > 1
+
+
+def test_chat_renders_the_template_and_matches_transformers(qwen):
+    _, hf, llm = qwen
+    image = noise_image(5)
+    text = {"type": "text", "text": "What is this?"}
+    url = {"type": "image_url", "image_url": {"url": data_url(image)}}
+    [chat] = llm.chat([{"role": "user", "content": [url, text]}], GREEDY)
+    assert chat.prompt == PROMPT
+    assert_greedy_as_transformers(chat, hf.model, hf.inputs(PROMPT, [image]), 8)
+
+
+@pytest.fixture(scope="module")
+def qwen25(make_tiny_qwen2_vl):
+    path = make_tiny_qwen2_vl("Qwen2_5_VL")
+    return path, HFQwen(path)
+
+
+@pytest.mark.parametrize("preempting", [False, True], ids=["chunked", "chunked+preempted"])
+def test_images_split_across_chunks_and_preemptions_match_transformers(
+    qwen25, count_preemptions, preempting
+):
+    # Chunks of 7 tokens cut through images' rows; with 16 blocks of 8 for three requests of
+    # 40 to 60 tokens, requests are preempted and recomputed (M-RoPE positions and all).
+    path, hf = qwen25
+    options = dict(max_num_batched_tokens=7, block_size=8, num_kv_blocks=16 if preempting else 64)
+    llm = LLM(model=str(path), dtype="float32", device="cpu", **options)
+    preemptions = count_preemptions(llm.engine)
+    images = [noise_image(80 + i, size) for i, size in enumerate([(200, 150), (50, 20), (24, 60)])]
+    prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": image}} for image in images]
+    outputs = llm.generate(prompts, dataclasses.replace(GREEDY, max_tokens=12))
+    for output, image in zip(outputs, images, strict=True):
+        assert_greedy_as_transformers(output, hf.model, hf.inputs(PROMPT, [image]), 12)
+    assert_blocks_returned(llm)
+    assert bool(preemptions.req_ids) == preempting
+
+
+def test_the_prefix_cache_tells_images_apart(qwen25):
+    path, hf = qwen25
+    llm = LLM(
+        model=str(path),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_kv_blocks=128,
+        plugins=["fcfs", "prefix_cache"],
+    )
+
+    def run(image):
+        return llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)[0]
+
+    first, second = noise_image(20), noise_image(21)
+    a, b, c = run(first), run(second), run(first)
+    assert a.prompt_token_ids == b.prompt_token_ids  # same size: the same tokens
+    image_start = a.prompt_token_ids.index(llm.engine.arch.vision.image_token_id)
+    assert b.num_cached_tokens == image_start // 4 * 4
+    assert c.num_cached_tokens == (len(a.prompt_token_ids) - 1) // 4 * 4
+    assert c.outputs[0].token_ids == a.outputs[0].token_ids
+    assert_greedy_as_transformers(c, hf.model, hf.inputs(PROMPT, [first]), 8)
+    assert_blocks_returned(llm)
+
+
+def test_prompts_expanded_by_transformers_are_taken_as_they_are(qwen):
+    _, hf, llm = qwen
+    images = [noise_image(90), noise_image(91, (24, 60))]
+    inputs = hf.inputs(TWO_IMAGES, images)
+    expanded = inputs["input_ids"][0].tolist()
+    [output] = llm.generate(
+        {"prompt_token_ids": expanded, "multi_modal_data": {"image": images}}, GREEDY
+    )
+    assert_greedy_as_transformers(output, hf.model, inputs, 8)
+
+
+def test_images_too_narrow_and_images_placed_wrong_are_refused(qwen):
+    _, _, llm = qwen
+    with pytest.raises(InvalidRequestError, match="differ at most 200 times") as error:
+        llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": noise_image(1, (1, 300))}})
+    assert error.value.param == "multi_modal_data"
+    _, token_ids, [placed] = llm._prompt(
+        {"prompt": PROMPT, "multi_modal_data": {"image": noise_image(2)}}
+    )
+    wrong = [
+        dataclasses.replace(placed, pixel_values=placed.pixel_values[:-4]),  # a merged patch short
+        dataclasses.replace(placed, size=(24, 60)),  # another grid
+        dataclasses.replace(placed, offset=placed.offset - 1),
+    ]
+    for index, bad in enumerate(wrong):
+        with pytest.raises(InvalidRequestError, match="placeholder tokens") as error:
+            llm.engine.add_request(f"bad-{index}", token_ids, GREEDY, images=(bad,))
+        assert error.value.param == "multi_modal_data"
+    assert not llm.engine.has_unfinished_requests
+
+
+def test_checkpoints_as_the_hub_ships_them_load(make_tiny_qwen2_vl, tmp_path):
+    """The Hub's Qwen2-VL directories: a flat config.json (the language model's keys at the top,
+    ``rope_scaling`` of type ``mrope``) and ``visual.`` / ``model.`` parameter names."""
+    saved = make_tiny_qwen2_vl("Qwen2VL")
+    hub = shutil.copytree(saved, tmp_path / "hub")
+    config = json.loads((hub / "config.json").read_text())
+    text = config.pop("text_config")
+    rope = text.pop("rope_parameters")
+    config.update(text, rope_theta=rope.pop("rope_theta"), rope_scaling={"type": "mrope", **rope})
+    del config["rope_scaling"]["rope_type"]
+    (hub / "config.json").write_text(json.dumps(config))
+    renames = (("model.language_model.", "model."), ("model.visual.", "visual."))
+    for shard in hub.glob("*.safetensors"):
+        tensors = load_file(shard)
+        for old, new in renames:
+            tensors = {
+                (new + name[len(old) :] if name.startswith(old) else name): t
+                for name, t in tensors.items()
+            }
+        save_file(tensors, shard, metadata={"format": "pt"})
+    ours, theirs = (load_hf_dir(path, torch.float32) for path in (hub, saved))
+    assert ours.arch == theirs.arch
+    assert ours.arch.rope_scaling == {"rope_type": "mrope", "mrope_section": [2, 3, 3]}
+    assert ours.weights.keys() == theirs.weights.keys()
+    for name, tensor in ours.weights.items():
+        assert torch.equal(tensor, theirs.weights[name]), name
+
+
+def test_checkpoints_that_do_not_run_here_are_refused_naming_why(make_tiny_qwen2_vl, tmp_path):
+    saved = make_tiny_qwen2_vl("Qwen2VL")
+    for index, (name, change, says) in enumerate(
+        [
+            ("preprocessor_config.json", {"patch_size": 8}, "the vision tower takes 4"),
+            ("preprocessor_config.json", {"do_normalize": False}, "turns off"),
+            ("config.json", {"vision_config": {"hidden_size": 32}}, "is 64 wide"),
+        ]
+    ):
+        copy = shutil.copytree(saved, tmp_path / str(index))
+        config = json.loads((copy / name).read_text())
+        for key, value in change.items():
+            config[key] = {**config[key], **value} if isinstance(value, dict) else value
+        (copy / name).write_text(json.dumps(config))
+        with pytest.raises(ValueError, match=says):
+            load_hf_dir(copy, torch.float32)

@@ -24,6 +24,7 @@ def _entries(cache_root):
         "tiny_llava_next_dir",
         "tiny_onevision_dir",
         "tiny_idefics3_dir",
+        "tiny_qwen2_5_vl_dir",
     ],
 )
 def test_second_load_maps_the_cached_conversion(model, request, tmp_path, monkeypatch):

@@ -1,0 +1,82 @@
+"""Qwen2.5-VL over HTTP: the official OpenAI client sends images of different shapes (each read
+at about its own size) to a server, streaming and not, and gets the offline API's answers;
+/tokenize counts their tokens from their sizes; an image Qwen2-VL cannot read is a 400."""
+
+import openai
+import pytest
+import requests
+
+from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.llm import LLM
+from tests.api.conftest import start_tiny
+from tests.core.vision_reference import data_url, noise_image
+
+QUESTION = "What differs?"
+# Wide (6 x 3 tokens a side once resized), tall (3 x 8), and over the most pixels (shrunk).
+IMAGES = [noise_image(1, (50, 20)), noise_image(2, (24, 60)), noise_image(3, (200, 150))]
+
+
+def messages(*images) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in images]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen2_5_vl_dir, tmp_path_factory):
+    # float32 as offline: bf16 (auto on some CPUs) may flip a near-tie of the random model.
+    started = start_tiny(
+        "thread", tiny_qwen2_5_vl_dir, tmp_path_factory.mktemp("qwen_vl"), "--dtype", "float32"
+    )
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_qwen2_5_vl_dir) -> dict[tuple[int, ...], tuple[str, int]]:
+    """Per image selection, the offline API's greedy answer and prompt length."""
+    llm = LLM(
+        model=str(tiny_qwen2_5_vl_dir), dtype="float32", device="cpu", kv_cache_memory="64MiB"
+    )
+    answers = {}
+    for indices in [(0,), (1, 2)]:
+        chat = messages(*(IMAGES[i] for i in indices))
+        [output] = llm.chat(chat, SamplingParams(temperature=0, max_tokens=8))
+        answers[indices] = (output.outputs[0].text, len(output.prompt_token_ids))
+    return answers
+
+
+def test_chat_with_images_answers_as_the_offline_api(server, offline):
+    client = openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
+    )
+    for indices, (text, prompt_tokens) in offline.items():
+        chat = messages(*(IMAGES[i] for i in indices))
+        response = client.chat.completions.create(
+            model="tiny", messages=chat, max_tokens=8, temperature=0
+        )
+        assert response.choices[0].message.content == text
+        assert response.usage.prompt_tokens == prompt_tokens
+        stream = client.chat.completions.create(
+            model="tiny", messages=chat, max_tokens=8, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+        counted = requests.post(
+            f"{server.base_url}/tokenize",
+            json={"messages": chat, "add_generation_prompt": True},
+            timeout=60,
+        ).json()
+        assert counted["count"] == prompt_tokens
+    assert offline[(0,)][0] != offline[(1, 2)][0]
+
+
+def test_an_image_too_narrow_is_a_400_naming_the_field(server):
+    response = requests.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"model": "tiny", "messages": messages(noise_image(4, (2, 500))), "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages" and "differ at most 200 times" in error["message"]
+    # The server still answers.
+    assert requests.get(f"{server.base_url}/v1/models", timeout=60).ok
