@@ -6,7 +6,12 @@ from pathlib import Path
 import pytest
 
 from spyglass.core.cli.bench import vision
-from spyglass.core.cli.bench.random_vlm import TowerShape, write_random_llava, write_random_smolvlm
+from spyglass.core.cli.bench.random_vlm import (
+    TowerShape,
+    write_random_llava,
+    write_random_qwen2_5_vl,
+    write_random_smolvlm,
+)
 from spyglass.core.cli.main import build_parser
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.llm import LLM
@@ -91,3 +96,18 @@ def test_random_llava_next_with_a_tied_text_config_agrees_with_transformers(tmp_
             "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
     args = build_parser(argv).parse_args(argv)
     assert vision.compare(args, model_dir).num_identical == 2
+
+
+def test_random_qwen2_5_vl_agrees_with_transformers(tmp_path, capsys):
+    # Images resized to at most 56 x 56 pixels: 4 x 4 patches of 14, merged into 2 x 2 tokens;
+    # M-RoPE in the language model, windows of 112 pixels (one per image) in the tower.
+    tower = TowerShape(image_size=56, patch_size=14, hidden_size=32, num_layers=2, num_heads=2)
+    model_dir = write_random_qwen2_5_vl(tmp_path / "qwen", tower, 1, 0)
+    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", "3",
+            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
+    args = build_parser(argv).parse_args(argv)
+    result = vision.compare(args, model_dir)
+    assert (result.tiles_per_image, result.tokens_per_image) == (1, 4)
+    assert result.num_identical == 3
+    vision.report(args, result)
+    assert "one image (4 tokens)" in capsys.readouterr().out

@@ -1,7 +1,8 @@
 """Random vision-language checkpoints before the default model's language model shape
 (SmolLM2-135M's), with the default model's tokenizer plus the image tokens: a LLaVA (a CLIP
-tower), a LLaVA-NeXT (the same tower on a grid of tiles) and an Idefics3 shaped as SmolVLM (a
-pixel-shuffled SigLIP tower on tiles). What
+tower), a LLaVA-NeXT (the same tower on a grid of tiles), an Idefics3 shaped as SmolVLM (a
+pixel-shuffled SigLIP tower on tiles) and a Qwen2.5-VL (a windowed tower on merged patches, its
+language model rotating by M-RoPE). What
 ``bench vision`` runs when no vision model is at hand (speed does not depend on the values)."""
 
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from spyglass.core.loaders.default_model import ensure_default_model
 from spyglass.core.loaders.gguf_loader import load_gguf
 
 IMAGE_TOKEN = "<image>"
+# Qwen2-VL's image placeholder and the tokens around it.
+QWEN_IMAGE_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 # Idefics3's prompt tokens around tiles, and SmolVLM's end of turn.
 TILE_TOKENS = [
     "<fake_token_around_image>",
@@ -133,4 +136,50 @@ def write_random_smolvlm(
         size={"longest_edge": grid * tower.image_size},
         max_image_size={"longest_edge": tower.image_size},
     ).save_pretrained(path)
+    return path
+
+
+def write_random_qwen2_5_vl(
+    path: Path, tower: TowerShape, text_layers: int | None, seed: int
+) -> Path:
+    """Save a random ``Qwen2_5_VLForConditionalGeneration`` (float32): a tower of ``tower``'s
+    width and depth on 14-pixel patches merged 2 x 2, attending within 112-pixel windows but in
+    every fourth layer, before the default model's language model shape as a Qwen2 rotating by
+    M-RoPE (Qwen's sections, 1/4, 3/8 and 3/8 of the frequencies); images are resized to at most
+    ``tower.image_size`` squared pixels. With its tokenizer and image processor config."""
+    import transformers
+
+    tokenizer, text = _text_model(QWEN_IMAGE_TOKENS, text_layers)
+    half = text.hidden_size // text.num_attention_heads // 2
+    sections = [half // 4, 3 * half // 8, half - half // 4 - 3 * half // 8]
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+    keys += ("num_attention_heads", "num_key_value_heads", "rms_norm_eps", "bos_token_id")
+    text_config = {key: getattr(text, key) for key in keys}
+    text_config["eos_token_id"] = text.eos_token_id
+    text_config["rope_parameters"] = {
+        "rope_type": "default",
+        "mrope_section": sections,
+        "rope_theta": text.rope_parameters["rope_theta"],
+    }
+    ids = tokenizer.convert_tokens_to_ids
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=text_config,
+        vision_config=dict(
+            depth=tower.num_layers,
+            hidden_size=tower.hidden_size,
+            intermediate_size=4 * tower.hidden_size,
+            num_heads=tower.num_heads,
+            out_hidden_size=text.hidden_size,
+            fullatt_block_indexes=list(range(3, tower.num_layers, 4)),
+        ),
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=text.tie_word_embeddings,
+    )
+    torch.manual_seed(seed)
+    transformers.Qwen2_5_VLForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    transformers.Qwen2VLImageProcessorPil(max_pixels=tower.image_size**2).save_pretrained(path)
     return path

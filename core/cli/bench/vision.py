@@ -1,6 +1,6 @@
 """``spyglass bench vision``: prompts with images, Spyglass's continuous batching against HF
-transformers' ``generate`` (``LlavaForConditionalGeneration``, ``Idefics3ForConditionalGeneration``)
-in static batches.
+transformers' ``generate`` (``LlavaForConditionalGeneration``, ``Idefics3ForConditionalGeneration``,
+``Qwen2_5_VLForConditionalGeneration``, ...) in static batches.
 
 Each prompt is seeded random text around one random image (the same length for every prompt, so
 HF's batches need no padding); both sides get the same preprocessed pixels and generate
@@ -9,7 +9,8 @@ alternating which goes first; the medians are compared. Without ``--model`` a ra
 built before SmolLM2-135M's language model (`random_vlm`): with ``--arch llava`` a CLIP tower of
 the given shape (``llava-next``: on a 2 x 2 grid of tiles and the base image); with ``--arch
 smolvlm`` SmolVLM's layout, a SigLIP tower on tiles of ``--image-size`` pixels, images of
-``--grid`` x ``--grid`` tiles plus the global one.
+``--grid`` x ``--grid`` tiles plus the global one; with ``--arch qwen2.5-vl`` Qwen2.5-VL's, a
+windowed tower on 14-pixel patches of ``--image-size`` square images, merged 2 x 2.
 The vision share is the tower's and projector's time over the model time of Spyglass's steps.
 """
 
@@ -24,7 +25,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from spyglass.core.cli.bench.random_vlm import TowerShape, write_random_llava, write_random_smolvlm
+from spyglass.core.cli.bench.random_vlm import (
+    TowerShape,
+    write_random_llava,
+    write_random_qwen2_5_vl,
+    write_random_smolvlm,
+)
 from spyglass.core.cli.bench.results import RunResult
 from spyglass.core.cli.bench.workloads import FIRST_ORDINARY_TOKEN
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
@@ -34,6 +40,11 @@ from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.models import qwen_grid
+from spyglass.core.models.vision_config import VisionConfig
+
+# transformers' model types of Qwen2-VL and Qwen2.5-VL.
+_QWEN_TYPES = ("qwen2_vl", "qwen2_5_vl")
 
 
 def add_parser(subparsers, argv) -> None:
@@ -50,7 +61,7 @@ def add_parser(subparsers, argv) -> None:
     shape = TowerShape()
     parser.add_argument(
         "--arch",
-        choices=["llava", "llava-next", "smolvlm"],
+        choices=["llava", "llava-next", "smolvlm", "qwen2.5-vl"],
         default="llava",
         help="the random model's layout",
     )
@@ -58,7 +69,7 @@ def add_parser(subparsers, argv) -> None:
         "--image-size",
         type=int,
         default=None,
-        help="the tower's input (224; smolvlm: 256-pixel tiles)",
+        help="the tower's input (224; smolvlm: 256-pixel tiles; qwen2.5-vl: 448-pixel images)",
     )
     parser.add_argument("--grid", type=int, default=2, help="smolvlm: tiles a side of each image")
     parser.add_argument("--patch-size", type=int, default=shape.patch_size)
@@ -112,6 +123,8 @@ def vision_prompts(
     side = vision.image_size
     if vision.tiles is not None:
         side = vision.tiles.longest_edge
+    elif vision.temporal_patch_size:  # Qwen2-VL: the largest square it reads whole
+        side = int(vision.max_pixels**0.5)
     elif vision.grid_pinpoints:
         side = max(min(pinpoint) for pinpoint in vision.grid_pinpoints)
     rng = np.random.default_rng(seed)
@@ -152,21 +165,27 @@ def _spyglass_run(config: EngineConfig, prompts, max_tokens: int):
     return seconds, ordered, timer.vision / max(timer.model, 1e-9)
 
 
-def _hf_run(model, prompts, max_tokens: int, batch_size: int):
+def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConfig):
     """One pass of HF's generate over static batches: the seconds and each prompt's tokens."""
     outputs = []
     start = time.perf_counter()
     for first in range(0, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
         input_ids = torch.tensor([token_ids for token_ids, _ in batch])
-        # LLaVA takes [images, ...]; LLaVA-NeXT and Idefics3 [prompts, tiles, ...] (LLaVA-NeXT
+        # LLaVA and Qwen2-VL take [images, ...] (Qwen2-VL's patches, with each image's grid and
+        # which tokens are images'); LLaVA-NeXT and Idefics3 [prompts, tiles, ...] (LLaVA-NeXT
         # with each image's (height, width)).
-        join = torch.stack if model.config.model_type != "llava" else torch.cat
+        model_type = model.config.model_type
+        join = torch.cat if model_type in ("llava", *_QWEN_TYPES) else torch.stack
         pixels = join([images[0].pixel_values for _, images in batch])
         extra = {}
-        if model.config.model_type == "llava_next":
+        if model_type == "llava_next":
             sizes = [images[0].size[::-1] for _, images in batch]
             extra["image_sizes"] = torch.tensor(sizes)
+        if model_type in _QWEN_TYPES:
+            grids = [qwen_grid.patch_grid(*images[0].size, vision) for _, images in batch]
+            extra["image_grid_thw"] = torch.tensor([[1, *grid] for grid in grids])
+            extra["mm_token_type_ids"] = (input_ids == vision.image_token_id).int()
         with torch.inference_mode():
             generated = model.generate(
                 input_ids=input_ids,
@@ -192,7 +211,7 @@ def compare(args, model_dir: Path) -> VisionComparison:
         f"threads {torch.get_num_threads()} max_num_batched_tokens {config.max_num_batched_tokens}"
     )
     prompts = vision_prompts(probe, args.num_prompts, args.text_tokens, args.seed)
-    image = prompts[0][1][0]
+    image, vision = prompts[0][1][0], probe.arch.vision
     probe.shutdown()
     del probe
     hf_class = getattr(
@@ -207,7 +226,9 @@ def compare(args, model_dir: Path) -> VisionComparison:
     for repeat in range(args.repeats):
         for side in ("spyglass", "hf") if repeat % 2 == 0 else ("hf", "spyglass"):
             if side == "hf":
-                seconds, hf_tokens = _hf_run(hf_model, prompts, args.max_tokens, args.hf_batch_size)
+                seconds, hf_tokens = _hf_run(
+                    hf_model, prompts, args.max_tokens, args.hf_batch_size, vision
+                )
             else:
                 seconds, ours, share = _spyglass_run(config, prompts, args.max_tokens)
                 shares.append(share)
@@ -222,7 +243,7 @@ def compare(args, model_dir: Path) -> VisionComparison:
         identical,
         args.num_prompts,
         image.length,
-        len(image.pixel_values),
+        1 if vision.temporal_patch_size else len(image.pixel_values),  # Qwen2-VL's are patches
     )
 
 
@@ -231,18 +252,20 @@ def run(args) -> int:
     if args.model is not None:
         report(args, compare(args, Path(args.model)))
         return 0
-    default_size = 256 if args.arch == "smolvlm" else 224
+    default_size = {"smolvlm": 256, "qwen2.5-vl": 448}.get(args.arch, 224)
     tower = TowerShape(
         args.image_size or default_size, args.patch_size, num_layers=args.vision_layers
     )
     with tempfile.TemporaryDirectory(prefix=f"spyglass-{args.arch}-") as scratch:
-        if args.arch != "smolvlm":
-            model_dir = write_random_llava(
-                Path(scratch), tower, args.text_layers, args.seed, args.arch == "llava-next"
-            )
-        else:
+        if args.arch == "smolvlm":
             model_dir = write_random_smolvlm(
                 Path(scratch), tower, args.grid, args.text_layers, args.seed
+            )
+        elif args.arch == "qwen2.5-vl":
+            model_dir = write_random_qwen2_5_vl(Path(scratch), tower, args.text_layers, args.seed)
+        else:
+            model_dir = write_random_llava(
+                Path(scratch), tower, args.text_layers, args.seed, args.arch == "llava-next"
             )
         report(args, compare(args, model_dir))
     return 0
