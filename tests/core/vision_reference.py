@@ -50,3 +50,34 @@ def assert_blocks_returned(llm) -> None:
     llm.engine.kv.check_integrity()
     pool = llm.engine.kv.pool
     assert pool.num_free_blocks == pool.num_blocks
+
+
+def prefix_cache_runs(model_dir, prompt: str, image_start_token: int, images: list) -> list:
+    """Greedy outputs of ``prompt`` with each of ``images`` in turn (the first and third the
+    same image, the second another of its size) on a prefix-caching engine of 4-token blocks,
+    after checking that the second reused only the blocks before the image (whose first token
+    is ``image_start_token``) and the third every full block of the first's prompt, with the
+    first's tokens; every block is back in the pool after."""
+    from spyglass.core.engine.sampling_params import SamplingParams
+    from spyglass.core.llm import LLM
+
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_kv_blocks=128,
+        plugins=["fcfs", "prefix_cache"],
+    )
+    greedy = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
+    a, b, c = (
+        llm.generate({"prompt": prompt, "multi_modal_data": {"image": image}}, greedy)[0]
+        for image in images
+    )
+    assert a.prompt_token_ids == b.prompt_token_ids  # same size: the same tokens
+    image_start = a.prompt_token_ids.index(image_start_token)
+    assert b.num_cached_tokens == image_start // 4 * 4
+    assert c.num_cached_tokens == (len(a.prompt_token_ids) - 1) // 4 * 4
+    assert c.outputs[0].token_ids == a.outputs[0].token_ids
+    assert_blocks_returned(llm)
+    return [a, b, c]
