@@ -25,6 +25,7 @@ from spyglass.core.engine.pooling_params import PoolingParams, score_pairs
 from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.sampling_params import (
     MAX_LOGPROBS,
+    InvalidRequestError,
     RequestOutputKind,
     SamplingParams,
     pooling_request_params,
@@ -265,6 +266,12 @@ class LLM:
         """A prompt's text (None for token ids alone), token ids and images (placed)."""
         if isinstance(prompt, str):
             return prompt, self.engine.tokenizer.encode(prompt), ()
+        if prompt.get("mm_processor_kwargs"):
+            raise InvalidRequestError(
+                "a prompt's own mm_processor_kwargs are not supported: give the engine's, "
+                "LLM(..., mm_processor_kwargs={...})",
+                "mm_processor_kwargs",
+            )
         text = prompt.get("prompt")
         token_ids = prompt.get("prompt_token_ids")
         token_ids = self.engine.tokenizer.encode(text) if token_ids is None else list(token_ids)

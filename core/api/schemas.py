@@ -262,11 +262,13 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     chat_template: None = None
     documents: None = None
     prompt_logprobs: None = None
+    mm_processor_kwargs: None = None  # the server's own: --mm-processor-kwargs
 
     unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | {
         "chat_template",
         "documents",
         "prompt_logprobs",
+        "mm_processor_kwargs",
     }
 
 

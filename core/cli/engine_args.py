@@ -41,6 +41,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: as many as the context holds)",
     )
     group.add_argument(
+        "--mm-processor-kwargs",
+        type=json.loads,
+        default={},
+        help="a vision model's image processor settings for every request, as vLLM takes them: "
+        "Qwen2-VL's '{\"max_pixels\": 802816}' (and min_pixels), Idefics3's "
+        "'{\"do_image_splitting\": false}'",
+    )
+    group.add_argument(
         "--image-cache-tokens",
         type=int,
         default=defaults.image_cache_tokens,
@@ -160,6 +168,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         pooling_type=args.pooling_type,
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         image_cache_tokens=args.image_cache_tokens,
+        mm_processor_kwargs=args.mm_processor_kwargs,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

@@ -88,7 +88,10 @@ class EngineConfig:
     ``limit_mm_per_prompt`` caps a prompt's inputs of a modality (vLLM's option; ``{"image": 4}``:
     at most 4 images); a modality it does not name is bounded by the context alone.
     ``image_cache_tokens`` bounds the embeddings of recently encoded images a vision model keeps
-    for other requests with the same image (0: none kept).
+    for other requests with the same image (0: none kept). ``mm_processor_kwargs`` (vLLM's
+    option) changes a vision model's image processor settings for every request
+    (`processor_options`: Qwen2-VL's ``min_pixels`` / ``max_pixels``, Idefics3's
+    ``do_image_splitting``).
     """
 
     model: str | None = None
@@ -124,6 +127,7 @@ class EngineConfig:
     pooling_type: str | None = None
     limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
     image_cache_tokens: int = 16384
+    mm_processor_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:

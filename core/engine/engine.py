@@ -28,6 +28,7 @@ from spyglass.core.engine.output_processor import DeferredText, OutputProcessor
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import SafeHookRelay, create_plugin_manager
+from spyglass.core.engine.processor_options import with_processor_options
 from spyglass.core.engine.request import FinishReason, Request
 from spyglass.core.engine.request_intake import (
     bad_word_token_ids,
@@ -107,6 +108,7 @@ class LLMEngine:
         )
         self.hooks = SafeHookRelay(self.plugin_manager)
         checkpoint, quantization = prepare_weights(config, dtype, self.device, checkpoint)
+        checkpoint = with_processor_options(checkpoint, config.mm_processor_kwargs)
         self.model_name = checkpoint.name
         self.tokenizer = checkpoint.tokenizer
         self.arch = checkpoint.arch

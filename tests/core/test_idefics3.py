@@ -267,3 +267,22 @@ def test_checkpoints_that_do_not_run_here_are_refused_naming_why(tiny_idefics3_d
         path = _changed_copy(tiny_idefics3_dir, tmp_path / str(index), name, change)
         with pytest.raises(ValueError, match=says):
             load_hf_dir(path, torch.float32)
+
+
+def test_the_engine_option_turns_splitting_off_as_the_processor_would(tiny_idefics3_dir):
+    from transformers import AutoProcessor, Idefics3ForConditionalGeneration
+
+    llm = LLM(
+        model=str(tiny_idefics3_dir),
+        dtype="float32",
+        device="cpu",
+        kv_cache_memory="32MiB",
+        mm_processor_kwargs={"do_image_splitting": False},
+    )
+    image = noise_image(72)
+    [output] = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)
+    # Unsplit, the image is its global image alone: 4 tokens (3 x 3 tiles when split).
+    assert output.prompt_token_ids.count(llm.engine.arch.vision.image_token_id) == 4
+    model = Idefics3ForConditionalGeneration.from_pretrained(tiny_idefics3_dir, dtype=torch.float32)
+    processor = AutoProcessor.from_pretrained(tiny_idefics3_dir, do_image_splitting=False)
+    assert_matches_hf((model.eval(), processor), output, PROMPT, [image])

@@ -247,3 +247,60 @@ def test_checkpoints_that_do_not_run_here_are_refused_naming_why(make_tiny_qwen2
         (copy / name).write_text(json.dumps(config))
         with pytest.raises(ValueError, match=says):
             load_hf_dir(copy, torch.float32)
+
+
+def test_the_engine_pixel_bounds_resize_as_the_processor_would(make_tiny_qwen2_vl):
+    import transformers
+
+    path = make_tiny_qwen2_vl("Qwen2VL")
+    bounds = {"min_pixels": 64, "max_pixels": 1024}
+    llm = LLM(
+        model=str(path),
+        dtype="float32",
+        device="cpu",
+        kv_cache_memory="32MiB",
+        mm_processor_kwargs=bounds,
+    )
+    hf = HFQwen(path)
+    hf.images = transformers.Qwen2VLImageProcessorPil.from_pretrained(path, **bounds)
+    images = [noise_image(3, (200, 150)), noise_image(4, (6, 10))]
+    outputs = llm.generate(
+        [{"prompt": PROMPT, "multi_modal_data": {"image": image}} for image in images], GREEDY
+    )
+    # 200 x 150 within 1,024 pixels: 32 x 24 (4 x 3 tokens, not the default bound's 6 x 4);
+    # 6 x 10 over 64 pixels: 8 x 8 (one token; the default least would make it 16 x 16).
+    assert [o.prompt_token_ids.count(hf.pad) for o in outputs] == [12, 1]
+    for output, image in zip(outputs, images, strict=True):
+        assert_greedy_as_transformers(output, hf.model, hf.inputs(PROMPT, [image]), 8)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "options", "says"),
+    [
+        ("tiny_qwen2_5_vl_dir", {"fps": 2}, r"\['fps'\] are not options"),
+        ("tiny_qwen2_5_vl_dir", {"max_pixels": 32}, "max_pixels >= 64"),
+        ("tiny_qwen2_5_vl_dir", {"min_pixels": 500, "max_pixels": 400}, "min_pixels <= max"),
+        ("tiny_qwen2_5_vl_dir", {"max_pixels": "1024"}, "whole numbers"),
+        ("tiny_idefics3_dir", {"do_image_splitting": "no"}, "true or false"),
+        ("tiny_llava_dir", {"do_image_splitting": False}, "takes none"),
+        ("tiny_llama_dir", {"max_pixels": 1024}, "reads no images"),
+    ],
+)
+def test_engine_processor_options_a_model_does_not_take_are_refused(
+    request, fixture, options, says
+):
+    path = request.getfixturevalue(fixture)
+    with pytest.raises(ValueError, match=says):
+        LLM(model=str(path), dtype="float32", device="cpu", mm_processor_kwargs=options)
+
+
+def test_a_prompts_own_processor_options_are_refused(qwen):
+    _, _, llm = qwen
+    prompt = {
+        "prompt": PROMPT,
+        "multi_modal_data": {"image": noise_image(1)},
+        "mm_processor_kwargs": {"max_pixels": 1024},
+    }
+    with pytest.raises(InvalidRequestError, match="give the engine's") as error:
+        llm.generate(prompt)
+    assert error.value.param == "mm_processor_kwargs"

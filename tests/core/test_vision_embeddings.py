@@ -1,6 +1,6 @@
 """Embeddings of prompts with images (as e5-v and VLM2Vec embed them): the final norm's output at
-the last token, checked against transformers' ``last_hidden_state`` for LLaVA, LLaVA-NeXT and
-Idefics3, and the same through chunked prefill."""
+the last token, checked against transformers' ``last_hidden_state`` for LLaVA, LLaVA-NeXT,
+Idefics3 and Qwen2.5-VL (GME's base), and the same through chunked prefill."""
 
 import pytest
 import torch
@@ -12,6 +12,8 @@ from tests.core.vision_reference import noise_image
 PROMPTS = {
     "llava": "USER: <image>\nSummarize the picture in one word: ASSISTANT:",
     "idefics3": "<|im_start|>User:<image>Summarize the picture in one word:<end_of_utterance>\n",
+    "qwen": "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Summarize the picture "
+    "in one word:<|im_end|>\n",
 }
 
 
@@ -24,7 +26,10 @@ def hf_embedding(model_dir, architecture: str, output, images) -> torch.Tensor:
     # Idefics3's processor takes a list of images per prompt.
     tiled = architecture.startswith("Idefics3")
     pixels = processor(images=[images] if tiled else images, return_tensors="pt")
-    inputs = {"input_ids": torch.tensor([output.prompt_token_ids]), **pixels}
+    input_ids = torch.tensor([output.prompt_token_ids])
+    inputs = {"input_ids": input_ids, **pixels}
+    if architecture.startswith("Qwen"):  # M-RoPE needs to know which tokens are the image's
+        inputs["mm_token_type_ids"] = (input_ids == model.config.image_token_id).int()
     with torch.no_grad():
         hidden = model.eval().model(**inputs).last_hidden_state[0, -1]
     return hidden
@@ -36,6 +41,7 @@ def hf_embedding(model_dir, architecture: str, output, images) -> torch.Tensor:
         ("tiny_llava_dir", "LlavaForConditionalGeneration", "llava"),
         ("tiny_llava_next_dir", "LlavaNextForConditionalGeneration", "llava"),
         ("tiny_idefics3_dir", "Idefics3ForConditionalGeneration", "idefics3"),
+        ("tiny_qwen2_5_vl_dir", "Qwen2_5_VLForConditionalGeneration", "qwen"),
     ],
 )
 def test_embeddings_of_prompts_with_images_match_transformers(
