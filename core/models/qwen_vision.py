@@ -5,8 +5,6 @@ row and column (2D rope) and stays within its image (Qwen2.5-VL: within a window
 concatenated and a two-layer GELU MLP into the language model's width. Plain tensors, as the
 decoders are."""
 
-import itertools
-
 import torch
 import torch.nn.functional as F
 
@@ -79,18 +77,20 @@ class _Block:
         self.act = vision_activation(vision.hidden_act)
         self.num_heads = vision.num_attention_heads
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bounds: list[int]):
-        """The block's output for ``x [patches, width]``; patches attend within each
-        ``[bounds[i], bounds[i + 1])``."""
+    def __call__(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, groups: list[torch.Tensor]
+    ):
+        """The block's output for ``x [patches, width]``; patches attend within their segment
+        (``groups``: `qwen_windows.segment_groups`)."""
         patches, width = x.shape
         qkv = F.linear(self.norm1(x), *self.qkv).view(patches, 3, self.num_heads, -1)
         q, k = (_rotated(t, cos, sin) for t in (qkv[:, 0], qkv[:, 1]))
         v = qkv[:, 2]
-        parts = []
-        for start, end in itertools.pairwise(bounds):
-            heads = [t[start:end].transpose(0, 1) for t in (q, k, v)]
-            parts.append(F.scaled_dot_product_attention(*heads).transpose(0, 1))
-        x = x + F.linear(torch.cat(parts).reshape(patches, width), *self.proj)
+        out = torch.empty_like(v)
+        for index in groups:
+            heads = [t[index].transpose(1, 2) for t in (q, k, v)]
+            out[index] = F.scaled_dot_product_attention(*heads).transpose(1, 2)
+        x = x + F.linear(out.reshape(patches, width), *self.proj)
         h = self.norm2(x)
         if len(self.mlp) == 2:
             (w1, b1), (w2, b2) = self.mlp
@@ -137,8 +137,8 @@ class QwenVisionEncoder:
         ``grids[i]`` (rows, columns) patches in the processor's order (merged squares together)."""
         vision = self.vision
         x = F.linear(patches.to(device=self.patch_embed.device, dtype=self.dtype), self.patch_embed)
-        segments = image_segments(grids, vision)
-        angles = segments.positions.to(x.device)[..., None].float() * self.inv_freq
+        segments = image_segments(grids, vision, x.device)
+        angles = segments.positions[..., None].float() * self.inv_freq
         angles = angles.flatten(1)
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos(), angles.sin()

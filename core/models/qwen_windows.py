@@ -1,6 +1,7 @@
 """Where each patch of Qwen2-VL's images sits and which patches attend to which: each patch's row
 and column (the tower's 2D rope), and, for Qwen2.5-VL, the patches reordered window by window."""
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -12,19 +13,34 @@ from spyglass.core.models.vision_config import VisionConfig
 class ImageSegments:
     """The patches of a batch of images: ``positions [patches, 2]`` (row, column) in the
     processor's order (each merged square's patches together); ``order`` puts the patches
-    window by window (the processor's order when the tower has no windows), ``images`` and
-    ``windows`` bound each image's and each window's patches in that order, and
+    window by window (the processor's order when the tower has no windows); ``images`` and
+    ``windows`` are each image's and each window's patches in that order, as `segment_groups`;
     ``token_restore`` puts the merged tokens back in the processor's order."""
 
     positions: torch.Tensor
     order: torch.Tensor
-    images: list[int]
-    windows: list[int]
+    images: list[torch.Tensor]
+    windows: list[torch.Tensor]
     token_restore: torch.Tensor
 
 
-def image_segments(grids: list[tuple[int, int]], vision: VisionConfig) -> ImageSegments:
-    """The `ImageSegments` of images of ``grids`` (rows, columns) patches, one after another.
+def segment_groups(bounds: list[int], device) -> list[torch.Tensor]:
+    """The segments ``[bounds[i], bounds[i + 1])`` gathered by length: per length, a
+    ``[segments, length]`` tensor of their positions (attention runs once per length)."""
+    starts_by_length: dict[int, list[int]] = {}
+    for start, end in itertools.pairwise(bounds):
+        starts_by_length.setdefault(end - start, []).append(start)
+    return [
+        torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)
+        for length, starts in starts_by_length.items()
+    ]
+
+
+def image_segments(
+    grids: list[tuple[int, int]], vision: VisionConfig, device=None
+) -> ImageSegments:
+    """The `ImageSegments` of images of ``grids`` (rows, columns) patches, one after another,
+    its tensors on ``device``.
     Windows are squares of ``window_size`` pixels of merged tokens, row by row, from each
     image's top left (those on its right and bottom edges cut short), as transformers'
     ``get_vision_window_index`` lays them."""
@@ -55,5 +71,9 @@ def image_segments(grids: list[tuple[int, int]], vision: VisionConfig) -> ImageS
     tokens_in_order = torch.cat(token_order)
     order = (tokens_in_order[:, None] * unit + torch.arange(unit)).flatten()
     return ImageSegments(
-        torch.cat(positions), order, images, windows, torch.argsort(tokens_in_order)
+        torch.cat(positions).to(device),
+        order.to(device),
+        segment_groups(images, device),
+        segment_groups(windows, device),
+        torch.argsort(tokens_in_order).to(device),
     )
