@@ -47,6 +47,12 @@ class LLM:
         self.engine = LLMEngine(config)
         self._ids = itertools.count()
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` and ``chat`` sample with when given no `SamplingParams`: the model's
+        generation_config.json's settings (``generation_config="auto"``, as vLLM), else
+        `SamplingParams`' own defaults."""
+        return self.engine.sampling_defaults.params()
+
     def get_tokenizer(self) -> Tokenizer:
         """The model's tokenizer (``encode``, ``decode``, ``apply_chat_template``)."""
         return self.engine.tokenizer
@@ -70,7 +76,7 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):

@@ -244,7 +244,10 @@ async def create_chat_completion(
     )
     if data.top_logprobs is not None and not data.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-    params = sampling_params(data, max_tokens, (data.top_logprobs or 0) if data.logprobs else None)
+    if max_tokens is None:
+        max_tokens = serving.sampling_defaults.max_tokens
+    logprobs = (data.top_logprobs or 0) if data.logprobs else None
+    params = sampling_params(data, max_tokens, logprobs, serving.sampling_defaults)
     use = tool_use(data)
     response_id = new_id("chatcmpl")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)

@@ -58,7 +58,9 @@ async def create_completion(
     """OpenAI's completions endpoint; ``stream=true`` answers with server-sent events."""
     lora_name = serving.check_model(data.model)
     serving.admit()
-    max_tokens = DEFAULT_MAX_TOKENS if data.max_tokens is None else data.max_tokens
+    max_tokens = data.max_tokens
+    if max_tokens is None:
+        max_tokens = serving.sampling_defaults.max_tokens or DEFAULT_MAX_TOKENS
     beams = check_beam_search(data, max_tokens)
     if beams is not None:
         return Response(
@@ -67,7 +69,7 @@ async def create_completion(
             )
         )
     best_of = _best_of(data)
-    params = sampling_params(data, max_tokens, data.logprobs)
+    params = sampling_params(data, max_tokens, data.logprobs, serving.sampling_defaults)
     scored = _scored_prompt_logprobs(data)
     if scored is not None:
         params = dataclasses.replace(params, prompt_logprobs=scored)
@@ -111,7 +113,7 @@ async def _beam_search(
             f"{response_id}-{index}",
             token_ids,
             beams,
-            sampling_params(data, beams.max_tokens, None),
+            sampling_params(data, beams.max_tokens, None, serving.sampling_defaults),
             attributes,
             lora_name,
         )

@@ -23,6 +23,7 @@ from spyglass.core.api.schemas import (
     Usage,
 )
 from spyglass.core.engine.outputs import CompletionOutput, Logprob
+from spyglass.core.engine.sampling_defaults import SamplingDefaults
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.core.tokenizer import Tokenizer
 
@@ -35,9 +36,13 @@ def new_id(prefix: str) -> str:
 
 
 def sampling_params(
-    body: SamplingFields, max_tokens: int | None, logprobs: int | None
+    body: SamplingFields,
+    max_tokens: int | None,
+    logprobs: int | None,
+    defaults: SamplingDefaults,
 ) -> SamplingParams:
-    """Engine `SamplingParams` from the shared request fields (ranges already checked by the schema).
+    """Engine `SamplingParams` from the shared request fields (ranges already checked by the
+    schema), ``defaults`` for the sampling settings the body leaves out.
 
     Raises `InvalidRequestError` for what the schema cannot express.
     """
@@ -52,17 +57,17 @@ def sampling_params(
         )
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return SamplingParams(
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        min_p=body.min_p,
+        temperature=given_or(body.temperature, defaults.temperature),
+        top_p=given_or(body.top_p, defaults.top_p),
+        top_k=given_or(body.top_k, defaults.top_k),
+        min_p=given_or(body.min_p, defaults.min_p),
         seed=body.seed,
         max_tokens=max_tokens,
         stop=[s for s in stop if s],
         ignore_eos=body.ignore_eos,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
-        repetition_penalty=body.repetition_penalty,
+        repetition_penalty=given_or(body.repetition_penalty, defaults.repetition_penalty),
         logprobs=logprobs,
         n=body.n,
         priority=body.priority,
@@ -78,6 +83,11 @@ def sampling_params(
         truncate_prompt_tokens=body.truncate_prompt_tokens,
         extra={} if body.ttft_slo_s is None else {"ttft_slo_s": body.ttft_slo_s},
     )
+
+
+def given_or(value, default):
+    """``value`` unless the request left it out (None), else ``default``."""
+    return default if value is None else value
 
 
 def structured_output(body: SamplingFields) -> StructuredOutput | None:

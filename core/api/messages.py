@@ -20,7 +20,7 @@ from litestar.params import JSONBody
 
 from spyglass.core.api.chat import render_conversation, start_chat
 from spyglass.core.api.context import ServingContext
-from spyglass.core.api.convert import check_finished, new_id, request_attributes
+from spyglass.core.api.convert import check_finished, given_or, new_id, request_attributes
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, unless_disconnected
 from spyglass.core.api.messages_schemas import (
@@ -144,10 +144,13 @@ async def create_message(
     lora_name = serving.check_model(data.model)
     serving.admit()
     use = tool_use(data)
+    defaults = serving.sampling_defaults
     params = SamplingParams(
-        temperature=data.temperature,
-        top_p=data.top_p,
-        top_k=data.top_k,
+        temperature=given_or(data.temperature, defaults.temperature),
+        top_p=given_or(data.top_p, defaults.top_p),
+        top_k=given_or(data.top_k, defaults.top_k),
+        min_p=defaults.min_p,
+        repetition_penalty=defaults.repetition_penalty,
         max_tokens=data.max_tokens,
         stop=[s for s in data.stop_sequences or [] if s],
     )

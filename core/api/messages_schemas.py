@@ -112,9 +112,10 @@ class MessagesRequest(Conversation, kw_only=True):
 
     max_tokens: Annotated[int, Meta(ge=1, le=INT32)]
     stop_sequences: Annotated[list[StopText], Meta(max_length=MAX_STOP_SEQUENCES)] | None = None
-    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
-    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Meta(ge=0, le=INT32)] = 0
+    # None: the model's default (--generation-config), else the API's (1, 1, off).
+    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=0, le=INT32)] | None = None
     stream: bool = False
     metadata: dict[str, str] | None = (
         None  # ``user_id`` is the request's user; ``session_id`` its trace's session

@@ -24,7 +24,7 @@ from litestar.params import JSONBody
 
 from spyglass.core.api.chat import start_chat
 from spyglass.core.api.context import ServingContext
-from spyglass.core.api.convert import check_finished, request_attributes
+from spyglass.core.api.convert import check_finished, given_or, request_attributes
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, unless_disconnected
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
@@ -146,10 +146,14 @@ async def create_response(
     lora_name = serving.check_model(data.model)
     serving.admit()
     use = tool_use(data)
+    defaults = serving.sampling_defaults
     params = SamplingParams(
-        temperature=1.0 if data.temperature is None else data.temperature,
-        top_p=1.0 if data.top_p is None else data.top_p,
-        max_tokens=data.max_output_tokens,
+        temperature=given_or(data.temperature, defaults.temperature),
+        top_p=given_or(data.top_p, defaults.top_p),
+        top_k=defaults.top_k,
+        min_p=defaults.min_p,
+        repetition_penalty=defaults.repetition_penalty,
+        max_tokens=given_or(data.max_output_tokens, defaults.max_tokens),
         structured_output=text_format(data),
     )
     response_id = f"resp_{uuid.uuid4().hex}"

@@ -92,16 +92,17 @@ class SamplingFields(msgspec.Struct, kw_only=True):
 
     model: str | None = None
     max_tokens: PositiveInt | None = None
-    temperature: Annotated[float, Meta(ge=0.0, le=100.0)] = 1.0
-    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Meta(ge=-1, le=INT32)] = 0
-    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    # None: the model's default (--generation-config), else the API's (1, 1, off, 0, 1).
+    temperature: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=INT32)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     n: Annotated[int, Meta(ge=1, le=MAX_N)] = 1
     stop: StopText | Annotated[list[StopText], Meta(max_length=MAX_STOP)] | None = None
     seed: Annotated[int, Meta(ge=-INT64 - 1, le=INT64)] | None = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    repetition_penalty: Annotated[float, Meta(gt=0.0, le=100.0)] = 1.0
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=100.0)] | None = None
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None

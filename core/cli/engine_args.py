@@ -49,6 +49,20 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "'{\"do_image_splitting\": false}'",
     )
     group.add_argument(
+        "--generation-config",
+        default="auto",
+        help="where requests' sampling defaults come from, as vLLM takes it: auto (the model "
+        "directory's generation_config.json: temperature, top_p, top_k, min_p, "
+        "repetition_penalty, max_new_tokens), vllm (none: the API's own), or a directory "
+        "holding a generation_config.json",
+    )
+    group.add_argument(
+        "--override-generation-config",
+        type=json.loads,
+        default={},
+        help="generation config keys set on top, e.g. '{\"temperature\": 0.5}'",
+    )
+    group.add_argument(
         "--image-cache-tokens",
         type=int,
         default=defaults.image_cache_tokens,
@@ -169,6 +183,8 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         image_cache_tokens=args.image_cache_tokens,
         mm_processor_kwargs=args.mm_processor_kwargs,
+        generation_config=args.generation_config,
+        override_generation_config=args.override_generation_config,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

@@ -91,7 +91,10 @@ class EngineConfig:
     for other requests with the same image (0: none kept). ``mm_processor_kwargs`` (vLLM's
     option) changes a vision model's image processor settings for every request
     (`processor_options`: Qwen2-VL's ``min_pixels`` / ``max_pixels``, Idefics3's
-    ``do_image_splitting``).
+    ``do_image_splitting``). ``generation_config`` is where requests' sampling defaults come
+    from, as vLLM's option says (`sampling_defaults`: ``auto``, the model's
+    generation_config.json; ``vllm``, none; or a directory holding one), with
+    ``override_generation_config`` (keys of a generation config) on top.
     """
 
     model: str | None = None
@@ -128,6 +131,8 @@ class EngineConfig:
     limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
     image_cache_tokens: int = 16384
     mm_processor_kwargs: dict = field(default_factory=dict)
+    generation_config: str = "auto"
+    override_generation_config: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:

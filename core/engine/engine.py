@@ -46,6 +46,7 @@ from spyglass.core.engine.runner.model_runner import (
     ModelRunner,
     RunnerOutput,
 )
+from spyglass.core.engine.sampling_defaults import read_sampling_defaults
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.engine.sched.scheduler_policy import check_policy
@@ -112,6 +113,9 @@ class LLMEngine:
         self.model_name = checkpoint.name
         self.tokenizer = checkpoint.tokenizer
         self.arch = checkpoint.arch
+        self.sampling_defaults = read_sampling_defaults(
+            config.generation_config, config.model, config.override_generation_config
+        )
         # How embeddings pool the prompt: the option's, else the checkpoint's own.
         self.pooling_type = config.pooling_type or checkpoint.arch.pooling_type
         self.backend = select_backend(self.device, config.attention_backend)
@@ -192,6 +196,13 @@ class LLMEngine:
             hook_errors=self.hooks.num_errors,
         )
         log_started(self.info, dtype_reason, checkpoint.weights, config.block_size)
+        if self.sampling_defaults.changed():
+            # As vLLM warns: requests that leave these out do not get the API's defaults.
+            log.info(
+                "sampling defaults from %s: %s",
+                self.sampling_defaults.source,
+                self.sampling_defaults.changed(),
+            )
         self.hooks.spyglass_engine_started(info=self.info, config=config)
         if (
             config.speculative
@@ -614,6 +625,7 @@ class LLMEngine:
             labels=self.arch.labels,
             vision=self.arch.vision,
             max_images_per_prompt=self.config.limit_mm_per_prompt.get("image"),
+            sampling_defaults=self.sampling_defaults,
         )
 
     def _request_snapshot(self, request: Request) -> RequestSnapshot:

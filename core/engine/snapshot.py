@@ -5,9 +5,10 @@ numbers agree with each other; after that it is plain data that any thread can k
 Nothing here lets a reader reach the scheduler, the block pool or a live `Request`.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spyglass.core.engine.lora_info import LoRAInfo
+from spyglass.core.engine.sampling_defaults import SamplingDefaults
 from spyglass.core.models.vision_config import VisionConfig
 
 
@@ -75,3 +76,5 @@ class ModelDescription:
     """A vision model's image token and preprocessing (None: the model reads no images)."""
     max_images_per_prompt: int | None = None
     """The most images a prompt may hold (``--limit-mm-per-prompt``; None: the context bounds it)."""
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    """What a request that leaves sampling settings out gets (``--generation-config``)."""
