@@ -21,13 +21,15 @@ MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
 # Field -> its neutral value (or values): anything else cannot be honoured by beam search.
 _NEUTRAL = {
     "stream": (False,),
-    "temperature": (0.0, 1.0),
-    "top_p": (1.0,),
-    "top_k": (0, -1),
-    "min_p": (0.0,),
+    # None (left out): beam search ranks by the model's own log-probabilities, whatever the
+    # model's sampling defaults (--generation-config) say.
+    "temperature": (None, 0.0, 1.0),
+    "top_p": (None, 1.0),
+    "top_k": (None, 0, -1),
+    "min_p": (None, 0.0),
     "presence_penalty": (0.0,),
     "frequency_penalty": (0.0,),
-    "repetition_penalty": (1.0,),
+    "repetition_penalty": (None, 1.0),
     "stop": (None, [], ""),
     "stop_token_ids": (None, []),
     "min_tokens": (0,),
