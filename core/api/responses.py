@@ -390,8 +390,9 @@ class _ResponseWriter:
             "previous_response_id": None,
             "reasoning": None,
             "store": False,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
+            # The settings the call ran with (a left-out one: the model's default).
+            "temperature": given_or(body.temperature, self.serving.sampling_defaults.temperature),
+            "top_p": given_or(body.top_p, self.serving.sampling_defaults.top_p),
             "text": _text_config(body),
             "tool_choice": _tool_choice(body),
             "tools": [_tool(tool) for tool in self.use.tools],

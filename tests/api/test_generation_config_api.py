@@ -60,3 +60,14 @@ def test_requests_that_leave_settings_out_get_the_models_defaults(client):
     else:
         assert completion.usage.completion_tokens == 16
         assert [c.usage.completion_tokens for c in chats] == [12, 12]
+
+
+def test_responses_run_with_and_report_the_models_defaults(client):
+    source, openai_client = client
+    response = openai_client.responses.create(
+        model="tiny",
+        input="Tell me about foxes.",
+        max_output_tokens=None if source == "auto" else 6,
+    )
+    assert response.temperature == (0.0 if source == "auto" else 1.0)
+    assert response.usage.output_tokens == (5 if source == "auto" else 6)
