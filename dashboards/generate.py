@@ -120,6 +120,9 @@ def sections() -> list[tuple[str, list[dict]]]:
         latency_panel("Inter-token latency", m.INTER_TOKEN_LATENCY),
         latency_panel("End-to-end request latency", m.E2E_REQUEST_LATENCY),
         latency_panel("Queue time", m.REQUEST_QUEUE_TIME),
+        latency_panel(
+            "Preprocessing before the engine (template, tokens, images)", m.REQUEST_PREPROCESS_TIME
+        ),
         mean_panel(
             "Prefill vs decode time (mean)",
             "s",

@@ -304,6 +304,14 @@ TIME_PER_OUTPUT_TOKEN = Histogram(
 E2E_REQUEST_LATENCY = Histogram(
     "spyglass:e2e_request_latency_seconds", "Arrival to finish.", M, buckets=REQUEST_LATENCY_BUCKETS
 )
+REQUEST_PREPROCESS_TIME = Histogram(
+    "spyglass:request_preprocess_seconds",
+    "Per HTTP call: its handling before the engine had it (reading the body, rendering the chat "
+    "template, tokenizing, fetching, decoding and resizing images); not part of arrival to "
+    "finish.",
+    M,
+    buckets=REQUEST_LATENCY_BUCKETS,
+)
 REQUEST_QUEUE_TIME = Histogram(
     "spyglass:request_queue_time_seconds",
     "Arrival to first scheduled.",

@@ -1,6 +1,7 @@
 """Request bodies -> engine inputs, and engine outputs -> response pieces (usage, logprobs)."""
 
 import json
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Protocol
@@ -177,6 +178,7 @@ def request_attributes(
     """What the tracing plugin reads off each engine request (see `AsyncEngine.generate`); an
     embeddings, scoring or classification body neither streams nor has choices."""
     return {
+        "received_at": time.perf_counter(),  # `RequestGroup` turns it into preprocess_seconds
         "operation": operation,
         "stream": getattr(body, "stream", False),
         "user": body.user,

@@ -11,6 +11,7 @@ that no step costs the length of the text so far; a whole answer is accumulated 
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -64,10 +65,13 @@ class RequestGroup:
         self.req_ids = (
             [base_id] if len(specs) == 1 else [f"{base_id}-{i}" for i in range(len(specs))]
         )
-        attributes = {
-            **attributes,
-            "num_choices": len(specs),
-        }  # the metrics plugin's per-call histograms
+        received = attributes.get("received_at")
+        attributes = {key: value for key, value in attributes.items() if key != "received_at"}
+        attributes["num_choices"] = len(specs)  # the metrics plugin's per-call histograms
+        if received is not None:
+            # The call's handling before the engine: reading the body, rendering the template,
+            # tokenizing, fetching, decoding and resizing images.
+            attributes["preprocess_seconds"] = time.perf_counter() - received
         self._streams = [
             async_engine.generate(
                 req_id,

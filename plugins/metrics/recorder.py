@@ -50,6 +50,7 @@ class MetricsRecorder:
         self.tpot = series.labels(m.TIME_PER_OUTPUT_TOKEN)
         self.e2e = series.labels(m.E2E_REQUEST_LATENCY)
         self.queue_time = series.labels(m.REQUEST_QUEUE_TIME)
+        self.preprocess_time = series.labels(m.REQUEST_PREPROCESS_TIME)
         self.prefill_time = series.labels(m.REQUEST_PREFILL_TIME)
         self.decode_time = series.labels(m.REQUEST_DECODE_TIME)
         self.prompt_len = series.labels(m.REQUEST_PROMPT_TOKENS)
@@ -158,6 +159,9 @@ class MetricsRecorder:
         if call_id not in self.calls:
             self.calls[call_id] = [request.attributes.get("num_choices", 1), 0]
             self.params_n.observe(request.attributes.get("n", request.sampling_params.n))
+            preprocess = request.attributes.get("preprocess_seconds")
+            if preprocess is not None:
+                self.preprocess_time.observe(preprocess)
 
     def _call_finished(self, request: Request) -> None:
         """Observe the longest output of the request's API call once its last choice has finished."""

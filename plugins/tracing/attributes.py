@@ -50,7 +50,8 @@ def request_attributes(request: Request, model: str) -> dict:
 
     Besides the sampling parameters it reads the keys the HTTP API puts in ``request.attributes``:
     ``operation``, ``stream``, ``user``, ``request_model`` (the model the client named),
-    ``api_request_id`` (the response id the client sees), ``tenant`` and ``session_id``, and the
+    ``api_request_id`` (the response id the client sees), ``tenant``, ``session_id`` and
+    ``preprocess_seconds`` (the call's handling before the engine had it), and the
     HTTP request's id, session header and server address from the context the API captured.
     """
     p = request.sampling_params
@@ -91,6 +92,8 @@ def request_attributes(request: Request, model: str) -> dict:
         "spyglass.request.images": len(request.images) or None,
         # Their prompt tokens (tiles and markers): what the images cost the prefill.
         "spyglass.request.image_tokens": sum(image.length for image in request.images) or None,
+        # The HTTP call's work before the engine had it (template, tokens, images).
+        "spyglass.request.preprocess_seconds": extra.get("preprocess_seconds"),
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     attrs.update(response_format_attributes(request))

@@ -4,6 +4,7 @@ streaming and not, and gets the offline API's answers; /tokenize counts their to
 sizes; an image Qwen2-VL cannot read, and a request's own processor options, are 400s."""
 
 import json
+import re
 
 import openai
 import pytest
@@ -75,6 +76,10 @@ def test_chat_with_images_answers_as_the_offline_api(server, offline):
         ).json()
         assert counted["count"] == prompt_tokens
     assert offline[(0,)][0] != offline[(1, 2)][0]
+    # Decoding and resizing the images is the calls' preprocessing, counted once a call.
+    metrics = requests.get(f"{server.base_url}/metrics", timeout=60).text
+    count = re.search(r"spyglass:request_preprocess_seconds_count\{[^}]*\} (\S+)", metrics)
+    assert float(count.group(1)) >= 4
 
 
 def test_an_image_too_narrow_is_a_400_naming_the_field(server):

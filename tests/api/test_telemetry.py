@@ -176,6 +176,12 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(
     assert root["status_code"] != "ERROR" and "error.type" not in a
     (llm,) = [s for s in spans if s["parent_id"] == span_id and s["span_kind"] == "LLM"]
     assert llm["name"] == "chat tiny"
+    # The call's handling before the engine had it (template, tokens): inside the root span.
+    preprocess = llm["attributes"]["spyglass.request.preprocess_seconds"]
+    root_to_llm = datetime.fromisoformat(llm["start_time"]) - datetime.fromisoformat(
+        root["start_time"]
+    )
+    assert 0 < preprocess <= root_to_llm.total_seconds()
 
     not_found = roots[missing.headers["x-request-id"]]
     assert not_found["attributes"]["error.type"] == "404" and not_found["status_code"] == "UNSET"
