@@ -16,6 +16,7 @@ from tests.core.vision_reference import (
     assert_greedy_as_transformers,
     data_url,
     noise_image,
+    prefix_cache_runs,
 )
 
 PROMPT = "USER: <image>\nWhat is in the picture?\nASSISTANT:"
@@ -124,28 +125,10 @@ def test_images_split_across_chunks_and_preemptions_match_transformers(
     assert bool(preemptions.req_ids) == preempting
 
 
-def test_the_prefix_cache_tells_images_apart(tiny_llava_dir, hf_llava):
-    llm = LLM(
-        model=str(tiny_llava_dir),
-        dtype="float32",
-        device="cpu",
-        block_size=4,
-        num_kv_blocks=64,
-        plugins=["fcfs", "prefix_cache"],
-    )
-
-    def run(image):
-        prompt = {"prompt": PROMPT, "multi_modal_data": {"image": image}}
-        return llm.generate(prompt, GREEDY)[0]
-
+def test_the_prefix_cache_tells_images_apart(tiny_llava_dir, hf_llava, llava):
     first, second = noise_image(20), noise_image(21)
-    a = run(first)
-    b = run(second)  # same tokens, another image: only the blocks before the image are shared
-    c = run(first)  # the same image again: every full block of the prompt is
-    image_start = a.prompt_token_ids.index(llm.engine.arch.vision.image_token_id)
-    assert b.num_cached_tokens == image_start // 4 * 4
-    assert c.num_cached_tokens == (len(a.prompt_token_ids) - 1) // 4 * 4
-    assert c.outputs[0].token_ids == a.outputs[0].token_ids
+    image_token = llava.engine.arch.vision.image_token_id
+    _, b, _ = prefix_cache_runs(tiny_llava_dir, PROMPT, image_token, [first, second, first])
     assert_matches_hf(hf_llava, b, [second])
 
 
