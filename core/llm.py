@@ -281,7 +281,14 @@ class LLM:
         text = prompt.get("prompt")
         token_ids = prompt.get("prompt_token_ids")
         token_ids = self.engine.tokenizer.encode(text) if token_ids is None else list(token_ids)
-        images = (prompt.get("multi_modal_data") or {}).get("image") or []
+        media = prompt.get("multi_modal_data") or {}
+        if set(media) - {"image"}:
+            raise InvalidRequestError(
+                f"multi_modal_data {sorted(set(media) - {'image'})}: images are the only media "
+                "served",
+                "multi_modal_data",
+            )
+        images = media.get("image") or []
         images = images if isinstance(images, list | tuple) else [images]
         token_ids, placed = images_in_prompt(
             token_ids,

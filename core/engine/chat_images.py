@@ -15,6 +15,9 @@ IMAGE_PART_TYPES = ("image_url", "image", "image_pil")
 """Content part types that hold an image: OpenAI's ``image_url`` (a data URL), and ``image`` or
 vLLM's ``image_pil`` holding a PIL image (offline)."""
 
+UNSERVED_PART_TYPES = ("video", "video_url", "input_audio", "audio_url")
+"""Content part types of other media (vLLM's): refused, never passed to the template as text."""
+
 
 def take_images(
     messages: list[dict[str, Any]], field: str, fetched: Mapping[str, bytes] | None = None
@@ -31,6 +34,12 @@ def take_images(
             continue
         parts = []
         for part in content:
+            if part.get("type") in UNSERVED_PART_TYPES:
+                raise InvalidRequestError(
+                    f"{part['type']!r} content parts are not supported: images are the only "
+                    "media served",
+                    field,
+                )
             if part.get("type") in IMAGE_PART_TYPES:
                 images.append(_image_of(part, field, fetched or {}))
                 parts.append({"type": "image"})
