@@ -196,6 +196,10 @@ class LLMEngine:
             hook_errors=self.hooks.num_errors,
         )
         log_started(self.info, dtype_reason, checkpoint.weights, config.block_size)
+        if config.mm_processor_kwargs:
+            log.info(
+                "image processor options (mm_processor_kwargs): %s", config.mm_processor_kwargs
+            )
         if self.sampling_defaults.changed():
             # As vLLM warns: requests that leave these out do not get the API's defaults.
             log.info(
