@@ -14,8 +14,8 @@ from spyglass.core.llm import LLM
 from spyglass.core.loaders.hf_loader import load_hf_dir
 from spyglass.core.models.idefics3_vision import Idefics3VisionEncoder
 from tests.core.vision_reference import (
-    assert_blocks_returned,
     assert_greedy_as_transformers,
+    chunked_runs,
     data_url,
     noise_image,
     prefix_cache_runs,
@@ -154,16 +154,11 @@ def test_tiles_split_across_chunks_and_preemptions_match_transformers(
 ):
     # Chunks of 7 tokens cut through tiles and the markers between them; with 12 blocks of 8 for
     # three requests of 60+ tokens, requests are preempted and recomputed.
-    options = dict(max_num_batched_tokens=7, block_size=8, num_kv_blocks=12 if preempting else 64)
-    llm = LLM(model=str(tiny_idefics3_dir), dtype="float32", device="cpu", **options)
-    preemptions = count_preemptions(llm.engine)
     images = [noise_image(80 + i, size) for i, size in enumerate(SIZES[:3])]
-    prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": image}} for image in images]
-    outputs = llm.generate(prompts, dataclasses.replace(GREEDY, max_tokens=12))
+    blocks = 12 if preempting else None
+    outputs = chunked_runs(tiny_idefics3_dir, PROMPT, images, 7, blocks, count_preemptions, 12)
     for output, image in zip(outputs, images):
         assert_matches_hf(hf_idefics3, output, PROMPT, [image], max_tokens=12)
-    assert_blocks_returned(llm)
-    assert bool(preemptions.req_ids) == preempting
 
 
 def test_the_prefix_cache_tells_images_apart(tiny_idefics3_dir):

@@ -12,8 +12,8 @@ from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.llm import LLM
 from tests.core.vision_reference import (
-    assert_blocks_returned,
     assert_greedy_as_transformers,
+    chunked_runs,
     data_url,
     noise_image,
     prefix_cache_runs,
@@ -113,16 +113,11 @@ def test_images_split_across_chunks_and_preemptions_match_transformers(
 ):
     # Chunks of 8 tokens cut every 16-token image in two; with 8 blocks of 8 for three requests
     # of 30+ tokens, requests are preempted and recomputed (their images encoded again).
-    options = dict(max_num_batched_tokens=8, block_size=8, num_kv_blocks=8 if preempting else 64)
-    llm = LLM(model=str(tiny_llava_dir), dtype="float32", device="cpu", **options)
-    preemptions = count_preemptions(llm.engine)
     images = [noise_image(10 + i) for i in range(3)]
-    prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": image}} for image in images]
-    outputs = llm.generate(prompts, dataclasses.replace(GREEDY, max_tokens=16))
+    blocks = 8 if preempting else None
+    outputs = chunked_runs(tiny_llava_dir, PROMPT, images, 8, blocks, count_preemptions, 16)
     for output, image in zip(outputs, images):
         assert_matches_hf(hf_llava, output, [image], max_tokens=16)
-    assert_blocks_returned(llm)
-    assert bool(preemptions.req_ids) == preempting
 
 
 def test_the_prefix_cache_tells_images_apart(tiny_llava_dir, hf_llava, llava):

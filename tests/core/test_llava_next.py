@@ -3,8 +3,6 @@ unpadded and each row ended by the learned newline; checked against transformers
 ``LlavaNextForConditionalGeneration`` on a tiny random checkpoint, through chunked prefill and
 preemption."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -14,8 +12,8 @@ from spyglass.core.llm import LLM
 from spyglass.core.loaders.hf_loader import load_hf_dir
 from tests.core.test_llava import PROMPT, TWO_IMAGES
 from tests.core.vision_reference import (
-    assert_blocks_returned,
     assert_greedy_as_transformers,
+    chunked_runs,
     noise_image,
 )
 
@@ -89,16 +87,11 @@ def test_images_of_every_shape_match_transformers(llava_next, hf_next):
 def test_images_split_across_chunks_and_preemptions_match_transformers(
     tiny_llava_next_dir, hf_next, count_preemptions, preempting
 ):
-    options = dict(max_num_batched_tokens=8, block_size=8, num_kv_blocks=20 if preempting else 64)
-    llm = LLM(model=str(tiny_llava_next_dir), dtype="float32", device="cpu", **options)
-    preemptions = count_preemptions(llm.engine)
     images = [noise_image(80 + i, size) for i, size in enumerate(SIZES[:3])]
-    prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": image}} for image in images]
-    outputs = llm.generate(prompts, dataclasses.replace(GREEDY, max_tokens=12))
+    blocks = 20 if preempting else None
+    outputs = chunked_runs(tiny_llava_next_dir, PROMPT, images, 8, blocks, count_preemptions, 12)
     for output, image in zip(outputs, images):
         assert_matches_hf(hf_next, output, PROMPT, [image], max_tokens=12)
-    assert_blocks_returned(llm)
-    assert bool(preemptions.req_ids) == preempting
 
 
 def test_grids_that_do_not_fit_the_tower_are_refused(tiny_llava_next_dir, tmp_path):

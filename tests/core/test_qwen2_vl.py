@@ -19,8 +19,8 @@ from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingPa
 from spyglass.core.llm import LLM
 from spyglass.core.loaders.hf_loader import load_hf_dir
 from tests.core.vision_reference import (
-    assert_blocks_returned,
     assert_greedy_as_transformers,
+    chunked_runs,
     data_url,
     noise_image,
     prefix_cache_runs,
@@ -153,16 +153,11 @@ def test_images_split_across_chunks_and_preemptions_match_transformers(
     # Chunks of 7 tokens cut through images' rows; with 16 blocks of 8 for three requests of
     # 40 to 60 tokens, requests are preempted and recomputed (M-RoPE positions and all).
     path, hf = qwen25
-    options = dict(max_num_batched_tokens=7, block_size=8, num_kv_blocks=16 if preempting else 64)
-    llm = LLM(model=str(path), dtype="float32", device="cpu", **options)
-    preemptions = count_preemptions(llm.engine)
     images = [noise_image(80 + i, size) for i, size in enumerate([(200, 150), (50, 20), (24, 60)])]
-    prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": image}} for image in images]
-    outputs = llm.generate(prompts, dataclasses.replace(GREEDY, max_tokens=12))
+    blocks = 16 if preempting else None
+    outputs = chunked_runs(path, PROMPT, images, 7, blocks, count_preemptions, 12)
     for output, image in zip(outputs, images, strict=True):
         assert_greedy_as_transformers(output, hf.model, hf.inputs(PROMPT, [image]), 12)
-    assert_blocks_returned(llm)
-    assert bool(preemptions.req_ids) == preempting
 
 
 def test_the_prefix_cache_tells_images_apart(qwen25):

@@ -81,3 +81,31 @@ def prefix_cache_runs(model_dir, prompt: str, image_start_token: int, images: li
     assert c.outputs[0].token_ids == a.outputs[0].token_ids
     assert_blocks_returned(llm)
     return [a, b, c]
+
+
+def chunked_runs(
+    model_dir,
+    prompt: str,
+    images: list,
+    chunk: int,
+    preempt_blocks: int | None,
+    count_preemptions,
+    max_tokens: int,
+) -> list:
+    """Greedy outputs (with logprobs) of ``prompt`` with each of ``images``, run together in
+    prefill chunks of ``chunk`` tokens over 8-token blocks: ``preempt_blocks`` of them, few
+    enough that requests are preempted and recomputed (None: 64, enough that none is), checked
+    after the run; every block is back in the pool after."""
+    from spyglass.core.engine.sampling_params import SamplingParams
+    from spyglass.core.llm import LLM
+
+    blocks = preempt_blocks or 64
+    options = dict(max_num_batched_tokens=chunk, block_size=8, num_kv_blocks=blocks)
+    llm = LLM(model=str(model_dir), dtype="float32", device="cpu", **options)
+    preemptions = count_preemptions(llm.engine)
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=0)
+    prompts = [{"prompt": prompt, "multi_modal_data": {"image": image}} for image in images]
+    outputs = llm.generate(prompts, greedy)
+    assert_blocks_returned(llm)
+    assert bool(preemptions.req_ids) == (preempt_blocks is not None)
+    return outputs
