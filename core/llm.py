@@ -132,7 +132,7 @@ class LLM:
             if vision is None:
                 text = tokenizer.apply_chat_template(plain, **options)
             else:
-                image_text = tokenizer.decode([vision.image_token_id], skip_special_tokens=False)
+                image_text = tokenizer.decode([vision.placeholder_id], skip_special_tokens=False)
                 text = render_with_images(tokenizer, plain, image_text, **options)
             # The template writes BOS where the model wants it: encoding must not add another.
             token_ids = tokenizer.encode(text, add_special_tokens=False)

@@ -78,12 +78,22 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    visible_ends: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its paged context (see `torch_attention`).
 
     The compiled kernel reads K and V straight from the cache for every request in one call; where
     it did not build, decodes are gathered into one padded batch and other requests go through SDPA.
+    A step with ``visible_ends`` (one that computes Gemma 3's image tokens) attends each request's
+    gathered context through SDPA with that mask.
     """
+    single = lambda q, table, length, ends=None: _request(
+        q, k_cache, v_cache, table, length, scale, sliding_window, softcap, ends
+    )
+    if visible_ends is not None:
+        return torch_attention.attend_each_request(
+            query, block_tables, context_lens, query_start_loc, visible_ends, single
+        )
     if cpu_native.attends(query.dtype, k_cache.dtype):
         return cpu_native.paged_attention(
             query,
@@ -106,20 +116,18 @@ def paged_attention(
         decode=lambda q, tables, lens, longest: _decode(
             q, k_cache, v_cache, tables, lens, longest, scale, sliding_window, softcap
         ),
-        single=lambda q, table, length: _request(
-            q, k_cache, v_cache, table, length, scale, sliding_window, softcap
-        ),
+        single=single,
     )
 
 
 def _request(
-    q, k_cache, v_cache, block_table, context_len: int, scale: float, window, softcap
+    q, k_cache, v_cache, block_table, context_len: int, scale: float, window, softcap, ends=None
 ) -> torch.Tensor:
     """One request's several new tokens over its gathered context."""
     num_blocks = -(-context_len // k_cache.shape[2])
     k = _gather(k_cache, block_table[:num_blocks])[:, :context_len]
     v = _gather(v_cache, block_table[:num_blocks])[:, :context_len]
-    return torch_attention.attend_rows(q, k, v, scale, window, softcap)
+    return torch_attention.attend_rows(q, k, v, scale, window, softcap, ends)
 
 
 def _decode(

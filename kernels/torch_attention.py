@@ -7,6 +7,8 @@ query row ``i`` of a request with ``q_len`` new tokens sits at position ``contex
 and attends causally to every cached position up to and including its own. With a ``sliding_window``
 of ``w`` it sees only the last ``w`` of those (positions ``> p - w``, as in HF's sliding-window mask), and
 ``softcap`` ``c`` replaces each scaled score ``s`` by ``c * tanh(s / c)`` before the softmax (Gemma 2).
+``visible_ends`` (Gemma 3's images, whose tokens see their whole image) gives each query row the position
+before which it sees keys instead of its own position plus one; the window still counts back from its own.
 """
 
 import torch
@@ -50,6 +52,7 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    visible_ends: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new query tokens over its paged context.
 
@@ -63,10 +66,19 @@ def paged_attention(
         scale: softmax scale, usually ``head_dim ** -0.5``.
         sliding_window: when set, each row attends only its last ``sliding_window`` positions.
         softcap: when set, scores are soft-capped at ``+-softcap`` (after scaling, before the mask).
+        visible_ends: when set, ``[num_tokens]`` int32: each row sees the keys before this
+            position (at most its context's length) rather than up to its own.
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in the query's dtype.
     """
+    single = lambda q, table, length, ends=None: _request_attention(
+        q, k_cache, v_cache, table, length, scale, sliding_window, softcap, ends
+    )
+    if visible_ends is not None:
+        return attend_each_request(
+            query, block_tables, context_lens, query_start_loc, visible_ends, single
+        )
     return attend_by_request_kind(
         query,
         block_tables,
@@ -77,10 +89,22 @@ def paged_attention(
         decode=lambda q, tables, lens, longest: _decode_attention(
             q, k_cache, v_cache, tables, lens, longest, scale, sliding_window, softcap
         ),
-        single=lambda q, table, length: _request_attention(
-            q, k_cache, v_cache, table, length, scale, sliding_window, softcap
-        ),
+        single=single,
     )
+
+
+def attend_each_request(
+    query, block_tables, context_lens, query_start_loc, visible_ends, single
+) -> torch.Tensor:
+    """A step whose rows see up to ``visible_ends``: each request attended alone by
+    ``single(query_rows, block_table, context_len, row_ends)`` (steps that carry Gemma 3's
+    images, run eagerly; shared by the torch reference and the CPU fast path)."""
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    for r, length in enumerate(context_lens.tolist()):
+        rows = slice(starts[r], starts[r + 1])
+        out[rows] = single(query[rows], block_tables[r], length, visible_ends[rows])
+    return out
 
 
 def attend_by_request_kind(
@@ -127,21 +151,24 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int) -> 
 
 
 def _request_attention(
-    q, k_cache, v_cache, block_table, context_len: int, scale: float, window, softcap
+    q, k_cache, v_cache, block_table, context_len: int, scale: float, window, softcap, ends=None
 ):
     block_size = k_cache.shape[1]
     num_blocks = -(-context_len // block_size)
     k = _gather(k_cache, block_table, num_blocks)[:context_len].transpose(0, 1)
     v = _gather(v_cache, block_table, num_blocks)[:context_len].transpose(0, 1)
-    return attend_rows(q, k, v, scale, window, softcap)
+    return attend_rows(q, k, v, scale, window, softcap, ends)
 
 
-def visible_mask(q_len: int, context_len: int, window: int | None, device) -> torch.Tensor:
-    """``[q_len, context_len]`` bool: which positions each of the context's last ``q_len`` rows sees."""
+def visible_mask(
+    q_len: int, context_len: int, window: int | None, device, ends: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[q_len, context_len]`` bool: which positions each of the context's last ``q_len`` rows
+    sees (up to its own position, or before its ``ends`` entry)."""
     # Row i sits at position context_len - q_len + i (bottom-right aligned causal mask).
     rows = torch.arange(q_len, device=device).unsqueeze(1) + (context_len - q_len)
     cols = torch.arange(context_len, device=device).unsqueeze(0)
-    mask = cols <= rows
+    mask = cols <= rows if ends is None else cols < ends.to(device).unsqueeze(1)
     return mask if window is None else mask & (cols > rows - window)
 
 
@@ -150,17 +177,20 @@ def soft_cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return scores if softcap is None else torch.tanh(scores / softcap) * softcap
 
 
-def attend_rows(q, k, v, scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
-    """q ``[q_len, heads, dim]`` (the context's last rows) over k/v ``[kv_heads, context, dim]``.
+def attend_rows(
+    q, k, v, scale: float, window: int | None, softcap: float | None, ends=None
+) -> torch.Tensor:
+    """q ``[q_len, heads, dim]`` (the context's last rows) over k/v ``[kv_heads, context, dim]``
+    (``ends``: see `visible_mask`).
 
     Shared by the torch reference and the CPU fallback: SDPA where it applies (its ``is_causal`` when
     the rows are the whole context), explicit float32 scores where soft-capping needs them.
     """
     q_len, context_len = q.shape[0], k.shape[1]
     k, v = k.to(q.dtype), v.to(q.dtype)
+    plain_causal = softcap is None and q_len == context_len and window is None and ends is None
+    mask = None if plain_causal else visible_mask(q_len, context_len, window, q.device, ends)
     if softcap is None:
-        plain_causal = q_len == context_len and window is None
-        mask = None if plain_causal else visible_mask(q_len, context_len, window, q.device)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
             k.unsqueeze(0),
@@ -176,7 +206,7 @@ def attend_rows(q, k, v, scale: float, window: int | None, softcap: float | None
     grouped = q.transpose(0, 1).reshape(num_kv_heads, group * q_len, dim)
     scores = soft_cap(torch.matmul(grouped, k.transpose(-1, -2)).float() * scale, softcap)
     scores = scores.view(num_kv_heads, group, q_len, context_len)
-    scores.masked_fill_(~visible_mask(q_len, context_len, window, q.device), float("-inf"))
+    scores.masked_fill_(~mask, float("-inf"))
     out = torch.matmul(
         scores.softmax(dim=-1).to(q.dtype).view(num_kv_heads, group * q_len, context_len), v
     )

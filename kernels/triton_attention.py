@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from spyglass.kernels import torch_attention
+
 # Rows per program are (query tokens x grouped heads); tl.dot needs at least 16 of them.
 _MIN_ROWS = 16
 _MAX_ROWS = 64
@@ -583,13 +585,30 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    visible_ends: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new query tokens over its paged context.
 
     Same arguments and result as `torch_attention.paged_attention`. Decode-only steps too small to fill
     the GPU go through split-K (`num_kv_splits` decides, from host-side ints only); everything else
-    through the unified kernel.
+    through the unified kernel. A step with ``visible_ends`` (one that computes Gemma 3's image
+    tokens: eager, a prompt's few) goes through the torch reference, which reads this cache layout.
     """
+    if visible_ends is not None:
+        return torch_attention.paged_attention(
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            query_start_loc,
+            max_query_len,
+            max_context_len,
+            scale,
+            sliding_window,
+            softcap,
+            visible_ends,
+        )
     num_reqs = block_tables.shape[0]
     # A window bounds how much of a context any decode reads.
     attended_len = min(max_context_len, sliding_window or max_context_len)

@@ -138,7 +138,7 @@ def render_messages(
         if vision is None:
             prompt = tokenizer.apply_chat_template(conversation, **options)
         else:
-            image_text = tokenizer.decode([vision.image_token_id], skip_special_tokens=False)
+            image_text = tokenizer.decode([vision.placeholder_id], skip_special_tokens=False)
             prompt = render_with_images(tokenizer, conversation, image_text, **options)
     except (ValueError, jinja2.TemplateError) as error:
         raise APIError(400, f"cannot apply the chat template: {error}", param) from error

@@ -78,7 +78,7 @@ def _prompt(engine, args):
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         else:
             parts = [{"type": "image"}] * len(images) + [{"type": "text", "text": prompt}]
-            image_text = tokenizer.decode([vision.image_token_id], skip_special_tokens=False)
+            image_text = tokenizer.decode([vision.placeholder_id], skip_special_tokens=False)
             prompt = render_with_images(tokenizer, [{"role": "user", "content": parts}], image_text)
     token_ids, placed = images_in_prompt(
         tokenizer.encode(prompt), images, vision, engine.max_model_len, "--image"

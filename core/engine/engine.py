@@ -48,6 +48,7 @@ from spyglass.core.engine.runner.model_runner import (
 )
 from spyglass.core.engine.sampling_defaults import read_sampling_defaults
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
+from spyglass.core.engine.sched.image_chunks import check_image_chunks
 from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.engine.sched.scheduler_policy import check_policy
 from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription, RequestSnapshot
@@ -155,7 +156,11 @@ class LLMEngine:
                 f"no plugin provides the scheduling policy {config.scheduling_policy!r}"
             )
         self.scheduler = Scheduler(
-            config, self.kv, check_policy(policy, config.scheduling_policy), self.hooks.count_error
+            config,
+            self.kv,
+            check_policy(policy, config.scheduling_policy),
+            self.hooks.count_error,
+            whole_images=check_image_chunks(self.arch.vision, config.max_num_batched_tokens),
         )
         self.outputs = OutputProcessor(
             self.scheduler, self.kv, self.hooks, self.tokenizer, self.max_model_len

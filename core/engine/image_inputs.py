@@ -60,7 +60,7 @@ def place_images(
     image's `ImageInput`."""
     alone = len(pixels) == 1
     layouts = [image_layout(vision, image.width, image.height, alone) for image in pixels]
-    expanded, offsets = expand_placeholders(token_ids, layouts, vision.image_token_id, field)
+    expanded, offsets = expand_placeholders(token_ids, layouts, vision, field)
     images = tuple(
         ImageInput(
             image.values,
@@ -76,13 +76,17 @@ def place_images(
 
 
 def expand_placeholders(
-    token_ids: list[int], layouts: list[ImageLayout], placeholder: int, field: str
+    token_ids: list[int], layouts: list[ImageLayout], vision: VisionConfig, field: str
 ) -> tuple[list[int], list[int]]:
-    """The prompt with each ``placeholder`` token (one per image, in order) expanded to its
-    image's layout, and where each layout starts. A prompt already expanded (each layout in
-    order, with no other placeholders) is kept as it is. `InvalidRequestError` naming ``field``
-    when the placeholders do not match the images."""
-    offsets = _expanded_offsets(token_ids, layouts, placeholder)
+    """The prompt with each placeholder token (`VisionConfig.placeholder_id`; one per image, in
+    order) expanded to its image's layout, and where each layout starts; where a layout meets a
+    prompt token that `VisionConfig.token_merges` joins with its first or last, the two are one
+    token. A prompt already expanded (each layout in order, with no other placeholders) is kept
+    as it is. `InvalidRequestError` naming ``field`` when the placeholders do not match the
+    images."""
+    placeholder = vision.placeholder_id
+    merges = {(a, b): ab for a, b, ab in vision.token_merges}
+    offsets = _expanded_offsets(token_ids, layouts, placeholder, merges)
     if offsets is not None:
         return token_ids, offsets
     found = token_ids.count(placeholder)
@@ -93,20 +97,33 @@ def expand_placeholders(
             field,
         )
     expanded, offsets, pending = [], [], iter(layouts)
+    after_image = False
     for token in token_ids:
         if token == placeholder:
+            layout = list(next(pending).token_ids)
+            joined = merges.get((expanded[-1], layout[0])) if expanded else None
+            if joined is not None:
+                expanded.pop()
+                layout[0] = joined
             offsets.append(len(expanded))
-            expanded += next(pending).token_ids
+            expanded += layout
+            after_image = True
+            continue
+        joined = merges.get((expanded[-1], token)) if after_image else None
+        if joined is not None:
+            expanded[-1] = joined
         else:
             expanded.append(token)
+        after_image = False
     return expanded, offsets
 
 
 def _expanded_offsets(
-    token_ids: list[int], layouts: list[ImageLayout], placeholder: int
+    token_ids: list[int], layouts: list[ImageLayout], placeholder: int, merges: dict
 ) -> list[int] | None:
-    """Where each layout starts in ``token_ids`` when the prompt holds them all, in order, and no
-    placeholder outside them; else None."""
+    """Where each layout starts in ``token_ids`` when the prompt holds them all, in order (their
+    first and last tokens perhaps joined with their neighbours'), and no placeholder outside
+    them; else None."""
     if token_ids.count(placeholder) != sum(
         layout.token_ids.count(placeholder) for layout in layouts
     ):
@@ -114,18 +131,23 @@ def _expanded_offsets(
     offsets, start = [], 0
     for layout in layouts:
         tokens, width = list(layout.token_ids), len(layout.token_ids)
+        firsts = {tokens[0]} | {ab for (_, b), ab in merges.items() if b == tokens[0]}
+        lasts = {tokens[-1]} | {ab for (a, _), ab in merges.items() if a == tokens[-1]}
         at = next(
             (
                 i
                 for i in range(start, len(token_ids) - width + 1)
-                if token_ids[i] == tokens[0] and token_ids[i : i + width] == tokens
+                if token_ids[i] in firsts
+                and token_ids[i + width - 1] in lasts
+                and token_ids[i + 1 : i + width - 1] == tokens[1:-1]
             ),
             None,
         )
         if at is None:
             return None
         offsets.append(at)
-        start = at + width
+        # Two images in a row may share the token their suffix and prefix were joined into.
+        start = at + width - bool(merges)
     return offsets
 
 

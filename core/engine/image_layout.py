@@ -28,9 +28,9 @@ def _tiles(vision: VisionConfig, count: int) -> tuple[int, ...]:
 def image_layout(vision: VisionConfig, width: int, height: int, alone: bool = True) -> ImageLayout:
     """The layout of an image of ``width`` x ``height`` pixels: LLaVA's `tokens_per_tile`
     placeholders (LLaVA-NeXT's `anyres.num_image_tokens`; ``alone``: the only image of its
-    prompt), or, for Idefics3, its tiles (`image_tiling.tile_grid`) and the global image as
-    ``Idefics3Processor`` writes them. ValueError for an image Qwen2-VL cannot read
-    (`qwen_grid.resized_size`)."""
+    prompt; Gemma 3's between its prefix and suffix tokens), or, for Idefics3, its tiles
+    (`image_tiling.tile_grid`) and the global image as ``Idefics3Processor`` writes them.
+    ValueError for an image Qwen2-VL cannot read (`qwen_grid.resized_size`)."""
     if vision.temporal_patch_size:
         rows, cols = qwen_grid.patch_grid(width, height, vision)
         count = rows * cols // vision.scale_factor**2
@@ -46,7 +46,9 @@ def image_layout(vision: VisionConfig, width: int, height: int, alone: bool = Tr
     run = (vision.image_token_id,) * vision.tokens_per_tile
     tiles = vision.tiles
     if tiles is None:
-        return ImageLayout(run, ((0, len(run)),), _tiles(vision, 1))
+        prefix, suffix = vision.image_prefix_ids, vision.image_suffix_ids
+        tokens = (*prefix, *run, *suffix)
+        return ImageLayout(tokens, ((len(prefix), len(run)),), _tiles(vision, 1))
     rows, cols = tile_grid(width, height, tiles)
     tokens: list[int] = []
     offsets: list[int] = []

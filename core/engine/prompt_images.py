@@ -44,7 +44,7 @@ def prompt_with_image_tokens(
         return token_ids
     _check_reads_images(vision, field)
     layouts = [_layout(image, vision, len(images) == 1, field) for image in images]
-    return expand_placeholders(token_ids, layouts, vision.image_token_id, field)[0]
+    return expand_placeholders(token_ids, layouts, vision, field)[0]
 
 
 def _check_reads_images(vision: VisionConfig | None, field: str) -> None:

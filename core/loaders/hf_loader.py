@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from spyglass.core.loaders import idefics3_config, llava_config, qwen2_vl_config
+from spyglass.core.loaders import gemma3_config, idefics3_config, llava_config, qwen2_vl_config
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.hf_config import hf_family, read_arch
 from spyglass.core.loaders.pooling_config import sentence_transformers_pooling
@@ -21,7 +21,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     """Load a model directory of any family in `core.models.registry`, converting weights to ``dtype``.
 
     Reads config.json (`hf_config.read_arch`; a vision model's language model and vision tower,
-    `llava_config`, `idefics3_config`, `qwen2_vl_config`), every safetensors shard, and the
+    `llava_config`, `idefics3_config`, `qwen2_vl_config`, `gemma3_config`), every safetensors shard, and the
     tokenizer.
     """
     path = Path(path)
@@ -38,10 +38,14 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     elif qwen2_vl_config.is_qwen2_vl(config):
         vision = qwen2_vl_config.vision_config(config, path)
         config = qwen2_vl_config.text_config(config)
+    elif gemma3_config.is_gemma3_vision(config):
+        config = gemma3_config.text_config(config)
     hf_family(config)  # an unsupported class fails here, before the tokenizer and weights are read
     tokenizer = Tokenizer.from_hf_dir(path)
     if idefics3_config.is_idefics3(outer):
         vision = idefics3_config.vision_config(outer, path, tokenizer)
+    elif gemma3_config.is_gemma3_vision(outer):
+        vision = gemma3_config.vision_config(outer, path, tokenizer)
     arch = dataclasses.replace(read_arch(config, tokenizer.eos_token_ids), vision=vision)
     pooling_type = sentence_transformers_pooling(path)
     if pooling_type is not None:
@@ -66,6 +70,8 @@ def check_supported(path: str | Path) -> None:
         elif qwen2_vl_config.is_qwen2_vl(config):
             qwen2_vl_config.vision_config(config, path)
             config = qwen2_vl_config.text_config(config)
+        elif gemma3_config.is_gemma3_vision(config):
+            config = gemma3_config.text_config(config)
         hf_family(config)
 
 
@@ -76,6 +82,7 @@ _NAMING = {
     "idefics3": idefics3_config,
     "qwen2_vl": qwen2_vl_config,
     "qwen2_5_vl": qwen2_vl_config,
+    "gemma3": llava_config,
 }
 
 

@@ -15,3 +15,6 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     max_query_len: int
     max_context_len: int
+    visible_ends: torch.Tensor | None = None
+    """Where some rows see past themselves (Gemma 3's image tokens see their whole image): each
+    row's ``[num_tokens]`` position before which it sees keys; None when every row is causal."""

@@ -52,7 +52,8 @@ _SIGLIP_HEAD = (
 def vision_weight_names(vision: VisionConfig) -> set[str]:
     """The canonical names of the tower's and the projector's parameters: transformers' in-memory
     ``LlavaModel`` names without the leading ``model.`` (Idefics3's tower is named as SigLIP's,
-    its projection ``multi_modal_projector.proj.weight``; LLaVA-NeXT adds ``image_newline``).
+    its projection ``multi_modal_projector.proj.weight``, Gemma 3's its projector's norm and
+    projection; LLaVA-NeXT adds ``image_newline``).
     ``post_layernorm`` and SigLIP's head are among them (checkpoints have them) though LLaVA
     never applies them."""
     clip = vision.tower == "clip"
@@ -80,6 +81,11 @@ def vision_weight_names(vision: VisionConfig) -> set[str]:
         }
     if vision.tower == "idefics3":
         return names | {f"{PROJECTOR}.proj.weight"}
+    if vision.tower == "gemma3":
+        return names | {
+            f"{PROJECTOR}.mm_soft_emb_norm.weight",
+            f"{PROJECTOR}.mm_input_projection_weight",
+        }
     params = ("weight", "bias") if vision.projector_bias else ("weight",)
     names |= {f"{PROJECTOR}.linear_{n}.{p}" for n in (1, 2) for p in params}
     return names | {IMAGE_NEWLINE} if vision.grid_pinpoints else names

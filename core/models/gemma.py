@@ -5,6 +5,7 @@ and for Gemma 3 per-head q/k norms and a separate rope base for the sliding laye
 import torch
 
 from spyglass.core.models.attention_metadata import AttentionMetadata
+from spyglass.core.models.image_rows import ImageRows
 from spyglass.core.models.layers import GatedMLP, SelfAttention
 from spyglass.core.models.linear import make_linear
 from spyglass.core.models.model_config import ModelArchConfig
@@ -93,16 +94,33 @@ class GemmaForCausalLM:
         return self.final_norm.dtype
 
     def forward(
-        self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices
+        self,
+        input_ids,
+        positions,
+        meta: AttentionMetadata,
+        kv_caches,
+        logits_indices,
+        image_rows: ImageRows | None = None,
     ) -> torch.Tensor:
-        """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened batch."""
-        hidden, residual = self.hidden_states(input_ids, positions, meta, kv_caches)
+        """Float32 logits ``[len(logits_indices), vocab]`` for the chosen rows of the flattened
+        batch (``image_rows``: see `hidden_states`)."""
+        hidden, residual = self.hidden_states(input_ids, positions, meta, kv_caches, image_rows)
         return self.logits(hidden, residual, logits_indices)
 
-    def hidden_states(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
-        """The last layer's output and the residual stream it adds to, for every token, before the final norm."""
+    def hidden_states(
+        self,
+        input_ids,
+        positions,
+        meta: AttentionMetadata,
+        kv_caches,
+        image_rows: ImageRows | None = None,
+    ):
+        """The last layer's output and the residual stream it adds to, for every token, before
+        the final norm. ``image_rows`` (Gemma 3's images) replace their rows' scaled embeddings."""
         eps, ops = self.arch.rms_norm_eps, self.backend
         hidden, residual = lookup_rows(self.embed, input_ids, self.dtype) * self.embed_scale, None
+        if image_rows is not None:
+            hidden[image_rows.rows] = image_rows.embeds
         local, rotary = self.local_rope.at(positions), self.global_rope.at(positions)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)

@@ -6,12 +6,8 @@ the language model's embedding space. Plain tensors, as the decoders are."""
 import torch
 import torch.nn.functional as F
 
-from spyglass.core.models.clip_vision import (
-    PROJECTOR,
-    TOWER,
-    ClipEncoderLayer,
-    tower_weights,
-)
+from spyglass.core.models.clip_vision import PROJECTOR, tower_weights
+from spyglass.core.models.siglip_tower import SiglipTower
 from spyglass.core.models.vision_config import VisionConfig
 
 
@@ -41,9 +37,9 @@ def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
 
 
 class Idefics3VisionEncoder:
-    """Tiles to image tokens: the patch embeddings plus `patch_position_ids`' embeddings, every
-    encoder layer, the final LayerNorm, `pixel_shuffle` and the projection. Takes the
-    `vision_weight_names` weights (other keys are ignored), on ``device`` in ``dtype``."""
+    """Tiles to image tokens: SigLIP's tower with `patch_position_ids`' embeddings, then
+    `pixel_shuffle` and the projection. Takes the `vision_weight_names` weights (other keys are
+    ignored), on ``device`` in ``dtype``."""
 
     def __init__(self, vision: VisionConfig, weights: dict[str, torch.Tensor], device, dtype):
         side = vision.image_size // vision.patch_size
@@ -52,30 +48,13 @@ class Idefics3VisionEncoder:
                 f"scale_factor {vision.scale_factor} does not divide the tower's {side} patches a side"
             )
         self.vision = vision
-        self.dtype = dtype
         w = tower_weights(vision, weights, device, dtype)
-        self.patch_embedding = (
-            w[f"{TOWER}.embeddings.patch_embedding.weight"],
-            w[f"{TOWER}.embeddings.patch_embedding.bias"],
-        )
-        positions = w[f"{TOWER}.embeddings.position_embedding.weight"]
-        self.position_embedding = positions[patch_position_ids(side).to(positions.device)]
-        self.layers = [
-            ClipEncoderLayer(vision, w, f"{TOWER}.encoder.layers.{i}")
-            for i in range(vision.num_hidden_layers)
-        ]
-        self.post_norm = w[f"{TOWER}.post_layernorm.weight"], w[f"{TOWER}.post_layernorm.bias"]
+        self.tower = SiglipTower(vision, w, patch_position_ids(side))
         self.projection = w[f"{PROJECTOR}.proj.weight"]
 
     @torch.inference_mode()
     def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The image tokens ``[tiles, tokens_per_tile, text_hidden]`` in the encoder's dtype for
         ``pixel_values [tiles, channels, image_size, image_size]``."""
-        vision = self.vision
-        x = pixel_values.to(device=self.position_embedding.device, dtype=self.dtype)
-        x = F.conv2d(x, *self.patch_embedding, stride=vision.patch_size).flatten(2).transpose(1, 2)
-        x = x + self.position_embedding
-        for layer in self.layers:
-            x = layer(x)
-        x = F.layer_norm(x, (vision.hidden_size,), *self.post_norm, vision.layer_norm_eps)
-        return F.linear(pixel_shuffle(x, vision.scale_factor), self.projection)
+        x = self.tower(pixel_values)
+        return F.linear(pixel_shuffle(x, self.vision.scale_factor), self.projection)

@@ -97,6 +97,7 @@ class SelfAttention:
             self.scale,
             sliding_window=self.window,
             softcap=self.softcap,
+            visible_ends=meta.visible_ends,
         )
         return self.o_proj(out.reshape(num_tokens, q_size))
 

@@ -16,7 +16,7 @@ from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.clip_vision import vision_weight_names
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.qwen_vision import qwen_vision_weight_names
-from spyglass.core.models.vision_language import VisionLanguageModel
+from spyglass.core.models.vision_language import vision_language_model
 from spyglass.kernels.backend import AttentionBackend
 
 
@@ -229,7 +229,8 @@ def build_model(
     arch: ModelArchConfig, weights: dict[str, torch.Tensor], backend: AttentionBackend, device
 ) -> CausalLM:
     """The model for ``arch`` over ``weights`` (HF names), on ``device``, running ``backend``'s
-    kernels: LLaVA's language model and vision tower when ``arch.vision`` is set."""
+    kernels: with its vision tower when ``arch.vision`` is set."""
+    model_class = family(arch.architecture).model_class
     if arch.vision is not None:
-        return VisionLanguageModel(arch, weights, backend, device)
-    return family(arch.architecture).model_class(arch, weights, backend, device)
+        model_class = vision_language_model(model_class)
+    return model_class(arch, weights, backend, device)

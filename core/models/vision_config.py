@@ -13,14 +13,17 @@ FEATURE_SELECTS = ("default", "full")
 """Which of the tower's positions become image tokens: all but the first (CLIP's class token),
 or all."""
 
-TOWERS = ("clip", "siglip", "idefics3", "qwen2_vl", "qwen2_5_vl")
+TOWERS = ("clip", "siglip", "idefics3", "qwen2_vl", "qwen2_5_vl", "gemma3")
 """The vision towers that run: CLIP's (a class token, a LayerNorm before the layers), SigLIP's
 (patches only, a bias on the patch embedding, an attention-pooling head LLaVA ignores) and
 Idefics3's (SigLIP's layers, all of them, then its final LayerNorm, a pixel shuffle merging
 ``scale_factor`` x ``scale_factor`` patches into one token, and one linear projection). Qwen2-VL's
 (``qwen2_vl``: patches of two frames, 2D rope, LayerNorm and GELU layers; ``qwen2_5_vl``: RMSNorm
 and gated SiLU layers, attention within windows but in ``full_attention_layers``) reads an image
-at (about) its own size and merges ``scale_factor`` x ``scale_factor`` patches into one token."""
+at (about) its own size and merges ``scale_factor`` x ``scale_factor`` patches into one token.
+Gemma 3's (``gemma3``) is SigLIP's, every layer and its final LayerNorm, then each
+``scale_factor`` x ``scale_factor`` square of patches averaged into one token, RMS-normalized
+and projected."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,14 @@ class VisionConfig:
     ``scale_factor``, each patch repeated over ``temporal_patch_size`` frames; ``hidden_size``
     is the tower's width, ``projector_size`` the language model's; Qwen2.5-VL attends within
     windows of ``window_size`` pixels.
+
+    The prompt: a ``placeholder_token_id`` (None: ``image_token_id``) marks where each image goes
+    and becomes its tokens (`image_layout`), between ``image_prefix_ids`` and
+    ``image_suffix_ids`` where the model has them (Gemma 3: ``"\n\n<start_of_image>"`` and
+    ``"<end_of_image>\n\n"``); ``token_merges`` ``(a, b, ab)`` join a token of the prompt
+    with the one of the image's it meets into the one the tokenizer would have read (Gemma 3's
+    newlines). With ``bidirectional``, an image's tokens attend to every token of their image,
+    later ones too (Gemma 3), so a prompt chunk never ends inside an image.
 
     Preprocessing (``preprocessor_config.json``, a ``CLIPImageProcessor``): RGB, padded to a
     square of the mean colour when ``pad_to_square`` (``LlavaImageProcessor``'s ``do_pad``),
@@ -83,6 +94,18 @@ class VisionConfig:
     projector_size: int = 0
     window_size: int = 0
     full_attention_layers: tuple[int, ...] = ()
+    placeholder_token_id: int | None = None
+    image_prefix_ids: tuple[int, ...] = ()
+    image_suffix_ids: tuple[int, ...] = ()
+    token_merges: tuple[tuple[int, int, int], ...] = ()
+    bidirectional: bool = False
+
+    @property
+    def placeholder_id(self) -> int:
+        """The token that marks where an image goes in a prompt."""
+        return (
+            self.image_token_id if self.placeholder_token_id is None else self.placeholder_token_id
+        )
 
     @property
     def patch_pixels(self) -> int:

@@ -1,13 +1,15 @@
 """A vision-language model (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Idefics3/SmolVLM, Qwen2-VL,
-Qwen2.5-VL): a Llama-style decoder that reads images, each turned into prompt embeddings by its
-vision tower and projector (`clip_vision`, `idefics3_vision`, `qwen_vision`; LLaVA-NeXT's grid
-packed as `anyres` lays it out)."""
+Qwen2.5-VL, Gemma 3): a decoder that reads images, each turned into prompt embeddings by its
+vision tower and projector (`clip_vision`, `idefics3_vision`, `qwen_vision`, `gemma3_vision`;
+LLaVA-NeXT's grid packed as `anyres` lays it out)."""
 
 import torch
 import torch.nn.functional as F
 
 from spyglass.core.models import anyres, qwen_grid
 from spyglass.core.models.clip_vision import IMAGE_NEWLINE, ClipVisionEncoder
+from spyglass.core.models.gemma import GemmaForCausalLM
+from spyglass.core.models.gemma3_vision import Gemma3VisionEncoder
 from spyglass.core.models.idefics3_vision import Idefics3VisionEncoder
 from spyglass.core.models.llama import LlamaForCausalLM
 from spyglass.core.models.model_config import ModelArchConfig
@@ -19,12 +21,14 @@ _ENCODERS = {
     "idefics3": Idefics3VisionEncoder,
     "qwen2_vl": QwenVisionEncoder,
     "qwen2_5_vl": QwenVisionEncoder,
+    "gemma3": Gemma3VisionEncoder,
 }
 
 
-class VisionLanguageModel(LlamaForCausalLM):
-    """The language model of `LlamaForCausalLM`, whose prompts' image tokens take the embeddings
-    `encode_images` gives (the runner passes them to ``hidden_states`` as ``image_rows``)."""
+class ImageEncoding:
+    """The image side of a vision-language model, mixed into its language model's class (whose
+    ``hidden_states`` take the embeddings `encode_images` gives as ``image_rows``: the runner
+    passes them)."""
 
     def __init__(
         self,
@@ -92,3 +96,16 @@ class VisionLanguageModel(LlamaForCausalLM):
             )
         newline = self.image_newline.expand(shrunk[0], 1, -1)
         return torch.cat([embeds[0], torch.cat([features, newline], dim=1).flatten(0, 1)])
+
+
+class VisionLanguageModel(ImageEncoding, LlamaForCausalLM):
+    """A Llama-style language model that reads images (LLaVA, Idefics3, Qwen2-VL, ...)."""
+
+
+class GemmaVisionLanguageModel(ImageEncoding, GemmaForCausalLM):
+    """Gemma 3's language model reading images."""
+
+
+def vision_language_model(language_class: type) -> type:
+    """The vision-language model class over ``language_class``."""
+    return GemmaVisionLanguageModel if language_class is GemmaForCausalLM else VisionLanguageModel

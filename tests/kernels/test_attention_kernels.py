@@ -112,9 +112,13 @@ def reference_attention(batch: Batch, **masking) -> torch.Tensor:
 
 
 def naive_attention(
-    batch: Batch, sliding_window: int | None = None, softcap: float | None = None
+    batch: Batch,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    visible_ends: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Dense float64 softmax(QK^T)V per request with an explicit bottom-right causal mask (and window, and cap)."""
+    """Dense float64 softmax(QK^T)V per request with an explicit bottom-right causal mask (and
+    window, and cap; ``visible_ends``: each row sees the keys before its entry)."""
     q, k_cache, v_cache, tables, ctx_lens, starts, _, _, scale = batch.args
     block_size, group = k_cache.shape[1], q.shape[1] // k_cache.shape[2]
     out = torch.empty(q.shape, dtype=torch.float64)
@@ -127,7 +131,8 @@ def naive_attention(
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
         q_pos = torch.arange(e - s).unsqueeze(1) + ctx - (e - s)
-        hidden = torch.arange(ctx).unsqueeze(0) > q_pos
+        ends = q_pos + 1 if visible_ends is None else visible_ends[s:e].cpu().unsqueeze(1)
+        hidden = torch.arange(ctx).unsqueeze(0) >= ends
         if sliding_window is not None:
             hidden |= torch.arange(ctx).unsqueeze(0) <= q_pos - sliding_window
         scores = scores.masked_fill(hidden, -math.inf)
@@ -202,6 +207,53 @@ def test_torch_attention_window_and_softcap_match_naive(scenario, masking):
     expected = naive_attention(batch, **MASKINGS[masking])
     actual = reference_attention(batch, **MASKINGS[masking])
     torch.testing.assert_close(actual.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def image_rows_batch(dtype, device=DEVICE) -> tuple[Batch, torch.Tensor]:
+    """A step of four requests where two compute a run of image tokens that sees itself whole
+    (Gemma 3): the first's rows 2 to 5 (positions 2 to 5) see up to position 6, the third's
+    rows 2 to 8 (positions 35 to 41) up to 42; every other row is causal."""
+    q_lens, ctx_lens = SCENARIOS["mixed"]
+    batch = make_batch(
+        q_lens,
+        ctx_lens,
+        num_kv_heads=2,
+        group=3,
+        head_dim=64,
+        block_size=16,
+        dtype=dtype,
+        device=device,
+    )
+    positions = torch.cat([torch.arange(c - q, c) for q, c in zip(q_lens, ctx_lens)])
+    ends = positions + 1
+    ends[2:6] = 6
+    ends[8 + 2 : 8 + 9] = 42
+    return batch, ends.to(torch.int32).to(device)
+
+
+@pytest.mark.parametrize("masking", [{}, *MASKINGS.values()], ids=["causal", *MASKINGS])
+def test_torch_attention_rows_that_see_their_image_match_naive(masking):
+    batch, ends = image_rows_batch(torch.float32, torch.device("cpu"))
+    expected = naive_attention(batch, **masking, visible_ends=ends)
+    actual = reference_attention(batch, **masking, visible_ends=ends)
+    torch.testing.assert_close(actual.double(), expected, rtol=1e-5, atol=1e-5)
+    causal = reference_attention(batch, **masking)
+    assert not torch.allclose(actual, causal)
+    text_rows = [0, 1, 6, 7, 8, 9, 17, 18, 19, 20]
+    torch.testing.assert_close(actual[text_rows], causal[text_rows])
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "masking", [{}, MASKINGS["window and softcap"]], ids=["causal", "window and softcap"]
+)
+def test_triton_attention_rows_that_see_their_image_match_naive(masking):
+    batch, ends = image_rows_batch(torch.float32)
+    q, k, v, *rest = batch.args
+    actual = triton_attention.paged_attention(
+        q, k.nan_to_num(), v.nan_to_num(), *rest, **masking, visible_ends=ends
+    )
+    assert_close(actual, naive_attention(batch, **masking, visible_ends=ends), torch.float32)
 
 
 @needs_triton

@@ -153,3 +153,32 @@ def test_cpu_backend_name_says_which_kernels_run(monkeypatch):
     assert backend.select_backend(torch.device("cpu")).name == "cpu"
     monkeypatch.setattr(cpu_native, "build", lambda: False)
     assert backend.select_backend(torch.device("cpu")).name == "cpu-torch"
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("masking", [{}, dict(sliding_window=5, softcap=2.0)], ids=str)
+def test_cpu_attention_rows_that_see_their_image_match_reference(
+    dtype, tolerance, masking, cpu_kernels
+):
+    # Gemma 3's image rows see their whole image: the first request's rows 1 to 4, the third's
+    # rows 3 to 20 see up to the end of their run; every other row is causal.
+    generator = torch.Generator().manual_seed(7)
+    q_lens, context_lens = [7, 1, 30, 2], [7, 40, 70, 12]
+    shape = (4 * 5, 16, 2, 64)
+    query, k_cache, v_cache, args = _paged_inputs(
+        generator, q_lens, context_lens, shape, 6, dtype, dtype
+    )
+    positions = torch.cat([torch.arange(c - q, c) for q, c in zip(q_lens, context_lens)])
+    ends = positions + 1
+    ends[1:5] = 5
+    ends[8 + 3 : 8 + 21] = 61
+    ends = ends.to(torch.int32)
+    expected = torch_attention.paged_attention(
+        query, k_cache, v_cache, *args, **masking, visible_ends=ends
+    )
+    actual = cpu_attention.paged_attention(
+        query, _to_head_major(k_cache), _to_head_major(v_cache), *args, **masking, visible_ends=ends
+    )
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=tolerance, atol=tolerance)
+    causal = torch_attention.paged_attention(query, k_cache, v_cache, *args, **masking)
+    assert not torch.allclose(expected.float(), causal.float(), atol=tolerance)

@@ -14,13 +14,14 @@ from spyglass.core.models.image_rows import ImageRows
 @dataclass(frozen=True, slots=True)
 class _ImageSpan:
     """Embeddings ``[first, first + count)`` of image ``index`` of ``request`` go in the step's
-    rows from ``row`` on."""
+    rows from ``row`` on; their run of image tokens ends before prompt position ``run_end``."""
 
     request: Request
     index: int
     row: int
     first: int
     count: int
+    run_end: int
 
 
 def step_image_rows(
@@ -53,6 +54,7 @@ def step_image_rows(
                             row + first - start,
                             embed + first - run_start,
                             last - first,
+                            run_end,
                         )
                     )
         row += item.num_new_tokens
@@ -84,4 +86,11 @@ def step_image_rows(
     for s in spans:
         if s.first + s.count == len(s.request.image_embeds.get(s.index, ())):
             s.request.image_embeds.pop(s.index)
-    return ImageRows(torch.cat(rows).to(embeds.device), embeds), len(new), len(keys) - len(new)
+    run_ends = torch.tensor([s.run_end for s in spans]).repeat_interleave(
+        torch.tensor([s.count for s in spans])
+    )
+    return (
+        ImageRows(torch.cat(rows).to(embeds.device), embeds, run_ends.to(embeds.device)),
+        len(new),
+        len(keys) - len(new),
+    )

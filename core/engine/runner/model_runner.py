@@ -2,7 +2,7 @@
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -321,6 +321,9 @@ class ModelRunner:
                 )
                 seconds = time.perf_counter() - start if encoded else 0.0
                 self._vision = VisionWork(encoded, seconds, cached)
+                if images is not None and self.model.arch.vision.bidirectional:
+                    ends = images.visible_ends(inputs.positions)
+                    inputs = replace(inputs, meta=replace(inputs.meta, visible_ends=ends))
             if not slices:
                 return self._forward(inputs, len(out.scheduled), images), (), ()
             hidden, residual = self._hidden_states(inputs, images)

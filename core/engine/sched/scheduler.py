@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.kv.kv_cache_manager import NO_MATCH, KVCacheManager
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus
+from spyglass.core.engine.sched.image_chunks import chunk_within_images
 from spyglass.core.engine.sched.scheduler_policy import SchedulingPolicy
 
 log = logging.getLogger("spyglass.scheduler")
@@ -58,7 +59,9 @@ class Scheduler:
     `PreemptingPolicy` may preempt running work for a waiting request that does not fit.
     A policy or prefix-cache plugin that raises fails the request it was deciding about (listed
     in ``SchedulerOutput.failed``), never the engine; every such failure is counted through
-    ``count_error(plugin, hook)``. An admission order that names requests not waiting, or an
+    ``count_error(plugin, hook)``. With ``whole_images`` (a model whose image tokens see their
+    whole image) a prompt chunk stops before a run of image tokens it cannot finish
+    (`image_chunks`). An admission order that names requests not waiting, or an
     empty one while nothing runs (which would wait for ever), is replaced by FCFS for that step.
     """
 
@@ -68,8 +71,10 @@ class Scheduler:
         kv: KVCacheManager,
         policy: SchedulingPolicy,
         count_error: Callable[[str, str], None] = lambda plugin, hook: None,
+        whole_images: bool = False,
     ):
         self.config = config
+        self.whole_images = whole_images
         self.kv = kv
         self.policy = policy
         self.count_error = count_error
@@ -99,6 +104,10 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING or budget == 0 or _ends_in_flight(request):
                 continue
             num_new = min(request.num_tokens_with_spec - request.num_launched_tokens, budget)
+            if self.whole_images:
+                num_new = chunk_within_images(request, request.num_launched_tokens, num_new)
+                if num_new == 0:
+                    continue
             if self._make_room(request, num_new, scheduled, preempted):
                 num_spec = max(
                     0,
@@ -263,7 +272,10 @@ class Scheduler:
                 return 0
         num_cached = prefix.num_tokens
         num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, budget)
-        if not self.kv.allocate_slots(request, num_new, prefix):
+        if self.whole_images:
+            start = request.num_computed_tokens + num_cached
+            num_new = chunk_within_images(request, start, num_new)
+        if num_new == 0 or not self.kv.allocate_slots(request, num_new, prefix):
             return 0
         if request.num_preemptions == 0:
             request.num_cached_tokens = num_cached
