@@ -842,3 +842,68 @@ def make_tiny_qwen2_vl(tmp_path_factory, hf_gguf_tokenizer):
 def tiny_qwen2_5_vl_dir(make_tiny_qwen2_vl) -> Path:
     """The tiny Qwen2.5-VL of `make_tiny_qwen2_vl`."""
     return make_tiny_qwen2_vl("Qwen2_5_VL")
+
+
+# A Gemma 3 chat template that reads content parts, as google's does (no system turn here).
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '<start_of_image>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+GEMMA3_IMAGE_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_vision_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
+    """A random ``Gemma3ForConditionalGeneration``: SigLIP's tower (2 layers, 32-pixel images in
+    4-pixel patches) pooled 2 x 2 into 16 image tokens, before a 2-layer Gemma 3 whose first
+    layer slides over 12 positions (less than an image); saved as transformers saves it, with
+    its image processor and the default model's tokenizer plus the image and turn tokens and
+    `GEMMA3_CHAT_TEMPLATE`."""
+    import copy
+
+    import transformers
+
+    tokenizer = copy.deepcopy(hf_gguf_tokenizer)
+    tokenizer.add_tokens(
+        [*GEMMA3_IMAGE_TOKENS, "<start_of_turn>", "<end_of_turn>"], special_tokens=True
+    )
+    tokenizer.chat_template = GEMMA3_CHAT_TEMPLATE
+    ids = tokenizer.convert_tokens_to_ids
+    torch.manual_seed(17)
+    text = dict(
+        **TINY_SHAPE,
+        head_dim=16,
+        vocab_size=len(tokenizer),
+        sliding_window=12,
+        layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=16,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    tower = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=4,
+        vision_use_head=False,
+    )
+    config = transformers.Gemma3Config(
+        text_config=text,
+        vision_config=tower,
+        mm_tokens_per_image=16,
+        boi_token_index=ids("<start_of_image>"),
+        eoi_token_index=ids("<end_of_image>"),
+        image_token_index=ids("<image_soft_token>"),
+    )
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    path = _save_tiny(
+        _with_wide_weights(model), tokenizer, tmp_path_factory.mktemp("tiny_gemma3_vision")
+    )
+    transformers.Gemma3ImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(path)
+    return path

@@ -1,0 +1,73 @@
+"""Gemma 3 over HTTP: the official OpenAI client sends one image and three to a server,
+streaming and not, and gets the offline API's answers; /tokenize counts the images' tokens
+(newlines joined around them) as the prompt holds them."""
+
+import openai
+import pytest
+import requests
+
+from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.llm import LLM
+from tests.api.conftest import start_tiny
+from tests.core.vision_reference import data_url, noise_image
+
+IMAGES = [noise_image(1, (50, 20)), noise_image(2, (24, 60)), noise_image(3, (200, 150))]
+
+
+def messages(*images) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in images]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": " What differs?"}]}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gemma3_vision_dir, tmp_path_factory):
+    # float32 as offline: bf16 (auto on some CPUs) may flip a near-tie of the random model.
+    directory = tmp_path_factory.mktemp("gemma3")
+    started = start_tiny("thread", tiny_gemma3_vision_dir, directory, "--dtype", "float32")
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_gemma3_vision_dir) -> dict[int, tuple[str, int, list[float]]]:
+    """Per number of images, the offline API's greedy answer, prompt length and logprobs."""
+    llm = LLM(
+        model=str(tiny_gemma3_vision_dir), dtype="float32", device="cpu", kv_cache_memory="64MiB"
+    )
+    answers = {}
+    for count in (1, 3):
+        greedy = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
+        [output] = llm.chat(messages(*IMAGES[:count]), greedy)
+        completion = output.outputs[0]
+        logprobs = [entry.logprob for entry in completion.logprobs]
+        answers[count] = (completion.text, len(output.prompt_token_ids), logprobs)
+    return answers
+
+
+def test_chat_with_images_answers_as_the_offline_api(server, offline):
+    client = openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
+    )
+    for count, (text, prompt_tokens, logprobs) in offline.items():
+        chat = messages(*IMAGES[:count])
+        response = client.chat.completions.create(
+            model="tiny", messages=chat, max_tokens=8, temperature=0, logprobs=True
+        )
+        assert response.choices[0].message.content == text
+        assert response.usage.prompt_tokens == prompt_tokens
+        served = [entry.logprob for entry in response.choices[0].logprobs.content]
+        assert served == pytest.approx(logprobs, abs=1e-4)
+        stream = client.chat.completions.create(
+            model="tiny", messages=chat, max_tokens=8, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+        counted = requests.post(
+            f"{server.base_url}/tokenize",
+            json={"messages": chat, "add_generation_prompt": True},
+            timeout=60,
+        ).json()
+        assert counted["count"] == prompt_tokens
+    # Three images of 20 tokens each (16 image tokens, "\n\n" and the start and end tokens),
+    # the two "\n\n" between images joined into one "\n\n\n\n" token twice.
+    assert offline[3][1] - offline[1][1] == 2 * 20 - 2
+    assert offline[1][2] != pytest.approx(offline[3][2], abs=1e-3)
