@@ -8,6 +8,7 @@ import pytest
 from spyglass.core.cli.bench import vision
 from spyglass.core.cli.bench.random_vlm import (
     TowerShape,
+    write_random_gemma3,
     write_random_llava,
     write_random_qwen2_5_vl,
     write_random_smolvlm,
@@ -111,3 +112,19 @@ def test_random_qwen2_5_vl_agrees_with_transformers(tmp_path, capsys):
     assert result.num_identical == 3
     vision.report(args, result)
     assert "one image (4 tokens)" in capsys.readouterr().out
+
+
+def test_random_gemma3_agrees_with_transformers(tmp_path, capsys):
+    # 32-pixel images in 8-pixel patches: 4 x 4 patches pooled 2 x 2 into 4 image tokens,
+    # between "\n\n", the image start and end tokens (8 tokens; the seeded text next to it
+    # holds no newline to join); the image's tokens see each other.
+    tower = TowerShape(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2)
+    model_dir = write_random_gemma3(tmp_path / "gemma3", tower, 2, 0)
+    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", "3",
+            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
+    args = build_parser(argv).parse_args(argv)
+    result = vision.compare(args, model_dir)
+    assert (result.tiles_per_image, result.tokens_per_image) == (1, 8)
+    assert result.num_identical == 3
+    vision.report(args, result)
+    assert "one image (8 tokens)" in capsys.readouterr().out

@@ -1,8 +1,9 @@
 """Random vision-language checkpoints before the default model's language model shape
 (SmolLM2-135M's), with the default model's tokenizer plus the image tokens: a LLaVA (a CLIP
 tower), a LLaVA-NeXT (the same tower on a grid of tiles), an Idefics3 shaped as SmolVLM (a
-pixel-shuffled SigLIP tower on tiles) and a Qwen2.5-VL (a windowed tower on merged patches, its
-language model rotating by M-RoPE). What
+pixel-shuffled SigLIP tower on tiles), a Qwen2.5-VL (a windowed tower on merged patches, its
+language model rotating by M-RoPE) and a Gemma 3 (a SigLIP tower pooled 2 x 2, its image tokens
+seeing their whole image, the language model as Gemma 3 of the same shape). What
 ``bench vision`` runs when no vision model is at hand (speed does not depend on the values)."""
 
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from spyglass.core.loaders.gguf_loader import load_gguf
 IMAGE_TOKEN = "<image>"
 # Qwen2-VL's image placeholder and the tokens around it.
 QWEN_IMAGE_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+# Gemma 3's image start, end and soft tokens.
+GEMMA3_IMAGE_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 # Idefics3's prompt tokens around tiles, and SmolVLM's end of turn.
 TILE_TOKENS = [
     "<fake_token_around_image>",
@@ -182,4 +185,41 @@ def write_random_qwen2_5_vl(
     transformers.Qwen2_5_VLForConditionalGeneration(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     transformers.Qwen2VLImageProcessorPil(max_pixels=tower.image_size**2).save_pretrained(path)
+    return path
+
+
+def write_random_gemma3(path: Path, tower: TowerShape, text_layers: int | None, seed: int) -> Path:
+    """Save a random ``Gemma3ForConditionalGeneration`` (float32): a SigLIP tower of ``tower``'s
+    shape whose patches are pooled 2 x 2 into image tokens, before the default model's language
+    model shape as Gemma 3 (every sixth layer global, the others sliding over 512 positions).
+    With its tokenizer and image processor config."""
+    import transformers
+
+    tokenizer, text = _text_model(GEMMA3_IMAGE_TOKENS, text_layers)
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+    keys += ("num_attention_heads", "num_key_value_heads", "rms_norm_eps", "bos_token_id")
+    head_dim = text.hidden_size // text.num_attention_heads
+    text_config = {key: getattr(text, key) for key in keys}
+    text_config.update(
+        eos_token_id=text.eos_token_id,
+        head_dim=head_dim,
+        query_pre_attn_scalar=head_dim,
+        sliding_window=512,
+    )
+    side = tower.image_size // tower.patch_size
+    ids = tokenizer.convert_tokens_to_ids
+    config = transformers.Gemma3Config(
+        text_config=text_config,
+        vision_config=dict(**_tower_fields(tower), vision_use_head=False),
+        mm_tokens_per_image=(side // 2) ** 2,
+        boi_token_index=ids("<start_of_image>"),
+        eoi_token_index=ids("<end_of_image>"),
+        image_token_index=ids("<image_soft_token>"),
+        tie_word_embeddings=text.tie_word_embeddings,
+    )
+    torch.manual_seed(seed)
+    transformers.Gemma3ForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    size = {"height": tower.image_size, "width": tower.image_size}
+    transformers.Gemma3ImageProcessorPil(size=size).save_pretrained(path)
     return path

@@ -27,6 +27,7 @@ from PIL import Image
 
 from spyglass.core.cli.bench.random_vlm import (
     TowerShape,
+    write_random_gemma3,
     write_random_llava,
     write_random_qwen2_5_vl,
     write_random_smolvlm,
@@ -61,7 +62,7 @@ def add_parser(subparsers, argv) -> None:
     shape = TowerShape()
     parser.add_argument(
         "--arch",
-        choices=["llava", "llava-next", "smolvlm", "qwen2.5-vl"],
+        choices=["llava", "llava-next", "smolvlm", "qwen2.5-vl", "gemma3"],
         default="llava",
         help="the random model's layout",
     )
@@ -69,7 +70,8 @@ def add_parser(subparsers, argv) -> None:
         "--image-size",
         type=int,
         default=None,
-        help="the tower's input (224; smolvlm: 256-pixel tiles; qwen2.5-vl: 448-pixel images)",
+        help="the tower's input (224; smolvlm: 256-pixel tiles; qwen2.5-vl and gemma3: "
+        "448-pixel images)",
     )
     parser.add_argument("--grid", type=int, default=2, help="smolvlm: tiles a side of each image")
     parser.add_argument("--patch-size", type=int, default=shape.patch_size)
@@ -130,10 +132,12 @@ def vision_prompts(
     rng = np.random.default_rng(seed)
     prompts = []
     for _ in range(num_prompts):
-        text = rng.integers(FIRST_ORDINARY_TOKEN, vision.image_token_id, text_tokens).tolist()
+        # The image tokens are the tokenizer's last: text is drawn below them.
+        first_image_token = min(vision.image_token_id, vision.placeholder_id)
+        text = rng.integers(FIRST_ORDINARY_TOKEN, first_image_token, text_tokens).tolist()
         cut = 2 * text_tokens // 3
         pixels = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
-        token_ids = [*text[:cut], vision.image_token_id, *text[cut:]]
+        token_ids = [*text[:cut], vision.placeholder_id, *text[cut:]]
         prompts.append(
             images_in_prompt(
                 token_ids, [Image.fromarray(pixels)], vision, engine.max_model_len, "bench"
@@ -172,11 +176,11 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConf
     for first in range(0, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
         input_ids = torch.tensor([token_ids for token_ids, _ in batch])
-        # LLaVA and Qwen2-VL take [images, ...] (Qwen2-VL's patches, with each image's grid and
-        # which tokens are images'); LLaVA-NeXT and Idefics3 [prompts, tiles, ...] (LLaVA-NeXT
-        # with each image's (height, width)).
+        # LLaVA, Qwen2-VL and Gemma 3 take [images, ...] (Qwen2-VL's patches, with each image's
+        # grid and which tokens are images'; Gemma 3 which tokens are images'); LLaVA-NeXT and
+        # Idefics3 [prompts, tiles, ...] (LLaVA-NeXT with each image's (height, width)).
         model_type = model.config.model_type
-        join = torch.cat if model_type in ("llava", *_QWEN_TYPES) else torch.stack
+        join = torch.cat if model_type in ("llava", "gemma3", *_QWEN_TYPES) else torch.stack
         pixels = join([images[0].pixel_values for _, images in batch])
         extra = {}
         if model_type == "llava_next":
@@ -186,6 +190,8 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConf
             grids = [qwen_grid.patch_grid(*images[0].size, vision) for _, images in batch]
             extra["image_grid_thw"] = torch.tensor([[1, *grid] for grid in grids])
             extra["mm_token_type_ids"] = (input_ids == vision.image_token_id).int()
+        if model_type == "gemma3":
+            extra["token_type_ids"] = (input_ids == vision.image_token_id).long()
         with torch.inference_mode():
             generated = model.generate(
                 input_ids=input_ids,
@@ -252,7 +258,7 @@ def run(args) -> int:
     if args.model is not None:
         report(args, compare(args, Path(args.model)))
         return 0
-    default_size = {"smolvlm": 256, "qwen2.5-vl": 448}.get(args.arch, 224)
+    default_size = {"smolvlm": 256, "qwen2.5-vl": 448, "gemma3": 448}.get(args.arch, 224)
     tower = TowerShape(
         args.image_size or default_size, args.patch_size, num_layers=args.vision_layers
     )
@@ -263,6 +269,8 @@ def run(args) -> int:
             )
         elif args.arch == "qwen2.5-vl":
             model_dir = write_random_qwen2_5_vl(Path(scratch), tower, args.text_layers, args.seed)
+        elif args.arch == "gemma3":
+            model_dir = write_random_gemma3(Path(scratch), tower, args.text_layers, args.seed)
         else:
             model_dir = write_random_llava(
                 Path(scratch), tower, args.text_layers, args.seed, args.arch == "llava-next"
