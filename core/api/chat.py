@@ -21,6 +21,7 @@ from spyglass.core.api.convert import (
     continuous_usage,
     make_usage,
     new_id,
+    prompt_logprobs,
     request_attributes,
     sampling_params,
 )
@@ -248,6 +249,12 @@ async def create_chat_completion(
         max_tokens = serving.sampling_defaults.max_tokens
     logprobs = (data.top_logprobs or 0) if data.logprobs else None
     params = sampling_params(data, max_tokens, logprobs, serving.sampling_defaults)
+    if data.prompt_logprobs is not None:
+        if data.stream:
+            raise APIError(
+                400, "prompt_logprobs are not available when streaming", "prompt_logprobs"
+            )
+        params = dataclasses.replace(params, prompt_logprobs=data.prompt_logprobs)
     use = tool_use(data)
     response_id = new_id("chatcmpl")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
@@ -437,7 +444,12 @@ class _ChatWriter:
                 )
             )
         usage = self._usage(group)
-        return ChatCompletionResponse(self.id, self.created, self.model, choices, usage)
+        scored = None
+        if self.body.prompt_logprobs is not None:  # the choices share their prompt
+            scored = prompt_logprobs(self.names, ordered[0].prompt_logprobs)
+        return ChatCompletionResponse(
+            self.id, self.created, self.model, choices, usage, prompt_logprobs=scored
+        )
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[ChatCompletionChunk]:
         """A role chunk per choice, content deltas, the finish reason, then usage when asked.

@@ -259,16 +259,16 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     echo: bool = False
+    # vLLM's: each prompt token's logprob and its top alternatives' (not streamed).
+    prompt_logprobs: NumLogprobs | None = None
     # Not implemented: only absent values pass.
     chat_template: None = None
     documents: None = None
-    prompt_logprobs: None = None
     mm_processor_kwargs: None = None  # the server's own: --mm-processor-kwargs
 
     unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | {
         "chat_template",
         "documents",
-        "prompt_logprobs",
         "mm_processor_kwargs",
     }
 
@@ -384,7 +384,8 @@ class ChatChoice(msgspec.Struct):
 
 
 class ChatCompletionResponse(msgspec.Struct):
-    """A non-streamed chat response."""
+    """A non-streamed chat response (vLLM's ``prompt_logprobs``: the rendered prompt's, as a
+    completion's choice has them)."""
 
     id: str
     created: int
@@ -392,6 +393,7 @@ class ChatCompletionResponse(msgspec.Struct):
     choices: list[ChatChoice]
     usage: Usage
     object: str = "chat.completion"
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class FunctionCallDelta(msgspec.Struct, omit_defaults=True):

@@ -158,7 +158,6 @@ def test_only_json_bodies_are_read(tiny_server):
         (COMPLETIONS, "tools", [{"type": "function", "function": {"name": "f"}}]),
         (COMPLETIONS, "tool_choice", "auto"),
         (COMPLETIONS, "suffix", "end"),
-        (CHAT, "prompt_logprobs", 1),
         (CHAT, "logits_processors", ["my.module:Processor"]),
         (CHAT, "spaces_between_special_tokens", False),
         (CHAT, "chat_template", "{{ messages }}"),

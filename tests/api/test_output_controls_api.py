@@ -225,12 +225,26 @@ def test_prompt_logprobs_in_vllms_shape(client, tokenizer):
         assert others <= {1, 2} and len(entry) == (2 if mine["rank"] <= 2 else 3)
         best = max(entry.values(), key=lambda e: e["logprob"])
         assert best["rank"] == 1 and all(e["logprob"] <= best["logprob"] for e in entry.values())
-    chat = httpx.post(
+
+
+def test_chat_prompt_logprobs_score_the_rendered_prompt(client, tokenizer):
+    # vLLM's: on the response, per token of the prompt the template rendered; the same scores
+    # the completions API gives that text. Not streamed (a 400 naming the field).
+    messages = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=1, extra_body={"prompt_logprobs": 1}
+    )
+    scored = chat.model_extra["prompt_logprobs"]
+    rendered = tokenizer.apply_chat_template(messages)
+    assert len(scored) == chat.usage.prompt_tokens == len(tokenizer.encode(rendered, False))
+    completion = _complete(client, prompt=rendered, prompt_logprobs=1, max_tokens=1)
+    assert scored == completion.choices[0].model_extra["prompt_logprobs"]
+    streamed = httpx.post(
         f"{client.base_url}chat/completions",
-        json={"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1},
+        json={"messages": messages, "prompt_logprobs": 1, "stream": True},
         timeout=30,
     )
-    assert chat.status_code == 400 and chat.json()["error"]["code"] == "unsupported_parameter"
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"
 
 
 def test_a_grammar_that_must_end_overrides_min_tokens(client):
