@@ -107,6 +107,7 @@ class LLM:
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation (or a list of them) and generate.
 
@@ -114,11 +115,14 @@ class LLM:
         "image_url": {"url": "data:image/png;base64,..."}}`` or ``{"type": "image_pil",
         "image_pil": image}``. ``continue_final_message`` (with ``add_generation_prompt=False``) has the model carry on
         writing the last message; ``chat_template_kwargs`` are further template variables;
+        ``chat_template`` (jinja) renders the conversations instead of the engine's template;
         ``lora_request`` as in `generate`."""
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message needs add_generation_prompt=False")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
+        if chat_template is not None:
+            tokenizer = tokenizer.with_chat_template(chat_template)
         vision = self.engine.arch.vision
         options = {
             "add_generation_prompt": add_generation_prompt,

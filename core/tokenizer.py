@@ -3,7 +3,7 @@
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,10 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _compile_chat_template(source: str) -> jinja2.Template:
+@lru_cache(maxsize=32)
+def compile_chat_template(source: str) -> jinja2.Template:
+    """``source`` compiled as transformers compiles chat templates, in a sandbox; the last few
+    are kept (requests may bring their own). jinja2's TemplateSyntaxError where it is not one."""
     # Same environment options as transformers, so templates render byte-identically. Templates come
     # from model files, i.e. untrusted input, hence the sandbox.
     env = ImmutableSandboxedEnvironment(
@@ -79,6 +82,16 @@ class Tokenizer:
                 self._eos_token_ids,
                 self._add_bos_token,
             ),
+        )
+
+    def with_chat_template(self, chat_template: str) -> "Tokenizer":
+        """This tokenizer rendering chats with ``chat_template`` (jinja source) instead."""
+        return Tokenizer(
+            self._backend,
+            chat_template,
+            self._bos_token_id,
+            self._eos_token_ids,
+            self._add_bos_token,
         )
 
     @property
@@ -133,7 +146,7 @@ class Tokenizer:
     def _chat_template(self) -> jinja2.Template | None:
         if self._chat_template_source is None:
             return None
-        return _compile_chat_template(self._chat_template_source)
+        return compile_chat_template(self._chat_template_source)
 
     @property
     def template_takes_tools(self) -> bool:
@@ -147,15 +160,18 @@ class Tokenizer:
         tools: list[dict[str, Any]] | None = None,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        documents: list[dict[str, Any]] | None = None,
     ) -> str:
         """Render ``messages`` (``[{"role": ..., "content": ...}, ...]``) into prompt text with the model's template.
 
         ``tools`` (HF's format, ``[{"type": "function", "function": {...}}]``) is passed to templates
-        that take it; ``template_kwargs`` are further template variables (``enable_thinking``, say),
-        which may not replace the ones set here. ``continue_final_message`` ends the prompt inside
-        the last message, right after its content, so that the model carries on writing it (as
-        transformers does). Raises ``ValueError`` when the model ships no chat template, and when
-        the last message's content cannot be found in the rendered text.
+        that take it, ``documents`` (``[{"title": ..., "text": ...}]``, for retrieval-augmented
+        templates) to every template, as transformers does; ``template_kwargs`` are further
+        template variables (``enable_thinking``, say), which may not replace the ones set here.
+        ``continue_final_message`` ends the prompt inside the last message, right after its
+        content, so that the model carries on writing it (as transformers does). Raises
+        ``ValueError`` when the model ships no chat template, and when the last message's content
+        cannot be found in the rendered text.
         """
         template = self._chat_template
         if template is None:
@@ -167,6 +183,7 @@ class Tokenizer:
             "messages": messages,
             "add_generation_prompt": add_generation_prompt,
             "tools": tools,
+            "documents": documents,
             "bos_token": self._token_text(self._bos_token_id),
             "eos_token": self._token_text(self._eos_token_ids[0] if self._eos_token_ids else None),
         }

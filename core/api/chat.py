@@ -45,6 +45,7 @@ from spyglass.core.api.schemas import (
     ToolCallDelta,
     Usage,
 )
+from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import (
     ToolUse,
@@ -61,7 +62,7 @@ from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.tool_calls import ToolCallPiece
-from spyglass.core.tokenizer import Tokenizer
+from spyglass.core.tokenizer import Tokenizer, compile_chat_template
 
 if TYPE_CHECKING:
     from spyglass.core.models.vision_config import VisionConfig
@@ -80,24 +81,41 @@ _NO_TOOLS = ToolUse([], "none")
 class TemplateOptions:
     """How the chat template renders a conversation: vLLM's ``add_generation_prompt``,
     ``continue_final_message`` (the prompt ends inside the last message, for the model to carry
-    on) and ``chat_template_kwargs`` (further template variables)."""
+    on), ``chat_template_kwargs`` (further template variables), ``chat_template`` (the request's
+    own template instead of the model's) and ``documents`` (retrieval-augmented templates')."""
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     kwargs: dict | None = None
+    chat_template: str | None = None
+    documents: list[dict] | None = None
 
     @classmethod
-    def of(cls, body) -> "TemplateOptions":
-        """The options a chat or tokenize body asks for; a 400 for both a generation prompt and a
-        continued final message."""
+    def of(cls, body, server: ServerOptions) -> "TemplateOptions":
+        """The options a chat, tokenize or embeddings body asks for; a 400 for both a generation
+        prompt and a continued final message, and for a template of the request's own unless
+        the server trusts them (``--trust-request-chat-template``: a template is code the server
+        runs, if sandboxed)."""
         if body.add_generation_prompt and body.continue_final_message:
             raise APIError(
                 400,
                 "continue_final_message needs add_generation_prompt set to false",
                 "continue_final_message",
             )
+        chat_template = getattr(body, "chat_template", None)
+        if chat_template is not None and not server.trust_request_chat_template:
+            raise APIError(
+                400,
+                "chat_template of the request's own needs a server started with "
+                "--trust-request-chat-template",
+                "chat_template",
+            )
         return cls(
-            body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs
+            body.add_generation_prompt,
+            body.continue_final_message,
+            body.chat_template_kwargs,
+            chat_template,
+            getattr(body, "documents", None),
         )
 
 
@@ -116,6 +134,14 @@ def render_messages(
     ``fetched`` holds the bytes of image URLs other than data URLs (`media_fetch`)."""
     if not messages:
         raise APIError(400, f"{param} must not be empty", param)
+    if template.chat_template is not None:
+        try:
+            compile_chat_template(template.chat_template)
+        except jinja2.TemplateError as error:
+            raise APIError(
+                400, f"chat_template does not compile: {error}", "chat_template"
+            ) from None
+        tokenizer = tokenizer.with_chat_template(template.chat_template)
     plain = [_plain(message, param) for message in messages]
     if vision is None and any(isinstance(m["content"], list) for m in plain):
         raise APIError(
@@ -130,6 +156,7 @@ def render_messages(
         "tools": use.tools if use.active and takes_tools else None,
         "continue_final_message": template.continue_final_message,
         "template_kwargs": template.kwargs,
+        "documents": template.documents,
     }
     images: list = []
     if vision is not None:
@@ -258,7 +285,7 @@ async def create_chat_completion(
     use = tool_use(data)
     response_id = new_id("chatcmpl")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
-    template = TemplateOptions.of(data)
+    template = TemplateOptions.of(data, serving.options)
     # Without max_tokens the beams may grow to the context (the search stops there).
     beams = check_beam_search(data, max_tokens or serving.max_model_len)
     if beams is not None:

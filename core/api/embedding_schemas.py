@@ -39,11 +39,12 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     # Not implemented: only absent or neutral values pass, else a 400 naming the field.
     embed_dtype: Literal["float32"] = "float32"
     endianness: Literal["native", "little"] | None = None
-    chat_template: None = None
     mm_processor_kwargs: None = None
+    # vLLM's: the request's own chat template (with --trust-request-chat-template only).
+    chat_template: Annotated[str, Meta(max_length=1 << 20)] | None = None
 
     unsupported: ClassVar[frozenset[str]] = frozenset(
-        {"embed_dtype", "endianness", "chat_template", "mm_processor_kwargs"}
+        {"embed_dtype", "endianness", "mm_processor_kwargs"}
     )
 
 

@@ -102,7 +102,7 @@ async def _prompts(
     truncating = data.truncate_prompt_tokens is not None
     placed: tuple[ImageInput, ...] = ()
     if data.messages is not None:
-        template = TemplateOptions.of(data)
+        template = TemplateOptions.of(data, serving.options)
         _, text, images = await render_conversation(
             serving, data.messages, param="messages", template=template
         )

@@ -76,6 +76,9 @@ class StructuredOutputsSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=
 LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
 
 
+TemplateDocuments = Annotated[list[dict[str, Any]], Meta(max_length=1024)]
+"""Documents a chat template renders (HF's ``documents``: ``[{"title": ..., "text": ...}]``)."""
+
 UNSUPPORTED_SAMPLING = frozenset(
     {
         "functions",  # OpenAI's deprecated spelling of tools
@@ -261,16 +264,14 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     echo: bool = False
     # vLLM's: each prompt token's logprob and its top alternatives' (not streamed).
     prompt_logprobs: NumLogprobs | None = None
+    # vLLM's: the request's own chat template (a server run with --trust-request-chat-template
+    # only), and documents for retrieval-augmented templates.
+    chat_template: Annotated[str, Meta(max_length=1 << 20)] | None = None
+    documents: TemplateDocuments | None = None
     # Not implemented: only absent values pass.
-    chat_template: None = None
-    documents: None = None
     mm_processor_kwargs: None = None  # the server's own: --mm-processor-kwargs
 
-    unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | {
-        "chat_template",
-        "documents",
-        "mm_processor_kwargs",
-    }
+    unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | {"mm_processor_kwargs"}
 
 
 # -- responses ------------------------------------------------------------------------------------

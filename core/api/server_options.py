@@ -17,7 +17,8 @@ class ServerOptions:
     reasoning and content (``deepseek_r1``, ``qwen3``); None leaves answers whole.
     ``allowed_media_domains`` are the hosts whose http(s) image URLs the server fetches (``*``
     for any; empty: none, only ``data:`` URLs), each within ``media_fetch_timeout`` seconds and
-    ``max_media_bytes`` bytes.
+    ``max_media_bytes`` bytes. ``trust_request_chat_template`` lets requests bring a chat template
+    of their own (vLLM's option; templates run sandboxed, but they are code).
     """
 
     host: str = "127.0.0.1"
@@ -35,3 +36,4 @@ class ServerOptions:
     allowed_media_domains: list[str] = field(default_factory=list)
     media_fetch_timeout: float = 10.0
     max_media_bytes: int = 20 << 20
+    trust_request_chat_template: bool = False

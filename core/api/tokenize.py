@@ -13,7 +13,7 @@ from spyglass.core.api.chat import TemplateOptions, render_conversation
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.prompts import check_token_ids, encode_text
-from spyglass.core.api.schemas import ChatMessage, TokenId
+from spyglass.core.api.schemas import ChatMessage, TemplateDocuments, TokenId
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.prompt_images import prompt_with_image_tokens
 
@@ -31,6 +31,8 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: Annotated[str, Meta(max_length=1 << 20)] | None = None
+    documents: TemplateDocuments | None = None
 
 
 class TokenizeResponse(msgspec.Struct):
@@ -71,7 +73,7 @@ async def tokenize(
         raise APIError(400, "send exactly one of prompt and messages", "prompt")
     images: list = []
     if data.messages is not None:
-        template = TemplateOptions.of(data)
+        template = TemplateOptions.of(data, serving.options)
         _, text, images = await render_conversation(serving, data.messages, template=template)
     else:
         text = data.prompt

@@ -57,6 +57,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "holding a generation_config.json",
     )
     group.add_argument(
+        "--chat-template",
+        default=None,
+        help="the chat template to render chats with instead of the model's: a file, or the "
+        "jinja template itself",
+    )
+    group.add_argument(
         "--override-generation-config",
         type=json.loads,
         default={},
@@ -185,6 +191,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         mm_processor_kwargs=args.mm_processor_kwargs,
         generation_config=args.generation_config,
         override_generation_config=args.override_generation_config,
+        chat_template=args.chat_template,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

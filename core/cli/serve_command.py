@@ -88,6 +88,12 @@ def add_parser(subparsers, argv) -> None:
         "machine: for trusted clients)",
     )
     group.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let chat, tokenize and embeddings requests bring a chat template of their own "
+        "(chat_template; templates run sandboxed, but they are code)",
+    )
+    group.add_argument(
         "--reasoning-parser",
         default=None,
         metavar="NAME",
@@ -141,6 +147,7 @@ def server_options_from_args(args) -> ServerOptions:
         ],
         media_fetch_timeout=args.media_fetch_timeout,
         max_media_bytes=parse_bytes(args.max_media_bytes),
+        trust_request_chat_template=args.trust_request_chat_template,
     )
 
 

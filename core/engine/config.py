@@ -94,7 +94,8 @@ class EngineConfig:
     ``do_image_splitting``). ``generation_config`` is where requests' sampling defaults come
     from, as vLLM's option says (`sampling_defaults`: ``auto``, the model's
     generation_config.json; ``vllm``, none; or a directory holding one), with
-    ``override_generation_config`` (keys of a generation config) on top.
+    ``override_generation_config`` (keys of a generation config) on top. ``chat_template`` (a
+    file or the jinja itself, vLLM's ``--chat-template``) replaces the model's chat template.
     """
 
     model: str | None = None
@@ -133,6 +134,7 @@ class EngineConfig:
     mm_processor_kwargs: dict = field(default_factory=dict)
     generation_config: str = "auto"
     override_generation_config: dict = field(default_factory=dict)
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:

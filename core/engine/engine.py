@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from spyglass.core.engine.chat_template_option import with_chat_template
 from spyglass.core.engine.config import EngineConfig, dtype_name
 from spyglass.core.engine.draft_collection import DraftCollection
 from spyglass.core.engine.image_inputs import ImageInput
@@ -112,7 +113,7 @@ class LLMEngine:
         checkpoint, quantization = prepare_weights(config, dtype, self.device, checkpoint)
         checkpoint = with_processor_options(checkpoint, config.mm_processor_kwargs)
         self.model_name = checkpoint.name
-        self.tokenizer = checkpoint.tokenizer
+        self.tokenizer = with_chat_template(checkpoint.tokenizer, config.chat_template)
         self.arch = checkpoint.arch
         self.sampling_defaults = read_sampling_defaults(
             config.generation_config, config.model, config.override_generation_config

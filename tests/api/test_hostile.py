@@ -160,8 +160,6 @@ def test_only_json_bodies_are_read(tiny_server):
         (COMPLETIONS, "suffix", "end"),
         (CHAT, "logits_processors", ["my.module:Processor"]),
         (CHAT, "spaces_between_special_tokens", False),
-        (CHAT, "chat_template", "{{ messages }}"),
-        (CHAT, "documents", [{"title": "a", "text": "b"}]),
     ],
 )
 def test_unimplemented_fields_are_refused_by_name(tiny_server, path, field, value):
