@@ -782,14 +782,26 @@ TINY_QWEN_TOWERS = {
         fullatt_block_indexes=[1],
         **TINY_QWEN_PATCHES,
     ),
+    "Qwen3VL": dict(
+        depth=3,
+        hidden_size=32,
+        intermediate_size=48,
+        out_hidden_size=64,
+        num_heads=2,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=[0, 1],
+        **TINY_QWEN_PATCHES,
+    ),
 }
 
 
 @pytest.fixture(scope="session")
 def make_tiny_qwen2_vl(tmp_path_factory, hf_gguf_tokenizer):
-    """``make(architecture)``: a random ``Qwen2VLForConditionalGeneration`` (``"Qwen2VL"``) or
-    ``Qwen2_5_VLForConditionalGeneration`` (``"Qwen2_5_VL"``), built once each: a tower of
-    `TINY_QWEN_TOWERS` before a 2-layer Qwen2 whose M-RoPE sections are 2, 3 and 3 frequencies,
+    """``make(architecture)``: a random ``Qwen2VLForConditionalGeneration`` (``"Qwen2VL"``),
+    ``Qwen2_5_VLForConditionalGeneration`` (``"Qwen2_5_VL"``) or ``Qwen3VLForConditionalGeneration``
+    (``"Qwen3VL"``: learned position embeddings on a 4 x 4 grid, DeepStack after the tower's first
+    two layers), built once each: a tower of `TINY_QWEN_TOWERS` before a 2-layer Qwen2 (Qwen3-VL:
+    Qwen3, M-RoPE interleaved) whose M-RoPE sections are 2, 3 and 3 frequencies,
     saved as transformers 5 saves it, with its image processor's preprocessor_config.json
     (`TINY_QWEN_PATCHES`; 256 to 2304 pixels) and the default model's tokenizer plus the vision
     tokens and `QWEN_VL_CHAT_TEMPLATE`."""
@@ -816,6 +828,9 @@ def make_tiny_qwen2_vl(tmp_path_factory, hf_gguf_tokenizer):
             eos_token_id=2,
             rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
         )
+        if architecture == "Qwen3VL":
+            text["head_dim"] = 16
+            text["rope_parameters"]["mrope_interleaved"] = True
         ids = tokenizer.convert_tokens_to_ids
         config = getattr(transformers, f"{architecture}Config")(
             text_config=text,

@@ -105,9 +105,7 @@ def _read_rope(config: dict, get) -> tuple[float, dict | None, float | None]:
         )
     # Older configs call the key "type"; "default" means no scaling at all.
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
-    if "mrope_section" in rope:  # Qwen2-VL's language model (transformers 5 calls it "default")
-        if rope.get("mrope_interleaved"):
-            raise ValueError("Unsupported rope variant: interleaved M-RoPE (Qwen3-VL).")
+    if "mrope_section" in rope:  # Qwen2-VL's (and Qwen3-VL's interleaved) M-RoPE
         rope_type = "mrope"
     if rope_type == "default":
         return theta, None, local_theta

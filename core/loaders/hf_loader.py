@@ -82,6 +82,7 @@ _NAMING = {
     "idefics3": idefics3_config,
     "qwen2_vl": qwen2_vl_config,
     "qwen2_5_vl": qwen2_vl_config,
+    "qwen3_vl": qwen2_vl_config,
     "gemma3": llava_config,
 }
 

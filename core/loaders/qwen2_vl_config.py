@@ -1,6 +1,7 @@
-"""Read a Qwen2-VL or Qwen2.5-VL directory's config (``Qwen2VLForConditionalGeneration``,
-``Qwen2_5_VLForConditionalGeneration``): its language model's as a ``Qwen2ForCausalLM`` config
-(with M-RoPE's ``mrope_section``), the `VisionConfig` of its tower and image processor; and its
+"""Read a Qwen2-VL, Qwen2.5-VL or Qwen3-VL directory's config (``Qwen2VLForConditionalGeneration``,
+``Qwen2_5_VLForConditionalGeneration``, ``Qwen3VLForConditionalGeneration``): its language
+model's as a ``Qwen2ForCausalLM`` (Qwen3-VL's: ``Qwen3ForCausalLM``) config (with M-RoPE's
+``mrope_section``), the `VisionConfig` of its tower and image processor; and its
 checkpoint's parameter names mapped to the ones the models use."""
 
 from pathlib import Path
@@ -11,6 +12,8 @@ from spyglass.core.models.vision_config import VisionConfig
 
 QWEN2_VL_CLASS = "Qwen2VLForConditionalGeneration"
 QWEN2_5_VL_CLASS = "Qwen2_5_VLForConditionalGeneration"
+QWEN3_VL_CLASS = "Qwen3VLForConditionalGeneration"
+QWEN_VL_CLASSES = (QWEN2_VL_CLASS, QWEN2_5_VL_CLASS, QWEN3_VL_CLASS)
 
 # Qwen2VLTextConfig's defaults, for keys a config.json leaves out.
 _TEXT_DEFAULTS = {
@@ -33,8 +36,28 @@ _TOWER_DEFAULTS = {
         "window_size": 112,
         "fullatt_block_indexes": [7, 15, 23, 31],
     },
+    QWEN3_VL_CLASS: {
+        "depth": 27,
+        "hidden_size": 1152,
+        "intermediate_size": 4304,
+        "num_heads": 16,
+        "patch_size": 16,
+        "out_hidden_size": 3584,
+        "num_position_embeddings": 2304,
+        "deepstack_visual_indexes": [8, 16, 24],
+    },
 }
-_ACTIVATIONS = {QWEN2_VL_CLASS: "quick_gelu", QWEN2_5_VL_CLASS: "silu"}
+_ACTIVATIONS = {
+    QWEN2_VL_CLASS: "quick_gelu",
+    QWEN2_5_VL_CLASS: "silu",
+    QWEN3_VL_CLASS: "gelu_pytorch_tanh",
+}
+# The language model's class: Qwen3-VL's has Qwen3's q/k norms.
+_TEXT_CLASSES = {
+    QWEN2_VL_CLASS: "Qwen2ForCausalLM",
+    QWEN2_5_VL_CLASS: "Qwen2ForCausalLM",
+    QWEN3_VL_CLASS: "Qwen3ForCausalLM",
+}
 # Qwen2VLImageProcessor's defaults.
 _PROCESSOR_DEFAULTS = {
     "min_pixels": 56 * 56,
@@ -59,8 +82,8 @@ _OUTER_KEYS = ("vision_config", "text_config", "architectures", "model_type")
 
 
 def is_qwen2_vl(config: dict) -> bool:
-    """Whether ``config`` (a config.json) is a Qwen2-VL or Qwen2.5-VL model's."""
-    return (config.get("architectures") or [None])[0] in (QWEN2_VL_CLASS, QWEN2_5_VL_CLASS)
+    """Whether ``config`` (a config.json) is a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model's."""
+    return (config.get("architectures") or [None])[0] in QWEN_VL_CLASSES
 
 
 def text_config(config: dict) -> dict:
@@ -75,7 +98,7 @@ def text_config(config: dict) -> dict:
             f"{config['architectures'][0]}'s config.json has no rope mrope_section; its "
             "language model rotates by M-RoPE."
         )
-    return {**text, "architectures": ["Qwen2ForCausalLM"]}
+    return {**text, "architectures": [_TEXT_CLASSES[config["architectures"][0]]]}
 
 
 def vision_config(config: dict, model_dir: Path) -> VisionConfig:
@@ -96,8 +119,13 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
             f"the image processor cuts patches of {seen[0]} pixels over {seen[2]} frames, merged "
             f"{seen[1]} x {seen[1]}; the vision tower takes {patch}, {frames} and {merge}."
         )
-    qwen2 = architecture == QWEN2_VL_CLASS
+    qwen2, qwen3 = architecture == QWEN2_VL_CLASS, architecture == QWEN3_VL_CLASS
     width = tower["embed_dim"] if qwen2 else tower["hidden_size"]
+    grid = round(tower.get("num_position_embeddings", 0) ** 0.5)
+    if qwen3 and grid**2 != tower["num_position_embeddings"]:
+        raise ValueError(
+            f"num_position_embeddings {tower['num_position_embeddings']} is no square grid."
+        )
     text_width = text_config(config)["hidden_size"]
     projector_size = tower["hidden_size"] if qwen2 else tower["out_hidden_size"]
     if projector_size != text_width:
@@ -113,7 +141,9 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
         image_size=patch * merge,
         patch_size=patch,
         image_token_id=config.get("image_token_id", 151655),
-        tower="qwen2_vl" if qwen2 else "qwen2_5_vl",
+        tower={QWEN2_VL_CLASS: "qwen2_vl", QWEN3_VL_CLASS: "qwen3_vl"}.get(
+            architecture, "qwen2_5_vl"
+        ),
         num_channels=tower.get("in_channels", tower.get("in_chans", 3)),
         layer_norm_eps=1e-6,
         hidden_act=tower.get("hidden_act", _ACTIVATIONS[architecture]),
@@ -129,8 +159,10 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
         min_pixels=min_pixels,
         max_pixels=max_pixels,
         projector_size=projector_size,
-        window_size=0 if qwen2 else tower["window_size"],
-        full_attention_layers=() if qwen2 else tuple(tower["fullatt_block_indexes"]),
+        window_size=tower.get("window_size", 0) if not qwen2 else 0,
+        full_attention_layers=tuple(tower.get("fullatt_block_indexes", ())),
+        position_grid=grid if qwen3 else 0,
+        deepstack_layers=tuple(tower.get("deepstack_visual_indexes", ())) if qwen3 else (),
     )
 
 

@@ -157,16 +157,22 @@ class LlamaForCausalLM:
         image_rows: ImageRows | None = None,
     ):
         """The last layer's output and the residual stream it adds to, for every token, before
-        the final norm. ``image_rows`` (a vision model's prompt) replace their rows' embeddings.
+        the final norm. ``image_rows`` (a vision model's prompt) replace their rows' embeddings;
+        where an image's embeddings are wider than the model (Qwen3-VL's DeepStack), the rest,
+        a hidden size each, are added to those rows after the first layers, one a layer.
         ``positions`` are the tokens' ``[tokens]``, or M-RoPE's ``[3, tokens]`` (`mrope`)."""
         eps, ops = self.arch.rms_norm_eps, self.backend
         hidden, residual = self.embed_tokens(input_ids), None
         rotary = self.rope.at(positions)
+        deepstack = ()
         if image_rows is not None:
-            hidden[image_rows.rows] = image_rows.embeds
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            first, *deepstack = image_rows.embeds.split(self.arch.hidden_size, dim=-1)
+            hidden[image_rows.rows] = first
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, eps)
             hidden = layer.attention(x, rotary, meta, k_cache, v_cache, ops)
             x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, eps)
             hidden = layer.mlp(x, ops)
+            if i < len(deepstack):
+                hidden[image_rows.rows] += deepstack[i]
         return hidden, residual

@@ -1,7 +1,10 @@
 """Qwen2-VL's multimodal rotary embedding (M-RoPE): a token has three positions (time, image row,
 image column); the rotation's frequencies are cut into ``mrope_section`` runs, the first rotated
-by the time position, the second by the row, the third by the column. A text token's three
-positions are equal, so text rotates as plain rope does."""
+by the time position, the second by the row, the third by the column. Qwen3-VL's
+(``mrope_interleaved``) deals them out in turn instead: frequency ``j`` turns by the row when
+``j % 3 == 1`` and ``j < 3 * sections[1]``, by the column when ``j % 3 == 2`` and
+``j < 3 * sections[2]``, else by the time. A text token's three positions are equal, so text
+rotates as plain rope does."""
 
 import torch
 
@@ -23,6 +26,8 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
                 f"head_dim / 2 = {head_dim // 2}"
             )
         axis = torch.repeat_interleave(torch.arange(3), torch.tensor(sections))
+        if scaling.get("mrope_interleaved"):
+            axis = interleaved_axes(head_dim // 2, sections)
         # Which of the three positions rotates each column of a head (both halves alike).
         self.axis_of_column = torch.cat([axis, axis]).to(device)
         self.columns = torch.arange(head_dim, device=device)
@@ -38,6 +43,15 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             self.cos[rows, self.columns],
             self.sin[rows, self.columns],
         )
+
+
+def interleaved_axes(num_frequencies: int, sections: list[int]) -> torch.Tensor:
+    """Which position (0: time, 1: row, 2: column) turns each frequency in Qwen3-VL's layout."""
+    frequency = torch.arange(num_frequencies)
+    axis = torch.zeros(num_frequencies, dtype=torch.long)
+    for position in (1, 2):
+        axis[(frequency % 3 == position) & (frequency < 3 * sections[position])] = position
+    return axis
 
 
 def rotary_embedding(

@@ -13,17 +13,18 @@ FEATURE_SELECTS = ("default", "full")
 """Which of the tower's positions become image tokens: all but the first (CLIP's class token),
 or all."""
 
-TOWERS = ("clip", "siglip", "idefics3", "qwen2_vl", "qwen2_5_vl", "gemma3")
+TOWERS = ("clip", "siglip", "idefics3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3")
 """The vision towers that run: CLIP's (a class token, a LayerNorm before the layers), SigLIP's
 (patches only, a bias on the patch embedding, an attention-pooling head LLaVA ignores) and
 Idefics3's (SigLIP's layers, all of them, then its final LayerNorm, a pixel shuffle merging
 ``scale_factor`` x ``scale_factor`` patches into one token, and one linear projection). Qwen2-VL's
 (``qwen2_vl``: patches of two frames, 2D rope, LayerNorm and GELU layers; ``qwen2_5_vl``: RMSNorm
 and gated SiLU layers, attention within windows but in ``full_attention_layers``) reads an image
-at (about) its own size and merges ``scale_factor`` x ``scale_factor`` patches into one token.
-Gemma 3's (``gemma3``) is SigLIP's, every layer and its final LayerNorm, then each
-``scale_factor`` x ``scale_factor`` square of patches averaged into one token, RMS-normalized
-and projected."""
+at (about) its own size and merges ``scale_factor`` x ``scale_factor`` patches into one token;
+Qwen3-VL's (``qwen3_vl``) adds learned position embeddings resampled to each image's grid, and
+its DeepStack mergers give the language model's first layers more of each image. Gemma 3's
+(``gemma3``) is SigLIP's, every layer and its final LayerNorm, then each ``scale_factor`` x
+``scale_factor`` square of patches averaged into one token, RMS-normalized and projected."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,10 @@ class VisionConfig:
     image to between ``min_pixels`` and ``max_pixels``, in multiples of ``patch_size`` times
     ``scale_factor``, each patch repeated over ``temporal_patch_size`` frames; ``hidden_size``
     is the tower's width, ``projector_size`` the language model's; Qwen2.5-VL attends within
-    windows of ``window_size`` pixels.
+    windows of ``window_size`` pixels. Qwen3-VL's learned position embeddings are a
+    ``position_grid`` x ``position_grid`` table; the outputs of its ``deepstack_layers``, each
+    merged by a merger of its own, are added to the image tokens' hidden states after the
+    language model's first layers, one a layer.
 
     The prompt: a ``placeholder_token_id`` (None: ``image_token_id``) marks where each image goes
     and becomes its tokens (`image_layout`), between ``image_prefix_ids`` and
@@ -94,6 +98,8 @@ class VisionConfig:
     projector_size: int = 0
     window_size: int = 0
     full_attention_layers: tuple[int, ...] = ()
+    position_grid: int = 0
+    deepstack_layers: tuple[int, ...] = ()
     placeholder_token_id: int | None = None
     image_prefix_ids: tuple[int, ...] = ()
     image_suffix_ids: tuple[int, ...] = ()

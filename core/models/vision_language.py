@@ -1,5 +1,5 @@
 """A vision-language model (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Idefics3/SmolVLM, Qwen2-VL,
-Qwen2.5-VL, Gemma 3): a decoder that reads images, each turned into prompt embeddings by its
+Qwen2.5-VL, Qwen3-VL, Gemma 3): a decoder that reads images, each turned into prompt embeddings by its
 vision tower and projector (`clip_vision`, `idefics3_vision`, `qwen_vision`, `gemma3_vision`;
 LLaVA-NeXT's grid packed as `anyres` lays it out)."""
 
@@ -21,6 +21,7 @@ _ENCODERS = {
     "idefics3": Idefics3VisionEncoder,
     "qwen2_vl": QwenVisionEncoder,
     "qwen2_5_vl": QwenVisionEncoder,
+    "qwen3_vl": QwenVisionEncoder,
     "gemma3": Gemma3VisionEncoder,
 }
 

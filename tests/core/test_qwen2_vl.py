@@ -1,7 +1,9 @@
-"""Qwen2-VL and Qwen2.5-VL: images resized to a grid of patches (at about their own size), a
-tower with 2D rope (Qwen2.5-VL's within windows), merged patches, and a language model rotating
-by M-RoPE's three positions a token; checked against transformers' image processor and models on
-tiny random checkpoints, through chunked prefill, preemption and the prefix cache."""
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL: images resized to a grid of patches (at about their own
+size), a tower with 2D rope (Qwen2.5-VL's within windows; Qwen3-VL's with learned position
+embeddings and DeepStack features for the first layers), merged patches, and a language model
+rotating by M-RoPE's three positions a token (Qwen3-VL's interleaved); checked against
+transformers' image processor and models on tiny random checkpoints, through chunked prefill,
+preemption and the prefix cache."""
 
 import dataclasses
 import json
@@ -26,7 +28,7 @@ from tests.core.vision_reference import (
     prefix_cache_runs,
 )
 
-ARCHITECTURES = ["Qwen2VL", "Qwen2_5_VL"]
+ARCHITECTURES = ["Qwen2VL", "Qwen2_5_VL", "Qwen3VL"]
 GREEDY = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 PROMPT = f"<|im_start|>user\n{IMAGE}What is this?<|im_end|>\n<|im_start|>assistant\n"
@@ -104,9 +106,12 @@ def test_the_tower_gives_transformers_image_features(qwen):
     images = [noise_image(seed, size) for seed, size in enumerate(SIZES[:4])]
     expected = hf.images(images=images, return_tensors="pt")
     with torch.no_grad():
-        features = hf.model.model.get_image_features(
+        output = hf.model.model.get_image_features(
             expected["pixel_values"], expected["image_grid_thw"]
-        ).pooler_output
+        )
+    # Qwen3-VL's DeepStack features follow each token's own, side by side.
+    deepstack = getattr(output, "deepstack_features", None) or []
+    features = [torch.cat(per_image, dim=-1) for per_image in zip(output.pooler_output, *deepstack)]
     vision = llm.engine.arch.vision
     ours = llm.engine.runner.model.encode_images(
         [pixel_values(image, vision).values for image in images], [im.size for im in images]
@@ -140,19 +145,20 @@ def test_chat_renders_the_template_and_matches_transformers(qwen):
     assert_greedy_as_transformers(chat, hf.model, hf.inputs(PROMPT, [image]), 8)
 
 
-@pytest.fixture(scope="module")
-def qwen25(make_tiny_qwen2_vl):
-    path = make_tiny_qwen2_vl("Qwen2_5_VL")
+@pytest.fixture(scope="module", params=["Qwen2_5_VL", "Qwen3VL"])
+def later_qwen(request, make_tiny_qwen2_vl):
+    """Qwen2.5-VL's and Qwen3-VL's checkpoint directory and transformers' side."""
+    path = make_tiny_qwen2_vl(request.param)
     return path, HFQwen(path)
 
 
 @pytest.mark.parametrize("preempting", [False, True], ids=["chunked", "chunked+preempted"])
 def test_images_split_across_chunks_and_preemptions_match_transformers(
-    qwen25, count_preemptions, preempting
+    later_qwen, count_preemptions, preempting
 ):
     # Chunks of 7 tokens cut through images' rows; with 16 blocks of 8 for three requests of
     # 40 to 60 tokens, requests are preempted and recomputed (M-RoPE positions and all).
-    path, hf = qwen25
+    path, hf = later_qwen
     images = [noise_image(80 + i, size) for i, size in enumerate([(200, 150), (50, 20), (24, 60)])]
     blocks = 16 if preempting else None
     outputs = chunked_runs(path, PROMPT, images, 7, blocks, count_preemptions, 12)
@@ -160,8 +166,8 @@ def test_images_split_across_chunks_and_preemptions_match_transformers(
         assert_greedy_as_transformers(output, hf.model, hf.inputs(PROMPT, [image]), 12)
 
 
-def test_the_prefix_cache_tells_images_apart(qwen25):
-    path, hf = qwen25
+def test_the_prefix_cache_tells_images_apart(later_qwen):
+    path, hf = later_qwen
     first = noise_image(20)
     _, _, again = prefix_cache_runs(path, PROMPT, hf.pad, [first, noise_image(21), first])
     assert_greedy_as_transformers(again, hf.model, hf.inputs(PROMPT, [first]), 8)

@@ -44,8 +44,8 @@ from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.models import qwen_grid
 from spyglass.core.models.vision_config import VisionConfig
 
-# transformers' model types of Qwen2-VL and Qwen2.5-VL.
-_QWEN_TYPES = ("qwen2_vl", "qwen2_5_vl")
+# transformers' model types of Qwen2-VL, Qwen2.5-VL and Qwen3-VL.
+_QWEN_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 def add_parser(subparsers, argv) -> None:
