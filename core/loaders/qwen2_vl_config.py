@@ -126,6 +126,9 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
         raise ValueError(
             f"num_position_embeddings {tower['num_position_embeddings']} is no square grid."
         )
+    theta = (tower.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    if theta != 10000.0:
+        raise ValueError(f"the vision tower's rope base is {theta}; its 2D rope runs at 10000.")
     text_width = text_config(config)["hidden_size"]
     projector_size = tower["hidden_size"] if qwen2 else tower["out_hidden_size"]
     if projector_size != text_width:
