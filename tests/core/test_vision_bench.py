@@ -11,6 +11,7 @@ from spyglass.core.cli.bench.random_vlm import (
     write_random_gemma3,
     write_random_llava,
     write_random_qwen2_5_vl,
+    write_random_qwen3_vl,
     write_random_smolvlm,
 )
 from spyglass.core.cli.main import build_parser
@@ -128,3 +129,16 @@ def test_random_gemma3_agrees_with_transformers(tmp_path, capsys):
     assert result.num_identical == 3
     vision.report(args, result)
     assert "one image (8 tokens)" in capsys.readouterr().out
+
+
+def test_random_qwen3_vl_agrees_with_transformers(tmp_path, capsys):
+    # Images resized to at most 64 x 64 pixels: 4 x 4 patches of 16, merged into 2 x 2 tokens;
+    # position embeddings resampled from 48 x 48 to 4 x 4, DeepStack after both tower layers.
+    tower = TowerShape(image_size=64, patch_size=16, hidden_size=32, num_layers=2, num_heads=2)
+    model_dir = write_random_qwen3_vl(tmp_path / "qwen3", tower, 1, 0)
+    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", "3",
+            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
+    args = build_parser(argv).parse_args(argv)
+    result = vision.compare(args, model_dir)
+    assert (result.tiles_per_image, result.tokens_per_image) == (1, 4)
+    assert result.num_identical == 3

@@ -2,7 +2,8 @@
 (SmolLM2-135M's), with the default model's tokenizer plus the image tokens: a LLaVA (a CLIP
 tower), a LLaVA-NeXT (the same tower on a grid of tiles), an Idefics3 shaped as SmolVLM (a
 pixel-shuffled SigLIP tower on tiles), a Qwen2.5-VL (a windowed tower on merged patches, its
-language model rotating by M-RoPE) and a Gemma 3 (a SigLIP tower pooled 2 x 2, its image tokens
+language model rotating by M-RoPE), a Qwen3-VL (learned position embeddings, DeepStack,
+interleaved M-RoPE) and a Gemma 3 (a SigLIP tower pooled 2 x 2, its image tokens
 seeing their whole image, the language model as Gemma 3 of the same shape). What
 ``bench vision`` runs when no vision model is at hand (speed does not depend on the values)."""
 
@@ -185,6 +186,62 @@ def write_random_qwen2_5_vl(
     transformers.Qwen2_5_VLForConditionalGeneration(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     transformers.Qwen2VLImageProcessorPil(max_pixels=tower.image_size**2).save_pretrained(path)
+    return path
+
+
+def write_random_qwen3_vl(
+    path: Path, tower: TowerShape, text_layers: int | None, seed: int
+) -> Path:
+    """Save a random ``Qwen3VLForConditionalGeneration`` (float32): a tower of ``tower``'s width,
+    depth and patches merged 2 x 2, learned position embeddings on a 48 x 48 grid, DeepStack
+    after a quarter, a half and three quarters of its layers, before the default model's
+    language model shape as a Qwen3 rotating by interleaved M-RoPE (Qwen3-VL's sections, 3/8,
+    5/16 and 5/16 of the frequencies); images are resized to at most ``tower.image_size``
+    squared pixels. With its tokenizer and image processor config."""
+    import transformers
+
+    tokenizer, text = _text_model(QWEN_IMAGE_TOKENS, text_layers)
+    head_dim = text.hidden_size // text.num_attention_heads
+    half = head_dim // 2
+    sections = [half - 2 * (5 * half // 16), 5 * half // 16, 5 * half // 16]
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+    keys += ("num_attention_heads", "num_key_value_heads", "rms_norm_eps", "bos_token_id")
+    text_config = {key: getattr(text, key) for key in keys}
+    text_config.update(eos_token_id=text.eos_token_id, head_dim=head_dim)
+    text_config["rope_parameters"] = {
+        "rope_type": "default",
+        "mrope_section": sections,
+        "mrope_interleaved": True,
+        "rope_theta": text.rope_parameters["rope_theta"],
+    }
+    layers = tower.num_layers
+    ids = tokenizer.convert_tokens_to_ids
+    config = transformers.Qwen3VLConfig(
+        text_config=text_config,
+        vision_config=dict(
+            depth=layers,
+            hidden_size=tower.hidden_size,
+            intermediate_size=4 * tower.hidden_size,
+            num_heads=tower.num_heads,
+            patch_size=tower.patch_size,
+            out_hidden_size=text.hidden_size,
+            deepstack_visual_indexes=sorted({layers // 4, layers // 2, 3 * layers // 4}),
+        ),
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=text.tie_word_embeddings,
+    )
+    torch.manual_seed(seed)
+    transformers.Qwen3VLForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    transformers.Qwen2VLImageProcessorPil(
+        max_pixels=tower.image_size**2,
+        patch_size=tower.patch_size,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    ).save_pretrained(path)
     return path
 
 

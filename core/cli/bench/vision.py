@@ -30,6 +30,7 @@ from spyglass.core.cli.bench.random_vlm import (
     write_random_gemma3,
     write_random_llava,
     write_random_qwen2_5_vl,
+    write_random_qwen3_vl,
     write_random_smolvlm,
 )
 from spyglass.core.cli.bench.results import RunResult
@@ -62,7 +63,7 @@ def add_parser(subparsers, argv) -> None:
     shape = TowerShape()
     parser.add_argument(
         "--arch",
-        choices=["llava", "llava-next", "smolvlm", "qwen2.5-vl", "gemma3"],
+        choices=["llava", "llava-next", "smolvlm", "qwen2.5-vl", "qwen3-vl", "gemma3"],
         default="llava",
         help="the random model's layout",
     )
@@ -70,7 +71,7 @@ def add_parser(subparsers, argv) -> None:
         "--image-size",
         type=int,
         default=None,
-        help="the tower's input (224; smolvlm: 256-pixel tiles; qwen2.5-vl and gemma3: "
+        help="the tower's input (224; smolvlm: 256-pixel tiles; qwen2.5-vl, qwen3-vl and gemma3: "
         "448-pixel images)",
     )
     parser.add_argument("--grid", type=int, default=2, help="smolvlm: tiles a side of each image")
@@ -258,7 +259,9 @@ def run(args) -> int:
     if args.model is not None:
         report(args, compare(args, Path(args.model)))
         return 0
-    default_size = {"smolvlm": 256, "qwen2.5-vl": 448, "gemma3": 448}.get(args.arch, 224)
+    default_size = {"smolvlm": 256, "qwen2.5-vl": 448, "qwen3-vl": 448, "gemma3": 448}.get(
+        args.arch, 224
+    )
     tower = TowerShape(
         args.image_size or default_size, args.patch_size, num_layers=args.vision_layers
     )
@@ -269,6 +272,8 @@ def run(args) -> int:
             )
         elif args.arch == "qwen2.5-vl":
             model_dir = write_random_qwen2_5_vl(Path(scratch), tower, args.text_layers, args.seed)
+        elif args.arch == "qwen3-vl":
+            model_dir = write_random_qwen3_vl(Path(scratch), tower, args.text_layers, args.seed)
         elif args.arch == "gemma3":
             model_dir = write_random_gemma3(Path(scratch), tower, args.text_layers, args.seed)
         else:
