@@ -922,3 +922,67 @@ def tiny_gemma3_vision_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
     )
     transformers.Gemma3ImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(path)
     return path
+
+
+# A Mistral-style chat template that reads content parts and writes [IMG] for an image.
+MISTRAL3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}[INST]"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '[IMG]' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "[/INST]{% else %}{{ message['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral3_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
+    """A random ``Mistral3ForConditionalGeneration``: Pixtral's tower (2 layers, 4-pixel patches,
+    SiLU-gated MLPs) whose patches are merged 2 x 2, before a 2-layer Mistral; images scaled to
+    at most 64 pixels a side and rounded up to 8-pixel merged patches. Saved as transformers
+    saves it, with its image processor and the default model's tokenizer plus the image tokens
+    and `MISTRAL3_CHAT_TEMPLATE`."""
+    import copy
+
+    import transformers
+
+    tokenizer = copy.deepcopy(hf_gguf_tokenizer)
+    tokenizer.add_tokens(
+        ["[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]", "[/INST]"], special_tokens=True
+    )
+    tokenizer.chat_template = MISTRAL3_CHAT_TEMPLATE
+    torch.manual_seed(19)
+    text = dict(
+        **TINY_SHAPE,
+        model_type="mistral",
+        head_dim=16,
+        vocab_size=len(tokenizer),
+        sliding_window=None,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    tower = dict(
+        model_type="pixtral",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        head_dim=16,
+        image_size=64,
+        patch_size=4,
+        hidden_act="silu",
+    )
+    config = transformers.Mistral3Config(
+        text_config=text,
+        vision_config=tower,
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
+        spatial_merge_size=2,
+        tie_word_embeddings=False,
+    )
+    model = transformers.Mistral3ForConditionalGeneration(config)
+    path = _save_tiny(
+        _with_wide_weights(model), tokenizer, tmp_path_factory.mktemp("tiny_mistral3")
+    )
+    transformers.PixtralImageProcessorPil(
+        size={"longest_edge": 64}, patch_size={"height": 8, "width": 8}
+    ).save_pretrained(path)
+    return path

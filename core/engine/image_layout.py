@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from spyglass.core.engine.image_tiling import tile_grid
 from spyglass.core.engine.sampling_params import InvalidRequestError
-from spyglass.core.models import anyres, qwen_grid
+from spyglass.core.models import anyres, pixtral_grid, qwen_grid
 from spyglass.core.models.vision_config import VisionConfig
 
 
@@ -31,6 +31,8 @@ def image_layout(vision: VisionConfig, width: int, height: int, alone: bool = Tr
     prompt; Gemma 3's between its prefix and suffix tokens), or, for Idefics3, its tiles
     (`image_tiling.tile_grid`) and the global image as ``Idefics3Processor`` writes them.
     ValueError for an image Qwen2-VL cannot read (`qwen_grid.resized_size`)."""
+    if vision.tower == "pixtral":
+        return _pixtral_layout(vision, width, height)
     if vision.temporal_patch_size:
         rows, cols = qwen_grid.patch_grid(width, height, vision)
         count = rows * cols // vision.scale_factor**2
@@ -63,6 +65,21 @@ def image_layout(vision: VisionConfig, width: int, height: int, alone: bool = Tr
     tokens += (*run, tiles.fake_token_id)
     runs = tuple((at, len(run)) for at in offsets)
     return ImageLayout(tuple(tokens), runs, _tiles(vision, len(offsets)))
+
+
+def _pixtral_layout(vision: VisionConfig, width: int, height: int) -> ImageLayout:
+    """Mistral 3's: a row of image tokens per row of merged patches, each ended by a break, the
+    last by the image's end (``PixtralProcessor``), over the image at its resized size."""
+    rows, cols = pixtral_grid.token_grid(width, height, vision)
+    tokens: list[int] = []
+    runs = []
+    for row in range(rows):
+        runs.append((len(tokens), cols))
+        tokens += [vision.image_token_id] * cols
+        tokens.append(vision.row_break_token_id if row < rows - 1 else vision.image_end_token_id)
+    resized_width, resized_height = pixtral_grid.resized_size(width, height, vision)
+    pixels = (1, vision.num_channels, resized_height, resized_width)
+    return ImageLayout(tuple(tokens), tuple(runs), pixels)
 
 
 def checked_layout(

@@ -14,7 +14,7 @@ from spyglass.core.engine.image_inputs import ImagePixels
 from spyglass.core.engine.image_patches import image_patches
 from spyglass.core.engine.image_tiling import split_image
 from spyglass.core.engine.sampling_params import InvalidRequestError
-from spyglass.core.models import qwen_grid
+from spyglass.core.models import pixtral_grid, qwen_grid
 from spyglass.core.models.vision_config import VisionConfig
 
 MAX_IMAGE_PIXELS = 40_000_000
@@ -93,6 +93,11 @@ def pixel_values(image: Image.Image, vision: VisionConfig, alone: bool = True) -
     tile (without ``center_crop`` the size is the resize's); rescaled and normalized."""
     image = _to_rgb(image)
     original = image.size
+    if vision.tower == "pixtral":  # Mistral 3: at about its own size, one tile
+        resized = image.resize(
+            pixtral_grid.resized_size(*original, vision), resample=vision.resample
+        )
+        return ImagePixels(_normalized(np.array(resized)[None], vision), *original)
     if vision.temporal_patch_size:
         resized = image.resize(qwen_grid.resized_size(*original, vision), resample=vision.resample)
         pixels = _normalized(np.array(resized)[None], vision)[0]

@@ -8,7 +8,13 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from spyglass.core.loaders import gemma3_config, idefics3_config, llava_config, qwen2_vl_config
+from spyglass.core.loaders import (
+    gemma3_config,
+    idefics3_config,
+    llava_config,
+    mistral3_config,
+    qwen2_vl_config,
+)
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.hf_config import hf_family, read_arch
 from spyglass.core.loaders.pooling_config import sentence_transformers_pooling
@@ -21,8 +27,8 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
     """Load a model directory of any family in `core.models.registry`, converting weights to ``dtype``.
 
     Reads config.json (`hf_config.read_arch`; a vision model's language model and vision tower,
-    `llava_config`, `idefics3_config`, `qwen2_vl_config`, `gemma3_config`), every safetensors shard, and the
-    tokenizer.
+    `llava_config`, `idefics3_config`, `qwen2_vl_config`, `gemma3_config`, `mistral3_config`),
+    every safetensors shard, and the tokenizer.
     """
     path = Path(path)
     config_file = path / "config.json"
@@ -40,12 +46,16 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
         config = qwen2_vl_config.text_config(config)
     elif gemma3_config.is_gemma3_vision(config):
         config = gemma3_config.text_config(config)
+    elif mistral3_config.is_mistral3(config):
+        config = mistral3_config.text_config(config)
     hf_family(config)  # an unsupported class fails here, before the tokenizer and weights are read
     tokenizer = Tokenizer.from_hf_dir(path)
     if idefics3_config.is_idefics3(outer):
         vision = idefics3_config.vision_config(outer, path, tokenizer)
     elif gemma3_config.is_gemma3_vision(outer):
         vision = gemma3_config.vision_config(outer, path, tokenizer)
+    elif mistral3_config.is_mistral3(outer):
+        vision = mistral3_config.vision_config(outer, path, tokenizer)
     arch = dataclasses.replace(read_arch(config, tokenizer.eos_token_ids), vision=vision)
     pooling_type = sentence_transformers_pooling(path)
     if pooling_type is not None:
@@ -72,6 +82,8 @@ def check_supported(path: str | Path) -> None:
             config = qwen2_vl_config.text_config(config)
         elif gemma3_config.is_gemma3_vision(config):
             config = gemma3_config.text_config(config)
+        elif mistral3_config.is_mistral3(config):
+            config = mistral3_config.text_config(config)
         hf_family(config)
 
 
@@ -84,6 +96,7 @@ _NAMING = {
     "qwen2_5_vl": qwen2_vl_config,
     "qwen3_vl": qwen2_vl_config,
     "gemma3": llava_config,
+    "pixtral": llava_config,
 }
 
 

@@ -15,6 +15,7 @@ from spyglass.core.models import gemma, llama
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.clip_vision import vision_weight_names
 from spyglass.core.models.model_config import ModelArchConfig
+from spyglass.core.models.pixtral_vision import pixtral_weight_names
 from spyglass.core.models.qwen_vision import qwen_vision_weight_names
 from spyglass.core.models.vision_language import vision_language_model
 from spyglass.kernels.backend import AttentionBackend
@@ -222,6 +223,8 @@ def model_weight_names(arch: ModelArchConfig) -> set[str]:
         return names
     if arch.vision.temporal_patch_size:
         return names | qwen_vision_weight_names(arch.vision)
+    if arch.vision.tower == "pixtral":
+        return names | pixtral_weight_names(arch.vision)
     return names | vision_weight_names(arch.vision)
 
 

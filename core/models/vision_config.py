@@ -13,7 +13,7 @@ FEATURE_SELECTS = ("default", "full")
 """Which of the tower's positions become image tokens: all but the first (CLIP's class token),
 or all."""
 
-TOWERS = ("clip", "siglip", "idefics3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3")
+TOWERS = ("clip", "siglip", "idefics3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "pixtral")
 """The vision towers that run: CLIP's (a class token, a LayerNorm before the layers), SigLIP's
 (patches only, a bias on the patch embedding, an attention-pooling head LLaVA ignores) and
 Idefics3's (SigLIP's layers, all of them, then its final LayerNorm, a pixel shuffle merging
@@ -24,7 +24,10 @@ at (about) its own size and merges ``scale_factor`` x ``scale_factor`` patches i
 Qwen3-VL's (``qwen3_vl``) adds learned position embeddings resampled to each image's grid, and
 its DeepStack mergers give the language model's first layers more of each image. Gemma 3's
 (``gemma3``) is SigLIP's, every layer and its final LayerNorm, then each ``scale_factor`` x
-``scale_factor`` square of patches averaged into one token, RMS-normalized and projected."""
+``scale_factor`` square of patches averaged into one token, RMS-normalized and projected.
+Mistral 3's Pixtral (``pixtral``) reads an image at (about) its own size, its longer side at most
+``image_size``: RMSNorm layers with 2D rope and gated MLPs, then a norm, a learned merge of
+``scale_factor`` x ``scale_factor`` patches and a two-layer MLP."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +51,9 @@ class VisionConfig:
     windows of ``window_size`` pixels. Qwen3-VL's learned position embeddings are a
     ``position_grid`` x ``position_grid`` table; the outputs of its ``deepstack_layers``, each
     merged by a merger of its own, are added to the image tokens' hidden states after the
-    language model's first layers, one a layer.
+    language model's first layers, one a layer. Pixtral rotates by ``rope_theta`` and its
+    projector normalizes with ``projector_norm_eps``; a row of its image's tokens ends with
+    ``row_break_token_id``, the last with ``image_end_token_id``.
 
     The prompt: a ``placeholder_token_id`` (None: ``image_token_id``) marks where each image goes
     and becomes its tokens (`image_layout`), between ``image_prefix_ids`` and
@@ -100,6 +105,10 @@ class VisionConfig:
     full_attention_layers: tuple[int, ...] = ()
     position_grid: int = 0
     deepstack_layers: tuple[int, ...] = ()
+    rope_theta: float = 10000.0
+    projector_norm_eps: float = 1e-5
+    row_break_token_id: int | None = None
+    image_end_token_id: int | None = None
     placeholder_token_id: int | None = None
     image_prefix_ids: tuple[int, ...] = ()
     image_suffix_ids: tuple[int, ...] = ()

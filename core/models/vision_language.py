@@ -1,6 +1,6 @@
 """A vision-language model (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Idefics3/SmolVLM, Qwen2-VL,
-Qwen2.5-VL, Qwen3-VL, Gemma 3): a decoder that reads images, each turned into prompt embeddings by its
-vision tower and projector (`clip_vision`, `idefics3_vision`, `qwen_vision`, `gemma3_vision`;
+Qwen2.5-VL, Qwen3-VL, Gemma 3, Mistral 3): a decoder that reads images, each turned into prompt embeddings by its
+vision tower and projector (`clip_vision`, `idefics3_vision`, `qwen_vision`, `gemma3_vision`, `pixtral_vision`;
 LLaVA-NeXT's grid packed as `anyres` lays it out)."""
 
 import torch
@@ -13,6 +13,7 @@ from spyglass.core.models.gemma3_vision import Gemma3VisionEncoder
 from spyglass.core.models.idefics3_vision import Idefics3VisionEncoder
 from spyglass.core.models.llama import LlamaForCausalLM
 from spyglass.core.models.model_config import ModelArchConfig
+from spyglass.core.models.pixtral_vision import PixtralVisionEncoder
 from spyglass.core.models.qwen_vision import QwenVisionEncoder
 from spyglass.kernels.backend import AttentionBackend
 
@@ -23,6 +24,7 @@ _ENCODERS = {
     "qwen2_5_vl": QwenVisionEncoder,
     "qwen3_vl": QwenVisionEncoder,
     "gemma3": Gemma3VisionEncoder,
+    "pixtral": PixtralVisionEncoder,
 }
 
 
@@ -57,6 +59,8 @@ class ImageEncoding:
         patches ``[patches, patch_pixels]``) and its own ``(width, height)``; the tiles of all
         the images run the tower together."""
         vision = self.arch.vision
+        if vision.tower == "pixtral":  # images of their own sizes, one tile each
+            return self.vision(pixel_values)
         if vision.temporal_patch_size:
             grids = [qwen_grid.patch_grid(*size, vision) for size in sizes]
             patches = torch.cat(pixel_values).to(self.final_norm.device)
