@@ -42,13 +42,15 @@ def is_mistral3(config: dict) -> bool:
 
 def text_config(config: dict) -> dict:
     """The language model's config, naming its family's causal LM class (tying is the outer
-    config's say, as in transformers); ValueError for a family other than the Llama-style ones."""
+    config's say where it has one, as for LLaVA); ValueError for a family other than the
+    Llama-style ones."""
     text = dict(config.get("text_config") or {})
     model_type = text.get("model_type", "mistral")
     family = next((f for f in FAMILIES if f.architecture == model_type), None)
     if family is None or family.model_class.__name__ != "LlamaForCausalLM":
         raise ValueError(f"Unsupported {MISTRAL3_CLASS} variant: a {model_type!r} language model.")
-    text["tie_word_embeddings"] = config.get("tie_word_embeddings", False)
+    if "tie_word_embeddings" in config:
+        text["tie_word_embeddings"] = config["tie_word_embeddings"]
     return {**text, "architectures": [family.hf_class]}
 
 
