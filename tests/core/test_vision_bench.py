@@ -10,6 +10,7 @@ from spyglass.core.cli.bench.random_vlm import (
     TowerShape,
     write_random_gemma3,
     write_random_llava,
+    write_random_mistral3,
     write_random_qwen2_5_vl,
     write_random_qwen3_vl,
     write_random_smolvlm,
@@ -141,4 +142,17 @@ def test_random_qwen3_vl_agrees_with_transformers(tmp_path, capsys):
     args = build_parser(argv).parse_args(argv)
     result = vision.compare(args, model_dir)
     assert (result.tiles_per_image, result.tokens_per_image) == (1, 4)
+    assert result.num_identical == 3
+
+
+def test_random_mistral3_agrees_with_transformers(tmp_path, capsys):
+    # 64-pixel square images in 8-pixel patches merged 2 x 2: 4 rows of 4 [IMG] tokens, each
+    # row ended by a break (the last by the image's end).
+    tower = TowerShape(image_size=64, patch_size=8, hidden_size=32, num_layers=2, num_heads=2)
+    model_dir = write_random_mistral3(tmp_path / "mistral3", tower, 1, 0)
+    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", "3",
+            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
+    args = build_parser(argv).parse_args(argv)
+    result = vision.compare(args, model_dir)
+    assert (result.tiles_per_image, result.tokens_per_image) == (1, 20)
     assert result.num_identical == 3

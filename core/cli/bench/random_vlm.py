@@ -3,9 +3,10 @@
 tower), a LLaVA-NeXT (the same tower on a grid of tiles), an Idefics3 shaped as SmolVLM (a
 pixel-shuffled SigLIP tower on tiles), a Qwen2.5-VL (a windowed tower on merged patches, its
 language model rotating by M-RoPE), a Qwen3-VL (learned position embeddings, DeepStack,
-interleaved M-RoPE) and a Gemma 3 (a SigLIP tower pooled 2 x 2, its image tokens
-seeing their whole image, the language model as Gemma 3 of the same shape). What
-``bench vision`` runs when no vision model is at hand (speed does not depend on the values)."""
+interleaved M-RoPE), a Mistral 3 (Pixtral's tower, images at their own size) and a Gemma 3 (a
+SigLIP tower pooled 2 x 2, its image tokens seeing their whole image, the language model as
+Gemma 3 of the same shape). What ``bench vision`` runs when no vision model is at hand (speed
+does not depend on the values)."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from spyglass.core.loaders.gguf_loader import load_gguf
 IMAGE_TOKEN = "<image>"
 # Qwen2-VL's image placeholder and the tokens around it.
 QWEN_IMAGE_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+# Mistral 3's image token, row break and image end.
+PIXTRAL_IMAGE_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 # Gemma 3's image start, end and soft tokens.
 GEMMA3_IMAGE_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 # Idefics3's prompt tokens around tiles, and SmolVLM's end of turn.
@@ -241,6 +244,42 @@ def write_random_qwen3_vl(
         patch_size=tower.patch_size,
         image_mean=[0.5] * 3,
         image_std=[0.5] * 3,
+    ).save_pretrained(path)
+    return path
+
+
+def write_random_mistral3(
+    path: Path, tower: TowerShape, text_layers: int | None, seed: int
+) -> Path:
+    """Save a random ``Mistral3ForConditionalGeneration`` (float32): a Pixtral tower of
+    ``tower``'s shape (SiLU-gated MLPs) whose patches are merged 2 x 2, before the default
+    model's language model shape as a Mistral; images are scaled to at most ``tower.image_size``
+    pixels a side. With its tokenizer and image processor config."""
+    import transformers
+
+    tokenizer, text = _text_model(PIXTRAL_IMAGE_TOKENS, text_layers)
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+    keys += ("num_attention_heads", "num_key_value_heads", "rms_norm_eps", "bos_token_id")
+    text_config = {key: getattr(text, key) for key in keys}
+    text_config.update(
+        model_type="mistral",
+        eos_token_id=text.eos_token_id,
+        head_dim=text.hidden_size // text.num_attention_heads,
+        sliding_window=None,
+    )
+    config = transformers.Mistral3Config(
+        text_config=text_config,
+        vision_config=dict(model_type="pixtral", **_tower_fields(tower), hidden_act="silu"),
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
+        spatial_merge_size=2,
+        tie_word_embeddings=text.tie_word_embeddings,
+    )
+    torch.manual_seed(seed)
+    transformers.Mistral3ForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    merged = 2 * tower.patch_size
+    transformers.PixtralImageProcessorPil(
+        size={"longest_edge": tower.image_size}, patch_size={"height": merged, "width": merged}
     ).save_pretrained(path)
     return path
 

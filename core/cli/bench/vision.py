@@ -29,6 +29,7 @@ from spyglass.core.cli.bench.random_vlm import (
     TowerShape,
     write_random_gemma3,
     write_random_llava,
+    write_random_mistral3,
     write_random_qwen2_5_vl,
     write_random_qwen3_vl,
     write_random_smolvlm,
@@ -63,7 +64,7 @@ def add_parser(subparsers, argv) -> None:
     shape = TowerShape()
     parser.add_argument(
         "--arch",
-        choices=["llava", "llava-next", "smolvlm", "qwen2.5-vl", "qwen3-vl", "gemma3"],
+        choices=["llava", "llava-next", "smolvlm", "qwen2.5-vl", "qwen3-vl", "mistral3", "gemma3"],
         default="llava",
         help="the random model's layout",
     )
@@ -71,8 +72,8 @@ def add_parser(subparsers, argv) -> None:
         "--image-size",
         type=int,
         default=None,
-        help="the tower's input (224; smolvlm: 256-pixel tiles; qwen2.5-vl, qwen3-vl and gemma3: "
-        "448-pixel images)",
+        help="the tower's input (224; smolvlm: 256-pixel tiles; qwen2.5-vl, qwen3-vl, mistral3 "
+        "and gemma3: 448-pixel images)",
     )
     parser.add_argument("--grid", type=int, default=2, help="smolvlm: tiles a side of each image")
     parser.add_argument("--patch-size", type=int, default=shape.patch_size)
@@ -177,11 +178,13 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConf
     for first in range(0, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
         input_ids = torch.tensor([token_ids for token_ids, _ in batch])
-        # LLaVA, Qwen2-VL and Gemma 3 take [images, ...] (Qwen2-VL's patches, with each image's
-        # grid and which tokens are images'; Gemma 3 which tokens are images'); LLaVA-NeXT and
-        # Idefics3 [prompts, tiles, ...] (LLaVA-NeXT with each image's (height, width)).
+        # LLaVA, Qwen2-VL, Gemma 3 and Mistral 3 take [images, ...] (Qwen2-VL's patches, with
+        # each image's grid and which tokens are images'; Gemma 3 which tokens are images';
+        # Mistral 3 each image's processed (height, width)); LLaVA-NeXT and Idefics3 [prompts,
+        # tiles, ...] (LLaVA-NeXT with each image's (height, width)).
         model_type = model.config.model_type
-        join = torch.cat if model_type in ("llava", "gemma3", *_QWEN_TYPES) else torch.stack
+        flat = ("llava", "gemma3", "mistral3", *_QWEN_TYPES)
+        join = torch.cat if model_type in flat else torch.stack
         pixels = join([images[0].pixel_values for _, images in batch])
         extra = {}
         if model_type == "llava_next":
@@ -191,6 +194,9 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConf
             grids = [qwen_grid.patch_grid(*images[0].size, vision) for _, images in batch]
             extra["image_grid_thw"] = torch.tensor([[1, *grid] for grid in grids])
             extra["mm_token_type_ids"] = (input_ids == vision.image_token_id).int()
+        if model_type == "mistral3":
+            sizes = [images[0].pixel_values.shape[-2:] for _, images in batch]
+            extra["image_sizes"] = torch.tensor([list(size) for size in sizes])
         if model_type == "gemma3":
             extra["token_type_ids"] = (input_ids == vision.image_token_id).long()
         with torch.inference_mode():
@@ -259,9 +265,8 @@ def run(args) -> int:
     if args.model is not None:
         report(args, compare(args, Path(args.model)))
         return 0
-    default_size = {"smolvlm": 256, "qwen2.5-vl": 448, "qwen3-vl": 448, "gemma3": 448}.get(
-        args.arch, 224
-    )
+    sizes = {"smolvlm": 256, "qwen2.5-vl": 448, "qwen3-vl": 448, "mistral3": 448, "gemma3": 448}
+    default_size = sizes.get(args.arch, 224)
     tower = TowerShape(
         args.image_size or default_size, args.patch_size, num_layers=args.vision_layers
     )
@@ -274,6 +279,8 @@ def run(args) -> int:
             model_dir = write_random_qwen2_5_vl(Path(scratch), tower, args.text_layers, args.seed)
         elif args.arch == "qwen3-vl":
             model_dir = write_random_qwen3_vl(Path(scratch), tower, args.text_layers, args.seed)
+        elif args.arch == "mistral3":
+            model_dir = write_random_mistral3(Path(scratch), tower, args.text_layers, args.seed)
         elif args.arch == "gemma3":
             model_dir = write_random_gemma3(Path(scratch), tower, args.text_layers, args.seed)
         else:
