@@ -594,21 +594,10 @@ def paged_attention(
     through the unified kernel. A step with ``visible_ends`` (one that computes Gemma 3's image
     tokens: eager, a prompt's few) goes through the torch reference, which reads this cache layout.
     """
+    args = (query, k_cache, v_cache, block_tables, context_lens, query_start_loc)
+    args += (max_query_len, max_context_len, scale, sliding_window, softcap)
     if visible_ends is not None:
-        return torch_attention.paged_attention(
-            query,
-            k_cache,
-            v_cache,
-            block_tables,
-            context_lens,
-            query_start_loc,
-            max_query_len,
-            max_context_len,
-            scale,
-            sliding_window,
-            softcap,
-            visible_ends,
-        )
+        return torch_attention.paged_attention(*args, visible_ends)
     num_reqs = block_tables.shape[0]
     # A window bounds how much of a context any decode reads.
     attended_len = min(max_context_len, sliding_window or max_context_len)
@@ -632,16 +621,4 @@ def paged_attention(
             sliding_window,
             softcap,
         )
-    return unified_attention(
-        query,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        query_start_loc,
-        max_query_len,
-        max_context_len,
-        scale,
-        sliding_window,
-        softcap,
-    )
+    return unified_attention(*args)

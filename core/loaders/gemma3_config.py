@@ -2,7 +2,7 @@
 as a ``Gemma3ForCausalLM`` config.json, the `VisionConfig` of its SigLIP tower, projector, image
 processor and image tokens; its checkpoint's parameter names are LLaVA's (`llava_config`)."""
 
-from spyglass.core.loaders.image_processor_config import image_processor_config
+from spyglass.core.loaders.image_processor_config import image_processor_config, pixel_scaling
 from spyglass.core.loaders.llava_config import check_steps_on
 from spyglass.core.models.vision_config import VisionConfig
 from spyglass.core.tokenizer import Tokenizer
@@ -107,10 +107,7 @@ def vision_config(config: dict, model_dir, tokenizer: Tokenizer) -> VisionConfig
         feature_layer=-1,
         feature_select="full",
         center_crop=False,
-        resample=processor["resample"],
-        rescale_factor=processor["rescale_factor"],
-        image_mean=tuple(processor["image_mean"]),
-        image_std=tuple(processor["image_std"]),
+        **pixel_scaling(processor),
         scale_factor=side // per_side,
         placeholder_token_id=boi,
         image_prefix_ids=(*newlines, boi),

@@ -6,7 +6,7 @@ use."""
 
 from pathlib import Path
 
-from spyglass.core.loaders.image_processor_config import image_processor_config
+from spyglass.core.loaders.image_processor_config import image_processor_config, pixel_scaling
 from spyglass.core.loaders.llava_config import (
     LLAMA_DEFAULTS,
     check_steps_on,
@@ -113,10 +113,7 @@ def vision_config(config: dict, model_dir: Path, tokenizer: Tokenizer) -> Vision
         feature_layer=-1,
         feature_select="full",
         center_crop=False,
-        resample=processor["resample"],
-        rescale_factor=processor["rescale_factor"],
-        image_mean=tuple(processor["image_mean"]),
-        image_std=tuple(processor["image_std"]),
+        **pixel_scaling(processor),
         scale_factor=config.get("scale_factor", 2),
         tiles=tiles,
     )

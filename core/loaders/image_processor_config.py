@@ -18,3 +18,15 @@ def image_processor_config(model_dir: Path) -> dict:
             if key is None or key in saved:
                 return saved if key is None else saved[key]
     return {}
+
+
+def pixel_scaling(processor: dict) -> dict:
+    """The `VisionConfig` fields of an image processor's resampling and scaling: ``resample``,
+    ``rescale_factor``, ``image_mean`` and ``image_std`` (its config's, over the defaults it
+    holds)."""
+    return {
+        "resample": processor["resample"],
+        "rescale_factor": processor["rescale_factor"],
+        "image_mean": tuple(processor["image_mean"]),
+        "image_std": tuple(processor["image_std"]),
+    }

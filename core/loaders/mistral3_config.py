@@ -5,7 +5,7 @@ checkpoint's parameter names are LLaVA's (`llava_config`)."""
 
 from pathlib import Path
 
-from spyglass.core.loaders.image_processor_config import image_processor_config
+from spyglass.core.loaders.image_processor_config import image_processor_config, pixel_scaling
 from spyglass.core.loaders.llava_config import check_steps_on
 from spyglass.core.models.registry import FAMILIES
 from spyglass.core.models.vision_config import VisionConfig
@@ -91,10 +91,7 @@ def vision_config(config: dict, model_dir: Path, tokenizer: Tokenizer) -> Vision
         projector_act=config.get("projector_hidden_act", "gelu"),
         projector_bias=config.get("multimodal_projector_bias", False),
         center_crop=False,
-        resample=processor["resample"],
-        rescale_factor=processor["rescale_factor"],
-        image_mean=tuple(processor["image_mean"]),
-        image_std=tuple(processor["image_std"]),
+        **pixel_scaling(processor),
         scale_factor=config.get("spatial_merge_size", 2),
         rope_theta=(tower.get("rope_parameters") or {}).get(
             "rope_theta", tower.get("rope_theta", 10000.0)

@@ -6,7 +6,7 @@ checkpoint's parameter names mapped to the ones the models use."""
 
 from pathlib import Path
 
-from spyglass.core.loaders.image_processor_config import image_processor_config
+from spyglass.core.loaders.image_processor_config import image_processor_config, pixel_scaling
 from spyglass.core.loaders.llava_config import check_steps_on, with_prefixes_renamed
 from spyglass.core.models.vision_config import VisionConfig
 
@@ -153,10 +153,7 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
         feature_layer=-1,
         feature_select="full",
         center_crop=False,
-        resample=processor["resample"],
-        rescale_factor=processor["rescale_factor"],
-        image_mean=tuple(processor["image_mean"]),
-        image_std=tuple(processor["image_std"]),
+        **pixel_scaling(processor),
         scale_factor=merge,
         temporal_patch_size=frames,
         min_pixels=min_pixels,

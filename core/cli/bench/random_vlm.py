@@ -69,6 +69,13 @@ def _text_model(extra_tokens: list[str], text_layers: int | None):
     return tokenizer, text
 
 
+def _text_fields(text) -> dict:
+    """The shape and special tokens of `_text_model`'s config, as a text_config's keys."""
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+    keys += ("num_attention_heads", "num_key_value_heads", "rms_norm_eps", "bos_token_id")
+    return {key: getattr(text, key) for key in (*keys, "eos_token_id")}
+
+
 def _tower_fields(tower: TowerShape) -> dict:
     return dict(
         hidden_size=tower.hidden_size,
@@ -159,10 +166,7 @@ def write_random_qwen2_5_vl(
     tokenizer, text = _text_model(QWEN_IMAGE_TOKENS, text_layers)
     half = text.hidden_size // text.num_attention_heads // 2
     sections = [half // 4, 3 * half // 8, half - half // 4 - 3 * half // 8]
-    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
-    keys += ("num_attention_heads", "num_key_value_heads", "rms_norm_eps", "bos_token_id")
-    text_config = {key: getattr(text, key) for key in keys}
-    text_config["eos_token_id"] = text.eos_token_id
+    text_config = _text_fields(text)
     text_config["rope_parameters"] = {
         "rope_type": "default",
         "mrope_section": sections,
@@ -207,10 +211,8 @@ def write_random_qwen3_vl(
     head_dim = text.hidden_size // text.num_attention_heads
     half = head_dim // 2
     sections = [half - 2 * (5 * half // 16), 5 * half // 16, 5 * half // 16]
-    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
-    keys += ("num_attention_heads", "num_key_value_heads", "rms_norm_eps", "bos_token_id")
-    text_config = {key: getattr(text, key) for key in keys}
-    text_config.update(eos_token_id=text.eos_token_id, head_dim=head_dim)
+    text_config = _text_fields(text)
+    text_config["head_dim"] = head_dim
     text_config["rope_parameters"] = {
         "rope_type": "default",
         "mrope_section": sections,
@@ -258,12 +260,9 @@ def write_random_mistral3(
     import transformers
 
     tokenizer, text = _text_model(PIXTRAL_IMAGE_TOKENS, text_layers)
-    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
-    keys += ("num_attention_heads", "num_key_value_heads", "rms_norm_eps", "bos_token_id")
-    text_config = {key: getattr(text, key) for key in keys}
+    text_config = _text_fields(text)
     text_config.update(
         model_type="mistral",
-        eos_token_id=text.eos_token_id,
         head_dim=text.hidden_size // text.num_attention_heads,
         sliding_window=None,
     )
@@ -292,12 +291,9 @@ def write_random_gemma3(path: Path, tower: TowerShape, text_layers: int | None, 
     import transformers
 
     tokenizer, text = _text_model(GEMMA3_IMAGE_TOKENS, text_layers)
-    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
-    keys += ("num_attention_heads", "num_key_value_heads", "rms_norm_eps", "bos_token_id")
     head_dim = text.hidden_size // text.num_attention_heads
-    text_config = {key: getattr(text, key) for key in keys}
+    text_config = _text_fields(text)
     text_config.update(
-        eos_token_id=text.eos_token_id,
         head_dim=head_dim,
         query_pre_attn_scalar=head_dim,
         sliding_window=512,
