@@ -7,19 +7,19 @@ import dataclasses
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from spyglass.core.engine.image_preprocess import pixel_values
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.engine.sched.image_chunks import chunk_within_images
 from spyglass.core.llm import LLM
-from spyglass.core.loaders.hf_loader import load_hf_dir
 from tests.core.vision_reference import (
     assert_greedy_as_transformers,
+    assert_loads_alike,
     chunked_runs,
     data_url,
     noise_image,
     prefix_cache_runs,
+    renamed_copy,
 )
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
@@ -232,27 +232,10 @@ def test_images_placed_wrong_are_refused(gemma3):
 def test_checkpoints_named_as_in_memory_load_the_same_weights(tiny_gemma3_vision_dir, tmp_path):
     # transformers saves the Hub's names (language_model.model., vision_tower.vision_model.);
     # its in-memory names (model.language_model., model.vision_tower.) load the same.
-    import shutil
-
-    for item in tiny_gemma3_vision_dir.iterdir():
-        if item.suffix != ".safetensors":
-            shutil.copy(item, tmp_path / item.name)
     renames = [
         ("language_model.model.", "model.language_model."),
         ("vision_tower.", "model.vision_tower."),
         ("multi_modal_projector.", "model.multi_modal_projector."),
     ]
-    weights = {}
-    for name, tensor in load_file(tiny_gemma3_vision_dir / "model.safetensors").items():
-        for old, new in renames:
-            if name.startswith(old):
-                name = new + name[len(old) :]
-                break
-        weights[name] = tensor
-    save_file(weights, tmp_path / "model.safetensors")
-    ours = load_hf_dir(tmp_path, torch.float32)
-    hub = load_hf_dir(tiny_gemma3_vision_dir, torch.float32)
-    assert ours.weights.keys() == hub.weights.keys()
-    for name, tensor in hub.weights.items():
-        assert torch.equal(ours.weights[name], tensor), name
-    assert ours.arch == hub.arch
+    in_memory = renamed_copy(tiny_gemma3_vision_dir, tmp_path / "in_memory", renames)
+    assert_loads_alike(in_memory, tiny_gemma3_vision_dir)

@@ -4,22 +4,21 @@ image; checked against transformers' image processor, processor and model on a t
 checkpoint, through chunked prefill, preemption and the prefix cache."""
 
 import dataclasses
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from spyglass.core.engine.image_preprocess import pixel_values
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.llm import LLM
-from spyglass.core.loaders.hf_loader import load_hf_dir
 from tests.core.vision_reference import (
     assert_greedy_as_transformers,
+    assert_loads_alike,
     chunked_runs,
     data_url,
     noise_image,
     prefix_cache_runs,
+    renamed_copy,
 )
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
@@ -193,26 +192,11 @@ def test_images_placed_wrong_are_refused(mistral3):
 def test_checkpoints_named_as_in_memory_load_the_same_weights(tiny_mistral3_dir, tmp_path):
     # transformers saves the Hub's names (language_model.model., vision_tower.,
     # multi_modal_projector.); its in-memory names (model.language_model., ...) load the same.
-    for item in tiny_mistral3_dir.iterdir():
-        if item.suffix != ".safetensors":
-            shutil.copy(item, tmp_path / item.name)
     renames = [
         ("language_model.model.", "model.language_model."),
         ("language_model.lm_head.", "lm_head."),
         ("vision_tower.", "model.vision_tower."),
         ("multi_modal_projector.", "model.multi_modal_projector."),
     ]
-    weights = {}
-    for name, tensor in load_file(tiny_mistral3_dir / "model.safetensors").items():
-        for old, new in renames:
-            if name.startswith(old):
-                name = new + name[len(old) :]
-                break
-        weights[name] = tensor
-    save_file(weights, tmp_path / "model.safetensors")
-    ours = load_hf_dir(tmp_path, torch.float32)
-    hub = load_hf_dir(tiny_mistral3_dir, torch.float32)
-    assert ours.weights.keys() == hub.weights.keys()
-    for name, tensor in hub.weights.items():
-        assert torch.equal(ours.weights[name], tensor), name
-    assert ours.arch == hub.arch
+    in_memory = renamed_copy(tiny_mistral3_dir, tmp_path / "in_memory", renames)
+    assert_loads_alike(in_memory, tiny_mistral3_dir)

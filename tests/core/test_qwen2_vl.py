@@ -12,7 +12,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from spyglass.core.engine.image_preprocess import pixel_values
 from spyglass.core.engine.mrope_positions import prompt_positions
@@ -22,10 +21,12 @@ from spyglass.core.llm import LLM
 from spyglass.core.loaders.hf_loader import load_hf_dir
 from tests.core.vision_reference import (
     assert_greedy_as_transformers,
+    assert_loads_alike,
     chunked_runs,
     data_url,
     noise_image,
     prefix_cache_runs,
+    renamed_copy,
 )
 
 ARCHITECTURES = ["Qwen2VL", "Qwen2_5_VL", "Qwen3VL"]
@@ -208,28 +209,17 @@ def test_checkpoints_as_the_hub_ships_them_load(make_tiny_qwen2_vl, tmp_path):
     """The Hub's Qwen2-VL directories: a flat config.json (the language model's keys at the top,
     ``rope_scaling`` of type ``mrope``) and ``visual.`` / ``model.`` parameter names."""
     saved = make_tiny_qwen2_vl("Qwen2VL")
-    hub = shutil.copytree(saved, tmp_path / "hub")
+    renames = (("model.language_model.", "model."), ("model.visual.", "visual."))
+    hub = renamed_copy(saved, tmp_path / "hub", renames)
     config = json.loads((hub / "config.json").read_text())
     text = config.pop("text_config")
     rope = text.pop("rope_parameters")
     config.update(text, rope_theta=rope.pop("rope_theta"), rope_scaling={"type": "mrope", **rope})
     del config["rope_scaling"]["rope_type"]
     (hub / "config.json").write_text(json.dumps(config))
-    renames = (("model.language_model.", "model."), ("model.visual.", "visual."))
-    for shard in hub.glob("*.safetensors"):
-        tensors = load_file(shard)
-        for old, new in renames:
-            tensors = {
-                (new + name[len(old) :] if name.startswith(old) else name): t
-                for name, t in tensors.items()
-            }
-        save_file(tensors, shard, metadata={"format": "pt"})
-    ours, theirs = (load_hf_dir(path, torch.float32) for path in (hub, saved))
-    assert ours.arch == theirs.arch
-    assert ours.arch.rope_scaling == {"rope_type": "mrope", "mrope_section": [2, 3, 3]}
-    assert ours.weights.keys() == theirs.weights.keys()
-    for name, tensor in ours.weights.items():
-        assert torch.equal(tensor, theirs.weights[name]), name
+    assert_loads_alike(hub, saved)
+    rope = load_hf_dir(hub, torch.float32).arch.rope_scaling
+    assert rope == {"rope_type": "mrope", "mrope_section": [2, 3, 3]}
 
 
 def test_checkpoints_that_do_not_run_here_are_refused_naming_why(make_tiny_qwen2_vl, tmp_path):

@@ -22,6 +22,15 @@ from spyglass.core.llm import LLM
 TINY = ["--device", "cpu", "--kv-cache-memory", "16MiB", "--num-threads", "1"]
 
 
+def _compared(model_dir: Path, num_prompts: int = 3):
+    """The parsed ``bench vision`` options and its comparison on ``model_dir``: a few prompts of
+    6 text tokens and an image, 4 tokens out, one run a side, HF in batches of 2."""
+    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", str(num_prompts),
+            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
+    args = build_parser(argv).parse_args(argv)
+    return args, vision.compare(args, model_dir)
+
+
 def test_bench_vision_times_both_sides_and_they_agree(tiny_llava_dir, capsys):
     # 8-token chunks split each 16-token image between steps.
     argv = ["bench", "vision", "--model", str(tiny_llava_dir), *TINY, "--num-prompts", "5",
@@ -46,10 +55,7 @@ def test_bench_vision_times_both_sides_and_they_agree(tiny_llava_dir, capsys):
 
 
 def test_bench_vision_on_tiles_agrees_with_transformers(tiny_idefics3_dir, capsys):
-    argv = ["bench", "vision", "--model", str(tiny_idefics3_dir), *TINY, "--num-prompts", "3",
-            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
-    args = build_parser(argv).parse_args(argv)
-    result = vision.compare(args, Path(args.model))
+    args, result = _compared(tiny_idefics3_dir)
     # A 60-pixel square image: 3 x 3 tiles and the global one, 4 tokens each, with their markers.
     assert (result.tiles_per_image, result.tokens_per_image) == (10, 64)
     assert result.num_identical == 3
@@ -81,10 +87,7 @@ def test_the_random_models_load_and_read_images(tmp_path, arch):
 
 
 def test_bench_vision_on_llava_next_agrees_with_transformers(tiny_llava_next_dir):
-    argv = ["bench", "vision", "--model", str(tiny_llava_next_dir), *TINY, "--num-prompts", "2",
-            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
-    args = build_parser(argv).parse_args(argv)
-    result = vision.compare(args, Path(args.model))
+    _, result = _compared(tiny_llava_next_dir, num_prompts=2)
     # A 64-pixel square: the base tile and a 2 x 2 grid; 16 + 8 x 9 tokens.
     assert (result.tiles_per_image, result.tokens_per_image) == (5, 88)
     assert result.num_identical == 2
@@ -95,10 +98,7 @@ def test_random_llava_next_with_a_tied_text_config_agrees_with_transformers(tmp_
     # model (its own default): the checkpoint holds an lm_head, which must be read, not tied.
     tower = TowerShape(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2)
     model_dir = write_random_llava(tmp_path / "next", tower, 1, 0, next_=True)
-    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", "2",
-            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
-    args = build_parser(argv).parse_args(argv)
-    assert vision.compare(args, model_dir).num_identical == 2
+    assert _compared(model_dir, num_prompts=2)[1].num_identical == 2
 
 
 def test_random_qwen2_5_vl_agrees_with_transformers(tmp_path, capsys):
@@ -106,10 +106,7 @@ def test_random_qwen2_5_vl_agrees_with_transformers(tmp_path, capsys):
     # M-RoPE in the language model, windows of 112 pixels (one per image) in the tower.
     tower = TowerShape(image_size=56, patch_size=14, hidden_size=32, num_layers=2, num_heads=2)
     model_dir = write_random_qwen2_5_vl(tmp_path / "qwen", tower, 1, 0)
-    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", "3",
-            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
-    args = build_parser(argv).parse_args(argv)
-    result = vision.compare(args, model_dir)
+    args, result = _compared(model_dir)
     assert (result.tiles_per_image, result.tokens_per_image) == (1, 4)
     assert result.num_identical == 3
     vision.report(args, result)
@@ -122,10 +119,7 @@ def test_random_gemma3_agrees_with_transformers(tmp_path, capsys):
     # holds no newline to join); the image's tokens see each other.
     tower = TowerShape(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2)
     model_dir = write_random_gemma3(tmp_path / "gemma3", tower, 2, 0)
-    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", "3",
-            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
-    args = build_parser(argv).parse_args(argv)
-    result = vision.compare(args, model_dir)
+    args, result = _compared(model_dir)
     assert (result.tiles_per_image, result.tokens_per_image) == (1, 8)
     assert result.num_identical == 3
     vision.report(args, result)
@@ -137,10 +131,7 @@ def test_random_qwen3_vl_agrees_with_transformers(tmp_path, capsys):
     # position embeddings resampled from 48 x 48 to 4 x 4, DeepStack after both tower layers.
     tower = TowerShape(image_size=64, patch_size=16, hidden_size=32, num_layers=2, num_heads=2)
     model_dir = write_random_qwen3_vl(tmp_path / "qwen3", tower, 1, 0)
-    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", "3",
-            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
-    args = build_parser(argv).parse_args(argv)
-    result = vision.compare(args, model_dir)
+    _, result = _compared(model_dir)
     assert (result.tiles_per_image, result.tokens_per_image) == (1, 4)
     assert result.num_identical == 3
 
@@ -150,9 +141,6 @@ def test_random_mistral3_agrees_with_transformers(tmp_path, capsys):
     # row ended by a break (the last by the image's end).
     tower = TowerShape(image_size=64, patch_size=8, hidden_size=32, num_layers=2, num_heads=2)
     model_dir = write_random_mistral3(tmp_path / "mistral3", tower, 1, 0)
-    argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", "3",
-            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
-    args = build_parser(argv).parse_args(argv)
-    result = vision.compare(args, model_dir)
+    _, result = _compared(model_dir)
     assert (result.tiles_per_image, result.tokens_per_image) == (1, 20)
     assert result.num_identical == 3

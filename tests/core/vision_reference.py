@@ -4,6 +4,7 @@ for logprob."""
 
 import base64
 import io
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -109,3 +110,33 @@ def chunked_runs(
     assert_blocks_returned(llm)
     assert bool(preemptions.req_ids) == (preempt_blocks is not None)
     return outputs
+
+
+def renamed_copy(model_dir, target, renames) -> Path:
+    """A copy of ``model_dir`` at ``target`` whose parameter names have each ``(old, new)``
+    prefix of ``renames`` replaced, in order (another spelling of the same checkpoint)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = shutil.copytree(model_dir, target)
+    for shard in copy.glob("*.safetensors"):
+        tensors = load_file(shard)
+        for old, new in renames:
+            tensors = {
+                (new + name[len(old) :] if name.startswith(old) else name): t
+                for name, t in tensors.items()
+            }
+        save_file(tensors, shard, metadata={"format": "pt"})
+    return copy
+
+
+def assert_loads_alike(first, second) -> None:
+    """The two directories load to the same architecture and the same weights."""
+    from spyglass.core.loaders.hf_loader import load_hf_dir
+
+    ours, theirs = (load_hf_dir(path, torch.float32) for path in (first, second))
+    assert ours.arch == theirs.arch
+    assert ours.weights.keys() == theirs.weights.keys()
+    for name, tensor in ours.weights.items():
+        assert torch.equal(tensor, theirs.weights[name]), name
