@@ -15,6 +15,7 @@ from spyglass.core.loaders.hf_loader import load_hf_dir
 from spyglass.core.models.idefics3_vision import Idefics3VisionEncoder
 from tests.core.vision_reference import (
     assert_greedy_as_transformers,
+    assert_misplaced_images_refused,
     chunked_runs,
     data_url,
     noise_image,
@@ -195,11 +196,7 @@ def test_tiles_placed_by_hand_must_fill_their_runs(idefics3):
         dataclasses.replace(placed, size=(20, 10)),  # a one-tile image's layout
         dataclasses.replace(placed, offset=placed.offset + 1),
     ]
-    for index, bad in enumerate(wrong):
-        with pytest.raises(InvalidRequestError, match="placeholder tokens") as error:
-            idefics3.engine.add_request(f"bad-{index}", token_ids, GREEDY, images=(bad,))
-        assert error.value.param == "multi_modal_data"
-    assert not idefics3.engine.has_unfinished_requests
+    assert_misplaced_images_refused(idefics3.engine, token_ids, wrong)
 
 
 def test_images_whose_tiles_overflow_the_context_are_refused(tiny_idefics3_dir):

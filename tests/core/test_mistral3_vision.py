@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from spyglass.core.engine.image_preprocess import pixel_values
-from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.llm import LLM
 from tests.core.vision_reference import (
     assert_greedy_as_transformers,
     assert_loads_alike,
+    assert_misplaced_images_refused,
     chunked_runs,
     data_url,
     noise_image,
@@ -182,11 +183,7 @@ def test_images_placed_wrong_are_refused(mistral3):
         dataclasses.replace(placed, size=(24, 90)),  # another grid
         dataclasses.replace(placed, offset=placed.offset - 1),
     ]
-    for index, bad in enumerate(wrong):
-        with pytest.raises(InvalidRequestError, match="placeholder tokens") as error:
-            llm.engine.add_request(f"bad-{index}", token_ids, GREEDY, images=(bad,))
-        assert error.value.param == "multi_modal_data"
-    assert not llm.engine.has_unfinished_requests
+    assert_misplaced_images_refused(llm.engine, token_ids, wrong)
 
 
 def test_checkpoints_named_as_in_memory_load_the_same_weights(tiny_mistral3_dir, tmp_path):

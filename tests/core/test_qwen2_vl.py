@@ -22,6 +22,7 @@ from spyglass.core.loaders.hf_loader import load_hf_dir
 from tests.core.vision_reference import (
     assert_greedy_as_transformers,
     assert_loads_alike,
+    assert_misplaced_images_refused,
     chunked_runs,
     data_url,
     noise_image,
@@ -198,11 +199,7 @@ def test_images_too_narrow_and_images_placed_wrong_are_refused(qwen):
         dataclasses.replace(placed, size=(24, 60)),  # another grid
         dataclasses.replace(placed, offset=placed.offset - 1),
     ]
-    for index, bad in enumerate(wrong):
-        with pytest.raises(InvalidRequestError, match="placeholder tokens") as error:
-            llm.engine.add_request(f"bad-{index}", token_ids, GREEDY, images=(bad,))
-        assert error.value.param == "multi_modal_data"
-    assert not llm.engine.has_unfinished_requests
+    assert_misplaced_images_refused(llm.engine, token_ids, wrong)
 
 
 def test_checkpoints_as_the_hub_ships_them_load(make_tiny_qwen2_vl, tmp_path):

@@ -140,3 +140,18 @@ def assert_loads_alike(first, second) -> None:
     assert ours.weights.keys() == theirs.weights.keys()
     for name, tensor in ours.weights.items():
         assert torch.equal(tensor, theirs.weights[name]), name
+
+
+def assert_misplaced_images_refused(engine, token_ids: list[int], wrong: list) -> None:
+    """Each of ``wrong`` (an `ImageInput` placed by hand, but not as its size lays it out), added
+    to ``engine`` with ``token_ids``, is an `InvalidRequestError` naming ``multi_modal_data``,
+    and none of them is left in the engine."""
+    import pytest
+
+    from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
+
+    for index, bad in enumerate(wrong):
+        with pytest.raises(InvalidRequestError, match="placeholder tokens") as error:
+            engine.add_request(f"bad-{index}", token_ids, SamplingParams(), images=(bad,))
+        assert error.value.param == "multi_modal_data"
+    assert not engine.has_unfinished_requests
