@@ -206,6 +206,8 @@ class LLMEngine:
             log.info(
                 "image processor options (mm_processor_kwargs): %s", config.mm_processor_kwargs
             )
+        if config.chat_template is not None:
+            log.info("chat template (--chat-template): %s", config.chat_template[:200])
         if self.sampling_defaults.changed():
             # As vLLM warns: requests that leave these out do not get the API's defaults.
             log.info(
