@@ -206,13 +206,15 @@ def sections() -> list[tuple[str, list[dict]]]:
         latency_panel("Structured outputs: mask time per step", m.STRUCTURED_OUTPUT_MASK_TIME),
         latency_panel("Vision: encoder time per step", m.VISION_ENCODER_TIME),
         panel(
-            "Vision: images encoded, and taken from the cache",
+            "Vision: images encoded, taken from the cache; chunks waiting for a whole image",
             "ops",
             [
                 target(rate(m.IMAGES_ENCODED), "encoded/s"),
                 target(rate(m.IMAGE_CACHE_HITS), "from the cache/s"),
+                target(rate(m.IMAGE_CHUNK_WAITS), "chunks waiting for a whole image/s"),
             ],
-            f"{m.IMAGES_ENCODED._documentation} {m.IMAGE_CACHE_HITS._documentation}",
+            f"{m.IMAGES_ENCODED._documentation} {m.IMAGE_CACHE_HITS._documentation} "
+            f"{m.IMAGE_CHUNK_WAITS._documentation}",
         ),
         panel(
             "Step phases (mean)",

@@ -281,6 +281,12 @@ IMAGE_CACHE_HITS = Counter(
     "request.",
     M,
 )
+IMAGE_CHUNK_WAITS = Counter(
+    "spyglass:image_chunk_waits",
+    "Prompt chunks of a model whose image tokens attend to their whole image (Gemma 3) stopped "
+    "before an image the step's token budget could not finish: its tokens wait for a later step.",
+    M,
+)
 
 # -- per-request histograms (observed when a request finishes; latencies carry trace exemplars) --
 TIME_TO_FIRST_TOKEN = Histogram(

@@ -596,6 +596,7 @@ class LLMEngine:
             num_images_encoded=runner_out.vision.num_images,
             num_images_cached=runner_out.vision.num_images_cached,
             vision_time=runner_out.vision.seconds,
+            num_image_waits=out.num_image_waits,
         )
 
     def abort_all(self) -> list[RequestOutput]:

@@ -65,4 +65,5 @@ class StepStats:
     num_images_encoded: int = 0  # images a vision model's tower encoded this step
     num_images_cached: int = 0  # requests' images read without the tower (cached or shared)
     vision_time: float = 0.0  # of model_time: encoding them (on a GPU, queueing the encoder)
+    num_image_waits: int = 0  # prompt chunks stopped before an image they could not finish
     tensor_parallel_size: int = 1  # the ranks (processes) that ran this step's forward

@@ -1,6 +1,10 @@
-"""Gemma 3 over HTTP: the official OpenAI client sends one image and three to a server,
-streaming and not, and gets the offline API's answers; /tokenize counts the images' tokens
-(newlines joined around them) as the prompt holds them."""
+"""Gemma 3 over HTTP: the official OpenAI client sends one image and three to a server whose
+steps take 20 tokens (so prompt chunks stop before images they cannot finish), streaming and
+not, and gets the offline API's answers (one chunk a prompt there); /tokenize counts the images'
+tokens (newlines joined around them) as the prompt holds them, and /metrics the chunks that
+waited for a whole image."""
+
+import re
 
 import openai
 import pytest
@@ -23,7 +27,8 @@ def messages(*images) -> list[dict]:
 def server(tiny_gemma3_vision_dir, tmp_path_factory):
     # float32 as offline: bf16 (auto on some CPUs) may flip a near-tie of the random model.
     directory = tmp_path_factory.mktemp("gemma3")
-    started = start_tiny("thread", tiny_gemma3_vision_dir, directory, "--dtype", "float32")
+    options = ["--dtype", "float32", "--max-num-batched-tokens", "20"]
+    started = start_tiny("thread", tiny_gemma3_vision_dir, directory, *options)
     yield started
     started.stop()
 
@@ -71,3 +76,8 @@ def test_chat_with_images_answers_as_the_offline_api(server, offline):
     # the two "\n\n" between images joined into one "\n\n\n\n" token twice.
     assert offline[3][1] - offline[1][1] == 2 * 20 - 2
     assert offline[1][2] != pytest.approx(offline[3][2], abs=1e-3)
+    # An image's 16 tokens and the text around them: a 20-token chunk from the prompt's start
+    # (or from a cached 16-token block) ends inside one of them and stops before it.
+    metrics = requests.get(f"{server.base_url}/metrics", timeout=60).text
+    waits = re.search(r"^spyglass:image_chunk_waits_total\{[^}]*\} (\S+)$", metrics, re.M)
+    assert waits is not None and float(waits.group(1)) >= 1

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.image_preprocess import pixel_values
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.sched.image_chunks import chunk_within_images
@@ -187,6 +188,23 @@ def test_a_chunk_ends_before_an_image_it_cannot_finish(gemma3):
         == run_end - run_start - 5
     )
     assert chunk_within_images(request, run_end, 4) == 4
+
+
+def test_chunks_that_stop_before_an_image_are_counted(tiny_gemma3_vision_dir):
+    # A 20-token budget: the first chunk would end inside the image (tokens 5 to 20), so it
+    # stops at 5; the next holds the whole image.
+    llm = LLM(model=str(tiny_gemma3_vision_dir), device="cpu", max_num_batched_tokens=20)
+    waits = []
+
+    class Watcher:
+        @hookimpl
+        def spyglass_step_finished(self, stats):
+            waits.append((stats.num_scheduled_tokens, stats.num_image_waits))
+
+    llm.engine.plugin_manager.register(Watcher())
+    llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": noise_image(1)}}, GREEDY)
+    assert waits[:2] == [(5, 1), (20, 0)]
+    assert sum(count for _, count in waits) == 1
 
 
 def test_the_prefix_cache_tells_images_apart(gemma3):

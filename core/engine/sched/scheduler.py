@@ -33,6 +33,8 @@ class SchedulerOutput:
     preempted: tuple[Request, ...]
     # Requests a policy or prefix-cache decision failed on, with the error; already out of the queues.
     failed: tuple[tuple[Request, str], ...] = ()
+    # Prompt chunks stopped before an image they could not finish (`image_chunks`).
+    num_image_waits: int = 0
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -83,6 +85,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._step_id = 0
         self._failed: list[tuple[Request, str]] = []
+        self._image_waits = 0
 
     def add(self, request: Request) -> None:
         """Queue a new request."""
@@ -97,6 +100,7 @@ class Scheduler:
         """Plan the next step."""
         self._step_id += 1
         self._failed = []
+        self._image_waits = 0
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -105,7 +109,7 @@ class Scheduler:
                 continue
             num_new = min(request.num_tokens_with_spec - request.num_launched_tokens, budget)
             if self.whole_images:
-                num_new = chunk_within_images(request, request.num_launched_tokens, num_new)
+                num_new = self._within_images(request, request.num_launched_tokens, num_new)
                 if num_new == 0:
                     continue
             if self._make_room(request, num_new, scheduled, preempted):
@@ -129,6 +133,7 @@ class Scheduler:
             tuple(resumed),
             tuple(preempted),
             tuple(self._failed),
+            self._image_waits,
         )
 
     def _admit_waiting(
@@ -274,7 +279,7 @@ class Scheduler:
         num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, budget)
         if self.whole_images:
             start = request.num_computed_tokens + num_cached
-            num_new = chunk_within_images(request, start, num_new)
+            num_new = self._within_images(request, start, num_new)
         if num_new == 0 or not self.kv.allocate_slots(request, num_new, prefix):
             return 0
         if request.num_preemptions == 0:
@@ -284,6 +289,12 @@ class Scheduler:
         self.running.append(request)
         request.status = RequestStatus.RUNNING
         return num_new
+
+    def _within_images(self, request: Request, start: int, num_new: int) -> int:
+        """`chunk_within_images`, counting the chunks it stops short."""
+        kept = chunk_within_images(request, start, num_new)
+        self._image_waits += kept < num_new
+        return kept
 
     def _policy_error(self, method: str, error: Exception) -> str:
         self.count_error(self.policy_name, method)
