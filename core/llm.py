@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import weakref
 from collections.abc import Sequence
 
 from tqdm import tqdm
@@ -36,7 +37,9 @@ PromptType = str | dict
 
 
 class LLM:
-    """Generate completions for batches of prompts on one engine, in the caller's thread."""
+    """Generate completions for batches of prompts on one engine, in the caller's thread. An
+    `LLM` that is dropped shuts its engine down (`LLMEngine.shutdown`: its metric series are
+    removed, its workers stop), as one that goes out of scope should."""
 
     def __init__(
         self, model: str | None = None, kv_cache_memory: int | str = 2 << 30, **engine_options
@@ -46,6 +49,8 @@ class LLM:
         )
         self.engine = LLMEngine(config)
         self._ids = itertools.count()
+        # Not at interpreter exit: plugins' exporters may be gone by then.
+        weakref.finalize(self, self.engine.shutdown).atexit = False
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What ``generate`` and ``chat`` sample with when given no `SamplingParams`: the model's

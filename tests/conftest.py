@@ -202,10 +202,12 @@ class Prometheus:
             return json.load(error)
 
     def wait_for_scrapes(self, count: int, timeout: float = 60) -> None:
-        """Return once the target has been scraped ``count`` times (within the last minute)."""
+        """Return once the target has been scraped ``count`` times with success (within the last
+        minute): a scrape that fails (the exposition slower than the 1 s interval, in a busy
+        test process) records ``up`` 0 and no samples."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            result = self.api("/api/v1/query", query="count_over_time(up[1m])")["data"]["result"]
+            result = self.api("/api/v1/query", query="sum_over_time(up[1m])")["data"]["result"]
             if result and float(result[0]["value"][1]) >= count:
                 return
             time.sleep(0.3)

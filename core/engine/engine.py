@@ -151,6 +151,7 @@ class LLMEngine:
         prepare_device_steps(self.runner, config, self.device, self.max_model_len)
         self.async_output, self.async_scheduling = config.async_modes(self.device)
         self._in_flight: InFlightStep | None = None
+        self._stopped = False
         policy = self.hooks.spyglass_scheduling_policy(name=config.scheduling_policy, config=config)
         if policy is None:
             raise ValueError(
@@ -606,7 +607,10 @@ class LLMEngine:
         ]
 
     def shutdown(self) -> None:
-        """Abort whatever is left and announce the stop."""
+        """Abort whatever is left and announce the stop (once: later calls do nothing)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.abort_all()
         self.hooks.spyglass_engine_stopped(info=self.info)
         self.runner.close()

@@ -292,3 +292,24 @@ def test_constant_labels_are_added_to_every_sample_at_scrape_time(use_settings):
     assert 'vllm:waits_seconds_bucket{le="1.0",replica="1"} 1.0' in openmetrics.decode()
     with pytest.raises(ValueError, match="label name"):
         TelemetrySettings(metrics_labels=(("bad-name", "x"),))
+
+
+def test_a_dropped_llm_takes_its_series_with_it(use_settings, tiny_llama_dir):
+    # An LLM that goes out of scope shuts its engine down: its series go (engine_ready stays,
+    # at 0), and a later explicit shutdown does nothing.
+    import gc
+
+    from spyglass.core.llm import LLM
+
+    use_settings()
+    llm = LLM(model=str(tiny_llama_dir), device="cpu", kv_cache_memory="16MiB")
+    engine = llm.engine
+    llm.generate("hi", SamplingParams(max_tokens=2))
+    labels = {"model_name": engine.model_name, "engine": engine.engine_id}
+    assert REGISTRY.get_sample_value("spyglass:num_requests_running", labels) == 0.0
+    del llm
+    gc.collect()
+    assert REGISTRY.get_sample_value("spyglass:num_requests_running", labels) is None
+    assert REGISTRY.get_sample_value("spyglass:engine_ready", labels) == 0.0
+    engine.shutdown()
+    assert REGISTRY.get_sample_value("spyglass:engine_ready", labels) == 0.0
