@@ -76,6 +76,17 @@ def _text_fields(text) -> dict:
     return {key: getattr(text, key) for key in (*keys, "eos_token_id")}
 
 
+def _qwen_vision_tokens(tokenizer) -> dict:
+    """A Qwen-VL config's image, video and vision start and end token ids."""
+    ids = tokenizer.convert_tokens_to_ids
+    return {
+        "image_token_id": ids("<|image_pad|>"),
+        "video_token_id": ids("<|video_pad|>"),
+        "vision_start_token_id": ids("<|vision_start|>"),
+        "vision_end_token_id": ids("<|vision_end|>"),
+    }
+
+
 def _tower_fields(tower: TowerShape) -> dict:
     return dict(
         hidden_size=tower.hidden_size,
@@ -172,7 +183,6 @@ def write_random_qwen2_5_vl(
         "mrope_section": sections,
         "rope_theta": text.rope_parameters["rope_theta"],
     }
-    ids = tokenizer.convert_tokens_to_ids
     config = transformers.Qwen2_5_VLConfig(
         text_config=text_config,
         vision_config=dict(
@@ -183,10 +193,7 @@ def write_random_qwen2_5_vl(
             out_hidden_size=text.hidden_size,
             fullatt_block_indexes=list(range(3, tower.num_layers, 4)),
         ),
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
+        **_qwen_vision_tokens(tokenizer),
         tie_word_embeddings=text.tie_word_embeddings,
     )
     torch.manual_seed(seed)
@@ -220,7 +227,6 @@ def write_random_qwen3_vl(
         "rope_theta": text.rope_parameters["rope_theta"],
     }
     layers = tower.num_layers
-    ids = tokenizer.convert_tokens_to_ids
     config = transformers.Qwen3VLConfig(
         text_config=text_config,
         vision_config=dict(
@@ -232,10 +238,7 @@ def write_random_qwen3_vl(
             out_hidden_size=text.hidden_size,
             deepstack_visual_indexes=sorted({layers // 4, layers // 2, 3 * layers // 4}),
         ),
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
+        **_qwen_vision_tokens(tokenizer),
         tie_word_embeddings=text.tie_word_embeddings,
     )
     torch.manual_seed(seed)
