@@ -31,6 +31,7 @@ from spyglass.core.engine.sampling_params import (
     SamplingParams,
     pooling_request_params,
 )
+from spyglass.core.engine.video_decode import VideoFrames, video_from_frames
 from spyglass.core.tokenizer import Tokenizer
 
 PromptType = str | dict
@@ -73,7 +74,9 @@ class LLM:
 
         A prompt is a string, ``{"prompt": ...}`` or ``{"prompt_token_ids": [...]}``, with
         ``"multi_modal_data": {"image": image or [images]}`` (PIL images) for a vision model,
-        one image placeholder (``<image>``) in the prompt per image; ``sampling_params`` is one for
+        one image placeholder (``<image>``) in the prompt per image (a Qwen2-VL model's
+        ``"video"``: one video, an array ``[frames, height, width, 3]`` or `VideoFrames`, or a list
+        of videos, each of those or a list of PIL frames; a ``<|video_pad|>`` per video); ``sampling_params`` is one for
         all prompts or one per prompt, and so is ``lora_request`` (the LoRA adapter to run with,
         loaded the first time its name is seen; needs ``enable_lora=True``). Only the final outputs
         are built (each request's output kind is `RequestOutputKind.FINAL_ONLY`, as in vLLM).
@@ -137,7 +140,7 @@ class LLM:
         prompts = []
         for conversation in conversations:
             # Images to a model that reads none are refused when the prompt is added.
-            plain, images = take_images(conversation, "messages")
+            plain, media = take_images(conversation, "messages")
             if vision is None:
                 text = tokenizer.apply_chat_template(plain, **options)
             else:
@@ -146,7 +149,9 @@ class LLM:
             # The template writes BOS where the model wants it: encoding must not add another.
             token_ids = tokenizer.encode(text, add_special_tokens=False)
             prompt = {"prompt": text, "prompt_token_ids": token_ids}
-            prompts.append({**prompt, "multi_modal_data": {"image": images}} if images else prompt)
+            data = {"image": media.images, "video": media.videos}
+            data = {kind: items for kind, items in data.items() if items}
+            prompts.append({**prompt, "multi_modal_data": data} if data else prompt)
         return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def embed(
@@ -291,10 +296,10 @@ class LLM:
         token_ids = prompt.get("prompt_token_ids")
         token_ids = self.engine.tokenizer.encode(text) if token_ids is None else list(token_ids)
         media = prompt.get("multi_modal_data") or {}
-        if set(media) - {"image"}:
+        if set(media) - {"image", "video"}:
             raise InvalidRequestError(
-                f"multi_modal_data {sorted(set(media) - {'image'})}: images are the only media "
-                "served",
+                f"multi_modal_data {sorted(set(media) - {'image', 'video'})}: images and videos "
+                "are the only media served",
                 "multi_modal_data",
             )
         images = media.get("image") or []
@@ -305,6 +310,7 @@ class LLM:
             self.engine.arch.vision,
             self.engine.max_model_len,
             "multi_modal_data",
+            _videos(media.get("video")),
         )
         return text, token_ids, placed
 
@@ -369,3 +375,15 @@ class LLM:
             num_cached_tokens=first.num_cached_tokens,
             prompt_logprobs=first.prompt_logprobs,
         )
+
+
+def _videos(value) -> list[VideoFrames]:
+    """``multi_modal_data``'s videos: one video (`VideoFrames`, or an array of frames), or a list
+    of videos (each `VideoFrames`, an array, or a list of PIL frames)."""
+    if value is None:
+        return []
+    videos = list(value) if isinstance(value, list | tuple) else [value]
+    return [
+        video if isinstance(video, VideoFrames) else video_from_frames(video, "multi_modal_data")
+        for video in videos
+    ]

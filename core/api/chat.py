@@ -44,6 +44,7 @@ from spyglass.core.api.schemas import (
     TextPart,
     ToolCallDelta,
     Usage,
+    VideoURLPart,
 )
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.streaming import event_stream
@@ -56,7 +57,7 @@ from spyglass.core.api.tools import (
 )
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.beam_search import BeamSearchParams
-from spyglass.core.engine.chat_images import render_with_images, take_images
+from spyglass.core.engine.chat_images import ChatMedia, render_with_images, take_images
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
@@ -127,11 +128,12 @@ def render_messages(
     template: TemplateOptions = TemplateOptions(),
     vision: "VisionConfig | None" = None,
     fetched: dict[str, bytes] | None = None,
-) -> tuple[list[dict], str, list]:
+) -> tuple[list[dict], str, ChatMedia]:
     """Plain message dicts (HF's shape, tool calls and results included; an image part as
-    ``{"type": "image"}``), the prompt the chat template makes, and the messages' images (PIL
-    images, in order). ``vision`` is the served vision model's (images are a 400 without it);
-    ``fetched`` holds the bytes of image URLs other than data URLs (`media_fetch`)."""
+    ``{"type": "image"}``, a video's as ``{"type": "video"}``), the prompt the chat template
+    makes, and the messages' images and videos. ``vision`` is the served vision model's (images
+    are a 400 without it); ``fetched`` holds the bytes of image and video URLs other than data
+    URLs (`media_fetch`)."""
     if not messages:
         raise APIError(400, f"{param} must not be empty", param)
     if template.chat_template is not None:
@@ -158,9 +160,9 @@ def render_messages(
         "template_kwargs": template.kwargs,
         "documents": template.documents,
     }
-    images: list = []
+    media = ChatMedia()
     if vision is not None:
-        plain, images = take_images(plain, param, fetched)
+        plain, media = take_images(plain, param, fetched)
     try:
         conversation = prompt_messages(plain, use, takes_tools)
         if vision is None:
@@ -170,7 +172,7 @@ def render_messages(
             prompt = render_with_images(tokenizer, conversation, image_text, **options)
     except (ValueError, jinja2.TemplateError) as error:
         raise APIError(400, f"cannot apply the chat template: {error}", param) from error
-    return plain, prompt, images
+    return plain, prompt, media
 
 
 async def render_conversation(
@@ -179,30 +181,34 @@ async def render_conversation(
     use: ToolUse = _NO_TOOLS,
     param: str = "messages",
     template: TemplateOptions = TemplateOptions(),
-) -> tuple[list[dict], str, list]:
-    """`render_messages` for the served model, off the event loop, its image URLs fetched first
-    (a vision model's; others refuse images before anything is fetched)."""
+) -> tuple[list[dict], str, ChatMedia]:
+    """`render_messages` for the served model, off the event loop, its image and video URLs
+    fetched first (a vision model's; others refuse images before anything is fetched)."""
     fetched = {}
     if serving.vision is not None:
-        _check_image_count(messages, serving.max_images_per_prompt, param)
+        _check_media_count(messages, ImageURLPart, serving.max_images_per_prompt, param)
+        _check_media_count(messages, VideoURLPart, serving.max_videos_per_prompt, param)
         fetched = await fetch_images(messages, serving.options, param)
     return await asyncio.to_thread(
         render_messages, messages, serving.tokenizer, use, param, template, serving.vision, fetched
     )
 
 
-def _check_image_count(messages: list[ChatMessage], limit: int | None, param: str) -> None:
-    """A 400 before any image is fetched or decoded when the conversation holds more than
-    ``limit`` (``--limit-mm-per-prompt``)."""
+def _check_media_count(
+    messages: list[ChatMessage], kind: type, limit: int | None, param: str
+) -> None:
+    """A 400 before any image or video is fetched or decoded when the conversation holds more
+    than ``limit`` parts of ``kind`` (``--limit-mm-per-prompt``)."""
     count = sum(
-        isinstance(part, ImageURLPart)
+        isinstance(part, kind)
         for message in messages
         if isinstance(message.content, list)
         for part in message.content
     )
     if limit is not None and count > limit:
+        what = "images" if kind is ImageURLPart else "videos"
         raise APIError(
-            400, f"a prompt may hold at most {limit} images (--limit-mm-per-prompt)", param
+            400, f"a prompt may hold at most {limit} {what} (--limit-mm-per-prompt)", param
         )
 
 
@@ -229,16 +235,20 @@ def _plain(message: ChatMessage, param: str) -> dict:
     return plain
 
 
-def _parts(parts: list[TextPart | ImageURLPart]) -> str | list[dict]:
-    """Text parts joined into one string; with an image among them, every part as a dict."""
+def _parts(parts: list[TextPart | ImageURLPart | VideoURLPart]) -> str | list[dict]:
+    """Text parts joined into one string; with an image or video among them, every part as a
+    dict."""
     if all(isinstance(part, TextPart) for part in parts):
         return "\n".join(part.text for part in parts)
-    return [
-        {"type": "text", "text": part.text}
-        if isinstance(part, TextPart)
-        else {"type": "image_url", "image_url": {"url": part.image_url.url}}
-        for part in parts
-    ]
+    return [_part(part) for part in parts]
+
+
+def _part(part: TextPart | ImageURLPart | VideoURLPart) -> dict:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, ImageURLPart):
+        return {"type": "image_url", "image_url": {"url": part.image_url.url}}
+    return {"type": "video_url", "video_url": {"url": part.video_url.url}}
 
 
 def _arguments(text: str, param: str) -> dict:
@@ -369,7 +379,7 @@ async def start_chat(
         params = dataclasses.replace(params, structured_output=tool_constraint)
     with serving.queue_slots(params.n):
         # Rendering and tokenizing a large conversation take a while: off the event loop, like tokenizing.
-        plain, prompt, images = await render_conversation(serving, messages, use, param, template)
+        plain, prompt, media = await render_conversation(serving, messages, use, param, template)
         attributes["messages"] = plain
         if use.active:
             attributes["tools"] = use.tools  # for the LLM span's llm.tools.* attributes
@@ -381,7 +391,13 @@ async def start_chat(
             add_special_tokens=False,
         )
         token_ids, placed = await asyncio.to_thread(
-            images_in_prompt, token_ids, images, serving.vision, serving.max_model_len, param
+            images_in_prompt,
+            token_ids,
+            media.images,
+            serving.vision,
+            serving.max_model_len,
+            param,
+            media.videos,
         )
         specs = fan_out([(token_ids, prompt)], params, placed)
         group = RequestGroup(serving.async_engine, response_id, specs, attributes, lora_name)

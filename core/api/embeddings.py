@@ -103,14 +103,20 @@ async def _prompts(
     placed: tuple[ImageInput, ...] = ()
     if data.messages is not None:
         template = TemplateOptions.of(data, serving.options)
-        _, text, images = await render_conversation(
+        _, text, media = await render_conversation(
             serving, data.messages, param="messages", template=template
         )
         # The template writes BOS where the model wants it.
         add_special_tokens = bool(data.add_special_tokens)
         token_ids = await encode_text(serving, text, "messages", not truncating, add_special_tokens)
         token_ids, placed = await asyncio.to_thread(
-            images_in_prompt, token_ids, images, serving.vision, serving.max_model_len, "messages"
+            images_in_prompt,
+            token_ids,
+            media.images,
+            serving.vision,
+            serving.max_model_len,
+            "messages",
+            media.videos,
         )
         prompts, param = [(token_ids, text)], "messages"
     else:

@@ -188,11 +188,11 @@ async def count_message_tokens(
     would report: the same template render and tokenizer. Nothing runs on the engine; a
     conversation longer than the context is counted, not refused."""
     serving.check_model(data.model)
-    _, prompt, images = await render_conversation(serving, chat_messages(data), tool_use(data))
+    _, prompt, media = await render_conversation(serving, chat_messages(data), tool_use(data))
     token_ids = await encode_text(
         serving, prompt, "messages", must_fit=False, add_special_tokens=False
     )
-    token_ids = prompt_with_image_tokens(token_ids, images, serving.vision, "messages")
+    token_ids = prompt_with_image_tokens(token_ids, media.images, serving.vision, "messages")
     return TokenCount(len(token_ids))
 
 

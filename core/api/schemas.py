@@ -236,11 +236,26 @@ class ImageURLPart(msgspec.Struct, tag_field="type", tag="image_url"):
     image_url: ImageURL
 
 
+class VideoURL(msgspec.Struct):
+    """Where a video is: a base64 ``data:`` URL (a container file, ``data:video/mp4;base64,...``,
+    or vLLM's frames, ``data:video/jpeg;base64,<frame>,<frame>,...``), or an http(s) URL of a
+    host that ``--allowed-media-domains`` names."""
+
+    url: str
+
+
+class VideoURLPart(msgspec.Struct, tag_field="type", tag="video_url"):
+    """A video part of a message's content list (vLLM's; a Qwen2-VL model's):
+    ``{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,..."}}``."""
+
+    video_url: VideoURL
+
+
 class ChatMessage(msgspec.Struct):
     """One conversation turn."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | ImageURLPart] | None = None
+    content: str | list[TextPart | ImageURLPart | VideoURLPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: which call this is the result of

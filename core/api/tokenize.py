@@ -15,6 +15,7 @@ from spyglass.core.api.errors import APIError
 from spyglass.core.api.prompts import check_token_ids, encode_text
 from spyglass.core.api.schemas import ChatMessage, TemplateDocuments, TokenId
 from spyglass.core.api.validation import json_body_guard
+from spyglass.core.engine.chat_images import ChatMedia
 from spyglass.core.engine.prompt_images import prompt_with_image_tokens
 
 
@@ -71,10 +72,10 @@ async def tokenize(
     serving.check_model(data.model)
     if (data.prompt is None) == (data.messages is None):
         raise APIError(400, "send exactly one of prompt and messages", "prompt")
-    images: list = []
+    media = ChatMedia()
     if data.messages is not None:
         template = TemplateOptions.of(data, serving.options)
-        _, text, images = await render_conversation(serving, data.messages, template=template)
+        _, text, media = await render_conversation(serving, data.messages, template=template)
     else:
         text = data.prompt
     # A prompt gets BOS where the model wants one; a rendered conversation has it from its template.
@@ -87,8 +88,10 @@ async def tokenize(
         "prompt" if data.messages is None else "messages",
         add_special_tokens=add_special_tokens,
     )
-    # A vision model's images count as the tokens they fill.
-    tokens = prompt_with_image_tokens(tokens, images, serving.vision, "messages")
+    # A vision model's images and videos count as the tokens they fill.
+    tokens = prompt_with_image_tokens(
+        tokens, media.images, serving.vision, "messages", media.videos
+    )
     return TokenizeResponse(len(tokens), serving.max_model_len, tokens)
 
 

@@ -37,8 +37,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--limit-mm-per-prompt",
         type=json.loads,
         default={},
-        help="the most images a prompt may hold, as vLLM takes it: '{\"image\": 4}' "
-        "(default: as many as the context holds)",
+        help="the most images and videos a prompt may hold, as vLLM takes it: "
+        '\'{"image": 4, "video": 1}\' (default: as many as the context holds)',
     )
     group.add_argument(
         "--mm-processor-kwargs",

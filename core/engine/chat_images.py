@@ -1,31 +1,55 @@
-"""A vision model's conversation: its images taken out of its messages' content parts, each part
-left as ``{"type": "image"}`` (what vision models' chat templates render as their image
-placeholder), and rendered by a template that reads content parts or one that reads strings."""
+"""A vision model's conversation: its images and videos taken out of its messages' content
+parts, each part left as ``{"type": "image"}`` or ``{"type": "video"}`` (what vision models' chat
+templates render as their placeholders), and rendered by a template that reads content parts or
+one that reads strings."""
 
 import base64
 import binascii
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from spyglass.core.engine.image_preprocess import decode_image
 from spyglass.core.engine.sampling_params import InvalidRequestError
+from spyglass.core.engine.video_decode import (
+    VideoFrames,
+    video_from_bytes,
+    video_from_data_url,
+    video_from_frames,
+)
 from spyglass.core.tokenizer import Tokenizer
 
 IMAGE_PART_TYPES = ("image_url", "image", "image_pil")
 """Content part types that hold an image: OpenAI's ``image_url`` (a data URL), and ``image`` or
 vLLM's ``image_pil`` holding a PIL image (offline)."""
 
-UNSERVED_PART_TYPES = ("video", "video_url", "input_audio", "audio_url")
+VIDEO_PART_TYPES = ("video_url", "video")
+"""Content part types that hold a video: vLLM's ``video_url`` (a data URL), and ``video`` holding
+its frames (offline: an array ``[frames, height, width, 3]`` or a list of PIL images)."""
+
+UNSERVED_PART_TYPES = ("input_audio", "audio_url")
 """Content part types of other media (vLLM's): refused, never passed to the template as text."""
+
+VIDEO_FRAMES = 32
+"""The most frames read from a video file, evenly spaced (vLLM's default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMedia:
+    """A conversation's images (PIL images) and videos, each in the order they appear."""
+
+    images: list = field(default_factory=list)
+    videos: list[VideoFrames] = field(default_factory=list)
 
 
 def take_images(
     messages: list[dict[str, Any]], field: str, fetched: Mapping[str, bytes] | None = None
-) -> tuple[list[dict], list]:
-    """``messages`` with each image part replaced by ``{"type": "image"}``, and the images in
-    the order they appear (PIL images; an ``image_url`` part's decoded from its data URL, or
-    from ``fetched``, the bytes the HTTP server fetched for other URLs)."""
-    images: list = []
+) -> tuple[list[dict], ChatMedia]:
+    """``messages`` with each image part replaced by ``{"type": "image"}`` and each video part by
+    ``{"type": "video"}``, and their `ChatMedia` (an ``image_url`` or ``video_url`` part's
+    decoded from its data URL, or from ``fetched``, the bytes the HTTP server fetched for other
+    URLs)."""
+    media = ChatMedia()
     plain = []
     for message in messages:
         content = message.get("content")
@@ -36,17 +60,20 @@ def take_images(
         for part in content:
             if part.get("type") in UNSERVED_PART_TYPES:
                 raise InvalidRequestError(
-                    f"{part['type']!r} content parts are not supported: images are the only "
-                    "media served",
+                    f"{part['type']!r} content parts are not supported: images and videos are "
+                    "the only media served",
                     field,
                 )
             if part.get("type") in IMAGE_PART_TYPES:
-                images.append(_image_of(part, field, fetched or {}))
+                media.images.append(_image_of(part, field, fetched or {}))
                 parts.append({"type": "image"})
+            elif part.get("type") in VIDEO_PART_TYPES:
+                media.videos.append(_video_of(part, field, fetched or {}))
+                parts.append({"type": "video"})
             else:
                 parts.append(part)
         plain.append({**message, "content": parts})
-    return plain, images
+    return plain, media
 
 
 def _image_of(part: dict, field: str, fetched: Mapping[str, bytes]):
@@ -59,6 +86,17 @@ def _image_of(part: dict, field: str, fetched: Mapping[str, bytes]):
     if value is None:
         raise InvalidRequestError(f"an {kind!r} content part holds no image", field)
     return value
+
+
+def _video_of(part: dict, field: str, fetched: Mapping[str, bytes]) -> VideoFrames:
+    kind = part["type"]
+    value = part.get(kind)
+    if kind == "video":
+        return video_from_frames(value, field)
+    url = value.get("url") if isinstance(value, dict) else value
+    if url in fetched:
+        return video_from_bytes(fetched[url], field, VIDEO_FRAMES)
+    return video_from_data_url(url, field, VIDEO_FRAMES)
 
 
 def data_url_bytes(url: str, field: str) -> bytes:

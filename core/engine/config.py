@@ -85,8 +85,9 @@ class EngineConfig:
     caps the distinct adapters the running batch holds (None: no cap), as vLLM's option does.
     ``pooling_type`` (``last``, ``mean``, ``cls``) is how embeddings pool the prompt; None takes
     the checkpoint's (its sentence-transformers Pooling config or GGUF metadata; else ``last``).
-    ``limit_mm_per_prompt`` caps a prompt's inputs of a modality (vLLM's option; ``{"image": 4}``:
-    at most 4 images); a modality it does not name is bounded by the context alone.
+    ``limit_mm_per_prompt`` caps a prompt's inputs of a modality (vLLM's option; ``{"image": 4,
+    "video": 1}``: at most 4 images and one video); a modality it does not name is bounded by the
+    context alone.
     ``image_cache_tokens`` bounds the embeddings of recently encoded images a vision model keeps
     for other requests with the same image (0: none kept). ``mm_processor_kwargs`` (vLLM's
     option) changes a vision model's image processor settings for every request
@@ -168,10 +169,10 @@ class EngineConfig:
                 f"pooling_type must be one of {POOLING_TYPES}, got {self.pooling_type!r}"
             )
         for modality, limit in self.limit_mm_per_prompt.items():
-            if modality != "image" or not isinstance(limit, int) or limit < 0:
+            if modality not in ("image", "video") or not isinstance(limit, int) or limit < 0:
                 raise ValueError(
-                    'limit_mm_per_prompt takes {"image": N} with N >= 0 (images are the only '
-                    f"modality served), got {self.limit_mm_per_prompt!r}"
+                    'limit_mm_per_prompt takes {"image": N, "video": M} with N, M >= 0 (images '
+                    f"and videos are the modalities served), got {self.limit_mm_per_prompt!r}"
                 )
         if self.image_cache_tokens < 0:
             raise ValueError(

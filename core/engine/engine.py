@@ -257,7 +257,7 @@ class LLMEngine:
             self.arch.vision,
             params,
             self.max_model_len,
-            self.config.limit_mm_per_prompt.get("image"),
+            self.config.limit_mm_per_prompt,
         )
         lora = None
         if lora_name is not None:
@@ -642,6 +642,7 @@ class LLMEngine:
             labels=self.arch.labels,
             vision=self.arch.vision,
             max_images_per_prompt=self.config.limit_mm_per_prompt.get("image"),
+            max_videos_per_prompt=self.config.limit_mm_per_prompt.get("video"),
             sampling_defaults=self.sampling_defaults,
         )
 

@@ -1,5 +1,5 @@
-"""Images in a prompt: their pixels, the prompt positions their tokens fill, and the prompt's
-placeholders expanded to the tokens each image becomes (`image_layout`)."""
+"""Images (and videos) in a prompt: their pixels, the prompt positions their tokens fill, and
+the prompt's placeholders expanded to the tokens each becomes (`image_layout`)."""
 
 import hashlib
 from dataclasses import dataclass
@@ -14,13 +14,24 @@ if TYPE_CHECKING:  # the request holds images; plugins load without torch
 
 
 @dataclass(frozen=True, slots=True)
+class VideoClip:
+    """What makes an image a video's frames (Qwen2-VL): ``steps`` of ``temporal_patch_size``
+    frames each, a step ``step_seconds`` long."""
+
+    steps: int
+    step_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class ImagePixels:
     """An image preprocessed: its tiles' pixels ``[tiles, channels, size, size]`` (float32;
-    LLaVA's one tile is the image) and the image's own ``width`` and ``height``."""
+    LLaVA's one tile is the image; Qwen2-VL's patches) and the image's own ``width`` and
+    ``height``; a video's ``clip`` (its frames' size)."""
 
     values: "torch.Tensor"
     width: int
     height: int
+    clip: VideoClip | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +40,8 @@ class ImageInput:
     prompt positions ``[offset, offset + length)`` its tokens fill, the runs ``(offset, length)``
     of image tokens among them (relative to ``offset``; they take the image's embeddings in
     order), the image's ``size`` (width, height) and a digest of its pixels, which names the
-    image to the prefix cache (equal tokens with another image are other KV)."""
+    image to the prefix cache (equal tokens with another image are other KV); a video's
+    ``clip``."""
 
     pixel_values: "torch.Tensor"
     offset: int
@@ -37,6 +49,12 @@ class ImageInput:
     digest: str
     runs: tuple[tuple[int, int], ...]
     size: tuple[int, int]
+    clip: VideoClip | None = None
+
+    @property
+    def steps(self) -> int:
+        """The video's steps; an image's one."""
+        return self.clip.steps if self.clip else 1
 
     @property
     def end(self) -> int:
@@ -56,12 +74,14 @@ class ImageInput:
 def place_images(
     token_ids: list[int], pixels: list[ImagePixels], vision: VisionConfig, field: str
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
-    """The prompt with each image's placeholder expanded (`expand_placeholders`), and each
-    image's `ImageInput`."""
+    """The prompt with each image's (and video's) placeholder expanded (`expand_placeholders`),
+    and their `ImageInput` in prompt order."""
     alone = len(pixels) == 1
-    layouts = [image_layout(vision, image.width, image.height, alone) for image in pixels]
+    layouts = [
+        image_layout(vision, image.width, image.height, alone, image.clip) for image in pixels
+    ]
     expanded, offsets = expand_placeholders(token_ids, layouts, vision, field)
-    images = tuple(
+    images = (
         ImageInput(
             image.values,
             offset,
@@ -69,43 +89,59 @@ def place_images(
             _digest(image.values),
             layout.runs,
             (image.width, image.height),
+            image.clip,
         )
         for image, layout, offset in zip(pixels, layouts, offsets)
     )
-    return expanded, images
+    return expanded, tuple(sorted(images, key=lambda image: image.offset))
 
 
 def expand_placeholders(
     token_ids: list[int], layouts: list[ImageLayout], vision: VisionConfig, field: str
 ) -> tuple[list[int], list[int]]:
-    """The prompt with each placeholder token (`VisionConfig.placeholder_id`; one per image, in
-    order) expanded to its image's layout, and where each layout starts; where a layout meets a
+    """The prompt with each placeholder token (an image's `VisionConfig.placeholder_id`, a
+    video's ``video_token_id``; one per image or video, each kind in the order of its
+    ``layouts``) expanded to its layout, and where each layout starts; where a layout meets a
     prompt token that `VisionConfig.token_merges` joins with its first or last, the two are one
     token. A prompt already expanded (each layout in order, with no other placeholders) is kept
     as it is. `InvalidRequestError` naming ``field`` when the placeholders do not match the
-    images."""
-    placeholder = vision.placeholder_id
+    images and videos."""
     merges = {(a, b): ab for a, b, ab in vision.token_merges}
-    offsets = _expanded_offsets(token_ids, layouts, placeholder, merges)
-    if offsets is not None:
+    kinds: dict[int, list[int]] = {}
+    for index, layout in enumerate(layouts):
+        kinds.setdefault(_placeholder(layout, vision), []).append(index)
+    kinds.setdefault(vision.placeholder_id, [])
+    if vision.video_token_id is not None:
+        kinds.setdefault(vision.video_token_id, [])
+    offsets = [0] * len(layouts)
+    for placeholder, indices in kinds.items():
+        found = _expanded_offsets(token_ids, [layouts[i] for i in indices], placeholder, merges)
+        if found is None:
+            break
+        for index, offset in zip(indices, found):
+            offsets[index] = offset
+    else:
         return token_ids, offsets
-    found = token_ids.count(placeholder)
-    if found != len(layouts):
-        raise InvalidRequestError(
-            f"the prompt has {found} image placeholders for {len(layouts)} images "
-            "(one per image, where the image goes)",
-            field,
-        )
-    expanded, offsets, pending = [], [], iter(layouts)
+    for placeholder, indices in kinds.items():
+        found = token_ids.count(placeholder)
+        if found != len(indices):
+            what = "video" if placeholder == vision.video_token_id else "image"
+            raise InvalidRequestError(
+                f"the prompt has {found} {what} placeholders for {len(indices)} {what}s "
+                f"(one per {what}, where the {what} goes)",
+                field,
+            )
+    expanded, pending = [], {placeholder: iter(indices) for placeholder, indices in kinds.items()}
     after_image = False
     for token in token_ids:
-        if token == placeholder:
-            layout = list(next(pending).token_ids)
+        if token in pending:
+            index = next(pending[token])
+            layout = list(layouts[index].token_ids)
             joined = merges.get((expanded[-1], layout[0])) if expanded else None
             if joined is not None:
                 expanded.pop()
                 layout[0] = joined
-            offsets.append(len(expanded))
+            offsets[index] = len(expanded)
             expanded += layout
             after_image = True
             continue
@@ -116,6 +152,11 @@ def expand_placeholders(
             expanded.append(token)
         after_image = False
     return expanded, offsets
+
+
+def _placeholder(layout: ImageLayout, vision: VisionConfig) -> int:
+    """The prompt token that marks where the layout goes."""
+    return vision.placeholder_id if layout.placeholder_id is None else layout.placeholder_id
 
 
 def _expanded_offsets(

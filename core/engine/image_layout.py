@@ -1,36 +1,53 @@
 """The prompt tokens one image becomes: LLaVA's run of placeholders (LLaVA-NeXT's as long as its
-base image and unpadded grid; Qwen2-VL's as long as its grid of merged patches), or Idefics3's
-tiles, each behind its row and column token, and the global image."""
+base image and unpadded grid; Qwen2-VL's as long as its grid of merged patches, a video's as
+long as its steps' grids), or Idefics3's tiles, each behind its row and column token, and the
+global image."""
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spyglass.core.engine.image_tiling import tile_grid
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models import anyres, pixtral_grid, qwen_grid
 from spyglass.core.models.vision_config import VisionConfig
 
+if TYPE_CHECKING:
+    from spyglass.core.engine.image_inputs import VideoClip
+
 
 @dataclass(frozen=True, slots=True)
 class ImageLayout:
     """The tokens an image's placeholder expands to; the runs ``(offset, length)`` of image
     tokens among them, which take the image's embeddings in order; and the shape of the pixels
-    the tower reads for it (``[tiles, channels, side, side]``; Qwen2-VL's ``[patches, values]``)."""
+    the tower reads for it (``[tiles, channels, side, side]``; Qwen2-VL's ``[patches, values]``);
+    the prompt token that marks where it goes (None: `VisionConfig.placeholder_id`)."""
 
     token_ids: tuple[int, ...]
     runs: tuple[tuple[int, int], ...]
     pixel_shape: tuple[int, ...]
+    placeholder_id: int | None = None
 
 
 def _tiles(vision: VisionConfig, count: int) -> tuple[int, ...]:
     return (count, vision.num_channels, vision.image_size, vision.image_size)
 
 
-def image_layout(vision: VisionConfig, width: int, height: int, alone: bool = True) -> ImageLayout:
+def image_layout(
+    vision: VisionConfig,
+    width: int,
+    height: int,
+    alone: bool = True,
+    clip: "VideoClip | None" = None,
+) -> ImageLayout:
     """The layout of an image of ``width`` x ``height`` pixels: LLaVA's `tokens_per_tile`
     placeholders (LLaVA-NeXT's `anyres.num_image_tokens`; ``alone``: the only image of its
     prompt; Gemma 3's between its prefix and suffix tokens), or, for Idefics3, its tiles
-    (`image_tiling.tile_grid`) and the global image as ``Idefics3Processor`` writes them.
-    ValueError for an image Qwen2-VL cannot read (`qwen_grid.resized_size`)."""
+    (`image_tiling.tile_grid`) and the global image as ``Idefics3Processor`` writes them. A
+    video's (``clip``, frames of that size): Qwen2-VL's video tokens, its steps' grids in turn.
+    ValueError for an image Qwen2-VL cannot read (`qwen_grid.resized_size`) and for a video to a
+    model that reads none."""
+    if clip is not None:
+        return _video_layout(vision, width, height, clip.steps)
     if vision.tower == "pixtral":
         return _pixtral_layout(vision, width, height)
     if vision.temporal_patch_size:
@@ -67,6 +84,16 @@ def image_layout(vision: VisionConfig, width: int, height: int, alone: bool = Tr
     return ImageLayout(tuple(tokens), runs, _tiles(vision, len(offsets)))
 
 
+def _video_layout(vision: VisionConfig, width: int, height: int, steps: int) -> ImageLayout:
+    if vision.video_token_id is None:
+        raise ValueError("this model reads no videos (Qwen2-VL and Qwen2.5-VL models read them)")
+    rows, cols = qwen_grid.patch_grid(width, height, vision, video=True)
+    count = steps * rows * cols // vision.scale_factor**2
+    tokens = (vision.video_token_id,) * count
+    pixels = (steps * rows * cols, vision.patch_pixels)
+    return ImageLayout(tokens, ((0, count),), pixels, vision.video_token_id)
+
+
 def _pixtral_layout(vision: VisionConfig, width: int, height: int) -> ImageLayout:
     """Mistral 3's: a row of image tokens per row of merged patches, each ended by a break, the
     last by the image's end (``PixtralProcessor``), over the image at its resized size."""
@@ -83,10 +110,15 @@ def _pixtral_layout(vision: VisionConfig, width: int, height: int) -> ImageLayou
 
 
 def checked_layout(
-    vision: VisionConfig, width: int, height: int, alone: bool, field: str
+    vision: VisionConfig,
+    width: int,
+    height: int,
+    alone: bool,
+    field: str,
+    clip: "VideoClip | None" = None,
 ) -> ImageLayout:
     """`image_layout`, its ValueError an `InvalidRequestError` naming ``field``."""
     try:
-        return image_layout(vision, width, height, alone)
+        return image_layout(vision, width, height, alone, clip)
     except ValueError as error:
         raise InvalidRequestError(str(error), field) from None

@@ -10,12 +10,16 @@ import torch
 from PIL import Image
 
 from spyglass.core.engine.image_anyres import anyres_tiles
-from spyglass.core.engine.image_inputs import ImagePixels
+from spyglass.core.engine.image_inputs import ImagePixels, VideoClip
 from spyglass.core.engine.image_patches import image_patches
 from spyglass.core.engine.image_tiling import split_image
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models import pixtral_grid, qwen_grid
 from spyglass.core.models.vision_config import VisionConfig
+
+UNKNOWN_VIDEO_FPS = 2.0
+"""The rate a video's frames are taken to be at when nothing says (frames given one by one): the
+rate Qwen's own video reader samples at."""
 
 MAX_IMAGE_PIXELS = 40_000_000
 """The largest image (width times height) a request may send: about 160 MB once decoded to RGBA.
@@ -100,8 +104,9 @@ def pixel_values(image: Image.Image, vision: VisionConfig, alone: bool = True) -
         return ImagePixels(_normalized(np.array(resized)[None], vision), *original)
     if vision.temporal_patch_size:
         resized = image.resize(qwen_grid.resized_size(*original, vision), resample=vision.resample)
-        pixels = _normalized(np.array(resized)[None], vision)[0]
-        return ImagePixels(image_patches(pixels, vision), *original)
+        return ImagePixels(
+            image_patches(_normalized(np.array(resized)[None], vision), vision), *original
+        )
     if vision.max_grid_tiles and not alone:  # LLaVA-OneVision: one of several images
         image = _pad_to_square(image, tuple(int(x * 255) for x in vision.image_mean))
         square = image.resize((vision.image_size, vision.image_size), resample=vision.resample)
@@ -123,6 +128,20 @@ def pixel_values(image: Image.Image, vision: VisionConfig, alone: bool = True) -
         # Beyond an edge PIL's crop fills with black: transformers' center_crop zero-pads the same.
         image = image.crop((left, top, left + size, top + size))
     return ImagePixels(_normalized(np.array(image)[None], vision), *original)
+
+
+def video_pixel_values(frames: list[Image.Image], fps: float | None, vision: VisionConfig):
+    """A video's `ImagePixels` for Qwen2-VL's tower: its ``frames`` (all one size) each RGB,
+    resized to the grid its size gives a video's frame (`qwen_grid.resized_size`), rescaled and
+    normalized, cut into patches a step of frames at a time (`image_patches`); each step lasts
+    ``temporal_patch_size`` frames at ``fps`` (None: `UNKNOWN_VIDEO_FPS`)."""
+    width, height = frames[0].size
+    size = qwen_grid.resized_size(width, height, vision, video=True)
+    resized = [_to_rgb(frame).resize(size, resample=vision.resample) for frame in frames]
+    pixels = _normalized(np.stack([np.asarray(frame) for frame in resized]), vision)
+    steps = -(-len(frames) // vision.temporal_patch_size)
+    clip = VideoClip(steps, vision.temporal_patch_size / (fps or UNKNOWN_VIDEO_FPS))
+    return ImagePixels(image_patches(pixels, vision), width, height, clip)
 
 
 def _normalized(tiles: np.ndarray, vision: VisionConfig) -> torch.Tensor:

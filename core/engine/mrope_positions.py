@@ -1,7 +1,10 @@
 """M-RoPE positions of a prompt with images (Qwen2-VL): text tokens count up one by one on all
 three axes; an image's tokens all sit at the position it starts at in time, and at that position
 plus their row and column in the image's grid of tokens; the text after an image goes on from
-the image's start plus its longer side, as transformers' ``get_rope_index`` counts."""
+the image's start plus its longer side, as transformers' ``get_rope_index`` counts. A video's
+steps sit one time position apart (Qwen2.5-VL: ``tokens_per_second`` a second, truncated), and
+the text after it goes on from the largest position it took, plus one, as Qwen's own
+``get_rope_index`` and vLLM count (transformers 5 goes on from its longer side)."""
 
 from dataclasses import dataclass
 
@@ -40,15 +43,28 @@ def prompt_positions(
         text = image.offset - at
         parts.append(np.broadcast_to(np.arange(text) + current, (3, text)))
         current += text
-        rows, cols = qwen_grid.token_grid(*image.size, vision)
-        grid_row, grid_col = np.divmod(np.arange(rows * cols), cols)
-        parts.append(np.stack([np.zeros(rows * cols, np.int64), grid_row, grid_col]) + current)
-        current += max(rows, cols)
+        rows, cols = qwen_grid.token_grid(*image.size, vision, video=image.clip is not None)
+        step, grid_row, grid_col = np.unravel_index(
+            np.arange(image.steps * rows * cols), (image.steps, rows, cols)
+        )
+        time = _step_times(step, image, vision)
+        parts.append(np.stack([time, grid_row, grid_col]) + current)
+        current += max(int(time[-1]) + 1, rows, cols)
         at = image.end
     text = num_prompt_tokens - at
     parts.append(np.broadcast_to(np.arange(text) + current, (3, text)))
     positions = np.concatenate(parts, axis=1).astype(np.int64)
     return PromptPositions(positions, int(positions.max()) + 1 - num_prompt_tokens)
+
+
+def _step_times(step: np.ndarray, image: ImageInput, vision: VisionConfig) -> np.ndarray:
+    """The time position of each token of ``image`` whose step is ``step``: the step itself, or
+    Qwen2.5-VL's step start in seconds times ``tokens_per_second``, truncated (in float32, in
+    that order, as Qwen's ``get_rope_index`` computes it)."""
+    if image.clip is None or not vision.tokens_per_second:
+        return step
+    seconds = step.astype(np.float32) * np.float32(image.clip.step_seconds)
+    return (seconds * np.float32(vision.tokens_per_second)).astype(np.int64)
 
 
 def step_rope_positions(

@@ -40,7 +40,8 @@ def _check_names(options: dict, known: tuple[str, ...]) -> None:
 
 def _pixel_bounds(vision: VisionConfig, options: dict) -> VisionConfig:
     """Qwen2-VL's ``min_pixels`` and ``max_pixels``: whole numbers, the least at most the most,
-    the most at least one merged patch."""
+    the most at least one merged patch; for images and video frames alike (transformers passes a
+    processor's call options to its image and video processors both)."""
     _check_names(options, ("min_pixels", "max_pixels"))
     least = options.get("min_pixels", vision.min_pixels)
     most = options.get("max_pixels", vision.max_pixels)
@@ -52,7 +53,13 @@ def _pixel_bounds(vision: VisionConfig, options: dict) -> VisionConfig:
             f"mm_processor_kwargs need 1 <= min_pixels <= max_pixels and max_pixels >= "
             f"{merged_patch} (one merged patch); got {least} and {most}"
         )
-    return dataclasses.replace(vision, min_pixels=least, max_pixels=most)
+    bounds = {"min_pixels": least, "max_pixels": most}
+    if vision.video_token_id is not None:
+        bounds |= {
+            "video_min_pixels": options.get("min_pixels", vision.video_min_pixels),
+            "video_max_pixels": options.get("max_pixels", vision.video_max_pixels),
+        }
+    return dataclasses.replace(vision, **bounds)
 
 
 def _splitting(vision: VisionConfig, options: dict) -> VisionConfig:

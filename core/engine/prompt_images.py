@@ -1,11 +1,17 @@
-"""A prompt and its images (PIL images) made into what the engine takes: the prompt with each
-image's placeholder expanded, and each image's pixels as the vision tower reads them."""
+"""A prompt, its images (PIL images) and its videos (`video_decode.VideoFrames`) made into what
+the engine takes: the prompt with each one's placeholder expanded, and each one's pixels as the
+vision tower reads them."""
 
 from collections.abc import Sequence
 
-from spyglass.core.engine.image_inputs import ImageInput, expand_placeholders, place_images
+from spyglass.core.engine.image_inputs import (
+    ImageInput,
+    VideoClip,
+    expand_placeholders,
+    place_images,
+)
 from spyglass.core.engine.image_layout import ImageLayout, checked_layout
-from spyglass.core.engine.image_preprocess import pixel_values
+from spyglass.core.engine.image_preprocess import pixel_values, video_pixel_values
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models.vision_config import VisionConfig
 
@@ -16,34 +22,42 @@ def images_in_prompt(
     vision: VisionConfig | None,
     max_model_len: int,
     field: str,
+    videos: Sequence = (),
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
-    """``token_ids`` with ``images`` placed (`image_inputs.place_images`); unchanged with none.
-    `InvalidRequestError` naming ``field`` for images to a model that reads none, or more than
-    its context holds (checked before any is resized)."""
-    if not images:
+    """``token_ids`` with ``images`` and ``videos`` placed (`image_inputs.place_images`);
+    unchanged with none. `InvalidRequestError` naming ``field`` for images or videos to a model
+    that reads none, or more than its context holds (checked before any is resized)."""
+    if not images and not videos:
         return token_ids, ()
     _check_reads_images(vision, field)
-    needed = sum(len(_layout(image, vision, len(images) == 1, field).token_ids) for image in images)
+    alone = len(images) + len(videos) == 1
+    needed = sum(len(layout.token_ids) for layout in _layouts(images, videos, vision, field))
     if needed > max_model_len:
         raise InvalidRequestError(
-            f"{len(images)} images take {needed} tokens, more than the model's context of "
+            f"{_counted(images, videos)} take {needed} tokens, more than the model's context of "
             f"{max_model_len}",
             field,
         )
-    pixels = [pixel_values(image, vision, len(images) == 1) for image in images]
+    pixels = [pixel_values(image, vision, alone) for image in images]
+    pixels += [video_pixel_values(list(video.frames), video.fps, vision) for video in videos]
     return place_images(token_ids, pixels, vision, field)
 
 
 def prompt_with_image_tokens(
-    token_ids: list[int], images: Sequence, vision: VisionConfig | None, field: str
+    token_ids: list[int],
+    images: Sequence,
+    vision: VisionConfig | None,
+    field: str,
+    videos: Sequence = (),
 ) -> list[int]:
-    """``token_ids`` with each image's placeholder expanded to the tokens the image becomes, laid
-    out from its size alone (nothing is resized): what a prompt counts. `InvalidRequestError`
-    naming ``field`` for images to a model that reads none or placeholders that do not match."""
-    if not images:
+    """``token_ids`` with each image's and video's placeholder expanded to the tokens it becomes,
+    laid out from its size alone (nothing is resized): what a prompt counts.
+    `InvalidRequestError` naming ``field`` for images or videos to a model that reads none or
+    placeholders that do not match."""
+    if not images and not videos:
         return token_ids
     _check_reads_images(vision, field)
-    layouts = [_layout(image, vision, len(images) == 1, field) for image in images]
+    layouts = _layouts(images, videos, vision, field)
     return expand_placeholders(token_ids, layouts, vision, field)[0]
 
 
@@ -54,5 +68,19 @@ def _check_reads_images(vision: VisionConfig | None, field: str) -> None:
         )
 
 
-def _layout(image, vision: VisionConfig, alone: bool, field: str) -> ImageLayout:
-    return checked_layout(vision, *image.size, alone, field)
+def _layouts(
+    images: Sequence, videos: Sequence, vision: VisionConfig, field: str
+) -> list[ImageLayout]:
+    """The layouts of ``images``, then of ``videos`` (their steps of frames at the first's size)."""
+    alone = len(images) + len(videos) == 1
+    layouts = [checked_layout(vision, *image.size, alone, field) for image in images]
+    for video in videos:
+        steps = -(-len(video.frames) // max(vision.temporal_patch_size, 1))
+        clip = VideoClip(steps, 0.0)
+        layouts.append(checked_layout(vision, *video.frames[0].size, alone, field, clip))
+    return layouts
+
+
+def _counted(images: Sequence, videos: Sequence) -> str:
+    parts = [f"{len(images)} images"] if images else []
+    return " and ".join([*parts, f"{len(videos)} videos"] if videos else parts)

@@ -39,13 +39,13 @@ def check_images(
     vision: VisionConfig | None,
     params: SamplingParams,
     max_model_len: int,
-    max_images: int | None = None,
+    limits: dict[str, int] | None = None,
 ) -> None:
     """`InvalidRequestError` naming ``multi_modal_data`` for images given to a model that reads
-    none, for a vision model's prompt that holds image placeholders with no image to fill them,
-    for an image that does not fill its placeholders or has other pixels than the tower's, and
-    for more images than ``max_images`` (``--limit-mm-per-prompt``), and for a truncation that
-    would cut through a prompt with images."""
+    none, for a vision model's prompt that holds image (or video) placeholders with none to fill
+    them, for an image or video that does not fill its placeholders or has other pixels than the
+    tower's, for more images or videos than ``limits`` allows (``--limit-mm-per-prompt``), and
+    for a truncation that would cut through a prompt with images."""
     if vision is None:
         if images:
             raise InvalidRequestError(
@@ -53,26 +53,32 @@ def check_images(
                 "multi_modal_data",
             )
         return
-    if not images:
-        if vision.image_token_id in prompt_token_ids:
+    for kind, token in (("image", vision.image_token_id), ("video", vision.video_token_id)):
+        count = sum((image.clip is not None) == (kind == "video") for image in images)
+        if not count and token is not None and token in prompt_token_ids:
             raise InvalidRequestError(
-                "the prompt holds image placeholder tokens but no images", "multi_modal_data"
+                f"the prompt holds {kind} placeholder tokens but no {kind}s", "multi_modal_data"
             )
+        limit = (limits or {}).get(kind)
+        if limit is not None and count > limit:
+            raise InvalidRequestError(
+                f"a prompt may hold at most {limit} {kind}s (--limit-mm-per-prompt)",
+                "multi_modal_data",
+            )
+    if not images:
         return
-    if max_images is not None and len(images) > max_images:
-        raise InvalidRequestError(
-            f"a prompt may hold at most {max_images} images (--limit-mm-per-prompt)",
-            "multi_modal_data",
-        )
     for image in images:
-        layout = checked_layout(vision, *image.size, len(images) == 1, "multi_modal_data")
+        layout = checked_layout(
+            vision, *image.size, len(images) == 1, "multi_modal_data", image.clip
+        )
+        token = vision.image_token_id if image.clip is None else vision.video_token_id
         if (
             image.offset < 0
             or image.runs != layout.runs
             or image.length != len(layout.token_ids)
             or tuple(image.pixel_values.shape) != layout.pixel_shape
             or any(
-                prompt_token_ids[start:end] != [vision.image_token_id] * (end - start)
+                prompt_token_ids[start:end] != [token] * (end - start)
                 for start, end, _ in image.embedding_runs()
             )
         ):

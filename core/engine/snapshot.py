@@ -76,5 +76,7 @@ class ModelDescription:
     """A vision model's image token and preprocessing (None: the model reads no images)."""
     max_images_per_prompt: int | None = None
     """The most images a prompt may hold (``--limit-mm-per-prompt``; None: the context bounds it)."""
+    max_videos_per_prompt: int | None = None
+    """The most videos a prompt may hold (as ``max_images_per_prompt``)."""
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     """What a request that leaves sampling settings out gets (``--generation-config``)."""

@@ -20,6 +20,19 @@ def image_processor_config(model_dir: Path) -> dict:
     return {}
 
 
+def video_processor_config(model_dir: Path) -> dict:
+    """The video processor's config, where transformers looks for it: processor_config.json's
+    ``video_processor``, video_preprocessor_config.json, else the image processor's
+    preprocessor_config.json; empty when there is none."""
+    nested = model_dir / "processor_config.json"
+    if nested.is_file() and "video_processor" in (saved := json.loads(nested.read_text())):
+        return saved["video_processor"]
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        if (model_dir / name).is_file():
+            return json.loads((model_dir / name).read_text())
+    return {}
+
+
 def pixel_scaling(processor: dict) -> dict:
     """The `VisionConfig` fields of an image processor's resampling and scaling: ``resample``,
     ``rescale_factor``, ``image_mean`` and ``image_std`` (its config's, over the defaults it

@@ -6,7 +6,11 @@ checkpoint's parameter names mapped to the ones the models use."""
 
 from pathlib import Path
 
-from spyglass.core.loaders.image_processor_config import image_processor_config, pixel_scaling
+from spyglass.core.loaders.image_processor_config import (
+    image_processor_config,
+    pixel_scaling,
+    video_processor_config,
+)
 from spyglass.core.loaders.llava_config import check_steps_on, with_prefixes_renamed
 from spyglass.core.models.vision_config import VisionConfig
 
@@ -70,6 +74,10 @@ _PROCESSOR_DEFAULTS = {
     "image_mean": [0.48145466, 0.4578275, 0.40821073],
     "image_std": [0.26862954, 0.26130258, 0.27577711],
 }
+# Qwen2VLVideoProcessor's frame sizes, in pixels, where its config gives none.
+_VIDEO_PIXELS = {"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28}
+# The models whose videos run: Qwen3-VL's frames are timed by text between them.
+_VIDEO_CLASSES = (QWEN2_VL_CLASS, QWEN2_5_VL_CLASS)
 # The Hub's names (``visual.``, ``model.``) and transformers 5's (``model.visual.``,
 # ``model.language_model.``) to the models' own.
 _RENAMES = (
@@ -163,7 +171,26 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
         full_attention_layers=tuple(tower.get("fullatt_block_indexes", ())),
         position_grid=grid if qwen3 else 0,
         deepstack_layers=tuple(tower.get("deepstack_visual_indexes", ())) if qwen3 else (),
+        **_video_fields(config, architecture, tower, model_dir),
     )
+
+
+def _video_fields(config: dict, architecture: str, tower: dict, model_dir: Path) -> dict:
+    """The `VisionConfig` fields of the model's videos: its video token and frame sizes (the
+    video processor's ``min_pixels`` and ``max_pixels``, else its ``size``), and Qwen2.5-VL's
+    ``tokens_per_second``; none for a model whose videos do not run."""
+    if architecture not in _VIDEO_CLASSES:
+        return {}
+    processor = video_processor_config(model_dir)
+    size = {**_VIDEO_PIXELS, **(processor.get("size") or {})}
+    return {
+        "video_token_id": config.get("video_token_id", 151656),
+        "video_min_pixels": processor.get("min_pixels", size["shortest_edge"]),
+        "video_max_pixels": processor.get("max_pixels", size["longest_edge"]),
+        "tokens_per_second": tower.get("tokens_per_second", 4)
+        if architecture == QWEN2_5_VL_CLASS
+        else 0.0,
+    }
 
 
 def canonical_names(weights: dict) -> dict:

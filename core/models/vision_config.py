@@ -55,6 +55,12 @@ class VisionConfig:
     projector normalizes with ``projector_norm_eps``; a row of its image's tokens ends with
     ``row_break_token_id``, the last with ``image_end_token_id``.
 
+    Videos (Qwen2-VL, Qwen2.5-VL): a ``video_token_id`` (None: the model reads no videos) marks
+    where each goes and becomes its tokens; its frames are resized within ``video_min_pixels``
+    and ``video_max_pixels``, every ``temporal_patch_size`` of them one step of tokens, and
+    Qwen2.5-VL's steps sit ``tokens_per_second`` time positions a second apart (0: one position a
+    step, Qwen2-VL's).
+
     The prompt: a ``placeholder_token_id`` (None: ``image_token_id``) marks where each image goes
     and becomes its tokens (`image_layout`), between ``image_prefix_ids`` and
     ``image_suffix_ids`` where the model has them (Gemma 3: ``"\n\n<start_of_image>"`` and
@@ -114,6 +120,10 @@ class VisionConfig:
     image_suffix_ids: tuple[int, ...] = ()
     token_merges: tuple[tuple[int, int, int], ...] = ()
     bidirectional: bool = False
+    video_token_id: int | None = None
+    video_min_pixels: int = 0
+    video_max_pixels: int = 0
+    tokens_per_second: float = 0.0
 
     @property
     def placeholder_id(self) -> int:

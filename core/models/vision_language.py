@@ -52,21 +52,31 @@ class ImageEncoding:
 
     @torch.inference_mode()
     def encode_images(
-        self, pixel_values: list[torch.Tensor], sizes: list[tuple[int, int]]
+        self,
+        pixel_values: list[torch.Tensor],
+        sizes: list[tuple[int, int]],
+        video_steps: list[int] | None = None,
     ) -> list[torch.Tensor]:
         """Each image's prompt embeddings ``[tokens, hidden_size]``, in the activations' dtype,
         for its preprocessed tiles ``[tiles, channels, image_size, image_size]`` (Qwen2-VL's
         patches ``[patches, patch_pixels]``) and its own ``(width, height)``; the tiles of all
-        the images run the tower together."""
+        the images run the tower together. Qwen2-VL's videos: ``video_steps`` (0: an image) of
+        frames of that size, each step read as an image of its own."""
         vision = self.arch.vision
         if vision.tower == "pixtral":  # images of their own sizes, one tile each
             return self.vision(pixel_values)
         if vision.temporal_patch_size:
-            grids = [qwen_grid.patch_grid(*size, vision) for size in sizes]
+            steps = video_steps or [0] * len(sizes)
+            grids = [
+                qwen_grid.patch_grid(*size, vision, video=count > 0)
+                for size, count in zip(sizes, steps)
+            ]
+            frames = [grid for grid, count in zip(grids, steps) for _ in range(max(count, 1))]
             patches = torch.cat(pixel_values).to(self.final_norm.device)
-            tokens = self.vision(patches, grids)
+            tokens = self.vision(patches, frames)
+            per_step = [rows * cols // vision.scale_factor**2 for rows, cols in grids]
             return list(
-                tokens.split([rows * cols // vision.scale_factor**2 for rows, cols in grids])
+                tokens.split([tokens * max(count, 1) for tokens, count in zip(per_step, steps)])
             )
         tiles = self.vision(torch.cat(pixel_values).to(self.final_norm.device))
         per_image = tiles.split([len(p) for p in pixel_values])

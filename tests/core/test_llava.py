@@ -241,7 +241,7 @@ def test_images_placed_by_hand_must_fill_their_placeholders(llava):
 
 def test_limit_mm_per_prompt_caps_the_images_of_a_prompt(tiny_llava_dir):
     with pytest.raises(ValueError, match="limit_mm_per_prompt"):
-        LLM(model=str(tiny_llava_dir), device="cpu", limit_mm_per_prompt={"video": 1})
+        LLM(model=str(tiny_llava_dir), device="cpu", limit_mm_per_prompt={"audio": 1})
     llm = LLM(
         model=str(tiny_llava_dir),
         dtype="float32",

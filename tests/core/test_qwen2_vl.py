@@ -294,13 +294,13 @@ def test_a_prompts_own_processor_options_are_refused(qwen):
     assert error.value.param == "mm_processor_kwargs"
 
 
-def test_videos_are_refused_not_read_as_text(qwen):
+def test_audio_is_refused_not_read_as_text(qwen):
     _, _, llm = qwen
-    video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
-    with pytest.raises(InvalidRequestError, match="'video_url' content parts") as error:
-        llm.chat([{"role": "user", "content": [video, {"type": "text", "text": "Hi"}]}])
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    with pytest.raises(InvalidRequestError, match="'input_audio' content parts") as error:
+        llm.chat([{"role": "user", "content": [audio, {"type": "text", "text": "Hi"}]}])
     assert error.value.param == "messages"
-    with pytest.raises(InvalidRequestError, match=r"\['video'\]: images are the only") as error:
-        llm.generate({"prompt": PROMPT, "multi_modal_data": {"video": [noise_image(1)] * 2}})
+    with pytest.raises(InvalidRequestError, match=r"\['audio'\]: images and videos") as error:
+        llm.generate({"prompt": PROMPT, "multi_modal_data": {"audio": b"RIFF"}})
     assert error.value.param == "multi_modal_data"
     assert not llm.engine.has_unfinished_requests

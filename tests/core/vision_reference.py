@@ -53,12 +53,15 @@ def assert_blocks_returned(llm) -> None:
     assert pool.num_free_blocks == pool.num_blocks
 
 
-def prefix_cache_runs(model_dir, prompt: str, image_start_token: int, images: list) -> list:
+def prefix_cache_runs(
+    model_dir, prompt: str, image_start_token: int, images: list, kind: str = "image"
+) -> list:
     """Greedy outputs of ``prompt`` with each of ``images`` in turn (the first and third the
-    same image, the second another of its size) on a prefix-caching engine of 4-token blocks,
-    after checking that the second reused only the blocks before the image (whose first token
-    is ``image_start_token``) and the third every full block of the first's prompt, with the
-    first's tokens; every block is back in the pool after."""
+    same image, the second another of its size; ``kind``: ``"video"`` for videos) on a
+    prefix-caching engine of 4-token blocks, after checking that the second reused only the
+    blocks before the image (whose first token is ``image_start_token``) and the third every
+    full block of the first's prompt, with the first's tokens; every block is back in the pool
+    after."""
     from spyglass.core.engine.sampling_params import SamplingParams
     from spyglass.core.llm import LLM
 
@@ -72,7 +75,7 @@ def prefix_cache_runs(model_dir, prompt: str, image_start_token: int, images: li
     )
     greedy = SamplingParams(temperature=0, max_tokens=8, logprobs=0)
     a, b, c = (
-        llm.generate({"prompt": prompt, "multi_modal_data": {"image": image}}, greedy)[0]
+        llm.generate({"prompt": prompt, "multi_modal_data": {kind: image}}, greedy)[0]
         for image in images
     )
     assert a.prompt_token_ids == b.prompt_token_ids  # same size: the same tokens
@@ -92,11 +95,13 @@ def chunked_runs(
     preempt_blocks: int | None,
     count_preemptions,
     max_tokens: int,
+    kind: str = "image",
 ) -> list:
-    """Greedy outputs (with logprobs) of ``prompt`` with each of ``images``, run together in
-    prefill chunks of ``chunk`` tokens over 8-token blocks: ``preempt_blocks`` of them, few
-    enough that requests are preempted and recomputed (None: 64, enough that none is), checked
-    after the run; every block is back in the pool after."""
+    """Greedy outputs (with logprobs) of ``prompt`` with each of ``images`` (``kind``:
+    ``"video"`` for videos), run together in prefill chunks of ``chunk`` tokens over 8-token
+    blocks: ``preempt_blocks`` of them, few enough that requests are preempted and recomputed
+    (None: 64, enough that none is), checked after the run; every block is back in the pool
+    after."""
     from spyglass.core.engine.sampling_params import SamplingParams
     from spyglass.core.llm import LLM
 
@@ -105,7 +110,7 @@ def chunked_runs(
     llm = LLM(model=str(model_dir), dtype="float32", device="cpu", **options)
     preemptions = count_preemptions(llm.engine)
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=0)
-    prompts = [{"prompt": prompt, "multi_modal_data": {"image": image}} for image in images]
+    prompts = [{"prompt": prompt, "multi_modal_data": {kind: image}} for image in images]
     outputs = llm.generate(prompts, greedy)
     assert_blocks_returned(llm)
     assert bool(preemptions.req_ids) == (preempt_blocks is not None)

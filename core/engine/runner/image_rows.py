@@ -66,13 +66,15 @@ def step_image_rows(
     keys, images = {}, {}
     for request, index in missing:
         image = request.images[index]
-        keys[request, index] = key = (image.digest, image.size)
+        keys[request, index] = key = (image.digest, image.size, image.clip)
         images.setdefault(key, image)
     kept = {key: cache.get(key) for key in images}
     new = [key for key, embeds in kept.items() if embeds is None]
     if new:
         encoded = encode_images(
-            [images[key].pixel_values for key in new], [images[key].size for key in new]
+            [images[key].pixel_values for key in new],
+            [images[key].size for key in new],
+            [images[key].clip.steps if images[key].clip else 0 for key in new],
         )
         for key, image_embeds in zip(new, encoded):
             kept[key] = image_embeds

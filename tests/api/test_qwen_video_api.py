@@ -1,0 +1,139 @@
+"""Qwen2.5-VL's videos over HTTP: the official OpenAI client sends a video part (an mp4 file, or
+vLLM's base64 JPEG frames) beside an image, streaming and not, and gets the offline API's
+answers for the same bytes; /tokenize counts the video's tokens; a video that is no video, and
+more videos than --limit-mm-per-prompt allows, are 400s naming the field, and the server serves
+on."""
+
+import base64
+import io
+import json
+
+import av
+import numpy as np
+import openai
+import pytest
+import requests
+
+from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.llm import LLM
+from tests.api.conftest import start_tiny
+from tests.core.vision_reference import data_url, noise_image
+
+QUESTION = "What happens?"
+IMAGE = noise_image(1, (50, 20))
+
+
+def mp4_url(seed: int, frames: int = 6, rate: int = 8) -> str:
+    """A data URL of an mp4 of ``frames`` random 48 x 32 frames at ``rate`` a second."""
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = 48, 32, "yuv420p"
+        for index in range(frames):
+            pixels = np.asarray(noise_image(seed * 100 + index, (48, 32)))
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode())
+    return "data:video/mp4;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def jpeg_frames_url(seed: int, frames: int = 4) -> str:
+    """vLLM's frames form: ``data:video/jpeg;base64,<frame>,<frame>,...``."""
+    chunks = []
+    for index in range(frames):
+        buffer = io.BytesIO()
+        noise_image(seed * 100 + index, (40, 28)).save(buffer, format="JPEG")
+        chunks.append(base64.b64encode(buffer.getvalue()).decode())
+    return "data:video/jpeg;base64," + ",".join(chunks)
+
+
+VIDEOS = {"mp4": mp4_url(2), "jpeg frames": jpeg_frames_url(3)}
+
+
+def messages(video_url: str, with_image: bool = False) -> list[dict]:
+    parts = [{"type": "video_url", "video_url": {"url": video_url}}]
+    if with_image:
+        parts.append({"type": "image_url", "image_url": {"url": data_url(IMAGE)}})
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen2_5_vl_dir, tmp_path_factory):
+    options = ["--dtype", "float32", "--limit-mm-per-prompt", json.dumps({"video": 1})]
+    started = start_tiny("thread", tiny_qwen2_5_vl_dir, tmp_path_factory.mktemp("qv"), *options)
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_qwen2_5_vl_dir) -> dict[tuple[str, bool], tuple[str, int]]:
+    """Per video (and with the image or not), the offline API's greedy answer and prompt length."""
+    llm = LLM(model=str(tiny_qwen2_5_vl_dir), dtype="float32", device="cpu")
+    answers = {}
+    for name, url in VIDEOS.items():
+        for with_image in (False, True):
+            chat = messages(url, with_image)
+            [output] = llm.chat(chat, SamplingParams(temperature=0, max_tokens=8))
+            answers[name, with_image] = (output.outputs[0].text, len(output.prompt_token_ids))
+    return answers
+
+
+def test_chat_with_videos_answers_as_the_offline_api(server, offline):
+    client = openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
+    )
+    for (name, with_image), (text, prompt_tokens) in offline.items():
+        chat = messages(VIDEOS[name], with_image)
+        response = client.chat.completions.create(
+            model="tiny", messages=chat, max_tokens=8, temperature=0
+        )
+        assert response.choices[0].message.content == text
+        assert response.usage.prompt_tokens == prompt_tokens
+        stream = client.chat.completions.create(
+            model="tiny", messages=chat, max_tokens=8, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+        counted = requests.post(
+            f"{server.base_url}/tokenize",
+            json={"messages": chat, "add_generation_prompt": True},
+            timeout=60,
+        ).json()
+        assert counted["count"] == prompt_tokens
+    assert len({text for text, _ in offline.values()}) > 1
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("data:video/mp4;base64," + base64.b64encode(b"not a video").decode(), "not a readable"),
+        ("data:image/png;base64,AAAA", "has type 'image/png'"),
+        ("https://example.com/a.mp4", "media are not fetched from example.com"),
+    ],
+)
+def test_bad_videos_are_400s_naming_the_field(server, url, message):
+    response = requests.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"model": "tiny", "messages": messages(url), "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert message in error["message"]
+    assert error["param"] == "messages"
+
+
+def test_more_videos_than_the_limit_are_a_400(server):
+    chat = messages(VIDEOS["mp4"])
+    chat[0]["content"].insert(0, {"type": "video_url", "video_url": {"url": VIDEOS["mp4"]}})
+    response = requests.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"model": "tiny", "messages": chat, "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 400
+    assert "at most 1 videos" in response.json()["error"]["message"]
+    ok = requests.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"model": "tiny", "messages": messages(VIDEOS["mp4"]), "max_tokens": 4},
+        timeout=60,
+    )
+    assert ok.status_code == 200
