@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 # 2: the architecture JSON gained the model-family fields (windows, soft-caps, experts).
 # 4: GGUF types the kernels do not multiply are kept as Q4_1 or Q8_0 blocks (`gguf_transcode`), not floats.
 # 5: vision models: tiles, grids and their arch fields; LLaVA-NeXT tying read from the outer config.
-_FORMAT_VERSION = "5"
+# 6: Qwen2-VL's and Qwen2.5-VL's video fields.
+_FORMAT_VERSION = "6"
 _WEIGHTS, _META = "weights.pt", "meta.json"
 
 

@@ -89,8 +89,9 @@ def request_attributes(request: Request, model: str) -> dict:
         "user.id": extra.get("user"),
         "spyglass.tenant": extra.get("tenant"),
         "spyglass.lora.name": request.lora_name,
-        "spyglass.request.images": len(request.images) or None,
-        # Their prompt tokens (tiles and markers): what the images cost the prefill.
+        "spyglass.request.images": sum(image.clip is None for image in request.images) or None,
+        "spyglass.request.videos": sum(image.clip is not None for image in request.images) or None,
+        # Their prompt tokens (tiles and markers): what the images and videos cost the prefill.
         "spyglass.request.image_tokens": sum(image.length for image in request.images) or None,
         # The HTTP call's work before the engine had it (template, tokens, images).
         "spyglass.request.preprocess_seconds": extra.get("preprocess_seconds"),

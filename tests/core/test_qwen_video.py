@@ -246,3 +246,18 @@ def test_limit_mm_per_prompt_caps_the_videos_of_a_prompt(make_tiny_qwen2_vl):
     assert error.value.param == "multi_modal_data"
     [output] = llm.generate({"prompt": PROMPT, "multi_modal_data": {"video": noise_video(2, 2)}})
     assert output.outputs[0].finish_reason in ("length", "stop")
+
+
+def test_spans_count_videos_apart_from_images(qwen):
+    from spyglass.plugins.tracing.attributes import request_attributes
+
+    _, _, llm = qwen
+    media = {"video": [noise_video(40, 2), noise_video(41, 3)], "image": [noise_image(42)]}
+    _, token_ids, placed = llm._prompt({"prompt": MIXED, "multi_modal_data": media})
+    llm.engine.add_request("traced", token_ids, SamplingParams(max_tokens=1), images=placed)
+    attributes = request_attributes(llm.engine.requests["traced"], "tiny")
+    assert (attributes["spyglass.request.videos"], attributes["spyglass.request.images"]) == (2, 1)
+    assert attributes["spyglass.request.image_tokens"] == sum(p.length for p in placed)
+    assert [p.clip is not None for p in placed] == [True, False, True]  # in prompt order
+    llm.engine.abort("traced")
+    assert_blocks_returned(llm)

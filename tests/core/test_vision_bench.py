@@ -22,11 +22,13 @@ from spyglass.core.llm import LLM
 TINY = ["--device", "cpu", "--kv-cache-memory", "16MiB", "--num-threads", "1"]
 
 
-def _compared(model_dir: Path, num_prompts: int = 3):
+def _compared(model_dir: Path, num_prompts: int = 3, *extra: str):
     """The parsed ``bench vision`` options and its comparison on ``model_dir``: a few prompts of
-    6 text tokens and an image, 4 tokens out, one run a side, HF in batches of 2."""
+    6 text tokens and an image, 4 tokens out, one run a side, HF in batches of 2; ``extra``
+    options."""
     argv = ["bench", "vision", "--model", str(model_dir), *TINY, "--num-prompts", str(num_prompts),
-            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2"]  # fmt: skip
+            "--text-tokens", "6", "--max-tokens", "4", "--repeats", "1", "--hf-batch-size", "2",
+            *extra]  # fmt: skip
     args = build_parser(argv).parse_args(argv)
     return args, vision.compare(args, model_dir)
 
@@ -111,6 +113,21 @@ def test_random_qwen2_5_vl_agrees_with_transformers(tmp_path, capsys):
     assert result.num_identical == 3
     vision.report(args, result)
     assert "one image (4 tokens)" in capsys.readouterr().out
+
+
+def test_bench_vision_with_videos_agrees_with_transformers(tmp_path, capsys):
+    # Videos of 5 frames at 56 x 56 pixels: 3 steps of 2 x 2 tokens.
+    tower = TowerShape(image_size=56, patch_size=14, hidden_size=32, num_layers=2, num_heads=2)
+    model_dir = write_random_qwen2_5_vl(tmp_path / "qwen", tower, 1, 0)
+    args, result = _compared(model_dir, 3, "--video-frames", "5")
+    assert result.tokens_per_image == 12
+    assert result.num_identical == 3
+    vision.report(args, result)
+    out = capsys.readouterr().out
+    assert "one video of 5 frames (12 tokens)" in out and "videos/s" in out
+    qwen3 = write_random_qwen3_vl(tmp_path / "qwen3", tower, 1, 0)
+    with pytest.raises(SystemExit, match="reads no videos"):
+        _compared(qwen3, 1, "--video-frames", "2")
 
 
 def test_random_gemma3_agrees_with_transformers(tmp_path, capsys):

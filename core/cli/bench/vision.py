@@ -10,7 +10,9 @@ built before SmolLM2-135M's language model (`random_vlm`): with ``--arch llava``
 the given shape (``llava-next``: on a 2 x 2 grid of tiles and the base image); with ``--arch
 smolvlm`` SmolVLM's layout, a SigLIP tower on tiles of ``--image-size`` pixels, images of
 ``--grid`` x ``--grid`` tiles plus the global one; with ``--arch qwen2.5-vl`` Qwen2.5-VL's, a
-windowed tower on 14-pixel patches of ``--image-size`` square images, merged 2 x 2.
+windowed tower on 14-pixel patches of ``--image-size`` square images, merged 2 x 2 (with
+``--video-frames N``, a video of N random frames of that size instead of each image, at 8 frames
+a second).
 The vision share is the tower's and projector's time over the model time of Spyglass's steps.
 """
 
@@ -43,11 +45,16 @@ from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.image_inputs import ImageInput
 from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.video_decode import VideoFrames
 from spyglass.core.models import qwen_grid
 from spyglass.core.models.vision_config import VisionConfig
 
 # transformers' model types of Qwen2-VL, Qwen2.5-VL and Qwen3-VL.
 _QWEN_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+# The rate of the bench's videos: a step of two frames takes a quarter second, one time position
+# of a random Qwen2.5-VL's (its tokens_per_second is 4), where transformers 5 counts positions as
+# Qwen does.
+_VIDEO_FPS = 8.0
 
 
 def add_parser(subparsers, argv) -> None:
@@ -76,6 +83,12 @@ def add_parser(subparsers, argv) -> None:
         "and gemma3: 448-pixel images)",
     )
     parser.add_argument("--grid", type=int, default=2, help="smolvlm: tiles a side of each image")
+    parser.add_argument(
+        "--video-frames",
+        type=int,
+        default=0,
+        help="qwen2.5-vl: each prompt holds a video of this many frames instead of an image",
+    )
     parser.add_argument("--patch-size", type=int, default=shape.patch_size)
     parser.add_argument("--vision-layers", type=int, default=shape.num_layers)
     parser.add_argument(
@@ -118,11 +131,11 @@ class _VisionTime:
 
 
 def vision_prompts(
-    engine: LLMEngine, num_prompts: int, text_tokens: int, seed: int
+    engine: LLMEngine, num_prompts: int, text_tokens: int, seed: int, video_frames: int = 0
 ) -> list[tuple[list[int], tuple[ImageInput, ...]]]:
     """Seeded prompts of ``text_tokens`` random tokens with one random image two thirds in,
     placed for ``engine``'s model: a square image of the tower's size, or of the longest edge a
-    tiling model resizes images to."""
+    tiling model resizes images to (``video_frames``: a video of that many such frames)."""
     vision = engine.arch.vision
     side = vision.image_size
     if vision.tiles is not None:
@@ -138,12 +151,13 @@ def vision_prompts(
         first_image_token = min(vision.image_token_id, vision.placeholder_id)
         text = rng.integers(FIRST_ORDINARY_TOKEN, first_image_token, text_tokens).tolist()
         cut = 2 * text_tokens // 3
-        pixels = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
-        token_ids = [*text[:cut], vision.placeholder_id, *text[cut:]]
+        pixels = rng.integers(0, 256, (max(video_frames, 1), side, side, 3), dtype=np.uint8)
+        images = [Image.fromarray(frame) for frame in pixels]
+        marker = vision.video_token_id if video_frames else vision.placeholder_id
+        token_ids = [*text[:cut], marker, *text[cut:]]
+        media = ([], [VideoFrames(tuple(images), _VIDEO_FPS)]) if video_frames else (images, [])
         prompts.append(
-            images_in_prompt(
-                token_ids, [Image.fromarray(pixels)], vision, engine.max_model_len, "bench"
-            )
+            images_in_prompt(token_ids, media[0], vision, engine.max_model_len, "bench", media[1])
         )
     return prompts
 
@@ -186,11 +200,20 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConf
         flat = ("llava", "gemma3", "mistral3", *_QWEN_TYPES)
         join = torch.cat if model_type in flat else torch.stack
         pixels = join([images[0].pixel_values for _, images in batch])
-        extra = {}
+        extra = {"pixel_values": pixels}
         if model_type == "llava_next":
             sizes = [images[0].size[::-1] for _, images in batch]
             extra["image_sizes"] = torch.tensor(sizes)
-        if model_type in _QWEN_TYPES:
+        clip = batch[0][1][0].clip
+        if model_type in _QWEN_TYPES and clip is not None:  # videos
+            grid = qwen_grid.patch_grid(*batch[0][1][0].size, vision, video=True)
+            extra = {
+                "pixel_values_videos": pixels,
+                "video_grid_thw": torch.tensor([[clip.steps, *grid]] * len(batch)),
+                "second_per_grid_ts": torch.tensor([clip.step_seconds] * len(batch)),
+                "mm_token_type_ids": 2 * (input_ids == vision.video_token_id).int(),
+            }
+        elif model_type in _QWEN_TYPES:
             grids = [qwen_grid.patch_grid(*images[0].size, vision) for _, images in batch]
             extra["image_grid_thw"] = torch.tensor([[1, *grid] for grid in grids])
             extra["mm_token_type_ids"] = (input_ids == vision.image_token_id).int()
@@ -203,7 +226,6 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConf
             generated = model.generate(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),  # equal lengths: no padding
-                pixel_values=pixels,
                 **extra,
                 max_new_tokens=max_tokens,
                 min_new_tokens=max_tokens,
@@ -223,7 +245,11 @@ def compare(args, model_dir: Path) -> VisionComparison:
         f"model {probe.model_name} dtype {probe.info.dtype} device {probe.info.device} "
         f"threads {torch.get_num_threads()} max_num_batched_tokens {config.max_num_batched_tokens}"
     )
-    prompts = vision_prompts(probe, args.num_prompts, args.text_tokens, args.seed)
+    if args.video_frames and probe.arch.vision.video_token_id is None:
+        raise SystemExit(f"--video-frames: {probe.model_name} reads no videos (qwen2.5-vl does)")
+    prompts = vision_prompts(
+        probe, args.num_prompts, args.text_tokens, args.seed, args.video_frames
+    )
     image, vision = prompts[0][1][0], probe.arch.vision
     probe.shutdown()
     del probe
@@ -294,12 +320,14 @@ def run(args) -> int:
 def report(args, result: VisionComparison) -> None:
     """Print ``result``: a row per side, the ratio, the vision share and the agreement."""
     tiles = f"{result.tiles_per_image} tiles, " if result.tiles_per_image > 1 else ""
+    item = f"video of {args.video_frames} frames" if args.video_frames else "image"
     print(
-        f"\nvision: {result.num_prompts} prompts of {args.text_tokens} text tokens and one image "
+        f"\nvision: {result.num_prompts} prompts of {args.text_tokens} text tokens and one {item} "
         f"({tiles}{result.tokens_per_image} tokens), {args.max_tokens} tokens generated each "
         f"(median of {args.repeats} runs)"
     )
-    print(f"{'engine':<26}{'seconds':>9}{'images/s':>10}{'output tok/s':>14}{'total tok/s':>13}")
+    rate = "videos/s" if args.video_frames else "images/s"
+    print(f"{'engine':<26}{'seconds':>9}{rate:>10}{'output tok/s':>14}{'total tok/s':>13}")
     for label, side in (
         ("spyglass", result.spyglass),
         (f"hf (batches of {args.hf_batch_size})", result.hf),
