@@ -25,6 +25,14 @@ def add_parser(subparsers, argv) -> None:
         help="an image before the prompt (a vision model's; repeat for several; with "
         "--no-chat-template the prompt places each with <image>)",
     )
+    parser.add_argument(
+        "--video",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a video file before the prompt, after the images (Qwen2-VL's and Qwen2.5-VL's; "
+        "at most 32 frames read, evenly spaced; repeat for several)",
+    )
     add_engine_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -50,7 +58,10 @@ def run(args) -> int:
     try:
         prompt, token_ids, images = _prompt(engine, args)
         engine.add_request("cli", token_ids, params, prompt=prompt, images=images)
-    except (OSError, InvalidRequestError) as error:  # an unreadable image, a refused prompt
+    except (
+        OSError,
+        InvalidRequestError,
+    ) as error:  # an unreadable image or video, a refused prompt
         print(f"error: {error}", file=sys.stderr)
         engine.shutdown()
         return 2
@@ -64,23 +75,29 @@ def run(args) -> int:
 
 
 def _prompt(engine, args):
-    """The prompt's text, token ids and placed images: the chat template over one user message
-    (its images first, for a vision model) unless ``--no-chat-template``."""
-    from spyglass.core.engine.chat_images import render_with_images
+    """The prompt's text, token ids and placed images and videos: the chat template over one user
+    message (its images and videos first, for a vision model) unless ``--no-chat-template``."""
+    from spyglass.core.engine.chat_images import VIDEO_FRAMES, render_with_images
     from spyglass.core.engine.image_preprocess import decode_image
     from spyglass.core.engine.prompt_images import images_in_prompt
+    from spyglass.core.engine.video_decode import video_from_bytes
 
     tokenizer, vision = engine.tokenizer, engine.arch.vision
     images = [decode_image(Path(path).read_bytes(), "--image") for path in args.image]
+    videos = [
+        video_from_bytes(Path(path).read_bytes(), "--video", VIDEO_FRAMES) for path in args.video
+    ]
     prompt = args.prompt
     if not args.no_chat_template:
         if vision is None:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         else:
-            parts = [{"type": "image"}] * len(images) + [{"type": "text", "text": prompt}]
+            media = [{"type": "image"}] * len(images) + [{"type": "video"}] * len(videos)
+            parts = [*media, {"type": "text", "text": prompt}]
             image_text = tokenizer.decode([vision.placeholder_id], skip_special_tokens=False)
             prompt = render_with_images(tokenizer, [{"role": "user", "content": parts}], image_text)
+    field = "--video" if videos else "--image"
     token_ids, placed = images_in_prompt(
-        tokenizer.encode(prompt), images, vision, engine.max_model_len, "--image"
+        tokenizer.encode(prompt), images, vision, engine.max_model_len, field, videos
     )
     return prompt, token_ids, placed

@@ -8,8 +8,6 @@ import base64
 import io
 import json
 
-import av
-import numpy as np
 import openai
 import pytest
 import requests
@@ -17,23 +15,15 @@ import requests
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.llm import LLM
 from tests.api.conftest import start_tiny
-from tests.core.vision_reference import data_url, noise_image
+from tests.core.vision_reference import data_url, mp4_bytes, noise_image
 
 QUESTION = "What happens?"
 IMAGE = noise_image(1, (50, 20))
 
 
-def mp4_url(seed: int, frames: int = 6, rate: int = 8) -> str:
-    """A data URL of an mp4 of ``frames`` random 48 x 32 frames at ``rate`` a second."""
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=rate)
-        stream.width, stream.height, stream.pix_fmt = 48, 32, "yuv420p"
-        for index in range(frames):
-            pixels = np.asarray(noise_image(seed * 100 + index, (48, 32)))
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
-        container.mux(stream.encode())
-    return "data:video/mp4;base64," + base64.b64encode(buffer.getvalue()).decode()
+def mp4_url(seed: int) -> str:
+    """A data URL of a random mp4 (`mp4_bytes`)."""
+    return "data:video/mp4;base64," + base64.b64encode(mp4_bytes(seed)).decode()
 
 
 def jpeg_frames_url(seed: int, frames: int = 4) -> str:
@@ -56,10 +46,12 @@ def messages(video_url: str, with_image: bool = False) -> list[dict]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_qwen2_5_vl_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(request, tiny_qwen2_5_vl_dir, tmp_path_factory):
+    """The server, its engine in its thread or in a process of its own (videos cross over)."""
     options = ["--dtype", "float32", "--limit-mm-per-prompt", json.dumps({"video": 1})]
-    started = start_tiny("thread", tiny_qwen2_5_vl_dir, tmp_path_factory.mktemp("qv"), *options)
+    log_dir = tmp_path_factory.mktemp("qv")
+    started = start_tiny(request.param, tiny_qwen2_5_vl_dir, log_dir, *options)
     yield started
     started.stop()
 

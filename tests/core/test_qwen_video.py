@@ -4,6 +4,10 @@ patches, each step read by the tower as an image of its own, the steps' tokens i
 a second apart); checked against transformers' models on tiny random checkpoints, beside images,
 through chunked prefill and the prefix cache."""
 
+import base64
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -19,6 +23,7 @@ from tests.core.vision_reference import (
     assert_blocks_returned,
     assert_greedy_as_transformers,
     chunked_runs,
+    mp4_bytes,
     noise_image,
     prefix_cache_runs,
 )
@@ -261,3 +266,18 @@ def test_spans_count_videos_apart_from_images(qwen):
     assert [p.clip is not None for p in placed] == [True, False, True]  # in prompt order
     llm.engine.abort("traced")
     assert_blocks_returned(llm)
+
+
+def test_spyglass_generate_with_a_video_answers_as_chat(qwen, tmp_path):
+    path, _, llm = qwen
+    (tmp_path / "clip.mp4").write_bytes(mp4_bytes(50))
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "generate", "What happens?",
+               "--model", str(path), "--video", str(tmp_path / "clip.mp4"), "--max-tokens", "8",
+               "--dtype", "float32", "--device", "cpu", "--num-threads", "1"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    url = "data:video/mp4;base64," + base64.b64encode(mp4_bytes(50)).decode()
+    part = {"type": "video_url", "video_url": {"url": url}}
+    chat = [{"role": "user", "content": [part, {"type": "text", "text": "What happens?"}]}]
+    [output] = llm.chat(chat, SamplingParams(temperature=0, max_tokens=8))
+    assert result.stdout.strip() == output.outputs[0].text.strip()

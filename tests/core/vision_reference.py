@@ -23,6 +23,24 @@ def data_url(image: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+def mp4_bytes(seed: int, frames: int = 6, size=(48, 32), rate: int = 8) -> bytes:
+    """An mp4 (MPEG-4 part 2) of ``frames`` seeded random frames of ``size`` at ``rate`` a
+    second, written by PyAV."""
+    import io
+
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = *size, "yuv420p"
+        for index in range(frames):
+            pixels = np.asarray(noise_image(seed * 100 + index, size))
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode())
+    return buffer.getvalue()
+
+
 def assert_greedy_as_transformers(output, model, inputs: dict, max_tokens: int) -> None:
     """``output`` has ``inputs``' prompt ids and the greedy tokens and logprobs transformers'
     ``model.generate(**inputs)`` gives (float32, to 2e-4)."""
