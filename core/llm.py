@@ -140,7 +140,9 @@ class LLM:
         prompts = []
         for conversation in conversations:
             # Images to a model that reads none are refused when the prompt is added.
-            plain, media = take_images(conversation, "messages")
+            plain, media = take_images(
+                conversation, "messages", video_frames=self.engine.config.video_frames
+            )
             if vision is None:
                 text = tokenizer.apply_chat_template(plain, **options)
             else:

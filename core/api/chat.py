@@ -58,6 +58,7 @@ from spyglass.core.api.tools import (
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.beam_search import BeamSearchParams
 from spyglass.core.engine.chat_images import ChatMedia, render_with_images, take_images
+from spyglass.core.engine.config import DEFAULT_VIDEO_FRAMES
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
@@ -128,12 +129,13 @@ def render_messages(
     template: TemplateOptions = TemplateOptions(),
     vision: "VisionConfig | None" = None,
     fetched: dict[str, bytes] | None = None,
+    video_frames: int = DEFAULT_VIDEO_FRAMES,
 ) -> tuple[list[dict], str, ChatMedia]:
     """Plain message dicts (HF's shape, tool calls and results included; an image part as
     ``{"type": "image"}``, a video's as ``{"type": "video"}``), the prompt the chat template
     makes, and the messages' images and videos. ``vision`` is the served vision model's (images
     are a 400 without it); ``fetched`` holds the bytes of image and video URLs other than data
-    URLs (`media_fetch`)."""
+    URLs (`media_fetch`); at most ``video_frames`` frames are read from a video file."""
     if not messages:
         raise APIError(400, f"{param} must not be empty", param)
     if template.chat_template is not None:
@@ -162,7 +164,7 @@ def render_messages(
     }
     media = ChatMedia()
     if vision is not None:
-        plain, media = take_images(plain, param, fetched)
+        plain, media = take_images(plain, param, fetched, video_frames)
     try:
         conversation = prompt_messages(plain, use, takes_tools)
         if vision is None:
@@ -190,7 +192,15 @@ async def render_conversation(
         _check_media_count(messages, VideoURLPart, serving.max_videos_per_prompt, param)
         fetched = await fetch_images(messages, serving.options, param)
     return await asyncio.to_thread(
-        render_messages, messages, serving.tokenizer, use, param, template, serving.vision, fetched
+        render_messages,
+        messages,
+        serving.tokenizer,
+        use,
+        param,
+        template,
+        serving.vision,
+        fetched,
+        serving.video_frames,
     )
 
 

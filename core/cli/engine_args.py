@@ -41,6 +41,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         '\'{"image": 4, "video": 1}\' (default: as many as the context holds)',
     )
     group.add_argument(
+        "--media-io-kwargs",
+        type=json.loads,
+        default={},
+        help='how media are read, as vLLM takes it: \'{"video": {"num_frames": 16}}\', the most '
+        "frames read from a video file, evenly spaced (default 32)",
+    )
+    group.add_argument(
         "--mm-processor-kwargs",
         type=json.loads,
         default={},
@@ -189,6 +196,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         image_cache_tokens=args.image_cache_tokens,
         mm_processor_kwargs=args.mm_processor_kwargs,
+        media_io_kwargs=args.media_io_kwargs,
         generation_config=args.generation_config,
         override_generation_config=args.override_generation_config,
         chat_template=args.chat_template,

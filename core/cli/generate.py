@@ -31,7 +31,7 @@ def add_parser(subparsers, argv) -> None:
         default=[],
         metavar="FILE",
         help="a video file before the prompt, after the images (Qwen2-VL's and Qwen2.5-VL's; "
-        "at most 32 frames read, evenly spaced; repeat for several)",
+        "at most 32 frames read, evenly spaced, or --media-io-kwargs'; repeat for several)",
     )
     add_engine_arguments(parser)
     parser.set_defaults(run=run)
@@ -58,10 +58,8 @@ def run(args) -> int:
     try:
         prompt, token_ids, images = _prompt(engine, args)
         engine.add_request("cli", token_ids, params, prompt=prompt, images=images)
-    except (
-        OSError,
-        InvalidRequestError,
-    ) as error:  # an unreadable image or video, a refused prompt
+    # An unreadable image or video, a refused prompt.
+    except (OSError, InvalidRequestError) as error:
         print(f"error: {error}", file=sys.stderr)
         engine.shutdown()
         return 2
@@ -77,7 +75,7 @@ def run(args) -> int:
 def _prompt(engine, args):
     """The prompt's text, token ids and placed images and videos: the chat template over one user
     message (its images and videos first, for a vision model) unless ``--no-chat-template``."""
-    from spyglass.core.engine.chat_images import VIDEO_FRAMES, render_with_images
+    from spyglass.core.engine.chat_images import render_with_images
     from spyglass.core.engine.image_preprocess import decode_image
     from spyglass.core.engine.prompt_images import images_in_prompt
     from spyglass.core.engine.video_decode import video_from_bytes
@@ -85,7 +83,8 @@ def _prompt(engine, args):
     tokenizer, vision = engine.tokenizer, engine.arch.vision
     images = [decode_image(Path(path).read_bytes(), "--image") for path in args.image]
     videos = [
-        video_from_bytes(Path(path).read_bytes(), "--video", VIDEO_FRAMES) for path in args.video
+        video_from_bytes(Path(path).read_bytes(), "--video", engine.config.video_frames)
+        for path in args.video
     ]
     prompt = args.prompt
     if not args.no_chat_template:

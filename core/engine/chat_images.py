@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spyglass.core.engine.config import DEFAULT_VIDEO_FRAMES
 from spyglass.core.engine.image_preprocess import decode_image
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.engine.video_decode import (
@@ -30,9 +31,6 @@ its frames (offline: an array ``[frames, height, width, 3]`` or a list of PIL im
 UNSERVED_PART_TYPES = ("input_audio", "audio_url")
 """Content part types of other media (vLLM's): refused, never passed to the template as text."""
 
-VIDEO_FRAMES = 32
-"""The most frames read from a video file, evenly spaced (vLLM's default)."""
-
 
 @dataclass(frozen=True, slots=True)
 class ChatMedia:
@@ -43,12 +41,15 @@ class ChatMedia:
 
 
 def take_images(
-    messages: list[dict[str, Any]], field: str, fetched: Mapping[str, bytes] | None = None
+    messages: list[dict[str, Any]],
+    field: str,
+    fetched: Mapping[str, bytes] | None = None,
+    video_frames: int = DEFAULT_VIDEO_FRAMES,
 ) -> tuple[list[dict], ChatMedia]:
     """``messages`` with each image part replaced by ``{"type": "image"}`` and each video part by
     ``{"type": "video"}``, and their `ChatMedia` (an ``image_url`` or ``video_url`` part's
     decoded from its data URL, or from ``fetched``, the bytes the HTTP server fetched for other
-    URLs)."""
+    URLs; at most ``video_frames`` frames read from a video file, evenly spaced)."""
     media = ChatMedia()
     plain = []
     for message in messages:
@@ -68,7 +69,7 @@ def take_images(
                 media.images.append(_image_of(part, field, fetched or {}))
                 parts.append({"type": "image"})
             elif part.get("type") in VIDEO_PART_TYPES:
-                media.videos.append(_video_of(part, field, fetched or {}))
+                media.videos.append(_video_of(part, field, fetched or {}, video_frames))
                 parts.append({"type": "video"})
             else:
                 parts.append(part)
@@ -88,15 +89,17 @@ def _image_of(part: dict, field: str, fetched: Mapping[str, bytes]):
     return value
 
 
-def _video_of(part: dict, field: str, fetched: Mapping[str, bytes]) -> VideoFrames:
+def _video_of(
+    part: dict, field: str, fetched: Mapping[str, bytes], video_frames: int
+) -> VideoFrames:
     kind = part["type"]
     value = part.get(kind)
     if kind == "video":
         return video_from_frames(value, field)
     url = value.get("url") if isinstance(value, dict) else value
     if url in fetched:
-        return video_from_bytes(fetched[url], field, VIDEO_FRAMES)
-    return video_from_data_url(url, field, VIDEO_FRAMES)
+        return video_from_bytes(fetched[url], field, video_frames)
+    return video_from_data_url(url, field, video_frames)
 
 
 def data_url_bytes(url: str, field: str) -> bytes:

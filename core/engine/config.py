@@ -18,6 +18,10 @@ QUANTIZATIONS = ("auto", "none", "int8", "dual")
 # auto: the model's dtype. float16: half the bytes of a float32 model's cache on the CPU.
 KV_CACHE_DTYPES = ("auto", "float16")
 
+DEFAULT_VIDEO_FRAMES = 32
+"""The most frames read from a video file, evenly spaced, unless ``media_io_kwargs`` says (vLLM's
+default)."""
+
 
 def dtype_named(name: str) -> "torch.dtype":
     """The torch dtype called ``name`` (one of `DTYPE_NAMES`)."""
@@ -92,7 +96,9 @@ class EngineConfig:
     for other requests with the same image (0: none kept). ``mm_processor_kwargs`` (vLLM's
     option) changes a vision model's image processor settings for every request
     (`processor_options`: Qwen2-VL's ``min_pixels`` / ``max_pixels``, Idefics3's
-    ``do_image_splitting``). ``generation_config`` is where requests' sampling defaults come
+    ``do_image_splitting``). ``media_io_kwargs`` (vLLM's option) sets how media are read:
+    ``{"video": {"num_frames": N}}``, the most frames read from a video file, evenly spaced (32 by
+    default; `video_frames`). ``generation_config`` is where requests' sampling defaults come
     from, as vLLM's option says (`sampling_defaults`: ``auto``, the model's
     generation_config.json; ``vllm``, none; or a directory holding one), with
     ``override_generation_config`` (keys of a generation config) on top. ``chat_template`` (a
@@ -133,9 +139,15 @@ class EngineConfig:
     limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
     image_cache_tokens: int = 16384
     mm_processor_kwargs: dict = field(default_factory=dict)
+    media_io_kwargs: dict = field(default_factory=dict)
     generation_config: str = "auto"
     override_generation_config: dict = field(default_factory=dict)
     chat_template: str | None = None
+
+    @property
+    def video_frames(self) -> int:
+        """The most frames read from a video file (``media_io_kwargs``; vLLM's default, 32)."""
+        return self.media_io_kwargs.get("video", {}).get("num_frames", DEFAULT_VIDEO_FRAMES)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -174,6 +186,7 @@ class EngineConfig:
                     'limit_mm_per_prompt takes {"image": N, "video": M} with N, M >= 0 (images '
                     f"and videos are the modalities served), got {self.limit_mm_per_prompt!r}"
                 )
+        _check_media_io(self.media_io_kwargs)
         if self.image_cache_tokens < 0:
             raise ValueError(
                 f"image_cache_tokens must be at least 0, got {self.image_cache_tokens}"
@@ -239,3 +252,16 @@ class EngineConfig:
                 "--async-scheduling does not combine with --speculative: drafts need the last token"
             )
         return async_output, self.async_scheduling
+
+
+def _check_media_io(options: dict) -> None:
+    """ValueError unless ``options`` is ``{}`` or ``{"video": {"num_frames": N}}``, N >= 1."""
+    video = options.get("video", {})
+    video = video if isinstance(video, dict) else {"num_frames": None}
+    frames = video.get("num_frames", 1)
+    whole = isinstance(frames, int) and not isinstance(frames, bool)
+    if set(options) - {"video"} or set(video) - {"num_frames"} or not whole or frames < 1:
+        raise ValueError(
+            'media_io_kwargs takes {"video": {"num_frames": N}} with N >= 1 (the most frames '
+            f"read from a video file), got {options!r}"
+        )

@@ -207,6 +207,8 @@ class LLMEngine:
             log.info(
                 "image processor options (mm_processor_kwargs): %s", config.mm_processor_kwargs
             )
+        if config.media_io_kwargs:
+            log.info("media reading options (media_io_kwargs): %s", config.media_io_kwargs)
         if config.chat_template is not None:
             log.info("chat template (--chat-template): %s", config.chat_template[:200])
         if self.sampling_defaults.changed():
@@ -643,6 +645,7 @@ class LLMEngine:
             vision=self.arch.vision,
             max_images_per_prompt=self.config.limit_mm_per_prompt.get("image"),
             max_videos_per_prompt=self.config.limit_mm_per_prompt.get("video"),
+            video_frames=self.config.video_frames,
             sampling_defaults=self.sampling_defaults,
         )
 

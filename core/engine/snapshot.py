@@ -78,5 +78,7 @@ class ModelDescription:
     """The most images a prompt may hold (``--limit-mm-per-prompt``; None: the context bounds it)."""
     max_videos_per_prompt: int | None = None
     """The most videos a prompt may hold (as ``max_images_per_prompt``)."""
+    video_frames: int = 32
+    """The most frames read from a video file (``--media-io-kwargs``)."""
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     """What a request that leaves sampling settings out gets (``--generation-config``)."""

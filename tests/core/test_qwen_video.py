@@ -16,7 +16,7 @@ from spyglass.core.engine.image_preprocess import video_pixel_values
 from spyglass.core.engine.mrope_positions import prompt_positions
 from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
-from spyglass.core.engine.video_decode import VideoFrames
+from spyglass.core.engine.video_decode import VideoFrames, video_from_bytes
 from spyglass.core.llm import LLM
 from tests.core.test_qwen2_vl import IMAGE, HFQwen
 from tests.core.vision_reference import (
@@ -281,3 +281,27 @@ def test_spyglass_generate_with_a_video_answers_as_chat(qwen, tmp_path):
     chat = [{"role": "user", "content": [part, {"type": "text", "text": "What happens?"}]}]
     [output] = llm.chat(chat, SamplingParams(temperature=0, max_tokens=8))
     assert result.stdout.strip() == output.outputs[0].text.strip()
+
+
+def test_media_io_kwargs_caps_the_frames_read_from_a_file(make_tiny_qwen2_vl):
+    path = str(make_tiny_qwen2_vl("Qwen2VL"))
+    data = mp4_bytes(60, frames=12)
+    part = {
+        "type": "video_url",
+        "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(data).decode()},
+    }
+    chat = [{"role": "user", "content": [part, {"type": "text", "text": "What happens?"}]}]
+    capped = LLM(
+        model=path, dtype="float32", device="cpu", media_io_kwargs={"video": {"num_frames": 4}}
+    )
+    [output] = capped.chat(chat, GREEDY)
+    four = video_from_bytes(data, "", 4)
+    [expected] = capped.generate({"prompt": PROMPT, "multi_modal_data": {"video": four}}, GREEDY)
+    assert output.prompt_token_ids == expected.prompt_token_ids
+    assert output.outputs[0].token_ids == expected.outputs[0].token_ids
+    [whole] = LLM(model=path, dtype="float32", device="cpu").chat(chat, GREEDY)
+    pad = capped.engine.arch.vision.video_token_id
+    # 12 frames are 6 steps, 4 are 2: a third of the video tokens.
+    assert 3 * output.prompt_token_ids.count(pad) == whole.prompt_token_ids.count(pad)
+    with pytest.raises(ValueError, match="media_io_kwargs"):
+        LLM(model=path, device="cpu", media_io_kwargs={"video": {"fps": 2}})
