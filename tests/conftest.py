@@ -553,6 +553,7 @@ TINY_TOWER = dict(
 LLAVA_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'].upper() }}: "
     "{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '<image>\\n' }}"
+    "{% elif part['type'] == 'video' %}{{ '<video>\\n' }}"
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{{ '\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
 )
@@ -712,21 +713,26 @@ def _tiny_llava_grid(tokenizer, path: Path, onevision: bool) -> Path:
     """A random LlavaNextForConditionalGeneration (the CLIP tower of `TINY_TOWER`, 16 tokens a
     tile, before a 2-layer Llama, `TINY_PINPOINTS`) or, with ``onevision``, a
     LlavaOnevisionForConditionalGeneration (its SigLIP tower, every patch, before a 2-layer
-    Qwen2; `TINY_ONEVISION_PINPOINTS`; grids shrunk past 2 tiles' worth: ``anyres_max_2``),
-    saved as llava-hf's checkpoints are (preprocessor_config.json and the tokenizer)."""
+    Qwen2; `TINY_ONEVISION_PINPOINTS`; grids shrunk past 2 tiles' worth: ``anyres_max_2``; a
+    ``<video>`` token after ``<image>``), saved as llava-hf's checkpoints are
+    (preprocessor_config.json and the tokenizer)."""
     import transformers
 
+    image_token = len(tokenizer) - 1
+    extra = {}
+    if onevision:  # and its videos
+        tokenizer.add_tokens(["<video>"], special_tokens=True)
+        extra = {"vision_aspect_ratio": "anyres_max_2", "video_token_index": len(tokenizer) - 1}
     text = getattr(transformers, "Qwen2Config" if onevision else "LlamaConfig")(
         **TINY_SHAPE, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2
     )
     tower = getattr(transformers, "SiglipVisionConfig" if onevision else "CLIPVisionConfig")
     kind = "Onevision" if onevision else "Next"
     pinpoints = TINY_ONEVISION_PINPOINTS if onevision else TINY_PINPOINTS
-    extra = {"vision_aspect_ratio": "anyres_max_2"} if onevision else {}
     config = getattr(transformers, f"Llava{kind}Config")(
         vision_config=tower(**TINY_TOWER),
         text_config=text,
-        image_token_index=len(tokenizer) - 1,
+        image_token_index=image_token,
         image_grid_pinpoints=pinpoints,
         **extra,
     )

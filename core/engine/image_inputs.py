@@ -76,7 +76,8 @@ def place_images(
 ) -> tuple[list[int], tuple[ImageInput, ...]]:
     """The prompt with each image's (and video's) placeholder expanded (`expand_placeholders`),
     and their `ImageInput` in prompt order."""
-    alone = len(pixels) == 1
+    # Whether an image is its prompt's only one (LLaVA-OneVision's): videos do not count.
+    alone = sum(image.clip is None for image in pixels) == 1
     layouts = [
         image_layout(vision, image.width, image.height, alone, image.clip) for image in pixels
     ]

@@ -85,8 +85,16 @@ def image_layout(
 
 
 def _video_layout(vision: VisionConfig, width: int, height: int, steps: int) -> ImageLayout:
+    """Qwen2-VL's video tokens, its steps' grids in turn; LLaVA-OneVision's, each frame's pooled
+    features in turn and the video's newline."""
     if vision.video_token_id is None:
-        raise ValueError("this model reads no videos (Qwen2-VL and Qwen2.5-VL models read them)")
+        raise ValueError(
+            "this model reads no videos (Qwen2-VL, Qwen2.5-VL and LLaVA-OneVision models read them)"
+        )
+    if not vision.temporal_patch_size:
+        count = steps * vision.video_tokens_per_frame + 1
+        tokens = (vision.video_token_id,) * count
+        return ImageLayout(tokens, ((0, count),), _tiles(vision, steps), vision.video_token_id)
     rows, cols = qwen_grid.patch_grid(width, height, vision, video=True)
     count = steps * rows * cols // vision.scale_factor**2
     tokens = (vision.video_token_id,) * count

@@ -131,16 +131,24 @@ def pixel_values(image: Image.Image, vision: VisionConfig, alone: bool = True) -
 
 
 def video_pixel_values(frames: list[Image.Image], fps: float | None, vision: VisionConfig):
-    """A video's `ImagePixels` for Qwen2-VL's tower: its ``frames`` (all one size) each RGB,
-    resized to the grid its size gives a video's frame (`qwen_grid.resized_size`), rescaled and
-    normalized, cut into patches a step of frames at a time (`image_patches`); each step lasts
-    ``temporal_patch_size`` frames at ``fps`` (None: `UNKNOWN_VIDEO_FPS`)."""
+    """A video's `ImagePixels`: its ``frames`` (all one size) each RGB, resized, rescaled and
+    normalized. For Qwen2-VL's tower, resized to the grid its size gives a video's frame
+    (`qwen_grid.resized_size`) and cut into patches a step of frames at a time
+    (`image_patches`); each step lasts ``temporal_patch_size`` frames at ``fps`` (None:
+    `UNKNOWN_VIDEO_FPS`). For LLaVA-OneVision's, each frame a tile: a tower-sized square (as
+    ``LlavaOnevisionVideoProcessor`` resizes it, its aspect not kept), a step each."""
     width, height = frames[0].size
+    seconds = 1 / (fps or UNKNOWN_VIDEO_FPS)
+    if not vision.temporal_patch_size:
+        side = (vision.image_size, vision.image_size)
+        squares = [_to_rgb(frame).resize(side, resample=vision.resample) for frame in frames]
+        pixels = _normalized(np.stack([np.asarray(square) for square in squares]), vision)
+        return ImagePixels(pixels, width, height, VideoClip(len(frames), seconds))
     size = qwen_grid.resized_size(width, height, vision, video=True)
     resized = [_to_rgb(frame).resize(size, resample=vision.resample) for frame in frames]
     pixels = _normalized(np.stack([np.asarray(frame) for frame in resized]), vision)
     steps = -(-len(frames) // vision.temporal_patch_size)
-    clip = VideoClip(steps, vision.temporal_patch_size / (fps or UNKNOWN_VIDEO_FPS))
+    clip = VideoClip(steps, vision.temporal_patch_size * seconds)
     return ImagePixels(image_patches(pixels, vision), width, height, clip)
 
 

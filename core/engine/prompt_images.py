@@ -30,7 +30,7 @@ def images_in_prompt(
     if not images and not videos:
         return token_ids, ()
     _check_reads_images(vision, field)
-    alone = len(images) + len(videos) == 1
+    alone = len(images) == 1  # LLaVA-OneVision's image alone (videos aside)
     needed = sum(len(layout.token_ids) for layout in _layouts(images, videos, vision, field))
     if needed > max_model_len:
         raise InvalidRequestError(
@@ -72,12 +72,12 @@ def _layouts(
     images: Sequence, videos: Sequence, vision: VisionConfig, field: str
 ) -> list[ImageLayout]:
     """The layouts of ``images``, then of ``videos`` (their steps of frames at the first's size)."""
-    alone = len(images) + len(videos) == 1
+    alone = len(images) == 1
     layouts = [checked_layout(vision, *image.size, alone, field) for image in images]
     for video in videos:
         steps = -(-len(video.frames) // max(vision.temporal_patch_size, 1))
         clip = VideoClip(steps, 0.0)
-        layouts.append(checked_layout(vision, *video.frames[0].size, alone, field, clip))
+        layouts.append(checked_layout(vision, *video.frames[0].size, True, field, clip))
     return layouts
 
 

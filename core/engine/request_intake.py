@@ -67,10 +67,9 @@ def check_images(
             )
     if not images:
         return
+    alone = sum(image.clip is None for image in images) == 1
     for image in images:
-        layout = checked_layout(
-            vision, *image.size, len(images) == 1, "multi_modal_data", image.clip
-        )
+        layout = checked_layout(vision, *image.size, alone, "multi_modal_data", image.clip)
         token = vision.image_token_id if image.clip is None else vision.video_token_id
         if (
             image.offset < 0

@@ -135,8 +135,17 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
         projector_bias=config.get("multimodal_projector_bias", True),
         grid_pinpoints=pinpoints,
         max_grid_tiles=_max_grid_tiles(config) if onevision else 0,
+        video_token_id=_video_token(config) if onevision else None,
         **_preprocessing(model_dir / "preprocessor_config.json", vision["image_size"], tiled),
     )
+
+
+def _video_token(config: dict) -> int | None:
+    """LLaVA-OneVision's ``<video>`` token; None when the vocabulary has no such id (a checkpoint
+    that reads no videos)."""
+    token = config.get("video_token_id", config.get("video_token_index", 151647))
+    vocab_size = (config.get("text_config") or {}).get("vocab_size", config.get("vocab_size", 0))
+    return token if token < vocab_size else None
 
 
 def _max_grid_tiles(config: dict) -> int:

@@ -55,11 +55,13 @@ class VisionConfig:
     projector normalizes with ``projector_norm_eps``; a row of its image's tokens ends with
     ``row_break_token_id``, the last with ``image_end_token_id``.
 
-    Videos (Qwen2-VL, Qwen2.5-VL): a ``video_token_id`` (None: the model reads no videos) marks
-    where each goes and becomes its tokens; its frames are resized within ``video_min_pixels``
-    and ``video_max_pixels``, every ``temporal_patch_size`` of them one step of tokens, and
-    Qwen2.5-VL's steps sit ``tokens_per_second`` time positions a second apart (0: one position a
-    step, Qwen2-VL's).
+    Videos (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision): a ``video_token_id`` (None: the model reads
+    no videos) marks where each goes and becomes its tokens. Qwen2-VL's frames are resized within
+    ``video_min_pixels`` and ``video_max_pixels``, every ``temporal_patch_size`` of them one step
+    of tokens, and Qwen2.5-VL's steps sit ``tokens_per_second`` time positions a second apart
+    (0: one position a step, Qwen2-VL's). LLaVA-OneVision's frames are each a tower-sized square
+    whose features are pooled 2 x 2 (`video_tokens_per_frame`), the video's ended by
+    ``image_newline``.
 
     The prompt: a ``placeholder_token_id`` (None: ``image_token_id``) marks where each image goes
     and becomes its tokens (`image_layout`), between ``image_prefix_ids`` and
@@ -136,6 +138,13 @@ class VisionConfig:
     def patch_pixels(self) -> int:
         """The values of one patch as Qwen2-VL's tower reads it (channels x frames x side x side)."""
         return self.num_channels * self.temporal_patch_size * self.patch_size**2
+
+    @property
+    def video_tokens_per_frame(self) -> int:
+        """LLaVA-OneVision's tokens a video frame: its grid of features pooled 2 x 2 (bilinear,
+        rounded up)."""
+        side = self.image_size // self.patch_size
+        return (-(-side // 2)) ** 2
 
     @property
     def num_patches(self) -> int:

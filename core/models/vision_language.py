@@ -60,8 +60,9 @@ class ImageEncoding:
         """Each image's prompt embeddings ``[tokens, hidden_size]``, in the activations' dtype,
         for its preprocessed tiles ``[tiles, channels, image_size, image_size]`` (Qwen2-VL's
         patches ``[patches, patch_pixels]``) and its own ``(width, height)``; the tiles of all
-        the images run the tower together. Qwen2-VL's videos: ``video_steps`` (0: an image) of
-        frames of that size, each step read as an image of its own."""
+        the images run the tower together. Videos: ``video_steps`` (0: an image) of frames of that
+        size, Qwen2-VL's each step read as an image of its own, LLaVA-OneVision's each frame a
+        tile."""
         vision = self.arch.vision
         if vision.tower == "pixtral":  # images of their own sizes, one tile each
             return self.vision(pixel_values)
@@ -82,7 +83,21 @@ class ImageEncoding:
         per_image = tiles.split([len(p) for p in pixel_values])
         if self.image_newline is None:
             return [embeds.flatten(0, 1) for embeds in per_image]
-        return [self._pack_anyres(embeds, *size) for embeds, size in zip(per_image, sizes)]
+        videos = video_steps or [0] * len(sizes)
+        return [
+            self._pooled_frames(embeds) if video else self._pack_anyres(embeds, *size)
+            for embeds, size, video in zip(per_image, sizes, videos)
+        ]
+
+    def _pooled_frames(self, embeds: torch.Tensor) -> torch.Tensor:
+        """LLaVA-OneVision's video embeddings from its frames' ``[frames, side * side, hidden]``:
+        each frame's grid pooled 2 x 2 (bilinear, rounded up), frame after frame, then one
+        ``image_newline`` (transformers' ``get_video_features``)."""
+        frames, positions, hidden = embeds.shape
+        side = round(positions**0.5)
+        grid = embeds.view(frames, side, side, hidden).permute(0, 3, 1, 2)
+        pooled = F.interpolate(grid, size=[-(-side // 2)] * 2, mode="bilinear")
+        return torch.cat([pooled.permute(0, 2, 3, 1).reshape(-1, hidden), self.image_newline[None]])
 
     def _pack_anyres(self, embeds: torch.Tensor, width: int, height: int) -> torch.Tensor:
         """LLaVA-NeXT's image embeddings from its tiles' ``[tiles, side * side, hidden]``: the base
