@@ -30,7 +30,7 @@ def add_parser(subparsers, argv) -> None:
         action="append",
         default=[],
         metavar="FILE",
-        help="a video file before the prompt, after the images (Qwen2-VL's and Qwen2.5-VL's; "
+        help="a video file before the prompt, after the images (Qwen2-VL's, Qwen2.5-VL's, OneVision's; "
         "at most 32 frames read, evenly spaced, or --media-io-kwargs'; repeat for several)",
     )
     add_engine_arguments(parser)

@@ -1,4 +1,4 @@
-"""A request's video as the frames a Qwen2-VL-style vision model reads, taken as vLLM takes them:
+"""A request's video as the frames a vision model reads (Qwen2-VL, LLaVA-OneVision), taken as vLLM takes them:
 from a data URL of base64 frames (``data:video/jpeg;base64,<frame>,<frame>,...``), from a
 container file (mp4, webm, avi, mkv, ...) decoded by PyAV with at most ``max_frames`` frames
 sampled uniformly as vLLM's OpenCV loader samples them, or from frames given offline."""
