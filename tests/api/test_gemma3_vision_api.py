@@ -6,13 +6,13 @@ waited for a whole image."""
 
 import re
 
-import openai
 import pytest
 import requests
 
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.llm import LLM
 from tests.api.conftest import start_tiny
+from tests.api.vision_chat import assert_chats_as_offline
 from tests.core.vision_reference import data_url, noise_image
 
 IMAGES = [noise_image(1, (50, 20)), noise_image(2, (24, 60)), noise_image(3, (200, 150))]
@@ -50,28 +50,11 @@ def offline(tiny_gemma3_vision_dir) -> dict[int, tuple[str, int, list[float]]]:
 
 
 def test_chat_with_images_answers_as_the_offline_api(server, offline):
-    client = openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
-    )
     for count, (text, prompt_tokens, logprobs) in offline.items():
         chat = messages(*IMAGES[:count])
-        response = client.chat.completions.create(
-            model="tiny", messages=chat, max_tokens=8, temperature=0, logprobs=True
-        )
-        assert response.choices[0].message.content == text
-        assert response.usage.prompt_tokens == prompt_tokens
+        response = assert_chats_as_offline(server, chat, text, prompt_tokens, logprobs=True)
         served = [entry.logprob for entry in response.choices[0].logprobs.content]
         assert served == pytest.approx(logprobs, abs=1e-4)
-        stream = client.chat.completions.create(
-            model="tiny", messages=chat, max_tokens=8, temperature=0, stream=True
-        )
-        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
-        counted = requests.post(
-            f"{server.base_url}/tokenize",
-            json={"messages": chat, "add_generation_prompt": True},
-            timeout=60,
-        ).json()
-        assert counted["count"] == prompt_tokens
     # Three images of 20 tokens each (16 image tokens, "\n\n" and the start and end tokens),
     # the two "\n\n" between images joined into one "\n\n\n\n" token twice.
     assert offline[3][1] - offline[1][1] == 2 * 20 - 2

@@ -8,13 +8,13 @@ import base64
 import io
 import json
 
-import openai
 import pytest
 import requests
 
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.llm import LLM
 from tests.api.conftest import start_tiny
+from tests.api.vision_chat import assert_chats_as_offline
 from tests.core.vision_reference import data_url, mp4_bytes, noise_image
 
 QUESTION = "What happens?"
@@ -70,26 +70,8 @@ def offline(tiny_qwen2_5_vl_dir) -> dict[tuple[str, bool], tuple[str, int]]:
 
 
 def test_chat_with_videos_answers_as_the_offline_api(server, offline):
-    client = openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
-    )
     for (name, with_image), (text, prompt_tokens) in offline.items():
-        chat = messages(VIDEOS[name], with_image)
-        response = client.chat.completions.create(
-            model="tiny", messages=chat, max_tokens=8, temperature=0
-        )
-        assert response.choices[0].message.content == text
-        assert response.usage.prompt_tokens == prompt_tokens
-        stream = client.chat.completions.create(
-            model="tiny", messages=chat, max_tokens=8, temperature=0, stream=True
-        )
-        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
-        counted = requests.post(
-            f"{server.base_url}/tokenize",
-            json={"messages": chat, "add_generation_prompt": True},
-            timeout=60,
-        ).json()
-        assert counted["count"] == prompt_tokens
+        assert_chats_as_offline(server, messages(VIDEOS[name], with_image), text, prompt_tokens)
     assert len({text for text, _ in offline.values()}) > 1
 
 

@@ -6,13 +6,13 @@ sizes; an image Qwen2-VL cannot read, and a request's own processor options, are
 import json
 import re
 
-import openai
 import pytest
 import requests
 
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.llm import LLM
 from tests.api.conftest import start_tiny
+from tests.api.vision_chat import assert_chats_as_offline
 from tests.core.vision_reference import data_url, noise_image
 
 QUESTION = "What differs?"
@@ -55,26 +55,9 @@ def offline(tiny_qwen2_5_vl_dir) -> dict[tuple[int, ...], tuple[str, int]]:
 
 
 def test_chat_with_images_answers_as_the_offline_api(server, offline):
-    client = openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
-    )
     for indices, (text, prompt_tokens) in offline.items():
         chat = messages(*(IMAGES[i] for i in indices))
-        response = client.chat.completions.create(
-            model="tiny", messages=chat, max_tokens=8, temperature=0
-        )
-        assert response.choices[0].message.content == text
-        assert response.usage.prompt_tokens == prompt_tokens
-        stream = client.chat.completions.create(
-            model="tiny", messages=chat, max_tokens=8, temperature=0, stream=True
-        )
-        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
-        counted = requests.post(
-            f"{server.base_url}/tokenize",
-            json={"messages": chat, "add_generation_prompt": True},
-            timeout=60,
-        ).json()
-        assert counted["count"] == prompt_tokens
+        assert_chats_as_offline(server, chat, text, prompt_tokens)
     assert offline[(0,)][0] != offline[(1, 2)][0]
     # Decoding and resizing the images is the calls' preprocessing, counted once a call.
     metrics = requests.get(f"{server.base_url}/metrics", timeout=60).text

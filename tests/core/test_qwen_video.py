@@ -305,3 +305,13 @@ def test_media_io_kwargs_caps_the_frames_read_from_a_file(make_tiny_qwen2_vl):
     assert 3 * output.prompt_token_ids.count(pad) == whole.prompt_token_ids.count(pad)
     with pytest.raises(ValueError, match="media_io_kwargs"):
         LLM(model=path, device="cpu", media_io_kwargs={"video": {"fps": 2}})
+
+
+def test_prompts_expanded_by_transformers_are_taken_as_they_are(qwen):
+    _, hf, llm = qwen
+    videos, images = [noise_video(70, 4), noise_video(71, 2, (24, 32))], [noise_image(72)]
+    inputs = hf.video_inputs(MIXED, videos, images)
+    expanded = inputs["input_ids"][0].tolist()
+    media = {"video": videos, "image": images}
+    [output] = llm.generate({"prompt_token_ids": expanded, "multi_modal_data": media}, GREEDY)
+    assert_greedy_as_transformers(output, hf.model, inputs, 8)
