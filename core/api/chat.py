@@ -150,8 +150,9 @@ def render_messages(
     if vision is None and any(isinstance(m["content"], list) for m in plain):
         raise APIError(
             400,
-            f"{param} holds an image: only a vision model's (LLaVA's) chat, Responses, Messages "
-            "and embeddings calls take images (not beam search)",
+            f"{param} holds an image or video: only a vision model's (LLaVA's) chat, Responses, "
+            "Messages and embeddings calls take images (not beam search); Qwen2-VL's and "
+            "LLaVA-OneVision's chat calls take videos",
             param,
         )
     takes_tools = tokenizer.template_takes_tools
