@@ -21,6 +21,12 @@ MAX_VIDEO_FRAMES_DECODED = 100_000
 """The most frames (or packets) read from one video file, about an hour at 25 frames per second:
 past it the video is refused, so a hostile file of countless tiny frames cannot hold the server."""
 
+MAX_VIDEO_PIXELS_DECODED = 30_000_000_000
+"""The most pixels decoded from one video file, its frames' pixels added up: about 10 minutes of
+1080p at 25 frames a second, a minute or two of decoding on two cores. Every frame is decoded to
+sample a few, so a long high-resolution file (highly compressible, small to send) is refused
+before it is decoded instead of holding a worker for hours."""
+
 FRAME_MIMES = ("video/jpeg", "video/png")
 """Data URL types whose base64 payload is vLLM's list of frames, each an image, comma-separated."""
 
@@ -160,14 +166,27 @@ def _check_count(count: int, field: str) -> None:
         )
 
 
+def _check_decoded_pixels(pixels: int, field: str) -> None:
+    if pixels > MAX_VIDEO_PIXELS_DECODED:
+        raise InvalidRequestError(
+            f"{field} is too long for its size: a video's frames may have at most "
+            f"{MAX_VIDEO_PIXELS_DECODED} pixels in all (fewer frames or smaller ones)",
+            field,
+        )
+
+
 def _count_packets(data: bytes, field: str) -> int:
-    """The number of non-empty packets of ``data``'s first video stream (one a frame, mostly)."""
+    """The number of non-empty packets of ``data``'s first video stream (one a frame, mostly);
+    refused past `MAX_VIDEO_FRAMES_DECODED`, or past `MAX_VIDEO_PIXELS_DECODED` at the stream's
+    frame size, before any is decoded."""
     count = 0
     with _read_as_video(field), av.open(io.BytesIO(data)) as container:
         stream = _video_stream(container, field)
+        frame_pixels = stream.codec_context.width * stream.codec_context.height
         for packet in container.demux(stream):
             count += packet.size > 0
             _check_count(count, field)
+            _check_decoded_pixels(count * frame_pixels, field)
     return count
 
 
@@ -177,13 +196,15 @@ def _decode_sampled(data: bytes, field: str, total: int, max_frames: int):
     the stream's average rate (None: unknown)."""
     wanted = set(sampled_indices(total, max_frames))
     frames = []
-    decoded = 0
+    decoded = pixels = 0
     with _read_as_video(field), av.open(io.BytesIO(data)) as container:
         stream = _video_stream(container, field)
         stream.thread_type = "AUTO"
         for frame in container.decode(stream):
             _check_count(decoded + 1, field)
             _check_pixels(frame.width, frame.height, field)
+            pixels += frame.width * frame.height
+            _check_decoded_pixels(pixels, field)
             if decoded in wanted:
                 frames.append(frame.to_image())
             decoded += 1

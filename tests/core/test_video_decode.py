@@ -202,6 +202,18 @@ def test_too_many_frames_are_refused(monkeypatch):
     refused(video_from_bytes, make_video(), FIELD, 8, match="at most 20 frames")
 
 
+def test_too_many_pixels_in_all_are_refused_before_decoding(monkeypatch):
+    # 24 frames of 64 x 48: refused past 10 frames' pixels while counting, before decoding.
+    monkeypatch.setattr(video_decode, "MAX_VIDEO_PIXELS_DECODED", 10 * WIDTH * HEIGHT)
+    decoded = []
+    monkeypatch.setattr(video_decode, "_decode_sampled", lambda *args: decoded.append(args))
+    refused(video_from_bytes, make_video(), FIELD, 8, match="pixels in all")
+    assert not decoded
+    monkeypatch.undo()
+    monkeypatch.setattr(video_decode, "MAX_VIDEO_PIXELS_DECODED", 24 * WIDTH * HEIGHT)
+    assert len(video_from_bytes(make_video(), FIELD, 8).frames) == 8
+
+
 def test_too_large_frames_are_refused(monkeypatch):
     monkeypatch.setattr(image_preprocess, "MAX_IMAGE_PIXELS", WIDTH * HEIGHT - 1)
     refused(video_from_bytes, make_video(), FIELD, 8, match="64x48")
