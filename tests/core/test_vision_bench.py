@@ -11,6 +11,7 @@ from spyglass.core.cli.bench.random_vlm import (
     write_random_gemma3,
     write_random_llava,
     write_random_mistral3,
+    write_random_onevision,
     write_random_qwen2_5_vl,
     write_random_qwen3_vl,
     write_random_smolvlm,
@@ -128,6 +129,17 @@ def test_bench_vision_with_videos_agrees_with_transformers(tmp_path, capsys):
     qwen3 = write_random_qwen3_vl(tmp_path / "qwen3", tower, 1, 0)
     with pytest.raises(SystemExit, match="reads no videos"):
         _compared(qwen3, 1, "--video-frames", "2")
+
+
+def test_random_onevision_agrees_with_transformers_on_images_and_videos(tmp_path, capsys):
+    # 32-pixel tiles of 8-pixel patches: 16 tokens a tile, 4 a video frame once pooled.
+    tower = TowerShape(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2)
+    model_dir = write_random_onevision(tmp_path / "onevision", tower, 1, 0)
+    assert _compared(model_dir, 2)[1].num_identical == 2
+    args, result = _compared(model_dir, 2, "--video-frames", "3")
+    assert (result.tokens_per_image, result.num_identical) == (3 * 4 + 1, 2)
+    vision.report(args, result)
+    assert "one video of 3 frames (13 tokens)" in capsys.readouterr().out
 
 
 def test_random_gemma3_agrees_with_transformers(tmp_path, capsys):

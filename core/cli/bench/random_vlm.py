@@ -17,6 +17,7 @@ from spyglass.core.loaders.default_model import ensure_default_model
 from spyglass.core.loaders.gguf_loader import load_gguf
 
 IMAGE_TOKEN = "<image>"
+VIDEO_TOKEN = "<video>"
 # Qwen2-VL's image placeholder and the tokens around it.
 QWEN_IMAGE_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 # Mistral 3's image token, row break and image end.
@@ -130,6 +131,35 @@ def write_random_llava(
     else:
         processor = transformers.CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size=size)
     processor.save_pretrained(path)
+    return path
+
+
+def write_random_onevision(
+    path: Path, tower: TowerShape, text_layers: int | None, seed: int
+) -> Path:
+    """Save a random ``LlavaOnevisionForConditionalGeneration`` (float32): a SigLIP tower of
+    ``tower``'s shape, every patch kept, llava-v1.6's grid resolutions in tiles of its size, a
+    ``<video>`` token; with its tokenizer and image processor config."""
+    import transformers
+
+    tokenizer, text = _text_model([IMAGE_TOKEN, VIDEO_TOKEN], text_layers)
+    size = tower.image_size
+    pinpoints = [
+        [size * rows, size * cols] for rows, cols in ((1, 2), (2, 1), (2, 2), (3, 1), (1, 3))
+    ]
+    config = transformers.LlavaOnevisionConfig(
+        vision_config=transformers.SiglipVisionConfig(**_tower_fields(tower)),
+        text_config=text,
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        video_token_index=tokenizer.convert_tokens_to_ids(VIDEO_TOKEN),
+        image_grid_pinpoints=pinpoints,
+    )
+    torch.manual_seed(seed)
+    transformers.LlavaOnevisionForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    transformers.LlavaOnevisionImageProcessorPil(
+        size={"height": size, "width": size}, image_grid_pinpoints=pinpoints
+    ).save_pretrained(path)
     return path
 
 

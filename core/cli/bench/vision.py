@@ -10,9 +10,10 @@ built before SmolLM2-135M's language model (`random_vlm`): with ``--arch llava``
 the given shape (``llava-next``: on a 2 x 2 grid of tiles and the base image); with ``--arch
 smolvlm`` SmolVLM's layout, a SigLIP tower on tiles of ``--image-size`` pixels, images of
 ``--grid`` x ``--grid`` tiles plus the global one; with ``--arch qwen2.5-vl`` Qwen2.5-VL's, a
-windowed tower on 14-pixel patches of ``--image-size`` square images, merged 2 x 2 (with
-``--video-frames N``, a video of N random frames of that size instead of each image, at 8 frames
-a second).
+windowed tower on 14-pixel patches of ``--image-size`` square images, merged 2 x 2; with
+``--arch llava-onevision`` OneVision's, a SigLIP tower on LLaVA-NeXT's grid. With
+``--video-frames N`` (qwen2.5-vl, llava-onevision) a video of N random frames of that size
+instead of each image, at 8 frames a second.
 The vision share is the tower's and projector's time over the model time of Spyglass's steps.
 """
 
@@ -32,6 +33,7 @@ from spyglass.core.cli.bench.random_vlm import (
     write_random_gemma3,
     write_random_llava,
     write_random_mistral3,
+    write_random_onevision,
     write_random_qwen2_5_vl,
     write_random_qwen3_vl,
     write_random_smolvlm,
@@ -71,7 +73,16 @@ def add_parser(subparsers, argv) -> None:
     shape = TowerShape()
     parser.add_argument(
         "--arch",
-        choices=["llava", "llava-next", "smolvlm", "qwen2.5-vl", "qwen3-vl", "mistral3", "gemma3"],
+        choices=[
+            "llava",
+            "llava-next",
+            "llava-onevision",
+            "smolvlm",
+            "qwen2.5-vl",
+            "qwen3-vl",
+            "mistral3",
+            "gemma3",
+        ],
         default="llava",
         help="the random model's layout",
     )
@@ -87,7 +98,8 @@ def add_parser(subparsers, argv) -> None:
         "--video-frames",
         type=int,
         default=0,
-        help="qwen2.5-vl: each prompt holds a video of this many frames instead of an image",
+        help="qwen2.5-vl and llava-onevision: each prompt holds a video of this many frames "
+        "instead of an image",
     )
     parser.add_argument("--patch-size", type=int, default=shape.patch_size)
     parser.add_argument("--vision-layers", type=int, default=shape.num_layers)
@@ -194,18 +206,21 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConf
         input_ids = torch.tensor([token_ids for token_ids, _ in batch])
         # LLaVA, Qwen2-VL, Gemma 3 and Mistral 3 take [images, ...] (Qwen2-VL's patches, with
         # each image's grid and which tokens are images'; Gemma 3 which tokens are images';
-        # Mistral 3 each image's processed (height, width)); LLaVA-NeXT and Idefics3 [prompts,
-        # tiles, ...] (LLaVA-NeXT with each image's (height, width)).
+        # Mistral 3 each image's processed (height, width)); LLaVA-NeXT, OneVision and Idefics3
+        # [prompts, tiles, ...] (LLaVA-NeXT and OneVision with each image's (height, width));
+        # videos: Qwen2-VL's patches with their grids, OneVision's [prompts, frames, ...].
         model_type = model.config.model_type
         flat = ("llava", "gemma3", "mistral3", *_QWEN_TYPES)
         join = torch.cat if model_type in flat else torch.stack
         pixels = join([images[0].pixel_values for _, images in batch])
         extra = {"pixel_values": pixels}
-        if model_type == "llava_next":
+        clip = batch[0][1][0].clip
+        if model_type in ("llava_next", "llava_onevision") and clip is None:
             sizes = [images[0].size[::-1] for _, images in batch]
             extra["image_sizes"] = torch.tensor(sizes)
-        clip = batch[0][1][0].clip
-        if model_type in _QWEN_TYPES and clip is not None:  # videos
+        if model_type == "llava_onevision" and clip is not None:  # [prompts, frames, ...]
+            extra = {"pixel_values_videos": pixels}
+        elif model_type in _QWEN_TYPES and clip is not None:  # videos
             grid = qwen_grid.patch_grid(*batch[0][1][0].size, vision, video=True)
             extra = {
                 "pixel_values_videos": pixels,
@@ -246,7 +261,10 @@ def compare(args, model_dir: Path) -> VisionComparison:
         f"threads {torch.get_num_threads()} max_num_batched_tokens {config.max_num_batched_tokens}"
     )
     if args.video_frames and probe.arch.vision.video_token_id is None:
-        raise SystemExit(f"--video-frames: {probe.model_name} reads no videos (qwen2.5-vl does)")
+        raise SystemExit(
+            f"--video-frames: {probe.model_name} reads no videos (qwen2.5-vl and "
+            "llava-onevision do)"
+        )
     prompts = vision_prompts(
         probe, args.num_prompts, args.text_tokens, args.seed, args.video_frames
     )
@@ -282,7 +300,8 @@ def compare(args, model_dir: Path) -> VisionComparison:
         identical,
         args.num_prompts,
         image.length,
-        1 if vision.temporal_patch_size else len(image.pixel_values),  # Qwen2-VL's are patches
+        # Qwen2-VL's are patches; a video's, frames.
+        1 if vision.temporal_patch_size or image.clip else len(image.pixel_values),
     )
 
 
@@ -301,6 +320,8 @@ def run(args) -> int:
             model_dir = write_random_smolvlm(
                 Path(scratch), tower, args.grid, args.text_layers, args.seed
             )
+        elif args.arch == "llava-onevision":
+            model_dir = write_random_onevision(Path(scratch), tower, args.text_layers, args.seed)
         elif args.arch == "qwen2.5-vl":
             model_dir = write_random_qwen2_5_vl(Path(scratch), tower, args.text_layers, args.seed)
         elif args.arch == "qwen3-vl":
