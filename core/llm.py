@@ -32,6 +32,7 @@ from spyglass.core.engine.sampling_params import (
     pooling_request_params,
 )
 from spyglass.core.engine.video_decode import VideoFrames, video_from_frames
+from spyglass.core.engine.video_sampling import model_sampling
 from spyglass.core.tokenizer import Tokenizer
 
 PromptType = str | dict
@@ -141,7 +142,9 @@ class LLM:
         for conversation in conversations:
             # Images to a model that reads none are refused when the prompt is added.
             plain, media = take_images(
-                conversation, "messages", video_frames=self.engine.config.video_frames
+                conversation,
+                "messages",
+                sampling=model_sampling(self.engine.config.video_frames, vision),
             )
             if vision is None:
                 text = tokenizer.apply_chat_template(plain, **options)

@@ -804,6 +804,19 @@ TINY_QWEN_TOWERS = {
 }
 
 
+# Qwen3-VL's video processor on the tiny tower: its frames together between 512 and 13,824
+# pixels (6 frames of 48 x 48), at 2 a second (4 to 24 of them), normalized as its images are.
+TINY_QWEN3_VIDEO = dict(
+    size={"shortest_edge": 512, "longest_edge": 6 * 48 * 48},
+    min_frames=4,
+    max_frames=24,
+    image_mean=[0.48145466, 0.4578275, 0.40821073],
+    image_std=[0.26862954, 0.26130258, 0.27577711],
+    **{key: TINY_QWEN_PATCHES[key] for key in ("patch_size", "temporal_patch_size")},
+    merge_size=TINY_QWEN_PATCHES["spatial_merge_size"],
+)
+
+
 @pytest.fixture(scope="session")
 def make_tiny_qwen2_vl(tmp_path_factory, hf_gguf_tokenizer):
     """``make(architecture)``: a random ``Qwen2VLForConditionalGeneration`` (``"Qwen2VL"``),
@@ -812,8 +825,9 @@ def make_tiny_qwen2_vl(tmp_path_factory, hf_gguf_tokenizer):
     two layers), built once each: a tower of `TINY_QWEN_TOWERS` before a 2-layer Qwen2 (Qwen3-VL:
     Qwen3, M-RoPE interleaved) whose M-RoPE sections are 2, 3 and 3 frequencies,
     saved as transformers 5 saves it, with its image processor's preprocessor_config.json
-    (`TINY_QWEN_PATCHES`; 256 to 2304 pixels) and the default model's tokenizer plus the vision
-    tokens and `QWEN_VL_CHAT_TEMPLATE`."""
+    (`TINY_QWEN_PATCHES`; 256 to 2304 pixels; Qwen3-VL's video processor's too,
+    `TINY_QWEN3_VIDEO`) and the default model's tokenizer plus the vision tokens and
+    `QWEN_VL_CHAT_TEMPLATE`."""
     import copy
 
     import transformers
@@ -853,9 +867,17 @@ def make_tiny_qwen2_vl(tmp_path_factory, hf_gguf_tokenizer):
         path = _save_tiny(
             _with_wide_weights(model), tokenizer, tmp_path_factory.mktemp(f"tiny_{architecture}")
         )
-        transformers.Qwen2VLImageProcessorPil(
+        image_processor = transformers.Qwen2VLImageProcessorPil(
             min_pixels=256, max_pixels=2304, patch_size=4, merge_size=2
-        ).save_pretrained(path)
+        )
+        image_processor.save_pretrained(path)
+        if architecture == "Qwen3VL":
+            # The module's class: transformers' top-level one wants torchvision.
+            from transformers.models.qwen3_vl.video_processing_qwen3_vl import (
+                Qwen3VLVideoProcessor,
+            )
+
+            Qwen3VLVideoProcessor(**TINY_QWEN3_VIDEO).save_pretrained(path)
         built[architecture] = path
         return path
 

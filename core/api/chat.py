@@ -58,12 +58,12 @@ from spyglass.core.api.tools import (
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.beam_search import BeamSearchParams
 from spyglass.core.engine.chat_images import ChatMedia, render_with_images, take_images
-from spyglass.core.engine.config import DEFAULT_VIDEO_FRAMES
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.engine.tool_calls import ToolCallPiece
+from spyglass.core.engine.video_sampling import DEFAULT_VIDEO_SAMPLING, VideoSampling
 from spyglass.core.tokenizer import Tokenizer, compile_chat_template
 
 if TYPE_CHECKING:
@@ -129,13 +129,13 @@ def render_messages(
     template: TemplateOptions = TemplateOptions(),
     vision: "VisionConfig | None" = None,
     fetched: dict[str, bytes] | None = None,
-    video_frames: int = DEFAULT_VIDEO_FRAMES,
+    sampling: VideoSampling = DEFAULT_VIDEO_SAMPLING,
 ) -> tuple[list[dict], str, ChatMedia]:
     """Plain message dicts (HF's shape, tool calls and results included; an image part as
     ``{"type": "image"}``, a video's as ``{"type": "video"}``), the prompt the chat template
     makes, and the messages' images and videos. ``vision`` is the served vision model's (images
     are a 400 without it); ``fetched`` holds the bytes of image and video URLs other than data
-    URLs (`media_fetch`); at most ``video_frames`` frames are read from a video file."""
+    URLs (`media_fetch`); a video file's frames are sampled as ``sampling`` says."""
     if not messages:
         raise APIError(400, f"{param} must not be empty", param)
     if template.chat_template is not None:
@@ -151,8 +151,8 @@ def render_messages(
         raise APIError(
             400,
             f"{param} holds an image or video: only a vision model's (LLaVA's) chat, Responses, "
-            "Messages and embeddings calls take images (not beam search); Qwen2-VL's and "
-            "LLaVA-OneVision's chat calls take videos",
+            "Messages and embeddings calls take images (not beam search); Qwen2-VL's, "
+            "Qwen3-VL's and LLaVA-OneVision's chat calls take videos",
             param,
         )
     takes_tools = tokenizer.template_takes_tools
@@ -165,7 +165,7 @@ def render_messages(
     }
     media = ChatMedia()
     if vision is not None:
-        plain, media = take_images(plain, param, fetched, video_frames)
+        plain, media = take_images(plain, param, fetched, sampling)
     try:
         conversation = prompt_messages(plain, use, takes_tools)
         if vision is None:
@@ -201,7 +201,7 @@ async def render_conversation(
         template,
         serving.vision,
         fetched,
-        serving.video_frames,
+        serving.video_sampling,
     )
 
 

@@ -41,7 +41,7 @@ class ServingContext:
         """A vision model's image token and preprocessing; None when the model reads no images."""
         self.max_images_per_prompt = model.max_images_per_prompt
         self.max_videos_per_prompt = model.max_videos_per_prompt
-        self.video_frames = model.video_frames
+        self.video_sampling = model.video_sampling
         self.sampling_defaults = model.sampling_defaults
         """Sampling settings for requests that leave them out (``--generation-config``)."""
         # No text longer than this can fit the context: each token covers at most the longest token's bytes.

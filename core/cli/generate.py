@@ -79,13 +79,12 @@ def _prompt(engine, args):
     from spyglass.core.engine.image_preprocess import decode_image
     from spyglass.core.engine.prompt_images import images_in_prompt
     from spyglass.core.engine.video_decode import video_from_bytes
+    from spyglass.core.engine.video_sampling import model_sampling
 
     tokenizer, vision = engine.tokenizer, engine.arch.vision
     images = [decode_image(Path(path).read_bytes(), "--image") for path in args.image]
-    videos = [
-        video_from_bytes(Path(path).read_bytes(), "--video", engine.config.video_frames)
-        for path in args.video
-    ]
+    sampling = model_sampling(engine.config.video_frames, vision)
+    videos = [video_from_bytes(Path(path).read_bytes(), "--video", sampling) for path in args.video]
     prompt = args.prompt
     if not args.no_chat_template:
         if vision is None:

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spyglass.core.engine.config import DEFAULT_VIDEO_FRAMES
 from spyglass.core.engine.image_preprocess import decode_image
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.engine.video_decode import (
@@ -18,6 +17,7 @@ from spyglass.core.engine.video_decode import (
     video_from_data_url,
     video_from_frames,
 )
+from spyglass.core.engine.video_sampling import DEFAULT_VIDEO_SAMPLING, VideoSampling
 from spyglass.core.tokenizer import Tokenizer
 
 IMAGE_PART_TYPES = ("image_url", "image", "image_pil")
@@ -44,12 +44,12 @@ def take_images(
     messages: list[dict[str, Any]],
     field: str,
     fetched: Mapping[str, bytes] | None = None,
-    video_frames: int = DEFAULT_VIDEO_FRAMES,
+    sampling: VideoSampling = DEFAULT_VIDEO_SAMPLING,
 ) -> tuple[list[dict], ChatMedia]:
     """``messages`` with each image part replaced by ``{"type": "image"}`` and each video part by
     ``{"type": "video"}``, and their `ChatMedia` (an ``image_url`` or ``video_url`` part's
     decoded from its data URL, or from ``fetched``, the bytes the HTTP server fetched for other
-    URLs; at most ``video_frames`` frames read from a video file, evenly spaced)."""
+    URLs; a video file's frames sampled as ``sampling`` says)."""
     media = ChatMedia()
     plain = []
     for message in messages:
@@ -69,7 +69,7 @@ def take_images(
                 media.images.append(_image_of(part, field, fetched or {}))
                 parts.append({"type": "image"})
             elif part.get("type") in VIDEO_PART_TYPES:
-                media.videos.append(_video_of(part, field, fetched or {}, video_frames))
+                media.videos.append(_video_of(part, field, fetched or {}, sampling))
                 parts.append({"type": "video"})
             else:
                 parts.append(part)
@@ -90,7 +90,7 @@ def _image_of(part: dict, field: str, fetched: Mapping[str, bytes]):
 
 
 def _video_of(
-    part: dict, field: str, fetched: Mapping[str, bytes], video_frames: int
+    part: dict, field: str, fetched: Mapping[str, bytes], sampling: VideoSampling
 ) -> VideoFrames:
     kind = part["type"]
     value = part.get(kind)
@@ -98,8 +98,8 @@ def _video_of(
         return video_from_frames(value, field)
     url = value.get("url") if isinstance(value, dict) else value
     if url in fetched:
-        return video_from_bytes(fetched[url], field, video_frames)
-    return video_from_data_url(url, field, video_frames)
+        return video_from_bytes(fetched[url], field, sampling)
+    return video_from_data_url(url, field, sampling)
 
 
 def data_url_bytes(url: str, field: str) -> bytes:

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from spyglass.core.engine.video_sampling import DEFAULT_VIDEO_FRAMES
 from spyglass.core.models.model_config import POOLING_TYPES
 from spyglass.kernels import cpu_isa
 
@@ -17,10 +18,6 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none", "int8", "dual")
 # auto: the model's dtype. float16: half the bytes of a float32 model's cache on the CPU.
 KV_CACHE_DTYPES = ("auto", "float16")
-
-DEFAULT_VIDEO_FRAMES = 32
-"""The most frames read from a video file, evenly spaced, unless ``media_io_kwargs`` says (vLLM's
-default)."""
 
 
 def dtype_named(name: str) -> "torch.dtype":

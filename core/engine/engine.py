@@ -54,6 +54,7 @@ from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.engine.sched.scheduler_policy import check_policy
 from spyglass.core.engine.snapshot import EngineSnapshot, ModelDescription, RequestSnapshot
 from spyglass.core.engine.step_stats import EngineInfo, StepStats
+from spyglass.core.engine.video_sampling import model_sampling
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.kernels import cpu_isa
 from spyglass.kernels.backend import select_backend
@@ -645,7 +646,7 @@ class LLMEngine:
             vision=self.arch.vision,
             max_images_per_prompt=self.config.limit_mm_per_prompt.get("image"),
             max_videos_per_prompt=self.config.limit_mm_per_prompt.get("video"),
-            video_frames=self.config.video_frames,
+            video_sampling=model_sampling(self.config.video_frames, self.arch.vision),
             sampling_defaults=self.sampling_defaults,
         )
 

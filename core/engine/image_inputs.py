@@ -15,11 +15,15 @@ if TYPE_CHECKING:  # the request holds images; plugins load without torch
 
 @dataclass(frozen=True, slots=True)
 class VideoClip:
-    """What makes an image a video's frames (Qwen2-VL): ``steps`` of ``temporal_patch_size``
-    frames each, a step ``step_seconds`` long."""
+    """What makes an image a video's ``frames``: read in ``steps`` (Qwen2-VL's of
+    ``temporal_patch_size`` frames each, LLaVA-OneVision's a frame each), a step ``step_seconds``
+    long; Qwen3-VL's ``step_times``, each step's time in the video (seconds), written before its
+    tokens."""
 
+    frames: int
     steps: int
     step_seconds: float
+    step_times: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +108,10 @@ def expand_placeholders(
     video's ``video_token_id``; one per image or video, each kind in the order of its
     ``layouts``) expanded to its layout, and where each layout starts; where a layout meets a
     prompt token that `VisionConfig.token_merges` joins with its first or last, the two are one
-    token. A prompt already expanded (each layout in order, with no other placeholders) is kept
-    as it is. `InvalidRequestError` naming ``field`` when the placeholders do not match the
-    images and videos."""
+    token, and the tokens right around the placeholder that the layout replaces too
+    (`ImageLayout.replaces_around`) are dropped. A prompt already expanded (each layout in
+    order, with no other placeholders) is kept as it is. `InvalidRequestError` naming ``field``
+    when the placeholders do not match the images and videos."""
     merges = {(a, b): ab for a, b, ab in vision.token_merges}
     kinds: dict[int, list[int]] = {}
     for index, layout in enumerate(layouts):
@@ -134,10 +139,18 @@ def expand_placeholders(
             )
     expanded, pending = [], {placeholder: iter(indices) for placeholder, indices in kinds.items()}
     after_image = False
+    dropped_next = None
     for token in token_ids:
+        if dropped_next is not None:
+            drop, dropped_next = token == dropped_next, None
+            if drop:
+                continue
         if token in pending:
             index = next(pending[token])
             layout = list(layouts[index].token_ids)
+            around = layouts[index].replaces_around
+            if around is not None and expanded and expanded[-1] == around[0]:
+                expanded.pop()
             joined = merges.get((expanded[-1], layout[0])) if expanded else None
             if joined is not None:
                 expanded.pop()
@@ -145,6 +158,7 @@ def expand_placeholders(
             offsets[index] = len(expanded)
             expanded += layout
             after_image = True
+            dropped_next = around[1] if around is not None else None
             continue
         joined = merges.get((expanded[-1], token)) if after_image else None
         if joined is not None:

@@ -1,7 +1,7 @@
 """The prompt tokens one image becomes: LLaVA's run of placeholders (LLaVA-NeXT's as long as its
 base image and unpadded grid; Qwen2-VL's as long as its grid of merged patches, a video's as
-long as its steps' grids), or Idefics3's tiles, each behind its row and column token, and the
-global image."""
+long as its steps' grids; Qwen3-VL's video steps each behind its time), or Idefics3's tiles,
+each behind its row and column token, and the global image."""
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,12 +20,15 @@ class ImageLayout:
     """The tokens an image's placeholder expands to; the runs ``(offset, length)`` of image
     tokens among them, which take the image's embeddings in order; and the shape of the pixels
     the tower reads for it (``[tiles, channels, side, side]``; Qwen2-VL's ``[patches, values]``);
-    the prompt token that marks where it goes (None: `VisionConfig.placeholder_id`)."""
+    the prompt token that marks where it goes (None: `VisionConfig.placeholder_id`); the tokens
+    ``(before, after)`` that, found around that mark in the prompt, the layout replaces too
+    (Qwen3-VL's vision start and end around a video's mark: its steps hold their own)."""
 
     token_ids: tuple[int, ...]
     runs: tuple[tuple[int, int], ...]
     pixel_shape: tuple[int, ...]
     placeholder_id: int | None = None
+    replaces_around: tuple[int, int] | None = None
 
 
 def _tiles(vision: VisionConfig, count: int) -> tuple[int, ...]:
@@ -43,11 +46,11 @@ def image_layout(
     placeholders (LLaVA-NeXT's `anyres.num_image_tokens`; ``alone``: the only image of its
     prompt; Gemma 3's between its prefix and suffix tokens), or, for Idefics3, its tiles
     (`image_tiling.tile_grid`) and the global image as ``Idefics3Processor`` writes them. A
-    video's (``clip``, frames of that size): Qwen2-VL's video tokens, its steps' grids in turn.
-    ValueError for an image Qwen2-VL cannot read (`qwen_grid.resized_size`) and for a video to a
-    model that reads none."""
+    video's (``clip``, frames of that size): Qwen2-VL's video tokens, its steps' grids in turn
+    (Qwen3-VL's each behind its time). ValueError for an image Qwen2-VL cannot read
+    (`qwen_grid.resized_size`) and for a video to a model that reads none."""
     if clip is not None:
-        return _video_layout(vision, width, height, clip.steps)
+        return _video_layout(vision, width, height, clip)
     if vision.tower == "pixtral":
         return _pixtral_layout(vision, width, height)
     if vision.temporal_patch_size:
@@ -84,22 +87,33 @@ def image_layout(
     return ImageLayout(tuple(tokens), runs, _tiles(vision, len(offsets)))
 
 
-def _video_layout(vision: VisionConfig, width: int, height: int, steps: int) -> ImageLayout:
-    """Qwen2-VL's video tokens, its steps' grids in turn; LLaVA-OneVision's, each frame's pooled
-    features in turn and the video's newline."""
+def _video_layout(vision: VisionConfig, width: int, height: int, clip: "VideoClip") -> ImageLayout:
+    """Qwen2-VL's video tokens, its steps' grids in turn (Qwen3-VL's each behind its time and
+    between the vision start and end); LLaVA-OneVision's, each frame's pooled features in turn
+    and the video's newline."""
     if vision.video_token_id is None:
         raise ValueError(
-            "this model reads no videos (Qwen2-VL, Qwen2.5-VL and LLaVA-OneVision models read them)"
+            "this model reads no videos (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and LLaVA-OneVision "
+            "models read them)"
         )
+    video, steps = vision.video_token_id, clip.steps
     if not vision.temporal_patch_size:
         count = steps * vision.video_tokens_per_frame + 1
-        tokens = (vision.video_token_id,) * count
-        return ImageLayout(tokens, ((0, count),), _tiles(vision, steps), vision.video_token_id)
-    rows, cols = qwen_grid.patch_grid(width, height, vision, video=True)
-    count = steps * rows * cols // vision.scale_factor**2
-    tokens = (vision.video_token_id,) * count
+        return ImageLayout((video,) * count, ((0, count),), _tiles(vision, steps), video)
+    rows, cols = qwen_grid.patch_grid(width, height, vision, clip.frames)
     pixels = (steps * rows * cols, vision.patch_pixels)
-    return ImageLayout(tokens, ((0, count),), pixels, vision.video_token_id)
+    per_step = rows * cols // vision.scale_factor**2
+    timed = vision.timed_frames
+    if timed is None:
+        return ImageLayout((video,) * (steps * per_step), ((0, steps * per_step),), pixels, video)
+    tokens: list[int] = []
+    runs = []
+    for seconds in clip.step_times:
+        tokens += (*timed.timestamp_ids(seconds), timed.start_id)
+        runs.append((len(tokens), per_step))
+        tokens += (video,) * per_step + (timed.end_id,)
+    around = (timed.start_id, timed.end_id)
+    return ImageLayout(tuple(tokens), tuple(runs), pixels, video, around)
 
 
 def _pixtral_layout(vision: VisionConfig, width: int, height: int) -> ImageLayout:

@@ -4,6 +4,7 @@
 ``Qwen2VLImageProcessorPil`` when cutting it into patches) computes them."""
 
 import io
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -16,6 +17,9 @@ from spyglass.core.engine.image_tiling import split_image
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models import pixtral_grid, qwen_grid
 from spyglass.core.models.vision_config import VisionConfig
+
+if TYPE_CHECKING:  # the video decoder reads images with this module
+    from spyglass.core.engine.video_decode import VideoFrames
 
 UNKNOWN_VIDEO_FPS = 2.0
 """The rate a video's frames are taken to be at when nothing says (frames given one by one): the
@@ -130,25 +134,43 @@ def pixel_values(image: Image.Image, vision: VisionConfig, alone: bool = True) -
     return ImagePixels(_normalized(np.array(image)[None], vision), *original)
 
 
-def video_pixel_values(frames: list[Image.Image], fps: float | None, vision: VisionConfig):
-    """A video's `ImagePixels`: its ``frames`` (all one size) each RGB, resized, rescaled and
-    normalized. For Qwen2-VL's tower, resized to the grid its size gives a video's frame
-    (`qwen_grid.resized_size`) and cut into patches a step of frames at a time
-    (`image_patches`); each step lasts ``temporal_patch_size`` frames at ``fps`` (None:
-    `UNKNOWN_VIDEO_FPS`). For LLaVA-OneVision's, each frame a tile: a tower-sized square (as
-    ``LlavaOnevisionVideoProcessor`` resizes it, its aspect not kept), a step each."""
+def video_clip(video: "VideoFrames", vision: VisionConfig) -> VideoClip:
+    """How ``vision``'s model reads ``video``: Qwen2-VL's steps of ``temporal_patch_size`` frames
+    (the last perhaps short), each as long as its frames at the video's rate (None:
+    `UNKNOWN_VIDEO_FPS`), and for Qwen3-VL each step's time: the mean of its first and last
+    frame's (`VideoFrames.times`; a short last step's last frame is its own, repeated), as
+    ``Qwen3VLProcessor`` times them; LLaVA-OneVision's a frame a step."""
+    frames = len(video.frames)
+    per_step = vision.temporal_patch_size or 1
+    seconds = 1 / (video.fps or UNKNOWN_VIDEO_FPS)
+    step_times = ()
+    if vision.timed_frames is not None:
+        times = video.times or tuple(index / UNKNOWN_VIDEO_FPS for index in range(frames))
+        step_times = tuple(
+            (times[first] + times[min(first + per_step, frames) - 1]) / 2
+            for first in range(0, frames, per_step)
+        )
+    return VideoClip(frames, -(-frames // per_step), per_step * seconds, step_times)
+
+
+def video_pixel_values(video: "VideoFrames", vision: VisionConfig) -> ImagePixels:
+    """A video's `ImagePixels`: its frames (all one size) each RGB, resized, rescaled and
+    normalized, and its `video_clip`. For Qwen2-VL's tower, resized to the grid its size gives a
+    video's frame (`qwen_grid.resized_size`; Qwen3-VL's by its number of frames too) and cut
+    into patches a step of frames at a time (`image_patches`). For LLaVA-OneVision's, each frame
+    a tile: a tower-sized square (as ``LlavaOnevisionVideoProcessor`` resizes it, its aspect not
+    kept)."""
+    frames = list(video.frames)
     width, height = frames[0].size
-    seconds = 1 / (fps or UNKNOWN_VIDEO_FPS)
+    clip = video_clip(video, vision)
     if not vision.temporal_patch_size:
         side = (vision.image_size, vision.image_size)
         squares = [_to_rgb(frame).resize(side, resample=vision.resample) for frame in frames]
         pixels = _normalized(np.stack([np.asarray(square) for square in squares]), vision)
-        return ImagePixels(pixels, width, height, VideoClip(len(frames), seconds))
-    size = qwen_grid.resized_size(width, height, vision, video=True)
+        return ImagePixels(pixels, width, height, clip)
+    size = qwen_grid.resized_size(width, height, vision, len(frames))
     resized = [_to_rgb(frame).resize(size, resample=vision.resample) for frame in frames]
     pixels = _normalized(np.stack([np.asarray(frame) for frame in resized]), vision)
-    steps = -(-len(frames) // vision.temporal_patch_size)
-    clip = VideoClip(steps, vision.temporal_patch_size * seconds)
     return ImagePixels(image_patches(pixels, vision), width, height, clip)
 
 

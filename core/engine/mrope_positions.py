@@ -4,7 +4,8 @@ plus their row and column in the image's grid of tokens; the text after an image
 the image's start plus its longer side, as transformers' ``get_rope_index`` counts. A video's
 steps sit one time position apart (Qwen2.5-VL: ``tokens_per_second`` a second, truncated), and
 the text after it goes on from the largest position it took, plus one, as Qwen's own
-``get_rope_index`` and vLLM count (transformers 5 goes on from its longer side)."""
+``get_rope_index`` and vLLM count (transformers 5 goes on from its longer side). Qwen3-VL's
+video steps are each an image of their own, the text of their times between them."""
 
 from dataclasses import dataclass
 
@@ -40,21 +41,31 @@ def prompt_positions(
     (their token spans in order)."""
     parts, current, at = [], 0, 0
     for image in images:
-        text = image.offset - at
-        parts.append(np.broadcast_to(np.arange(text) + current, (3, text)))
-        current += text
-        rows, cols = qwen_grid.token_grid(*image.size, vision, video=image.clip is not None)
-        step, grid_row, grid_col = np.unravel_index(
-            np.arange(image.steps * rows * cols), (image.steps, rows, cols)
-        )
-        time = _step_times(step, image, vision)
-        parts.append(np.stack([time, grid_row, grid_col]) + current)
-        current += max(int(time[-1]) + 1, rows, cols)
-        at = image.end
+        for start, steps, rows, cols in _grids(image, vision):
+            text = start - at
+            parts.append(np.broadcast_to(np.arange(text) + current, (3, text)))
+            current += text
+            step, grid_row, grid_col = np.unravel_index(
+                np.arange(steps * rows * cols), (steps, rows, cols)
+            )
+            time = _step_times(step, image, vision)
+            parts.append(np.stack([time, grid_row, grid_col]) + current)
+            current += max(int(time[-1]) + 1, rows, cols)
+            at = start + steps * rows * cols
     text = num_prompt_tokens - at
     parts.append(np.broadcast_to(np.arange(text) + current, (3, text)))
     positions = np.concatenate(parts, axis=1).astype(np.int64)
     return PromptPositions(positions, int(positions.max()) + 1 - num_prompt_tokens)
+
+
+def _grids(image: ImageInput, vision: VisionConfig) -> list[tuple[int, int, int, int]]:
+    """``(start, steps, rows, columns)`` of each grid of ``image``'s tokens: an image's one, a
+    video's one of all its steps, or Qwen3-VL's video's one a step (each run of its tokens)."""
+    frames = image.clip.frames if image.clip is not None else 0
+    rows, cols = qwen_grid.token_grid(*image.size, vision, frames)
+    if frames and vision.timed_frames is not None:
+        return [(start, 1, rows, cols) for start, _, _ in image.embedding_runs()]
+    return [(image.offset, image.steps, rows, cols)]
 
 
 def _step_times(step: np.ndarray, image: ImageInput, vision: VisionConfig) -> np.ndarray:

@@ -4,14 +4,9 @@ vision tower reads them."""
 
 from collections.abc import Sequence
 
-from spyglass.core.engine.image_inputs import (
-    ImageInput,
-    VideoClip,
-    expand_placeholders,
-    place_images,
-)
+from spyglass.core.engine.image_inputs import ImageInput, expand_placeholders, place_images
 from spyglass.core.engine.image_layout import ImageLayout, checked_layout
-from spyglass.core.engine.image_preprocess import pixel_values, video_pixel_values
+from spyglass.core.engine.image_preprocess import pixel_values, video_clip, video_pixel_values
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.models.vision_config import VisionConfig
 
@@ -39,7 +34,7 @@ def images_in_prompt(
             field,
         )
     pixels = [pixel_values(image, vision, alone) for image in images]
-    pixels += [video_pixel_values(list(video.frames), video.fps, vision) for video in videos]
+    pixels += [video_pixel_values(video, vision) for video in videos]
     return place_images(token_ids, pixels, vision, field)
 
 
@@ -71,12 +66,11 @@ def _check_reads_images(vision: VisionConfig | None, field: str) -> None:
 def _layouts(
     images: Sequence, videos: Sequence, vision: VisionConfig, field: str
 ) -> list[ImageLayout]:
-    """The layouts of ``images``, then of ``videos`` (their steps of frames at the first's size)."""
+    """The layouts of ``images``, then of ``videos`` (their `video_clip` at the first frame's size)."""
     alone = len(images) == 1
     layouts = [checked_layout(vision, *image.size, alone, field) for image in images]
     for video in videos:
-        steps = -(-len(video.frames) // max(vision.temporal_patch_size, 1))
-        clip = VideoClip(steps, 0.0)
+        clip = video_clip(video, vision)
         layouts.append(checked_layout(vision, *video.frames[0].size, True, field, clip))
     return layouts
 

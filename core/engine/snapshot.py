@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.sampling_defaults import SamplingDefaults
+from spyglass.core.engine.video_sampling import DEFAULT_VIDEO_SAMPLING, VideoSampling
 from spyglass.core.models.vision_config import VisionConfig
 
 
@@ -78,7 +79,7 @@ class ModelDescription:
     """The most images a prompt may hold (``--limit-mm-per-prompt``; None: the context bounds it)."""
     max_videos_per_prompt: int | None = None
     """The most videos a prompt may hold (as ``max_images_per_prompt``)."""
-    video_frames: int = 32
-    """The most frames read from a video file (``--media-io-kwargs``)."""
+    video_sampling: VideoSampling = DEFAULT_VIDEO_SAMPLING
+    """Which frames of a video file are read (``--media-io-kwargs``, the model's own rate)."""
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     """What a request that leaves sampling settings out gets (``--generation-config``)."""

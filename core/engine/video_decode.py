@@ -1,7 +1,8 @@
-"""A request's video as the frames a vision model reads (Qwen2-VL, LLaVA-OneVision), taken as vLLM takes them:
-from a data URL of base64 frames (``data:video/jpeg;base64,<frame>,<frame>,...``), from a
-container file (mp4, webm, avi, mkv, ...) decoded by PyAV with at most ``max_frames`` frames
-sampled uniformly as vLLM's OpenCV loader samples them, or from frames given offline."""
+"""A request's video as the frames a vision model reads (Qwen2-VL, Qwen3-VL, LLaVA-OneVision),
+taken as vLLM takes them: from a data URL of base64 frames (``data:video/jpeg;base64,<frame>,
+<frame>,...``), from a container file (mp4, webm, avi, mkv, ...) decoded by PyAV with its frames
+sampled as `VideoSampling` says (at most ``max_frames`` uniformly, as vLLM's OpenCV loader
+samples them; Qwen3-VL's a few a second), or from frames given offline."""
 
 import base64
 import binascii
@@ -16,6 +17,7 @@ from PIL import Image
 
 from spyglass.core.engine import image_preprocess
 from spyglass.core.engine.sampling_params import InvalidRequestError
+from spyglass.core.engine.video_sampling import VideoSampling
 
 MAX_VIDEO_FRAMES_DECODED = 100_000
 """The most frames (or packets) read from one video file, about an hour at 25 frames per second:
@@ -39,18 +41,19 @@ _HOW_VIDEOS_COME = (
 
 @dataclass(frozen=True, slots=True)
 class VideoFrames:
-    """A video's frames (PIL RGB-convertible images, all the same size) and the rate they were
-    taken at, frames per second (None: unknown)."""
+    """A video's frames (PIL RGB-convertible images, all the same size), the rate they were
+    taken at, frames per second, and each one's time in the video, seconds (None: unknown)."""
 
     frames: tuple  # tuple[PIL.Image.Image, ...]
     fps: float | None
+    times: tuple[float, ...] | None = None
 
 
-def video_from_data_url(url: str, field: str, max_frames: int) -> VideoFrames:
+def video_from_data_url(url: str, field: str, sampling: VideoSampling) -> VideoFrames:
     """The video in a base64 ``data:video/...`` URL: for `FRAME_MIMES` its comma-separated
-    frames (each an image `image_preprocess.decode_image` reads; fps unknown), else a container
-    file `video_from_bytes` decodes. At most ``max_frames`` (at least 1) frames, sampled
-    uniformly; `InvalidRequestError` naming ``field`` for any other URL or bad data."""
+    frames (each an image `image_preprocess.decode_image` reads; fps unknown: at most
+    ``max_frames`` of them, spread evenly), else a container file `video_from_bytes` decodes
+    and samples; `InvalidRequestError` naming ``field`` for any other URL or bad data."""
     if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
         raise InvalidRequestError(_HOW_VIDEOS_COME, field)
     header, payload = url[len("data:") :].split(";base64,", 1)
@@ -60,30 +63,32 @@ def video_from_data_url(url: str, field: str, max_frames: int) -> VideoFrames:
             f"a video's data URL has type {mime!r}: {_HOW_VIDEOS_COME}", field
         )
     if mime not in FRAME_MIMES:
-        return video_from_bytes(_base64_bytes(payload, field), field, max_frames)
+        return video_from_bytes(_base64_bytes(payload, field), field, sampling)
     chunks = payload.split(",")
-    picked = [_base64_bytes(chunks[i], field) for i in sampled_indices(len(chunks), max_frames)]
+    picked = [_base64_bytes(chunks[i], field) for i in sampling.indices(len(chunks), None)]
     frames = [image_preprocess.decode_image(data, field) for data in picked]
     return _checked(frames, None, field)
 
 
-def video_from_bytes(data: bytes, field: str, max_frames: int) -> VideoFrames:
-    """The first video stream of the container file ``data`` (any format FFmpeg reads), at most
-    ``max_frames`` (at least 1) of its frames sampled uniformly (`sampled_indices`); ``fps`` is
-    the sampled frames' rate: their number over the video's duration (its frames over its
-    average rate). `InvalidRequestError` naming ``field`` when it is no video, corrupt, has no
-    video stream or no frames, a frame over `image_preprocess.MAX_IMAGE_PIXELS` pixels, or over
+def video_from_bytes(data: bytes, field: str, sampling: VideoSampling) -> VideoFrames:
+    """The first video stream of the container file ``data`` (any format FFmpeg reads), its
+    frames sampled as ``sampling`` says; ``fps`` is the sampled frames' rate (their number over
+    the video's duration: its frames over its average rate), ``times`` each one's index over
+    that rate. `InvalidRequestError` naming ``field`` when it is no video, corrupt, has no video
+    stream or no frames, a frame over `image_preprocess.MAX_IMAGE_PIXELS` pixels, or over
     `MAX_VIDEO_FRAMES_DECODED` frames."""
     # Streams often lack a frame count and a header's may be wrong: count the packets (cheap, no
     # decoding), and should decoding yield another number, decode again knowing the true one.
-    counted = _count_packets(data, field)
-    frames, decoded, rate = _decode_sampled(data, field, counted, max_frames)
+    counted, rate = _count_packets(data, field)
+    frames, decoded, kept = _decode_sampled(data, field, counted, rate, sampling)
     if decoded != counted and decoded:
-        frames, decoded, rate = _decode_sampled(data, field, decoded, max_frames)
+        frames, decoded, kept = _decode_sampled(data, field, decoded, rate, sampling)
     if not decoded:
         raise InvalidRequestError(f"{field} is a video with no frames", field)
-    fps = len(frames) * float(rate) / decoded if rate else None
-    return _checked(frames, fps, field)
+    if not rate:
+        return _checked(frames, None, field)
+    times = tuple(index / rate for index in kept)
+    return _checked(frames, len(frames) * rate / decoded, field, times)
 
 
 def video_from_frames(value, field: str) -> VideoFrames:
@@ -105,14 +110,6 @@ def video_from_frames(value, field: str) -> VideoFrames:
             field,
         )
     return _checked([_frame_image(frame, field) for frame in value], None, field)
-
-
-def sampled_indices(total: int, max_frames: int) -> list[int]:
-    """The indices of the frames kept of ``total``: all of them, or ``max_frames`` spread evenly
-    from the first to the last (``np.linspace`` truncated to integers, as vLLM samples)."""
-    if total <= max_frames:
-        return list(range(total))
-    return np.linspace(0, total - 1, max_frames, dtype=int).tolist()
 
 
 def _base64_bytes(text: str, field: str) -> bytes:
@@ -175,10 +172,11 @@ def _check_decoded_pixels(pixels: int, field: str) -> None:
         )
 
 
-def _count_packets(data: bytes, field: str) -> int:
-    """The number of non-empty packets of ``data``'s first video stream (one a frame, mostly);
-    refused past `MAX_VIDEO_FRAMES_DECODED`, or past `MAX_VIDEO_PIXELS_DECODED` at the stream's
-    frame size, before any is decoded."""
+def _count_packets(data: bytes, field: str) -> tuple[int, float | None]:
+    """The number of non-empty packets of ``data``'s first video stream (one a frame, mostly)
+    and the stream's average rate, frames a second (None: unknown); refused past
+    `MAX_VIDEO_FRAMES_DECODED`, or past `MAX_VIDEO_PIXELS_DECODED` at the stream's frame size,
+    before any is decoded."""
     count = 0
     with _read_as_video(field), av.open(io.BytesIO(data)) as container:
         stream = _video_stream(container, field)
@@ -187,15 +185,18 @@ def _count_packets(data: bytes, field: str) -> int:
             count += packet.size > 0
             _check_count(count, field)
             _check_decoded_pixels(count * frame_pixels, field)
-    return count
+        rate = stream.average_rate
+    return count, float(rate) if rate else None
 
 
-def _decode_sampled(data: bytes, field: str, total: int, max_frames: int):
-    """``(frames, decoded, rate)``: the RGB images of the `sampled_indices` of ``total`` frames
-    among those decoded in order (the rest dropped as they come), how many were decoded, and
-    the stream's average rate (None: unknown)."""
-    wanted = set(sampled_indices(total, max_frames))
-    frames = []
+def _decode_sampled(
+    data: bytes, field: str, total: int, rate: float | None, sampling: VideoSampling
+):
+    """``(frames, decoded, kept)``: the RGB images of the frames ``sampling`` keeps of ``total``
+    taken ``rate`` a second, among those decoded in order (the rest dropped as they come), how
+    many were decoded, and the indices of those kept."""
+    wanted = set(sampling.indices(total, rate))
+    frames, kept = [], []
     decoded = pixels = 0
     with _read_as_video(field), av.open(io.BytesIO(data)) as container:
         stream = _video_stream(container, field)
@@ -207,9 +208,9 @@ def _decode_sampled(data: bytes, field: str, total: int, max_frames: int):
             _check_decoded_pixels(pixels, field)
             if decoded in wanted:
                 frames.append(frame.to_image())
+                kept.append(decoded)
             decoded += 1
-        rate = stream.average_rate
-    return frames, decoded, rate
+    return frames, decoded, kept
 
 
 def _frame_image(frame, field: str) -> Image.Image:
@@ -229,7 +230,9 @@ def _frame_image(frame, field: str) -> Image.Image:
     return Image.fromarray(frame)
 
 
-def _checked(frames: list, fps: float | None, field: str) -> VideoFrames:
+def _checked(
+    frames: list, fps: float | None, field: str, times: tuple[float, ...] | None = None
+) -> VideoFrames:
     """``frames`` as a `VideoFrames`, refused when there are none or their sizes differ."""
     if not frames:
         raise InvalidRequestError(f"{field} is a video with no frames", field)
@@ -239,4 +242,4 @@ def _checked(frames: list, fps: float | None, field: str) -> VideoFrames:
         raise InvalidRequestError(
             f"{field}: a video's frames must all be the same size, not {named}", field
         )
-    return VideoFrames(tuple(frames), fps)
+    return VideoFrames(tuple(frames), fps, times)

@@ -42,7 +42,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
         idefics3_config.check_vision(config, path)
         config = idefics3_config.text_config(config)
     elif qwen2_vl_config.is_qwen2_vl(config):
-        vision = qwen2_vl_config.vision_config(config, path)
+        qwen2_vl_config.vision_config(config, path)
         config = qwen2_vl_config.text_config(config)
     elif gemma3_config.is_gemma3_vision(config):
         config = gemma3_config.text_config(config)
@@ -50,7 +50,9 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype) -> Checkpoint:
         config = mistral3_config.text_config(config)
     hf_family(config)  # an unsupported class fails here, before the tokenizer and weights are read
     tokenizer = Tokenizer.from_hf_dir(path)
-    if idefics3_config.is_idefics3(outer):
+    if qwen2_vl_config.is_qwen2_vl(outer):
+        vision = qwen2_vl_config.vision_config(outer, path, tokenizer)
+    elif idefics3_config.is_idefics3(outer):
         vision = idefics3_config.vision_config(outer, path, tokenizer)
     elif gemma3_config.is_gemma3_vision(outer):
         vision = gemma3_config.vision_config(outer, path, tokenizer)

@@ -12,7 +12,9 @@ from spyglass.core.loaders.image_processor_config import (
     video_processor_config,
 )
 from spyglass.core.loaders.llava_config import check_steps_on, with_prefixes_renamed
+from spyglass.core.loaders.qwen3_vl_video import timed_frames, video_pixels
 from spyglass.core.models.vision_config import VisionConfig
+from spyglass.core.tokenizer import Tokenizer
 
 QWEN2_VL_CLASS = "Qwen2VLForConditionalGeneration"
 QWEN2_5_VL_CLASS = "Qwen2_5_VLForConditionalGeneration"
@@ -76,8 +78,6 @@ _PROCESSOR_DEFAULTS = {
 }
 # Qwen2VLVideoProcessor's frame sizes, in pixels, where its config gives none.
 _VIDEO_PIXELS = {"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28}
-# The models whose videos run: Qwen3-VL's frames are timed by text between them.
-_VIDEO_CLASSES = (QWEN2_VL_CLASS, QWEN2_5_VL_CLASS)
 # The Hub's names (``visual.``, ``model.``) and transformers 5's (``model.visual.``,
 # ``model.language_model.``) to the models' own.
 _RENAMES = (
@@ -109,9 +109,13 @@ def text_config(config: dict) -> dict:
     return {**text, "architectures": [_TEXT_CLASSES[config["architectures"][0]]]}
 
 
-def vision_config(config: dict, model_dir: Path) -> VisionConfig:
+def vision_config(
+    config: dict, model_dir: Path, tokenizer: Tokenizer | None = None
+) -> VisionConfig:
     """The tower and image processor of ``config`` and ``model_dir`` (preprocessor_config.json,
-    or processor_config.json's ``image_processor``); ValueError for what does not run here."""
+    or processor_config.json's ``image_processor``), and its video processor's; ValueError for
+    what does not run here. Qwen3-VL's videos are timed by text, which needs the ``tokenizer``
+    (without it, the model's videos are left out: a check of the config alone)."""
     architecture = config["architectures"][0]
     tower = {**_TOWER_DEFAULTS[architecture], **(config.get("vision_config") or {})}
     processor = {**_PROCESSOR_DEFAULTS, **image_processor_config(model_dir)}
@@ -171,20 +175,32 @@ def vision_config(config: dict, model_dir: Path) -> VisionConfig:
         full_attention_layers=tuple(tower.get("fullatt_block_indexes", ())),
         position_grid=grid if qwen3 else 0,
         deepstack_layers=tuple(tower.get("deepstack_visual_indexes", ())) if qwen3 else (),
-        **_video_fields(config, architecture, tower, model_dir),
+        **_video_fields(config, architecture, tower, processor, model_dir, tokenizer),
     )
 
 
-def _video_fields(config: dict, architecture: str, tower: dict, model_dir: Path) -> dict:
+def _video_fields(
+    config: dict,
+    architecture: str,
+    tower: dict,
+    image_processor: dict,
+    model_dir: Path,
+    tokenizer: Tokenizer | None,
+) -> dict:
     """The `VisionConfig` fields of the model's videos: its video token and frame sizes (the
-    video processor's ``min_pixels`` and ``max_pixels``, else its ``size``), and Qwen2.5-VL's
-    ``tokens_per_second``; none for a model whose videos do not run."""
-    if architecture not in _VIDEO_CLASSES:
-        return {}
+    video processor's ``min_pixels`` and ``max_pixels``, else its ``size``; Qwen3-VL's, for all
+    its frames together, and its `TimedFrames`), and Qwen2.5-VL's ``tokens_per_second``."""
     processor = video_processor_config(model_dir)
+    video = {"video_token_id": config.get("video_token_id", 151656)}
+    if architecture == QWEN3_VL_CLASS:
+        if tokenizer is None:
+            return {}
+        least, most = video_pixels(processor)
+        timed = timed_frames(config, processor, image_processor, tokenizer)
+        return {**video, "video_min_pixels": least, "video_max_pixels": most, "timed_frames": timed}
     size = {**_VIDEO_PIXELS, **(processor.get("size") or {})}
     return {
-        "video_token_id": config.get("video_token_id", 151656),
+        **video,
         "video_min_pixels": processor.get("min_pixels", size["shortest_edge"]),
         "video_max_pixels": processor.get("max_pixels", size["longest_edge"]),
         "tokens_per_second": tower.get("tokens_per_second", 4)

@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType
 
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.models.image_tiles import ImageTiles
+from spyglass.core.models.timed_frames import TimedFrames
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight
 from spyglass.core.models.vision_config import VisionConfig
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__)
 # 4: GGUF types the kernels do not multiply are kept as Q4_1 or Q8_0 blocks (`gguf_transcode`), not floats.
 # 5: vision models: tiles, grids and their arch fields; LLaVA-NeXT tying read from the outer config.
 # 6: Qwen2-VL's and Qwen2.5-VL's video fields.
-_FORMAT_VERSION = "6"
+# 7: Qwen3-VL's video fields (`TimedFrames`).
+_FORMAT_VERSION = "7"
 _WEIGHTS, _META = "weights.pt", "meta.json"
 
 
@@ -146,6 +148,10 @@ def _read(entry: Path) -> Checkpoint:
     arch_fields = {name: tuple(v) if isinstance(v, list) else v for name, v in meta["arch"].items()}
     if arch_fields.get("vision") is not None:
         vision = {name: _tuples(v) for name, v in arch_fields["vision"].items()}
+        if vision.get("timed_frames") is not None:
+            vision["timed_frames"] = TimedFrames(
+                **{name: _tuples(v) for name, v in vision["timed_frames"].items()}
+            )
         if vision.get("tiles") is not None:
             vision["tiles"] = ImageTiles(
                 **{name: _tuples(v) for name, v in vision["tiles"].items()}

@@ -4,6 +4,7 @@ into the language model, the image token, and how an image becomes the tower's p
 from dataclasses import dataclass
 
 from spyglass.core.models.image_tiles import ImageTiles
+from spyglass.core.models.timed_frames import TimedFrames
 
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "image_newline")
 """The parameter names of the vision tower, the projector and LLaVA-NeXT's row end start with
@@ -59,7 +60,9 @@ class VisionConfig:
     no videos) marks where each goes and becomes its tokens. Qwen2-VL's frames are resized within
     ``video_min_pixels`` and ``video_max_pixels``, every ``temporal_patch_size`` of them one step
     of tokens, and Qwen2.5-VL's steps sit ``tokens_per_second`` time positions a second apart
-    (0: one position a step, Qwen2-VL's). LLaVA-OneVision's frames are each a tower-sized square
+    (0: one position a step, Qwen2-VL's). Qwen3-VL's (``timed_frames``, `TimedFrames`) are
+    sampled at a rate of the video's time, sized with one pixel budget for all of them, and each
+    step's tokens follow the text of its time. LLaVA-OneVision's frames are each a tower-sized square
     whose features are pooled 2 x 2 (`video_tokens_per_frame`), the video's ended by
     ``image_newline``.
 
@@ -126,6 +129,7 @@ class VisionConfig:
     video_min_pixels: int = 0
     video_max_pixels: int = 0
     tokens_per_second: float = 0.0
+    timed_frames: TimedFrames | None = None
 
     @property
     def placeholder_id(self) -> int:

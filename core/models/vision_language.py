@@ -55,26 +55,26 @@ class ImageEncoding:
         self,
         pixel_values: list[torch.Tensor],
         sizes: list[tuple[int, int]],
-        video_steps: list[int] | None = None,
+        video_frames: list[int] | None = None,
     ) -> list[torch.Tensor]:
         """Each image's prompt embeddings ``[tokens, hidden_size]``, in the activations' dtype,
         for its preprocessed tiles ``[tiles, channels, image_size, image_size]`` (Qwen2-VL's
         patches ``[patches, patch_pixels]``) and its own ``(width, height)``; the tiles of all
-        the images run the tower together. Videos: ``video_steps`` (0: an image) of frames of that
-        size, Qwen2-VL's each step read as an image of its own, LLaVA-OneVision's each frame a
-        tile."""
+        the images run the tower together. Videos: ``video_frames`` (0: an image) of that size,
+        Qwen2-VL's read in steps of ``temporal_patch_size`` frames, each step as an image of its
+        own; LLaVA-OneVision's each frame a tile."""
         vision = self.arch.vision
         if vision.tower == "pixtral":  # images of their own sizes, one tile each
             return self.vision(pixel_values)
         if vision.temporal_patch_size:
-            steps = video_steps or [0] * len(sizes)
+            frames = video_frames or [0] * len(sizes)
             grids = [
-                qwen_grid.patch_grid(*size, vision, video=count > 0)
-                for size, count in zip(sizes, steps)
+                qwen_grid.patch_grid(*size, vision, count) for size, count in zip(sizes, frames)
             ]
-            frames = [grid for grid, count in zip(grids, steps) for _ in range(max(count, 1))]
+            steps = [-(-count // vision.temporal_patch_size) for count in frames]
+            step_grids = [grid for grid, count in zip(grids, steps) for _ in range(max(count, 1))]
             patches = torch.cat(pixel_values).to(self.final_norm.device)
-            tokens = self.vision(patches, frames)
+            tokens = self.vision(patches, step_grids)
             per_step = [rows * cols // vision.scale_factor**2 for rows, cols in grids]
             return list(
                 tokens.split([tokens * max(count, 1) for tokens, count in zip(per_step, steps)])
@@ -83,7 +83,7 @@ class ImageEncoding:
         per_image = tiles.split([len(p) for p in pixel_values])
         if self.image_newline is None:
             return [embeds.flatten(0, 1) for embeds in per_image]
-        videos = video_steps or [0] * len(sizes)
+        videos = video_frames or [0] * len(sizes)
         return [
             self._pooled_frames(embeds) if video else self._pack_anyres(embeds, *size)
             for embeds, size, video in zip(per_image, sizes, videos)

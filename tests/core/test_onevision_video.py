@@ -59,7 +59,7 @@ def onevision(tiny_onevision_dir):
 
 def test_frames_are_the_image_processors_base_tiles(onevision, hf_onevision):  # noqa: F811
     video = noise_video(1, 3)
-    ours = video_pixel_values(list(video.frames), None, onevision.engine.arch.vision)
+    ours = video_pixel_values(video, onevision.engine.arch.vision)
     assert ours.clip.steps == 3
     torch.testing.assert_close(ours.values, hf_frames(hf_onevision[1], video), atol=1e-5, rtol=0)
 
@@ -76,7 +76,7 @@ def test_the_tower_gives_transformers_video_features(onevision, hf_onevision):  
         ).pooler_output[0]
     vision = onevision.engine.arch.vision
     [ours] = onevision.engine.runner.model.encode_images(
-        [video_pixel_values(list(video.frames), None, vision).values], [(50, 30)], [4]
+        [video_pixel_values(video, vision).values], [(50, 30)], [4]
     )
     assert len(ours) == 4 * vision.video_tokens_per_frame + 1 == 17
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)

@@ -17,6 +17,7 @@ from spyglass.core.engine.mrope_positions import prompt_positions
 from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.sampling_params import InvalidRequestError, SamplingParams
 from spyglass.core.engine.video_decode import VideoFrames, video_from_bytes
+from spyglass.core.engine.video_sampling import VideoSampling
 from spyglass.core.llm import LLM
 from tests.core.test_qwen2_vl import IMAGE, HFQwen
 from tests.core.vision_reference import (
@@ -51,12 +52,13 @@ class HFQwenVideo(HFQwen):
     def __init__(self, path):
         super().__init__(path)
         self.video_pad = self.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        self.frame_images = self.images  # what sizes and cuts each frame
 
     def video_pixels(self, video: VideoFrames) -> tuple[torch.Tensor, list[int]]:
         """``[patches, values]`` and ``[steps, rows, columns]`` of the video."""
         frames = list(video.frames)
         frames += frames[-1:] * (len(frames) % 2)
-        per_frame = [self.images(images=frame, return_tensors="pt") for frame in frames]
+        per_frame = [self.frame_images(images=frame, return_tensors="pt") for frame in frames]
         _, rows, cols = per_frame[0]["image_grid_thw"][0].tolist()
         # An image's patch holds its frame twice, [channels, 2, side, side]: take one of each.
         singles = [p["pixel_values"].view(rows * cols, 3, 2, -1)[:, :, 0] for p in per_frame]
@@ -106,7 +108,7 @@ def test_video_patches_are_the_frames_two_by_two(qwen, frames):
     _, hf, llm = qwen
     video = noise_video(frames, frames, size=(37, 50))
     expected, grid = hf.video_pixels(video)
-    ours = video_pixel_values(list(video.frames), None, llm.engine.arch.vision)
+    ours = video_pixel_values(video, llm.engine.arch.vision)
     assert ours.clip.steps == grid[0] == (frames + 1) // 2
     torch.testing.assert_close(ours.values, expected, atol=1e-5, rtol=0)
 
@@ -121,9 +123,9 @@ def test_the_tower_gives_transformers_video_features(qwen):
         )
     vision = llm.engine.arch.vision
     ours = llm.engine.runner.model.encode_images(
-        [video_pixel_values(list(v.frames), None, vision).values for v in videos],
+        [video_pixel_values(v, vision).values for v in videos],
         [v.frames[0].size for v in videos],
-        [grid[0] for _, grid in pixels],
+        [len(v.frames) for v in videos],
     )
     for mine, theirs in zip(ours, output.pooler_output, strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-4)
@@ -234,8 +236,8 @@ def test_video_refusals_name_the_field(qwen):
     assert not llm.engine.has_unfinished_requests
 
 
-def test_models_without_videos_refuse_them(make_tiny_qwen2_vl):
-    llm = LLM(model=str(make_tiny_qwen2_vl("Qwen3VL")), dtype="float32", device="cpu")
+def test_models_without_videos_refuse_them(make_tiny_llava):
+    llm = LLM(model=str(make_tiny_llava("clip")), dtype="float32", device="cpu")
     with pytest.raises(InvalidRequestError, match="reads no videos") as error:
         llm.generate({"prompt": PROMPT, "multi_modal_data": {"video": noise_video(1, 2)}})
     assert error.value.param == "multi_modal_data"
@@ -295,7 +297,7 @@ def test_media_io_kwargs_caps_the_frames_read_from_a_file(make_tiny_qwen2_vl):
         model=path, dtype="float32", device="cpu", media_io_kwargs={"video": {"num_frames": 4}}
     )
     [output] = capped.chat(chat, GREEDY)
-    four = video_from_bytes(data, "", 4)
+    four = video_from_bytes(data, "", VideoSampling(4))
     [expected] = capped.generate({"prompt": PROMPT, "multi_modal_data": {"video": four}}, GREEDY)
     assert output.prompt_token_ids == expected.prompt_token_ids
     assert output.outputs[0].token_ids == expected.outputs[0].token_ids

@@ -14,11 +14,11 @@ from PIL import Image
 from spyglass.core.engine import image_preprocess, video_decode
 from spyglass.core.engine.sampling_params import InvalidRequestError
 from spyglass.core.engine.video_decode import (
-    sampled_indices,
     video_from_bytes,
     video_from_data_url,
     video_from_frames,
 )
+from spyglass.core.engine.video_sampling import VideoSampling
 
 FIELD = "messages[0].content[1].video_url"
 WIDTH, HEIGHT = 64, 48
@@ -82,7 +82,7 @@ def test_a_container_file_is_sampled_as_vllm_samples(fmt, codec, pix_fmt):
     if codec not in av.codecs_available:
         pytest.skip(f"{codec} is not in this PyAV build")
     data = make_video(fmt=fmt, codec=codec, pix_fmt=pix_fmt)
-    video = video_from_bytes(data, FIELD, max_frames=8)
+    video = video_from_bytes(data, FIELD, VideoSampling(8))
     expected = np.linspace(0, 23, 8, dtype=int).tolist()
     assert (
         [colour_index(frame) for frame in video.frames] == expected == [0, 3, 6, 9, 13, 16, 19, 23]
@@ -92,7 +92,7 @@ def test_a_container_file_is_sampled_as_vllm_samples(fmt, codec, pix_fmt):
 
 
 def test_a_short_video_keeps_every_frame_at_its_own_rate():
-    video = video_from_bytes(make_video(COLOURS[:5], rate=25), FIELD, max_frames=8)
+    video = video_from_bytes(make_video(COLOURS[:5], rate=25), FIELD, VideoSampling(8))
     assert [colour_index(frame) for frame in video.frames] == [0, 1, 2, 3, 4]
     assert video.fps == pytest.approx(25.0)
 
@@ -103,10 +103,10 @@ def test_a_truncated_stream_is_sampled_from_the_frames_it_holds():
     data = make_video(fmt="h264", codec="libx264", options={"x264-params": "keyint=1:bframes=0"})
     for cut in range(len(data) // 2, len(data) + 1, len(data) // 20):
         try:
-            every = video_from_bytes(data[:cut], FIELD, max_frames=len(COLOURS))
+            every = video_from_bytes(data[:cut], FIELD, VideoSampling(len(COLOURS)))
         except InvalidRequestError:
             continue  # cut inside a frame's header: refused, as it should be
-        sampled = video_from_bytes(data[:cut], FIELD, max_frames=4)
+        sampled = video_from_bytes(data[:cut], FIELD, VideoSampling(4))
         picks = np.linspace(0, len(every.frames) - 1, 4, dtype=int)
         assert [np.asarray(frame).tolist() for frame in sampled.frames] == [
             np.asarray(every.frames[i]).tolist() for i in picks
@@ -114,14 +114,14 @@ def test_a_truncated_stream_is_sampled_from_the_frames_it_holds():
 
 
 def test_sampled_indices():
-    assert sampled_indices(5, 8) == [0, 1, 2, 3, 4]
-    assert sampled_indices(10, 1) == [0]
-    assert sampled_indices(100, 4) == [0, 33, 66, 99]
+    assert VideoSampling(8).indices(5, None) == [0, 1, 2, 3, 4]
+    assert VideoSampling(1).indices(10, 30.0) == [0]
+    assert VideoSampling(4).indices(100, None) == [0, 33, 66, 99]
 
 
 def test_a_container_data_url_decodes_its_file():
     url = data_url("video/webm", make_video(fmt="webm", codec="libvpx"))
-    video = video_from_data_url(url, FIELD, max_frames=4)
+    video = video_from_data_url(url, FIELD, VideoSampling(4))
     assert [colour_index(frame) for frame in video.frames] == [0, 7, 15, 23]
     assert video.fps == pytest.approx(2.0)
 
@@ -129,14 +129,14 @@ def test_a_container_data_url_decodes_its_file():
 def test_png_frames_data_url_round_trips_exactly():
     colours = COLOURS[:6]
     url = data_url("video/png", *(image_bytes(colour) for colour in colours))
-    video = video_from_data_url(url, FIELD, max_frames=32)
+    video = video_from_data_url(url, FIELD, VideoSampling(32))
     assert video.fps is None
     assert [frame.convert("RGB").getpixel((5, 5)) for frame in video.frames] == colours
 
 
 def test_jpeg_frames_data_url_is_sampled_within_jpeg_error():
     url = data_url("video/jpeg", *(image_bytes(colour, fmt="JPEG") for colour in COLOURS))
-    video = video_from_data_url(url, FIELD, max_frames=8)
+    video = video_from_data_url(url, FIELD, VideoSampling(8))
     assert [colour_index(frame) for frame in video.frames] == [0, 3, 6, 9, 13, 16, 19, 23]
     for frame, index in zip(video.frames, [0, 3, 6, 9, 13, 16, 19, 23]):
         mean = np.asarray(frame, dtype=float).mean(axis=(0, 1))
@@ -164,19 +164,19 @@ def test_offline_frames_in_each_form():
     ],
 )
 def test_bad_data_urls_are_refused(url, match):
-    refused(video_from_data_url, url, FIELD, 8, match=match)
+    refused(video_from_data_url, url, FIELD, VideoSampling(8), match=match)
 
 
 def test_frames_of_different_sizes_are_refused():
     url = data_url("video/png", image_bytes((0, 0, 0)), image_bytes((9, 9, 9), size=(32, 32)))
-    refused(video_from_data_url, url, FIELD, 8, match="32x32, 64x48")
+    refused(video_from_data_url, url, FIELD, VideoSampling(8), match="32x32, 64x48")
 
 
 def test_bad_files_are_refused():
     mp4 = make_video()
-    refused(video_from_bytes, b"\x00" * 1000, FIELD, 8, match="not a readable video")
-    refused(video_from_bytes, mp4[: len(mp4) // 2], FIELD, 8, match="not a readable video")
-    refused(video_from_bytes, image_bytes((1, 2, 3), fmt="GIF")[:20], FIELD, 8)
+    refused(video_from_bytes, b"\x00" * 1000, FIELD, VideoSampling(8), match="not a readable video")
+    refused(video_from_bytes, mp4[: len(mp4) // 2], FIELD, VideoSampling(8), match="not a readable video")
+    refused(video_from_bytes, image_bytes((1, 2, 3), fmt="GIF")[:20], FIELD, VideoSampling(8))
 
 
 def test_a_file_without_video_is_refused():
@@ -189,17 +189,17 @@ def test_a_file_without_video_is_refused():
         frame.sample_rate = 8000
         container.mux(stream.encode(frame))
         container.mux(stream.encode())
-    refused(video_from_bytes, buffer.getvalue(), FIELD, 8, match="no video stream")
+    refused(video_from_bytes, buffer.getvalue(), FIELD, VideoSampling(8), match="no video stream")
 
 
 def test_a_video_without_frames_is_refused():
     data = make_video(colours=[], fmt="avi", codec="mjpeg", pix_fmt="yuvj420p")
-    refused(video_from_bytes, data, FIELD, 8, match="no frames")
+    refused(video_from_bytes, data, FIELD, VideoSampling(8), match="no frames")
 
 
 def test_too_many_frames_are_refused(monkeypatch):
     monkeypatch.setattr(video_decode, "MAX_VIDEO_FRAMES_DECODED", 20)
-    refused(video_from_bytes, make_video(), FIELD, 8, match="at most 20 frames")
+    refused(video_from_bytes, make_video(), FIELD, VideoSampling(8), match="at most 20 frames")
 
 
 def test_too_many_pixels_in_all_are_refused_before_decoding(monkeypatch):
@@ -207,18 +207,18 @@ def test_too_many_pixels_in_all_are_refused_before_decoding(monkeypatch):
     monkeypatch.setattr(video_decode, "MAX_VIDEO_PIXELS_DECODED", 10 * WIDTH * HEIGHT)
     decoded = []
     monkeypatch.setattr(video_decode, "_decode_sampled", lambda *args: decoded.append(args))
-    refused(video_from_bytes, make_video(), FIELD, 8, match="pixels in all")
+    refused(video_from_bytes, make_video(), FIELD, VideoSampling(8), match="pixels in all")
     assert not decoded
     monkeypatch.undo()
     monkeypatch.setattr(video_decode, "MAX_VIDEO_PIXELS_DECODED", 24 * WIDTH * HEIGHT)
-    assert len(video_from_bytes(make_video(), FIELD, 8).frames) == 8
+    assert len(video_from_bytes(make_video(), FIELD, VideoSampling(8)).frames) == 8
 
 
 def test_too_large_frames_are_refused(monkeypatch):
     monkeypatch.setattr(image_preprocess, "MAX_IMAGE_PIXELS", WIDTH * HEIGHT - 1)
-    refused(video_from_bytes, make_video(), FIELD, 8, match="64x48")
+    refused(video_from_bytes, make_video(), FIELD, VideoSampling(8), match="64x48")
     url = data_url("video/png", image_bytes((1, 2, 3)))
-    refused(video_from_data_url, url, FIELD, 8, match="too large")
+    refused(video_from_data_url, url, FIELD, VideoSampling(8), match="too large")
 
 
 @pytest.mark.parametrize(

@@ -221,7 +221,7 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConf
         if model_type == "llava_onevision" and clip is not None:  # [prompts, frames, ...]
             extra = {"pixel_values_videos": pixels}
         elif model_type in _QWEN_TYPES and clip is not None:  # videos
-            grid = qwen_grid.patch_grid(*batch[0][1][0].size, vision, video=True)
+            grid = qwen_grid.patch_grid(*batch[0][1][0].size, vision, clip.frames)
             extra = {
                 "pixel_values_videos": pixels,
                 "video_grid_thw": torch.tensor([[clip.steps, *grid]] * len(batch)),

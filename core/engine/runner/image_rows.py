@@ -74,7 +74,7 @@ def step_image_rows(
         encoded = encode_images(
             [images[key].pixel_values for key in new],
             [images[key].size for key in new],
-            [images[key].clip.steps if images[key].clip else 0 for key in new],
+            [images[key].clip.frames if images[key].clip else 0 for key in new],
         )
         for key, image_embeds in zip(new, encoded):
             kept[key] = image_embeds
