@@ -98,10 +98,12 @@ STEP_MODES = {
 }
 
 
-def step_phase_table(model: str, device: str, batches: tuple[int, ...]) -> list[str]:
+def step_phase_table(
+    model: str, device: str, batches: tuple[int, ...], steps: dict | None = None
+) -> list[str]:
     """Decode steps of ``model`` (bf16, CUDA graphs on ``device``) split into host phases and the
     wait for the device (`spyglass bench steps`): in turn, with async output, and with async
-    scheduling too."""
+    scheduling too. ``steps``, when given, gets each (mode, batch)'s step seconds."""
     rows = [
         "| async | batch | step ms | schedule | prepare | launch | wait | update |",
         "|---|---|---|---|---|---|---|---|",
@@ -112,7 +114,10 @@ def step_phase_table(model: str, device: str, batches: tuple[int, ...]) -> list[
         )
         engine = LLMEngine(config)
         for batch in batches:
-            ms = {k: v * 1e3 for k, v in step_phases.phase_medians(engine, batch, 32, 64).items()}
+            seconds = step_phases.phase_medians(engine, batch, 32, 64)
+            if steps is not None:
+                steps[mode, batch] = seconds["step"]
+            ms = {k: v * 1e3 for k, v in seconds.items()}
             rows.append(
                 f"| {mode} | {batch} | {ms['step']:.2f} | "
                 + " | ".join(f"{ms[phase]:.2f}" for phase in step_phases.PHASES)
@@ -120,6 +125,21 @@ def step_phase_table(model: str, device: str, batches: tuple[int, ...]) -> list[
             )
         engine.shutdown()
     return rows
+
+
+def weight_read_rows(model: str, device: str, bandwidth: float) -> list[str]:
+    """Item 3's target: ``model``'s decode step at batch 64 (`step_phase_table`) against the time
+    its weights take to read at the measured copy bandwidth."""
+    steps: dict = {}
+    rows = step_phase_table(model, device, (64,), steps)
+    weight_bytes = sum(path.stat().st_size for path in Path(model).glob("*.safetensors"))
+    read = weight_bytes / bandwidth
+    best = min(steps.values())
+    return rows + [
+        "",
+        f"weights {weight_bytes / 1e9:.2f} GB, read in {read * 1e3:.2f} ms at copy bandwidth; "
+        f"fastest step {best * 1e3:.2f} ms = {best / read:.1f}x the read (target: within 2x)",
+    ]
 
 
 def throughput_rows(shape: str, model: str, device: str, num_requests: int | None) -> list[str]:
@@ -238,24 +258,19 @@ def main() -> int:
     os.environ.setdefault("SPYGLASS_CACHE_DIR", str(workdir / "cache"))
     print(f"models: {models} (built in {time.perf_counter() - started:.0f} s)")
     report = Report(args.out)
-    report.section("GPU tests", lambda: gpu_tests(workdir / "gpu_tests.log", timeout_s=180))
     prompts = [
         "The capital of France is",
         "def quicksort(xs):",
         "写一首关于秋天的诗",
         "Explain CUDA graphs.",
     ]
+    # Most wanted first: a run cut short by its time limit loses the last sections.
     report.section("kernels and parity", lambda: parity_rows(prompts))
-    measured: dict[
-        str, float
-    ] = {}  # the copy bandwidth, which the attention tables are put against
+    # The copy bandwidth, which the attention tables and the weights' read are put against.
+    measured: dict[str, float] = {}
     report.section("copy bandwidth", lambda: bandwidth_rows(measured))
     report.section("decode attention", lambda: attention_table(measured["bandwidth"], args.quick))
-    report.section("decode step, eager vs CUDA graphs", lambda: decode_step_rows(args.quick))
-    batches = (1, 64) if args.quick else (1, 64, 256)
-    report.section(
-        "decode step phases", lambda: step_phase_table(models["default shape"], "cuda", batches)
-    )
+    report.section("GPU tests", lambda: gpu_tests(workdir / "gpu_tests.log", timeout_s=150))
     report.section(
         "throughput", lambda: throughput_table(models, "cuda", 16 if args.quick else None)
     )
@@ -264,9 +279,19 @@ def main() -> int:
         lambda: serving_table(models["default shape"], "cuda", 64 if args.quick else 256),
     )
     report.section(
+        "Llama-3.2-1B shape: decode step at batch 64 against its weights' read",
+        lambda: weight_read_rows(models["Llama-3.2-1B shape"], "cuda", measured["bandwidth"]),
+    )
+    batches = (1, 64) if args.quick else (1, 64, 256)
+    report.section(
+        "decode step phases, default shape",
+        lambda: step_phase_table(models["default shape"], "cuda", batches),
+    )
+    report.section(
         "decode attention tilings (tile positions / warps / stages)",
         lambda: tiling_sweep_table(measured["bandwidth"], args.quick),
     )
+    report.section("decode step, eager vs CUDA graphs", lambda: decode_step_rows(args.quick))
     print("\n# every table\n")
     print("\n".join(report.lines))
     print(f"total {time.perf_counter() - started:.0f} s")

@@ -50,6 +50,21 @@ def test_the_step_phase_rows_cover_every_mode_and_every_batch(
     assert all(float(value) >= 0 for c in cells for value in c[2:])
 
 
+def test_the_weight_read_rows_put_the_fastest_step_against_the_weights_read(
+    gpu_check, tiny_llama_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path))
+    bandwidth = 1e9
+    *phase_rows, _blank, verdict = gpu_check.weight_read_rows(str(tiny_llama_dir), "cpu", bandwidth)
+    steps = [float(row.strip("|").split("|")[2]) for row in phase_rows[2:]]
+    assert [row.strip("|").split("|")[1].strip() for row in phase_rows[2:]] == ["64"] * 3
+    weight_bytes = sum(p.stat().st_size for p in tiny_llama_dir.glob("*.safetensors"))
+    assert weight_bytes > 0
+    read_ms = weight_bytes / bandwidth * 1e3
+    assert f"read in {read_ms:.2f} ms" in verdict
+    assert f"fastest step {min(steps):.2f} ms" in verdict
+
+
 def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
     gpu_check, tiny_llama_dir, tmp_path, monkeypatch
 ):
