@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from spyglass.core.loaders.checkpoint import Checkpoint
-from spyglass.core.loaders.default_model import ensure_default_model
+from spyglass.core.loaders.default_model import default_model_override, ensure_default_model
 from spyglass.core.loaders.gguf_loader import load_gguf
 
 # Small enough to build and save in well under a second, with GQA (4 query heads share 2 kv heads).
@@ -53,13 +53,17 @@ def default_checkpoint(default_model_path) -> Checkpoint:
 
 
 @pytest.fixture(scope="session")
-def hf_gguf_tokenizer(default_model_path):
-    """transformers' own tokenizer for the default GGUF: the reference our tokenizer must match."""
+def hf_gguf_tokenizer():
+    """transformers' own tokenizer for the default GGUF: the reference our tokenizer must match.
+    Where ``$SPYGLASS_DEFAULT_MODEL`` names a model directory (`examples/gpu_check.py`'s random
+    default shape on a machine without the GGUF), that directory's copy of the same tokenizer."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(
-        default_model_path.parent, gguf_file=default_model_path.name
-    )
+    override = default_model_override()
+    if override is not None and override.is_dir():
+        return AutoTokenizer.from_pretrained(override)
+    path = ensure_default_model()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 def _with_wide_weights(model):

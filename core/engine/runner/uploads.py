@@ -3,9 +3,14 @@
 import numpy as np
 import torch
 
+# Triton compiles a kernel once per pointer alignment it meets (16 bytes or not): an array that
+# started at an odd offset of the packed buffer compiled a second variant while serving.
+ALIGNMENT = 16
+
 
 def upload(arrays: list[np.ndarray], dtype: np.dtype, device: torch.device) -> list[torch.Tensor]:
-    """``arrays`` as tensors of ``dtype`` on ``device``, each with its own shape.
+    """``arrays`` as tensors of ``dtype`` on ``device``, each with its own shape and each starting
+    `ALIGNMENT`-byte aligned.
 
     They are packed into one host buffer and copied once. On a GPU the buffer is pinned and the
     copy asynchronous: a copy from pageable memory would make the host wait for every kernel queued
@@ -13,8 +18,13 @@ def upload(arrays: list[np.ndarray], dtype: np.dtype, device: torch.device) -> l
     does not hand the buffer out again before the copy has finished. On the CPU the tensors are
     views of the buffer.
     """
-    packed = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]).astype(dtype, copy=False))
+    per_alignment = ALIGNMENT // np.dtype(dtype).itemsize
+    padded = [-(-a.size // per_alignment) * per_alignment for a in arrays]
+    offsets = np.cumsum([0, *padded[:-1]]).tolist()
+    buffer = np.zeros(sum(padded), dtype)
+    for array, offset in zip(arrays, offsets):
+        buffer[offset : offset + array.size] = array.ravel()
+    packed = torch.from_numpy(buffer)
     if device.type != "cpu":
         packed = packed.pin_memory().to(device, non_blocking=True)
-    parts = packed.split([a.size for a in arrays])
-    return [part.view(a.shape) for part, a in zip(parts, arrays)]
+    return [packed[o : o + a.size].view(a.shape) for a, o in zip(arrays, offsets)]
