@@ -95,11 +95,12 @@ class EngineConfig:
     (`processor_options`: Qwen2-VL's ``min_pixels`` / ``max_pixels``, Idefics3's
     ``do_image_splitting``). ``media_io_kwargs`` (vLLM's option) sets how media are read:
     ``{"video": {"num_frames": N}}``, the most frames read from a video file, evenly spaced (32 by
-    default; `video_frames`). ``generation_config`` is where requests' sampling defaults come
-    from, as vLLM's option says (`sampling_defaults`: ``auto``, the model's
-    generation_config.json; ``vllm``, none; or a directory holding one), with
-    ``override_generation_config`` (keys of a generation config) on top. ``chat_template`` (a
-    file or the jinja itself, vLLM's ``--chat-template``) replaces the model's chat template.
+    default; `video_frames`; Qwen3-VL's sampled by the video's time, at most that many).
+    ``generation_config`` is where requests' sampling defaults come from, as vLLM's option says
+    (`sampling_defaults`: ``auto``, the model's generation_config.json; ``vllm``, none; or a
+    directory holding one), with ``override_generation_config`` (keys of a generation config) on
+    top. ``chat_template`` (a file or the jinja itself, vLLM's ``--chat-template``) replaces the
+    model's chat template.
     """
 
     model: str | None = None

@@ -48,7 +48,9 @@ def timed_frames(
     tokenizer does not read a timestamp as its pieces put together (it must split digits one by
     one, as Qwen's does)."""
     settings = {**VIDEO_DEFAULTS, **processor}
-    differing = [key for key in _SHARED if _list_of(settings[key]) != _list_of(image_processor[key])]
+    differing = [
+        key for key in _SHARED if _list_of(settings[key]) != _list_of(image_processor[key])
+    ]
     if differing:
         raise ValueError(
             f"the video processor's {', '.join(differing)} differ from the image processor's; "

@@ -23,9 +23,9 @@ from gguf import GGMLQuantizationType
 
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.models.image_tiles import ImageTiles
-from spyglass.core.models.timed_frames import TimedFrames
 from spyglass.core.models.model_config import ModelArchConfig
 from spyglass.core.models.quantization import QuantizedWeight
+from spyglass.core.models.timed_frames import TimedFrames
 from spyglass.core.models.vision_config import VisionConfig
 from spyglass.core.tokenizer import Tokenizer
 

@@ -2,11 +2,13 @@
 vLLM's base64 JPEG frames) beside an image, streaming and not, and gets the offline API's
 answers for the same bytes; /tokenize counts the video's tokens; a video that is no video, and
 more videos than --limit-mm-per-prompt allows, are 400s naming the field, and the server serves
-on."""
+on. Qwen3-VL's: an mp4's frames sampled two a second, at most the server's frame limit, each
+step behind the time transformers' processor gives it."""
 
 import base64
 import io
 import json
+import re
 
 import pytest
 import requests
@@ -111,3 +113,49 @@ def test_more_videos_than_the_limit_are_a_400(server):
         timeout=60,
     )
     assert ok.status_code == 200
+
+
+QWEN3_FRAMES = {"video": {"num_frames": 4}}
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def qwen3_server(request, make_tiny_qwen2_vl, tmp_path_factory):
+    """A tiny Qwen3-VL's server reading at most 4 frames of a video file."""
+    options = ["--dtype", "float32", "--media-io-kwargs", json.dumps(QWEN3_FRAMES)]
+    log_dir = tmp_path_factory.mktemp("q3v")
+    started = start_tiny(request.param, make_tiny_qwen2_vl("Qwen3VL"), log_dir, *options)
+    yield started
+    started.stop()
+
+
+def test_qwen3_vl_reads_a_video_file_two_frames_a_second_with_their_times(
+    qwen3_server, make_tiny_qwen2_vl
+):
+    import importlib
+
+    from transformers import AutoTokenizer
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.video_utils import VideoMetadata
+
+    # The module itself: transformers' lazy package hands out a stand-in that wants torchvision.
+    hf_video = importlib.import_module("transformers.models.qwen3_vl.video_processing_qwen3_vl")
+    path = make_tiny_qwen2_vl("Qwen3VL")
+    # 24 frames at 8 a second: 6 at 2 a second, of which the server reads 4.
+    url = "data:video/mp4;base64," + base64.b64encode(mp4_bytes(5, frames=24)).decode()
+    chat = messages(url)
+    llm = LLM(model=str(path), dtype="float32", device="cpu", media_io_kwargs=QWEN3_FRAMES)
+    [output] = llm.chat(chat, SamplingParams(temperature=0, max_tokens=8))
+    prompt_tokens = len(output.prompt_token_ids)
+    assert_chats_as_offline(qwen3_server, chat, output.outputs[0].text, prompt_tokens)
+    counted = requests.post(
+        f"{qwen3_server.base_url}/tokenize",
+        json={"messages": chat, "add_generation_prompt": True},
+        timeout=60,
+    ).json()
+    text = AutoTokenizer.from_pretrained(path).decode(counted["tokens"])
+    processor = hf_video.Qwen3VLVideoProcessor.from_pretrained(path, max_frames=4)
+    indices = processor.sample_frames(VideoMetadata(total_num_frames=24, fps=8.0))
+    times = Qwen3VLProcessor.__new__(Qwen3VLProcessor)._calculate_timestamps(indices, 8.0, 2)
+    expected = [f"{seconds:.1f}" for seconds in times]
+    assert expected == ["0.5", "2.4"]
+    assert re.findall(r"<([\d.]+) seconds><\|vision_start\|>", text) == expected

@@ -147,29 +147,35 @@ def test_frames_are_sized_together_as_smart_resize_sizes_them(qwen3, frames, siz
     assert qwen_grid.resized_size(*size, vision, frames) == hf.frame_size(video)
 
 
-def test_a_per_frame_cap_sizes_frames_as_the_processor_caps_them(qwen3):
-    import dataclasses
+def test_a_per_frame_cap_sizes_frames_as_the_processor_caps_them(qwen3, tmp_path):
+    import json
+    import shutil
 
-    from transformers.image_utils import SizeDict
+    from spyglass.core.loaders.qwen2_vl_config import vision_config
 
-    _, hf, llm = qwen3
-    vision = llm.engine.arch.vision
-    timed = dataclasses.replace(vision.timed_frames, frame_token_cap=20)
-    capped = dataclasses.replace(vision, timed_frames=timed)
-    processor = hf.video_processor
-    for frames, height, width in [(2, 28, 40), (4, 64, 64), (10, 100, 30)]:
+    path, hf, llm = qwen3
+    for name in ("config.json", "preprocessor_config.json", "video_preprocessor_config.json"):
+        shutil.copy(path / name, tmp_path / name)
+    saved = json.loads((path / "video_preprocessor_config.json").read_text())
+    capped_config = {**saved, "cap_pixels_per_frame": True, "max_video_tokens": 20}
+    (tmp_path / "video_preprocessor_config.json").write_text(json.dumps(capped_config))
+    config = json.loads((path / "config.json").read_text())
+    capped = vision_config(config, tmp_path, llm.engine.tokenizer)
+    assert capped.timed_frames.frame_token_cap == 20
+    processor = hf_video.Qwen3VLVideoProcessor.from_pretrained(tmp_path)
+    for frames, height, width in [(2, 28, 40), (4, 64, 64), (10, 100, 30), (10, 96, 32)]:
         # Its resize ends in torchvision's: read the size it asks for instead.
         with mock.patch.object(hf_video.BaseVideoProcessor, "resize", lambda *_, size, **__: size):
             sized = processor.resize(
                 torch.empty(1, frames, 3, height, width),
-                SizeDict(**processor.size),
+                processor.size,
                 None,
                 factor=8,
                 temporal_factor=2,
-                cap_pixels_per_frame=True,
+                cap_pixels_per_frame=processor.cap_pixels_per_frame,
             )
         assert qwen_grid.resized_size(width, height, capped, frames) == (sized.width, sized.height)
-        if frames == 10:  # the cap binds: fewer pixels than uncapped
+        if (height, width) == (96, 32):  # the cap binds: fewer pixels than uncapped
             assert sized.height * sized.width < np.prod(
                 hf.frame_size(VideoFrames((noise_image(0, (width, height)),) * frames, None))
             )
@@ -288,7 +294,7 @@ def test_videos_through_chunks_and_preemption_match_transformers(
         timed_video(20 + i, frames, size)
         for i, (frames, size) in enumerate([(4, (48, 40)), (5, (50, 20)), (2, (24, 60))])
     ]
-    blocks = 24 if preempting else None
+    blocks = 16 if preempting else None  # the longest needs 13: preempted several times
     frames = [video for video, _ in videos]
     outputs = chunked_runs(path, PROMPT, frames, 7, blocks, count_preemptions, 12, "video")
     for output, video in zip(outputs, videos, strict=True):

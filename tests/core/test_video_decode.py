@@ -175,7 +175,13 @@ def test_frames_of_different_sizes_are_refused():
 def test_bad_files_are_refused():
     mp4 = make_video()
     refused(video_from_bytes, b"\x00" * 1000, FIELD, VideoSampling(8), match="not a readable video")
-    refused(video_from_bytes, mp4[: len(mp4) // 2], FIELD, VideoSampling(8), match="not a readable video")
+    refused(
+        video_from_bytes,
+        mp4[: len(mp4) // 2],
+        FIELD,
+        VideoSampling(8),
+        match="not a readable video",
+    )
     refused(video_from_bytes, image_bytes((1, 2, 3), fmt="GIF")[:20], FIELD, VideoSampling(8))
 
 

@@ -1,6 +1,7 @@
 """``spyglass bench vision`` at toy scale: on the tiny LLaVA and Idefics3 both sides time the same
 prompts and give the same greedy tokens; the random LLaVA and SmolVLM it builds load and run."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -126,9 +127,19 @@ def test_bench_vision_with_videos_agrees_with_transformers(tmp_path, capsys):
     vision.report(args, result)
     out = capsys.readouterr().out
     assert "one video of 5 frames (12 tokens)" in out and "videos/s" in out
+    # Qwen3-VL's: the same steps, each behind its time (frames at 8 a second: 0.1, 0.3 and 0.5
+    # seconds) and between its own vision start and end, which transformers reads as text.
     qwen3 = write_random_qwen3_vl(tmp_path / "qwen3", tower, 1, 0)
-    with pytest.raises(SystemExit, match="reads no videos"):
-        _compared(qwen3, 1, "--video-frames", "2")
+    _, result = _compared(qwen3, 3, "--video-frames", "5")
+    assert result.num_identical == 3
+    engine = LLM(model=str(qwen3), device="cpu", kv_cache_memory="16MiB").engine
+    [(token_ids, _)] = vision.vision_prompts(engine, 1, 6, 0, 5)
+    text = engine.tokenizer.decode(token_ids, skip_special_tokens=False)
+    stamps = re.findall(r"<([\d.]+) seconds><\|vision_start\|>((?:<\|video_pad\|>)*)", text)
+    assert stamps == [(seconds, "<|video_pad|>" * 4) for seconds in ("0.1", "0.3", "0.5")]
+    encode = engine.tokenizer.encode
+    stamp_tokens = sum(len(encode(f"<{s} seconds>", add_special_tokens=False)) for s, _ in stamps)
+    assert result.tokens_per_image == stamp_tokens + 3 * (1 + 4 + 1)
 
 
 def test_random_onevision_agrees_with_transformers_on_images_and_videos(tmp_path, capsys):

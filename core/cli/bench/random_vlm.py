@@ -241,8 +241,14 @@ def write_random_qwen3_vl(
     after a quarter, a half and three quarters of its layers, before the default model's
     language model shape as a Qwen3 rotating by interleaved M-RoPE (Qwen3-VL's sections, 3/8,
     5/16 and 5/16 of the frequencies); images are resized to at most ``tower.image_size``
-    squared pixels. With its tokenizer and image processor config."""
+    squared pixels. With its tokenizer and image processor config, and its video processor's:
+    frames read as images are, a video's frames together allowed the pixels of 768 frames of
+    ``tower.image_size`` squared (its most frames, each at full size, as Qwen3-VL's own config
+    allows), so that the bench's frames of that size are read at that size."""
     import transformers
+
+    # The module's class: transformers' top-level one wants torchvision.
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
     tokenizer, text = _text_model(QWEN_IMAGE_TOKENS, text_layers)
     head_dim = text.hidden_size // text.num_attention_heads
@@ -276,6 +282,13 @@ def write_random_qwen3_vl(
     tokenizer.save_pretrained(path)
     transformers.Qwen2VLImageProcessorPil(
         max_pixels=tower.image_size**2,
+        patch_size=tower.patch_size,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    ).save_pretrained(path)
+    factor = 2 * tower.patch_size
+    Qwen3VLVideoProcessor(
+        size={"shortest_edge": 4 * factor**2, "longest_edge": 768 * tower.image_size**2},
         patch_size=tower.patch_size,
         image_mean=[0.5] * 3,
         image_std=[0.5] * 3,

@@ -12,8 +12,9 @@ smolvlm`` SmolVLM's layout, a SigLIP tower on tiles of ``--image-size`` pixels, 
 ``--grid`` x ``--grid`` tiles plus the global one; with ``--arch qwen2.5-vl`` Qwen2.5-VL's, a
 windowed tower on 14-pixel patches of ``--image-size`` square images, merged 2 x 2; with
 ``--arch llava-onevision`` OneVision's, a SigLIP tower on LLaVA-NeXT's grid. With
-``--video-frames N`` (qwen2.5-vl, llava-onevision) a video of N random frames of that size
-instead of each image, at 8 frames a second.
+``--video-frames N`` (qwen2.5-vl, qwen3-vl, llava-onevision) a video of N random frames of that
+size instead of each image, at 8 frames a second (Qwen3-VL's steps timed by text in the prompt
+both sides read).
 The vision share is the tower's and projector's time over the model time of Spyglass's steps.
 """
 
@@ -55,7 +56,7 @@ from spyglass.core.models.vision_config import VisionConfig
 _QWEN_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # The rate of the bench's videos: a step of two frames takes a quarter second, one time position
 # of a random Qwen2.5-VL's (its tokens_per_second is 4), where transformers 5 counts positions as
-# Qwen does.
+# Qwen does; Qwen3-VL's steps are timed by the text of their times (the frames' at this rate).
 _VIDEO_FPS = 8.0
 
 
@@ -98,8 +99,8 @@ def add_parser(subparsers, argv) -> None:
         "--video-frames",
         type=int,
         default=0,
-        help="qwen2.5-vl and llava-onevision: each prompt holds a video of this many frames "
-        "instead of an image",
+        help="qwen2.5-vl, qwen3-vl and llava-onevision: each prompt holds a video of this many "
+        "frames instead of an image",
     )
     parser.add_argument("--patch-size", type=int, default=shape.patch_size)
     parser.add_argument("--vision-layers", type=int, default=shape.num_layers)
@@ -167,7 +168,9 @@ def vision_prompts(
         images = [Image.fromarray(frame) for frame in pixels]
         marker = vision.video_token_id if video_frames else vision.placeholder_id
         token_ids = [*text[:cut], marker, *text[cut:]]
-        media = ([], [VideoFrames(tuple(images), _VIDEO_FPS)]) if video_frames else (images, [])
+        times = tuple(index / _VIDEO_FPS for index in range(video_frames))
+        video = VideoFrames(tuple(images), _VIDEO_FPS, times)
+        media = ([], [video]) if video_frames else (images, [])
         prompts.append(
             images_in_prompt(token_ids, media[0], vision, engine.max_model_len, "bench", media[1])
         )
@@ -208,7 +211,8 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConf
         # each image's grid and which tokens are images'; Gemma 3 which tokens are images';
         # Mistral 3 each image's processed (height, width)); LLaVA-NeXT, OneVision and Idefics3
         # [prompts, tiles, ...] (LLaVA-NeXT and OneVision with each image's (height, width));
-        # videos: Qwen2-VL's patches with their grids, OneVision's [prompts, frames, ...].
+        # videos: Qwen2-VL's patches with their grids (Qwen2.5-VL's with each step's seconds;
+        # Qwen3-VL's times are text in the prompt), OneVision's [prompts, frames, ...].
         model_type = model.config.model_type
         flat = ("llava", "gemma3", "mistral3", *_QWEN_TYPES)
         join = torch.cat if model_type in flat else torch.stack
@@ -225,9 +229,10 @@ def _hf_run(model, prompts, max_tokens: int, batch_size: int, vision: VisionConf
             extra = {
                 "pixel_values_videos": pixels,
                 "video_grid_thw": torch.tensor([[clip.steps, *grid]] * len(batch)),
-                "second_per_grid_ts": torch.tensor([clip.step_seconds] * len(batch)),
                 "mm_token_type_ids": 2 * (input_ids == vision.video_token_id).int(),
             }
+            if model_type != "qwen3_vl":
+                extra["second_per_grid_ts"] = torch.tensor([clip.step_seconds] * len(batch))
         elif model_type in _QWEN_TYPES:
             grids = [qwen_grid.patch_grid(*images[0].size, vision) for _, images in batch]
             extra["image_grid_thw"] = torch.tensor([[1, *grid] for grid in grids])
@@ -262,7 +267,7 @@ def compare(args, model_dir: Path) -> VisionComparison:
     )
     if args.video_frames and probe.arch.vision.video_token_id is None:
         raise SystemExit(
-            f"--video-frames: {probe.model_name} reads no videos (qwen2.5-vl and "
+            f"--video-frames: {probe.model_name} reads no videos (qwen2.5-vl, qwen3-vl and "
             "llava-onevision do)"
         )
     prompts = vision_prompts(
