@@ -120,18 +120,19 @@ SWEEP = tuple(
 
 
 def tiled(
-    inputs: tuple, tiling: "triton_attention.Tiling", num_sms: int
+    inputs: tuple, tiling: "triton_attention.Tiling | None", num_sms: int
 ) -> Callable[[], torch.Tensor]:
-    """``inputs``' decode attention with ``tiling``, through the kernel `paged_attention` would pick
-    on a GPU of ``num_sms`` multiprocessors."""
+    """``inputs``' decode attention with ``tiling`` (None: the kernel's default), through the kernel
+    `paged_attention` would pick on a GPU of ``num_sms`` multiprocessors."""
     query, k_cache, v_cache, tables, lens, _starts, _rows, context, scale = inputs
     batch = tables.shape[0]
     splits = triton_attention.num_kv_splits(batch, KV_HEADS, batch, 1, context, num_sms)
+    chosen = {} if tiling is None else {"tiling": tiling}
     if splits > 1:
         return lambda: triton_attention.split_k_decode_attention(
-            query, k_cache, v_cache, tables, lens, scale, splits, tiling=tiling
+            query, k_cache, v_cache, tables, lens, scale, splits, **chosen
         )
-    return lambda: triton_attention.unified_attention(*inputs, tiling=tiling)
+    return lambda: triton_attention.unified_attention(*inputs, **chosen)
 
 
 def tiling_sweep_table(bandwidth: float, quick: bool) -> list[str]:
@@ -148,7 +149,7 @@ def tiling_sweep_table(bandwidth: float, quick: bool) -> list[str]:
     for context, batch in decode_cases((2048, 8192) if quick else (2048, 8192, 32768)):
         inputs = decode_inputs(context, batch)
 
-        def fraction(tiling: triton_attention.Tiling) -> float | None:
+        def fraction(tiling: triton_attention.Tiling | None) -> float | None:
             try:
                 seconds = timed_in_graph(tiled(inputs, tiling, sms))
             except Exception as error:  # e.g. triton's OutOfResources for the largest tiles
@@ -156,7 +157,7 @@ def tiling_sweep_table(bandwidth: float, quick: bool) -> list[str]:
                 return None
             return cache_bytes(inputs) / seconds / bandwidth
 
-        default = fraction(triton_attention.DEFAULT_TILING)
+        default = fraction(None)
         fractions = [fraction(tiling) for tiling in SWEEP]
         best = max(range(len(SWEEP)), key=lambda i: fractions[i] or 0.0)
         cells = [_percent(f) for f in (default, fractions[best])] + [names[best]]
@@ -165,6 +166,33 @@ def tiling_sweep_table(bandwidth: float, quick: bool) -> list[str]:
             + " | ".join(cells + [_percent(f) for f in fractions])
             + " |"
         )
+    return rows
+
+
+def split_count_table(bandwidth: float) -> list[str]:
+    """Split-K decode (few requests, long contexts: issue 19's hardest cases) at half, once, twice
+    and four times the partitions `num_kv_splits` chooses, each as a fraction of copy bandwidth
+    (in a CUDA graph, the kernel's default tiling)."""
+    rows = [
+        "| context | batch | chosen splits | x1/2 | x1 | x2 | x4 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for context in (2048, 8192, 32768):
+        for batch in (1, 8):
+            query, k_cache, v_cache, tables, lens, *_, scale = decode_inputs(context, batch)
+            chosen = triton_attention.num_kv_splits(batch, KV_HEADS, batch, 1, context, sms)
+            cells = []
+            for splits in (max(2, chosen // 2), chosen, 2 * chosen, 4 * chosen):
+                splits = min(splits, triton_attention.MAX_SPLITS)
+                seconds = timed_in_graph(
+                    lambda splits=splits: triton_attention.split_k_decode_attention(
+                        query, k_cache, v_cache, tables, lens, scale, splits
+                    )
+                )
+                moved = 2 * k_cache.numel() * k_cache.element_size()
+                cells.append(f"{splits}: {moved / seconds / bandwidth:.0%}")
+            rows.append(f"| {context} | {batch} | {chosen} | " + " | ".join(cells) + " |")
     return rows
 
 

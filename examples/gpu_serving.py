@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import torch
 
 from spyglass.core.cli.bench.throughput import run_engine
@@ -23,7 +24,9 @@ SERVE_MODES = {"engine thread": [], "engine process": ["--engine-process"]}
 
 def serve_and_bench(model: str, device: str, num_prompts: int, flags: list[str], port: int) -> dict:
     """Start ``spyglass serve`` on ``model`` (bf16, telemetry off), send ``num_prompts`` W3 requests
-    at once with ``spyglass bench serve``, stop the server; the bench's JSON summary."""
+    at once with ``spyglass bench serve``, stop the server; the bench's JSON summary, with the CPU
+    time the server's process and its engine process (if any) took per second of the bench under
+    ``"cpu_share"`` (1.0: a core kept busy), which says which of them sets the pace."""
     spyglass = [sys.executable, "-m", "spyglass.core.cli.main"]
     server = subprocess.Popen(
         [
@@ -53,6 +56,12 @@ def serve_and_bench(model: str, device: str, num_prompts: int, flags: list[str],
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"spyglass serve {' '.join(flags)} did not start")
             time.sleep(0.5)
+        front = psutil.Process(server.pid)
+        # The engine process is spawned by multiprocessing (its resource tracker is not counted).
+        engines = [c for c in front.children() if "spawn_main" in " ".join(c.cmdline())]
+        processes = [front, *engines]
+        before = [_cpu_seconds(process) for process in processes]
+        started = time.monotonic()
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             subprocess.run(
                 [
@@ -69,10 +78,20 @@ def serve_and_bench(model: str, device: str, num_prompts: int, flags: list[str],
                 check=False,
                 stdout=subprocess.DEVNULL,
             )
-            return json.loads(Path(out.name).read_text())
+            wall = time.monotonic() - started
+            summary = json.loads(Path(out.name).read_text())
+        summary["cpu_share"] = [
+            (_cpu_seconds(process) - spent) / wall for process, spent in zip(processes, before)
+        ]
+        return summary
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def _healthy(base_url: str) -> bool:
@@ -102,8 +121,8 @@ def serving_table(model: str, device: str, num_prompts: int) -> list[str]:
         f"offline W3 ({num_prompts} requests): {offline.output_tokens_per_s:,.0f} output tok/s",
         "",
         "| engine | served output tok/s | of offline | failed | median TTFT ms | P99 TTFT ms "
-        "| median TPOT ms | P99 ITL ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| median TPOT ms | P99 ITL ms | CPU: server, engine process |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for index, (mode, flags) in enumerate(SERVE_MODES.items()):
         got = serve_and_bench(model, device, num_prompts, flags, 8790 + index)
@@ -111,6 +130,7 @@ def serving_table(model: str, device: str, num_prompts: int) -> list[str]:
             f"| {mode} | {got['output_throughput']:,.0f} "
             f"| {got['output_throughput'] / offline.output_tokens_per_s:.0%} | {got['failed']} "
             f"| {got['ttft_ms']['median']:.0f} | {got['ttft_ms']['p99']:.0f} "
-            f"| {got['tpot_ms']['median']:.1f} | {got['itl_ms']['p99']:.0f} |"
+            f"| {got['tpot_ms']['median']:.1f} | {got['itl_ms']['p99']:.0f} "
+            f"| {', '.join(f'{share:.0%}' for share in got['cpu_share'])} |"
         )
     return rows

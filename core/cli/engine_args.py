@@ -120,9 +120,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--async-scheduling",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="also schedule and launch each step before the previous one's tokens reach the host "
-        "(turns async output on; not with --speculative)",
+        "(turns async output on; not with --speculative; default: on with CUDA for one process "
+        "without speculation)",
     )
     group.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     group.add_argument(

@@ -7,8 +7,10 @@ import argparse
 import dataclasses
 
 import pytest
+import torch
 
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import SamplingParams
 from tests.core.conftest import completion_fields
@@ -124,7 +126,17 @@ def test_the_flag_and_what_it_does_not_combine_with(make_tiny_engine):
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)
     assert engine_config_from_args(parser.parse_args(["--async-scheduling"])).async_scheduling
-    assert not engine_config_from_args(parser.parse_args([])).async_scheduling
+    assert engine_config_from_args(parser.parse_args([])).async_scheduling is None
+    refused = engine_config_from_args(parser.parse_args(["--no-async-scheduling"]))
+    assert refused.async_scheduling is False
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    # The default: both on with CUDA for one process without speculation, both off on the CPU.
+    assert EngineConfig().async_modes(cuda) == (True, True)
+    assert EngineConfig().async_modes(cpu) == (False, False)
+    assert refused.async_modes(cuda) == (True, False)
+    assert EngineConfig(async_output=False).async_modes(cuda) == (False, False)
+    assert EngineConfig(speculative="ngram").async_modes(cuda) == (True, False)
+    assert EngineConfig(tensor_parallel_size=2).async_modes(cuda) == (True, False)
     assert make_tiny_engine(async_scheduling=True).async_output  # brought along on the CPU too
     with pytest.raises(ValueError, match="needs async output"):
         make_tiny_engine(async_output=False, async_scheduling=True)

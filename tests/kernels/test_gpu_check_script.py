@@ -75,6 +75,9 @@ def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
     assert [c[0] for c in cells] == ["engine thread", "engine process"]
     assert all(len(c) == len(header.strip("|").split("|")) for c in cells)
     assert all(c[2].endswith("%") and c[3] == "0" for c in cells)  # none of the requests failed
+    # CPU shares: the server's process, then the engine's own where it has one.
+    assert [len(c[-1].split(", ")) for c in cells] == [1, 2]
+    assert all(share.endswith("%") for c in cells for share in c[-1].split(", "))
 
 
 @pytest.mark.parametrize("num_sms", [1, 64], ids=["unified", "split-k"])
@@ -86,7 +89,8 @@ def test_every_swept_tiling_computes_the_attention_of_the_default(gpu_check, num
     splits = triton_attention.num_kv_splits(2, gpu_attention.KV_HEADS, 2, 1, 256, num_sms)
     assert (splits > 1) == (num_sms > 1)
     expected = torch_attention.paged_attention(*inputs).float()
-    for tiling in (*gpu_attention.SWEEP[::5], triton_attention.DEFAULT_TILING):
+    defaults = (triton_attention.DEFAULT_TILING, triton_attention.SPLIT_K_TILING, None)
+    for tiling in (*gpu_attention.SWEEP[::5], *defaults):
         actual = gpu_attention.tiled(inputs, tiling, num_sms)().float()
         assert (actual - expected).abs().max().item() < 2e-2, tiling
     assert len(set(gpu_attention.SWEEP)) == len(gpu_attention.SWEEP) == 12
@@ -105,6 +109,14 @@ def test_a_failed_section_is_reported_and_the_next_one_still_runs(gpu_check, tmp
     assert "| a |" in lines and "| b |" in lines
     assert report.lines == lines  # what the file holds is what the end of the run prints
     assert "ZeroDivisionError" in capsys.readouterr().err  # with its traceback
+
+
+def test_a_skipped_section_is_not_run(gpu_check, tmp_path):
+    report = gpu_check.Report(tmp_path / "tables.md", skip=("sweep",))
+    report.section("tiling sweep", lambda: [1 / 0])
+    report.section("kept", lambda: ["| a |"])
+    titles = [line for line in report.lines if line.startswith("## ")]
+    assert len(titles) == 1 and titles[0].startswith("## kept (")
 
 
 def test_the_gpu_tests_section_runs_the_gpu_marked_tests(gpu_check, tmp_path, monkeypatch):
