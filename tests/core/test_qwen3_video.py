@@ -23,9 +23,15 @@ from spyglass.core.engine.video_decode import VideoFrames, video_from_bytes
 from spyglass.core.engine.video_sampling import VideoSampling, model_sampling
 from spyglass.core.llm import LLM
 from spyglass.core.models import qwen_grid
-from tests.core.test_qwen_video import MIXED, PROMPT, VIDEO, HFQwenVideo
+from tests.core.test_qwen_video import (
+    MIXED,
+    PROMPT,
+    VIDEO,
+    HFQwenVideo,
+    assert_generations_as_transformers,
+    our_video_features,
+)
 from tests.core.vision_reference import (
-    assert_blocks_returned,
     assert_greedy_as_transformers,
     chunked_runs,
     mp4_bytes,
@@ -229,17 +235,8 @@ def test_frames_with_no_times_are_taken_two_a_second(qwen3):
 def test_the_tower_gives_transformers_video_features(qwen3):
     _, hf, llm = qwen3
     videos = [timed_video(3, 4)[0], timed_video(4, 3, (20, 44))[0]]
-    pixels = [hf.video_pixels(video) for video in videos]
-    with torch.no_grad():
-        output = hf.model.model.get_video_features(
-            torch.cat([p for p, _ in pixels]), torch.tensor([grid for _, grid in pixels])
-        )
-    vision = llm.engine.arch.vision
-    ours = llm.engine.runner.model.encode_images(
-        [video_pixel_values(video, vision).values for video in videos],
-        [video.frames[0].size for video in videos],
-        [len(video.frames) for video in videos],
-    )
+    output = hf.video_features(videos)
+    ours = our_video_features(llm, videos)
     expected = [
         torch.cat(per_video, dim=-1)
         for per_video in zip(output.pooler_output, *output.deepstack_features)
@@ -255,17 +252,11 @@ def test_videos_match_transformers(qwen3):
         (PROMPT, [timed_video(8, 5, (50, 20), rate=3.0, stride=1)], []),
         (MIXED, [timed_video(9, 2), timed_video(10, 6, (24, 32), rate=24.0)], [noise_image(3)]),
     ]
-    prompts = [
-        {
-            "prompt": text,
-            "multi_modal_data": {"video": [video for video, _ in videos], "image": images},
-        }
-        for text, videos, images in cases
-    ]
-    outputs = llm.generate(prompts, GREEDY)
-    for output, (text, videos, images) in zip(outputs, cases, strict=True):
-        assert_greedy_as_transformers(output, hf.model, hf.timed_inputs(text, videos, images), 8)
-    assert_blocks_returned(llm)
+    assert_generations_as_transformers(
+        llm,
+        hf.model,
+        [(t, [v for v, _ in timed], i, hf.timed_inputs(t, timed, i)) for t, timed, i in cases],
+    )
 
 
 def test_a_video_file_in_chat_is_sampled_two_frames_a_second(qwen3):

@@ -67,6 +67,14 @@ class HFQwenVideo(HFQwen):
         ]
         return torch.cat(steps), [len(steps), rows, cols]
 
+    def video_features(self, videos: list[VideoFrames]):
+        """transformers' tower output for ``videos`` (``pooler_output``: one tensor per video)."""
+        pixels = [self.video_pixels(video) for video in videos]
+        with torch.no_grad():
+            return self.model.model.get_video_features(
+                torch.cat([p for p, _ in pixels]), torch.tensor([grid for _, grid in pixels])
+            )
+
     def video_inputs(self, prompt: str, videos: list[VideoFrames], images=()) -> dict:
         """transformers' model inputs for ``prompt`` with ``videos`` (and ``images``) in order."""
         pixels = [self.video_pixels(video) for video in videos]
@@ -95,6 +103,16 @@ class HFQwenVideo(HFQwen):
         return inputs
 
 
+def our_video_features(llm: LLM, videos: list[VideoFrames]) -> list[torch.Tensor]:
+    """Our tower's output for ``videos``, one tensor per video."""
+    vision = llm.engine.arch.vision
+    return llm.engine.runner.model.encode_images(
+        [video_pixel_values(video, vision).values for video in videos],
+        [video.frames[0].size for video in videos],
+        [len(video.frames) for video in videos],
+    )
+
+
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def qwen(request, make_tiny_qwen2_vl):
     """(checkpoint directory, transformers' side, our LLM) per architecture."""
@@ -116,18 +134,8 @@ def test_video_patches_are_the_frames_two_by_two(qwen, frames):
 def test_the_tower_gives_transformers_video_features(qwen):
     _, hf, llm = qwen
     videos = [noise_video(1, 4), noise_video(2, 3, size=(20, 44))]
-    pixels = [hf.video_pixels(video) for video in videos]
-    with torch.no_grad():
-        output = hf.model.model.get_video_features(
-            torch.cat([p for p, _ in pixels]), torch.tensor([grid for _, grid in pixels])
-        )
-    vision = llm.engine.arch.vision
-    ours = llm.engine.runner.model.encode_images(
-        [video_pixel_values(v, vision).values for v in videos],
-        [v.frames[0].size for v in videos],
-        [len(v.frames) for v in videos],
-    )
-    for mine, theirs in zip(ours, output.pooler_output, strict=True):
+    output = hf.video_features(videos)
+    for mine, theirs in zip(our_video_features(llm, videos), output.pooler_output, strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-4)
 
 
@@ -173,13 +181,21 @@ def test_videos_match_transformers(qwen):
         (PROMPT, [noise_video(8, 5, size=(50, 20), fps=3.0)], []),
         (MIXED, [noise_video(9, 2), noise_video(10, 4, size=(24, 32), fps=16.0)], [noise_image(3)]),
     ]
+    assert_generations_as_transformers(
+        llm, hf.model, [(text, v, i, hf.video_inputs(text, v, i)) for text, v, i in cases]
+    )
+
+
+def assert_generations_as_transformers(llm: LLM, model, cases: list[tuple]) -> None:
+    """Each case, (prompt, videos, images, transformers' inputs), generates 8 greedy tokens in one
+    batch as transformers does from its inputs, and every block returns to the pool."""
     prompts = [
         {"prompt": text, "multi_modal_data": {"video": videos, "image": images}}
-        for text, videos, images in cases
+        for text, videos, images, _ in cases
     ]
     outputs = llm.generate(prompts, GREEDY)
-    for output, (text, videos, images) in zip(outputs, cases, strict=True):
-        assert_greedy_as_transformers(output, hf.model, hf.video_inputs(text, videos, images), 8)
+    for output, (*_, inputs) in zip(outputs, cases, strict=True):
+        assert_greedy_as_transformers(output, model, inputs, 8)
     assert_blocks_returned(llm)
 
 

@@ -7,6 +7,7 @@ from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.runner.cuda_graphs import batch_buckets
 from spyglass.core.engine.sampling_params import SamplingParams
+from tests.kernels.mixed_workload import random_prompts, serve_rounds
 
 pytestmark = [
     pytest.mark.gpu,
@@ -82,23 +83,13 @@ def test_serving_a_mixed_workload_compiles_nothing_after_start():
         EngineConfig(cuda_graphs=True, max_num_seqs=64, speculative="ngram", max_model_len=4096)
     )
     compiled = _compiled_variants()
-    generator = torch.Generator().manual_seed(0)
-
-    def prompt(length: int) -> list[int]:
-        return torch.randint(100, 20000, (length,), generator=generator).tolist()
-
+    prompt = random_prompts(20000)
     rounds = [
         [prompt(n) for n in (1, 2, 3, 5, 9, 17, 33, 65, 129, 300)],
         [prompt(1500)],  # alone: a long context at batch 1
         [prompt(40) for _ in range(80)],
     ]
-    rounds.append(rounds[0][:5] * 2)  # repeats: cached prefixes, short remaining queries
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    for index, batch in enumerate(rounds):
-        for number, token_ids in enumerate(batch):
-            engine.add_request(f"r{index}-{number}", token_ids, params)
-        while engine.has_unfinished_requests:
-            engine.step()
+    serve_rounds(engine, rounds, max_tokens=24)
     assert _compiled_variants() == compiled
 
 

@@ -17,8 +17,8 @@ import triton.language as tl
 
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
-from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.kernels import triton_attention, triton_norm_rope, triton_store_kv
+from tests.kernels.mixed_workload import random_prompts, serve_rounds
 
 KERNELS = {
     "unified": triton_attention._unified_kernel,
@@ -97,24 +97,14 @@ def test_a_mixed_workload_after_the_warm_up_meets_no_new_specialisation(
     warm = recorded_keys["keys"]
     served: dict[str, set] = {name: set() for name in KERNELS}
     recorded_keys["keys"] = served
-    generator = torch.Generator().manual_seed(0)
-
-    def prompt(length: int) -> list[int]:
-        return torch.randint(100, 1000, (length,), generator=generator).tolist()
-
+    prompt = random_prompts(1000)
     rounds = [
         [prompt(n) for n in (1, 2, 3, 5, 9, 17, 33, 65)],
         [prompt(300)],  # alone: a long context at batch 1 (split-K)
         [prompt(7) for _ in range(11)],  # more requests than max_num_seqs
         [prompt(3) * 10],  # a repeating prompt: n-gram drafts to verify
     ]
-    rounds.append(rounds[0][:4] * 2)  # repeats: cached prefixes, short remaining queries
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    for index, batch in enumerate(rounds):
-        for number, token_ids in enumerate(batch):
-            engine.add_request(f"r{index}-{number}", token_ids, params)
-        while engine.has_unfinished_requests:
-            engine.step()
+    serve_rounds(engine, rounds, max_tokens=12)
     engine.kv.check_integrity()
     assert all(served[name] for name in ("unified", "split_k", "store_kv", "rotary"))
     new = {name: served[name] - warm[name] for name in KERNELS if served[name] - warm[name]}
