@@ -17,6 +17,12 @@ import pytest
 import torch
 import yaml
 
+if not torch.cuda.is_available():
+    # Triton runs under its interpreter without a GPU, and takes the setting when it is first
+    # imported: set here, before any test module or a library one imports (transformers' Qwen3-VL
+    # video processor loads triton) does so.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.default_model import default_model_override, ensure_default_model
 from spyglass.core.loaders.gguf_loader import load_gguf
