@@ -79,7 +79,7 @@ class EngineConfig:
     launches the next step before the previous one's token ids reach the host (they are read on the
     device), so the device always has a step queued; it turns async output on (None) or refuses it
     off, and excludes speculation. None turns it on with CUDA for one process without speculation
-    (on the H200 it doubled W3 on the 1B shape).
+    (on the H200 it shortened decode steps of batch 64 or less, 1.97 -> 1.59 ms for a 1B model).
     ``tensor_parallel_size`` > 1 splits the model's heads, MLP and vocabulary over that many processes
     (this one and N-1 workers; gloo on the CPU, NCCL on CUDA devices 0..N-1): see docs/tensor_parallel.md.
     ``enable_lora`` lets requests run with LoRA adapters (PEFT directories) of rank up to
