@@ -253,6 +253,11 @@ def main() -> int:
         default="",
         help="comma-separated words: sections whose title holds one are skipped",
     )
+    parser.add_argument(
+        "--profile-serving",
+        type=Path,
+        help="sample the serving table's processes with py-spy into this folder",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check")
@@ -283,7 +288,9 @@ def main() -> int:
     )
     report.section(
         "serving W3",
-        lambda: serving_table(models["default shape"], "cuda", 64 if args.quick else 256),
+        lambda: serving_table(
+            models["default shape"], "cuda", 64 if args.quick else 256, args.profile_serving
+        ),
     )
     report.section(
         "Llama-3.2-1B shape: decode step at batch 64 against its weights' read",

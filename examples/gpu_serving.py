@@ -2,12 +2,15 @@
 
 import gc
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -22,11 +25,21 @@ from spyglass.telemetry.settings import TelemetrySettings
 SERVE_MODES = {"engine thread": [], "engine process": ["--engine-process"]}
 
 
-def serve_and_bench(model: str, device: str, num_prompts: int, flags: list[str], port: int) -> dict:
+def serve_and_bench(
+    model: str,
+    device: str,
+    num_prompts: int,
+    flags: list[str],
+    port: int,
+    profile: Path | None = None,
+) -> dict:
     """Start ``spyglass serve`` on ``model`` (bf16, telemetry off), send ``num_prompts`` W3 requests
     at once with ``spyglass bench serve``, stop the server; the bench's JSON summary, with the CPU
-    time the server's process and its engine process (if any) took per second of the bench under
-    ``"cpu_share"`` (1.0: a core kept busy), which says which of them sets the pace."""
+    time the server's process, its engine process (if any) and the bench's client took per second
+    of the bench under ``"cpu_share"`` (1.0: a core kept busy), which says which of them sets the
+    pace. With ``profile`` (a path prefix) and py-spy installed, each server process is sampled
+    through the bench into ``<profile>-<n>.txt`` (collapsed stacks), summarised under
+    ``"profiles"``."""
     spyglass = [sys.executable, "-m", "spyglass.core.cli.main"]
     server = subprocess.Popen(
         [
@@ -61,6 +74,8 @@ def serve_and_bench(model: str, device: str, num_prompts: int, flags: list[str],
         engines = [c for c in front.children() if "spawn_main" in " ".join(c.cmdline())]
         processes = [front, *engines]
         before = [_cpu_seconds(process) for process in processes]
+        client_before = _children_cpu_seconds()
+        samplers = _start_sampling(processes, profile)
         started = time.monotonic()
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             subprocess.run(
@@ -82,7 +97,8 @@ def serve_and_bench(model: str, device: str, num_prompts: int, flags: list[str],
             summary = json.loads(Path(out.name).read_text())
         summary["cpu_share"] = [
             (_cpu_seconds(process) - spent) / wall for process, spent in zip(processes, before)
-        ]
+        ] + [(_children_cpu_seconds() - client_before) / wall]
+        summary["profiles"] = _stop_sampling(samplers)
         return summary
     finally:
         server.send_signal(signal.SIGTERM)
@@ -94,6 +110,60 @@ def _cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
+def _children_cpu_seconds() -> float:
+    """CPU seconds of this process's finished children (the bench's client, once it has run)."""
+    times = os.times()
+    return times.children_user + times.children_system
+
+
+def _start_sampling(
+    processes: list[psutil.Process], profile: Path | None
+) -> list[tuple[subprocess.Popen, Path]]:
+    """A py-spy sampler per process (none without ``profile`` or py-spy)."""
+    if profile is None or shutil.which("py-spy") is None:
+        return []
+    samplers = []
+    for index, process in enumerate(processes):
+        path = Path(f"{profile}-{index}.txt")
+        command = ["py-spy", "record", "--pid", str(process.pid), "--format", "raw"]
+        command += ["--output", str(path), "--rate", "200", "--nonblocking"]
+        samplers.append((subprocess.Popen(command, stdout=subprocess.DEVNULL), path))
+    return samplers
+
+
+def _stop_sampling(samplers: list[tuple[subprocess.Popen, Path]]) -> list[list[str]]:
+    """Stop each sampler (SIGINT writes its file) and summarise what it saw."""
+    summaries = []
+    for sampler, path in samplers:
+        sampler.send_signal(signal.SIGINT)
+        sampler.wait(60)
+        summaries.append(hottest_frames(path) if path.exists() else [f"no samples in {path}"])
+    return summaries
+
+
+def hottest_frames(path: Path, count: int = 15) -> list[str]:
+    """The functions of a collapsed-stacks file that held the most samples, on the stack
+    (inclusive) and at its top (self), as table rows."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, samples = line.rpartition(" ")
+        if not stack:
+            continue
+        frames = stack.split(";")
+        total += int(samples)
+        own[frames[-1]] += int(samples)
+        for frame in set(frames):
+            inclusive[frame] += int(samples)
+    rows = ["| on stack | at top | function |", "|---|---|---|"]
+    for frame, samples in inclusive.most_common(count):
+        rows.append(f"| {samples / total:.0%} | {own[frame] / total:.0%} | {frame} |")
+    rows += ["", "| at top | function |", "|---|---|"]
+    rows += [f"| {n / total:.0%} | {frame} |" for frame, n in own.most_common(count)]
+    return rows
+
+
 def _healthy(base_url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
@@ -102,9 +172,12 @@ def _healthy(base_url: str) -> bool:
         return False
 
 
-def serving_table(model: str, device: str, num_prompts: int) -> list[str]:
+def serving_table(
+    model: str, device: str, num_prompts: int, profile_dir: Path | None = None
+) -> list[str]:
     """W3 through HTTP (all requests at once) with the engine in the server's thread and in its own
-    process, against the same requests offline on the same settings (issue 19's 80% target)."""
+    process, against the same requests offline on the same settings (issue 19's 80% target). With
+    ``profile_dir``, each server process's hottest functions follow the table (`serve_and_bench`)."""
     quiet = TelemetrySettings(metrics=False, tracing=False)  # as the servers' --telemetry off
     engine = LLMEngine(
         EngineConfig(
@@ -121,11 +194,15 @@ def serving_table(model: str, device: str, num_prompts: int) -> list[str]:
         f"offline W3 ({num_prompts} requests): {offline.output_tokens_per_s:,.0f} output tok/s",
         "",
         "| engine | served output tok/s | of offline | failed | median TTFT ms | P99 TTFT ms "
-        "| median TPOT ms | P99 ITL ms | CPU: server, engine process |",
+        "| median TPOT ms | P99 ITL ms | CPU: server, engine process, client |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    profiles = []
     for index, (mode, flags) in enumerate(SERVE_MODES.items()):
-        got = serve_and_bench(model, device, num_prompts, flags, 8790 + index)
+        profile = None if profile_dir is None else profile_dir / mode.replace(" ", "-")
+        got = serve_and_bench(model, device, num_prompts, flags, 8790 + index, profile)
+        for process, summary in zip(("server", "engine process"), got["profiles"]):
+            profiles += ["", f"{mode}, {process}:", "", *summary]
         rows.append(
             f"| {mode} | {got['output_throughput']:,.0f} "
             f"| {got['output_throughput'] / offline.output_tokens_per_s:.0%} | {got['failed']} "
@@ -133,4 +210,4 @@ def serving_table(model: str, device: str, num_prompts: int) -> list[str]:
             f"| {got['tpot_ms']['median']:.1f} | {got['itl_ms']['p99']:.0f} "
             f"| {', '.join(f'{share:.0%}' for share in got['cpu_share'])} |"
         )
-    return rows
+    return rows + profiles

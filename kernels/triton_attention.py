@@ -4,8 +4,9 @@ Two kernels share the work. `unified_attention` handles any mix of prefill chunk
 program per (request, tile of query tokens, KV head), whose rows are every (token, query head) pair of the
 tile that shares that KV head, so each cached page is read once per group. `split_k_decode_attention`
 (flash-decoding) serves decode-only steps with few requests and long contexts, where the unified grid would
-leave most SMs idle: each request's context is cut into partitions attended in parallel, and a second kernel
-merges the partial results by their log-sum-exp. `paged_attention` picks between them with `num_kv_splits`.
+leave most SMs idle: each request's context is cut into partitions attended in parallel, and the last
+partition of each (request, KV head) to finish merges the partial results by their log-sum-exp.
+`paged_attention` picks between them with `num_kv_splits`.
 Both read the context in tiles of several pages, and honour the optional sliding window (tiles wholly
 before every row's window are skipped) and Gemma 2's score soft-capping.
 """
@@ -32,6 +33,11 @@ _MIN_TOKENS_PER_SPLIT = 128
 _KV_TILE_BYTES = 16 * 1024
 _MAX_KV_TILE = 128
 MAX_SPLITS = 64
+# Split-K runs when its (request, KV head) programs do not fill the GPU (`num_kv_splits`), so a few
+# hundred counters suffice; these cover any direct call of up to 64Ki pairs.
+_MAX_MERGE_COUNTERS = 1 << 16
+# The merge reads (head, partition) rows of partial outputs in chunks of at most this many rows.
+_MERGE_CHUNK_ROWS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,11 +260,16 @@ def _split_k_kernel(
     v_cache_ptr,
     part_out_ptr,
     part_lse_ptr,
+    counters_ptr,
+    out_ptr,
     block_tables_ptr,
     context_lens_ptr,
     stride_qt,
     stride_qh,
     stride_qd,
+    stride_ot,
+    stride_oh,
+    stride_od,
     stride_cb,
     stride_cs,
     stride_ch,
@@ -268,7 +279,10 @@ def _split_k_kernel(
     qk_scale,
     softcap,
     GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
     ROWS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     DIM_PAD: tl.constexpr,
@@ -278,8 +292,11 @@ def _split_k_kernel(
 ):
     """One program: one partition of one decode request's context x the ``GROUP`` heads of one KV head.
 
-    Writes the partition's normalised output and its log2-sum-exp2 per head; an empty partition
-    (short context) writes lse = -inf so the reduce gives it zero weight.
+    Writes the partition's normalised output and its log2-sum-exp2 per head (an empty partition, in a
+    short context, writes lse = -inf: zero weight), then counts itself done on the (request, KV head)'s
+    counter; the last of its partitions to finish merges them all into ``out`` (`_merge_partitions`)
+    and sets the counter back to 0 for the next call. One launch instead of a second kernel for the
+    merge: at small batches the whole step is a few microseconds, and a launch is one of them.
     """
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -351,44 +368,95 @@ def _split_k_kernel(
     slot = (req.to(tl.int64) * (tl.num_programs(1) * GROUP) + head) * num_splits + split
     tl.store(part_out_ptr + slot[:, None] * DIM_PAD + dims[None, :], out, mask=io_mask)
     tl.store(part_lse_ptr + slot, lse, mask=rows < GROUP)
+    # Every thread's stores come before the count (the barrier), and the count releases them to
+    # the program that will read them (acq_rel, device-wide).
+    tl.debug_barrier()
+    counter = counters_ptr + req * tl.num_programs(1) + kv_head
+    done_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if done_before == num_splits - 1:
+        tl.debug_barrier()
+        tl.store(counter, 0)
+        first_head = req.to(tl.int64) * (tl.num_programs(1) * GROUP) + kv_head * GROUP
+        _merge_partitions(
+            part_out_ptr,
+            part_lse_ptr,
+            out_ptr + req.to(tl.int64) * stride_ot,
+            first_head,
+            kv_head * GROUP,
+            stride_oh,
+            stride_od,
+            head_dim,
+            num_splits,
+            GROUP,
+            GROUP_PAD,
+            SPLITS_PAD,
+            SPLIT_CHUNK,
+            DIM_PAD,
+        )
 
 
-@triton.jit(do_not_specialize=("num_splits",))
-def _split_k_reduce_kernel(
+@triton.jit
+def _merge_partitions(
     part_out_ptr,
     part_lse_ptr,
     out_ptr,
-    stride_ot,
+    first_head,
+    first_out_head,
     stride_oh,
     stride_od,
     head_dim,
     num_splits,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
     DIM_PAD: tl.constexpr,
 ):
-    """One program per (request, head): weight each partition by exp2(lse - max lse) and normalise.
+    """Merge ``num_splits`` partial outputs of ``GROUP`` heads (partials from ``first_head``) into
+    ``out_ptr``'s heads from ``first_out_head``: each partition weighted by exp2(lse - max lse).
 
-    ``SPLITS_PAD`` covers the most splits there can be, so that one compiled kernel serves every
-    split count (a count chosen per step must not compile another variant while serving).
+    The partials were written by other programs, so they are read from L2 (``.cg``), in chunks of
+    ``SPLIT_CHUNK`` partitions x every head at once: a chunk's loads are all in flight together.
+    ``SPLITS_PAD`` covers the most partitions there can be, so one compiled kernel serves any count.
     """
-    req = tl.program_id(0)
-    head = tl.program_id(1)
-    splits = tl.arange(0, SPLITS_PAD)
+    heads = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, DIM_PAD)
-    base = (req.to(tl.int64) * tl.num_programs(1) + head) * num_splits
-    lse = tl.load(part_lse_ptr + base + splits, mask=splits < num_splits, other=float("-inf"))
-    # Partition 0 is never empty (it holds the window's start, or position 0), so the max is finite.
-    weight = tl.exp2(lse - tl.max(lse, axis=0))
-    part = tl.load(
-        part_out_ptr + (base + splits[:, None]) * DIM_PAD + dims[None, :],
-        mask=(splits[:, None] < num_splits) & (dims[None, :] < head_dim),
-        other=0.0,
+    head_ok = heads < GROUP
+    lse_base = (first_head + heads) * num_splits
+    splits = tl.arange(0, SPLITS_PAD)
+    lse = tl.load(
+        part_lse_ptr + lse_base[:, None] + splits[None, :],
+        mask=head_ok[:, None] & (splits[None, :] < num_splits),
+        other=float("-inf"),
+        cache_modifier=".cg",
     )
-    out = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    # Partition 0 is never empty (it holds the window's start, or position 0), so the max is finite
+    # for every real head; padding heads measure from 0.
+    top = tl.max(lse, axis=1)
+    top = tl.where(head_ok, top, 0.0)
+    total = tl.sum(tl.exp2(lse - top[:, None]), axis=1)
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], dtype=tl.float32)
+    chunk = tl.arange(0, SPLIT_CHUNK)
+    for first_split in range(0, num_splits, SPLIT_CHUNK):
+        split = first_split + chunk
+        in_chunk = head_ok[:, None] & (split[None, :] < num_splits)
+        slot = lse_base[:, None] + split[None, :]
+        weight = tl.exp2(
+            tl.load(part_lse_ptr + slot, mask=in_chunk, other=float("-inf"), cache_modifier=".cg")
+            - top[:, None]
+        )
+        part = tl.load(
+            part_out_ptr + slot[:, :, None] * DIM_PAD + dims[None, None, :],
+            mask=in_chunk[:, :, None] & (dims[None, None, :] < head_dim),
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        acc += tl.sum(part * weight[:, :, None], axis=1)
+    out = acc / tl.where(head_ok, total, 1.0)[:, None]
     tl.store(
-        out_ptr + req.to(tl.int64) * stride_ot + head * stride_oh + dims * stride_od,
+        out_ptr + (first_out_head + heads)[:, None] * stride_oh + dims[None, :] * stride_od,
         out.to(out_ptr.dtype.element_ty),
-        mask=dims < head_dim,
+        mask=head_ok[:, None] & (dims[None, :] < head_dim),
     )
 
 
@@ -428,6 +496,21 @@ def num_kv_splits(
     by_occupancy = triton.cdiv(2 * num_sms, programs)
     by_length = max_context_len // _MIN_TOKENS_PER_SPLIT
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+
+
+@functools.cache
+def _merge_counters_buffer(device: torch.device) -> torch.Tensor:
+    """The device's split-K counters, zeroed once: each call leaves them at 0 again (the merging
+    program resets its own). One buffer for the device's lifetime, since a captured CUDA graph keeps
+    its address. Calls on one device are ordered by its stream; two split-K calls running at once on
+    different streams of one device would share counters."""
+    return torch.zeros(_MAX_MERGE_COUNTERS, dtype=torch.int32, device=device)
+
+
+def _merge_counters(device: torch.device, needed: int) -> torch.Tensor:
+    """A counter per (request, KV head) of a split-K call."""
+    assert needed <= _MAX_MERGE_COUNTERS, f"split-K over {needed} (request, KV head) pairs"
+    return _merge_counters_buffer(device)
 
 
 def _kv_tile(dim_pad: int, element_size: int, tile_bytes: int) -> int:
@@ -541,22 +624,29 @@ def split_k_decode_attention(
     part_lse = torch.empty(
         num_reqs, num_heads, num_splits, dtype=torch.float32, device=query.device
     )
+    group_pad = triton.next_power_of_2(group)
     _split_k_kernel[(num_reqs, num_kv_heads, num_splits)](
         query,
         k_cache,
         v_cache,
         part_out,
         part_lse,
+        _merge_counters(query.device, num_reqs * num_kv_heads),
+        out,
         block_tables,
         context_lens,
         *query.stride(),
+        *out.stride(),
         *k_cache.stride(),
         block_tables.stride(0),
         head_dim,
         scale * math.log2(math.e),
         softcap or 1.0,
         GROUP=group,
-        ROWS=max(_MIN_ROWS, triton.next_power_of_2(group)),
+        GROUP_PAD=group_pad,
+        ROWS=max(_MIN_ROWS, group_pad),
+        SPLITS_PAD=triton.next_power_of_2(MAX_SPLITS),
+        SPLIT_CHUNK=max(1, _MERGE_CHUNK_ROWS // group_pad),
         BLOCK_SIZE=block_size,
         TILE_N=tiling.tile(dim_pad, k_cache.element_size()),
         DIM_PAD=dim_pad,
@@ -565,16 +655,6 @@ def split_k_decode_attention(
         SOFTCAP=softcap is not None,
         num_warps=tiling.num_warps,
         num_stages=tiling.num_stages,
-    )
-    _split_k_reduce_kernel[(num_reqs, num_heads)](
-        part_out,
-        part_lse,
-        out,
-        *out.stride(),
-        head_dim,
-        num_splits,
-        SPLITS_PAD=triton.next_power_of_2(MAX_SPLITS),
-        DIM_PAD=dim_pad,
     )
     return out
 

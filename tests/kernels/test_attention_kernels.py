@@ -484,3 +484,32 @@ def test_select_backend_without_triton(monkeypatch):
     )
     with pytest.raises(ImportError, match="needs the 'triton' package"):
         backend.select_backend(torch.device("cpu"), "triton")
+
+
+@needs_triton
+@pytest.mark.parametrize("group,num_splits", [(4, 1), (4, 40), (1, 64), (7, 23)])
+def test_split_k_merges_any_count_and_leaves_its_counters_at_zero(
+    poisoned_allocations, group, num_splits
+):
+    # More partitions than one merge chunk holds (64 rows: 16 partitions of 4 heads, 64 of one head,
+    # 8 of 7 padded to 8), and a second call on the same counters gives the same output.
+    batch = make_batch(
+        [1, 1],
+        [600, 97],
+        num_kv_heads=2,
+        group=group,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+    )
+    q, k, v, tables, ctx_lens, *_, scale = batch.args
+    tiling = triton_attention.Tiling(16)
+    first = triton_attention.split_k_decode_attention(
+        q, k, v, tables, ctx_lens, scale, num_splits, tiling=tiling
+    )
+    assert not triton_attention._merge_counters_buffer(q.device).any()
+    again = triton_attention.split_k_decode_attention(
+        q, k, v, tables, ctx_lens, scale, num_splits, tiling=tiling
+    )
+    assert_close(first, reference_attention(batch), torch.float32)
+    assert torch.equal(first, again)

@@ -47,7 +47,6 @@ def _compiled_variants() -> dict[str, int]:
     kernels = [
         triton_attention._unified_kernel,
         triton_attention._split_k_kernel,
-        triton_attention._split_k_reduce_kernel,
         triton_store_kv._store_kv_kernel,
         triton_norm_rope._add_rms_norm_kernel,
         triton_norm_rope._rotary_kernel,

@@ -23,7 +23,6 @@ from tests.kernels.mixed_workload import random_prompts, serve_rounds
 KERNELS = {
     "unified": triton_attention._unified_kernel,
     "split_k": triton_attention._split_k_kernel,
-    "split_k_reduce": triton_attention._split_k_reduce_kernel,
     "store_kv": triton_store_kv._store_kv_kernel,
     "add_rms_norm": triton_norm_rope._add_rms_norm_kernel,
     "rotary": triton_norm_rope._rotary_kernel,
