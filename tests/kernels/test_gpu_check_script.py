@@ -75,9 +75,31 @@ def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
     assert [c[0] for c in cells] == ["engine thread", "engine process"]
     assert all(len(c) == len(header.strip("|").split("|")) for c in cells)
     assert all(c[2].endswith("%") and c[3] == "0" for c in cells)  # none of the requests failed
-    # CPU shares: the server's process, then the engine's own where it has one.
-    assert [len(c[-1].split(", ")) for c in cells] == [1, 2]
+    # CPU shares: the server's process, the engine's own where it has one, then the client's.
+    assert [len(c[-1].split(", ")) for c in cells] == [2, 3]
     assert all(share.endswith("%") for c in cells for share in c[-1].split(", "))
+
+
+def test_the_hottest_frames_count_each_sample_once_per_function(gpu_check, tmp_path):
+    import gpu_serving
+
+    stacks = tmp_path / "stacks.txt"
+    stacks.write_text("main;step;launch 6\nmain;step;update;step 3\nmain;idle 1\n")
+    rows = gpu_serving.hottest_frames(stacks, count=3)
+    assert rows[:5] == [
+        "| on stack | at top | function |",
+        "|---|---|---|",
+        "| 100% | 0% | main |",
+        "| 90% | 30% | step |",  # a recursive frame counts once per sample
+        "| 60% | 60% | launch |",
+    ]
+    assert rows[6:] == [
+        "| at top | function |",
+        "|---|---|",
+        "| 60% | launch |",
+        "| 30% | step |",
+        "| 10% | idle |",
+    ]
 
 
 @pytest.mark.parametrize("num_sms", [1, 64], ids=["unified", "split-k"])
