@@ -22,7 +22,7 @@ from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.telemetry.settings import TelemetrySettings
 
-SERVE_MODES = {"engine thread": [], "engine process": ["--engine-process"]}
+SERVE_MODES = {"engine thread": ["--no-engine-process"], "engine process": ["--engine-process"]}
 
 
 def serve_and_bench(

@@ -11,7 +11,8 @@ class ServerOptions:
     (prompts x ``n`` of every call) that wait for their first token before new calls get a 429.
     ``served_model_name`` None means the engine's model name. ``allowed_origins`` enables CORS for
     those origins (``*`` for any); empty means no CORS headers at all. ``engine_process`` runs the
-    engine in a child process of its own (`EngineProcess`) instead of a thread of the server's.
+    engine in a child process of its own (`EngineProcess`) instead of a thread of the server's;
+    None does so when the engine runs on CUDA (`engine_placement.in_own_process`).
     ``allow_runtime_lora`` opens ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
     ``reasoning_parser`` names the plugin format that splits chat and Responses answers into
     reasoning and content (``deepseek_r1``, ``qwen3``); None leaves answers whole.
@@ -30,7 +31,7 @@ class ServerOptions:
     shutdown_timeout: float = 30.0
     served_model_name: str | None = None
     allowed_origins: list[str] = field(default_factory=list)
-    engine_process: bool = False
+    engine_process: bool | None = None
     allow_runtime_lora: bool = False
     reasoning_parser: str | None = None
     allowed_media_domains: list[str] = field(default_factory=list)

@@ -1,5 +1,6 @@
 """``spyglass serve [MODEL]``: the OpenAI-compatible HTTP server."""
 
+import argparse
 import os
 import sys
 
@@ -77,9 +78,11 @@ def add_parser(subparsers, argv) -> None:
     )
     group.add_argument(
         "--engine-process",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="run the engine (its plugins and telemetry too) in a process of its own, so that the "
-        "HTTP server's work does not share its interpreter lock (vLLM's layout)",
+        "HTTP server's work does not share its interpreter lock (vLLM's layout; default: on when "
+        "the engine runs on CUDA)",
     )
     group.add_argument(
         "--allow-runtime-lora",
@@ -175,11 +178,11 @@ def run(args) -> int:
         telemetry = settings_from_args(args)
         telemetry_settings.configure(telemetry)  # the process default: /metrics naming, tracing
         engine_config = engine_config_from_args(args, telemetry=telemetry)
-    if options.engine_process:
-        from spyglass.core.api.engine_placement import start_engine_process
+        from spyglass.core.api import engine_placement
 
-        # Spawned first: the engine process imports and loads while this one imports the server.
-        loading = start_engine_process(engine_config)
+        if engine_placement.in_own_process(options, engine_config):
+            # Spawned first: the engine process imports and loads while this one imports the server.
+            loading = engine_placement.start_engine_process(engine_config)
     # The HTTP stack, the engine and Ray load here, not at import, so ``spyglass serve --help`` is quick.
     with collector_paused():
         from spyglass.core.cli.server import serve

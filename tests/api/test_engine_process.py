@@ -218,3 +218,24 @@ def _running(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize(
+    "flags,device,own_process",
+    [
+        ([], "cuda", True),
+        ([], "cpu", False),
+        (["--engine-process"], "cpu", True),
+        (["--no-engine-process"], "cuda", False),
+    ],
+)
+def test_the_engine_gets_its_own_process_by_default_on_cuda_only(flags, device, own_process):
+    from spyglass.core.api.engine_placement import in_own_process
+    from spyglass.core.cli.main import build_parser
+    from spyglass.core.cli.serve_command import server_options_from_args
+    from spyglass.core.engine.config import EngineConfig
+
+    argv = ["serve", *flags]
+    args = build_parser(argv).parse_args(argv)
+    options = server_options_from_args(args)
+    assert in_own_process(options, EngineConfig(device=device)) is own_process
