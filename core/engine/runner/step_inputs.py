@@ -73,16 +73,16 @@ def build_step_inputs(
     rope_positions = step_rope_positions(
         [r.rope_positions for r in requests], starts, ends, query_start, positions
     )
-    input_ids, positions_t, slot_mapping, logits_indices, at, rows = upload(
-        [np.array(tokens), rope_positions, slots, logits_rows, pending_at, pending_rows],
-        np.int64,
+    uploaded = upload(
+        [np.array(tokens), rope_positions, slots, logits_rows, pending_at, pending_rows]
+        + [table_array, context_lens, query_start],
+        (np.int64,) * 6 + (np.int32,) * 3,
         device,
     )
+    input_ids, positions_t, slot_mapping, logits_indices, at, rows = uploaded[:6]
+    tables_t, context_lens_t, query_start_t = uploaded[6:]
     if len(pending_at):
         input_ids[at] = after.device_token_ids[rows]
-    tables_t, context_lens_t, query_start_t = upload(
-        [table_array, context_lens, query_start], np.int32, device
-    )
     meta = AttentionMetadata(
         slot_mapping=slot_mapping,
         block_tables=tables_t,
