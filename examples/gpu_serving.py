@@ -3,6 +3,7 @@
 import gc
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,13 @@ from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.telemetry.settings import TelemetrySettings
 
-SERVE_MODES = {"engine thread": ["--no-engine-process"], "engine process": ["--engine-process"]}
+# Each row: the server's flags, and how many processes the bench's client sends from (one Python
+# client parsing 256 streams took 1.5 cores on the H200: the row with one shows what that costs).
+SERVE_MODES = {
+    "engine thread": (["--no-engine-process"], 4),
+    "engine process": (["--engine-process"], 4),
+    "engine process, one client process": (["--engine-process"], 1),
+}
 
 
 def serve_and_bench(
@@ -32,14 +39,15 @@ def serve_and_bench(
     flags: list[str],
     port: int,
     profile: Path | None = None,
+    client_processes: int = 1,
 ) -> dict:
     """Start ``spyglass serve`` on ``model`` (bf16, telemetry off), send ``num_prompts`` W3 requests
-    at once with ``spyglass bench serve``, stop the server; the bench's JSON summary, with the CPU
-    time the server's process, its engine process (if any) and the bench's client took per second
-    of the bench under ``"cpu_share"`` (1.0: a core kept busy), which says which of them sets the
-    pace. With ``profile`` (a path prefix) and py-spy installed, each server process is sampled
-    through the bench into ``<profile>-<n>.txt`` (collapsed stacks), summarised under
-    ``"profiles"``."""
+    at once with ``spyglass bench serve`` (from ``client_processes`` processes), stop the server;
+    the bench's JSON summary, with the CPU time the server's process, its engine process (if any)
+    and the bench's client (with its start) took per second of the bench's load under
+    ``"cpu_share"`` (1.0: a core kept busy), which says which of them sets the pace. With
+    ``profile`` (a path prefix) and py-spy installed, each server process is sampled through the
+    bench into ``<profile>-<n>.txt`` (collapsed stacks), summarised under ``"profiles"``."""
     spyglass = [sys.executable, "-m", "spyglass.core.cli.main"]
     server = subprocess.Popen(
         [
@@ -76,7 +84,6 @@ def serve_and_bench(
         before = [_cpu_seconds(process) for process in processes]
         client_before = _children_cpu_seconds()
         samplers = _start_sampling(processes, profile)
-        started = time.monotonic()
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             subprocess.run(
                 [
@@ -87,17 +94,19 @@ def serve_and_bench(
                     base_url,
                     "--num-prompts",
                     str(num_prompts),
+                    "--client-processes",
+                    str(client_processes),
                     "--json",
                     out.name,
                 ],
                 check=False,
                 stdout=subprocess.DEVNULL,
             )
-            wall = time.monotonic() - started
             summary = json.loads(Path(out.name).read_text())
+        load = summary["duration_s"]
         summary["cpu_share"] = [
-            (_cpu_seconds(process) - spent) / wall for process, spent in zip(processes, before)
-        ] + [(_children_cpu_seconds() - client_before) / wall]
+            (_cpu_seconds(process) - spent) / load for process, spent in zip(processes, before)
+        ] + [(_children_cpu_seconds() - client_before) / load]
         summary["profiles"] = _stop_sampling(samplers)
         return summary
     finally:
@@ -198,9 +207,9 @@ def serving_table(
         "|---|---|---|---|---|---|---|---|---|",
     ]
     profiles = []
-    for index, (mode, flags) in enumerate(SERVE_MODES.items()):
-        profile = None if profile_dir is None else profile_dir / mode.replace(" ", "-")
-        got = serve_and_bench(model, device, num_prompts, flags, 8790 + index, profile)
+    for index, (mode, (flags, clients)) in enumerate(SERVE_MODES.items()):
+        profile = None if profile_dir is None else profile_dir / re.sub(r"\W+", "-", mode)
+        got = serve_and_bench(model, device, num_prompts, flags, 8790 + index, profile, clients)
         for process, summary in zip(("server", "engine process"), got["profiles"]):
             profiles += ["", f"{mode}, {process}:", "", *summary]
         rows.append(

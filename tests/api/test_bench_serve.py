@@ -1,6 +1,7 @@
 """``spyglass bench serve`` against the tiny server: every request completes with the workload's lengths."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -81,3 +82,44 @@ def test_bench_soak_loses_nothing_and_leaks_no_blocks(tiny_server, tmp_path):
     assert report["lost"] == 0 and report["errors"] == {}
     assert report["completed"] + report["aborted"] == 60 and report["aborted"] > 0
     assert report["kv_blocks_in_use"] == 0 and report["rss_end_mib"] > 0
+
+
+def test_bench_serve_from_client_processes_sends_every_request_once(tiny_server, tmp_path):
+    out = tmp_path / "serve.json"
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "serve"]
+    command += ["--base-url", tiny_server.base_url, "--num-prompts", "5"]
+    command += ["--client-processes", "2", "--json", str(out)]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "2 client processes" in finished.stdout
+    record = json.loads(out.read_text())
+    workload = w3_workload(49152, 5, 3)
+    assert record["completed"] == 5 and record["failed"] == 0
+    # Each request of the workload once: the same lengths, whichever process sent it.
+    assert sorted((r["prompt_len"], r["output_len"]) for r in record["per_request"]) == sorted(
+        (len(r.prompt_token_ids), r.output_len) for r in workload
+    )
+    assert record["duration_s"] >= max(r["e2e"] for r in record["per_request"])
+
+
+def test_bench_serve_shares_the_load_between_its_processes():
+    import argparse
+
+    from spyglass.core.cli.bench.serve_clients import share_args
+
+    closed = argparse.Namespace(concurrency=5, rate=math.inf, seed=3)
+    assert [share_args(closed, i, 3).concurrency for i in range(3)] == [2, 2, 1]
+    poisson = argparse.Namespace(concurrency=None, rate=12.0, seed=3)
+    assert [(share_args(poisson, i, 3).rate, share_args(poisson, i, 3).seed) for i in range(3)] == [
+        (4.0, 3),
+        (4.0, 4),
+        (4.0, 5),
+    ]
+
+
+def test_bench_serve_refuses_no_client_process():
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "serve"]
+    finished = subprocess.run(
+        command + ["--client-processes", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert finished.returncode == 2 and "--client-processes" in finished.stderr

@@ -72,11 +72,15 @@ def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
     offline, _blank, header, _rule, *rows = gpu_check.serving_table(str(tiny_llama_dir), "cpu", 4)
     assert offline.startswith("offline W3 (4 requests):")
     cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
-    assert [c[0] for c in cells] == ["engine thread", "engine process"]
+    assert [c[0] for c in cells] == [
+        "engine thread",
+        "engine process",
+        "engine process, one client process",
+    ]
     assert all(len(c) == len(header.strip("|").split("|")) for c in cells)
     assert all(c[2].endswith("%") and c[3] == "0" for c in cells)  # none of the requests failed
     # CPU shares: the server's process, the engine's own where it has one, then the client's.
-    assert [len(c[-1].split(", ")) for c in cells] == [2, 3]
+    assert [len(c[-1].split(", ")) for c in cells] == [2, 3, 3]
     assert all(share.endswith("%") for c in cells for share in c[-1].split(", "))
 
 

@@ -10,12 +10,14 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 import httpx
 import numpy as np
 
+from spyglass.core.cli.bench.serve_clients import run_in_processes
 from spyglass.core.cli.bench.workloads import BenchRequest, w3_workload
 
 
@@ -58,6 +60,13 @@ def add_parser(subparsers, argv) -> None:
     )
     parser.add_argument("--model", default=None, help="model name to send (default: omitted)")
     parser.add_argument("--api-key", default=os.environ.get("SPYGLASS_API_KEY"))
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="send from this many client processes, so that parsing the streams does not "
+        "bound what is measured (bench/serve_clients.py)",
+    )
     parser.add_argument(
         "--json", dest="json_path", default=None, help="also write the results to this JSON file"
     )
@@ -107,18 +116,20 @@ async def _send(
     return result
 
 
-async def _run_load(args, workload: list[BenchRequest]) -> tuple[list[RequestResult], float]:
+async def run_load(args, workload: list[BenchRequest]) -> tuple[list[RequestResult], float, float]:
+    """Send ``workload`` as ``args`` say; the results, and when sending began and the last answer
+    ended (monotonic seconds)."""
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(
         base_url=args.base_url, headers=headers, timeout=None, limits=limits
     ) as client:
-        start = time.perf_counter()
+        start = time.monotonic()
         if args.concurrency:
             results = await _closed_loop(client, workload, args.concurrency, args.model)
         else:
             results = await _open_loop(client, workload, args.rate, args.seed, args.model)
-        return results, time.perf_counter() - start
+        return results, start, time.monotonic()
 
 
 async def _closed_loop(client, workload, concurrency: int, model) -> list[RequestResult]:
@@ -211,10 +222,18 @@ def run(args) -> int:
     """Send the workload, print the summary, optionally write it as JSON; exit 1 if any request failed."""
     # One INFO line per HTTP request would bury the report.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.client_processes < 1:
+        print("spyglass bench serve: --client-processes must be at least 1", file=sys.stderr)
+        return 2
     workload = w3_workload(args.vocab_size, args.num_prompts, args.seed)
-    results, duration = asyncio.run(_run_load(args, workload))
-    summary = summarize(results, duration)
+    if args.client_processes > 1:
+        results, start, end = run_in_processes(args, workload, args.client_processes)
+    else:
+        results, start, end = asyncio.run(run_load(args, workload))
+    summary = summarize(results, end - start)
     load = f"concurrency {args.concurrency}" if args.concurrency else f"rate {args.rate} req/s"
+    if args.client_processes > 1:
+        load += f", {args.client_processes} client processes"
     _print(summary, load)
     if args.json_path:
         record = {
