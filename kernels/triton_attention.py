@@ -503,7 +503,13 @@ def _merge_counters_buffer(device: torch.device) -> torch.Tensor:
     """The device's split-K counters, zeroed once: each call leaves them at 0 again (the merging
     program resets its own). One buffer for the device's lifetime, since a captured CUDA graph keeps
     its address. Calls on one device are ordered by its stream; two split-K calls running at once on
-    different streams of one device would share counters."""
+    different streams of one device would share counters. Made outside any CUDA graph capture: one
+    made inside would be zeroed only when the graph replays."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "split-K decode ran first on this device inside a CUDA graph capture: run it once "
+            "before capturing (as every warm-up does), so that its counters are zeroed"
+        )
     return torch.zeros(_MAX_MERGE_COUNTERS, dtype=torch.int32, device=device)
 
 
