@@ -87,8 +87,7 @@ class KVCacheManager:
         then preempts someone or waits. Blocks out of the window are released first (even then), so
         they count as free.
         """
-        table = self.block_tables.get(request.req_id, [])
-        self._release_out_of_window(request, table)
+        table = self._release_out_of_window(request, self.block_tables.get(request.req_id, []))
         num_total = request.num_launched_tokens + prefix.num_tokens + num_new_tokens
         num_needed = -(-num_total // self.block_size) - len(table) - len(prefix.block_ids)
         if num_needed <= 0 and not prefix.block_ids:
@@ -128,8 +127,10 @@ class KVCacheManager:
         num_released = self._num_released.pop(request.req_id, 0)
         self.pool.free(table[num_released:][::-1])
 
-    def _release_out_of_window(self, request: Request, table: list[int]) -> None:
-        """Free the table's blocks that the next step cannot see, in place (the null block takes their entries).
+    def _release_out_of_window(self, request: Request, table: list[int]) -> list[int]:
+        """Free the table's blocks that the next step cannot see (the null block takes their entries);
+        the table, a new list when any was freed: a table only ever changes by being replaced, so
+        the runner's copy of it (`BlockTableRows`) knows it changed by its identity.
 
         The next step's first row sits at ``p = num_computed_tokens`` and sees positions ``> p - w``;
         later rows see later ones. Block ``i`` ends at position ``(i + 1) * block_size - 1``, so it
@@ -138,16 +139,18 @@ class KVCacheManager:
         prefix cache keeps them cached in the free queue like a finished request's.
         """
         if self.sliding_window is None or not table:
-            return
+            return table
         num_dead = (request.num_computed_tokens - self.sliding_window + 1) // self.block_size
         num_dead = min(num_dead, len(table))
         start = self._num_released.get(request.req_id, 0)
         if num_dead <= start:
-            return
+            return table
         dead = table[start:num_dead]
-        table[start:num_dead] = [self.null_block_id] * len(dead)
+        table = table[:start] + [self.null_block_id] * len(dead) + table[num_dead:]
+        self.block_tables[request.req_id] = table
         self._num_released[request.req_id] = num_dead
         self.pool.free(dead[::-1])
+        return table
 
     def num_held_blocks(self, req_id: str) -> int:
         """Pool blocks a request holds now (its table's length less the entries released to the null block)."""

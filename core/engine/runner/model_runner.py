@@ -11,6 +11,7 @@ from spyglass.core.engine.kv.host_memory import (
     zeros_in_fresh_mapping,
 )
 from spyglass.core.engine.outputs import Logprob
+from spyglass.core.engine.runner.block_table_rows import BlockTableRows
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.host_sampling import adjust_plain, sample_on_host
 from spyglass.core.engine.runner.image_cache import EncodedImageCache
@@ -101,6 +102,7 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.block_size = block_size
+        self.table_rows = BlockTableRows()
         arch = model.arch
         shape = model.backend.cache_shape(
             num_blocks, block_size, arch.num_key_value_heads, arch.head_dim
@@ -221,7 +223,9 @@ class ModelRunner:
         after: LaunchedStep | None = None,
     ) -> StepInputs:
         """The step's model inputs on this runner's device (`build_step_inputs`)."""
-        return build_step_inputs(out, block_tables, self.block_size, self.device, after)
+        return build_step_inputs(
+            out, block_tables, self.table_rows, self.block_size, self.device, after
+        )
 
     @torch.inference_mode()
     def launch(

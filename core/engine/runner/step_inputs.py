@@ -2,7 +2,6 @@
 and the rows whose logits are sampled."""
 
 from dataclasses import dataclass
-from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -10,6 +9,7 @@ import torch
 
 from spyglass.core.engine.mrope_positions import step_rope_positions
 from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.block_table_rows import BlockTableRows
 from spyglass.core.engine.runner.uploads import upload
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
 from spyglass.core.models.attention_metadata import AttentionMetadata
@@ -36,11 +36,13 @@ class StepInputs:
 def build_step_inputs(
     out: SchedulerOutput,
     block_tables: dict[str, list[int]],
+    table_rows: BlockTableRows,
     block_size: int,
     device: torch.device,
     after: "LaunchedStep | None" = None,
 ) -> StepInputs:
-    """Build input ids, positions, slot mapping and block tables for the scheduled requests.
+    """Build input ids, positions, slot mapping and block tables for the scheduled requests (the
+    tables through ``table_rows``, the runner's copy of them kept across steps).
 
     Per request only its numbers are read; every per-token array is built by whole-array numpy
     operations, so the host's share of a step grows slowly with the batch. A request's pending
@@ -58,7 +60,7 @@ def build_step_inputs(
     tokens = _known_token_ids(requests, starts.tolist(), ends.tolist())
     pending_at, pending_rows = _pending_rows(requests, ends, query_start, after)
     positions = _concatenated_ranges(starts, num_new)
-    table_array = _block_table_array([block_tables[r.req_id] for r in requests])
+    table_array = table_rows.gather([r.req_id for r in requests], block_tables)
     owner = np.repeat(np.arange(num_reqs), num_new)
     slots = table_array[owner, positions // bs].astype(np.int64) * bs + positions % bs
     context_lens = ends.astype(np.int32)
@@ -148,13 +150,3 @@ def _concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``range(starts[i], starts[i] + lengths[i])`` for every ``i``, one after another."""
     offsets = np.cumsum(lengths) - lengths
     return np.arange(int(lengths.sum())) + np.repeat(starts - offsets, lengths)
-
-
-def _block_table_array(tables: list[list[int]]) -> np.ndarray:
-    """The tables as rows of one int32 array, padded with block 0 (never read: past each context)."""
-    lengths = np.fromiter(map(len, tables), np.int64, len(tables))
-    array = np.zeros((len(tables), int(lengths.max())), dtype=np.int32)
-    array[np.arange(array.shape[1]) < lengths[:, None]] = np.fromiter(
-        chain.from_iterable(tables), np.int32, int(lengths.sum())
-    )
-    return array
