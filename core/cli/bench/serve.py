@@ -11,27 +11,13 @@ import logging
 import math
 import os
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
-import httpx
 import numpy as np
 
 from spyglass.core.cli.bench.serve_clients import run_in_processes
-from spyglass.core.cli.bench.workloads import BenchRequest, w3_workload
-
-
-@dataclass(slots=True)
-class RequestResult:
-    """What one streamed request measured; times in seconds."""
-
-    ok: bool
-    prompt_len: int
-    output_len: int = 0
-    ttft: float = 0.0
-    e2e: float = 0.0
-    itls: list[float] = field(default_factory=list)
-    error: str = ""
+from spyglass.core.cli.bench.serve_load import RequestResult, run_load
+from spyglass.core.cli.bench.workloads import w3_workload
 
 
 def add_parser(subparsers, argv) -> None:
@@ -71,87 +57,6 @@ def add_parser(subparsers, argv) -> None:
         "--json", dest="json_path", default=None, help="also write the results to this JSON file"
     )
     parser.set_defaults(run=run)
-
-
-async def _send(
-    client: httpx.AsyncClient, request: BenchRequest, model: str | None
-) -> RequestResult:
-    body = {
-        "prompt": request.prompt_token_ids,
-        "max_tokens": request.output_len,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if model:
-        body["model"] = model
-    result = RequestResult(ok=False, prompt_len=len(request.prompt_token_ids))
-    start = last = time.perf_counter()
-    try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                now = time.perf_counter()
-                if "error" in chunk:
-                    result.error = chunk["error"]["message"]
-                    return result
-                if chunk.get("usage"):
-                    result.output_len = chunk["usage"]["completion_tokens"]
-                if chunk.get("choices"):
-                    if result.ttft == 0.0:
-                        result.ttft = now - start
-                    else:
-                        result.itls.append(now - last)
-                    last = now
-        result.e2e = time.perf_counter() - start
-        result.ok = True
-    except httpx.HTTPError as error:
-        result.error = f"{type(error).__name__}: {error}"
-    return result
-
-
-async def run_load(args, workload: list[BenchRequest]) -> tuple[list[RequestResult], float, float]:
-    """Send ``workload`` as ``args`` say; the results, and when sending began and the last answer
-    ended (monotonic seconds)."""
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(
-        base_url=args.base_url, headers=headers, timeout=None, limits=limits
-    ) as client:
-        start = time.monotonic()
-        if args.concurrency:
-            results = await _closed_loop(client, workload, args.concurrency, args.model)
-        else:
-            results = await _open_loop(client, workload, args.rate, args.seed, args.model)
-        return results, start, time.monotonic()
-
-
-async def _closed_loop(client, workload, concurrency: int, model) -> list[RequestResult]:
-    queue = list(reversed(workload))
-    results: list[RequestResult] = []
-
-    async def worker() -> None:
-        while queue:
-            results.append(await _send(client, queue.pop(), model))
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return results
-
-
-async def _open_loop(client, workload, rate: float, seed: int, model) -> list[RequestResult]:
-    rng = np.random.default_rng(seed)
-    tasks = []
-    for request in workload:
-        tasks.append(asyncio.create_task(_send(client, request, model)))
-        if math.isfinite(rate):
-            await asyncio.sleep(rng.exponential(1.0 / rate))
-    return list(await asyncio.gather(*tasks))
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:

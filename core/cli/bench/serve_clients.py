@@ -15,6 +15,7 @@ import math
 import multiprocessing
 import queue
 
+from spyglass.core.cli.bench.serve_load import RequestResult, run_load
 from spyglass.core.cli.bench.workloads import BenchRequest
 
 
@@ -32,8 +33,6 @@ def share_args(args: argparse.Namespace, index: int, processes: int) -> argparse
 
 def _client(args, workload, ready, results: multiprocessing.Queue) -> None:
     """One client process: wait for the others, send ``workload``, put what it measured."""
-    from spyglass.core.cli.bench.serve import run_load  # a spawned process imports it anew
-
     logging.getLogger("httpx").setLevel(logging.WARNING)
     ready.wait()
     results.put(asyncio.run(run_load(args, workload)))
@@ -41,7 +40,7 @@ def _client(args, workload, ready, results: multiprocessing.Queue) -> None:
 
 def run_in_processes(
     args: argparse.Namespace, workload: list[BenchRequest], processes: int
-) -> tuple[list, float, float]:
+) -> tuple[list[RequestResult], float, float]:
     """The workload sent from ``processes`` client processes: every result, the first start and
     the last end (monotonic seconds)."""
     context = multiprocessing.get_context("spawn")
