@@ -123,3 +123,10 @@ def test_bench_serve_refuses_no_client_process():
         command + ["--client-processes", "0"], capture_output=True, text=True, timeout=60
     )
     assert finished.returncode == 2 and "--client-processes" in finished.stderr
+
+
+def test_bench_serve_refuses_more_client_processes_than_clients():
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "serve"]
+    command += ["--concurrency", "2", "--client-processes", "4"]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 2 and "must not exceed --concurrency" in finished.stderr

@@ -130,6 +130,13 @@ def run(args) -> int:
     if args.client_processes < 1:
         print("spyglass bench serve: --client-processes must be at least 1", file=sys.stderr)
         return 2
+    if args.concurrency and args.client_processes > args.concurrency:
+        # A process with no client of its own would send its share all at once instead.
+        print(
+            "spyglass bench serve: --client-processes must not exceed --concurrency",
+            file=sys.stderr,
+        )
+        return 2
     workload = w3_workload(args.vocab_size, args.num_prompts, args.seed)
     if args.client_processes > 1:
         results, start, end = run_in_processes(args, workload, args.client_processes)
