@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,14 +41,16 @@ def serve_and_bench(
     port: int,
     profile: Path | None = None,
     client_processes: int = 1,
+    seeds: tuple[int, ...] = (3,),
 ) -> dict:
     """Start ``spyglass serve`` on ``model`` (bf16, telemetry off), send ``num_prompts`` W3 requests
-    at once with ``spyglass bench serve`` (from ``client_processes`` processes), stop the server;
-    the bench's JSON summary, with the CPU time the server's process, its engine process (if any)
-    and the bench's client (with its start) took per second of the bench's load under
-    ``"cpu_share"`` (1.0: a core kept busy), which says which of them sets the pace. With
-    ``profile`` (a path prefix) and py-spy installed, each server process is sampled through the
-    bench into ``<profile>-<n>.txt`` (collapsed stacks), summarised under ``"profiles"``."""
+    at once with ``spyglass bench serve`` (from ``client_processes`` processes) once per W3 seed in
+    ``seeds``, one load after the other, stop the server. The bench's JSON summaries, in seed order,
+    under ``"runs"``; the CPU time the server's process, its engine process (if any) and the
+    bench's clients (with their start) took per second of the loads under ``"cpu_share"`` (1.0: a
+    core kept busy), which says which of them sets the pace. With ``profile`` (a path prefix) and
+    py-spy installed, each server process is sampled through the loads into ``<profile>-<n>.txt``
+    (collapsed stacks), summarised under ``"profiles"``."""
     spyglass = [sys.executable, "-m", "spyglass.core.cli.main"]
     server = subprocess.Popen(
         [
@@ -84,31 +87,34 @@ def serve_and_bench(
         before = [_cpu_seconds(process) for process in processes]
         client_before = _children_cpu_seconds()
         samplers = _start_sampling(processes, profile)
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            subprocess.run(
-                [
-                    *spyglass,
-                    "bench",
-                    "serve",
-                    "--base-url",
-                    base_url,
-                    "--num-prompts",
-                    str(num_prompts),
-                    "--client-processes",
-                    str(client_processes),
-                    "--json",
-                    out.name,
-                ],
-                check=False,
-                stdout=subprocess.DEVNULL,
-            )
-            summary = json.loads(Path(out.name).read_text())
-        load = summary["duration_s"]
-        summary["cpu_share"] = [
+        runs = []
+        for seed in seeds:
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                subprocess.run(
+                    [
+                        *spyglass,
+                        "bench",
+                        "serve",
+                        "--base-url",
+                        base_url,
+                        "--num-prompts",
+                        str(num_prompts),
+                        "--seed",
+                        str(seed),
+                        "--client-processes",
+                        str(client_processes),
+                        "--json",
+                        out.name,
+                    ],
+                    check=False,
+                    stdout=subprocess.DEVNULL,
+                )
+                runs.append(json.loads(Path(out.name).read_text()))
+        load = sum(run["duration_s"] for run in runs)
+        cpu_share = [
             (_cpu_seconds(process) - spent) / load for process, spent in zip(processes, before)
         ] + [(_children_cpu_seconds() - client_before) / load]
-        summary["profiles"] = _stop_sampling(samplers)
-        return summary
+        return {"runs": runs, "cpu_share": cpu_share, "profiles": _stop_sampling(samplers)}
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
@@ -182,10 +188,16 @@ def _healthy(base_url: str) -> bool:
 
 
 def serving_table(
-    model: str, device: str, num_prompts: int, profile_dir: Path | None = None
+    model: str,
+    device: str,
+    num_prompts: int,
+    profile_dir: Path | None = None,
+    seeds: tuple[int, ...] = (3, 4, 5),
 ) -> list[str]:
     """W3 through HTTP (all requests at once) with the engine in the server's thread and in its own
-    process, against the same requests offline on the same settings (issue 19's 80% target). With
+    process, against the same requests offline on the same settings (issue 19's 80% target), once
+    per W3 seed in ``seeds``: each row's share of offline is the median of its per-seed shares
+    (each load against offline's of the same seed), its latencies those of its median load. With
     ``profile_dir``, each server process's hottest functions follow the table (`serve_and_bench`)."""
     quiet = TelemetrySettings(metrics=False, tracing=False)  # as the servers' --telemetry off
     engine = LLMEngine(
@@ -193,30 +205,43 @@ def serving_table(
             model=model, dtype="bfloat16", device=device, max_num_seqs=256, telemetry=quiet
         )
     )
-    offline = run_engine(engine, w3_workload(engine.arch.vocab_size, num_prompts))
+    vocab = engine.arch.vocab_size
+    offline = [
+        run_engine(engine, w3_workload(vocab, num_prompts, seed)).output_tokens_per_s
+        for seed in seeds
+    ]
     engine.shutdown()
     del engine
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
     rows = [
-        f"offline W3 ({num_prompts} requests): {offline.output_tokens_per_s:,.0f} output tok/s",
+        f"offline W3 ({num_prompts} requests, seeds {', '.join(map(str, seeds))}): "
+        f"{' / '.join(f'{rate:,.0f}' for rate in offline)} output tok/s",
         "",
-        "| engine | served output tok/s | of offline | failed | median TTFT ms | P99 TTFT ms "
-        "| median TPOT ms | P99 ITL ms | CPU: server, engine process, client |",
+        "| engine | served output tok/s, per seed | of offline: median (per seed) | failed "
+        "| median TTFT ms | P99 TTFT ms | median TPOT ms | P99 ITL ms "
+        "| CPU: server, engine process, client |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     profiles = []
     for index, (mode, (flags, clients)) in enumerate(SERVE_MODES.items()):
         profile = None if profile_dir is None else profile_dir / re.sub(r"\W+", "-", mode)
-        got = serve_and_bench(model, device, num_prompts, flags, 8790 + index, profile, clients)
+        got = serve_and_bench(
+            model, device, num_prompts, flags, 8790 + index, profile, clients, seeds
+        )
         for process, summary in zip(("server", "engine process"), got["profiles"]):
             profiles += ["", f"{mode}, {process}:", "", *summary]
+        runs = got["runs"]
+        shares = [run["output_throughput"] / rate for run, rate in zip(runs, offline)]
+        middle = runs[shares.index(statistics.median_low(shares))]
+        served = " / ".join(f"{run['output_throughput']:,.0f}" for run in runs)
         rows.append(
-            f"| {mode} | {got['output_throughput']:,.0f} "
-            f"| {got['output_throughput'] / offline.output_tokens_per_s:.0%} | {got['failed']} "
-            f"| {got['ttft_ms']['median']:.0f} | {got['ttft_ms']['p99']:.0f} "
-            f"| {got['tpot_ms']['median']:.1f} | {got['itl_ms']['p99']:.0f} "
+            f"| {mode} | {served} "
+            f"| {statistics.median(shares):.0%} ({' / '.join(f'{s:.0%}' for s in shares)}) "
+            f"| {sum(run['failed'] for run in runs)} "
+            f"| {middle['ttft_ms']['median']:.0f} | {middle['ttft_ms']['p99']:.0f} "
+            f"| {middle['tpot_ms']['median']:.1f} | {middle['itl_ms']['p99']:.0f} "
             f"| {', '.join(f'{share:.0%}' for share in got['cpu_share'])} |"
         )
     return rows + profiles

@@ -69,8 +69,13 @@ def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
     gpu_check, tiny_llama_dir, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path))
-    offline, _blank, header, _rule, *rows = gpu_check.serving_table(str(tiny_llama_dir), "cpu", 4)
-    assert offline.startswith("offline W3 (4 requests):")
+    offline, _blank, header, _rule, *rows = gpu_check.serving_table(
+        str(tiny_llama_dir), "cpu", 4, seeds=(3, 4)
+    )
+    assert offline.startswith("offline W3 (4 requests, seeds 3, 4): ")
+    rates = offline.split(": ")[1].removesuffix(" output tok/s")
+    offline_rates = [float(rate.replace(",", "")) for rate in rates.split(" / ")]
+    assert len(offline_rates) == 2 and all(rate > 0 for rate in offline_rates)
     cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
     assert [c[0] for c in cells] == [
         "engine thread",
@@ -78,7 +83,14 @@ def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
         "engine process, one client process",
     ]
     assert all(len(c) == len(header.strip("|").split("|")) for c in cells)
-    assert all(c[2].endswith("%") and c[3] == "0" for c in cells)  # none of the requests failed
+    for c in cells:
+        served = [float(rate.replace(",", "")) for rate in c[1].split(" / ")]
+        median, per_seed = c[2].split(" (")
+        shares = [f"{rate / offline_rate:.0%}" for rate, offline_rate in zip(served, offline_rates)]
+        assert per_seed == " / ".join(shares) + ")"  # each load against offline's of its seed
+        low, high = sorted(float(share[:-1]) for share in shares)
+        assert low - 1 <= float(median[:-1]) <= high + 1  # the median of two: between them
+        assert c[3] == "0"  # none of the requests failed
     # CPU shares: the server's process, the engine's own where it has one, then the client's.
     assert [len(c[-1].split(", ")) for c in cells] == [2, 3, 3]
     assert all(share.endswith("%") for c in cells for share in c[-1].split(", "))
