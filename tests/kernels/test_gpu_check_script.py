@@ -86,10 +86,13 @@ def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
     for c in cells:
         served = [float(rate.replace(",", "")) for rate in c[1].split(" / ")]
         median, per_seed = c[2].split(" (")
-        shares = [f"{rate / offline_rate:.0%}" for rate, offline_rate in zip(served, offline_rates)]
-        assert per_seed == " / ".join(shares) + ")"  # each load against offline's of its seed
-        low, high = sorted(float(share[:-1]) for share in shares)
-        assert low - 1 <= float(median[:-1]) <= high + 1  # the median of two: between them
+        shares = [float(share.removesuffix("%")) for share in per_seed[:-1].split(" / ")]
+        # Each load against offline's of its seed; the printed rates are rounded, so a share
+        # recomputed from them may differ by a point.
+        for share, rate, offline_rate in zip(shares, served, offline_rates, strict=True):
+            assert abs(share - 100 * rate / offline_rate) <= 1
+        low, high = sorted(shares)
+        assert low <= float(median[:-1]) <= high  # the median of two: between them
         assert c[3] == "0"  # none of the requests failed
     # CPU shares: the server's process, the engine's own where it has one, then the client's.
     assert [len(c[-1].split(", ")) for c in cells] == [2, 3, 3]
