@@ -177,7 +177,9 @@ class OutputProcessor:
         token_ids, logprobs = request.output_token_ids, request.logprobs
         prompt_logprobs = request.prompt_logprobs
         if kind is RequestOutputKind.DELTA:
-            sent = self._sent.setdefault(req_id, _Sent())
+            sent = self._sent.get(req_id)
+            if sent is None:
+                sent = self._sent[req_id] = _Sent()
             if sent.num_tokens:  # the first output carried them
                 prompt_logprobs = None
             text, sent.num_chars = text[sent.num_chars :], len(text)
@@ -196,23 +198,26 @@ class OutputProcessor:
                     req_id,
                     detokenizer.num_restarts,
                 )
+        reason = request.finish_reason
+        # Positional: built for every running request at every step.
         completion = CompletionOutput(
-            index=0,
-            text=text,
-            token_ids=token_ids,
-            finish_reason=request.finish_reason.value if request.finish_reason else None,
-            stop_reason=request.stop_reason,
-            logprobs=logprobs,
+            0,
+            text,
+            token_ids,
+            None if reason is None else reason.value,
+            request.stop_reason,
+            logprobs,
         )
         return RequestOutput(
-            request_id=req_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[completion],
-            finished=finished,
-            num_cached_tokens=request.num_cached_tokens,
-            prompt_logprobs=prompt_logprobs,
-            pooled=request.pooled,
+            req_id,
+            request.prompt,
+            request.prompt_token_ids,
+            [completion],
+            finished,
+            request.num_cached_tokens,
+            {},
+            prompt_logprobs,
+            request.pooled,
         )
 
     @staticmethod

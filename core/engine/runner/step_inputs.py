@@ -52,22 +52,30 @@ def build_step_inputs(
     bs, scheduled, num_reqs = block_size, out.scheduled, len(out.scheduled)
     requests = [s.request for s in scheduled]
     num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_reqs)
-    num_spec = np.fromiter((s.num_spec_tokens for s in scheduled), np.int64, num_reqs)
     starts = np.fromiter((r.num_launched_tokens for r in requests), np.int64, num_reqs)
     ends = starts + num_new
-    query_start = np.zeros(num_reqs + 1, dtype=np.int32)
-    np.cumsum(num_new, out=query_start[1:])
-    tokens = _known_token_ids(requests, starts.tolist(), ends.tolist())
-    pending_at, pending_rows = _pending_rows(requests, ends, query_start, after)
-    positions = _concatenated_ranges(starts, num_new)
-    table_array = table_rows.gather([r.req_id for r in requests], block_tables)
-    owner = np.repeat(np.arange(num_reqs), num_new)
-    slots = table_array[owner, positions // bs].astype(np.int64) * bs + positions % bs
-    context_lens = ends.astype(np.int32)
+    max_query_len = int(num_new.max())
     # A request is sampled once the step reaches its end (drafts included): its last rows are.
     sampled = ends >= np.fromiter((r.num_tokens_with_spec for r in requests), np.int64, num_reqs)
-    num_rows = np.where(sampled, num_spec + 1, 0)
-    logits_rows = _concatenated_ranges(query_start[1:] - num_rows, num_rows)
+    if max_query_len == 1:
+        # A decode step (one token each, so no drafts): request i's token is row i, and there is
+        # nothing to concatenate (a few numpy calls fewer, most of the host's cost at small batches).
+        query_start = np.arange(num_reqs + 1, dtype=np.int32)
+        positions, owner = starts, np.arange(num_reqs)
+        logits_rows = np.flatnonzero(sampled)
+    else:
+        query_start = np.zeros(num_reqs + 1, dtype=np.int32)
+        query_start[1:] = num_new.cumsum()
+        positions = _concatenated_ranges(starts, num_new)
+        owner = np.repeat(np.arange(num_reqs), num_new)
+        num_spec = np.fromiter((s.num_spec_tokens for s in scheduled), np.int64, num_reqs)
+        num_rows = np.where(sampled, num_spec + 1, 0)
+        logits_rows = _concatenated_ranges(query_start[1:] - num_rows, num_rows)
+    tokens = _known_token_ids(requests, starts.tolist(), ends.tolist())
+    pending_at, pending_rows = _pending_rows(requests, ends, query_start, after)
+    table_array = table_rows.gather([r.req_id for r in requests], block_tables)
+    slots = table_array[owner, positions // bs].astype(np.int64) * bs + positions % bs
+    context_lens = ends.astype(np.int32)
     prompt_rows: tuple[int, ...] = ()
     if any(r.prompt_logprobs is not None for r in requests):
         extra, prompt_rows = _prompt_logprob_rows(requests, starts, ends, query_start)
@@ -83,14 +91,17 @@ def build_step_inputs(
     )
     input_ids, positions_t, slot_mapping, logits_indices, at, rows = uploaded[:6]
     tables_t, context_lens_t, query_start_t = uploaded[6:]
-    if len(pending_at):
+    if len(pending_at) == num_reqs == len(input_ids) and np.array_equal(pending_at, pending_rows):
+        # The same decode batch as ``after``'s, in its order: one copy, no gather and scatter.
+        input_ids.copy_(after.device_token_ids[:num_reqs])
+    elif len(pending_at):
         input_ids[at] = after.device_token_ids[rows]
     meta = AttentionMetadata(
         slot_mapping=slot_mapping,
         block_tables=tables_t,
         context_lens=context_lens_t,
         query_start_loc=query_start_t,
-        max_query_len=int(num_new.max()),
+        max_query_len=max_query_len,
         max_context_len=int(context_lens.max()),
     )
     return StepInputs(

@@ -18,23 +18,36 @@ def upload(
     own shape, and each starting `ALIGNMENT`-byte aligned.
 
     They are packed into one host buffer of bytes and copied once: a step pays one pinned buffer
-    and one copy, whatever its arrays' types. On a GPU the buffer is pinned and the copy
-    asynchronous: a copy from pageable memory would make the host wait for every kernel queued
-    before it, and one copy per array would pay that wait each time. PyTorch's pinned-memory cache
-    does not hand the buffer out again before the copy has finished. On the CPU the tensors are
-    views of the buffer.
+    (written in place) and one copy, whatever its arrays' types. On a GPU the buffer is pinned and
+    the copy asynchronous: a copy from pageable memory would make the host wait for every kernel
+    queued before it, and one copy per array would pay that wait each time. PyTorch's
+    pinned-memory cache does not hand the buffer out again before the copy has finished. On the
+    CPU the tensors are views of the buffer.
     """
     types = [np.dtype(dtype) for dtype in dtypes]
-    sizes = [array.size * dtype.itemsize for array, dtype in zip(arrays, types)]
-    padded = [-(-size // ALIGNMENT) * ALIGNMENT for size in sizes]
-    offsets = np.cumsum([0, *padded[:-1]]).tolist()
-    buffer = np.zeros(sum(padded), np.uint8)
-    for array, dtype, offset, size in zip(arrays, types, offsets, sizes):
+    # The buffer's pieces, in order: each array's bytes, then the padding to the next alignment.
+    pieces: list[int] = []
+    offset = 0
+    for array, dtype in zip(arrays, types):
+        size = array.size * dtype.itemsize
+        padded = -(-size // ALIGNMENT) * ALIGNMENT
+        pieces += (size, padded - size)
+        offset += padded
+    on_host = device.type == "cpu"
+    packed = torch.empty(offset, dtype=torch.uint8, pin_memory=not on_host)
+    buffer = packed.numpy()  # written in place: pinned already on a GPU, nothing copied twice
+    offset = 0
+    for array, dtype, size, padding in zip(arrays, types, pieces[::2], pieces[1::2]):
         buffer[offset : offset + size].view(dtype)[:] = array.ravel()
-    packed = torch.from_numpy(buffer)
-    if device.type != "cpu":
-        packed = packed.pin_memory().to(device, non_blocking=True)
+        offset += size + padding
+    if not on_host:
+        packed = packed.to(device, non_blocking=True)
+    # One split for all the views, then a typed view each (and a shaped one where not flat): a
+    # step pays a few host microseconds per torch call.
+    typed = [
+        part.view(_TORCH_DTYPES[dtype]) for part, dtype in zip(packed.split(pieces)[::2], types)
+    ]
     return [
-        packed[offset : offset + size].view(_TORCH_DTYPES[dtype]).view(array.shape)
-        for array, dtype, offset, size in zip(arrays, types, offsets, sizes)
+        tensor if array.ndim == 1 else tensor.view(array.shape)
+        for tensor, array in zip(typed, arrays)
     ]
