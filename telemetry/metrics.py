@@ -19,6 +19,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+from spyglass.telemetry.counted_histogram import CountedHistogram
+
 # The ``*_created`` series double the scrape size and no dashboard reads them (vLLM drops them too).
 disable_created_metrics()
 
@@ -295,7 +297,7 @@ TIME_TO_FIRST_TOKEN = Histogram(
     M,
     buckets=TTFT_BUCKETS,
 )
-INTER_TOKEN_LATENCY = Histogram(
+INTER_TOKEN_LATENCY = CountedHistogram(
     "spyglass:inter_token_latency_seconds",
     "Time between consecutive output tokens.",
     M,

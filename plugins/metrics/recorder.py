@@ -185,18 +185,16 @@ class MetricsRecorder:
         )
         self.prompt_tokens.inc(request.num_prompt_tokens)
 
-    def _token_progress(self, request: Request) -> None:
-        """Observe inter-token latencies for the tokens the request gained since last seen."""
+    def _token_progress(self, request: Request) -> tuple[float, int] | None:
+        """The inter-token latency of the tokens the request gained since last seen, and how many
+        they are; None when it gained none, or only its first (no token before it)."""
         seen, last_time = self.progress.get(request.req_id, (0, 0.0))
         count = request.num_output_tokens
         if count <= seen:
-            return
+            return None
         now = request.times.last_token
-        if seen:
-            gap = (now - last_time) / (count - seen)
-            for _ in range(count - seen):
-                self.itl.observe(gap)
         self.progress[request.req_id] = (count, now)
+        return ((now - last_time) / (count - seen), count - seen) if seen else None
 
     def step_finished(self, stats: StepStats) -> None:
         self.running.set(stats.num_running)
@@ -224,14 +222,20 @@ class MetricsRecorder:
         self.waiting_classes |= classes.keys()
         if self.lora is not None:
             self.lora.refresh(self.live.values())
+        # The requests' tokens of one step were committed together: most share one gap.
+        gaps: dict[float, int] = {}
         for req_id in stats.req_ids:
             request = self.live.get(req_id)
-            if request is not None:
-                self._token_progress(request)
+            if request is not None and (progress := self._token_progress(request)) is not None:
+                gap, n = progress
+                gaps[gap] = gaps.get(gap, 0) + n
+        for gap, n in gaps.items():
+            self.itl.observe_n(gap, n)
         self.sync_hook_errors()
 
     def request_finished(self, request: Request, reason: FinishReason) -> None:
-        self._token_progress(request)
+        if (progress := self._token_progress(request)) is not None:
+            self.itl.observe_n(*progress)
         self.live.pop(request.req_id, None)
         self.progress.pop(request.req_id, None)
         if not self.live:

@@ -134,6 +134,10 @@ def test_request_and_step_metrics_after_a_run(engine_and_registry, run_to_comple
         reg.delta("spyglass:request_time_per_output_token_seconds_count") == 2
     )  # one-token requests have none
     assert reg.delta("spyglass:inter_token_latency_seconds_count") == sum(n - 1 for n in max_tokens)
+    # Each request's gaps add up to its decode time (observed in one step's groups, `observe_n`).
+    assert reg.delta("spyglass:inter_token_latency_seconds_sum") == pytest.approx(
+        reg.delta("spyglass:request_decode_time_seconds_sum")
+    )
     assert reg.delta("spyglass:request_prompt_tokens_sum") == sum(map(len, prompts))
     assert reg.delta("spyglass:request_generation_tokens_sum") == sum(max_tokens)
     computed = sum(len(p) + n - 1 for p, n in zip(prompts, max_tokens))
