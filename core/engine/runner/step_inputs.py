@@ -71,9 +71,13 @@ def build_step_inputs(
         num_spec = np.fromiter((s.num_spec_tokens for s in scheduled), np.int64, num_reqs)
         num_rows = np.where(sampled, num_spec + 1, 0)
         logits_rows = _concatenated_ranges(query_start[1:] - num_rows, num_rows)
-    tokens = _known_token_ids(requests, starts.tolist(), ends.tolist())
-    pending_at, pending_rows = _pending_rows(requests, ends, query_start, after)
-    table_array = table_rows.gather([r.req_id for r in requests], block_tables)
+    req_ids = [r.req_id for r in requests]
+    ends_list = ends.tolist()
+    tokens = _known_token_ids(requests, starts.tolist(), ends_list)
+    pending_at, pending_rows = _pending_rows(
+        requests, req_ids, ends_list, query_start[1:].tolist(), after
+    )
+    table_array = table_rows.gather(req_ids, block_tables)
     slots = table_array[owner, positions // bs].astype(np.int64) * bs + positions % bs
     context_lens = ends.astype(np.int32)
     prompt_rows: tuple[int, ...] = ()
@@ -84,14 +88,15 @@ def build_step_inputs(
         [r.rope_positions for r in requests], starts, ends, query_start, positions
     )
     uploaded = upload(
-        [np.array(tokens), rope_positions, slots, logits_rows, pending_at, pending_rows]
+        [np.array(tokens), rope_positions, slots, logits_rows]
+        + [np.array(pending_at, np.int64), np.array(pending_rows, np.int64)]
         + [table_array, context_lens, query_start],
         (np.int64,) * 6 + (np.int32,) * 3,
         device,
     )
     input_ids, positions_t, slot_mapping, logits_indices, at, rows = uploaded[:6]
     tables_t, context_lens_t, query_start_t = uploaded[6:]
-    if len(pending_at) == num_reqs == len(input_ids) and np.array_equal(pending_at, pending_rows):
+    if len(pending_at) == num_reqs == len(input_ids) and pending_at == pending_rows:
         # The same decode batch as ``after``'s, in its order: one copy, no gather and scatter.
         input_ids.copy_(after.device_token_ids[:num_reqs])
     elif len(pending_at):
@@ -133,6 +138,9 @@ def _known_token_ids(requests: list[Request], starts: list[int], ends: list[int]
     placeholder, filled on the device)."""
     tokens: list[int] = []
     for request, start, end in zip(requests, starts, ends):
+        if start >= request.num_tokens and not request.spec_token_ids:
+            tokens += [0] * (end - start)  # all pending (async scheduling's decode): none known
+            continue
         part = request.token_ids_slice(start, end)
         tokens += part
         if len(part) < end - start:
@@ -141,20 +149,27 @@ def _known_token_ids(requests: list[Request], starts: list[int], ends: list[int]
 
 
 def _pending_rows(
-    requests: list[Request], ends: np.ndarray, query_start: np.ndarray, after: "LaunchedStep | None"
-) -> tuple[np.ndarray, np.ndarray]:
+    requests: list[Request],
+    req_ids: list[str],
+    ends: list[int],
+    query_ends: list[int],
+    after: "LaunchedStep | None",
+) -> tuple[list[int], list[int]]:
     """Where the step's pending tokens go in its input ids, and their rows in ``after``'s sampled ids.
 
     A request's pending token (one at most: only ``after`` is in flight) is its last new token.
     """
-    at, rows = [], []
-    if after is not None:  # only a step launched while another is in flight has pending tokens
-        row_of = {req_id: row for row, req_id in enumerate(after.sampled_req_ids)}
-        for index, request in enumerate(requests):
-            if request.num_pending_tokens and ends[index] > request.num_tokens:
-                at.append(int(query_start[index + 1]) - 1)
-                rows.append(row_of[request.req_id])
-    return np.array(at, dtype=np.int64), np.array(rows, dtype=np.int64)
+    at: list[int] = []
+    rows: list[int] = []
+    if after is None:  # only a step launched while another is in flight has pending tokens
+        return at, rows
+    same_order = after.sampled_req_ids == tuple(req_ids)  # a decode batch that went on as it was
+    row_of = None if same_order else {r: row for row, r in enumerate(after.sampled_req_ids)}
+    for index, (request, end, query_end) in enumerate(zip(requests, ends, query_ends)):
+        if request.num_pending_tokens and end > request.num_tokens:
+            at.append(query_end - 1)
+            rows.append(index if row_of is None else row_of[request.req_id])
+    return at, rows
 
 
 def _concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
