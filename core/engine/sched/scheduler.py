@@ -107,18 +107,15 @@ class Scheduler:
         for request in list(self.running):
             if request.status != RequestStatus.RUNNING or budget == 0 or _ends_in_flight(request):
                 continue
-            num_new = min(request.num_tokens_with_spec - request.num_launched_tokens, budget)
+            launched = request.num_launched_tokens  # read once: every step reads every request's
+            num_new = min(request.num_tokens_with_spec - launched, budget)
             if self.whole_images:
-                num_new = self._within_images(request, request.num_launched_tokens, num_new)
+                num_new = self._within_images(request, launched, num_new)
                 if num_new == 0:
                     continue
             if self._make_room(request, num_new, scheduled, preempted):
                 num_spec = max(
-                    0,
-                    request.num_launched_tokens
-                    + num_new
-                    - request.num_tokens
-                    - request.num_pending_tokens,
+                    0, launched + num_new - request.num_tokens - request.num_pending_tokens
                 )
                 scheduled.append(ScheduledRequest(request, num_new, num_spec))
                 budget -= num_new
