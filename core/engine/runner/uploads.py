@@ -27,14 +27,11 @@ def upload(
     types = [np.dtype(dtype) for dtype in dtypes]
     # The buffer's pieces, in order: each array's bytes, then the padding to the next alignment.
     pieces: list[int] = []
-    offset = 0
     for array, dtype in zip(arrays, types):
         size = array.size * dtype.itemsize
-        padded = -(-size // ALIGNMENT) * ALIGNMENT
-        pieces += (size, padded - size)
-        offset += padded
+        pieces += (size, -size % ALIGNMENT)
     on_host = device.type == "cpu"
-    packed = torch.empty(offset, dtype=torch.uint8, pin_memory=not on_host)
+    packed = torch.empty(sum(pieces), dtype=torch.uint8, pin_memory=not on_host)
     buffer = packed.numpy()  # written in place: pinned already on a GPU, nothing copied twice
     offset = 0
     for array, dtype, size, padding in zip(arrays, types, pieces[::2], pieces[1::2]):
