@@ -1,9 +1,11 @@
 """Incremental detokenisation with stop strings: text grows token by token, never with a broken character."""
 
+import re
 from collections import deque
 
 from tokenizers.decoders import DecodeStream
 
+from spyglass.core.engine.growing_text import GrowingText
 from spyglass.core.tokenizer import Tokenizer
 
 # Tokens of context decoded before the new ones, so that merges and leading spaces come out right.
@@ -57,13 +59,20 @@ class IncrementalDetokenizer:
         # The tokenizers library keeps the decoding window (one call per token, in Rust).
         self.stream = self._new_stream()
         self.stop = stop
+        # One C search for them all: at the leftmost place where any matches, the alternatives are
+        # tried in sorted order, so the earliest hit and, among hits there, the least string wins.
+        self._stop_pattern = re.compile("|".join(map(re.escape, sorted(stop)))) if stop else None
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.include_stop = include_stop
         # Stop strings are looked for only in the text of tokens after the first ``min_tokens``.
         self.min_tokens = min_tokens
         self.num_tokens = 0
         self.stop_floor = 0
-        self.text = ""
+        self._text = GrowingText()
+        self._stop_window = ""
+        """The text's last `holdback` characters as `_find_stop` last saw them: where a stop string
+        that the next text completes may start (none starts before `stop_floor`, which a window
+        left behind during ``min_tokens`` never passes)."""
         self.matched_stop: str | None = None
         self.num_restarts = 0
         """How often the stream restarted after bytes that made no valid UTF-8 (`_restart_after`)."""
@@ -76,12 +85,12 @@ class IncrementalDetokenizer:
             new_text = self._release_held()
         if not new_text:
             return
-        search_from = self._search_start(len(self.text))
-        self.text += new_text
+        old_length = self._text.length
+        self._text.append(new_text)
         if self.num_tokens <= self.min_tokens:
-            self.stop_floor = len(self.text)
+            self.stop_floor = self._text.length
         elif self.stop:
-            self._find_stop(search_from)
+            self._find_stop(old_length, new_text)
 
     def _search_start(self, old_length: int) -> int:
         """Where a stop string completed by text after ``old_length`` characters may start."""
@@ -147,16 +156,18 @@ class IncrementalDetokenizer:
             text += self._step(token_id) or ""
         return text
 
-    def _with_held_text(self) -> str:
-        """The text with that of the held-back tokens after it, but for the U+FFFD of a character
-        they leave unfinished (left out, as vLLM leaves it out), cut at a stop string they complete."""
-        if not self.held:
-            return self.text
-        text = self.text + self._after_context(self.held).rstrip("\ufffd")
-        if self.num_tokens <= self.min_tokens:
-            return text
-        hit = self._first_stop(text, self._search_start(len(self.text)))
-        return text if hit is None else self._cut(text, hit)
+    def _final_since(self, start: int) -> tuple[str, int]:
+        """`visible_since` once finished with tokens held back: the text with that of the held-back
+        tokens after it, but for the U+FFFD of a character they leave unfinished (left out, as vLLM
+        leaves it out), cut at a stop string they complete."""
+        search_from = self._search_start(self._text.length)
+        tail_from = min(start, search_from)
+        tail = self._text.since(tail_from) + self._after_context(self.held).rstrip("\ufffd")
+        if self.num_tokens > self.min_tokens:
+            hit = self._first_stop(tail, search_from - tail_from)
+            if hit is not None:
+                tail = tail[: self._cut_length(hit)]
+        return tail[start - tail_from :], tail_from + len(tail)
 
     def _after_context(self, ids: list[int]) -> str:
         """``ids``' text where they follow the context (the last tokens whose text is out)."""
@@ -165,29 +176,46 @@ class IncrementalDetokenizer:
 
     def _first_stop(self, text: str, search_from: int) -> tuple[int, str] | None:
         """Where the earliest stop string in ``text`` from ``search_from`` starts, and which it is."""
-        hits = [(i, s) for s in self.stop if (i := text.find(s, search_from)) >= 0]
-        return min(hits) if hits else None
+        if self._stop_pattern is None:
+            return None
+        match = self._stop_pattern.search(text, search_from)
+        return None if match is None else (match.start(), match.group())
 
-    def _find_stop(self, search_from: int) -> None:
-        hit = self._first_stop(self.text, search_from)
+    def _find_stop(self, old_length: int, new_text: str) -> None:
+        """Look for a stop string that ``new_text``, appended after ``old_length`` characters,
+        completes: in it and the `_stop_window` before it, not in the whole text."""
+        window = self._stop_window + new_text
+        window_start = old_length - len(self._stop_window)
+        hit = self._first_stop(window, self._search_start(old_length) - window_start)
         if hit is not None:
             self.matched_stop = hit[1]
-            self.text = self._cut(self.text, hit)
+            self._text.cut(window_start + self._cut_length(hit))
+        self._stop_window = window[max(len(window) - self.holdback, 0) :]
 
-    def _cut(self, text: str, hit: tuple[int, str]) -> str:
-        """``text`` up to the stop string found at ``hit``, or through it with ``include_stop``."""
+    def _cut_length(self, hit: tuple[int, str]) -> int:
+        """How much of a text to keep with a stop string found at ``hit``: up to it, or through it
+        with ``include_stop``."""
         index, stop = hit
-        return text[: index + len(stop)] if self.include_stop else text[:index]
+        return index + len(stop) if self.include_stop else index
+
+    @property
+    def text(self) -> str:
+        """All the text decoded so far (cut at a matched stop string), held-back tokens' not included."""
+        return str(self._text)
 
     def visible_text(self, finished: bool) -> str:
         """The text safe to show now: all of it once finished (with the complete characters of the
         held-back tokens), else without a possible stop-string start."""
-        if self.matched_stop is not None:
-            return self.text
-        if finished:
-            return self._with_held_text()
-        if not self.stop or self.include_stop:
-            # A stop string that completes later ends after all of this text: none of it is cut.
-            return self.text
-        # Clamped: while the text is shorter than the holdback a negative end would slice from the back.
-        return self.text[: max(self.stop_floor, len(self.text) - self.holdback)]
+        return self.visible_since(0, finished)[0]
+
+    def visible_since(self, start: int, finished: bool) -> tuple[str, int]:
+        """`visible_text` from character ``start`` on, and the length of all of it; costs what it
+        returns, not the whole text (a delta output reads this at every step)."""
+        if finished and self.held and self.matched_stop is None:
+            return self._final_since(start)
+        end = self._text.length
+        if self.matched_stop is None and not finished and self.stop and not self.include_stop:
+            # A stop string may yet start in the last ``holdback`` characters: those wait (never
+            # before the floor, where no stop string is looked for).
+            end = max(self.stop_floor, end - self.holdback)
+        return self._text.since(start)[: max(end - start, 0)], end

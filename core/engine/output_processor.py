@@ -173,7 +173,6 @@ class OutputProcessor:
             return None
         req_id = request.req_id
         detokenizer = self.detokenizers[req_id]
-        text = detokenizer.visible_text(finished)
         token_ids, logprobs = request.output_token_ids, request.logprobs
         prompt_logprobs = request.prompt_logprobs
         if kind is RequestOutputKind.DELTA:
@@ -182,13 +181,15 @@ class OutputProcessor:
                 sent = self._sent[req_id] = _Sent()
             if sent.num_tokens:  # the first output carried them
                 prompt_logprobs = None
-            text, sent.num_chars = text[sent.num_chars :], len(text)
+            text, sent.num_chars = detokenizer.visible_since(sent.num_chars, finished)
             start, sent.num_tokens = sent.num_tokens, len(token_ids)
             token_ids = token_ids[start:]
             logprobs = None if logprobs is None else logprobs[start:]
-        elif not finished:  # a snapshot: the request's lists go on growing
-            token_ids = list(token_ids)
-            logprobs = None if logprobs is None else list(logprobs)
+        else:
+            text = detokenizer.visible_text(finished)
+            if not finished:  # a snapshot: the request's lists go on growing
+                token_ids = list(token_ids)
+                logprobs = None if logprobs is None else list(logprobs)
         if finished:
             self.detokenizers.pop(req_id)
             self._sent.pop(req_id, None)
