@@ -184,6 +184,9 @@ class _OutputItems:
     def __init__(self):
         self.items: list[dict] = []
         self._open: dict | None = None
+        self._open_text: list[str] = []
+        """The open item's text (or arguments) so far, joined when it closes: a string grown by
+        ``+=`` at every token would copy all of a long answer at each."""
 
     def add(self, piece: ReasoningPiece | ToolCallPiece) -> list[dict]:
         """The events one piece makes: a new item when the kind of output changes, then a delta."""
@@ -198,7 +201,7 @@ class _OutputItems:
             events += self._start(piece)
         item, position = self._open, len(self.items) - 1
         if piece.kind in ("reasoning", "content"):
-            item["content"][0]["text"] += piece.text
+            self._open_text.append(piece.text)
             reasoning = piece.kind == "reasoning"
             events.append(
                 {
@@ -213,7 +216,7 @@ class _OutputItems:
                 }
             )
         elif piece.kind == "arguments":
-            item["arguments"] += piece.text
+            self._open_text.append(piece.text)
             events.append(
                 {
                     "type": "response.function_call_arguments.delta",
@@ -252,7 +255,7 @@ class _OutputItems:
                 "arguments": "",
             }
         self.items.append(item)
-        self._open = item
+        self._open, self._open_text = item, []
         position = len(self.items) - 1
         events = [
             {
@@ -288,6 +291,7 @@ class _OutputItems:
         item["status"] = status
         if item["type"] in ("reasoning", "message"):
             part = item["content"][0]
+            part["text"] = "".join(self._open_text)
             reasoning = item["type"] == "reasoning"
             done = {
                 "type": "response.reasoning_text.done"
@@ -310,6 +314,7 @@ class _OutputItems:
                 },
             ]
         else:
+            item["arguments"] = "".join(self._open_text)
             events = [
                 {
                     "type": "response.function_call_arguments.done",

@@ -199,16 +199,16 @@ class BufferedToolCallStream:
 
     def __init__(self, parser: ToolCallParser):
         self.parser = parser
-        self.text = ""
+        self._pieces: list[str] = []  # joined once at the end: not copied whole at every token
 
     def feed(self, text: str) -> list[ToolCallPiece]:
         """Nothing until the end."""
-        self.text += text
+        self._pieces.append(text)
         return []
 
     def finish(self) -> list[ToolCallPiece]:
         """The parser's content, then each call whole."""
-        content, calls = self.parser.parse(self.text)
+        content, calls = self.parser.parse("".join(self._pieces))
         pieces = [ToolCallPiece("content", content)] if content else []
         for index, call in enumerate(calls):
             pieces += [
