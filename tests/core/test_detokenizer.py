@@ -225,3 +225,49 @@ def test_a_byte_token_that_turns_shown_text_invalid_is_survived():
     # What was shown stays; the rest is decoded on its own and the stream goes on after it.
     assert detokenizer.visible_text(True) == " ag\ufffd+ a"
     assert detokenizer.num_restarts == 1  # logged when the request finishes
+
+
+@pytest.mark.parametrize(
+    "stop, include_stop, min_tokens",
+    [([], False, 0), (["e ", "an"], False, 0), (["e ", "an"], True, 0), (["the"], False, 40)],
+)
+def test_a_delta_read_at_every_token_adds_up_to_the_text(tokenizer, stop, include_stop, min_tokens):
+    # What a delta output reads (`visible_since` from where the last one ended), at every token,
+    # against slices of `visible_text`: the same text, and together the final one.
+    strays = [t for t in range(tokenizer.vocab_size) if tokenizer.decode([t]) == "\ufffd"]
+    generator = random.Random(len(stop) + min_tokens)
+    words = tokenizer.encode(
+        " ".join(TEXTS) + " then the answer and an end ", add_special_tokens=False
+    )
+    num_matched = 0
+    for _ in range(20):
+        token_ids = [
+            generator.choice(strays) if generator.random() < 0.1 else generator.choice(words)
+            for _ in range(300)
+        ]
+        detokenizer = IncrementalDetokenizer(
+            tokenizer, [], stop, min_tokens=min_tokens, include_stop=include_stop
+        )
+        sent, deltas = 0, []
+        for index, token_id in enumerate(token_ids):
+            detokenizer.add_token(token_id)
+            finished = detokenizer.matched_stop is not None or index == len(token_ids) - 1
+            delta, length = detokenizer.visible_since(sent, finished)
+            whole = detokenizer.visible_text(finished)
+            assert (delta, length) == (whole[sent:], len(whole))
+            sent = length
+            deltas.append(delta)
+            if finished:
+                break
+        assert "".join(deltas) == whole
+        if not min_tokens:  # and against a decode of the tokens cut at the first stop string
+            expected = tokenizer.decode(token_ids[: index + 1])
+            hits = [(at, s) for s in stop if (at := expected.find(s)) >= 0]
+            if hits:
+                at, first = min(hits)
+                expected = expected[: at + len(first) * include_stop]
+            assert whole.rstrip("\ufffd") == expected.rstrip("\ufffd")
+        if detokenizer.matched_stop is not None:
+            num_matched += 1
+            assert not include_stop or whole.endswith(detokenizer.matched_stop)
+    assert (num_matched > 0) == bool(stop)  # the stop strings were met, and cut the text
