@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
 from spyglass.core.engine.runner.sampler import (
-    apply_penalties,
     argmax_rows,
     sample,
     target_probs,
@@ -33,7 +33,7 @@ def draw_many(
     """Token frequencies over many unseeded rows of the same logits (one sampler call)."""
     torch.manual_seed(0)
     requests = [make_request(params) for _ in range(num_draws)]
-    token_ids, _ = sample(logits.expand(num_draws, -1).clone(), requests)
+    token_ids, _ = sample(logits.expand(num_draws, -1).clone(), requests, PenaltyCounts())
     return Counter(token_ids)
 
 
@@ -43,7 +43,7 @@ def draw_many(
 def test_greedy_is_argmax():
     logits = torch.tensor([[0.1, 2.0, 0.3], [5.0, -1.0, 4.9]])
     requests = [make_request(SamplingParams(temperature=0)) for _ in range(2)]
-    assert sample(logits, requests)[0] == [1, 0]
+    assert sample(logits, requests, PenaltyCounts())[0] == [1, 0]
 
 
 def test_the_cpu_argmax_is_torchs_on_ties_nans_infinities_and_views():
@@ -97,7 +97,9 @@ def test_top_k_beyond_the_vocabulary_keeps_every_token():
     # failing every request in the step.
     params = [SamplingParams(top_k=100), SamplingParams(top_k=1000)]
     assert set(draw_many(params[0])) == {0, 1, 2, 3}
-    token_ids, _ = sample(LOGITS.expand(2, -1).clone(), [make_request(p) for p in params])
+    token_ids, _ = sample(
+        LOGITS.expand(2, -1).clone(), [make_request(p) for p in params], PenaltyCounts()
+    )
     assert all(t in (0, 1, 2, 3) for t in token_ids)
 
 
@@ -114,13 +116,13 @@ def test_degenerate_filters_are_greedy(params):
     logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(3))
     requests = [make_request(params) for _ in range(64)]
     torch.manual_seed(1)
-    assert sample(logits.clone(), requests)[0] == logits.argmax(dim=-1).tolist()
+    assert sample(logits.clone(), requests, PenaltyCounts())[0] == logits.argmax(dim=-1).tolist()
 
 
 def test_seeded_rows_ignore_their_companions():
     logits = torch.randn(4, 500, generator=torch.Generator().manual_seed(5))
     seeded = SamplingParams(seed=42)
-    [alone], _ = sample(logits[2:3].clone(), [make_request(seeded)])
+    [alone], _ = sample(logits[2:3].clone(), [make_request(seeded)], PenaltyCounts())
     companions = [
         [SamplingParams(), SamplingParams(temperature=0), SamplingParams(seed=1)],
         [SamplingParams(seed=9), SamplingParams(seed=9), SamplingParams(top_k=5)],
@@ -128,7 +130,7 @@ def test_seeded_rows_ignore_their_companions():
     for index, others in enumerate(companions):
         params = others[:2] + [seeded] + others[2:]
         torch.manual_seed(index)  # the unseeded rows draw from the global generator
-        token_ids, _ = sample(logits.clone(), [make_request(p) for p in params])
+        token_ids, _ = sample(logits.clone(), [make_request(p) for p in params], PenaltyCounts())
         assert token_ids[2] == alone
 
 
@@ -137,7 +139,7 @@ def test_seed_sequence_is_reproducible_and_seed_dependent():
 
     def sequence(seed):
         request = make_request(SamplingParams(seed=seed))
-        return [sample(logits.clone(), [request])[0][0] for _ in range(20)]
+        return [sample(logits.clone(), [request], PenaltyCounts())[0][0] for _ in range(20)]
 
     assert sequence(7) == sequence(7)
     assert sequence(7) != sequence(8)
@@ -149,7 +151,7 @@ def test_frequency_and_presence_penalties():
     request = make_request(
         SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), prompt=[4], output=[1, 1, 2]
     )
-    apply_penalties(logits, [request])
+    PenaltyCounts().apply(logits, [request])
     # Output tokens only: token 1 twice, token 2 once; the prompt's token 4 is untouched.
     assert logits[0].tolist() == pytest.approx([0.0, -1.25, -0.75, 0.0, 0.0, 0.0])
 
@@ -157,7 +159,7 @@ def test_frequency_and_presence_penalties():
 def test_repetition_penalty_pushes_seen_tokens_towards_unlikely():
     logits = torch.tensor([[2.0, -2.0, 2.0, -2.0]])
     request = make_request(SamplingParams(repetition_penalty=2.0), prompt=[0], output=[1])
-    apply_penalties(logits, [request])
+    PenaltyCounts().apply(logits, [request])
     assert logits[0].tolist() == [1.0, -4.0, 2.0, -2.0]
 
 
@@ -166,7 +168,7 @@ def test_penalties_change_the_choice_but_not_the_reported_logprobs():
     request = make_request(
         SamplingParams(temperature=0, frequency_penalty=1.0, logprobs=2), output=[0]
     )
-    [token_id], [logprob] = sample(logits.clone(), [request])
+    [token_id], [logprob] = sample(logits.clone(), [request], PenaltyCounts())
     assert token_id == 1
     raw = logits.log_softmax(dim=-1)[0]
     assert logprob.token_id == 1 and logprob.logprob == pytest.approx(raw[1].item())
@@ -180,7 +182,7 @@ def test_logprobs_per_request():
         make_request(SamplingParams(temperature=0)),
         make_request(SamplingParams(temperature=0, logprobs=0)),
     ]
-    token_ids, logprobs = sample(logits.clone(), requests)
+    token_ids, logprobs = sample(logits.clone(), requests, PenaltyCounts())
     expected = logits.log_softmax(dim=-1)
     first, none, zero = logprobs
     assert none is None

@@ -7,6 +7,7 @@ import torch
 
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
 from spyglass.core.engine.runner.sampler import adjust_logits, sample
 from spyglass.core.engine.runner.spec_verify import verify_drafts
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
@@ -14,9 +15,13 @@ from spyglass.core.engine.token_constraint import TokenConstraint, bitmask_words
 
 
 def sample_on_host(
-    out: SchedulerOutput, sampled_rows: tuple[bool, ...], logits: torch.Tensor
+    out: SchedulerOutput,
+    sampled_rows: tuple[bool, ...],
+    logits: torch.Tensor,
+    penalties: PenaltyCounts,
 ) -> tuple[tuple[list[int], ...], tuple[list[Logprob | None], ...], float]:
-    """Per scheduled request: sampled tokens (drafts verified first) and their logprobs; mask seconds."""
+    """Per scheduled request: sampled tokens (drafts verified first) and their logprobs; mask
+    seconds. Penalties come from the engine's ``penalties``."""
     plain_rows, plain_requests, spans = [], [], []
     row = 0
     for scheduled, is_sampled in zip(out.scheduled, sampled_rows):
@@ -29,7 +34,7 @@ def sample_on_host(
     # Every row plain (no drafts) is the common case: sample the logits as they are, without a copy.
     plain_logits = logits if len(plain_rows) == logits.shape[0] else logits[plain_rows]
     plain_tokens, plain_logprobs, mask_time = (
-        _sample_plain(plain_logits, plain_requests) if plain_requests else ([], [], 0.0)
+        _sample_plain(plain_logits, plain_requests, penalties) if plain_requests else ([], [], 0.0)
     )
     plain = {r: (t, lp) for r, t, lp in zip(plain_rows, plain_tokens, plain_logprobs)}
     tokens, logprobs = [], []
@@ -77,10 +82,10 @@ def adjust_plain(logits: torch.Tensor, requests: list[Request]) -> tuple[torch.T
     return adjust_logits(logits, requests, bitmask, constrained), mask_time
 
 
-def _sample_plain(logits: torch.Tensor, requests: list[Request]):
+def _sample_plain(logits: torch.Tensor, requests: list[Request], penalties: PenaltyCounts):
     """`sample` after `_adjust_plain`; mask seconds."""
     adjusted, mask_time = adjust_plain(logits, requests)
-    return (*sample(adjusted, requests, raw=logits), mask_time)
+    return (*sample(adjusted, requests, penalties, raw=logits), mask_time)
 
 
 def _draft_bitmask(constraint: TokenConstraint, drafts: list[int], vocab_size: int) -> torch.Tensor:

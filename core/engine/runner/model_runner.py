@@ -17,6 +17,7 @@ from spyglass.core.engine.runner.host_sampling import adjust_plain, sample_on_ho
 from spyglass.core.engine.runner.image_cache import EncodedImageCache
 from spyglass.core.engine.runner.image_rows import step_image_rows
 from spyglass.core.engine.runner.lora_rows import lora_groups
+from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
 from spyglass.core.engine.runner.pooling import Pooled, PoolPart, PoolSlice, pool, pool_slices
 from spyglass.core.engine.runner.prompt_logprobs import score_prompts
 from spyglass.core.engine.runner.sampler import sample_tokens
@@ -103,6 +104,7 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.table_rows = BlockTableRows()
+        self.penalties = PenaltyCounts()
         arch = model.arch
         shape = model.backend.cache_shape(
             num_blocks, block_size, arch.num_key_value_heads, arch.head_dim
@@ -262,7 +264,7 @@ class ModelRunner:
         ):
             num_sampled = logits.shape[0] - sum(inputs.prompt_rows)
             tokens, logprobs, mask_time = sample_on_host(
-                out, inputs.sampled_rows, logits[:num_sampled]
+                out, inputs.sampled_rows, logits[:num_sampled], self.penalties
             )
             scored = score_prompts(out, inputs.prompt_rows, logits[num_sampled:])
             seconds = time.perf_counter() - start
@@ -272,7 +274,9 @@ class ModelRunner:
             return LaunchedStep(start, inputs.sampled_rows, result=result)
         requests = [s.request for s in sampled]
         adjusted, mask_time = adjust_plain(logits, requests)
-        token_ids = sample_tokens(adjusted, requests) if requests else logits.new_empty(0)
+        token_ids = (
+            sample_tokens(adjusted, requests, self.penalties) if requests else logits.new_empty(0)
+        )
         host, copied = token_ids, None
         if token_ids.device.type != "cpu":
             host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)

@@ -7,6 +7,7 @@ import torch
 
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
 from spyglass.core.engine.runner.token_bans import banned_tokens
 from spyglass.core.engine.token_constraint import allowed_tokens
 
@@ -81,28 +82,6 @@ def adjust_logits(
     return logits
 
 
-def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
-    """Presence, frequency (over output tokens) and repetition (over prompt and output) penalties, in place."""
-    vocab = logits.shape[-1]
-    for row, request in enumerate(requests):
-        params = request.sampling_params
-        if not params.has_penalties:
-            continue
-        if params.repetition_penalty != 1.0:
-            seen = torch.tensor(
-                request.all_token_ids, dtype=torch.long, device=logits.device
-            ).unique()
-            values = logits[row, seen]
-            penalty = params.repetition_penalty
-            logits[row, seen] = torch.where(values > 0, values / penalty, values * penalty)
-        if request.output_token_ids and (params.frequency_penalty or params.presence_penalty):
-            output = torch.tensor(request.output_token_ids, dtype=torch.long, device=logits.device)
-            counts = torch.bincount(output, minlength=vocab).to(logits.dtype)
-            logits[row] -= params.frequency_penalty * counts + params.presence_penalty * (
-                counts > 0
-            ).to(logits.dtype)
-
-
 def _filter(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     """Mask tokens outside each row's top-k, top-p nucleus and min-p floor with -inf."""
     params = [r.sampling_params for r in requests]
@@ -154,12 +133,15 @@ def _draw(probs: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     return argmax_rows(probs / noise)
 
 
-def sample_tokens(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor, requests: list[Request], penalties: PenaltyCounts
+) -> torch.Tensor:
     """One token id per row of float32 ``logits`` (row i belongs to ``requests[i]``), left on the
-    logits' device: penalties, then greedy rows' argmax and the others' draws."""
+    logits' device: penalties (from the engine's ``penalties``), then greedy rows' argmax and the
+    others' draws."""
     if any(r.sampling_params.has_penalties for r in requests):
         logits = logits.clone()
-        apply_penalties(logits, requests)
+        penalties.apply(logits, requests)
     greedy = [r.sampling_params.greedy for r in requests]
     if all(greedy):
         return argmax_rows(logits)
@@ -171,14 +153,17 @@ def sample_tokens(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor
 
 
 def sample(
-    logits: torch.Tensor, requests: list[Request], raw: torch.Tensor | None = None
+    logits: torch.Tensor,
+    requests: list[Request],
+    penalties: PenaltyCounts,
+    raw: torch.Tensor | None = None,
 ) -> tuple[list[int], list[Logprob | None]]:
     """`sample_tokens` as a list, and logprobs where asked.
 
     ``logits`` may be `adjust_logits`'s result; logprobs are those of the model's raw distribution
     (``raw``, else ``logits``), as vLLM reports them.
     """
-    token_ids = sample_tokens(logits, requests).tolist()
+    token_ids = sample_tokens(logits, requests, penalties).tolist()
     return token_ids, _logprobs(logits if raw is None else raw, token_ids, requests)
 
 

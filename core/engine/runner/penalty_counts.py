@@ -1,0 +1,136 @@
+"""Presence, frequency and repetition penalties from token histories kept from step to step.
+
+Built anew at each step, a request's penalties cost a tensor of its whole prompt and output, a sort
+of it and a few launches of its own (at 4,000 tokens, 0.6 ms a request a step on a 2-core Xeon; on
+a GPU each list is a synchronous copy). Here each request with penalties keeps its distinct tokens
+(prompt and output, for repetition) and its output's distinct tokens with their counts (frequency
+and presence) in numpy arrays that a step extends by the tokens gained since the one before. A step
+then penalises all its requests at once: one gather and one scatter of the logits over their
+distinct tokens, whatever the batch, and never a pass over the whole vocabulary (on a CPU a pass
+over 16 rows of 49,152 logits costs about 0.4 ms).
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from spyglass.core.engine.request import Request
+
+
+@dataclass(slots=True)
+class TokenHistory:
+    """Distinct token ids in the order first met, each with how often it occurred."""
+
+    ids: np.ndarray = field(default_factory=lambda: np.empty(16, np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.empty(16, np.float32))
+    position: dict[int, int] = field(default_factory=dict)
+    size: int = 0
+
+    def add(self, token_ids: list[int]) -> None:
+        """Count ``token_ids``."""
+        for token_id in token_ids:
+            at = self.position.get(token_id)
+            if at is not None:
+                self.counts[at] += 1
+                continue
+            if self.size == len(self.ids):
+                self.ids = np.concatenate([self.ids, np.empty_like(self.ids)])
+                self.counts = np.concatenate([self.counts, np.empty_like(self.counts)])
+            self.position[token_id] = self.size
+            self.ids[self.size] = token_id
+            self.counts[self.size] = 1
+            self.size += 1
+
+
+@dataclass(slots=True)
+class _Histories:
+    """A request's histories, and how many of its output tokens they hold."""
+
+    request: Request
+    seen: TokenHistory | None
+    """Prompt and output, for a repetition penalty."""
+    output: TokenHistory | None
+    """Output only, for frequency and presence penalties."""
+    num_counted: int = 0
+
+
+class PenaltyCounts:
+    """Per live request with penalties, its token histories; a finished request's are let go."""
+
+    def __init__(self):
+        self._histories: dict[str, _Histories] = {}
+
+    @property
+    def num_requests(self) -> int:
+        """Requests whose histories are kept (finished ones until the next step with penalties)."""
+        return len(self._histories)
+
+    def apply(self, logits: torch.Tensor, requests: list[Request]) -> None:
+        """Penalise row ``i`` of ``logits`` as ``requests[i]`` asks, in place: repetition (a seen
+        token's logit divided by the penalty when positive, multiplied when not), then frequency
+        and presence (the output's count of a token times the one, and the other once it occurs)."""
+        rows = [row for row, r in enumerate(requests) if r.sampling_params.has_penalties]
+        if not rows:
+            return
+        self._let_go_finished()
+        repeated, counted = [], []
+        for row in rows:
+            params = requests[row].sampling_params
+            histories = self._histories_of(requests[row])
+            if histories.seen is not None:
+                repeated.append((row, histories.seen, params.repetition_penalty, 0.0))
+            if histories.output is not None:
+                counted.append(
+                    (row, histories.output, params.frequency_penalty, params.presence_penalty)
+                )
+        if repeated:
+            at, values, penalty, _ = _scattered(repeated, logits)
+            logits[at] = torch.where(values > 0, values / penalty, values * penalty)
+        if counted:
+            at, values, frequency, presence = _scattered(counted, logits)
+            counts = torch.from_numpy(
+                np.concatenate([history.counts[: history.size] for _, history, _, _ in counted])
+            ).to(logits.device, logits.dtype)
+            logits[at] = values - frequency * counts - presence
+
+    def _histories_of(self, request: Request) -> _Histories:
+        """The request's histories, with the output tokens it gained since the last step."""
+        histories = self._histories.get(request.req_id)
+        if histories is None:
+            params = request.sampling_params
+            seen = TokenHistory() if params.repetition_penalty != 1 else None
+            output = TokenHistory() if params.frequency_penalty or params.presence_penalty else None
+            histories = self._histories[request.req_id] = _Histories(request, seen, output)
+            if seen is not None:
+                seen.add(request.prompt_token_ids)
+        new_ids = request.output_token_ids[histories.num_counted :]
+        for history in (histories.seen, histories.output):
+            if history is not None:
+                history.add(new_ids)
+        histories.num_counted += len(new_ids)
+        return histories
+
+    def _let_go_finished(self) -> None:
+        for req_id in [i for i, h in self._histories.items() if h.request.is_finished]:
+            del self._histories[req_id]
+
+
+def _scattered(
+    parts: list[tuple[int, TokenHistory, float, float]], logits: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each ``(row, history, a, b)``: the logits' index of the row's distinct tokens, their
+    values, and ``a`` and ``b`` repeated along them (each row appears once: no index twice)."""
+    sizes = [history.size for _, history, _, _ in parts]
+    rows = np.repeat([row for row, _, _, _ in parts], sizes)
+    ids = np.concatenate([history.ids[: history.size] for _, history, _, _ in parts])
+    a = np.repeat(np.array([a for _, _, a, _ in parts], np.float32), sizes)
+    b = np.repeat(np.array([b for _, _, _, b in parts], np.float32), sizes)
+    device = logits.device
+    at = (torch.from_numpy(rows).to(device), torch.from_numpy(ids).to(device))
+    return (
+        at,
+        logits[at],
+        torch.from_numpy(a).to(device, logits.dtype),
+        torch.from_numpy(b).to(device, logits.dtype),
+    )
