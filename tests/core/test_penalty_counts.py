@@ -40,8 +40,12 @@ def test_counts_kept_across_steps_penalise_as_the_whole_history_does():
                 frequency_penalty=rng.choice((0.0, 0.4)),
                 presence_penalty=rng.choice((0.0, -0.5, 0.8)),
             )
-            prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 20))]
-            live.append(Request(f"r{step}-{len(live)}", prompt, params))
+            # Short prompts are counted token by token, long ones by a sort.
+            prompt = [rng.randrange(VOCAB) for _ in range(rng.choice((3, 20, 70, 300)))]
+            request = Request(f"r{step}-{len(live)}", prompt, params)
+            # Some come with an output already (a long one is counted by a sort too).
+            request.output_token_ids = [rng.randrange(VOCAB) for _ in range(rng.choice((0, 90)))]
+            live.append(request)
         batch = rng.sample(live, rng.randint(1, len(live)))  # not every request every step
         logits = torch.randn(len(batch), VOCAB, generator=generator)
         expected = penalised_from_scratch(logits, batch)

@@ -17,10 +17,13 @@ import torch
 
 from spyglass.core.engine.request import Request
 
+_SORTED_FILL = 64
+"""A first fill of more tokens than this (a prompt) is counted by a sort."""
+
 
 @dataclass(slots=True)
 class TokenHistory:
-    """Distinct token ids in the order first met, each with how often it occurred."""
+    """Distinct token ids, each with how often it occurred."""
 
     ids: np.ndarray = field(default_factory=lambda: np.empty(16, np.int64))
     counts: np.ndarray = field(default_factory=lambda: np.empty(16, np.float32))
@@ -29,6 +32,12 @@ class TokenHistory:
 
     def add(self, token_ids: list[int]) -> None:
         """Count ``token_ids``."""
+        if self.size == 0 and len(token_ids) > _SORTED_FILL:
+            # A prompt: counted by one sort, not a Python step per token.
+            ids, counts = np.unique(np.asarray(token_ids, np.int64), return_counts=True)
+            self.ids, self.counts, self.size = ids, counts.astype(np.float32), len(ids)
+            self.position = dict(zip(ids.tolist(), range(self.size)))
+            return
         for token_id in token_ids:
             at = self.position.get(token_id)
             if at is not None:
