@@ -90,7 +90,8 @@ class LaunchedStep:
 
 
 class ModelRunner:
-    """Owns the model weights and the KV cache tensors; stateless between steps otherwise."""
+    """Owns the model weights and the KV cache tensors, and what makes a step's inputs cheap to
+    build from the last step's: the block tables' rows and the penalised requests' token histories."""
 
     def __init__(
         self,
