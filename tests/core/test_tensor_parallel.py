@@ -7,6 +7,7 @@ row-parallel sums add the same products in another order, which moves logits by 
 """
 
 import dataclasses
+import datetime
 import os
 import signal
 import threading
@@ -147,7 +148,7 @@ def _engine_with_work(make_tiny_engine, num_requests: int = 4):
     return engine
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(90, method="thread")
 def test_a_killed_worker_fails_the_next_step_clearly(make_tiny_engine):
     engine = _engine_with_work(make_tiny_engine)
     os.kill(engine.runner.group.processes[0].pid, signal.SIGKILL)
@@ -162,7 +163,7 @@ def test_a_killed_worker_fails_the_next_step_clearly(make_tiny_engine):
     engine.shutdown()
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(90, method="thread")
 def test_a_worker_killed_mid_run_fails_the_engine_within_seconds(make_tiny_engine):
     """Killed at a moment the test does not choose: between steps or inside one (a collective sees the peer go)."""
     engine = _engine_with_work(make_tiny_engine, num_requests=8)
@@ -174,6 +175,25 @@ def test_a_worker_killed_mid_run_fails_the_engine_within_seconds(make_tiny_engin
             engine.step()
     assert time.monotonic() - start < 20
     engine.shutdown()
+
+
+@pytest.mark.timeout(90, method="thread")
+def test_a_stopped_worker_fails_the_engine_after_the_step_timeout(make_tiny_engine):
+    """Alive but not answering (SIGSTOP): rank 0 stops waiting on the collective at the step timeout."""
+    engine = _engine_with_work(make_tiny_engine)
+    group = engine.runner.group
+    group.step_timeout = datetime.timedelta(seconds=2)
+    os.kill(group.processes[0].pid, signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        with pytest.raises(TensorParallelError, match="did not finish within 0:00:02"):
+            engine.step()
+        assert 2 <= time.monotonic() - start < 10
+        assert not group.processes[0].is_alive()  # the failed group took its workers down
+    finally:
+        if group.processes[0].is_alive():
+            os.kill(group.processes[0].pid, signal.SIGKILL)
+        engine.shutdown()
 
 
 def test_llm_api_with_tensor_parallel_size(tiny_llama_dir):

@@ -4,7 +4,8 @@ Both are torch.distributed backends built over a private TCP store (not the glob
 so several engines, or tests, can come and go in one process). The control group is always gloo
 on the CPU and waits indefinitely (an idle worker waits there for the next step); the data group
 is gloo on the CPU or NCCL on CUDA and times out after ``step_timeout``. A peer that dies closes
-its sockets, so gloo raises at once instead of waiting for the timeout.
+its sockets, so gloo raises at once instead of waiting for the timeout. Every collective goes
+through `RankGroup._wait`, which rank 0 overrides to watch its workers while it waits.
 """
 
 import contextlib
@@ -48,6 +49,7 @@ class RankGroup:
         self.rank = rank
         self.world_size = world_size
         self.device = device
+        self.step_timeout = step_timeout
         self.control = _gloo(dist.PrefixStore("control", store), rank, world_size, IDLE_TIMEOUT)
         if device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
@@ -60,19 +62,25 @@ class RankGroup:
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the ranks in place; returns it."""
-        self.data.allreduce([tensor]).wait()
+        self._wait(self.data.allreduce([tensor]), self.data)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's ``tensor`` (all the same shape), in rank order."""
         gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self.data.allgather([gathered], [tensor]).wait()
+        self._wait(self.data.allgather([gathered], [tensor]), self.data)
         return gathered
 
     def broadcast_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rank 0's CPU ``tensor`` into every rank's ``tensor`` (same shape and dtype), over the control group."""
-        self.control.broadcast([tensor]).wait()  # BroadcastOptions default: root rank 0
+        self._wait(
+            self.control.broadcast([tensor]), self.control
+        )  # BroadcastOptions default: root rank 0
         return tensor
+
+    def _wait(self, work: dist.Work, group: dist.ProcessGroup) -> None:
+        """Wait for one collective on ``group`` (a worker waits as long as the group's timeout allows)."""
+        work.wait()
 
     def abort(self) -> None:
         """Tear the groups down after a failure, so that nothing waits on a peer that is gone."""

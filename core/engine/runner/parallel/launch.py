@@ -4,9 +4,12 @@ Rank 0 is the engine process. It shards the checkpoint it loaded, starts ranks 1
 torch.multiprocessing (spawn; each worker's shard travels in shared memory, so the model is read
 from disk once), waits until every worker has built itself, then joins the process groups. Its
 `LeaderGroup` turns any collective failure into a `TensorParallelError` that names the rank that
-died and how, and checks the workers' liveness before each step.
+died and how. It checks the workers' liveness before each step and, while it waits in a gloo
+collective, every `WATCH_INTERVAL`: a dead worker, or one that has not answered within the step
+timeout (hung, or stopped), fails the engine instead of leaving it waiting on a socket forever.
 """
 
+import datetime
 import logging
 import signal
 import time
@@ -24,6 +27,9 @@ from spyglass.core.models.parallel.layers import TensorParallelLlama
 from spyglass.core.models.parallel.shard import check_tensor_parallel, plan_shard, shard_weights
 
 log = logging.getLogger("spyglass.engine")
+
+# How often rank 0 looks at its workers while it waits in a gloo collective.
+WATCH_INTERVAL = datetime.timedelta(milliseconds=500)
 
 
 def _describe_exit(process) -> str:
@@ -130,8 +136,34 @@ class LeaderGroup(RankGroup):
             raise self.failure
         try:
             return operation(tensor)
+        except TensorParallelError:
+            raise
         except Exception as error:
             raise self.fail(error) from error
+
+    def _wait(self, work: dist.Work, group: dist.ProcessGroup) -> None:
+        """Wait for a collective, checking the workers every `WATCH_INTERVAL` and giving up after the step timeout.
+
+        NCCL's work is only queued on the stream (waiting on the host would stall the GPU), so it
+        is waited on as is; gloo's blocks this thread until every peer has taken part.
+        """
+        if group is not self.control and self.device.type == "cuda":
+            work.wait()
+            return
+        deadline = time.monotonic() + self.step_timeout.total_seconds()
+        while True:
+            try:
+                work.wait(WATCH_INTERVAL)
+                return
+            except RuntimeError:
+                if work.is_completed():
+                    raise  # the collective failed (a peer closed its sockets): not a timeout
+            self.check_workers()
+            if time.monotonic() > deadline:
+                raise self.fail(
+                    f"a tensor-parallel collective did not finish within {self.step_timeout} "
+                    "(a worker is alive but not answering: hung or stopped)"
+                )
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._checked(super().all_reduce_, tensor)
