@@ -73,9 +73,8 @@ class RankGroup:
 
     def broadcast_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rank 0's CPU ``tensor`` into every rank's ``tensor`` (same shape and dtype), over the control group."""
-        self._wait(
-            self.control.broadcast([tensor]), self.control
-        )  # BroadcastOptions default: root rank 0
+        # BroadcastOptions default: root rank 0.
+        self._wait(self.control.broadcast([tensor]), self.control)
         return tensor
 
     def _wait(self, work: dist.Work, group: dist.ProcessGroup) -> None:
