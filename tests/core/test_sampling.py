@@ -9,11 +9,9 @@ import torch
 
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
-from spyglass.core.engine.runner.sampler import (
-    argmax_rows,
-    sample,
-    target_probs,
-)
+from spyglass.core.engine.runner.row_tensors import argmax_rows
+from spyglass.core.engine.runner.sampler import sample
+from spyglass.core.engine.runner.token_draw import target_probs
 from spyglass.core.engine.sampling_params import SamplingParams
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 (then two impossible tokens).

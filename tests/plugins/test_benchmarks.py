@@ -1,5 +1,7 @@
 """``spyglass bench policies`` and ``spyglass bench prefix-cache`` run end to end at toy scale on the tiny model."""
 
+import json
+
 from spyglass.core.cli.bench import step_phases
 from spyglass.core.cli.main import build_parser
 
@@ -212,6 +214,17 @@ def test_bench_steps_splits_decode_steps_into_phases_per_batch(tiny_llama_dir, c
     assert (
         "--output-kinds takes cumulative, delta, final-only; got 'part'" in capsys.readouterr().out
     )
+
+
+def test_bench_steps_samples_as_asked(tiny_llama_dir, capsys):
+    argv = ["bench", "steps", "--model", str(tiny_llama_dir), *TINY, "--batches", "2",
+            "--prompt-len", "8", "--max-tokens", "8"]  # fmt: skip
+    sampling = {"temperature": 0.8, "top_p": 0.9, "seed": 3}
+    assert run([*argv, "--sampling", json.dumps(sampling)]) == 0
+    header, _, row = capsys.readouterr().out.splitlines()
+    assert f"sampling {sampling}" in header and row.split()[:2] == ["2", "delta"]
+    assert run([*argv, "--sampling", '{"top_p": 2}']) == 2
+    assert "--sampling: top_p must be in (0, 1]" in capsys.readouterr().out
 
 
 def test_bench_throughput_compares_lora_runs(tiny_llama_dir, capsys):

@@ -1,19 +1,21 @@
 """``spyglass bench steps``: where a decode step's time goes, per batch size.
 
 For each batch size, that many requests of ``--prompt-len`` random tokens decode ``--max-tokens``
-tokens together (greedy, EOS ignored). Each decode step's time is split into the engine's phases:
-schedule (`StepStats.schedule_time`), prepare (the runner building the step's inputs), launch (the
-rest of `ModelRunner.launch`: the forward and sampling queued), wait (`ModelRunner.collect`: the
-host waiting for the device's token ids) and update (committing tokens, text, outputs and the step
-hooks: `StepStats.update_time`). On the CPU the model runs inside launch; on a GPU launch is the
-host's side of the model and wait the device's time that the host did not hide. Medians over the
-decode steps of each batch; ``step`` is the median wall time of an ``LLMEngine.step`` call.
+tokens together (greedy unless ``--sampling`` says otherwise, EOS ignored). Each decode step's time
+is split into the engine's phases: schedule (`StepStats.schedule_time`), prepare (the runner
+building the step's inputs), launch (the rest of `ModelRunner.launch`: the forward and sampling
+queued), wait (`ModelRunner.collect`: the host waiting for the device's token ids) and update
+(committing tokens, text, outputs and the step hooks: `StepStats.update_time`). On the CPU the
+model and the sampler run inside launch; on a GPU launch is the host's side of them and wait the
+device's time that the host did not hide. Medians over the decode steps of each batch; ``step``
+is the median wall time of an ``LLMEngine.step`` call.
 
 ``--output-kinds`` runs each batch once per output kind (`RequestOutputKind`), one after the
 other: a cumulative output copies each request's tokens so far at every step, which shows in
 update as ``--max-tokens`` grows.
 """
 
+import json
 import statistics
 import time
 
@@ -38,6 +40,13 @@ def add_parser(subparsers, argv) -> None:
         help="comma-separated output kinds to run each batch with: "
         + ", ".join(_KIND_NAMES)
         + " (delta is what the HTTP API asks for)",
+    )
+    parser.add_argument(
+        "--sampling",
+        default="{}",
+        help="sampling settings for every request, as JSON, e.g. "
+        '\'{"temperature": 0.7, "top_p": 0.9}\' (default: greedy); a seed is offset by the '
+        "request's index",
     )
     add_engine_arguments(parser)
     parser.set_defaults(run=run)
@@ -80,18 +89,24 @@ def phase_medians(
     prompt_len: int,
     max_tokens: int,
     kind: RequestOutputKind = RequestOutputKind.DELTA,
+    sampling: dict | None = None,
 ) -> dict:
     """Median seconds of each phase, and of a whole step, over one batch's decode steps."""
     runner = engine.runner
     timers = {name: CallTimer(runner, name) for name in ("prepare", "launch", "collect")}
     decode = DecodeSteps()
     engine.plugin_manager.register(decode)
-    params = SamplingParams(
-        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind
-    )
+    settings = {"temperature": 0.0, **(sampling or {})}
     vocab = engine.arch.vocab_size
     for index in range(batch):
         prompt = [(7919 * (index * prompt_len + i)) % vocab for i in range(prompt_len)]
+        seed = settings.get("seed")
+        params = SamplingParams(
+            **{**settings, "seed": None if seed is None else seed + index},
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            output_kind=kind,
+        )
         engine.add_request(f"steps-{batch}-{index}", prompt, params)
     calls = []
     while engine.has_unfinished_requests:
@@ -122,19 +137,26 @@ def run(args) -> int:
     if unknown or not names:
         print(f"--output-kinds takes {', '.join(_KIND_NAMES)}; got {args.output_kinds!r}")
         return 2
+    sampling = json.loads(args.sampling)
+    try:
+        SamplingParams(**sampling)
+    except (TypeError, ValueError) as error:
+        print(f"--sampling: {error}")
+        return 2
     engine = LLMEngine(engine_config_from_args(args, max_num_seqs=max(batches)))
     info = engine.info
     print(
         f"model {engine.model_name} on {info.device}, {info.dtype}, async output "
         f"{'on' if engine.async_output else 'off'}, CUDA graphs "
         f"{'on' if engine.runner.graphs else 'off'}; {args.prompt_len}-token prompts, "
-        f"{args.max_tokens} tokens, medians over the decode steps (ms)"
+        f"{args.max_tokens} tokens, sampling {sampling or 'greedy'}, medians over the decode "
+        "steps (ms)"
     )
     print(f"{'batch':>6}{'outputs':>12}{'step':>9}" + "".join(f"{p:>10}" for p in PHASES))
     for batch in batches:
         for name in names:
             medians = phase_medians(
-                engine, batch, args.prompt_len, args.max_tokens, _KIND_NAMES[name]
+                engine, batch, args.prompt_len, args.max_tokens, _KIND_NAMES[name], sampling
             )
             row = "".join(f"{medians[phase] * 1e3:>10.2f}" for phase in PHASES)
             print(f"{batch:>6}{name:>12}{medians['step'] * 1e3:>9.2f}{row}")

