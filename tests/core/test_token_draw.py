@@ -2,7 +2,7 @@
 256 ranked tokens, among 4,096, sorted whole, and drawn as a mixture of the ranked tokens and the
 rest. Checked against filters computed here from their definitions, by a full sort in float64.
 ``WIDTHS = ()`` runs the GPU's way (plain rows race the whole vocabulary, filtered rows are sorted
-whole) on the CPU."""
+whole) on the CPU; on a GPU the same tests run there too."""
 
 from collections import Counter
 
@@ -65,18 +65,28 @@ def requests_for(params: SamplingParams, count: int) -> list[Request]:
     return [Request(str(i), [1], params) for i in range(count)]
 
 
-@pytest.fixture(params=["ranked", "whole"])
-def widths(request, monkeypatch):
-    """The CPU's rankings, or the GPU's way (``WIDTHS = ()``)."""
+ON_CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    ],
+)
+
+
+@pytest.fixture(params=["ranked", "whole", ON_CUDA])
+def device(request, monkeypatch) -> torch.device:
+    """Where the draw runs: the CPU with its rankings, the CPU the GPU's way (``WIDTHS = ()``),
+    or a GPU."""
     if request.param == "whole":
         monkeypatch.setattr(token_draw, "WIDTHS", ())
-    return request.param
+    return torch.device("cuda" if request.param == "cuda" else "cpu")
 
 
 @pytest.mark.parametrize("params", CASES.values(), ids=CASES.keys())
-def test_the_distribution_is_the_filters_by_their_definitions(params, widths):
+def test_the_distribution_is_the_filters_by_their_definitions(params, device):
     logits = torch.stack([wide_logits(seed) for seed in range(3)])
-    probs = target_probs(logits, requests_for(params, 3))
+    probs = target_probs(logits.to(device), requests_for(params, 3)).cpu()
     for row in range(3):
         expected = reference_probs(logits[row], params).float()
         assert torch.equal(probs[row] > 0, expected > 0)
@@ -84,12 +94,13 @@ def test_the_distribution_is_the_filters_by_their_definitions(params, widths):
 
 
 @pytest.mark.parametrize("params", CASES.values(), ids=CASES.keys())
-def test_draws_follow_the_filtered_distribution(params, widths):
+def test_draws_follow_the_filtered_distribution(params, device):
     num_draws = 3000
     logits = wide_logits()
     expected = reference_probs(logits, params)
     torch.manual_seed(0)
-    tokens = draw(logits.expand(num_draws, -1).contiguous(), requests_for(params, num_draws))
+    rows = logits.expand(num_draws, -1).contiguous().to(device)
+    tokens = draw(rows, requests_for(params, num_draws)).cpu()
     counts = Counter(tokens.tolist())
     assert all(expected[token] > 0 for token in counts)  # nothing a filter drops
     # Chi-square over the tokens expected at least 20 times each, and the rest as one bin.
@@ -113,8 +124,8 @@ def test_the_tail_of_an_unfiltered_row_is_drawn():
     assert abs(past_ranked - expected) < 0.05
 
 
-def test_a_seeded_row_draws_the_same_tokens_whatever_its_companions():
-    logits = torch.stack([wide_logits(seed) for seed in range(4)])
+def test_a_seeded_row_draws_the_same_tokens_whatever_its_companions(device):
+    logits = torch.stack([wide_logits(seed) for seed in range(4)]).to(device)
     companions = [
         SamplingParams(top_p=0.99),
         SamplingParams(temperature=0),
