@@ -99,23 +99,34 @@ STEP_MODES = {
 }
 
 
+SAMPLING = {"temperature": 0.7, "top_p": 0.9}
+"""What the sampled rows of the step table ask: a chat client's usual settings."""
+
+
 def step_phase_table(
-    model: str, device: str, batches: tuple[int, ...], steps: dict | None = None
+    model: str,
+    device: str,
+    batches: tuple[int, ...],
+    steps: dict | None = None,
+    modes: tuple[str, ...] = tuple(STEP_MODES),
+    sampling: dict | None = None,
 ) -> list[str]:
     """Decode steps of ``model`` (bf16, CUDA graphs on ``device``) split into host phases and the
-    wait for the device (`spyglass bench steps`): in turn, with async output, and with async
-    scheduling too. ``steps``, when given, gets each (mode, batch)'s step seconds."""
+    wait for the device (`spyglass bench steps`), in each of ``modes``: none, async output, and
+    async scheduling too; greedy unless ``sampling`` says otherwise. ``steps``, when given, gets
+    each (mode, batch)'s step seconds."""
     rows = [
         "| async | batch | step ms | schedule | prepare | launch | wait | update |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for mode, options in STEP_MODES.items():
+    for mode in modes:
+        options = STEP_MODES[mode]
         config = EngineConfig(
             model=model, dtype="bfloat16", device=device, max_num_seqs=256, **options
         )
         engine = LLMEngine(config)
         for batch in batches:
-            seconds = step_phases.phase_medians(engine, batch, 32, 64)
+            seconds = step_phases.phase_medians(engine, batch, 32, 64, sampling=sampling)
             if steps is not None:
                 steps[mode, batch] = seconds["step"]
             ms = {k: v * 1e3 for k, v in seconds.items()}
@@ -300,6 +311,12 @@ def main() -> int:
     report.section(
         "decode step phases, default shape",
         lambda: step_phase_table(models["default shape"], "cuda", batches),
+    )
+    report.section(
+        f"decode step phases, default shape, sampling {SAMPLING}",
+        lambda: step_phase_table(
+            models["default shape"], "cuda", (1, 64), modes=("scheduling",), sampling=SAMPLING
+        ),
     )
     report.section(
         "decode attention tilings (tile positions / warps / stages)",
