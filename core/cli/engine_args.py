@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import sys
 
 from spyglass.core.engine.config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig, parse_bytes
 from spyglass.core.models.model_config import POOLING_TYPES
@@ -126,6 +127,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "(turns async output on; not with --speculative; default: on with CUDA for one process "
         "without speculation)",
     )
+    group.add_argument(
+        "--stream-interval",
+        type=int,
+        default=defaults.stream_interval,
+        help="tokens per streamed output at most: a request's first token goes out at once, then "
+        "one output per this many tokens, and its last (fewer outputs to build, send and write; "
+        "vLLM's option)",
+    )
     group.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     group.add_argument(
         "--speculative", default=None, help="draft proposer plugin: ngram, draft or self"
@@ -188,7 +197,10 @@ def lora_module(value: str) -> tuple[str, str]:
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
-    """An `EngineConfig` from parsed engine options, with ``overrides`` applied last."""
+    """An `EngineConfig` from parsed engine options, with ``overrides`` applied last.
+
+    A value the config refuses (``--stream-interval 0``) ends the command as a usage error does:
+    its message on stderr and exit status 2, not a traceback."""
     options = dict(
         model=args.model,
         dtype=args.dtype,
@@ -216,6 +228,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         cuda_graphs=args.cuda_graphs,
         async_output=args.async_output,
         async_scheduling=args.async_scheduling,
+        stream_interval=args.stream_interval,
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
         tensor_parallel_size=args.tensor_parallel_size,
@@ -226,4 +239,8 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         lora_modules=dict(args.lora_modules),
     )
     options.update(overrides)
-    return EngineConfig(**options)
+    try:
+        return EngineConfig(**options)
+    except ValueError as error:
+        print(f"spyglass: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -142,6 +142,7 @@ class EngineConfig:
     generation_config: str = "auto"
     override_generation_config: dict = field(default_factory=dict)
     chat_template: str | None = None
+    stream_interval: int = 1
 
     @property
     def video_frames(self) -> int:
@@ -186,6 +187,8 @@ class EngineConfig:
                     f"and videos are the modalities served), got {self.limit_mm_per_prompt!r}"
                 )
         _check_media_io(self.media_io_kwargs)
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}")
         if self.image_cache_tokens < 0:
             raise ValueError(
                 f"image_cache_tokens must be at least 0, got {self.image_cache_tokens}"

@@ -166,7 +166,12 @@ class LLMEngine:
             whole_images=check_image_chunks(self.arch.vision, config.max_num_batched_tokens),
         )
         self.outputs = OutputProcessor(
-            self.scheduler, self.kv, self.hooks, self.tokenizer, self.max_model_len
+            self.scheduler,
+            self.kv,
+            self.hooks,
+            self.tokenizer,
+            self.max_model_len,
+            config.stream_interval,
         )
         self.drafts = (
             DraftCollection(

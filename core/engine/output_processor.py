@@ -4,7 +4,8 @@ the requests' outputs.
 A token is checked against the request's grammar, appended with its logprob and turned into
 text, and the request ends on EOS, a stop token, a stop string or its length. With async output
 the text of requests that have no stop strings (it cannot end them) is left for later, so that
-the next step can be launched first.
+the next step can be launched first. A streamed request's outputs are held while it has fewer
+than the engine's ``stream_interval`` tokens it has not sent (its first and last are never held).
 """
 
 import logging
@@ -31,7 +32,7 @@ DeferredText = list[tuple[IncrementalDetokenizer, int]]
 
 @dataclass(slots=True)
 class _Sent:
-    """How much of a delta request's text and tokens its outputs have carried."""
+    """How much of a streamed request's text (delta requests) and tokens its outputs have carried."""
 
     num_chars: int = 0
     num_tokens: int = 0
@@ -47,6 +48,7 @@ class OutputProcessor:
         hooks: SafeHookRelay,
         tokenizer: Tokenizer,
         max_model_len: int,
+        stream_interval: int = 1,
     ):
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -56,6 +58,7 @@ class OutputProcessor:
         self._hooks = hooks
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len
+        self._stream_interval = stream_interval
 
     def add(self, request: Request) -> None:
         """Track a new request; its text is decoded in the context of its prompt's last tokens."""
@@ -166,19 +169,26 @@ class OutputProcessor:
 
     def output(self, request: Request) -> RequestOutput | None:
         """The request's output now, as its `RequestOutputKind` asks: None for a final-only request
-        still running. Once it is finished its text is let go."""
+        still running, and for a streamed one that has sent its first token and has fewer than
+        ``stream_interval`` tokens unsent. Once it is finished its text is let go."""
         kind = request.sampling_params.output_kind
         finished = request.is_finished
         if kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
         req_id = request.req_id
-        detokenizer = self.detokenizers[req_id]
         token_ids, logprobs = request.output_token_ids, request.logprobs
+        sent = self._sent.get(req_id)
+        if sent is None:
+            sent = self._sent[req_id] = _Sent()
+        elif (
+            not finished
+            and sent.num_tokens
+            and len(token_ids) - sent.num_tokens < self._stream_interval
+        ):
+            return None
+        detokenizer = self.detokenizers[req_id]
         prompt_logprobs = request.prompt_logprobs
         if kind is RequestOutputKind.DELTA:
-            sent = self._sent.get(req_id)
-            if sent is None:
-                sent = self._sent[req_id] = _Sent()
             if sent.num_tokens:  # the first output carried them
                 prompt_logprobs = None
             text, sent.num_chars = detokenizer.visible_since(sent.num_chars, finished)
@@ -187,6 +197,7 @@ class OutputProcessor:
             logprobs = None if logprobs is None else logprobs[start:]
         else:
             text = detokenizer.visible_text(finished)
+            sent.num_tokens = len(token_ids)
             if not finished:  # a snapshot: the request's lists go on growing
                 token_ids = list(token_ids)
                 logprobs = None if logprobs is None else list(logprobs)

@@ -13,9 +13,13 @@ from spyglass.core.engine.sched.scheduler_policy import SchedulingPolicy
 log = logging.getLogger("spyglass.scheduler")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ScheduledRequest:
-    """A request and the number of tokens it computes this step (the last ``num_spec_tokens`` are drafts)."""
+    """A request and the number of tokens it computes this step (the last ``num_spec_tokens`` are drafts).
+
+    Not frozen, though nothing changes one: a frozen dataclass sets each field through
+    ``object.__setattr__``, three times the cost of a plain one, and the scheduler makes one per
+    running request per step."""
 
     request: Request
     num_new_tokens: int
@@ -147,7 +151,12 @@ class Scheduler:
             return
         order = self._checked_order(order)
         newcomers: list[Request] = []
-        adapters = {r.lora_name for r in self.running if r.lora_name is not None}
+        # Only a limit on adapters reads them (every step would otherwise walk the running list).
+        adapters = (
+            set()
+            if self.config.max_loras is None
+            else {r.lora_name for r in self.running if r.lora_name is not None}
+        )
         for request in order:
             budget = self.config.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
