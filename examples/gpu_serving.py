@@ -26,10 +26,13 @@ from spyglass.telemetry.settings import TelemetrySettings
 
 # Each row: the server's flags, and how many processes the bench's client sends from (one Python
 # client parsing 256 streams took 1.5 cores on the H200: the row with one shows what that costs).
+# The last streams every fourth token (`--stream-interval`): a quarter of the outputs to build,
+# send, parse and write.
 SERVE_MODES = {
     "engine thread": (["--no-engine-process"], 4),
     "engine process": (["--engine-process"], 4),
     "engine process, one client process": (["--engine-process"], 1),
+    "engine process, stream interval 4": (["--engine-process", "--stream-interval", "4"], 4),
 }
 
 

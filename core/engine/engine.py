@@ -415,9 +415,7 @@ class LLMEngine:
         if not self.async_scheduling or in_flight.launched.result is not None:
             return False
         return all(
-            s.request.constraint is None
-            and not s.request.sampling_params.reads_output_tokens
-            and s.request.logprobs is None
+            s.request.constraint is None and not s.request.needs_tokens_on_host
             for s, sampled in zip(in_flight.out.scheduled, in_flight.launched.sampled_rows)
             if sampled
         )

@@ -85,6 +85,7 @@ def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
         "engine thread",
         "engine process",
         "engine process, one client process",
+        "engine process, stream interval 4",
     ]
     assert all(len(c) == len(header.strip("|").split("|")) for c in cells)
     for c in cells:
@@ -102,7 +103,7 @@ def test_the_serving_rows_serve_w3_both_ways_and_compare_with_offline(
         assert low <= float(median[:-1]) <= high  # the median of two: between them
         assert c[3] == "0"  # none of the requests failed
     # CPU shares: the server's process, the engine's own where it has one, then the client's.
-    assert [len(c[-1].split(", ")) for c in cells] == [2, 3, 3]
+    assert [len(c[-1].split(", ")) for c in cells] == [2, 3, 3, 3]
     assert all(share.endswith("%") for c in cells for share in c[-1].split(", "))
 
 

@@ -2,6 +2,7 @@
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -52,7 +53,7 @@ class RunnerOutput:
     """Sampled tokens per scheduled request (same order; empty for a prefill chunk that ends mid-prompt)."""
 
     sampled_token_ids: tuple[list[int], ...]
-    logprobs: tuple[list[Logprob | None], ...]
+    logprobs: tuple[Sequence[Logprob | None], ...]
     model_time: float
     mask_time: float = 0.0
     """Of ``model_time``, the seconds spent filling structured-output bitmasks (0 without constraints)."""
@@ -67,6 +68,10 @@ class RunnerOutput:
     some of the positions it pools without finishing its prompt (empty when none)."""
     vision: VisionWork = VisionWork()
     """The images the step encoded (none for a model that reads no images)."""
+
+
+_NO_LOGPROB = (None,)
+"""The logprobs of a sampled token that nobody asked logprobs for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,11 +306,18 @@ class ModelRunner:
             return launched.result
         if launched.copied is not None:
             launched.copied.synchronize()
-        token_ids = iter(launched.token_ids.tolist())
+        token_ids = launched.token_ids.tolist()
         rows = launched.sampled_rows
+        if len(token_ids) == len(rows):  # every request sampled (decode): no row to skip
+            tokens = tuple([token_id] for token_id in token_ids)
+            logprobs = (_NO_LOGPROB,) * len(rows)
+        else:
+            ids = iter(token_ids)
+            tokens = tuple([next(ids)] if is_sampled else [] for is_sampled in rows)
+            logprobs = tuple(_NO_LOGPROB if is_sampled else () for is_sampled in rows)
         return RunnerOutput(
-            tuple([next(token_ids)] if is_sampled else [] for is_sampled in rows),
-            tuple([None] if is_sampled else [] for is_sampled in rows),
+            tokens,
+            logprobs,
             time.perf_counter() - launched.start,
             launched.mask_time,
             vision=launched.vision,
