@@ -410,8 +410,8 @@ class LLMEngine:
     def _schedules_ahead_of(self, in_flight: InFlightStep) -> bool:
         """Whether the next step may be planned before ``in_flight``'s tokens are on the host: with
         async scheduling, when every request it samples needs only its new token's id (on the
-        device) for the next step. Grammars, logprobs and what reads the output (penalties, bad
-        words, min_tokens) need the token on the host."""
+        device) for the next step. Grammars, logprobs and bad words need the token on the host;
+        penalties count it on the device, and min_tokens only counts it."""
         if not self.async_scheduling or in_flight.launched.result is not None:
             return False
         return all(

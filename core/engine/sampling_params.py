@@ -208,12 +208,6 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
-    def reads_output_tokens(self) -> bool:
-        """True when sampling reads the output so far (penalties, bad words, ``min_tokens``), so a
-        step cannot be sampled before the previous step's token is on the host."""
-        return self.has_penalties or bool(self.bad_words) or self.min_tokens > 0
-
-    @property
     def has_penalties(self) -> bool:
         """True when any presence, frequency or repetition penalty applies."""
         return (

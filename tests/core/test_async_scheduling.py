@@ -86,16 +86,46 @@ def test_the_same_outputs_as_stepping_in_turn(make_tiny_engine, run_engine, prom
     )
 
 
+def test_penalties_and_min_tokens_count_the_pending_token_on_the_device(
+    make_tiny_engine, run_engine, prompts, tiny_llama_checkpoint
+):
+    """A step sampled ahead counts the token its request sampled in the step still in flight. A
+    logit bias makes the model repeat a few tokens, so the penalties decide every token, and a
+    pending token left out (or counted twice) shows; EOS biased up ends a request the step after
+    ``min_tokens``, which counts the pending token too."""
+    favourites = {17: 6.0, 29: 5.5, 31: 5.0, 43: 4.5}
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logit_bias=favourites)
+    (eos,) = tiny_llama_checkpoint.tokenizer.eos_token_ids[:1]
+    penalised = [
+        dataclasses.replace(greedy, repetition_penalty=1.8),
+        dataclasses.replace(greedy, frequency_penalty=0.7),
+        dataclasses.replace(greedy, presence_penalty=1.2, repetition_penalty=0.9),
+        dataclasses.replace(greedy, temperature=0.7, seed=4, frequency_penalty=0.4),
+        SamplingParams(temperature=0, max_tokens=24, min_tokens=9, logit_bias={eos: 30.0}),
+    ]
+    mixed = [penalised[i % len(penalised)] for i in range(len(prompts))]
+    in_turn = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
+    engine, launches = _ahead_engine(make_tiny_engine)
+    ahead = run_engine(engine, prompts, mixed)
+    assert [completion_fields(o) for o in ahead] == [completion_fields(o) for o in in_turn]
+    assert launches.ahead > launches.total // 2
+    for output, params in zip(in_turn, mixed):
+        tokens = output.outputs[0].token_ids
+        if params.min_tokens:
+            assert len(tokens) == 10 and tokens[-1] == eos
+        elif params.temperature == 0:  # each step penalised the tokens before it
+            assert tokens[:4] == list(favourites)
+
+
 def test_requests_that_need_their_last_token_schedule_in_turn(
     make_tiny_engine, run_engine, prompts
 ):
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     needs_host = [
         dataclasses.replace(greedy, logprobs=2),
-        dataclasses.replace(greedy, presence_penalty=0.5, frequency_penalty=0.3),
-        dataclasses.replace(greedy, repetition_penalty=1.2),
+        dataclasses.replace(greedy, bad_words=["the", "and"]),
     ]
-    mixed = [needs_host[i % 3] if i % 2 else greedy for i in range(len(prompts))]
+    mixed = [needs_host[i % 2] if i % 2 else greedy for i in range(len(prompts))]
     in_turn = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
     engine, launches = _ahead_engine(make_tiny_engine)
     ahead = run_engine(engine, prompts, mixed)

@@ -7,7 +7,7 @@ import torch
 
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
+from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.sampler import adjust_logits, sample
 from spyglass.core.engine.runner.spec_verify import verify_drafts
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
@@ -19,9 +19,10 @@ def sample_on_host(
     sampled_rows: tuple[bool, ...],
     logits: torch.Tensor,
     penalties: PenaltyCounts,
+    pending: PendingTokens | None = None,
 ) -> tuple[tuple[list[int], ...], tuple[list[Logprob | None], ...], float]:
     """Per scheduled request: sampled tokens (drafts verified first) and their logprobs; mask
-    seconds. Penalties come from the engine's ``penalties``."""
+    seconds. Penalties come from the engine's ``penalties``, counting the ``pending`` tokens."""
     plain_rows, plain_requests, spans = [], [], []
     row = 0
     for scheduled, is_sampled in zip(out.scheduled, sampled_rows):
@@ -34,7 +35,9 @@ def sample_on_host(
     # Every row plain (no drafts) is the common case: sample the logits as they are, without a copy.
     plain_logits = logits if len(plain_rows) == logits.shape[0] else logits[plain_rows]
     plain_tokens, plain_logprobs, mask_time = (
-        _sample_plain(plain_logits, plain_requests, penalties) if plain_requests else ([], [], 0.0)
+        _sample_plain(plain_logits, plain_requests, penalties, pending)
+        if plain_requests
+        else ([], [], 0.0)
     )
     plain = {r: (t, lp) for r, t, lp in zip(plain_rows, plain_tokens, plain_logprobs)}
     tokens, logprobs = [], []
@@ -82,10 +85,15 @@ def adjust_plain(logits: torch.Tensor, requests: list[Request]) -> tuple[torch.T
     return adjust_logits(logits, requests, bitmask, constrained), mask_time
 
 
-def _sample_plain(logits: torch.Tensor, requests: list[Request], penalties: PenaltyCounts):
+def _sample_plain(
+    logits: torch.Tensor,
+    requests: list[Request],
+    penalties: PenaltyCounts,
+    pending: PendingTokens | None,
+):
     """`sample` after `_adjust_plain`; mask seconds."""
     adjusted, mask_time = adjust_plain(logits, requests)
-    return (*sample(adjusted, requests, penalties, raw=logits), mask_time)
+    return (*sample(adjusted, requests, penalties, raw=logits, pending=pending), mask_time)
 
 
 def _draft_bitmask(constraint: TokenConstraint, drafts: list[int], vocab_size: int) -> torch.Tensor:

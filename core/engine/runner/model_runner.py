@@ -18,12 +18,12 @@ from spyglass.core.engine.runner.host_sampling import adjust_plain, sample_on_ho
 from spyglass.core.engine.runner.image_cache import EncodedImageCache
 from spyglass.core.engine.runner.image_rows import step_image_rows
 from spyglass.core.engine.runner.lora_rows import lora_groups
-from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
+from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.pooling import Pooled, PoolPart, PoolSlice, pool, pool_slices
 from spyglass.core.engine.runner.prompt_logprobs import score_prompts
 from spyglass.core.engine.runner.sampler import sample_tokens
 from spyglass.core.engine.runner.step_inputs import StepInputs, build_step_inputs
-from spyglass.core.engine.sched.scheduler import SchedulerOutput
+from spyglass.core.engine.sched.scheduler import ScheduledRequest, SchedulerOutput
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.image_rows import ImageRows
 from spyglass.core.models.lora import LoRABatch, attach_lora
@@ -263,6 +263,7 @@ class ModelRunner:
             )
             return LaunchedStep(start, rows, result=result)
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
+        pending = _pending_penalised(sampled, after)
         if (
             slices
             or inputs.prompt_rows
@@ -270,7 +271,7 @@ class ModelRunner:
         ):
             num_sampled = logits.shape[0] - sum(inputs.prompt_rows)
             tokens, logprobs, mask_time = sample_on_host(
-                out, inputs.sampled_rows, logits[:num_sampled], self.penalties
+                out, inputs.sampled_rows, logits[:num_sampled], self.penalties, pending
             )
             scored = score_prompts(out, inputs.prompt_rows, logits[num_sampled:])
             seconds = time.perf_counter() - start
@@ -281,7 +282,9 @@ class ModelRunner:
         requests = [s.request for s in sampled]
         adjusted, mask_time = adjust_plain(logits, requests)
         token_ids = (
-            sample_tokens(adjusted, requests, self.penalties) if requests else logits.new_empty(0)
+            sample_tokens(adjusted, requests, self.penalties, pending)
+            if requests
+            else logits.new_empty(0)
         )
         host, copied = token_ids, None
         if token_ids.device.type != "cpu":
@@ -395,3 +398,16 @@ class ModelRunner:
 
     def close(self) -> None:
         """Release what outlives the engine's objects (a tensor-parallel runner stops its workers)."""
+
+
+def _pending_penalised(
+    sampled: list[ScheduledRequest], after: LaunchedStep | None
+) -> PendingTokens | None:
+    """The tokens ``after`` (the step in flight) sampled, for penalties to count, when a request
+    with penalties has one pending; else None."""
+    if after is None or not any(
+        s.request.num_pending_tokens and s.request.sampling_params.has_penalties for s in sampled
+    ):
+        return None
+    index = {req_id: at for at, req_id in enumerate(after.sampled_req_ids)}
+    return PendingTokens(after.device_token_ids, index)

@@ -8,6 +8,9 @@ and presence) in numpy arrays that a step extends by the tokens gained since the
 then penalises all its requests at once: one gather and one scatter of the logits over their
 distinct tokens, whatever the batch, and never a pass over the whole vocabulary (on a CPU a pass
 over 16 rows of 49,152 logits costs about 0.4 ms).
+
+With async scheduling a step is sampled before the previous step's token is on the host: that
+token (`PendingTokens`) is counted on the device, from its id there, after the histories' pass.
 """
 
 from dataclasses import dataclass, field
@@ -16,6 +19,7 @@ import numpy as np
 import torch
 
 from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.row_tensors import per_row
 
 _SORTED_FILL = 64
 """A first fill of more tokens than this (a prompt) is counted by a sort."""
@@ -52,6 +56,16 @@ class TokenHistory:
             self.size += 1
 
 
+@dataclass(frozen=True, slots=True)
+class PendingTokens:
+    """The tokens that requests sampled in the step still in flight, whose ids only the device
+    knows: ``ids`` (on the device) are that step's sampled ids, ``index`` the position in them of
+    each of its requests' token, by request id."""
+
+    ids: torch.Tensor
+    index: dict[str, int]
+
+
 @dataclass(slots=True)
 class _Histories:
     """A request's histories, and how many of its output tokens they hold."""
@@ -75,10 +89,13 @@ class PenaltyCounts:
         """Requests whose histories are kept (finished ones until the next step with penalties)."""
         return len(self._histories)
 
-    def apply(self, logits: torch.Tensor, requests: list[Request]) -> None:
+    def apply(
+        self, logits: torch.Tensor, requests: list[Request], pending: PendingTokens | None = None
+    ) -> None:
         """Penalise row ``i`` of ``logits`` as ``requests[i]`` asks, in place: repetition (a seen
         token's logit divided by the penalty when positive, multiplied when not), then frequency
-        and presence (the output's count of a token times the one, and the other once it occurs)."""
+        and presence (the output's count of a token times the one, and the other once it occurs).
+        The output counts the ``pending`` tokens too."""
         rows = [row for row, r in enumerate(requests) if r.sampling_params.has_penalties]
         if not rows:
             return
@@ -93,15 +110,27 @@ class PenaltyCounts:
                 counted.append(
                     (row, histories.output, params.frequency_penalty, params.presence_penalty)
                 )
+        tokens = at_pending = None
+        if pending is not None:
+            at_pending = [pending.index.get(r.req_id, -1) for r in requests]
+            if any(at_pending[row] >= 0 for row in rows):
+                tokens = _pending_of_rows(pending.ids, at_pending, logits.device)
+        seen = output = None
         if repeated:
             at, values, penalty, _ = _scattered(repeated, logits)
             logits[at] = torch.where(values > 0, values / penalty, values * penalty)
+            if tokens is not None:
+                seen = _rows_holding(tokens, at)
         if counted:
             at, values, frequency, presence = _scattered(counted, logits)
             counts = torch.from_numpy(
                 np.concatenate([history.counts[: history.size] for _, history, _, _ in counted])
             ).to(logits.device, logits.dtype)
             logits[at] = values - frequency * counts - presence
+            if tokens is not None:
+                output = _rows_holding(tokens, at)
+        if tokens is not None:
+            _count_pending(logits, requests, rows, at_pending, tokens, seen, output)
 
     def _histories_of(self, request: Request) -> _Histories:
         """The request's histories, with the output tokens it gained since the last step."""
@@ -143,3 +172,46 @@ def _scattered(
         torch.from_numpy(a).to(device, logits.dtype),
         torch.from_numpy(b).to(device, logits.dtype),
     )
+
+
+def _pending_of_rows(ids: torch.Tensor, at: list[int], device: torch.device) -> torch.Tensor:
+    """Each row's pending token id (``ids[at[row]]``) on the device, -1 for a row with none."""
+    where = per_row(at, torch.long, device)
+    return torch.where(where >= 0, ids[where.clamp(min=0)], -1)
+
+
+def _rows_holding(tokens: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Whether each row's pending token is among the history tokens at ``at`` (rows, token ids)."""
+    rows, ids = at
+    hits = (ids == tokens[rows]).to(torch.int32)
+    counts = torch.zeros(len(tokens), dtype=torch.int32, device=tokens.device)
+    return counts.index_add_(0, rows, hits) > 0
+
+
+def _count_pending(
+    logits: torch.Tensor,
+    requests: list[Request],
+    rows: list[int],
+    at_pending: list[int],
+    tokens: torch.Tensor,
+    seen: torch.Tensor | None,
+    output: torch.Tensor | None,
+) -> None:
+    """What each row's pending token adds to the histories' penalties, applied to its logit after
+    them (the order stays repetition, then frequency and presence): a token new to the seen
+    history is repeated now; in the output it occurs once more, for the first time if new there."""
+    rows = [row for row in rows if at_pending[row] >= 0]
+    params = [requests[row].sampling_params for row in rows]
+    device = logits.device
+    where = per_row(rows, torch.long, device)
+    token = tokens[where]
+    values = logits[where, token]
+    penalty = per_row([p.repetition_penalty for p in params], logits.dtype, device)
+    frequency = per_row([p.frequency_penalty for p in params], logits.dtype, device)
+    presence = per_row([p.presence_penalty for p in params], logits.dtype, device)
+    if seen is not None:
+        repeated = torch.where(values > 0, values / penalty, values * penalty)
+        values = torch.where(seen[where], values, repeated)
+    if output is not None:
+        presence = torch.where(output[where], 0.0, presence)
+    logits[where, token] = values - frequency - presence

@@ -7,7 +7,7 @@ import torch
 
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
+from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.row_tensors import argmax_rows, per_row
 from spyglass.core.engine.runner.token_bans import banned_tokens
 from spyglass.core.engine.runner.token_draw import draw
@@ -67,14 +67,17 @@ def adjust_logits(
 
 
 def sample_tokens(
-    logits: torch.Tensor, requests: list[Request], penalties: PenaltyCounts
+    logits: torch.Tensor,
+    requests: list[Request],
+    penalties: PenaltyCounts,
+    pending: PendingTokens | None = None,
 ) -> torch.Tensor:
     """One token id per row of float32 ``logits`` (row i belongs to ``requests[i]``), left on the
-    logits' device: penalties (from the engine's ``penalties``), then greedy rows' argmax and the
-    others' draws."""
+    logits' device: penalties (from the engine's ``penalties``, the ``pending`` tokens of the step
+    in flight counted), then greedy rows' argmax and the others' draws."""
     if any(r.sampling_params.has_penalties for r in requests):
         logits = logits.clone()
-        penalties.apply(logits, requests)
+        penalties.apply(logits, requests, pending)
     greedy = [r.sampling_params.greedy for r in requests]
     if all(greedy):
         return argmax_rows(logits)
@@ -92,13 +95,14 @@ def sample(
     requests: list[Request],
     penalties: PenaltyCounts,
     raw: torch.Tensor | None = None,
+    pending: PendingTokens | None = None,
 ) -> tuple[list[int], list[Logprob | None]]:
     """`sample_tokens` as a list, and logprobs where asked.
 
     ``logits`` may be `adjust_logits`'s result; logprobs are those of the model's raw distribution
     (``raw``, else ``logits``), as vLLM reports them.
     """
-    token_ids = sample_tokens(logits, requests, penalties).tolist()
+    token_ids = sample_tokens(logits, requests, penalties, pending).tolist()
     return token_ids, _logprobs(logits if raw is None else raw, token_ids, requests)
 
 

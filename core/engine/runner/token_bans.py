@@ -7,13 +7,15 @@ from spyglass.core.engine.request import Request
 
 
 def banned_tokens(request: Request, drafted: Sequence[int] = ()) -> list[int]:
-    """Token ids to mask for ``request``'s next token, after its output and then ``drafted`` (the
-    drafts before a verification row)."""
+    """Token ids to mask for ``request``'s next token, after its output (a pending token counted:
+    async scheduling samples before it is on the host) and then ``drafted`` (the drafts before a
+    verification row)."""
     params = request.sampling_params
     if not (params.min_tokens or request.bad_word_ids):
         return []
     banned: list[int] = []
-    if request.num_output_tokens + len(drafted) < params.min_tokens:
+    num_before = request.num_output_tokens + request.num_pending_tokens + len(drafted)
+    if num_before < params.min_tokens:
         banned += request.eos_token_ids
         banned += params.stop_token_ids
     for word in request.bad_word_ids:
