@@ -3,10 +3,11 @@ output at every step, and its histories let go when requests finish."""
 
 import random
 
+import pytest
 import torch
 
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus
-from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
+from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.sampling_params import SamplingParams
 
 VOCAB = 50
@@ -28,7 +29,32 @@ def penalised_from_scratch(logits: torch.Tensor, requests: list[Request]) -> tor
     return logits
 
 
-def test_counts_kept_across_steps_penalise_as_the_whole_history_does():
+def _with_pending(
+    batch: list[Request], rng: random.Random, device: str
+) -> tuple[PendingTokens, dict[str, int]]:
+    """A step in flight that sampled a token for some of ``batch`` (async scheduling): its ids,
+    as the device holds them, with other requests' ids between; each pending token by request."""
+    tokens = {r.req_id: rng.randrange(VOCAB) for r in batch if rng.random() < 0.6}
+    ids, index = [], {}
+    for req_id, token_id in tokens.items():
+        ids.append(rng.randrange(VOCAB))  # another request's sampled id
+        index[req_id] = len(ids)
+        ids.append(token_id)
+    return PendingTokens(torch.tensor(ids, dtype=torch.long, device=device), index), tokens
+
+
+ON_CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    ],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
+@pytest.mark.parametrize("pending", [False, True], ids=["committed", "pending tokens"])
+def test_counts_kept_across_steps_penalise_as_the_whole_history_does(pending, device):
     rng = random.Random(0)
     generator = torch.Generator().manual_seed(0)
     counts = PenaltyCounts()
@@ -48,11 +74,19 @@ def test_counts_kept_across_steps_penalise_as_the_whole_history_does():
             live.append(request)
         batch = rng.sample(live, rng.randint(1, len(live)))  # not every request every step
         logits = torch.randn(len(batch), VOCAB, generator=generator)
+        in_flight, tokens = _with_pending(batch, rng, device) if pending else (None, {})
+        pending_ones = [r for r in batch if r.req_id in tokens]
+        for request in pending_ones:  # the definition reads the pending token as output
+            request.output_token_ids.append(tokens[request.req_id])
         expected = penalised_from_scratch(logits, batch)
-        penalised = logits.clone()
-        counts.apply(penalised, batch)
+        for request in pending_ones:  # not on the host yet
+            request.output_token_ids.pop()
+        penalised = logits.to(device)
+        counts.apply(penalised, batch, in_flight)
+        for request in pending_ones:  # committed after the step
+            request.output_token_ids.append(tokens[request.req_id])
         # Requests without any penalty are left as they were (the from-scratch build agrees).
-        torch.testing.assert_close(penalised, expected)
+        torch.testing.assert_close(penalised.cpu(), expected)
         # Finished requests' histories were let go: only live requests' are kept.
         assert counts.num_requests <= len(live)
         for request in batch:
