@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.row_tensors import per_row
+from spyglass.core.engine.runner.row_tensors import on_device, per_row
 
 _SORTED_FILL = 64
 """A first fill of more tokens than this (a prompt) is counted by a sort."""
@@ -123,9 +123,12 @@ class PenaltyCounts:
                 seen = _rows_holding(tokens, at)
         if counted:
             at, values, frequency, presence = _scattered(counted, logits)
-            counts = torch.from_numpy(
-                np.concatenate([history.counts[: history.size] for _, history, _, _ in counted])
-            ).to(logits.device, logits.dtype)
+            counts = on_device(
+                torch.from_numpy(
+                    np.concatenate([history.counts[: history.size] for _, history, _, _ in counted])
+                ),
+                logits.device,
+            ).to(logits.dtype)
             logits[at] = values - frequency * counts - presence
             if tokens is not None:
                 output = _rows_holding(tokens, at)
@@ -165,12 +168,12 @@ def _scattered(
     a = np.repeat(np.array([a for _, _, a, _ in parts], np.float32), sizes)
     b = np.repeat(np.array([b for _, _, _, b in parts], np.float32), sizes)
     device = logits.device
-    at = (torch.from_numpy(rows).to(device), torch.from_numpy(ids).to(device))
+    at = (on_device(torch.from_numpy(rows), device), on_device(torch.from_numpy(ids), device))
     return (
         at,
         logits[at],
-        torch.from_numpy(a).to(device, logits.dtype),
-        torch.from_numpy(b).to(device, logits.dtype),
+        on_device(torch.from_numpy(a), device).to(logits.dtype),
+        on_device(torch.from_numpy(b), device).to(logits.dtype),
     )
 
 

@@ -13,9 +13,13 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def per_row(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A tensor of per-row settings on ``device``, copied without waiting for the GPU's queue (a
+    """A tensor of per-row settings on ``device`` (`on_device`)."""
+    return on_device(torch.tensor(values, dtype=dtype), device)
+
+
+def on_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` (a CPU tensor) on ``device``, copied without waiting for the GPU's queue (a
     pageable copy would wait for the step's forward, and the host could not run ahead of it)."""
-    host = torch.tensor(values, dtype=dtype)
     if device.type == "cpu":
         return host
     return host.pin_memory().to(device, non_blocking=True)

@@ -43,26 +43,28 @@ def adjust_logits(
         return logits
     logits = logits.clone()
     device = logits.device
+    # Ids and values reach a GPU through pinned memory, and nothing is read back: the host can
+    # prepare the next step while this one runs.
     for row, ids in allowed:
-        keep = torch.tensor(ids, dtype=torch.long, device=device)
+        keep = per_row(list(ids), torch.long, device)
         values = logits[row, keep]
         logits[row] = float("-inf")
         logits[row, keep] = values
     for row, bias in biased:
-        ids = torch.tensor(list(bias), dtype=torch.long, device=device)
-        logits[row, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=device)
+        ids = per_row(list(bias), torch.long, device)
+        logits[row, ids] += per_row(list(bias.values()), logits.dtype, device)
     if bitmask is not None:
-        rows = torch.tensor(list(masked_rows), dtype=torch.long, device=device)
+        rows = per_row(list(masked_rows), torch.long, device)
         allowed_by_grammar = allowed_tokens(bitmask, logits.shape[-1]).to(device)
         logits[rows] = logits[rows].masked_fill(~allowed_by_grammar, float("-inf"))
     for row, ids in banned:
-        ids = torch.tensor(ids, dtype=torch.long, device=device)
+        ids = per_row(ids, torch.long, device)
         kept = logits[row, ids]
         logits[row, ids] = float("-inf")
         # A ban never leaves nothing to sample: where a grammar or allowed_token_ids leave only
         # banned tokens (a regex that must end now, under min_tokens), they stay allowed.
-        if not torch.isfinite(logits[row]).any():
-            logits[row, ids] = kept
+        nothing_left = ~torch.isfinite(logits[row]).any()
+        logits[row, ids] = torch.where(nothing_left, kept, logits[row, ids])
     return logits
 
 
