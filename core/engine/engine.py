@@ -410,8 +410,8 @@ class LLMEngine:
     def _schedules_ahead_of(self, in_flight: InFlightStep) -> bool:
         """Whether the next step may be planned before ``in_flight``'s tokens are on the host: with
         async scheduling, when every request it samples needs only its new token's id (on the
-        device) for the next step. Grammars, logprobs and bad words need the token on the host;
-        penalties count it on the device, and min_tokens only counts it."""
+        device) for the next step. Grammars and bad words need the token on the host; penalties
+        count it on the device, min_tokens only counts it, and logprobs follow it to the host."""
         if not self.async_scheduling or in_flight.launched.result is not None:
             return False
         return all(

@@ -86,13 +86,13 @@ def test_the_same_outputs_as_stepping_in_turn(make_tiny_engine, run_engine, prom
     )
 
 
-def test_penalties_and_min_tokens_count_the_pending_token_on_the_device(
+def test_penalties_min_tokens_and_logprobs_schedule_ahead(
     make_tiny_engine, run_engine, prompts, tiny_llama_checkpoint
 ):
     """A step sampled ahead counts the token its request sampled in the step still in flight. A
     logit bias makes the model repeat a few tokens, so the penalties decide every token, and a
     pending token left out (or counted twice) shows; EOS biased up ends a request the step after
-    ``min_tokens``, which counts the pending token too."""
+    ``min_tokens``, which counts the pending token too. Logprobs reach the host with the tokens."""
     favourites = {17: 6.0, 29: 5.5, 31: 5.0, 43: 4.5}
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logit_bias=favourites)
     (eos,) = tiny_llama_checkpoint.tokenizer.eos_token_ids[:1]
@@ -100,7 +100,8 @@ def test_penalties_and_min_tokens_count_the_pending_token_on_the_device(
         dataclasses.replace(greedy, repetition_penalty=1.8),
         dataclasses.replace(greedy, frequency_penalty=0.7),
         dataclasses.replace(greedy, presence_penalty=2.0, repetition_penalty=0.9),
-        dataclasses.replace(greedy, temperature=0.7, seed=4, frequency_penalty=0.4),
+        dataclasses.replace(greedy, temperature=0.7, seed=4, frequency_penalty=0.4, logprobs=3),
+        dataclasses.replace(greedy, logprobs=0, logit_bias=None),
         SamplingParams(temperature=0, max_tokens=24, min_tokens=9, logit_bias={eos: 30.0}),
     ]
     mixed = [penalised[i % len(penalised)] for i in range(len(prompts))]
@@ -113,19 +114,20 @@ def test_penalties_and_min_tokens_count_the_pending_token_on_the_device(
         tokens = output.outputs[0].token_ids
         if params.min_tokens:
             assert len(tokens) == 10 and tokens[-1] == eos
-        elif params.temperature == 0:  # the second token, sampled ahead, saw the first's penalty
-            assert tokens[:2] == [17, 29]
+        elif params.has_penalties and params.temperature == 0:
+            assert tokens[:2] == [17, 29]  # the second, sampled ahead, saw the first's penalty
+        if params.logprobs is not None:
+            logprobs = output.outputs[0].logprobs
+            assert len(logprobs) == len(tokens)
+            assert all(len(lp.top) == params.logprobs for lp in logprobs)
 
 
 def test_requests_that_need_their_last_token_schedule_in_turn(
     make_tiny_engine, run_engine, prompts
 ):
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    needs_host = [
-        dataclasses.replace(greedy, logprobs=2),
-        dataclasses.replace(greedy, bad_words=["the", "and"]),
-    ]
-    mixed = [needs_host[i % 2] if i % 2 else greedy for i in range(len(prompts))]
+    needs_host = dataclasses.replace(greedy, bad_words=["the", "and"])
+    mixed = [needs_host if i % 2 else greedy for i in range(len(prompts))]
     in_turn = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
     engine, launches = _ahead_engine(make_tiny_engine)
     ahead = run_engine(engine, prompts, mixed)
@@ -140,7 +142,7 @@ def test_preemption_while_a_step_is_in_flight(make_tiny_engine, run_engine, prom
     """A pool too small for the batch: requests are preempted while their previous step runs, and
     come back with the token that step sampled."""
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    with_logprobs = dataclasses.replace(params, logprobs=2)  # for near-ties; they schedule in turn
+    with_logprobs = dataclasses.replace(params, logprobs=2)  # for near-ties (same_greedy)
     reference = run_engine(make_tiny_engine(async_output=False), prompts, with_logprobs)
     engine, launches = _ahead_engine(make_tiny_engine, num_kv_blocks=24, max_num_seqs=16)
     preemptions = InFlightPreemptions()

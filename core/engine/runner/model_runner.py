@@ -17,6 +17,7 @@ from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.host_sampling import adjust_plain, sample_on_host
 from spyglass.core.engine.runner.image_cache import EncodedImageCache
 from spyglass.core.engine.runner.image_rows import step_image_rows
+from spyglass.core.engine.runner.logprob_rows import LogprobRows, logprob_list, logprob_rows
 from spyglass.core.engine.runner.lora_rows import lora_groups
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.pooling import Pooled, PoolPart, PoolSlice, pool, pool_slices
@@ -92,6 +93,9 @@ class LaunchedStep:
     vision: VisionWork = VisionWork()
     result: RunnerOutput | None = None
     """The whole output, when sampling needed the host and the step is therefore already done."""
+    logprobs: LogprobRows | None = None
+    """The sampled tokens' logprobs, for the requests that ask (on the host, still being copied on
+    a GPU)."""
 
 
 class ModelRunner:
@@ -244,10 +248,11 @@ class ModelRunner:
     ) -> LaunchedStep:
         """Queue a non-empty step's forward and sampling on the device; `collect` waits for it.
 
-        A step of one token per sampled request, none asking for logprobs, samples on the device and
-        starts copying the token ids to the host: on a GPU the host returns before the step has run.
-        Drafts, logprobs and pooling need the host; such a step is finished here. ``after`` is
-        the step still in flight whose sampled ids this one's pending tokens are (async scheduling).
+        A step of one token per sampled request samples on the device and starts copying the token
+        ids (and the logprobs asked for) to the host: on a GPU the host returns before the step has
+        run. Drafts, prompt logprobs and pooling need the host; such a step is finished here.
+        ``after`` is the step still in flight whose sampled ids this one's pending tokens are
+        (async scheduling).
         """
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables, after)
@@ -264,11 +269,7 @@ class ModelRunner:
             return LaunchedStep(start, rows, result=result)
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         pending = _pending_penalised(sampled, after)
-        if (
-            slices
-            or inputs.prompt_rows
-            or any(s.num_spec_tokens or s.request.logprobs is not None for s in sampled)
-        ):
+        if slices or inputs.prompt_rows or any(s.num_spec_tokens for s in sampled):
             num_sampled = logits.shape[0] - sum(inputs.prompt_rows)
             tokens, logprobs, mask_time = sample_on_host(
                 out, inputs.sampled_rows, logits[:num_sampled], self.penalties, pending
@@ -286,10 +287,12 @@ class ModelRunner:
             if requests
             else logits.new_empty(0)
         )
+        logprobs = logprob_rows(logits, token_ids, requests) if requests else None
         host, copied = token_ids, None
         if token_ids.device.type != "cpu":
             host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
             host.copy_(token_ids, non_blocking=True)
+            logprobs = None if logprobs is None else logprobs.to_host()
             copied = torch.cuda.Event()
             copied.record()
         return LaunchedStep(
@@ -301,6 +304,7 @@ class ModelRunner:
             copied=copied,
             mask_time=mask_time,
             vision=self._vision,
+            logprobs=logprobs,
         )
 
     def collect(self, launched: LaunchedStep) -> RunnerOutput:
@@ -311,7 +315,12 @@ class ModelRunner:
             launched.copied.synchronize()
         token_ids = launched.token_ids.tolist()
         rows = launched.sampled_rows
-        if len(token_ids) == len(rows):  # every request sampled (decode): no row to skip
+        if launched.logprobs is not None:
+            wanted = iter(logprob_list(launched.logprobs, token_ids, len(token_ids)))
+            ids = iter(token_ids)
+            tokens = tuple([next(ids)] if is_sampled else [] for is_sampled in rows)
+            logprobs = tuple([next(wanted)] if is_sampled else [] for is_sampled in rows)
+        elif len(token_ids) == len(rows):  # every request sampled (decode): no row to skip
             tokens = tuple([token_id] for token_id in token_ids)
             logprobs = (_NO_LOGPROB,) * len(rows)
         else:

@@ -7,6 +7,7 @@ import torch
 
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.logprob_rows import logprob_list, logprob_rows
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.row_tensors import argmax_rows, per_row
 from spyglass.core.engine.runner.token_bans import banned_tokens
@@ -99,29 +100,12 @@ def sample(
     raw: torch.Tensor | None = None,
     pending: PendingTokens | None = None,
 ) -> tuple[list[int], list[Logprob | None]]:
-    """`sample_tokens` as a list, and logprobs where asked.
+    """`sample_tokens` as a list, and logprobs where asked (`logprob_rows`).
 
     ``logits`` may be `adjust_logits`'s result; logprobs are those of the model's raw distribution
     (``raw``, else ``logits``), as vLLM reports them.
     """
-    token_ids = sample_tokens(logits, requests, penalties, pending).tolist()
-    return token_ids, _logprobs(logits if raw is None else raw, token_ids, requests)
-
-
-def _logprobs(
-    raw: torch.Tensor, token_ids: list[int], requests: list[Request]
-) -> list[Logprob | None]:
-    wanted = [r.sampling_params.logprobs for r in requests]
-    if all(n is None for n in wanted):
-        return [None] * len(requests)
-    logprobs = raw.log_softmax(dim=-1)
-    top_n = max(n or 0 for n in wanted)
-    top_values, top_ids = logprobs.topk(max(top_n, 1), dim=-1)
-    results: list[Logprob | None] = []
-    for row, (token_id, n) in enumerate(zip(token_ids, wanted)):
-        if n is None:
-            results.append(None)
-            continue
-        top = dict(zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist()))
-        results.append(Logprob(token_id, float(logprobs[row, token_id]), top))
-    return results
+    token_ids = sample_tokens(logits, requests, penalties, pending)
+    rows = logprob_rows(logits if raw is None else raw, token_ids, requests)
+    token_list = token_ids.tolist()
+    return token_list, logprob_list(rows, token_list, len(requests))
