@@ -102,6 +102,10 @@ STEP_MODES = {
 SAMPLING = {"temperature": 0.7, "top_p": 0.9}
 """What the sampled rows of the step table ask: a chat client's usual settings."""
 
+PENALISED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+"""Qwen2.5's generation_config.json: a repetition penalty on every request (before the
+thirty-first session it turned async scheduling off)."""
+
 
 def step_phase_table(
     model: str,
@@ -316,6 +320,12 @@ def main() -> int:
         f"decode step phases, default shape, sampling {SAMPLING}",
         lambda: step_phase_table(
             models["default shape"], "cuda", (1, 64), modes=("scheduling",), sampling=SAMPLING
+        ),
+    )
+    report.section(
+        f"decode step phases, default shape, sampling {PENALISED}",
+        lambda: step_phase_table(
+            models["default shape"], "cuda", (1, 64), modes=("scheduling",), sampling=PENALISED
         ),
     )
     report.section(
