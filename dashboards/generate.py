@@ -202,6 +202,17 @@ def sections() -> list[tuple[str, list[dict]]]:
             "s",
             quantile_targets(m.ENGINE_STEP_DURATION, quantiles=(0.5, 0.99)),
         ),
+        panel(
+            "Steps scheduled ahead of the device",
+            "percentunit",
+            [
+                target(
+                    f"{rate(m.STEPS_SCHEDULED_AHEAD)} / {rate(m.ENGINE_STEP_DURATION, '_count')}",
+                    "of steps",
+                )
+            ],
+            m.STEPS_SCHEDULED_AHEAD._documentation,
+        ),
         latency_panel("Structured outputs: grammar compile time", m.STRUCTURED_OUTPUT_COMPILE_TIME),
         latency_panel("Structured outputs: mask time per step", m.STRUCTURED_OUTPUT_MASK_TIME),
         latency_panel("Vision: encoder time per step", m.VISION_ENCODER_TIME),

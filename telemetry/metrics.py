@@ -283,6 +283,14 @@ IMAGE_CACHE_HITS = Counter(
     "request.",
     M,
 )
+STEPS_SCHEDULED_AHEAD = Counter(
+    "spyglass:engine_steps_scheduled_ahead",
+    "Engine steps scheduled and launched while the step before was still on the device (async "
+    "scheduling): against spyglass:engine_step_duration_seconds_count, the share of steps whose "
+    "host work hid behind the device's. A step with a request that needs its last token on the "
+    "host (a grammar, bad words) waits for the one before.",
+    M,
+)
 IMAGE_CHUNK_WAITS = Counter(
     "spyglass:image_chunk_waits",
     "Prompt chunks of a model whose image tokens attend to their whole image (Gemma 3) stopped "

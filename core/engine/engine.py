@@ -70,6 +70,8 @@ class InFlightStep:
     launched: LaunchedStep
     start: float
     scheduled_time: float
+    ahead: bool = False
+    """Launched while the step before was on the device (async scheduling)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +205,7 @@ class LLMEngine:
             quantization=quantization,
             async_output=self.async_output,
             async_scheduling=self.async_scheduling,
+            stream_interval=config.stream_interval,
             tasks=model_tasks(self.arch),
             pooling_type=self.pooling_type,
             tokenizer=self.tokenizer,
@@ -449,7 +452,7 @@ class LLMEngine:
         self._announce_start(out)
         if failure is not None:
             return outputs + self._isolate_failure(out, failure)
-        self._in_flight = InFlightStep(out, launched, start, scheduled_time)
+        self._in_flight = InFlightStep(out, launched, start, scheduled_time, ahead=True)
         return outputs
 
     def _launch(self, out: SchedulerOutput) -> LaunchedStep:
@@ -530,11 +533,9 @@ class LLMEngine:
         end = time.perf_counter()
         step = committed.step
         stats = self._stats(
-            step.out,
+            step,
             committed.runner_out,
             committed.num_generated,
-            step.start,
-            step.scheduled_time,
             committed.commit_time + end - emit_start,
             end,
         )
@@ -568,14 +569,13 @@ class LLMEngine:
 
     def _stats(
         self,
-        out: SchedulerOutput,
+        step: InFlightStep,
         runner_out: RunnerOutput,
         num_generated: int,
-        start: float,
-        scheduled_time: float,
         update_time: float,
         end: float,
     ) -> StepStats:
+        out = step.out
         num_prefill = sum(1 for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens)
         return StepStats(
             step_id=out.step_id,
@@ -592,10 +592,10 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             kv_cache_usage=self.kv.pool.usage,
             num_free_blocks=self.kv.pool.num_free_blocks,
-            schedule_time=scheduled_time - start,
+            schedule_time=step.scheduled_time - step.start,
             model_time=runner_out.model_time,
             update_time=update_time,
-            start_time=start,
+            start_time=step.start,
             end_time=end,
             waiting_by_class=self.scheduler.waiting_by_class(),
             tensor_parallel_size=self.config.tensor_parallel_size,
@@ -604,6 +604,7 @@ class LLMEngine:
             num_images_cached=runner_out.vision.num_images_cached,
             vision_time=runner_out.vision.seconds,
             num_image_waits=out.num_image_waits,
+            scheduled_ahead=step.ahead,
         )
 
     def abort_all(self) -> list[RequestOutput]:

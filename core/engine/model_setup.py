@@ -105,8 +105,8 @@ def log_started(info: EngineInfo, dtype_reason: str, weights: dict, block_size: 
     """The engine's start line: model, device, instruction set, dtype and why, weights, KV cache."""
     log.info(
         "engine started: %s on %s (%s), %s (%s), weights %.0f MB (quantization %s), kernels %s, "
-        "%d KV blocks of %d tokens (%s), async output %s, async scheduling %s, tasks %s, "
-        "pooling %s",
+        "%d KV blocks of %d tokens (%s), async output %s, async scheduling %s, stream interval %d, "
+        "tasks %s, pooling %s",
         info.model_name,
         info.device,
         info.kernels,
@@ -122,6 +122,7 @@ def log_started(info: EngineInfo, dtype_reason: str, weights: dict, block_size: 
         info.kv_cache_dtype,
         "on" if info.async_output else "off",
         "on" if info.async_scheduling else "off",
+        info.stream_interval,
         "+".join(info.tasks),
         info.pooling_type,
     )

@@ -31,6 +31,7 @@ class EngineInfo:
     quantization: str = ""  # the --quantization mode in force (auto, none, int8, dual)
     async_output: bool = False  # a step's outputs are emitted while the next step runs
     async_scheduling: bool = False  # a step is scheduled before the previous one's tokens are known
+    stream_interval: int = 1  # tokens per streamed output at most (--stream-interval)
     tasks: tuple[str, ...] = ("generate", "embed")  # what the model answers (its head decides)
     pooling_type: str = "last"  # how embeddings pool the prompt (last, mean, cls)
     # Live views for plugins: the tokenizer (to decode output for traces) and the hook relay's
@@ -66,4 +67,5 @@ class StepStats:
     num_images_cached: int = 0  # requests' images read without the tower (cached or shared)
     vision_time: float = 0.0  # of model_time: encoding them (on a GPU, queueing the encoder)
     num_image_waits: int = 0  # prompt chunks stopped before an image they could not finish
+    scheduled_ahead: bool = False  # launched while the step before was on the device
     tensor_parallel_size: int = 1  # the ranks (processes) that ran this step's forward

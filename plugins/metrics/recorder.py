@@ -72,6 +72,7 @@ class MetricsRecorder:
         self.images_encoded = series.labels(m.IMAGES_ENCODED)
         self.image_cache_hits = series.labels(m.IMAGE_CACHE_HITS)
         self.image_chunk_waits = series.labels(m.IMAGE_CHUNK_WAITS)
+        self.steps_ahead = series.labels(m.STEPS_SCHEDULED_AHEAD)
         self.slo_requests = series.labels(m.SLO_REQUESTS)
         self.slo_ttft_met = series.labels(m.SLO_TTFT_MET)
         self.slo_tpot_met = series.labels(m.SLO_TPOT_MET)
@@ -216,6 +217,8 @@ class MetricsRecorder:
             self.image_cache_hits.inc(stats.num_images_cached)
         if stats.num_image_waits:
             self.image_chunk_waits.inc(stats.num_image_waits)
+        if stats.scheduled_ahead:
+            self.steps_ahead.inc()
         classes = dict(stats.waiting_by_class)
         for label in self.waiting_classes | classes.keys():
             self.series.labels(m.NUM_REQUESTS_WAITING_BY_CLASS, label).set(classes.get(label, 0))

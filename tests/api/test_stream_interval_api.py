@@ -55,3 +55,4 @@ def test_chunks_of_the_interval_carry_what_every_token_would(
     assert set(ends) <= {1, 5, 9, 13} and ends[-1] == 13
     assert [t for chunk in held for t in chunk] == [t for chunk in every for t in chunk]
     assert (held_text, held_usage) == (text, usage)
+    assert f"stream interval {INTERVAL}," in server.log()  # the engine's start line says so

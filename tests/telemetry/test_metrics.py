@@ -317,3 +317,27 @@ def test_a_dropped_llm_takes_its_series_with_it(use_settings, tiny_llama_dir):
     assert REGISTRY.get_sample_value("spyglass:engine_ready", labels) == 0.0
     engine.shutdown()
     assert REGISTRY.get_sample_value("spyglass:engine_ready", labels) == 0.0
+
+
+def test_steps_scheduled_ahead_are_counted(engine_and_registry, run_to_completion):
+    """Async scheduling's steps launched behind the one in flight, penalties included; none for
+    a request that needs its last token on the host, nor when stepping in turn."""
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    penalised = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, presence_penalty=1)
+    bad_words = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, bad_words=["the"])
+    runs = {
+        "ahead": ({"async_output": True, "async_scheduling": True}, [greedy, penalised]),
+        "bad words": ({"async_output": True, "async_scheduling": True}, [greedy, bad_words]),
+        "in turn": ({}, [greedy, penalised]),
+    }
+    counted = {}
+    for name, (options, params) in runs.items():
+        engine, reg = engine_and_registry(**options)
+        for index, p in enumerate(params):
+            engine.add_request(f"{name}-{index}", list(range(10, 20)), p)
+        run_to_completion(engine)
+        steps = reg.delta("spyglass:engine_step_duration_seconds_count")
+        counted[name] = reg.delta("spyglass:engine_steps_scheduled_ahead_total"), steps
+    ahead, steps = counted["ahead"]
+    assert steps // 2 < ahead < steps  # all but the first steps and the drain
+    assert counted["bad words"][0] == counted["in turn"][0] == 0
