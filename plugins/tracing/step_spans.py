@@ -80,6 +80,7 @@ def step_attributes(stats: StepStats, model: str) -> dict:
         "spyglass.step.schedule_time": stats.schedule_time,
         "spyglass.step.model_time": stats.model_time,
         "spyglass.step.update_time": stats.update_time,
+        "spyglass.step.scheduled_ahead": stats.scheduled_ahead,
         "spyglass.tensor_parallel_size": stats.tensor_parallel_size,
         "llm.model_name": model,
     }

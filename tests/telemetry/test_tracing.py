@@ -167,6 +167,8 @@ def test_request_span_tree_attributes_and_step_links(
         assert step.attributes["spyglass.step.batch_size"] == len(step.links)
         assert step.attributes["spyglass.step.num_scheduled_tokens"] <= 8
     assert sum(s.attributes["spyglass.step.num_generated_tokens"] for s in steps) == 5 + 3
+    # Stepping in turn (the CPU's default): no step was launched behind another.
+    assert not any(s.attributes["spyglass.step.scheduled_ahead"] for s in steps)
 
 
 def test_content_only_when_opted_in(use_settings, span_exporter, make_engine, run_to_completion):
