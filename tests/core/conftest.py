@@ -17,7 +17,7 @@ from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.load import load_checkpoint
 
@@ -47,6 +47,36 @@ class PreemptionCounter:
     def spyglass_request_preempted(self, request):
         """Record the preempted request's id."""
         self.req_ids.append(request.req_id)
+
+
+ON_CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    ],
+)
+"""A ``device`` parameter for tests that also run on a GPU where there is one."""
+
+
+def outputs_by_step(
+    engine: LLMEngine,
+    prompts: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    kind: RequestOutputKind,
+) -> dict[str, list[RequestOutput]]:
+    """Every output of every request (``r0``, ``r1``, ...) of ``kind``, in order, from one engine;
+    the KV pool is whole at the end and no request's text or sent counts are left behind."""
+    outputs: dict[str, list[RequestOutput]] = {}
+    for index, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(f"r{index}", list(prompt), dataclasses.replace(p, output_kind=kind))
+        outputs[f"r{index}"] = []
+    while engine.has_unfinished_requests:
+        for output in engine.step():
+            outputs[output.request_id].append(output)
+    assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
+    assert not engine.outputs.detokenizers and not engine.outputs._sent
+    return outputs
 
 
 def run_to_completion(

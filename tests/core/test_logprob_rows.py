@@ -7,14 +7,7 @@ import torch
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.logprob_rows import logprob_list, logprob_rows
 from spyglass.core.engine.sampling_params import SamplingParams
-
-ON_CUDA = pytest.param(
-    "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    ],
-)
+from tests.core.conftest import ON_CUDA
 
 
 @pytest.mark.parametrize("device", ["cpu", ON_CUDA])

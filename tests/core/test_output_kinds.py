@@ -11,7 +11,7 @@ import pytest
 from spyglass.core.engine.output_streams import OutputStreams
 from spyglass.core.engine.outputs import CompletionOutput, Logprob, RequestOutput, joined
 from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
-from tests.core.conftest import completion_fields, with_stop_strings
+from tests.core.conftest import completion_fields, outputs_by_step, with_stop_strings
 
 MODES = {
     "in turn": {"async_output": False},
@@ -23,20 +23,6 @@ MODES = {
 @pytest.fixture(scope="module")
 def prompts(tiny_llama_checkpoint, mixed_texts) -> list[list[int]]:
     return [tiny_llama_checkpoint.tokenizer.encode(text) for text in mixed_texts]
-
-
-def _outputs_by_step(engine, prompts, params, kind) -> dict[str, list[RequestOutput]]:
-    """Every output of every request, in order, from one engine; the KV pool is whole at the end."""
-    outputs: dict[str, list[RequestOutput]] = {}
-    for index, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        engine.add_request(f"r{index}", list(prompt), dataclasses.replace(p, output_kind=kind))
-        outputs[f"r{index}"] = []
-    while engine.has_unfinished_requests:
-        for output in engine.step():
-            outputs[output.request_id].append(output)
-    assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
-    assert not engine.outputs.detokenizers
-    return outputs
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -56,7 +42,7 @@ def test_deltas_add_up_to_the_cumulative_outputs_and_final_only_is_its_last(
         [kinds[i % len(kinds)] for i in range(len(prompts))],
     )
     runs = {
-        kind: _outputs_by_step(make_tiny_engine(**MODES[mode]), prompts, params, kind)
+        kind: outputs_by_step(make_tiny_engine(**MODES[mode]), prompts, params, kind)
         for kind in RequestOutputKind
     }
     cumulative = runs[RequestOutputKind.CUMULATIVE]
@@ -77,7 +63,7 @@ def test_deltas_add_up_to_the_cumulative_outputs_and_final_only_is_its_last(
 def test_a_cumulative_output_is_a_snapshot(make_tiny_engine, prompts):
     """An output does not grow with its request after it is handed out."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
-    (outputs,) = _outputs_by_step(
+    (outputs,) = outputs_by_step(
         make_tiny_engine(), prompts[:1], [params], RequestOutputKind.CUMULATIVE
     ).values()
     assert [len(o.outputs[0].token_ids) for o in outputs] == list(range(1, 13))

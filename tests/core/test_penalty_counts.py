@@ -9,6 +9,7 @@ import torch
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.sampling_params import SamplingParams
+from tests.core.conftest import ON_CUDA
 
 VOCAB = 50
 
@@ -41,15 +42,6 @@ def _with_pending(
         index[req_id] = len(ids)
         ids.append(token_id)
     return PendingTokens(torch.tensor(ids, dtype=torch.long, device=device), index), tokens
-
-
-ON_CUDA = pytest.param(
-    "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    ],
-)
 
 
 @pytest.mark.parametrize("device", ["cpu", ON_CUDA])

@@ -9,7 +9,7 @@ import pytest
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.outputs import RequestOutput, joined
 from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
-from tests.core.conftest import completion_fields, with_stop_strings
+from tests.core.conftest import completion_fields, outputs_by_step, with_stop_strings
 
 MODES = {
     "in turn": {"async_output": False},
@@ -40,20 +40,6 @@ def params(make_tiny_engine, prompts) -> list[SamplingParams]:
     )
 
 
-def _outputs(engine, prompts, params, kind) -> dict[str, list[RequestOutput]]:
-    """Every output of every request, in order; the pool is whole and no text is left behind."""
-    outputs: dict[str, list[RequestOutput]] = {}
-    for index, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        engine.add_request(f"r{index}", list(prompt), dataclasses.replace(p, output_kind=kind))
-        outputs[f"r{index}"] = []
-    while engine.has_unfinished_requests:
-        for output in engine.step():
-            outputs[output.request_id].append(output)
-    assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
-    assert not engine.outputs.detokenizers and not engine.outputs._sent
-    return outputs
-
-
 def _token_counts(outputs: list[RequestOutput], kind: RequestOutputKind) -> list[int]:
     """How many tokens the request had sent with each output."""
     sizes = [len(o.outputs[0].token_ids) for o in outputs]
@@ -67,8 +53,10 @@ def _token_counts(outputs: list[RequestOutput], kind: RequestOutputKind) -> list
 def test_outputs_every_interval_add_up_to_every_token(
     make_tiny_engine, prompts, params, mode, kind
 ):
-    every = _outputs(make_tiny_engine(**MODES[mode]), prompts, params, kind)
-    sparse = _outputs(make_tiny_engine(stream_interval=3, **MODES[mode]), prompts, params, kind)
+    every = outputs_by_step(make_tiny_engine(**MODES[mode]), prompts, params, kind)
+    sparse = outputs_by_step(
+        make_tiny_engine(stream_interval=3, **MODES[mode]), prompts, params, kind
+    )
     ended_by_stop = 0
     for req_id, outputs in every.items():
         held = sparse[req_id]
@@ -86,8 +74,8 @@ def test_outputs_every_interval_add_up_to_every_token(
 
 def test_final_only_requests_are_unchanged(make_tiny_engine, prompts, params):
     kind = RequestOutputKind.FINAL_ONLY
-    every = _outputs(make_tiny_engine(), prompts, params, kind)
-    sparse = _outputs(make_tiny_engine(stream_interval=4), prompts, params, kind)
+    every = outputs_by_step(make_tiny_engine(), prompts, params, kind)
+    sparse = outputs_by_step(make_tiny_engine(stream_interval=4), prompts, params, kind)
     assert {k: [completion_fields(o) for o in v] for k, v in sparse.items()} == {
         k: [completion_fields(o) for o in v] for k, v in every.items()
     }

@@ -16,6 +16,7 @@ from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
 from spyglass.core.engine.runner.sampler import sample_tokens
 from spyglass.core.engine.runner.token_draw import draw, target_probs
 from spyglass.core.engine.sampling_params import SamplingParams
+from tests.core.conftest import ON_CUDA
 
 VOCAB = 6000
 
@@ -63,15 +64,6 @@ CASES = {
 
 def requests_for(params: SamplingParams, count: int) -> list[Request]:
     return [Request(str(i), [1], params) for i in range(count)]
-
-
-ON_CUDA = pytest.param(
-    "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    ],
-)
 
 
 @pytest.fixture(params=["ranked", "whole", ON_CUDA])
