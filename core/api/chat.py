@@ -26,7 +26,12 @@ from spyglass.core.api.convert import (
     sampling_params,
 )
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.generation import RequestGroup, fan_out, unless_disconnected
+from spyglass.core.api.generation import (
+    RequestGroup,
+    fan_out,
+    output_kind,
+    unless_disconnected,
+)
 from spyglass.core.api.media_fetch import fetch_images
 from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for, split_choice
@@ -61,7 +66,7 @@ from spyglass.core.engine.chat_images import ChatMedia, render_with_images, take
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.prompt_images import images_in_prompt
 from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 from spyglass.core.engine.tool_calls import ToolCallPiece
 from spyglass.core.engine.video_sampling import DEFAULT_VIDEO_SAMPLING, VideoSampling
 from spyglass.core.tokenizer import Tokenizer, compile_chat_template
@@ -314,6 +319,7 @@ async def create_chat_completion(
             serving, data, beams, params, response_id, attributes, template, lora_name
         )
         return Response(await unless_disconnected(request, search))
+    reasoning = reasoning_for(serving.reasoning_parser, params, use)
     group = await start_chat(
         serving,
         request,
@@ -324,8 +330,8 @@ async def create_chat_completion(
         attributes,
         template=template,
         lora_name=lora_name,
+        kind=output_kind(data.stream, reads_deltas=reasoning is not None),
     )
-    reasoning = reasoning_for(serving.reasoning_parser, params, use)
     writer = _ChatWriter(serving, data, response_id, use, reasoning)
     if data.stream:
         return event_stream(writer.chunks(group))
@@ -373,6 +379,7 @@ async def start_chat(
     param: str = "messages",
     template: TemplateOptions = TemplateOptions(),
     lora_name: str | None = None,
+    kind: RequestOutputKind = RequestOutputKind.DELTA,
 ) -> RequestGroup:
     """Render the conversation, tokenize it and start its ``params.n`` engine requests (chat, Messages, Responses).
 
@@ -411,7 +418,7 @@ async def start_chat(
             media.videos,
         )
         specs = fan_out([(token_ids, prompt)], params, placed)
-        group = RequestGroup(serving.async_engine, response_id, specs, attributes, lora_name)
+        group = RequestGroup(serving.async_engine, response_id, specs, attributes, lora_name, kind)
         await unless_disconnected(request, group.start())
     return group
 

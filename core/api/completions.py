@@ -27,7 +27,12 @@ from spyglass.core.api.convert import (
     sampling_params,
 )
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.generation import RequestGroup, fan_out, unless_disconnected
+from spyglass.core.api.generation import (
+    RequestGroup,
+    fan_out,
+    output_kind,
+    unless_disconnected,
+)
 from spyglass.core.api.prompts import count_prompts, parse_prompts
 from spyglass.core.api.schemas import (
     INT64,
@@ -83,7 +88,12 @@ async def create_completion(
     with serving.queue_slots(count_prompts(data.prompt) * best_of):
         prompts = await parse_prompts(serving, data.prompt, data.truncate_prompt_tokens is None)
         group = RequestGroup(
-            serving.async_engine, response_id, fan_out(prompts, params), attributes, lora_name
+            serving.async_engine,
+            response_id,
+            fan_out(prompts, params),
+            attributes,
+            lora_name,
+            output_kind(data.stream),
         )
         await unless_disconnected(request, group.start())
     writer = _CompletionWriter(serving, data, response_id)

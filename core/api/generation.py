@@ -51,8 +51,18 @@ def fan_out(
     return specs
 
 
+def output_kind(stream: bool, reads_deltas: bool = False) -> RequestOutputKind:
+    """The outputs a call's engine requests send: every delta for a streamed call, or for one
+    that reads its deltas as they come (a reasoning split counts the tokens before the answer);
+    else the first and the final one (`RequestOutputKind.FIRST_AND_FINAL`)."""
+    if stream or reads_deltas:
+        return RequestOutputKind.DELTA
+    return RequestOutputKind.FIRST_AND_FINAL
+
+
 class RequestGroup:
-    """The engine requests behind one API call; iterate `outputs` to get ``(choice_index, delta)`` pairs."""
+    """The engine requests behind one API call; iterate `outputs` to get ``(choice_index, delta)``
+    pairs. ``kind`` is a delta kind (`output_kind`)."""
 
     def __init__(
         self,
@@ -61,6 +71,7 @@ class RequestGroup:
         specs: list[ChoiceSpec],
         attributes: dict,
         lora_name: str | None = None,
+        kind: RequestOutputKind = RequestOutputKind.DELTA,
     ):
         self.req_ids = (
             [base_id] if len(specs) == 1 else [f"{base_id}-{i}" for i in range(len(specs))]
@@ -76,7 +87,7 @@ class RequestGroup:
             async_engine.generate(
                 req_id,
                 spec.prompt_token_ids,
-                dataclasses.replace(spec.params, output_kind=RequestOutputKind.DELTA),
+                dataclasses.replace(spec.params, output_kind=kind),
                 spec.prompt,
                 attributes,
                 lora_name,

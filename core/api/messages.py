@@ -22,7 +22,7 @@ from spyglass.core.api.chat import render_conversation, start_chat
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import check_finished, given_or, new_id, request_attributes
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.generation import RequestGroup, unless_disconnected
+from spyglass.core.api.generation import RequestGroup, output_kind, unless_disconnected
 from spyglass.core.api.messages_schemas import (
     Conversation,
     ImageBlock,
@@ -165,6 +165,7 @@ async def create_message(
         response_id,
         attributes,
         lora_name=lora_name,
+        kind=output_kind(data.stream),
     )
     reasoning = reasoning_for(serving.reasoning_parser, params, use)
     writer = _MessageWriter(serving, data, response_id, use, reasoning)

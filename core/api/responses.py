@@ -26,7 +26,7 @@ from spyglass.core.api.chat import start_chat
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import check_finished, given_or, request_attributes
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.generation import RequestGroup, unless_disconnected
+from spyglass.core.api.generation import RequestGroup, output_kind, unless_disconnected
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
 from spyglass.core.api.responses_schemas import (
     InputImage,
@@ -158,6 +158,7 @@ async def create_response(
     )
     response_id = f"resp_{uuid.uuid4().hex}"
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
+    reasoning = reasoning_for(serving.reasoning_parser, params, use)
     group = await start_chat(
         serving,
         request,
@@ -168,10 +169,9 @@ async def create_response(
         attributes,
         "input",
         lora_name=lora_name,
+        kind=output_kind(data.stream, reads_deltas=reasoning is not None),
     )
-    writer = _ResponseWriter(
-        serving, data, response_id, use, reasoning_for(serving.reasoning_parser, params, use)
-    )
+    writer = _ResponseWriter(serving, data, response_id, use, reasoning)
     if data.stream:
         return event_stream(writer.events(group), named=True)
     return Response(await unless_disconnected(request, writer.collect(group)))

@@ -169,8 +169,9 @@ class OutputProcessor:
 
     def output(self, request: Request) -> RequestOutput | None:
         """The request's output now, as its `RequestOutputKind` asks: None for a final-only request
-        still running, and for a streamed one that has sent its first token and has fewer than
-        ``stream_interval`` tokens unsent. Once it is finished its text is let go."""
+        still running, for a first-and-final one between its first output and its end, and for a
+        streamed one that has sent its first token and has fewer than ``stream_interval`` tokens
+        unsent. Once it is finished its text is let go."""
         kind = request.sampling_params.output_kind
         finished = request.is_finished
         if kind is RequestOutputKind.FINAL_ONLY and not finished:
@@ -183,12 +184,15 @@ class OutputProcessor:
         elif (
             not finished
             and sent.num_tokens
-            and len(token_ids) - sent.num_tokens < self._stream_interval
+            and (
+                kind is RequestOutputKind.FIRST_AND_FINAL
+                or len(token_ids) - sent.num_tokens < self._stream_interval
+            )
         ):
             return None
         detokenizer = self.detokenizers[req_id]
         prompt_logprobs = request.prompt_logprobs
-        if kind is RequestOutputKind.DELTA:
+        if kind.is_delta:
             if sent.num_tokens:  # the first output carried them
                 prompt_logprobs = None
             text, sent.num_chars = detokenizer.visible_since(sent.num_chars, finished)

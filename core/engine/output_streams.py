@@ -40,7 +40,7 @@ class OutputStreams:
                 while not isinstance(waiting[-1], Exception) and not stream.empty():
                     waiting.append(stream.get_nowait())
                 output = waiting[-1]
-                if kind is RequestOutputKind.DELTA and not isinstance(output, Exception):
+                if kind.is_delta and not isinstance(output, Exception):
                     output = joined(waiting)
                 if isinstance(output, Exception):
                     raise output

@@ -33,14 +33,23 @@ class StructuredOutput:
 class RequestOutputKind(enum.Enum):
     """What each of a request's outputs holds, as vLLM's kinds: the whole text and tokens so far
     (CUMULATIVE), only what they gained since the previous output (DELTA), or one output at the end
-    (FINAL_ONLY).
+    (FINAL_ONLY); and FIRST_AND_FINAL, two deltas: the first token's, then the rest at the end.
 
     A cumulative output copies the request's token list at every step, which grows with its
-    length; streaming servers ask for deltas and offline callers for the final output only."""
+    length; streaming servers ask for deltas and offline callers for the final output only. A
+    non-streamed HTTP call asks for the first and the final: the first says its request started
+    (the server's queue holds its place until then), and no output is built, sent or joined for
+    the tokens between."""
 
     CUMULATIVE = 0
     DELTA = 1
     FINAL_ONLY = 2
+    FIRST_AND_FINAL = 3
+
+    @property
+    def is_delta(self) -> bool:
+        """Whether each output holds only what the request gained since its previous one."""
+        return self in (RequestOutputKind.DELTA, RequestOutputKind.FIRST_AND_FINAL)
 
 
 # Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): dividing logits by 1e-40 gives inf and NaN.

@@ -137,3 +137,28 @@ def test_cors_is_off_unless_origins_are_allowed(client, tiny_llama_dir):
         assert response.headers["access-control-allow-origin"] == "https://app.example"
         refused = cors_client.options("/v1/completions", headers=preflight)
         assert "access-control-allow-origin" not in refused.headers
+
+
+def test_a_non_streamed_call_gets_its_first_and_final_outputs_only(client, monkeypatch):
+    """Its engine request sends the first token's output (the call has started) and the final one;
+    none between. A streamed call gets one per token, and the same text."""
+    processor = _engine_of(client).outputs
+    output = processor.output
+    sent = []
+
+    def kept(request):
+        result = output(request)
+        if result is not None:
+            sent.append(len(result.outputs[0].token_ids))
+        return result
+
+    monkeypatch.setattr(processor, "output", kept)
+    body = {"prompt": "hi", "max_tokens": 12, "ignore_eos": True, "temperature": 0}
+    whole = client.post("/v1/completions", json=body).json()
+    assert sent == [1, 11] and whole["usage"]["completion_tokens"] == 12
+    sent.clear()
+    streamed = client.post("/v1/completions", json={**body, "stream": True})
+    events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert sent == [1] * 12 and text == whole["choices"][0]["text"]

@@ -84,3 +84,19 @@ def test_final_only_requests_are_unchanged(make_tiny_engine, prompts, params):
 def test_an_interval_below_one_is_refused():
     with pytest.raises(ValueError, match="stream_interval must be at least 1"):
         EngineConfig(stream_interval=0)
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_first_and_final_sends_the_first_token_then_the_rest(
+    make_tiny_engine, prompts, params, interval
+):
+    """A non-streamed HTTP call's kind: two deltas (one for a one-token request), whatever the
+    engine's stream interval, adding up to every token's."""
+    every = outputs_by_step(make_tiny_engine(), prompts, params, RequestOutputKind.DELTA)
+    kind = RequestOutputKind.FIRST_AND_FINAL
+    two = outputs_by_step(make_tiny_engine(stream_interval=interval), prompts, params, kind)
+    for req_id, outputs in every.items():
+        total = sum(len(o.outputs[0].token_ids) for o in outputs)
+        sizes = [len(o.outputs[0].token_ids) for o in two[req_id]]
+        assert sizes == ([1] if total == 1 else [1, total - 1]), req_id
+        assert completion_fields(joined(two[req_id])) == completion_fields(joined(outputs))
