@@ -36,6 +36,33 @@ def test_bench_serve_reports_latencies(tiny_server, tmp_path):
     assert record["ttft_ms"]["mean"] > 0 and record["e2e_ms"]["p99"] >= record["e2e_ms"]["median"]
 
 
+def test_bench_serve_not_streamed(tiny_server, tmp_path):
+    """Whole answers: every token counted from the usage, end-to-end latency only."""
+    out = tmp_path / "whole.json"
+    command = [
+        sys.executable,
+        "-m",
+        "spyglass.core.cli.main",
+        "bench",
+        "serve",
+        "--base-url",
+        tiny_server.base_url,
+        "--num-prompts",
+        "4",
+        "--no-stream",
+        "--json",
+        str(out),
+    ]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "not streamed" in finished.stdout and "TTFT" not in finished.stdout
+    record = json.loads(out.read_text())
+    workload = w3_workload(49152, 4, 3)
+    assert record["completed"] == 4
+    assert record["total_output_tokens"] == sum(r.output_len for r in workload)
+    assert record["ttft_ms"] is None and record["e2e_ms"]["median"] > 0
+
+
 def test_bench_serve_with_a_rate(tiny_server):
     command = [
         sys.executable,

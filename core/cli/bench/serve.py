@@ -3,6 +3,7 @@
 Every request goes to ``/v1/completions`` with a token-list prompt, ``stream=true`` and
 ``ignore_eos``, so the server generates exactly the workload's output length. Arrivals follow
 a Poisson process at ``--rate`` requests/s, or ``--concurrency`` clients send back to back.
+``--no-stream`` sends non-streamed calls: throughput and end-to-end latency only.
 """
 
 import asyncio
@@ -54,6 +55,12 @@ def add_parser(subparsers, argv) -> None:
         "bound what is measured (bench/serve_clients.py)",
     )
     parser.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="send non-streamed calls (throughput and end-to-end latency; no TTFT, TPOT or ITL)",
+    )
+    parser.add_argument(
         "--json", dest="json_path", default=None, help="also write the results to this JSON file"
     )
     parser.set_defaults(run=run)
@@ -70,8 +77,9 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def summarize(results: list[RequestResult], duration: float) -> dict:
-    """The benchmark's numbers: counts, throughputs, and TTFT/TPOT/ITL/E2E percentiles (ms)."""
+def summarize(results: list[RequestResult], duration: float, streamed: bool = True) -> dict:
+    """The benchmark's numbers: counts, throughputs, and TTFT/TPOT/ITL/E2E percentiles (ms);
+    without ``streamed`` the first three are None (a whole answer comes at once)."""
     done = [r for r in results if r.ok]
     input_tokens = sum(r.prompt_len for r in done)
     output_tokens = sum(r.output_len for r in done)
@@ -86,9 +94,9 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
         "request_throughput": len(done) / duration,
         "output_throughput": output_tokens / duration,
         "total_token_throughput": (input_tokens + output_tokens) / duration,
-        "ttft_ms": _percentiles([r.ttft for r in done]),
-        "tpot_ms": _percentiles(tpots),
-        "itl_ms": _percentiles([itl for r in done for itl in r.itls]),
+        "ttft_ms": _percentiles([r.ttft for r in done]) if streamed else None,
+        "tpot_ms": _percentiles(tpots) if streamed else None,
+        "itl_ms": _percentiles([itl for r in done for itl in r.itls]) if streamed else None,
         "e2e_ms": _percentiles([r.e2e for r in done]),
     }
 
@@ -114,8 +122,10 @@ def _print(summary: dict, load: str) -> None:
         ("Inter-token Latency", "itl_ms", "ITL"),
         ("End-to-end Latency", "e2e_ms", "E2E"),
     ]:
-        print(f"{title:-^50}")
         stats = summary[key]
+        if stats is None:  # not streamed
+            continue
+        print(f"{title:-^50}")
         for stat, label in [("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")]:
             print(line.format(f"{label} {name} (ms):", f"{stats[stat]:.2f}"))
     print("=" * 50)
@@ -142,8 +152,10 @@ def run(args) -> int:
         results, start, end = run_in_processes(args, workload, args.client_processes)
     else:
         results, start, end = asyncio.run(run_load(args, workload))
-    summary = summarize(results, end - start)
+    summary = summarize(results, end - start, args.stream)
     load = f"concurrency {args.concurrency}" if args.concurrency else f"rate {args.rate} req/s"
+    if not args.stream:
+        load += ", not streamed"
     if args.client_processes > 1:
         load += f", {args.client_processes} client processes"
     _print(summary, load)
