@@ -8,13 +8,15 @@ import sys
 from spyglass.core.cli.bench.workloads import w3_workload
 
 
+def _bench(command: str, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    """``spyglass bench <command> ARGS``, run to its end."""
+    argv = [sys.executable, "-m", "spyglass.core.cli.main", "bench", command, *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
 def test_bench_serve_reports_latencies(tiny_server, tmp_path):
     out = tmp_path / "serve.json"
-    command = [
-        sys.executable,
-        "-m",
-        "spyglass.core.cli.main",
-        "bench",
+    finished = _bench(
         "serve",
         "--base-url",
         tiny_server.base_url,
@@ -24,8 +26,7 @@ def test_bench_serve_reports_latencies(tiny_server, tmp_path):
         "2",
         "--json",
         str(out),
-    ]
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "Mean TTFT (ms):" in finished.stdout and "P99 ITL (ms):" in finished.stdout
     record = json.loads(out.read_text())
@@ -39,11 +40,7 @@ def test_bench_serve_reports_latencies(tiny_server, tmp_path):
 def test_bench_serve_not_streamed(tiny_server, tmp_path):
     """Whole answers: every token counted from the usage, end-to-end latency only."""
     out = tmp_path / "whole.json"
-    command = [
-        sys.executable,
-        "-m",
-        "spyglass.core.cli.main",
-        "bench",
+    finished = _bench(
         "serve",
         "--base-url",
         tiny_server.base_url,
@@ -52,8 +49,7 @@ def test_bench_serve_not_streamed(tiny_server, tmp_path):
         "--no-stream",
         "--json",
         str(out),
-    ]
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "not streamed" in finished.stdout and "TTFT" not in finished.stdout
     record = json.loads(out.read_text())
@@ -64,31 +60,16 @@ def test_bench_serve_not_streamed(tiny_server, tmp_path):
 
 
 def test_bench_serve_with_a_rate(tiny_server):
-    command = [
-        sys.executable,
-        "-m",
-        "spyglass.core.cli.main",
-        "bench",
-        "serve",
-        "--base-url",
-        tiny_server.base_url,
-        "--num-prompts",
-        "3",
-        "--rate",
-        "20",
-    ]
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    finished = _bench(
+        "serve", "--base-url", tiny_server.base_url, "--num-prompts", "3", "--rate", "20"
+    )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "Successful requests:                    3" in finished.stdout
 
 
 def test_bench_soak_loses_nothing_and_leaks_no_blocks(tiny_server, tmp_path):
     out = tmp_path / "soak.json"
-    command = [
-        sys.executable,
-        "-m",
-        "spyglass.core.cli.main",
-        "bench",
+    finished = _bench(
         "soak",
         "--base-url",
         tiny_server.base_url,
@@ -102,8 +83,8 @@ def test_bench_soak_loses_nothing_and_leaks_no_blocks(tiny_server, tmp_path):
         "24",
         "--json",
         str(out),
-    ]
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        timeout=300,
+    )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     report = json.loads(out.read_text())
     assert report["lost"] == 0 and report["errors"] == {}
@@ -113,10 +94,10 @@ def test_bench_soak_loses_nothing_and_leaks_no_blocks(tiny_server, tmp_path):
 
 def test_bench_serve_from_client_processes_sends_every_request_once(tiny_server, tmp_path):
     out = tmp_path / "serve.json"
-    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "serve"]
-    command += ["--base-url", tiny_server.base_url, "--num-prompts", "5"]
-    command += ["--client-processes", "2", "--json", str(out)]
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    finished = _bench(
+        "serve", "--base-url", tiny_server.base_url, "--num-prompts", "5",
+        "--client-processes", "2", "--json", str(out),
+    )  # fmt: skip
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "2 client processes" in finished.stdout
     record = json.loads(out.read_text())
@@ -145,15 +126,10 @@ def test_bench_serve_shares_the_load_between_its_processes():
 
 
 def test_bench_serve_refuses_no_client_process():
-    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "serve"]
-    finished = subprocess.run(
-        command + ["--client-processes", "0"], capture_output=True, text=True, timeout=60
-    )
+    finished = _bench("serve", "--client-processes", "0", timeout=60)
     assert finished.returncode == 2 and "--client-processes" in finished.stderr
 
 
 def test_bench_serve_refuses_more_client_processes_than_clients():
-    command = [sys.executable, "-m", "spyglass.core.cli.main", "bench", "serve"]
-    command += ["--concurrency", "2", "--client-processes", "4"]
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    finished = _bench("serve", "--concurrency", "2", "--client-processes", "4", timeout=60)
     assert finished.returncode == 2 and "must not exceed --concurrency" in finished.stderr
