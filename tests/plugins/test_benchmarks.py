@@ -212,7 +212,8 @@ def test_bench_steps_splits_decode_steps_into_phases_per_batch(tiny_llama_dir, c
             assert sum(phases) <= 1.5 * step
     assert run(["bench", "steps", "--model", str(tiny_llama_dir), "--output-kinds", "part"]) == 2
     assert (
-        "--output-kinds takes cumulative, delta, final-only; got 'part'" in capsys.readouterr().out
+        "--output-kinds takes cumulative, delta, final-only, first-and-final; got 'part'"
+        in capsys.readouterr().out
     )
 
 
