@@ -12,7 +12,7 @@ import torch
 
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.row_tensors import per_row
+from spyglass.core.engine.runner.row_tensors import per_row, to_pinned
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class LogprobRows:
         return LogprobRows(
             self.rows,
             self.counts,
-            *(_pinned_copy(t) for t in (self.chosen, self.top_values, self.top_ids)),
+            *(to_pinned(t) for t in (self.chosen, self.top_values, self.top_ids)),
         )
 
 
@@ -69,9 +69,3 @@ def logprob_list(
         top = dict(zip(top_ids[i][:count], top_values[i][:count]))
         result[row] = Logprob(token_ids[row], chosen[i], top)
     return result
-
-
-def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    host.copy_(tensor, non_blocking=True)
-    return host

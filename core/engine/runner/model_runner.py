@@ -22,6 +22,7 @@ from spyglass.core.engine.runner.lora_rows import lora_groups
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.pooling import Pooled, PoolPart, PoolSlice, pool, pool_slices
 from spyglass.core.engine.runner.prompt_logprobs import score_prompts
+from spyglass.core.engine.runner.row_tensors import to_pinned
 from spyglass.core.engine.runner.sampler import sample_tokens
 from spyglass.core.engine.runner.step_inputs import StepInputs, build_step_inputs
 from spyglass.core.engine.sched.scheduler import ScheduledRequest, SchedulerOutput
@@ -290,8 +291,7 @@ class ModelRunner:
         logprobs = logprob_rows(logits, token_ids, requests) if requests else None
         host, copied = token_ids, None
         if token_ids.device.type != "cpu":
-            host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
-            host.copy_(token_ids, non_blocking=True)
+            host = to_pinned(token_ids)
             logprobs = None if logprobs is None else logprobs.to_host()
             copied = torch.cuda.Event()
             copied.record()

@@ -17,6 +17,14 @@ def per_row(values: list, dtype: torch.dtype, device: torch.device) -> torch.Ten
     return on_device(torch.tensor(values, dtype=dtype), device)
 
 
+def to_pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` (on a GPU) in pinned host memory, queued without waiting: read it
+    after an event recorded behind the copy."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
 def on_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``host`` (a CPU tensor) on ``device``, copied without waiting for the GPU's queue (a
     pageable copy would wait for the step's forward, and the host could not run ahead of it)."""
