@@ -370,8 +370,8 @@ class LLMEngine:
         finishes by EOS, stop token, stop string and length: all that scheduling reads), schedules
         and launches the next step, and only then detokenizes, builds the outputs and announces the
         collected step, while the device runs the new one. With ``async_scheduling`` the next step
-        is also scheduled and launched before the previous one is collected (`_step_ahead`), when
-        that one's sampled requests need nothing of their new token but its id. Tokens are the same
+        is also scheduled and launched before the previous one is collected (`_step_ahead`); a
+        grammar's request is sampled once its pending token is committed. Tokens are the same
         either way.
         """
         in_flight = self._in_flight
@@ -413,15 +413,11 @@ class LLMEngine:
     def _schedules_ahead_of(self, in_flight: InFlightStep) -> bool:
         """Whether the next step may be planned before ``in_flight``'s tokens are on the host: with
         async scheduling, when every request it samples needs only its new token's id (on the
-        device) for the next step. Grammars and bad words need the token on the host; penalties
-        count it on the device, min_tokens only counts it, and logprobs follow it to the host."""
-        if not self.async_scheduling or in_flight.launched.result is not None:
-            return False
-        return all(
-            s.request.constraint is None and not s.request.needs_tokens_on_host
-            for s, sampled in zip(in_flight.out.scheduled, in_flight.launched.sampled_rows)
-            if sampled
-        )
+        device) for the next step. Penalties count it on the device, bad words compare it there,
+        min_tokens only counts it, logprobs follow it to the host, and a grammar's request has its
+        next token sampled once the token is accepted (`ModelRunner.sample_deferred`): the
+        forward is queued before."""
+        return self.async_scheduling and in_flight.launched.result is None
 
     def _step_ahead(self, in_flight: InFlightStep) -> list[RequestOutput]:
         """Schedule and launch the next step while ``in_flight`` runs (each pending token read on the
@@ -444,6 +440,14 @@ class LLMEngine:
         if isinstance(committed, list):
             # The step ahead read the failed step's token ids: it is dropped, its requests run again.
             return failed + committed
+        if launched is not None and launched.unsampled is not None:
+            # Its grammars have now accepted their pending tokens: their masks can be filled.
+            try:
+                launched = self.runner.sample_deferred(launched)
+            except FatalRunnerError:
+                raise
+            except Exception as error:
+                launched, failure = None, error
         if launched is not None:
             self._count_in_flight(out, launched, 1)
         outputs = failed + self._emit(committed)

@@ -128,11 +128,6 @@ class Request:
             or sampling_params.min_tokens
             or sampling_params.bad_words
         )
-        # Whether sampling its next token reads its last one's id on the host (bad words): a step
-        # cannot be planned before the previous one's tokens are on the host (async scheduling).
-        # A grammar (`constraint`) needs them too. Penalties count a pending token on the device,
-        # min_tokens only needs its count, and logprobs reach the host with the token.
-        self.needs_tokens_on_host = bool(sampling_params.bad_words)
         if sampling_params.seed is not None:
             from torch import Generator
 

@@ -29,7 +29,9 @@ class TokenConstraint:
     backend: ClassVar[str] = "unnamed"
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the tokens allowed next into ``bitmask[row]`` (int32, `bitmask_words` wide)."""
+        """Write the tokens allowed next into ``bitmask[row]`` (int32, `bitmask_words` wide).
+
+        Never called once the request has finished (after its last token, or one refused)."""
         raise NotImplementedError
 
     def accept(self, token_id: int) -> bool:

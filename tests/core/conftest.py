@@ -4,6 +4,7 @@ a preemption counter."""
 import dataclasses
 import itertools
 import math
+import random
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,7 +17,9 @@ from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
+from spyglass.core.engine.runner.penalty_counts import PendingTokens
 from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.load import load_checkpoint
@@ -57,6 +60,20 @@ ON_CUDA = pytest.param(
     ],
 )
 """A ``device`` parameter for tests that also run on a GPU where there is one."""
+
+
+def pending_tokens(
+    batch: list[Request], rng: random.Random, device: str, vocab_size: int
+) -> tuple[PendingTokens, dict[str, int]]:
+    """A step in flight that sampled a token for some of ``batch`` (async scheduling): its ids,
+    as the device holds them, with other requests' ids between; each pending token by request."""
+    tokens = {r.req_id: rng.randrange(vocab_size) for r in batch if rng.random() < 0.6}
+    ids, index = [], {}
+    for req_id, token_id in tokens.items():
+        ids.append(rng.randrange(vocab_size))  # another request's sampled id
+        index[req_id] = len(ids)
+        ids.append(token_id)
+    return PendingTokens(torch.tensor(ids, dtype=torch.long, device=device), index), tokens
 
 
 def outputs_by_step(

@@ -5,6 +5,7 @@ for through preemptions and aborts, and never lets a request pass its ``max_toke
 
 import argparse
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ import torch
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.engine.token_constraint import TokenConstraint
 from tests.core.conftest import completion_fields
 
 
@@ -122,20 +124,114 @@ def test_penalties_min_tokens_and_logprobs_schedule_ahead(
             assert all(len(lp.top) == params.logprobs for lp in logprobs)
 
 
-def test_requests_that_need_their_last_token_schedule_in_turn(
-    make_tiny_engine, run_engine, prompts
-):
-    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    needs_host = dataclasses.replace(greedy, bad_words=["the", "and"])
-    mixed = [needs_host if i % 2 else greedy for i in range(len(prompts))]
-    in_turn = run_engine(make_tiny_engine(async_output=False), prompts, mixed)
+def test_bad_words_schedule_ahead(make_tiny_engine, run_engine, prompts, tiny_llama_checkpoint):
+    """A bad word whose next-to-last token may be the pending one is banned on the device when that
+    token is it: the same outputs as in turn, with two- and three-token words taken from the
+    greedy outputs (so each bites), and a token that one word bans always and another only after
+    a pending token."""
+    tokenizer = tiny_llama_checkpoint.tokenizer
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    reference = run_engine(make_tiny_engine(async_output=False), prompts, greedy)
+    params = []
+    for output in reference:
+        ids = output.outputs[0].token_ids
+        words = [
+            tokenizer.decode(ids[3:5]),
+            tokenizer.decode(ids[8:11]),
+            tokenizer.decode(ids[12:13]),
+        ]
+        words.append(tokenizer.decode([ids[11], ids[12]]))  # ends with the one-token word
+        params.append(dataclasses.replace(greedy, bad_words=[w.strip() or "x" for w in words]))
+    in_turn = run_engine(make_tiny_engine(async_output=False), prompts, params)
     engine, launches = _ahead_engine(make_tiny_engine)
+    ahead = run_engine(engine, prompts, params)
+    assert [completion_fields(o) for o in ahead] == [completion_fields(o) for o in in_turn]
+    assert launches.ahead > launches.total // 2
+    changed = [a.outputs[0].token_ids != r.outputs[0].token_ids for a, r in zip(ahead, reference)]
+    assert sum(changed) >= len(prompts) // 2  # the words did ban tokens
+
+
+def test_grammars_sample_after_the_commit_before(make_tiny_engine, run_engine, prompts):
+    """A step that samples a grammar's token is forwarded ahead, and sampled once the step before
+    is committed (the grammar has accepted the pending token): the same outputs as in turn, every
+    one matching its grammar, greedy and drawn, beside plain requests; a grammar that ends its
+    request mid-run (the commit finishes it) leaves its row of the step ahead unmasked."""
+    digits = StructuredOutput("regex", "[0-9]{2,30}")
+    short = StructuredOutput("choice", ["yes", "no"])
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    kinds = [
+        dataclasses.replace(greedy, structured_output=digits),
+        SamplingParams(temperature=0.9, seed=5, max_tokens=12, structured_output=digits),
+        dataclasses.replace(greedy, structured_output=short, ignore_eos=False),
+        greedy,
+    ]
+    mixed = [kinds[i % len(kinds)] for i in range(len(prompts))]
+    plugins = ["fcfs", "structured_output"]
+    in_turn = run_engine(make_tiny_engine(async_output=False, plugins=plugins), prompts, mixed)
+    engine, launches = _ahead_engine(make_tiny_engine, plugins=plugins)
+    sample_deferred, deferred = engine.runner.sample_deferred, []
+    engine.runner.sample_deferred = lambda launched: deferred.append(1) or sample_deferred(launched)
     ahead = run_engine(engine, prompts, mixed)
     assert [completion_fields(o) for o in ahead] == [completion_fields(o) for o in in_turn]
-    assert launches.ahead == 0  # every step carried one of them
-    plain, launches = _ahead_engine(make_tiny_engine)
-    run_engine(plain, prompts[:4], greedy)
-    assert launches.ahead > 0
+    assert launches.ahead > launches.total // 2 and len(deferred) > launches.ahead // 2
+    for output, params in zip(ahead, mixed):
+        text = output.outputs[0].text
+        if params.structured_output is digits:
+            assert re.fullmatch("[0-9]{2,30}", text)
+        elif params.structured_output is short:
+            assert text in ("yes", "no") and output.outputs[0].finish_reason == "stop"
+
+
+class OpenUntilEos(TokenConstraint):
+    """Allows every token; notes each mask it is asked for after accepting EOS (its request over)."""
+
+    def __init__(self, eos: int, late_fills: list[int]):
+        self.eos, self.late_fills, self.ended = eos, late_fills, False
+
+    def fill_bitmask(self, bitmask, row):
+        self.late_fills += [row] * self.ended
+        bitmask[row] = -1
+
+    def accept(self, token_id):
+        self.ended = token_id == self.eos
+        return True
+
+    def num_valid(self, token_ids):
+        return len(token_ids)
+
+
+class OpenGrammars:
+    """Gives every structured-output request an `OpenUntilEos`."""
+
+    def __init__(self, eos: int):
+        self.eos, self.late_fills = eos, []
+
+    @hookimpl
+    def spyglass_token_constraint(self, spec, tokenizer, vocab_size):
+        """An `OpenUntilEos`, whatever ``spec`` says."""
+        return OpenUntilEos(self.eos, self.late_fills)
+
+
+def test_a_grammar_is_not_asked_for_a_mask_after_its_request_ends(
+    make_tiny_engine, run_engine, prompts, tiny_llama_checkpoint
+):
+    """A request that the commit before a deferred sampling finished still has its row in the step
+    ahead: its grammar is not asked for that row's mask."""
+    (eos,) = tiny_llama_checkpoint.tokenizer.eos_token_ids[:1]
+    grammars = OpenGrammars(eos)
+    engine, launches = _ahead_engine(make_tiny_engine, plugins=["fcfs"])
+    engine.plugin_manager.register(grammars)
+    ends = SamplingParams(
+        temperature=0,
+        max_tokens=20,
+        min_tokens=3,
+        logit_bias={eos: 30.0},
+        structured_output=StructuredOutput("regex", ".*"),
+    )
+    runs_on = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    outputs = run_engine(engine, prompts[:4], [ends, runs_on, ends, runs_on])
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [4, 20, 4, 20]
+    assert launches.ahead > 10 and grammars.late_fills == []
 
 
 def test_preemption_while_a_step_is_in_flight(make_tiny_engine, run_engine, prompts, same_greedy):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus
-from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
+from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
 from spyglass.core.engine.sampling_params import SamplingParams
-from tests.core.conftest import ON_CUDA
+from tests.core.conftest import ON_CUDA, pending_tokens
 
 VOCAB = 50
 
@@ -28,20 +28,6 @@ def penalised_from_scratch(logits: torch.Tensor, requests: list[Request]) -> tor
             count = request.output_token_ids.count(token_id)
             logits[row, token_id] -= params.frequency_penalty * count + params.presence_penalty
     return logits
-
-
-def _with_pending(
-    batch: list[Request], rng: random.Random, device: str
-) -> tuple[PendingTokens, dict[str, int]]:
-    """A step in flight that sampled a token for some of ``batch`` (async scheduling): its ids,
-    as the device holds them, with other requests' ids between; each pending token by request."""
-    tokens = {r.req_id: rng.randrange(VOCAB) for r in batch if rng.random() < 0.6}
-    ids, index = [], {}
-    for req_id, token_id in tokens.items():
-        ids.append(rng.randrange(VOCAB))  # another request's sampled id
-        index[req_id] = len(ids)
-        ids.append(token_id)
-    return PendingTokens(torch.tensor(ids, dtype=torch.long, device=device), index), tokens
 
 
 @pytest.mark.parametrize("device", ["cpu", ON_CUDA])
@@ -66,7 +52,7 @@ def test_counts_kept_across_steps_penalise_as_the_whole_history_does(pending, de
             live.append(request)
         batch = rng.sample(live, rng.randint(1, len(live)))  # not every request every step
         logits = torch.randn(len(batch), VOCAB, generator=generator)
-        in_flight, tokens = _with_pending(batch, rng, device) if pending else (None, {})
+        in_flight, tokens = pending_tokens(batch, rng, device, VOCAB) if pending else (None, {})
         pending_ones = [r for r in batch if r.req_id in tokens]
         for request in pending_ones:  # the definition reads the pending token as output
             request.output_token_ids.append(tokens[request.req_id])

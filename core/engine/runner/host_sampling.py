@@ -72,9 +72,17 @@ def sample_on_host(
     return tuple(tokens), tuple(logprobs), mask_time
 
 
-def adjust_plain(logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, float]:
-    """Each row's logit bias and grammar mask (the batch's masks filled in one call); mask seconds."""
-    constrained = [row for row, request in enumerate(requests) if request.constraint is not None]
+def adjust_plain(
+    logits: torch.Tensor, requests: list[Request], pending: PendingTokens | None = None
+) -> tuple[torch.Tensor, float]:
+    """Each row's logit bias, grammar mask (the batch's masks filled in one call) and bans (after
+    the ``pending`` tokens); mask seconds."""
+    # A request the commit before a deferred sampling finished keeps its row, unmasked.
+    constrained = [
+        row
+        for row, request in enumerate(requests)
+        if request.constraint is not None and not request.is_finished
+    ]
     start = time.perf_counter()
     bitmask = (
         fill_rows([requests[row].constraint for row in constrained], logits.shape[-1])
@@ -82,7 +90,7 @@ def adjust_plain(logits: torch.Tensor, requests: list[Request]) -> tuple[torch.T
         else None
     )
     mask_time = time.perf_counter() - start if constrained else 0.0
-    return adjust_logits(logits, requests, bitmask, constrained), mask_time
+    return adjust_logits(logits, requests, bitmask, constrained, pending=pending), mask_time
 
 
 def _sample_plain(
@@ -91,8 +99,8 @@ def _sample_plain(
     penalties: PenaltyCounts,
     pending: PendingTokens | None,
 ):
-    """`sample` after `_adjust_plain`; mask seconds."""
-    adjusted, mask_time = adjust_plain(logits, requests)
+    """`sample` after `adjust_plain`; mask seconds."""
+    adjusted, mask_time = adjust_plain(logits, requests, pending)
     return (*sample(adjusted, requests, penalties, raw=logits, pending=pending), mask_time)
 
 

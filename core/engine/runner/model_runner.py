@@ -77,6 +77,21 @@ _NO_LOGPROB = (None,)
 
 
 @dataclass(frozen=True, slots=True)
+class UnsampledStep:
+    """A step whose forward is queued and whose sampling waits (`ModelRunner.sample_deferred`): a
+    grammar's next mask needs the token its request sampled in the step in flight, accepted on the
+    host. What sampling it reads of the forward."""
+
+    out: SchedulerOutput
+    inputs: StepInputs
+    slices: list[PoolSlice]
+    logits: torch.Tensor
+    answers: tuple[Pooled, ...]
+    parts: tuple[PoolPart | None, ...]
+    vision: VisionWork
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchedStep:
     """A step queued on the device (`ModelRunner.launch`); `ModelRunner.collect` gives its output."""
 
@@ -97,6 +112,9 @@ class LaunchedStep:
     logprobs: LogprobRows | None = None
     """The sampled tokens' logprobs, for the requests that ask (on the host, still being copied on
     a GPU)."""
+    unsampled: UnsampledStep | None = None
+    """A step launched ahead that samples a grammar's token: its forward, to sample once the step
+    in flight is committed (`ModelRunner.sample_deferred`); then nothing else is set."""
 
 
 class ModelRunner:
@@ -253,7 +271,8 @@ class ModelRunner:
         ids (and the logprobs asked for) to the host: on a GPU the host returns before the step has
         run. Drafts, prompt logprobs and pooling need the host; such a step is finished here.
         ``after`` is the step still in flight whose sampled ids this one's pending tokens are
-        (async scheduling).
+        (async scheduling). A step where a grammar's request has a token pending is only
+        forwarded: `sample_deferred` samples it once ``after`` is committed.
         """
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables, after)
@@ -268,9 +287,34 @@ class ModelRunner:
                 tokens, logprobs, seconds, pooled=answers, pool_parts=parts, vision=self._vision
             )
             return LaunchedStep(start, rows, result=result)
+        unsampled = UnsampledStep(out, inputs, slices, logits, answers, parts, self._vision)
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
-        pending = _pending_penalised(sampled, after)
-        if slices or inputs.prompt_rows or any(s.num_spec_tokens for s in sampled):
+        if after is not None and any(
+            s.request.constraint and s.request.num_pending_tokens for s in sampled
+        ):
+            return LaunchedStep(start, inputs.sampled_rows, unsampled=unsampled)
+        return self._sample(start, unsampled, sampled, _pending_read(sampled, after))
+
+    @torch.inference_mode()
+    def sample_deferred(self, launched: LaunchedStep) -> LaunchedStep:
+        """Sample a step whose sampling waited for the commit of the step in flight before it (its
+        grammars have accepted their pending tokens, all now on the host): as `launch` does."""
+        unsampled = launched.unsampled
+        rows = unsampled.inputs.sampled_rows
+        sampled = [s for s, is_sampled in zip(unsampled.out.scheduled, rows) if is_sampled]
+        return self._sample(launched.start, unsampled, sampled, None)
+
+    def _sample(
+        self,
+        start: float,
+        step: UnsampledStep,
+        sampled: list[ScheduledRequest],
+        pending: PendingTokens | None,
+    ) -> LaunchedStep:
+        """Sample a step whose logits are computed (or queued): on the device where each sampled row
+        samples one token, else on the host (drafts, prompt logprobs, pooling)."""
+        out, inputs, logits = step.out, step.inputs, step.logits
+        if step.slices or inputs.prompt_rows or any(s.num_spec_tokens for s in sampled):
             num_sampled = logits.shape[0] - sum(inputs.prompt_rows)
             tokens, logprobs, mask_time = sample_on_host(
                 out, inputs.sampled_rows, logits[:num_sampled], self.penalties, pending
@@ -278,11 +322,11 @@ class ModelRunner:
             scored = score_prompts(out, inputs.prompt_rows, logits[num_sampled:])
             seconds = time.perf_counter() - start
             result = RunnerOutput(
-                tokens, logprobs, seconds, mask_time, scored, answers, parts, self._vision
+                tokens, logprobs, seconds, mask_time, scored, step.answers, step.parts, step.vision
             )
             return LaunchedStep(start, inputs.sampled_rows, result=result)
         requests = [s.request for s in sampled]
-        adjusted, mask_time = adjust_plain(logits, requests)
+        adjusted, mask_time = adjust_plain(logits, requests, pending)
         token_ids = (
             sample_tokens(adjusted, requests, self.penalties, pending)
             if requests
@@ -303,7 +347,7 @@ class ModelRunner:
             sampled_req_ids=tuple(r.req_id for r in requests),
             copied=copied,
             mask_time=mask_time,
-            vision=self._vision,
+            vision=step.vision,
             logprobs=logprobs,
         )
 
@@ -409,13 +453,15 @@ class ModelRunner:
         """Release what outlives the engine's objects (a tensor-parallel runner stops its workers)."""
 
 
-def _pending_penalised(
+def _pending_read(
     sampled: list[ScheduledRequest], after: LaunchedStep | None
 ) -> PendingTokens | None:
-    """The tokens ``after`` (the step in flight) sampled, for penalties to count, when a request
-    with penalties has one pending; else None."""
+    """The tokens ``after`` (the step in flight) sampled, for penalties to count and bad words to
+    compare, when a request with either has one pending; else None."""
     if after is None or not any(
-        s.request.num_pending_tokens and s.request.sampling_params.has_penalties for s in sampled
+        s.request.num_pending_tokens
+        and (s.request.sampling_params.has_penalties or s.request.bad_word_ids)
+        for s in sampled
     ):
         return None
     index = {req_id: at for at, req_id in enumerate(after.sampled_req_ids)}

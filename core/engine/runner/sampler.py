@@ -10,7 +10,7 @@ from spyglass.core.engine.request import Request
 from spyglass.core.engine.runner.logprob_rows import logprob_list, logprob_rows
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.row_tensors import argmax_rows, per_row
-from spyglass.core.engine.runner.token_bans import banned_tokens
+from spyglass.core.engine.runner.token_bans import banned_tokens, mask_banned
 from spyglass.core.engine.runner.token_draw import draw
 from spyglass.core.engine.token_constraint import allowed_tokens
 
@@ -21,10 +21,12 @@ def adjust_logits(
     bitmask: torch.Tensor | None = None,
     masked_rows: Sequence[int] = (),
     drafted: Sequence[Sequence[int]] | None = None,
+    pending: PendingTokens | None = None,
 ) -> torch.Tensor:
     """Each row limited to its ``allowed_token_ids``, its ``logit_bias`` added, ``bitmask`` row
-    ``i`` applied to row ``masked_rows[i]``, then its banned tokens (`banned_tokens`, after
-    ``drafted[row]`` for verification rows) masked unless nothing else is left.
+    ``i`` applied to row ``masked_rows[i]``, then its banned tokens (`banned_tokens`, after the
+    ``pending`` token of the step in flight, or ``drafted[row]`` for verification rows) masked
+    unless nothing else is left (`mask_banned`).
 
     Returns a new tensor when anything applies and ``logits`` itself otherwise (the raw logits
     stay untouched for logprobs). Disallowed tokens get -inf.
@@ -38,8 +40,8 @@ def adjust_logits(
             biased.append((row, params.logit_bias))
         if params.allowed_token_ids is not None:
             allowed.append((row, params.allowed_token_ids))
-        if ids := banned_tokens(request, drafted[row] if drafted else ()):
-            banned.append((row, ids))
+        if bans := banned_tokens(request, drafted[row] if drafted else ()):
+            banned.append((row, request, bans))
     if not (biased or allowed or banned) and bitmask is None:
         return logits
     logits = logits.clone()
@@ -58,14 +60,8 @@ def adjust_logits(
         rows = per_row(list(masked_rows), torch.long, device)
         allowed_by_grammar = allowed_tokens(bitmask, logits.shape[-1]).to(device)
         logits[rows] = logits[rows].masked_fill(~allowed_by_grammar, float("-inf"))
-    for row, ids in banned:
-        ids = per_row(ids, torch.long, device)
-        kept = logits[row, ids]
-        logits[row, ids] = float("-inf")
-        # A ban never leaves nothing to sample: where a grammar or allowed_token_ids leave only
-        # banned tokens (a regex that must end now, under min_tokens), they stay allowed.
-        nothing_left = ~torch.isfinite(logits[row]).any()
-        logits[row, ids] = torch.where(nothing_left, kept, logits[row, ids])
+    if banned:
+        mask_banned(logits, banned, pending)
     return logits
 
 
