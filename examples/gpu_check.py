@@ -29,7 +29,7 @@ from spyglass.core.cli.bench.throughput import run_engine
 from spyglass.core.cli.bench.workloads import w1_workload, w3_workload
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 
 # examples/gpu_model is a folder of files, not a package: its builder is imported by path, and so
 # are this script's neighbours.
@@ -106,6 +106,10 @@ PENALISED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty"
 """Qwen2.5's generation_config.json: a repetition penalty on every request (before the
 thirty-first session it turned async scheduling off)."""
 
+GRAMMAR = {**SAMPLING, "structured_output": StructuredOutput("json_object")}
+"""Every request's output a JSON object (before the thirty-second session a grammar turned async
+scheduling off; now its steps are forwarded ahead and sampled once the step before is committed)."""
+
 
 def step_phase_table(
     model: str,
@@ -120,8 +124,8 @@ def step_phase_table(
     async scheduling too; greedy unless ``sampling`` says otherwise. ``steps``, when given, gets
     each (mode, batch)'s step seconds."""
     rows = [
-        "| async | batch | step ms | schedule | prepare | launch | wait | update |",
-        "|---|---|---|---|---|---|---|---|",
+        "| async | batch | step ms | " + " | ".join(step_phases.PHASES) + " |",
+        "|---" * (3 + len(step_phases.PHASES)) + "|",
     ]
     for mode in modes:
         options = STEP_MODES[mode]
@@ -326,6 +330,16 @@ def main() -> int:
         f"decode step phases, default shape, sampling {PENALISED}",
         lambda: step_phase_table(
             models["default shape"], "cuda", (1, 64), modes=("scheduling",), sampling=PENALISED
+        ),
+    )
+    report.section(
+        "decode step phases, default shape, every request a JSON object",
+        lambda: step_phase_table(
+            models["default shape"],
+            "cuda",
+            (1, 64),
+            modes=("output", "scheduling"),
+            sampling=GRAMMAR,
         ),
     )
     report.section(

@@ -48,11 +48,16 @@ def test_the_step_phase_rows_cover_every_mode_and_every_batch(
     ]
     assert all(len(c) == len(header.strip("|").split("|")) for c in cells)
     assert all(float(value) >= 0 for c in cells for value in c[2:])
-    for sampling in (gpu_check.SAMPLING, gpu_check.PENALISED):
-        _header, _rule, *sampled = gpu_check.step_phase_table(
+    for sampling in (gpu_check.SAMPLING, gpu_check.PENALISED, gpu_check.GRAMMAR):
+        header, _rule, *sampled = gpu_check.step_phase_table(
             str(tiny_llama_dir), "cpu", (2,), modes=("scheduling",), sampling=sampling
         )
         assert [row.split("|")[1:3] for row in sampled] == [[" scheduling ", " 2 "]]
+        deferred = header.strip("|").split("|").index(" deferred ")
+        # Only a grammar's steps sample after the commit before.
+        assert (float(sampled[0].strip("|").split("|")[deferred]) > 0) == (
+            sampling is gpu_check.GRAMMAR
+        )
 
 
 def test_the_weight_read_rows_put_the_fastest_step_against_the_weights_read(

@@ -228,6 +228,23 @@ def test_bench_steps_samples_as_asked(tiny_llama_dir, capsys):
     assert "--sampling: top_p must be in (0, 1]" in capsys.readouterr().out
 
 
+def test_bench_steps_times_the_deferred_sampling_of_grammars(tiny_llama_dir, capsys):
+    """With async scheduling a grammar's steps are sampled after the commit before (deferred);
+    in turn they are sampled at launch."""
+    argv = ["bench", "steps", "--model", str(tiny_llama_dir), *TINY, "--batches", "3",
+            "--prompt-len", "8", "--max-tokens", "10"]  # fmt: skip
+    grammar = {"structured_output": {"kind": "regex", "value": "[a-z]{10,60}"}}
+    deferred = {}
+    for mode in ("--async-scheduling", "--no-async-scheduling"):
+        assert run([*argv, mode, "--sampling", json.dumps(grammar)]) == 0
+        header, columns, row = capsys.readouterr().out.splitlines()
+        assert "StructuredOutput(kind='regex'" in header
+        deferred[mode] = float(row.split()[columns.split().index("deferred")])
+    assert deferred["--async-scheduling"] > 0 and deferred["--no-async-scheduling"] == 0
+    assert run([*argv, "--sampling", '{"structured_output": "json"}']) == 2
+    assert "--sampling: structured_output is an object" in capsys.readouterr().out
+
+
 def test_bench_throughput_compares_lora_runs(tiny_llama_dir, capsys):
     argv = ["bench", "throughput", "--model", str(tiny_llama_dir), *TINY, "--workloads", "w1", "--num-requests", "3",
             "--repeats", "1", "--compare-lora", "1,2", "--max-lora-rank", "4"]  # fmt: skip

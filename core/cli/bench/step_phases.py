@@ -5,7 +5,9 @@ tokens together (greedy unless ``--sampling`` says otherwise, EOS ignored). Each
 is split into the engine's phases: schedule (`StepStats.schedule_time`), prepare (the runner
 building the step's inputs), launch (the rest of `ModelRunner.launch`: the forward and sampling
 queued), wait (`ModelRunner.collect`: the host waiting for the device's token ids) and update
-(committing tokens, text, outputs and the step hooks: `StepStats.update_time`). On the CPU the
+(committing tokens, text, outputs and the step hooks: `StepStats.update_time`); deferred is
+`ModelRunner.sample_deferred` (async scheduling's grammar steps: masks filled and sampling
+queued once the step before is committed; 0 where no step defers). On the CPU the
 model and the sampler run inside launch; on a GPU launch is the host's side of them and wait the
 device's time that the host did not hide. Medians over the decode steps of each batch; ``step``
 is the median wall time of an ``LLMEngine.step`` call.
@@ -22,9 +24,13 @@ import time
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
+from spyglass.core.engine.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutput,
+)
 
-PHASES = ("schedule", "prepare", "launch", "wait", "update")
+PHASES = ("schedule", "prepare", "launch", "wait", "update", "deferred")
 _KIND_NAMES = {kind.name.lower().replace("_", "-"): kind for kind in RequestOutputKind}
 
 
@@ -46,7 +52,8 @@ def add_parser(subparsers, argv) -> None:
         default="{}",
         help="sampling settings for every request, as JSON, e.g. "
         '\'{"temperature": 0.7, "top_p": 0.9}\' (default: greedy); a seed is offset by the '
-        "request's index",
+        'request\'s index; a grammar is {"structured_output": {"kind": "json_object"}} (kind and '
+        "value of `StructuredOutput`)",
     )
     add_engine_arguments(parser)
     parser.set_defaults(run=run)
@@ -93,7 +100,8 @@ def phase_medians(
 ) -> dict:
     """Median seconds of each phase, and of a whole step, over one batch's decode steps."""
     runner = engine.runner
-    timers = {name: CallTimer(runner, name) for name in ("prepare", "launch", "collect")}
+    timed = ("prepare", "launch", "collect", "sample_deferred")
+    timers = {name: CallTimer(runner, name) for name in timed}
     decode = DecodeSteps()
     engine.plugin_manager.register(decode)
     settings = {"temperature": 0.0, **(sampling or {})}
@@ -124,9 +132,21 @@ def phase_medians(
         "prepare": timers["prepare"].seconds[trim],
         "launch": launch[trim],
         "wait": timers["collect"].seconds[trim],
+        "deferred": timers["sample_deferred"].seconds[trim] or [0.0],
         **decode.phases,
     }
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def sampling_settings(settings: dict) -> dict:
+    """``--sampling``'s JSON as `SamplingParams` settings: a ``structured_output`` object made a
+    `StructuredOutput`."""
+    spec = settings.get("structured_output")
+    if spec is None:
+        return settings
+    if not isinstance(spec, dict):
+        raise ValueError('structured_output is an object: {"kind": ..., "value": ...}')
+    return {**settings, "structured_output": StructuredOutput(**spec)}
 
 
 def run(args) -> int:
@@ -137,8 +157,8 @@ def run(args) -> int:
     if unknown or not names:
         print(f"--output-kinds takes {', '.join(_KIND_NAMES)}; got {args.output_kinds!r}")
         return 2
-    sampling = json.loads(args.sampling)
     try:
+        sampling = sampling_settings(json.loads(args.sampling))
         SamplingParams(**sampling)
     except (TypeError, ValueError) as error:
         print(f"--sampling: {error}")
