@@ -26,6 +26,7 @@ from spyglass.core.engine.model_setup import (
 )
 from spyglass.core.engine.mrope_positions import prompt_positions
 from spyglass.core.engine.output_processor import DeferredText, OutputProcessor
+from spyglass.core.engine.output_wire import wire_output
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import SafeHookRelay, create_plugin_manager
@@ -610,6 +611,12 @@ class LLMEngine:
             num_image_waits=out.num_image_waits,
             scheduled_ahead=step.ahead,
         )
+
+    def send_wire_outputs(self) -> None:
+        """From now on `step`, `abort` and `abort_all` give `WireOutput` rows (`output_wire`) in
+        place of `RequestOutput`s: what the engine's own process sends to the server, built without
+        an object per request per step."""
+        self.outputs.build = wire_output
 
     def abort_all(self) -> list[RequestOutput]:
         """Abort every live request; their final outputs."""

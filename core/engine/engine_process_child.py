@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine_loop import EngineLoop
 from spyglass.core.engine.lora_info import LoRAInfo
-from spyglass.core.engine.output_wire import to_wire
-from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.output_wire import WireOutput
 from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.snapshot import EngineSnapshot
 from spyglass.core.engine.tool_calls import ToolCallParser
@@ -75,6 +74,7 @@ def run_engine_process(
         log.exception("the engine failed to load")
         events.send(("failed", portable(error)))
         raise SystemExit(1) from None
+    engine.send_wire_outputs()
     events.send(("ready", engine.describe(), engine.tokenizer))
     child = _EngineChild(engine, setup, events)
     raise SystemExit(child.serve(commands))
@@ -149,7 +149,7 @@ class _EngineChild:
         output = self._engine.abort(req_id)
         self._send_feedback()
         if output is not None:
-            self._send(("step", to_wire([output]), None))
+            self._send(("step", [output], None))
 
     def _send_feedback(self) -> None:
         if self._setup.take_feedback is not None and (items := self._setup.take_feedback()):
@@ -176,12 +176,12 @@ class _EngineChild:
         else:
             self._send(("added", req_id, None))
 
-    def _on_step(self, outputs: list[RequestOutput], snapshot: EngineSnapshot) -> None:
+    def _on_step(self, outputs: list[WireOutput], snapshot: EngineSnapshot) -> None:
         self._send_feedback()
         changed = snapshot != self._sent_snapshot
         if outputs or changed:
             self._sent_snapshot = snapshot
-            self._send(("step", to_wire(outputs), snapshot if changed else None))
+            self._send(("step", outputs, snapshot if changed else None))
 
     def _on_crash(self, error: BaseException) -> None:
         self._crashed = True

@@ -10,7 +10,7 @@ than the engine's ``stream_interval`` tokens it has not sent (its first and last
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from spyglass.core.engine.detokenizer import IncrementalDetokenizer
@@ -28,6 +28,43 @@ log = logging.getLogger("spyglass.engine")
 
 DeferredText = list[tuple[IncrementalDetokenizer, int]]
 """Tokens whose text is still to be decoded, with their request's detokenizer."""
+
+OutputBuilder = Callable[[Request, str, list[int], list | None, bool, list | None], object]
+"""Builds a request's output from the request and what the output carries: its text, token ids
+and logprobs (None when not asked for), whether it is the last, and its prompt logprobs (None when
+not carried)."""
+
+
+def request_output(
+    request: Request,
+    text: str,
+    token_ids: list[int],
+    logprobs: list | None,
+    finished: bool,
+    prompt_logprobs: list | None,
+) -> RequestOutput:
+    """The `OutputBuilder` of a `RequestOutput` with one completion."""
+    reason = request.finish_reason
+    # Positional: built for every running request at every step.
+    completion = CompletionOutput(
+        0,
+        text,
+        token_ids,
+        None if reason is None else reason.value,
+        request.stop_reason,
+        logprobs,
+    )
+    return RequestOutput(
+        request.req_id,
+        request.prompt,
+        request.prompt_token_ids,
+        [completion],
+        finished,
+        request.num_cached_tokens,
+        {},
+        prompt_logprobs,
+        request.pooled,
+    )
 
 
 @dataclass(slots=True)
@@ -52,6 +89,8 @@ class OutputProcessor:
     ):
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        # What `output` builds (`LLMEngine.send_wire_outputs` swaps it).
+        self.build: OutputBuilder = request_output
         self._sent: dict[str, _Sent] = {}
         self._scheduler = scheduler
         self._kv = kv
@@ -168,10 +207,10 @@ class OutputProcessor:
         return outputs
 
     def output(self, request: Request) -> RequestOutput | None:
-        """The request's output now, as its `RequestOutputKind` asks: None for a final-only request
-        still running, for a first-and-final one between its first output and its end, and for a
-        streamed one that has sent its first token and has fewer than ``stream_interval`` tokens
-        unsent. Once it is finished its text is let go."""
+        """The request's output now (`build`'s), as its `RequestOutputKind` asks: None for a
+        final-only request still running, for a first-and-final one between its first output and
+        its end, and for a streamed one that has sent its first token and has fewer than
+        ``stream_interval`` tokens unsent. Once it is finished its text is let go."""
         kind = request.sampling_params.output_kind
         finished = request.is_finished
         if kind is RequestOutputKind.FINAL_ONLY and not finished:
@@ -214,27 +253,7 @@ class OutputProcessor:
                     req_id,
                     detokenizer.num_restarts,
                 )
-        reason = request.finish_reason
-        # Positional: built for every running request at every step.
-        completion = CompletionOutput(
-            0,
-            text,
-            token_ids,
-            None if reason is None else reason.value,
-            request.stop_reason,
-            logprobs,
-        )
-        return RequestOutput(
-            req_id,
-            request.prompt,
-            request.prompt_token_ids,
-            [completion],
-            finished,
-            request.num_cached_tokens,
-            {},
-            prompt_logprobs,
-            request.pooled,
-        )
+        return self.build(request, text, token_ids, logprobs, finished, prompt_logprobs)
 
     @staticmethod
     def _add_pool_part(request: Request, part: PoolPart) -> None:
