@@ -8,15 +8,24 @@ import pytest
 import torch
 
 from spyglass.core.engine.request import Request
+from spyglass.core.engine.runner.logprob_rows import logprob_list, logprob_rows
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts
 from spyglass.core.engine.runner.row_tensors import argmax_rows
-from spyglass.core.engine.runner.sampler import sample
+from spyglass.core.engine.runner.sampler import sample_tokens
 from spyglass.core.engine.runner.token_draw import target_probs
 from spyglass.core.engine.sampling_params import SamplingParams
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 (then two impossible tokens).
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0, 0.0])
 LOGITS = torch.log(PROBS.clamp_min(1e-30))
+
+
+def sample(logits: torch.Tensor, requests: list[Request], penalties: PenaltyCounts):
+    """Each row's token, and its logprob where its request asks, as the engine samples them."""
+    token_ids = sample_tokens(logits, requests, penalties)
+    tokens = token_ids.tolist()
+    rows = logprob_rows(logits, token_ids, requests)
+    return tokens, logprob_list(rows, tokens, len(requests))
 
 
 def make_request(params: SamplingParams, prompt=(1, 2, 3), output=()) -> Request:

@@ -14,17 +14,16 @@ from spyglass.core.engine.kv.host_memory import (
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.runner.block_table_rows import BlockTableRows
 from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
-from spyglass.core.engine.runner.host_sampling import adjust_plain, sample_on_host
 from spyglass.core.engine.runner.image_cache import EncodedImageCache
 from spyglass.core.engine.runner.image_rows import step_image_rows
-from spyglass.core.engine.runner.logprob_rows import LogprobRows, logprob_list, logprob_rows
+from spyglass.core.engine.runner.logprob_rows import LogprobRows, logprob_list
 from spyglass.core.engine.runner.lora_rows import lora_groups
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.pooling import Pooled, PoolPart, PoolSlice, pool, pool_slices
 from spyglass.core.engine.runner.prompt_logprobs import score_prompts
 from spyglass.core.engine.runner.row_tensors import to_pinned
-from spyglass.core.engine.runner.sampler import sample_tokens
 from spyglass.core.engine.runner.step_inputs import StepInputs, build_step_inputs
+from spyglass.core.engine.runner.step_sampling import sample_step
 from spyglass.core.engine.sched.scheduler import ScheduledRequest, SchedulerOutput
 from spyglass.core.models.attention_metadata import AttentionMetadata
 from spyglass.core.models.image_rows import ImageRows
@@ -267,9 +266,9 @@ class ModelRunner:
     ) -> LaunchedStep:
         """Queue a non-empty step's forward and sampling on the device; `collect` waits for it.
 
-        A step of one token per sampled request samples on the device and starts copying the token
-        ids (and the logprobs asked for) to the host: on a GPU the host returns before the step has
-        run. Drafts, prompt logprobs and pooling need the host; such a step is finished here.
+        The step samples (and verifies drafts) on the device and starts copying the token ids (and
+        the logprobs asked for) to the host: on a GPU the host returns before the step has run.
+        Prompt logprobs and pooling need the host; such a step is finished here.
         ``after`` is the step still in flight whose sampled ids this one's pending tokens are
         (async scheduling). A step where a grammar's request has a token pending is only
         forwarded: `sample_deferred` samples it once ``after`` is committed.
@@ -311,29 +310,30 @@ class ModelRunner:
         sampled: list[ScheduledRequest],
         pending: PendingTokens | None,
     ) -> LaunchedStep:
-        """Sample a step whose logits are computed (or queued): on the device where each sampled row
-        samples one token, else on the host (drafts, prompt logprobs, pooling)."""
+        """Sample a step whose logits are computed (or queued) on the device (`sample_step`), and
+        start copying its tokens to the host. A step that scores prompt tokens or pools is
+        finished here: those need the host."""
         out, inputs, logits = step.out, step.inputs, step.logits
-        if step.slices or inputs.prompt_rows or any(s.num_spec_tokens for s in sampled):
-            num_sampled = logits.shape[0] - sum(inputs.prompt_rows)
-            tokens, logprobs, mask_time = sample_on_host(
-                out, inputs.sampled_rows, logits[:num_sampled], self.penalties, pending
+        num_sampled = logits.shape[0] - sum(inputs.prompt_rows)
+        tokens = sample_step(logits[:num_sampled], sampled, self.penalties, pending)
+        if step.slices or inputs.prompt_rows:
+            token_lists, logprob_lists = _per_request(
+                tokens.token_ids.cpu(), tokens.logprobs, inputs.sampled_rows
             )
             scored = score_prompts(out, inputs.prompt_rows, logits[num_sampled:])
-            seconds = time.perf_counter() - start
             result = RunnerOutput(
-                tokens, logprobs, seconds, mask_time, scored, step.answers, step.parts, step.vision
+                token_lists,
+                logprob_lists,
+                time.perf_counter() - start,
+                tokens.mask_time,
+                scored,
+                step.answers,
+                step.parts,
+                step.vision,
             )
             return LaunchedStep(start, inputs.sampled_rows, result=result)
-        requests = [s.request for s in sampled]
-        adjusted, mask_time = adjust_plain(logits, requests, pending)
-        token_ids = (
-            sample_tokens(adjusted, requests, self.penalties, pending)
-            if requests
-            else logits.new_empty(0)
-        )
-        logprobs = logprob_rows(logits, token_ids, requests) if requests else None
-        host, copied = token_ids, None
+        token_ids, logprobs, copied = tokens.token_ids, tokens.logprobs, None
+        host = token_ids
         if token_ids.device.type != "cpu":
             host = to_pinned(token_ids)
             logprobs = None if logprobs is None else logprobs.to_host()
@@ -343,10 +343,12 @@ class ModelRunner:
             start,
             inputs.sampled_rows,
             host,
-            device_token_ids=token_ids,
-            sampled_req_ids=tuple(r.req_id for r in requests),
+            # A step with drafts is never one that a step launched after it reads (speculation
+            # does not schedule ahead).
+            device_token_ids=token_ids if token_ids.dim() == 1 else None,
+            sampled_req_ids=tuple(s.request.req_id for s in sampled),
             copied=copied,
-            mask_time=mask_time,
+            mask_time=tokens.mask_time,
             vision=step.vision,
             logprobs=logprobs,
         )
@@ -357,20 +359,9 @@ class ModelRunner:
             return launched.result
         if launched.copied is not None:
             launched.copied.synchronize()
-        token_ids = launched.token_ids.tolist()
-        rows = launched.sampled_rows
-        if launched.logprobs is not None:
-            wanted = iter(logprob_list(launched.logprobs, token_ids, len(token_ids)))
-            ids = iter(token_ids)
-            tokens = tuple([next(ids)] if is_sampled else [] for is_sampled in rows)
-            logprobs = tuple([next(wanted)] if is_sampled else [] for is_sampled in rows)
-        elif len(token_ids) == len(rows):  # every request sampled (decode): no row to skip
-            tokens = tuple([token_id] for token_id in token_ids)
-            logprobs = (_NO_LOGPROB,) * len(rows)
-        else:
-            ids = iter(token_ids)
-            tokens = tuple([next(ids)] if is_sampled else [] for is_sampled in rows)
-            logprobs = tuple(_NO_LOGPROB if is_sampled else () for is_sampled in rows)
+        tokens, logprobs = _per_request(
+            launched.token_ids, launched.logprobs, launched.sampled_rows
+        )
         return RunnerOutput(
             tokens,
             logprobs,
@@ -451,6 +442,36 @@ class ModelRunner:
 
     def close(self) -> None:
         """Release what outlives the engine's objects (a tensor-parallel runner stops its workers)."""
+
+
+def _per_request(
+    token_ids: torch.Tensor, logprobs: LogprobRows | None, rows: tuple[bool, ...]
+) -> tuple[tuple[list[int], ...], tuple[Sequence[Logprob | None], ...]]:
+    """Per scheduled request (``rows``: whether it sampled), its tokens and their logprobs, from
+    `SampledTokens` on the host: one id per sampled request, or a row of ids (-1 after its last)
+    in a step with drafts."""
+    ids = token_ids.tolist()
+    if token_ids.dim() == 2:
+        ids = [[t for t in row if t >= 0] for row in ids]
+        first = [row[0] for row in ids]
+        wanted = iter(logprob_list(logprobs, first, len(ids)))
+        appended = iter(ids)
+        tokens = tuple(next(appended) if is_sampled else [] for is_sampled in rows)
+        lists = tuple(
+            [next(wanted)] + [None] * (len(t) - 1) if is_sampled else []
+            for t, is_sampled in zip(tokens, rows)
+        )
+        return tokens, lists
+    if logprobs is not None:
+        wanted = iter(logprob_list(logprobs, ids, len(ids)))
+        sampled_ids = iter(ids)
+        tokens = tuple([next(sampled_ids)] if is_sampled else [] for is_sampled in rows)
+        return tokens, tuple([next(wanted)] if is_sampled else [] for is_sampled in rows)
+    if len(ids) == len(rows):  # every request sampled (decode): no row to skip
+        return tuple([token_id] for token_id in ids), (_NO_LOGPROB,) * len(rows)
+    sampled_ids = iter(ids)
+    tokens = tuple([next(sampled_ids)] if is_sampled else [] for is_sampled in rows)
+    return tokens, tuple(_NO_LOGPROB if is_sampled else () for is_sampled in rows)
 
 
 def _pending_read(

@@ -1,13 +1,11 @@
 """Turning a batch of logits into tokens: allowed and banned tokens, logit bias, grammar masks,
-penalties, temperature, top-k/top-p/min-p, seeds, logprobs."""
+penalties, temperature, top-k/top-p/min-p, seeds."""
 
 from collections.abc import Sequence
 
 import torch
 
-from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.logprob_rows import logprob_list, logprob_rows
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.row_tensors import argmax_rows, per_row
 from spyglass.core.engine.runner.token_bans import banned_tokens, mask_banned
@@ -87,21 +85,3 @@ def sample_tokens(
     where = per_row(drawn, torch.long, logits.device)
     token_ids[where] = draw(logits[where], [requests[row] for row in drawn])
     return token_ids
-
-
-def sample(
-    logits: torch.Tensor,
-    requests: list[Request],
-    penalties: PenaltyCounts,
-    raw: torch.Tensor | None = None,
-    pending: PendingTokens | None = None,
-) -> tuple[list[int], list[Logprob | None]]:
-    """`sample_tokens` as a list, and logprobs where asked (`logprob_rows`).
-
-    ``logits`` may be `adjust_logits`'s result; logprobs are those of the model's raw distribution
-    (``raw``, else ``logits``), as vLLM reports them.
-    """
-    token_ids = sample_tokens(logits, requests, penalties, pending)
-    rows = logprob_rows(logits if raw is None else raw, token_ids, requests)
-    token_list = token_ids.tolist()
-    return token_list, logprob_list(rows, token_list, len(requests))

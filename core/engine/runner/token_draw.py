@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.row_tensors import argmax_rows, per_row
+from spyglass.core.engine.runner.row_tensors import argmax_rows, on_device, per_row
 from spyglass.core.engine.sampling_params import SamplingParams
 
 WIDTHS = (256, 4096)
@@ -170,8 +170,8 @@ def _race_ranked(ranked: Ranked, requests: Sequence[Request], token_ids: torch.T
     if not ranked.rows:
         return
     device = token_ids.device
-    noise = _noise([requests[row] for row in ranked.rows], ranked.probs.shape[1], device)
-    winners = argmax_rows(ranked.probs / noise).to(device)
+    exp_noise = noise([requests[row] for row in ranked.rows], ranked.probs.shape[1], device)
+    winners = argmax_rows(ranked.probs / exp_noise).to(device)
     where = per_row(ranked.rows, torch.long, device)
     token_ids[where] = ranked.token_ids.gather(1, winners.unsqueeze(1)).squeeze(1)
 
@@ -197,8 +197,8 @@ def _race_vocabulary(
         weights.masked_fill_(weights < per_row(min_p, torch.float32, device).unsqueeze(1), 0.0)
     if exclude is not None:
         weights.scatter_(1, exclude.token_ids, 0.0)
-    noise = _noise([requests[row] for row in rows], weights.shape[1], device)
-    token_ids[where] = argmax_rows(weights.div_(noise)).to(device)
+    exp_noise = noise([requests[row] for row in rows], weights.shape[1], device)
+    token_ids[where] = argmax_rows(weights.div_(exp_noise)).to(device)
 
 
 def _draw_mixture(
@@ -217,7 +217,7 @@ def _draw_mixture(
         probs = (values - _log_total(values)).exp_()
         floor = per_row(min_p, torch.float32, device).unsqueeze(1) * ranked.probs[:, :1]
         kept_mass = probs.masked_fill_(probs < floor, 0.0).sum(dim=-1)
-    choice = _uniform([requests[row] for row in ranked.rows], 1, device).squeeze(1)
+    choice = uniform([requests[row] for row in ranked.rows], 1, device).squeeze(1)
     in_ranked = (choice * kept_mass < ranked.probs.sum(dim=-1)).tolist()
     _race_ranked(ranked.take([i for i, r in enumerate(in_ranked) if r]), requests, token_ids)
     rest = ranked.take([i for i, r in enumerate(in_ranked) if not r])
@@ -238,20 +238,27 @@ def _log_total(values: torch.Tensor) -> torch.Tensor:
     return largest + (values - largest).exp_().sum(dim=-1, keepdim=True).log_()
 
 
-def _uniform(requests: Sequence[Request], width: int, device: torch.device) -> torch.Tensor:
-    """Uniform numbers in [0, 1), ``width`` per request: a seeded request's from its generator,
-    the others' from the global one."""
-    uniform = torch.rand((len(requests), width), device=device)
+def uniform(
+    requests: Sequence[Request],
+    width: int,
+    device: torch.device,
+    counts: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """Uniform numbers in [0, 1), ``width`` per request: a seeded request's from its generator (its
+    first ``counts[i]`` only, when ``counts`` is given: as many as its own row needs), the others'
+    from the global one."""
+    values = torch.rand((len(requests), width), device=device)
     seeded = [row for row, r in enumerate(requests) if r.generator is not None]
     if seeded:
-        own = torch.stack([torch.rand(width, generator=requests[row].generator) for row in seeded])
-        if device.type != "cpu":
-            own = own.pin_memory().to(device, non_blocking=True)
-        uniform[per_row(seeded, torch.long, device)] = own
-    return uniform
+        own = torch.rand((len(seeded), width))
+        for at, row in enumerate(seeded):
+            count = width if counts is None else counts[row]
+            own[at, :count] = torch.rand(count, generator=requests[row].generator)
+        values[per_row(seeded, torch.long, device)] = on_device(own, device)
+    return values
 
 
-def _noise(requests: Sequence[Request], width: int, device: torch.device) -> torch.Tensor:
-    """Exp(1) noise, ``width`` per request (`_uniform`'s, as -log(u): a u of 0 gives an infinite q,
+def noise(requests: Sequence[Request], width: int, device: torch.device) -> torch.Tensor:
+    """Exp(1) noise, ``width`` per request (`uniform`'s, as -log(u): a u of 0 gives an infinite q,
     which never wins)."""
-    return _uniform(requests, width, device).log_().neg_()
+    return uniform(requests, width, device).log_().neg_()
