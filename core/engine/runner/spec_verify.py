@@ -35,21 +35,26 @@ class _Drafted:
 
 
 def verify_drafts(
-    logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]
+    logits: torch.Tensor,
+    requests: list[Request],
+    drafts: list[list[int]],
+    firsts: list[int] | None = None,
 ) -> torch.Tensor:
     """The tokens each request appends, as a ``[requests, 1 + most drafts]`` tensor on the logits'
     device: its accepted drafts, then one token of the target model, then -1s.
 
-    ``logits`` holds each request's ``len(drafts[i]) + 1`` float32 rows in turn (every request has
-    a draft): position ``j`` scores the token after draft ``j - 1``.
+    Request ``i``'s ``len(drafts[i]) + 1`` float32 rows of ``logits`` (every request has a draft)
+    start at row ``firsts[i]`` (default: each request's rows follow the one before's): position
+    ``j`` scores the token after draft ``j - 1``.
     """
     device = logits.device
     counts = [len(d) for d in drafts]
     width = max(counts)
     positions = torch.arange(width + 1)
-    firsts = torch.tensor(list(accumulate((c + 1 for c in counts[:-1]), initial=0)))
+    if firsts is None:
+        firsts = list(accumulate((c + 1 for c in counts[:-1]), initial=0))
     last = torch.tensor(counts).unsqueeze(1)
-    rows = firsts.unsqueeze(1) + torch.minimum(positions, last)
+    rows = torch.tensor(firsts).unsqueeze(1) + torch.minimum(positions, last)
     padded = torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.long)
     is_draft = positions[:width] < last
     token_ids = torch.full((len(requests), width + 1), -1, dtype=torch.long, device=device)
@@ -57,17 +62,18 @@ def verify_drafts(
         group = [at for at, r in enumerate(requests) if r.sampling_params.greedy == greedy]
         if not group:
             continue
+        whole = len(group) == len(requests)
         part = _Drafted(
             [requests[at] for at in group],
             [counts[at] for at in group],
-            *(on_device(t[group], device) for t in (rows, padded, is_draft)),
+            *(on_device(t if whole else t[group], device) for t in (rows, padded, is_draft)),
         )
         accepted, final = _greedy(logits, part) if greedy else _sampled(logits, part)
         kept = torch.arange(width, device=device) < accepted.unsqueeze(1)
         appended = torch.full((len(group), width + 1), -1, dtype=torch.long, device=device)
         appended[:, :width] = torch.where(kept, part.drafts, -1)
         appended.scatter_(1, accepted.unsqueeze(1), final.unsqueeze(1))
-        if len(group) == len(requests):
+        if whole:
             return appended
         token_ids[per_row(group, torch.long, device)] = appended
     return token_ids

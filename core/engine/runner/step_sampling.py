@@ -41,30 +41,37 @@ def sample_step(
     """The tokens of the ``sampled`` requests from their rows of ``logits`` (one each, and one
     more per draft to verify), penalties from the engine's ``penalties`` counting the ``pending``
     tokens of the step in flight. Logprobs are those of the raw logits, as vLLM reports them."""
+    requests = [s.request for s in sampled]
     if not any(s.num_spec_tokens for s in sampled):
-        return _sample_plain(logits, [s.request for s in sampled], penalties, pending)
+        return _sample_plain(logits, requests, penalties, pending)
+    # Speculation never schedules ahead: no token is pending.
     device = logits.device
     spans = [s.num_spec_tokens + 1 for s in sampled]
     firsts = list(accumulate(spans[:-1], initial=0))
+    drafts = [r.spec_token_ids[: span - 1] for r, span in zip(requests, spans)]
+    adjusted, mask_time = _adjust_drafted(logits, requests, drafts)
     token_ids = torch.full((len(sampled), max(spans)), -1, dtype=torch.long, device=device)
-    plain = [at for at, s in enumerate(sampled) if not s.num_spec_tokens]
-    logprobs, mask_time = None, 0.0
+    plain = [at for at, span in enumerate(spans) if span == 1]
+    drafted = [at for at, span in enumerate(spans) if span > 1]
+    logprobs = None
     if plain:
         rows = per_row([firsts[at] for at in plain], torch.long, device)
-        part = _sample_plain(
-            logits[rows], [sampled[at].request for at in plain], penalties, pending
-        )
-        token_ids[per_row(plain, torch.long, device), 0] = part.token_ids
-        if part.logprobs is not None:
-            logprobs = replace(part.logprobs, rows=[plain[row] for row in part.logprobs.rows])
-        mask_time = part.mask_time
-    drafted = [at for at, s in enumerate(sampled) if s.num_spec_tokens]
-    rows = [firsts[at] + i for at in drafted for i in range(spans[at])]
-    verified, drafted_mask_time = _verify(
-        logits[per_row(rows, torch.long, device)], sampled, drafted
+        plain_requests = [requests[at] for at in plain]
+        plain_ids = sample_tokens(adjusted[rows], plain_requests, penalties)
+        token_ids[per_row(plain, torch.long, device), 0] = plain_ids
+        rows_logprobs = logprob_rows(logits[rows], plain_ids, plain_requests)
+        if rows_logprobs is not None:
+            logprobs = replace(rows_logprobs, rows=[plain[row] for row in rows_logprobs.rows])
+    verified = verify_drafts(
+        adjusted,
+        [requests[at] for at in drafted],
+        [drafts[at] for at in drafted],
+        [firsts[at] for at in drafted],
     )
+    if len(drafted) == len(sampled):
+        return SampledTokens(verified, logprobs, mask_time)
     token_ids[per_row(drafted, torch.long, device), : verified.shape[1]] = verified
-    return SampledTokens(token_ids, logprobs, mask_time + drafted_mask_time)
+    return SampledTokens(token_ids, logprobs, mask_time)
 
 
 def adjust_plain(
@@ -102,16 +109,14 @@ def _sample_plain(
     return SampledTokens(token_ids, logprob_rows(logits, token_ids, requests), mask_time)
 
 
-def _verify(
-    logits: torch.Tensor, sampled: list[ScheduledRequest], drafted: list[int]
+def _adjust_drafted(
+    logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]
 ) -> tuple[torch.Tensor, float]:
-    """`verify_drafts` of the ``drafted`` requests of ``sampled`` (``logits``: their rows in
-    turn), each position adjusted after the drafts before it and masked by its grammar there;
-    mask seconds."""
-    requests = [sampled[at].request for at in drafted]
-    drafts = [r.spec_token_ids[: sampled[at].num_spec_tokens] for r, at in zip(requests, drafted)]
-    row_requests = [r for r, d in zip(requests, drafts) for _ in range(len(d) + 1)]
-    prefixes = [d[:i] for d in drafts for i in range(len(d) + 1)]
+    """`adjust_logits` for a step with drafts (``logits``: each request's rows in turn, one per
+    draft and one more), each position after the drafts before it and masked by its grammar
+    there; mask seconds."""
+    row_requests = [r for r, own in zip(requests, drafts) for _ in range(len(own) + 1)]
+    prefixes = [own[:i] for own in drafts for i in range(len(own) + 1)]
     masks, masked_rows, row = [], [], 0
     start = time.perf_counter()
     for request, own in zip(requests, drafts):
@@ -121,8 +126,7 @@ def _verify(
         row += len(own) + 1
     mask_time = time.perf_counter() - start if masks else 0.0
     bitmask = torch.cat(masks) if masks else None
-    adjusted = adjust_logits(logits, row_requests, bitmask, masked_rows, drafted=prefixes)
-    return verify_drafts(adjusted, requests, drafts), mask_time
+    return adjust_logits(logits, row_requests, bitmask, masked_rows, drafted=prefixes), mask_time
 
 
 def _draft_bitmask(constraint: TokenConstraint, drafts: list[int], vocab_size: int) -> torch.Tensor:
