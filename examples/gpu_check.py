@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from spyglass.core.cli.bench import step_phases
+from spyglass.core.cli.bench import step_phases, verify_cost
 from spyglass.core.cli.bench.hf_static import HFStaticBatching
 from spyglass.core.cli.bench.throughput import run_engine
 from spyglass.core.cli.bench.workloads import w1_workload, w3_workload
@@ -145,6 +145,22 @@ def step_phase_table(
             )
         engine.shutdown()
     return rows
+
+
+def verify_cost_rows(model: str, device: str, rounds: int = 3) -> list[str]:
+    """A step verifying L drafts for one greedy request against a plain decode step (`spyglass
+    bench latency --verify-cost`), bf16 with CUDA graphs: since the thirty-second session the
+    drafts are verified on the device and the step is not finished at launch."""
+    config = EngineConfig(
+        model=model, dtype="bfloat16", device=device, speculative="ngram", num_speculative_tokens=4
+    )
+    engine = LLMEngine(config)
+    costs = verify_cost.verification_costs(engine, list(range(100, 132)), 4, rounds)
+    engine.shutdown()
+    return ["| drafts | ms/step | x plain |", "|---|---|---|"] + [
+        f"| {length} | {seconds * 1e3:.2f} | {seconds / costs[0]:.2f}x |"
+        for length, seconds in costs.items()
+    ]
 
 
 def weight_read_rows(model: str, device: str, bandwidth: float) -> list[str]:
@@ -341,6 +357,10 @@ def main() -> int:
             modes=("output", "scheduling"),
             sampling=GRAMMAR,
         ),
+    )
+    report.section(
+        "speculation: verifying L drafts at batch 1, default shape",
+        lambda: verify_cost_rows(models["default shape"], "cuda"),
     )
     report.section(
         "decode attention tilings (tile positions / warps / stages)",

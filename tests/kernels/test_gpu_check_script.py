@@ -60,6 +60,16 @@ def test_the_step_phase_rows_cover_every_mode_and_every_batch(
         )
 
 
+def test_the_verify_cost_rows_time_each_number_of_drafts(
+    gpu_check, tiny_llama_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SPYGLASS_CACHE_DIR", str(tmp_path))
+    _header, _rule, *rows = gpu_check.verify_cost_rows(str(tiny_llama_dir), "cpu", rounds=1)
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    assert [c[0] for c in cells] == ["0", "1", "2", "3", "4"]
+    assert cells[0][2] == "1.00x" and all(float(c[1]) > 0 for c in cells)
+
+
 def test_the_weight_read_rows_put_the_fastest_step_against_the_weights_read(
     gpu_check, tiny_llama_dir, tmp_path, monkeypatch
 ):
