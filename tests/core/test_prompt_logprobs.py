@@ -62,16 +62,35 @@ def test_prompt_logprobs_match_transformers(
     assert all(o.prompt_logprobs is None for o in plain)
 
 
+class LaunchesAfterScoring:
+    """Counts the runner's launches made while a step that scores prompt tokens is in flight."""
+
+    def __init__(self, engine):
+        self.count = 0
+        launch = engine.runner.launch
+
+        def counted(out, block_tables, after=None):
+            self.count += after is not None and after.prompt_scores is not None
+            return launch(out, block_tables, after)
+
+        engine.runner.launch = counted
+
+
+@pytest.mark.parametrize("options", [{}, {"async_scheduling": True}], ids=["sync", "async"])
 def test_chunks_preemption_and_the_prefix_cache_score_every_position_once(
-    make_cramped_engine, run_engine, prompts, reference, count_preemptions
+    make_cramped_engine, run_engine, prompts, reference, count_preemptions, options
 ):
-    engine = make_cramped_engine()
+    """With async scheduling, the next chunk is planned while a chunk's scores are on their way to
+    the host: its first row comes from the positions, not the scores committed so far."""
+    engine = make_cramped_engine(**options)
     preemptions = count_preemptions(engine)
+    launches = LaunchesAfterScoring(engine)
     run_engine(engine, prompts, replace(SCORED, prompt_logprobs=None))  # fills the cache
     preemptions.req_ids.clear()
     longer = replace(SCORED, max_tokens=24)
     outputs = run_engine(engine, prompts, longer)
     assert preemptions.req_ids, "the KV budget was meant to force preemptions"
+    assert (launches.count > 0) == bool(options)
     for output, prompt, logprobs in zip(outputs, prompts, reference):
         assert output.num_cached_tokens == 0
         _check(output, prompt, logprobs)

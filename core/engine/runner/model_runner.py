@@ -20,7 +20,7 @@ from spyglass.core.engine.runner.logprob_rows import LogprobRows, logprob_list
 from spyglass.core.engine.runner.lora_rows import lora_groups
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.pooling import Pooled, PoolPart, PoolSlice, pool, pool_slices
-from spyglass.core.engine.runner.prompt_logprobs import score_prompts
+from spyglass.core.engine.runner.prompt_logprobs import PromptScores, score_prompts
 from spyglass.core.engine.runner.row_tensors import to_pinned
 from spyglass.core.engine.runner.step_inputs import StepInputs, build_step_inputs
 from spyglass.core.engine.runner.step_sampling import sample_step
@@ -59,8 +59,8 @@ class RunnerOutput:
     mask_time: float = 0.0
     """Of ``model_time``, the seconds spent filling structured-output bitmasks (0 without constraints)."""
     prompt_logprobs: tuple[list[Logprob], ...] = ()
-    """Per scheduled request, the logprobs of the prompt tokens this step scored (empty when no
-    request of the step asks for prompt logprobs)."""
+    """Per scheduled request, the logprobs of the prompt tokens this step scored (empty when the
+    step scores none)."""
     pooled: tuple[Pooled, ...] = ()
     """Per scheduled request, the answer of a pooling request whose prompt the step finished
     (an embedding or class probabilities), else None (empty when the step finishes none)."""
@@ -111,6 +111,9 @@ class LaunchedStep:
     logprobs: LogprobRows | None = None
     """The sampled tokens' logprobs, for the requests that ask (on the host, still being copied on
     a GPU)."""
+    prompt_scores: PromptScores | None = None
+    """The scores of the prompt tokens the step scored, for the requests that ask (on the host,
+    still being copied on a GPU)."""
     unsampled: UnsampledStep | None = None
     """A step launched ahead that samples a grammar's token: its forward, to sample once the step
     in flight is committed (`ModelRunner.sample_deferred`); then nothing else is set."""
@@ -268,7 +271,7 @@ class ModelRunner:
 
         The step samples (and verifies drafts) on the device and starts copying the token ids (and
         the logprobs asked for) to the host: on a GPU the host returns before the step has run.
-        Prompt logprobs and pooling need the host; such a step is finished here.
+        Pooling needs the host; such a step is finished here.
         ``after`` is the step still in flight whose sampled ids this one's pending tokens are
         (async scheduling). A step where a grammar's request has a token pending is only
         forwarded: `sample_deferred` samples it once ``after`` is committed.
@@ -310,23 +313,23 @@ class ModelRunner:
         sampled: list[ScheduledRequest],
         pending: PendingTokens | None,
     ) -> LaunchedStep:
-        """Sample a step whose logits are computed (or queued) on the device (`sample_step`), and
-        start copying its tokens to the host. A step that scores prompt tokens or pools is
-        finished here: those need the host."""
+        """Sample a step whose logits are computed (or queued) on the device (`sample_step`),
+        score its prompt rows there (`score_prompts`), and start copying both to the host. A step
+        that pools is finished here: that needs the host."""
         out, inputs, logits = step.out, step.inputs, step.logits
         num_sampled = logits.shape[0] - sum(inputs.prompt_rows)
         tokens = sample_step(logits[:num_sampled], sampled, self.penalties, pending)
-        if step.slices or inputs.prompt_rows:
+        scores = score_prompts(out, inputs.prompt_rows, inputs.prompt_targets, logits[num_sampled:])
+        if step.slices:
             token_lists, logprob_lists = _per_request(
                 tokens.token_ids.cpu(), tokens.logprobs, inputs.sampled_rows
             )
-            scored = score_prompts(out, inputs.prompt_rows, logits[num_sampled:])
             result = RunnerOutput(
                 token_lists,
                 logprob_lists,
                 time.perf_counter() - start,
                 tokens.mask_time,
-                scored,
+                () if scores is None else scores.logprobs(),
                 step.answers,
                 step.parts,
                 step.vision,
@@ -337,6 +340,7 @@ class ModelRunner:
         if token_ids.device.type != "cpu":
             host = to_pinned(token_ids)
             logprobs = None if logprobs is None else logprobs.to_host()
+            scores = None if scores is None else scores.to_host()
             copied = torch.cuda.Event()
             copied.record()
         return LaunchedStep(
@@ -351,6 +355,7 @@ class ModelRunner:
             mask_time=tokens.mask_time,
             vision=step.vision,
             logprobs=logprobs,
+            prompt_scores=scores,
         )
 
     def collect(self, launched: LaunchedStep) -> RunnerOutput:
@@ -362,11 +367,13 @@ class ModelRunner:
         tokens, logprobs = _per_request(
             launched.token_ids, launched.logprobs, launched.sampled_rows
         )
+        scores = launched.prompt_scores
         return RunnerOutput(
             tokens,
             logprobs,
             time.perf_counter() - launched.start,
             launched.mask_time,
+            () if scores is None else scores.logprobs(),
             vision=launched.vision,
         )
 

@@ -1,48 +1,80 @@
 """The logprobs of prompt tokens (``SamplingParams.prompt_logprobs``): each position's logits
-score the prompt token after it, as the model's raw distribution gives it."""
+score the prompt token after it, as the model's raw distribution gives it.
+
+A step's prompt rows are scored together where the logits are, and travel to the host with the
+step's token ids (`PromptScores.to_host`): the step need not be finished at launch, so async
+output and async scheduling go on through prompts with prompt logprobs."""
+
+from dataclasses import dataclass
 
 import torch
 
 from spyglass.core.engine.outputs import Logprob
+from spyglass.core.engine.runner.row_tensors import per_row, to_pinned
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
 
 
+@dataclass(frozen=True, slots=True)
+class PromptScores:
+    """A step's scored prompt rows: ``counts[i]`` of them for scheduled request ``i``, which wants
+    its ``top_ns[i]`` most likely alternatives; per row, the prompt token it scores (``targets``),
+    that token's logprob (``chosen``) and rank, and the row's most likely tokens (as many as the
+    most any request wants)."""
+
+    counts: tuple[int, ...]
+    top_ns: tuple[int, ...]
+    targets: tuple[int, ...]
+    chosen: torch.Tensor
+    ranks: torch.Tensor
+    top_values: torch.Tensor
+    top_ids: torch.Tensor
+
+    def to_host(self) -> "PromptScores":
+        """The same scores with their tensors copied to pinned host memory without waiting (on a
+        GPU; read them after the copy's event)."""
+        if self.chosen.device.type == "cpu":
+            return self
+        tensors = (self.chosen, self.ranks, self.top_values, self.top_ids)
+        return PromptScores(self.counts, self.top_ns, self.targets, *map(to_pinned, tensors))
+
+    def logprobs(self) -> tuple[list[Logprob], ...]:
+        """Per scheduled request, a `Logprob` with its rank and alternatives for each of its rows
+        (from tensors on the host)."""
+        rows = zip(
+            self.targets,
+            self.chosen.tolist(),
+            self.ranks.tolist(),
+            self.top_ids.tolist(),
+            self.top_values.tolist(),
+        )
+        scored = []
+        for count, top_n in zip(self.counts, self.top_ns):
+            scored.append(
+                [
+                    Logprob(token, value, dict(zip(ids[:top_n], values[:top_n])), rank)
+                    for token, value, rank, ids, values in (next(rows) for _ in range(count))
+                ]
+            )
+        return tuple(scored)
+
+
 def score_prompts(
-    out: SchedulerOutput, prompt_rows: tuple[int, ...], logits: torch.Tensor
-) -> tuple[list[Logprob], ...]:
-    """Per scheduled request, a `Logprob` (with its rank, and the request's number of top
-    alternatives) for each of its ``prompt_rows`` rows of ``logits``: the prompt tokens after the
-    ones it has scored before. Empty when no request asks for prompt logprobs."""
+    out: SchedulerOutput,
+    prompt_rows: tuple[int, ...],
+    targets: tuple[int, ...],
+    logits: torch.Tensor,
+) -> PromptScores | None:
+    """The scores of ``logits``' rows (``prompt_rows[i]`` of them for scheduled request ``i``, in
+    turn, scoring the prompt ``targets``), on the logits' device; None when the step scores no
+    prompt token (``prompt_rows`` empty)."""
     if not prompt_rows:
-        return ()
+        return None
+    top_ns = tuple(
+        (s.request.sampling_params.prompt_logprobs or 0) if count else 0
+        for s, count in zip(out.scheduled, prompt_rows, strict=True)
+    )
     logprobs = logits.float().log_softmax(dim=-1)
-    scored: list[list[Logprob]] = []
-    row = 0
-    for scheduled, count in zip(out.scheduled, prompt_rows, strict=True):
-        request = scheduled.request
-        if not count:
-            scored.append([])
-            continue
-        first = len(request.prompt_logprobs)  # the first prompt token not scored yet
-        targets = torch.tensor(
-            request.prompt_token_ids[first : first + count], device=logits.device
-        )
-        rows = logprobs[row : row + count]
-        row += count
-        chosen = rows.gather(1, targets[:, None])
-        ranks = (rows > chosen).sum(dim=1) + 1
-        top_n = request.sampling_params.prompt_logprobs
-        top_values, top_ids = rows.topk(max(top_n, 1), dim=-1)
-        scored.append(
-            [
-                Logprob(token, value, dict(zip(ids[:top_n], values[:top_n])), rank)
-                for token, value, rank, ids, values in zip(
-                    targets.tolist(),
-                    chosen[:, 0].tolist(),
-                    ranks.tolist(),
-                    top_ids.tolist(),
-                    top_values.tolist(),
-                )
-            ]
-        )
-    return tuple(scored)
+    chosen = logprobs.gather(1, per_row(list(targets), torch.long, logits.device).unsqueeze(1))
+    ranks = (logprobs > chosen).sum(dim=1) + 1
+    top_values, top_ids = logprobs.topk(max(max(top_ns), 1), dim=-1)
+    return PromptScores(prompt_rows, top_ns, targets, chosen[:, 0], ranks, top_values, top_ids)

@@ -30,7 +30,9 @@ class StepInputs:
     sampled_rows: tuple[bool, ...]
     prompt_rows: tuple[int, ...] = ()
     """Per request, how many prompt-logprob rows follow the sampled rows in ``logits_indices``
-    (`_prompt_logprob_rows`); empty when no request of the step asks for prompt logprobs."""
+    (`_prompt_logprob_rows`); empty when the step scores no prompt token."""
+    prompt_targets: tuple[int, ...] = ()
+    """The prompt tokens those rows score, in turn."""
 
 
 def build_step_inputs(
@@ -81,9 +83,12 @@ def build_step_inputs(
     slots = table_array[owner, positions // bs].astype(np.int64) * bs + positions % bs
     context_lens = ends.astype(np.int32)
     prompt_rows: tuple[int, ...] = ()
+    prompt_targets: tuple[int, ...] = ()
     if any(r.prompt_logprobs is not None for r in requests):
-        extra, prompt_rows = _prompt_logprob_rows(requests, starts, ends, query_start)
-        logits_rows = np.concatenate([logits_rows, extra])
+        extra, counts, targets = _prompt_logprob_rows(requests, starts, ends, query_start)
+        if extra.size:  # a decode step of requests that asked for prompt logprobs scores none
+            logits_rows = np.concatenate([logits_rows, extra])
+            prompt_rows, prompt_targets = counts, targets
     rope_positions = step_rope_positions(
         [r.rope_positions for r in requests], starts, ends, query_start, positions
     )
@@ -110,17 +115,24 @@ def build_step_inputs(
         max_context_len=int(context_lens.max()),
     )
     return StepInputs(
-        input_ids, positions_t, meta, logits_indices, tuple(sampled.tolist()), prompt_rows
+        input_ids,
+        positions_t,
+        meta,
+        logits_indices,
+        tuple(sampled.tolist()),
+        prompt_rows,
+        prompt_targets,
     )
 
 
 def _prompt_logprob_rows(
     requests: list[Request], starts: np.ndarray, ends: np.ndarray, query_start: np.ndarray
-) -> tuple[np.ndarray, tuple[int, ...]]:
+) -> tuple[np.ndarray, tuple[int, ...], tuple[int, ...]]:
     """The batch rows whose logits give the logprobs of prompt tokens not yet scored, request by
-    request, and how many each request has. Position ``p``'s logits score prompt token ``p + 1``;
-    a request recomputed after a preemption skips the positions it has scored."""
-    rows, counts = [], []
+    request, how many each request has, and the prompt tokens they score, in turn. Position ``p``'s
+    logits score prompt token ``p + 1``; a request recomputed after a preemption skips the positions
+    it has scored."""
+    rows, counts, targets = [], [], []
     for index, request in enumerate(requests):
         count = 0
         if request.prompt_logprobs is not None:
@@ -129,8 +141,9 @@ def _prompt_logprob_rows(
             last = min(int(ends[index]), request.num_prompt_tokens - 1)
             count = max(0, last - first)
             rows.append(np.arange(count) + int(query_start[index]) + first - start)
+            targets += request.prompt_token_ids[first + 1 : first + 1 + count]
         counts.append(count)
-    return np.concatenate(rows).astype(np.int64), tuple(counts)
+    return np.concatenate(rows).astype(np.int64), tuple(counts), tuple(targets)
 
 
 def _known_token_ids(requests: list[Request], starts: list[int], ends: list[int]) -> list[int]:
