@@ -287,8 +287,8 @@ STEPS_SCHEDULED_AHEAD = Counter(
     "spyglass:engine_steps_scheduled_ahead",
     "Engine steps scheduled and launched while the step before was still on the device (async "
     "scheduling): against spyglass:engine_step_duration_seconds_count, the share of steps whose "
-    "host work hid behind the device's. A step with a request that needs its last token on the "
-    "host (a grammar, bad words) waits for the one before.",
+    "host work hid behind the device's. A step planned while none was in flight (async "
+    "scheduling off, or after the engine was idle) is not.",
     M,
 )
 IMAGE_CHUNK_WAITS = Counter(

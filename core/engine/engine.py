@@ -376,7 +376,13 @@ class LLMEngine:
         either way.
         """
         in_flight = self._in_flight
-        if in_flight is not None and self._schedules_ahead_of(in_flight):
+        # With async scheduling the next step is planned before the one in flight's tokens are on
+        # the host: every request needs only its new token's id (on the device) for the next step.
+        # Penalties count it on the device, bad words compare it there, min_tokens only counts it,
+        # logprobs, prompt scores and pooled answers follow it to the host, and a grammar's
+        # request has its next token sampled once the token is accepted
+        # (`ModelRunner.sample_deferred`): the forward is queued before.
+        if in_flight is not None and self.async_scheduling:
             return self._step_ahead(in_flight)
         outputs, collected = self._collect_in_flight()
         start = time.perf_counter()
@@ -410,15 +416,6 @@ class LLMEngine:
         return (
             failed + outputs + (committed if isinstance(committed, list) else self._emit(committed))
         )
-
-    def _schedules_ahead_of(self, in_flight: InFlightStep) -> bool:
-        """Whether the next step may be planned before ``in_flight``'s tokens are on the host: with
-        async scheduling, when every request it samples needs only its new token's id (on the
-        device) for the next step. Penalties count it on the device, bad words compare it there,
-        min_tokens only counts it, logprobs follow it to the host, and a grammar's request has its
-        next token sampled once the token is accepted (`ModelRunner.sample_deferred`): the
-        forward is queued before."""
-        return self.async_scheduling and in_flight.launched.result is None
 
     def _step_ahead(self, in_flight: InFlightStep) -> list[RequestOutput]:
         """Schedule and launch the next step while ``in_flight`` runs (each pending token read on the

@@ -33,12 +33,38 @@ def hidden_states(hf_default_model, prompts):
 POOL = {"mean": lambda states: states.mean(dim=0), "cls": lambda states: states[0]}
 
 
+class LaunchesAfterPooling:
+    """Counts the runner's launches made while a step with a pooling request's sum or answer is
+    in flight."""
+
+    def __init__(self, engine):
+        self.count = 0
+        launch = engine.runner.launch
+
+        def counted(out, block_tables, after=None):
+            pooled = None if after is None else after.pooled
+            self.count += pooled is not None and bool(pooled.sums or pooled.answers)
+            return launch(out, block_tables, after)
+
+        engine.runner.launch = counted
+
+
+@pytest.mark.parametrize("options", [{}, {"async_scheduling": True}], ids=["sync", "async"])
 @pytest.mark.parametrize("pooling_type", ["mean", "cls"])
 def test_vectors_match_transformers_through_chunks_preemption_and_the_cache(
-    make_cramped_engine, run_engine, prompts, hidden_states, count_preemptions, pooling_type
+    make_cramped_engine,
+    run_engine,
+    prompts,
+    hidden_states,
+    count_preemptions,
+    pooling_type,
+    options,
 ):
-    engine = make_cramped_engine(pooling_type=pooling_type)
+    """With async scheduling, a prompt's next chunk is launched while the chunk before it is in
+    flight: its sum (not committed yet) goes into the vector too."""
+    engine = make_cramped_engine(pooling_type=pooling_type, **options)
     preemptions = count_preemptions(engine)
+    launches = LaunchesAfterPooling(engine)
     generate = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for _ in range(2):  # the second round's prompts are all in the cache
         # Generation first: the pooling requests, admitted last, are the ones preempted.
@@ -50,6 +76,7 @@ def test_vectors_match_transformers_through_chunks_preemption_and_the_cache(
             expected = POOL[pooling_type](states)
             torch.testing.assert_close(torch.tensor(output.pooled), expected, atol=2e-4, rtol=0)
     assert preemptions.req_ids, "the KV budget was meant to force preemptions"
+    assert (launches.count > 0) == bool(options)
     pooling_ids = {o.request_id for o in pooled}
     assert pooling_ids & set(preemptions.req_ids), "a pooling request was meant to be preempted"
 

@@ -116,10 +116,10 @@ def test_a_seeded_request_appends_the_same_whatever_its_companions():
         assert appended[1] == alone(seed)
 
 
-def test_a_step_with_drafts_is_not_finished_at_launch(make_tiny_engine, run_engine):
+def test_a_step_with_drafts_is_verified_on_the_device_in_one_call(make_tiny_engine, run_engine):
     """With async output the host goes on while a drafted step runs: its launch queues the forward
-    and the verification and returns; its tokens are read at collect, equal to decoding without
-    speculation."""
+    and the verification of every drafted request, whose rows of tokens (-1 after each one's last)
+    are read at collect, equal to decoding without speculation."""
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 7, [12] * 20]
     plain = run_engine(make_tiny_engine(async_output=True), prompts, params)
@@ -131,7 +131,7 @@ def test_a_step_with_drafts_is_not_finished_at_launch(make_tiny_engine, run_engi
     def launched(out, block_tables, after=None):
         step = launch(out, block_tables, after)
         if any(s.num_spec_tokens for s in out.scheduled):
-            drafted_launches.append(step.result is None)
+            drafted_launches.append(step.token_ids.dim() == 2)
         return step
 
     engine.runner.launch = launched

@@ -2,8 +2,8 @@
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -19,9 +19,16 @@ from spyglass.core.engine.runner.image_rows import step_image_rows
 from spyglass.core.engine.runner.logprob_rows import LogprobRows, logprob_list
 from spyglass.core.engine.runner.lora_rows import lora_groups
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
-from spyglass.core.engine.runner.pooling import Pooled, PoolPart, PoolSlice, pool, pool_slices
+from spyglass.core.engine.runner.pooling import (
+    PoolAnswers,
+    Pooled,
+    PoolPart,
+    PoolSlice,
+    pool,
+    pool_slices,
+)
 from spyglass.core.engine.runner.prompt_logprobs import PromptScores, score_prompts
-from spyglass.core.engine.runner.row_tensors import to_pinned
+from spyglass.core.engine.runner.row_tensors import per_row, to_pinned
 from spyglass.core.engine.runner.step_inputs import StepInputs, build_step_inputs
 from spyglass.core.engine.runner.step_sampling import sample_step
 from spyglass.core.engine.sched.scheduler import ScheduledRequest, SchedulerOutput
@@ -76,6 +83,24 @@ _NO_LOGPROB = (None,)
 
 
 @dataclass(frozen=True, slots=True)
+class PooledWork:
+    """What a step's pooling requests got from its forward (`pooling.pool`): the answers of those
+    whose prompt it finished (on the host, still being copied on a GPU, once the step is sampled),
+    and what it adds to the sums of the others, per scheduled request and by request id (where a
+    step launched after it, before its commit, reads them)."""
+
+    answers: PoolAnswers | None = None
+    parts: tuple[PoolPart | None, ...] = ()
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def to_host(self) -> "PooledWork":
+        """The same work with the answers on their way to the host."""
+        if self.answers is None:
+            return self
+        return replace(self, answers=self.answers.to_host())
+
+
+@dataclass(frozen=True, slots=True)
 class UnsampledStep:
     """A step whose forward is queued and whose sampling waits (`ModelRunner.sample_deferred`): a
     grammar's next mask needs the token its request sampled in the step in flight, accepted on the
@@ -83,10 +108,8 @@ class UnsampledStep:
 
     out: SchedulerOutput
     inputs: StepInputs
-    slices: list[PoolSlice]
     logits: torch.Tensor
-    answers: tuple[Pooled, ...]
-    parts: tuple[PoolPart | None, ...]
+    pooled: PooledWork
     vision: VisionWork
 
 
@@ -106,8 +129,8 @@ class LaunchedStep:
     """Recorded after the copy to the host: what `collect` waits for."""
     mask_time: float = 0.0
     vision: VisionWork = VisionWork()
-    result: RunnerOutput | None = None
-    """The whole output, when sampling needed the host and the step is therefore already done."""
+    pooled: PooledWork = field(default_factory=PooledWork)
+    """The step's pooled answers (on the host, still being copied on a GPU) and sums."""
     logprobs: LogprobRows | None = None
     """The sampled tokens' logprobs, for the requests that ask (on the host, still being copied on
     a GPU)."""
@@ -269,9 +292,9 @@ class ModelRunner:
     ) -> LaunchedStep:
         """Queue a non-empty step's forward and sampling on the device; `collect` waits for it.
 
-        The step samples (and verifies drafts) on the device and starts copying the token ids (and
-        the logprobs asked for) to the host: on a GPU the host returns before the step has run.
-        Pooling needs the host; such a step is finished here.
+        The step samples (and verifies drafts), scores prompt tokens and pools on the device, and
+        starts copying the token ids (and the logprobs, scores and pooled answers asked for) to the
+        host: on a GPU the host returns before the step has run.
         ``after`` is the step still in flight whose sampled ids this one's pending tokens are
         (async scheduling). A step where a grammar's request has a token pending is only
         forwarded: `sample_deferred` samples it once ``after`` is committed.
@@ -279,17 +302,16 @@ class ModelRunner:
         start = time.perf_counter()
         inputs = self.prepare(out, block_tables, after)
         slices = pool_slices(out.scheduled, inputs.sampled_rows)
-        logits, answers, parts = self._run_model(out, inputs, slices)
+        in_flight = {} if after is None else after.pooled.sums
+        logits, pooled = self._run_model(out, inputs, slices, in_flight)
         if logits is None:  # only pooling: each pooled row's token (never kept) is a 0
-            rows = inputs.sampled_rows
-            tokens = tuple([0] if is_sampled else [] for is_sampled in rows)
-            logprobs = tuple([None] if is_sampled else [] for is_sampled in rows)
-            seconds = time.perf_counter() - start
-            result = RunnerOutput(
-                tokens, logprobs, seconds, pooled=answers, pool_parts=parts, vision=self._vision
+            pooled = pooled.to_host()
+            zeros = torch.zeros(sum(inputs.sampled_rows), dtype=torch.long)
+            copied = _copy_event(self.device)
+            return LaunchedStep(
+                start, inputs.sampled_rows, zeros, copied=copied, vision=self._vision, pooled=pooled
             )
-            return LaunchedStep(start, rows, result=result)
-        unsampled = UnsampledStep(out, inputs, slices, logits, answers, parts, self._vision)
+        unsampled = UnsampledStep(out, inputs, logits, pooled, self._vision)
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         if after is not None and any(
             s.request.constraint and s.request.num_pending_tokens for s in sampled
@@ -314,35 +336,19 @@ class ModelRunner:
         pending: PendingTokens | None,
     ) -> LaunchedStep:
         """Sample a step whose logits are computed (or queued) on the device (`sample_step`),
-        score its prompt rows there (`score_prompts`), and start copying both to the host. A step
-        that pools is finished here: that needs the host."""
+        score its prompt rows there (`score_prompts`), and start copying both (and the step's
+        pooled answers) to the host."""
         out, inputs, logits = step.out, step.inputs, step.logits
         num_sampled = logits.shape[0] - sum(inputs.prompt_rows)
         tokens = sample_step(logits[:num_sampled], sampled, self.penalties, pending)
         scores = score_prompts(out, inputs.prompt_rows, inputs.prompt_targets, logits[num_sampled:])
-        if step.slices:
-            token_lists, logprob_lists = _per_request(
-                tokens.token_ids.cpu(), tokens.logprobs, inputs.sampled_rows
-            )
-            result = RunnerOutput(
-                token_lists,
-                logprob_lists,
-                time.perf_counter() - start,
-                tokens.mask_time,
-                () if scores is None else scores.logprobs(),
-                step.answers,
-                step.parts,
-                step.vision,
-            )
-            return LaunchedStep(start, inputs.sampled_rows, result=result)
-        token_ids, logprobs, copied = tokens.token_ids, tokens.logprobs, None
+        token_ids, logprobs, pooled = tokens.token_ids, tokens.logprobs, step.pooled
         host = token_ids
         if token_ids.device.type != "cpu":
             host = to_pinned(token_ids)
             logprobs = None if logprobs is None else logprobs.to_host()
             scores = None if scores is None else scores.to_host()
-            copied = torch.cuda.Event()
-            copied.record()
+            pooled = pooled.to_host()
         return LaunchedStep(
             start,
             inputs.sampled_rows,
@@ -351,40 +357,45 @@ class ModelRunner:
             # does not schedule ahead).
             device_token_ids=token_ids if token_ids.dim() == 1 else None,
             sampled_req_ids=tuple(s.request.req_id for s in sampled),
-            copied=copied,
+            copied=_copy_event(self.device),
             mask_time=tokens.mask_time,
             vision=step.vision,
             logprobs=logprobs,
             prompt_scores=scores,
+            pooled=pooled,
         )
 
     def collect(self, launched: LaunchedStep) -> RunnerOutput:
         """Wait for a launched step's token ids; its output."""
-        if launched.result is not None:
-            return launched.result
         if launched.copied is not None:
             launched.copied.synchronize()
         tokens, logprobs = _per_request(
             launched.token_ids, launched.logprobs, launched.sampled_rows
         )
-        scores = launched.prompt_scores
+        scores, pooled = launched.prompt_scores, launched.pooled
         return RunnerOutput(
             tokens,
             logprobs,
             time.perf_counter() - launched.start,
             launched.mask_time,
             () if scores is None else scores.logprobs(),
-            vision=launched.vision,
+            () if pooled.answers is None else pooled.answers.answers(),
+            pooled.parts,
+            launched.vision,
         )
 
     def _run_model(
-        self, out: SchedulerOutput, inputs: StepInputs, slices: list[PoolSlice]
-    ) -> tuple[torch.Tensor | None, tuple[Pooled, ...], tuple[PoolPart | None, ...]]:
+        self,
+        out: SchedulerOutput,
+        inputs: StepInputs,
+        slices: list[PoolSlice],
+        in_flight: Mapping[str, torch.Tensor],
+    ) -> tuple[torch.Tensor | None, PooledWork]:
         """The logits of ``inputs.logits_indices``, and the pooling requests' answers and parts
-        (`pooling.pool`; eager, from the same forward), each LoRA row with its adapter's delta
-        and each image token with its image's embedding. No logits (None) when every row is that
-        of a pooling request the step answers: the LM head is not run (a base model or a
-        classifier has none)."""
+        (`pooling.pool`, which adds the ``in_flight`` step's sums; eager, from the same forward),
+        each LoRA row with its adapter's delta and each image token with its image's embedding.
+        No logits (None) when every row is that of a pooling request the step answers: the LM
+        head is not run (a base model or a classifier has none)."""
         if self.lora is not None:
             self.lora.groups = lora_groups(out.scheduled, self.device)
         images, self._vision = None, VisionWork()
@@ -400,20 +411,26 @@ class ModelRunner:
                     ends = images.visible_ends(inputs.positions)
                     inputs = replace(inputs, meta=replace(inputs.meta, visible_ends=ends))
             if not slices:
-                return self._forward(inputs, len(out.scheduled), images), (), ()
+                return self._forward(inputs, len(out.scheduled), images), PooledWork()
             hidden, residual = self._hidden_states(inputs, images)
-            pooled = [row for piece in slices for row in piece.rows]
+            pooled_rows = [row for piece in slices for row in piece.rows]
             final = hidden.new_zeros((0, hidden.shape[-1]))
-            if pooled:
-                where = torch.tensor(pooled, dtype=torch.long, device=self.device)
+            if pooled_rows:
+                where = per_row(pooled_rows, torch.long, self.device)
                 final = self.model.final_hidden(hidden, residual, where)
             # Read only when a request classifies: families without classifiers have no head.
             classify = lambda final_rows: self.model.classify(final_rows)
-            answers, parts = pool(final, slices, out.scheduled, classify)
+            answers, parts = pool(final, slices, out.scheduled, classify, in_flight)
+            sums = {
+                s.request.req_id: part.hidden_sum
+                for s, part in zip(out.scheduled, parts)
+                if part is not None
+            }
+            pooled = PooledWork(answers, parts, sums)
             rows = inputs.logits_indices
             if sum(piece.finishes for piece in slices) == len(rows):
-                return None, answers, parts
-            return self.model.logits(hidden, residual, rows), answers, parts
+                return None, pooled
+            return self.model.logits(hidden, residual, rows), pooled
         finally:
             if self.lora is not None:
                 self.lora.groups = []
@@ -479,6 +496,16 @@ def _per_request(
     sampled_ids = iter(ids)
     tokens = tuple([next(sampled_ids)] if is_sampled else [] for is_sampled in rows)
     return tokens, tuple(_NO_LOGPROB if is_sampled else () for is_sampled in rows)
+
+
+def _copy_event(device: torch.device) -> "torch.cuda.Event | None":
+    """On a GPU, an event recorded behind the step's copies to the host, which `collect` waits
+    for; None on the CPU, where they are done."""
+    if device.type == "cpu":
+        return None
+    copied = torch.cuda.Event()
+    copied.record()
+    return copied
 
 
 def _pending_read(

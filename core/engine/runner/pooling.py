@@ -6,14 +6,19 @@ class probabilities (or raw logits).
 A prompt computed in several steps (chunked prefill) is pooled piece by piece: each step sums
 the rows it computed, the commit adds the sum to the request (`PoolPart`), and the step that
 finishes the prompt answers from the whole sum. A recomputed prompt (after a preemption) skips
-the positions already added.
+the positions already added. A step launched while the one before it is still in flight (async
+scheduling) adds that step's sums too, which are not committed yet.
+
+The answers stay on the device (`PoolAnswers`) and travel to the host with the step's token ids,
+so a step that pools need not be finished at launch.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
+from spyglass.core.engine.runner.row_tensors import per_row, to_pinned
 from spyglass.core.engine.sched.scheduler import ScheduledRequest
 
 Pooled = list[float] | None
@@ -42,6 +47,35 @@ class PoolPart:
     upto: int
 
 
+@dataclass(frozen=True, slots=True)
+class PoolAnswers:
+    """The answers of the pooling requests whose prompt a step finished, one after another in a
+    float32 ``values``: the request at ``indices[k]`` among the step's ``num_scheduled`` has the
+    next ``lengths[k]`` of them (its vector, or its class probabilities or logits)."""
+
+    num_scheduled: int
+    indices: tuple[int, ...]
+    lengths: tuple[int, ...]
+    values: torch.Tensor
+
+    def to_host(self) -> "PoolAnswers":
+        """The same answers copied to pinned host memory without waiting (on a GPU; read them
+        after the copy's event)."""
+        if self.values.device.type == "cpu":
+            return self
+        return PoolAnswers(self.num_scheduled, self.indices, self.lengths, to_pinned(self.values))
+
+    def answers(self) -> tuple[Pooled, ...]:
+        """Per scheduled request, its answer (None for those the step did not answer), from
+        values on the host."""
+        answers: list[Pooled] = [None] * self.num_scheduled
+        values, start = self.values.tolist(), 0
+        for index, length in zip(self.indices, self.lengths):
+            answers[index] = values[start : start + length]
+            start += length
+        return tuple(answers)
+
+
 def pool_slices(
     scheduled: tuple[ScheduledRequest, ...], sampled_rows: tuple[bool, ...]
 ) -> list[PoolSlice]:
@@ -67,11 +101,12 @@ def pool(
     slices: list[PoolSlice],
     scheduled: tuple[ScheduledRequest, ...],
     classify: Callable[[torch.Tensor], torch.Tensor],
-) -> tuple[tuple[Pooled, ...], tuple[PoolPart | None, ...]]:
-    """Per scheduled request, its answer (when the step finishes its prompt) and what the step
-    adds to its sum (when it does not); ``final_hidden`` holds the slices' rows in order and
-    ``classify`` is the model's classification head."""
-    answers: list[Pooled] = [None] * len(scheduled)
+    in_flight: Mapping[str, torch.Tensor],
+) -> tuple[PoolAnswers | None, tuple[PoolPart | None, ...]]:
+    """The answers of the requests whose prompt the step finishes (None when it finishes none), and
+    per scheduled request what the step adds to its sum (when it does not finish it);
+    ``final_hidden`` holds the slices' rows in order, ``classify`` is the model's classification
+    head and ``in_flight`` the sums, by request id, of the step still in flight before this one."""
     parts: list[PoolPart | None] = [None] * len(scheduled)
     finished, vectors = [], []
     start = 0
@@ -82,17 +117,18 @@ def pool(
             parts[piece.index] = PoolPart(hidden_sum, piece.upto)
             continue
         request = scheduled[piece.index].request
-        if request.pool_sum is not None:
-            hidden_sum = hidden_sum + request.pool_sum
+        for earlier in (request.pool_sum, in_flight.get(request.req_id)):
+            if earlier is not None:
+                hidden_sum = hidden_sum + earlier
         first, last = request.pool_range
         finished.append(piece.index)
         vectors.append(hidden_sum / (last - first))
-    if finished:
-        for index, answer in zip(
-            finished, _answers(torch.stack(vectors), finished, scheduled, classify)
-        ):
-            answers[index] = answer
-    return tuple(answers), tuple(parts)
+    if not finished:
+        return None, tuple(parts)
+    answers = _answers(torch.stack(vectors), finished, scheduled, classify)
+    values = torch.cat(answers)
+    lengths = tuple(answer.shape[0] for answer in answers)
+    return PoolAnswers(len(scheduled), tuple(finished), lengths, values), tuple(parts)
 
 
 def _answers(
@@ -100,30 +136,29 @@ def _answers(
     indices: list[int],
     scheduled: tuple[ScheduledRequest, ...],
     classify: Callable[[torch.Tensor], torch.Tensor],
-) -> list[list[float]]:
+) -> list[torch.Tensor]:
     """The pooled ``vectors`` (float32, one per finished request at ``indices``) turned into
-    answers: embeddings (cut to their ``dimensions``, then of unit length where asked) or class
-    probabilities (or logits)."""
+    answers on their device: embeddings (cut to their ``dimensions``, then of unit length where
+    asked) or class probabilities (or logits)."""
     params = [scheduled[index].request.sampling_params.pooling for index in indices]
-    answers: list[list[float]] = [[] for _ in indices]
+    answers: dict[int, torch.Tensor] = {}
     for k, p in enumerate(params):
         if p.task == "embed":
             # ``dimensions`` (a Matryoshka-trained model's shorter vector): the first ones.
             vector = vectors[k, : p.dimensions]
             if p.normalize:
                 vector = torch.nn.functional.normalize(vector, dim=-1)
-            answers[k] = vector.tolist()
+            answers[k] = vector
     sort = [k for k, p in enumerate(params) if p.task == "classify"]
     if sort:
         logits = classify(vectors[sort])
         probs = logits.softmax(dim=-1) if logits.shape[-1] > 1 else logits.sigmoid()
         chosen = _where([params[k].activation for k in sort], probs, logits)
-        for k, answer in zip(sort, chosen.tolist()):
-            answers[k] = answer
-    return answers
+        answers.update(zip(sort, chosen))
+    return [answers[k] for k in range(len(params))]
 
 
 def _where(flags: list[bool], if_true: torch.Tensor, if_false: torch.Tensor) -> torch.Tensor:
     """Row ``i`` of ``if_true`` where ``flags[i]``, else of ``if_false``."""
-    keep = torch.tensor(flags, device=if_true.device)[:, None]
+    keep = per_row(flags, torch.bool, if_true.device)[:, None]
     return torch.where(keep, if_true, if_false)
