@@ -12,7 +12,7 @@ import torch
 
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.row_tensors import per_row, to_pinned
+from spyglass.core.engine.runner.row_tensors import fields_to_host, per_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,15 +28,8 @@ class LogprobRows:
     top_ids: torch.Tensor
 
     def to_host(self) -> "LogprobRows":
-        """The same rows with their tensors copied to pinned host memory without waiting (on a
-        GPU; read them after the copy's event)."""
-        if self.chosen.device.type == "cpu":
-            return self
-        return LogprobRows(
-            self.rows,
-            self.counts,
-            *(to_pinned(t) for t in (self.chosen, self.top_values, self.top_ids)),
-        )
+        """The same rows on their way to pinned host memory (on a GPU; `fields_to_host`)."""
+        return fields_to_host(self, "chosen", "top_values", "top_ids")
 
 
 def logprob_rows(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spyglass.core.engine.runner.row_tensors import per_row, to_pinned
+from spyglass.core.engine.runner.row_tensors import fields_to_host, per_row
 from spyglass.core.engine.sched.scheduler import ScheduledRequest
 
 Pooled = list[float] | None
@@ -59,11 +59,8 @@ class PoolAnswers:
     values: torch.Tensor
 
     def to_host(self) -> "PoolAnswers":
-        """The same answers copied to pinned host memory without waiting (on a GPU; read them
-        after the copy's event)."""
-        if self.values.device.type == "cpu":
-            return self
-        return PoolAnswers(self.num_scheduled, self.indices, self.lengths, to_pinned(self.values))
+        """The same answers on their way to pinned host memory (on a GPU; `fields_to_host`)."""
+        return fields_to_host(self, "values")
 
     def answers(self) -> tuple[Pooled, ...]:
         """Per scheduled request, its answer (None for those the step did not answer), from

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from spyglass.core.engine.outputs import Logprob
-from spyglass.core.engine.runner.row_tensors import per_row, to_pinned
+from spyglass.core.engine.runner.row_tensors import fields_to_host, per_row
 from spyglass.core.engine.sched.scheduler import SchedulerOutput
 
 
@@ -30,12 +30,8 @@ class PromptScores:
     top_ids: torch.Tensor
 
     def to_host(self) -> "PromptScores":
-        """The same scores with their tensors copied to pinned host memory without waiting (on a
-        GPU; read them after the copy's event)."""
-        if self.chosen.device.type == "cpu":
-            return self
-        tensors = (self.chosen, self.ranks, self.top_values, self.top_ids)
-        return PromptScores(self.counts, self.top_ns, self.targets, *map(to_pinned, tensors))
+        """The same scores on their way to pinned host memory (on a GPU; `fields_to_host`)."""
+        return fields_to_host(self, "chosen", "ranks", "top_values", "top_ids")
 
     def logprobs(self) -> tuple[list[Logprob], ...]:
         """Per scheduled request, a `Logprob` with its rank and alternatives for each of its rows

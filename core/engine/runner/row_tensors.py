@@ -1,6 +1,11 @@
 """Small per-row tensor helpers the sampler's pieces share."""
 
+from dataclasses import replace
+from typing import TypeVar
+
 import torch
+
+Data = TypeVar("Data")
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
@@ -23,6 +28,15 @@ def to_pinned(tensor: torch.Tensor) -> torch.Tensor:
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     host.copy_(tensor, non_blocking=True)
     return host
+
+
+def fields_to_host(data: Data, *names: str) -> Data:
+    """A copy of the dataclass ``data`` whose tensors ``names`` are copied to pinned host memory
+    without waiting (`to_pinned`: read them after an event recorded behind the copies); ``data``
+    itself when they are on the CPU already."""
+    if getattr(data, names[0]).device.type == "cpu":
+        return data
+    return replace(data, **{name: to_pinned(getattr(data, name)) for name in names})
 
 
 def on_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
