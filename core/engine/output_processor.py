@@ -19,7 +19,7 @@ from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
 from spyglass.core.engine.plugin_manager import SafeHookRelay
 from spyglass.core.engine.request import FinishReason, Request, RequestStatus
 from spyglass.core.engine.runner.model_runner import RunnerOutput
-from spyglass.core.engine.runner.pooling import PoolPart
+from spyglass.core.engine.runner.pooling import PoolPart, add_sums
 from spyglass.core.engine.sampling_params import RequestOutputKind
 from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.tokenizer import Tokenizer
@@ -258,8 +258,7 @@ class OutputProcessor:
     @staticmethod
     def _add_pool_part(request: Request, part: PoolPart) -> None:
         """Add a step's sum of a pooling request's final hidden states to the request's own."""
-        total = request.pool_sum
-        request.pool_sum = part.hidden_sum if total is None else total + part.hidden_sum
+        request.pool_sum = add_sums(request.pool_sum, part.hidden_sum)
         request.pooled_upto = part.upto
 
     def _settle_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:

@@ -13,7 +13,12 @@ import torch
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.engine.pooling_params import PoolingParams
+from spyglass.core.engine.sampling_params import (
+    SamplingParams,
+    StructuredOutput,
+    pooling_request_params,
+)
 from spyglass.core.engine.token_constraint import TokenConstraint
 from tests.core.conftest import completion_fields
 
@@ -180,6 +185,44 @@ def test_grammars_sample_after_the_commit_before(make_tiny_engine, run_engine, p
             assert re.fullmatch("[0-9]{2,30}", text)
         elif params.structured_output is short:
             assert text in ("yes", "no") and output.outputs[0].finish_reason == "stop"
+
+
+def _scores(output) -> list | None:
+    """A request's prompt logprobs as (token, logprob, rank, top alternatives)."""
+    if output.prompt_logprobs is None:
+        return None
+    return [
+        None if lp is None else (lp.token_id, lp.logprob, lp.rank, lp.top)
+        for lp in output.prompt_logprobs
+    ]
+
+
+def test_every_kind_of_request_at_once_is_planned_ahead(make_tiny_engine, run_engine, prompts):
+    """Penalties, logprobs, a grammar, prompt logprobs and mean-pooled embeddings side by side, in
+    chunks of 16 tokens: with async scheduling every step but the first is launched while the one
+    before is in flight, and every output is what stepping in turn gives."""
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    kinds = [
+        dataclasses.replace(greedy, repetition_penalty=1.4, logit_bias={17: 4.0}),
+        SamplingParams(temperature=0.8, seed=9, max_tokens=9, ignore_eos=True, logprobs=2),
+        dataclasses.replace(greedy, structured_output=StructuredOutput("regex", "[0-9]{2,12}")),
+        dataclasses.replace(greedy, max_tokens=3, prompt_logprobs=2),
+        pooling_request_params(PoolingParams(normalize=False)),
+    ]
+    mixed = [kinds[i % len(kinds)] for i in range(len(prompts))]
+    options = dict(
+        plugins=["fcfs", "structured_output"], pooling_type="mean", max_num_batched_tokens=16
+    )
+    in_turn = run_engine(make_tiny_engine(async_output=False, **options), prompts, mixed)
+    engine, launches = _ahead_engine(make_tiny_engine, **options)
+    ahead = run_engine(engine, prompts, mixed)
+    assert launches.ahead == launches.total - 1
+    for expected, actual in zip(in_turn, ahead, strict=True):
+        assert completion_fields(actual) == completion_fields(expected)
+        assert _scores(actual) == _scores(expected)
+        assert actual.pooled == expected.pooled
+    assert sum(o.pooled is not None for o in ahead) == mixed.count(kinds[4])
+    assert sum(o.prompt_logprobs is not None for o in ahead) == mixed.count(kinds[3])
 
 
 class OpenUntilEos(TokenConstraint):

@@ -114,9 +114,10 @@ def pool(
             parts[piece.index] = PoolPart(hidden_sum, piece.upto)
             continue
         request = scheduled[piece.index].request
-        for earlier in (request.pool_sum, in_flight.get(request.req_id)):
-            if earlier is not None:
-                hidden_sum = hidden_sum + earlier
+        # Added as the commits add them, so that the vector is the one stepping in turn gives.
+        earlier = add_sums(request.pool_sum, in_flight.get(request.req_id))
+        if earlier is not None:
+            hidden_sum = hidden_sum + earlier
         first, last = request.pool_range
         finished.append(piece.index)
         vectors.append(hidden_sum / (last - first))
@@ -126,6 +127,13 @@ def pool(
     values = torch.cat(answers)
     lengths = tuple(answer.shape[0] for answer in answers)
     return PoolAnswers(len(scheduled), tuple(finished), lengths, values), tuple(parts)
+
+
+def add_sums(first: torch.Tensor | None, second: torch.Tensor | None) -> torch.Tensor | None:
+    """``first + second`` (a request's sum, then a step's), either of them absent."""
+    if first is None or second is None:
+        return second if first is None else first
+    return first + second
 
 
 def _answers(
