@@ -20,8 +20,8 @@ from spyglass.core.engine.runner.logprob_rows import LogprobRows, logprob_list
 from spyglass.core.engine.runner.lora_rows import lora_groups
 from spyglass.core.engine.runner.penalty_counts import PenaltyCounts, PendingTokens
 from spyglass.core.engine.runner.pooling import (
-    PoolAnswers,
     Pooled,
+    PooledWork,
     PoolPart,
     PoolSlice,
     pool,
@@ -80,24 +80,6 @@ class RunnerOutput:
 
 _NO_LOGPROB = (None,)
 """The logprobs of a sampled token that nobody asked logprobs for."""
-
-
-@dataclass(frozen=True, slots=True)
-class PooledWork:
-    """What a step's pooling requests got from its forward (`pooling.pool`): the answers of those
-    whose prompt it finished (on the host, still being copied on a GPU, once the step is sampled),
-    and what it adds to the sums of the others, per scheduled request and by request id (where a
-    step launched after it, before its commit, reads them)."""
-
-    answers: PoolAnswers | None = None
-    parts: tuple[PoolPart | None, ...] = ()
-    sums: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def to_host(self) -> "PooledWork":
-        """The same work with the answers on their way to the host."""
-        if self.answers is None:
-            return self
-        return replace(self, answers=self.answers.to_host())
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,13 +402,7 @@ class ModelRunner:
                 final = self.model.final_hidden(hidden, residual, where)
             # Read only when a request classifies: families without classifiers have no head.
             classify = lambda final_rows: self.model.classify(final_rows)
-            answers, parts = pool(final, slices, out.scheduled, classify, in_flight)
-            sums = {
-                s.request.req_id: part.hidden_sum
-                for s, part in zip(out.scheduled, parts)
-                if part is not None
-            }
-            pooled = PooledWork(answers, parts, sums)
+            pooled = pool(final, slices, out.scheduled, classify, in_flight)
             rows = inputs.logits_indices
             if sum(piece.finishes for piece in slices) == len(rows):
                 return None, pooled

@@ -14,7 +14,7 @@ so a step that pools need not be finished at launch.
 """
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -73,6 +73,24 @@ class PoolAnswers:
         return tuple(answers)
 
 
+@dataclass(frozen=True, slots=True)
+class PooledWork:
+    """What a step's pooling requests got from its forward (`pool`): the answers of those
+    whose prompt it finished (on the host, still being copied on a GPU, once the step is sampled),
+    and what it adds to the sums of the others, per scheduled request and by request id (where a
+    step launched after it, before its commit, reads them)."""
+
+    answers: PoolAnswers | None = None
+    parts: tuple[PoolPart | None, ...] = ()
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def to_host(self) -> "PooledWork":
+        """The same work with the answers on their way to the host."""
+        if self.answers is None:
+            return self
+        return replace(self, answers=self.answers.to_host())
+
+
 def pool_slices(
     scheduled: tuple[ScheduledRequest, ...], sampled_rows: tuple[bool, ...]
 ) -> list[PoolSlice]:
@@ -99,11 +117,11 @@ def pool(
     scheduled: tuple[ScheduledRequest, ...],
     classify: Callable[[torch.Tensor], torch.Tensor],
     in_flight: Mapping[str, torch.Tensor],
-) -> tuple[PoolAnswers | None, tuple[PoolPart | None, ...]]:
-    """The answers of the requests whose prompt the step finishes (None when it finishes none), and
-    per scheduled request what the step adds to its sum (when it does not finish it);
-    ``final_hidden`` holds the slices' rows in order, ``classify`` is the model's classification
-    head and ``in_flight`` the sums, by request id, of the step still in flight before this one."""
+) -> PooledWork:
+    """The answers of the requests whose prompt the step finishes, and what the step adds to the
+    sums of those whose prompt it does not; ``final_hidden`` holds the slices' rows in order,
+    ``classify`` is the model's classification head and ``in_flight`` the sums, by request id, of
+    the step still in flight before this one."""
     parts: list[PoolPart | None] = [None] * len(scheduled)
     finished, vectors = [], []
     start = 0
@@ -121,12 +139,13 @@ def pool(
         first, last = request.pool_range
         finished.append(piece.index)
         vectors.append(hidden_sum / (last - first))
+    sums = {s.request.req_id: p.hidden_sum for s, p in zip(scheduled, parts) if p is not None}
     if not finished:
-        return None, tuple(parts)
+        return PooledWork(None, tuple(parts), sums)
     answers = _answers(torch.stack(vectors), finished, scheduled, classify)
-    values = torch.cat(answers)
     lengths = tuple(answer.shape[0] for answer in answers)
-    return PoolAnswers(len(scheduled), tuple(finished), lengths, values), tuple(parts)
+    pooled = PoolAnswers(len(scheduled), tuple(finished), lengths, torch.cat(answers))
+    return PooledWork(pooled, tuple(parts), sums)
 
 
 def add_sums(first: torch.Tensor | None, second: torch.Tensor | None) -> torch.Tensor | None:
