@@ -197,32 +197,71 @@ def _scores(output) -> list | None:
     ]
 
 
+DIGITS = StructuredOutput("regex", "[0-9]{2,12}")
+EVERY_KIND = [
+    SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, repetition_penalty=1.4, logit_bias={17: 4.0}
+    ),
+    SamplingParams(temperature=0.8, seed=9, max_tokens=9, ignore_eos=True, logprobs=2),
+    SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, structured_output=DIGITS),
+    SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, prompt_logprobs=2),
+    pooling_request_params(PoolingParams(normalize=False)),
+]
+"""Penalties, logprobs, a grammar, prompt logprobs and an embedding."""
+
+EVERY_KIND_OPTIONS = dict(
+    plugins=["fcfs", "structured_output"], pooling_type="mean", max_num_batched_tokens=16
+)
+"""Mean pooling (every prompt position) and chunks of 16 tokens."""
+
+
 def test_every_kind_of_request_at_once_is_planned_ahead(make_tiny_engine, run_engine, prompts):
-    """Penalties, logprobs, a grammar, prompt logprobs and mean-pooled embeddings side by side, in
-    chunks of 16 tokens: with async scheduling every step but the first is launched while the one
-    before is in flight, and every output is what stepping in turn gives."""
-    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    kinds = [
-        dataclasses.replace(greedy, repetition_penalty=1.4, logit_bias={17: 4.0}),
-        SamplingParams(temperature=0.8, seed=9, max_tokens=9, ignore_eos=True, logprobs=2),
-        dataclasses.replace(greedy, structured_output=StructuredOutput("regex", "[0-9]{2,12}")),
-        dataclasses.replace(greedy, max_tokens=3, prompt_logprobs=2),
-        pooling_request_params(PoolingParams(normalize=False)),
-    ]
-    mixed = [kinds[i % len(kinds)] for i in range(len(prompts))]
-    options = dict(
-        plugins=["fcfs", "structured_output"], pooling_type="mean", max_num_batched_tokens=16
-    )
-    in_turn = run_engine(make_tiny_engine(async_output=False, **options), prompts, mixed)
-    engine, launches = _ahead_engine(make_tiny_engine, **options)
+    """`EVERY_KIND` side by side, in chunks of 16 tokens: with async scheduling every step but the
+    first is launched while the one before is in flight, and every output is what stepping in turn
+    gives."""
+    mixed = [EVERY_KIND[i % len(EVERY_KIND)] for i in range(len(prompts))]
+    in_turn = run_engine(make_tiny_engine(async_output=False, **EVERY_KIND_OPTIONS), prompts, mixed)
+    engine, launches = _ahead_engine(make_tiny_engine, **EVERY_KIND_OPTIONS)
     ahead = run_engine(engine, prompts, mixed)
     assert launches.ahead == launches.total - 1
     for expected, actual in zip(in_turn, ahead, strict=True):
         assert completion_fields(actual) == completion_fields(expected)
         assert _scores(actual) == _scores(expected)
         assert actual.pooled == expected.pooled
-    assert sum(o.pooled is not None for o in ahead) == mixed.count(kinds[4])
-    assert sum(o.prompt_logprobs is not None for o in ahead) == mixed.count(kinds[3])
+    assert sum(o.pooled is not None for o in ahead) == mixed.count(EVERY_KIND[4])
+    assert sum(o.prompt_logprobs is not None for o in ahead) == mixed.count(EVERY_KIND[3])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_every_kind_planned_ahead_on_a_gpu_scores_and_pools_as_the_cpu(
+    make_tiny_engine, run_engine, prompts
+):
+    """On CUDA (graphs, pinned copies, events) the scores and vectors that travel to the host with
+    a step's tokens are the CPU's, and every request ends as its settings say. Tokens are not
+    compared: the random model's near-uniform logits let the two devices' rounding part them."""
+    mixed = [EVERY_KIND[i % len(EVERY_KIND)] for i in range(len(prompts))]
+    on_cpu = run_engine(make_tiny_engine(async_output=False, **EVERY_KIND_OPTIONS), prompts, mixed)
+    engine, launches = _ahead_engine(make_tiny_engine, device="cuda", **EVERY_KIND_OPTIONS)
+    on_gpu = run_engine(engine, prompts, mixed)
+    assert launches.ahead == launches.total - 1
+    for expected, actual, params in zip(on_cpu, on_gpu, mixed, strict=True):
+        if params.pooling is not None:
+            # Within the rounding of Triton's TF32 dots in float32 attention; a row mixed up is O(1).
+            torch.testing.assert_close(
+                torch.tensor(actual.pooled), torch.tensor(expected.pooled), atol=2e-3, rtol=0
+            )
+            continue
+        if params.prompt_logprobs is not None:
+            got, want = _scores(actual)[1:], _scores(expected)[1:]
+            assert [g[0] for g in got] == [w[0] for w in want]  # the prompt's tokens
+            assert [g[1] for g in got] == pytest.approx([w[1] for w in want], abs=2e-3)
+        completion = actual.outputs[0]
+        assert len(completion.token_ids) == params.max_tokens or params.structured_output
+        if params.structured_output is not None:
+            assert re.fullmatch("[0-9]{2,12}", completion.text)
+        if params.logprobs is not None:
+            assert len(completion.logprobs) == len(completion.token_ids)
 
 
 class OpenUntilEos(TokenConstraint):
