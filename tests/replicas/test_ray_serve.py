@@ -350,6 +350,14 @@ def test_a_killed_replica_is_replaced_while_the_other_serves(cluster):
                 break
             time.sleep(1)
         assert states == {"RUNNING": 2} and not any(victim_id in n for n in names)
+        # The replacement's actor is named, and the controller may still count the dead replica
+        # as running, before the replacement's constructor has started its server: wait for it.
+        while True:
+            try:
+                health = httpx.get(f"{cluster.replica_url(victim_rank)}/health", timeout=10)
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() - killed_at < 180, "the replacement never listened"
+                time.sleep(1)
         print(f"replica replaced in {time.monotonic() - killed_at:.1f} s")
-        health = httpx.get(f"{cluster.replica_url(victim_rank)}/health", timeout=10)
         assert health.status_code == 200
