@@ -92,6 +92,27 @@ class IncrementalDetokenizer:
         elif self.stop:
             self._find_stop(old_length, new_text)
 
+    def add_tokens(self, token_ids: list[int]) -> None:
+        """Append several tokens' text (`add_token` for each, as the text comes out the same).
+
+        A run of tokens read together (a final-only output's, or those a stream interval held)
+        from a clean point (nothing held back, no stop string to look for) is decoded in one call
+        after the context, a few times cheaper than a stream's step per token. That text is the
+        stream's unless it holds U+FFFD (an unfinished or invalid character, which the stream
+        holds back or restarts after): then the run goes token by token after all."""
+        if len(token_ids) > 1 and not self.held and not self.stop:
+            context = list(self.context)
+            whole = self._decode(context + token_ids)
+            head = self._decode(context)
+            if "\ufffd" not in whole and whole.startswith(head):
+                self.num_tokens += len(token_ids)
+                self.context.extend(token_ids)
+                self.stream = self._new_stream()
+                self._text.append(whole[len(head) :])
+                return
+        for token_id in token_ids:
+            self.add_token(token_id)
+
     def _search_start(self, old_length: int) -> int:
         """Where a stop string completed by text after ``old_length`` characters may start."""
         return max(self.stop_floor, old_length - self.holdback)

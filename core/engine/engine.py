@@ -25,7 +25,7 @@ from spyglass.core.engine.model_setup import (
     warn_if_bf16_is_emulated,
 )
 from spyglass.core.engine.mrope_positions import prompt_positions
-from spyglass.core.engine.output_processor import DeferredText, OutputProcessor
+from spyglass.core.engine.output_processor import OutputProcessor
 from spyglass.core.engine.output_wire import wire_output
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.plugin_context import PluginContext
@@ -84,7 +84,6 @@ class CommittedStep:
     progressed: list[Request]
     num_generated: int
     """Output tokens the requests took (a finished or aborted request's are dropped)."""
-    deferred: DeferredText
     commit_time: float
 
 
@@ -515,23 +514,19 @@ class LLMEngine:
             self._count_in_flight(step.out, step.launched, -1)
             return self._isolate_failure(step.out, error)
         commit_start = time.perf_counter()
-        deferred: DeferredText = []
-        progressed, num_generated = self.outputs.commit_tokens(
-            step.out, runner_out, deferred if self.async_output else None
-        )
+        progressed, num_generated = self.outputs.commit_tokens(step.out, runner_out)
         return CommittedStep(
             step,
             runner_out,
             progressed,
             num_generated,
-            deferred,
             time.perf_counter() - commit_start,
         )
 
     def _emit(self, committed: CommittedStep) -> list[RequestOutput]:
-        """The deferred text, the outputs of a committed step's requests, and its announcement."""
+        """The outputs of a committed step's requests (their text), and its announcement."""
         emit_start = time.perf_counter()
-        outputs = self.outputs.emit(committed.progressed, committed.deferred)
+        outputs = self.outputs.emit(committed.progressed)
         end = time.perf_counter()
         step = committed.step
         stats = self._stats(

@@ -1,11 +1,12 @@
 """The update of schedule, run, update: a step's sampled tokens committed to their requests, and
 the requests' outputs.
 
-A token is checked against the request's grammar, appended with its logprob and turned into
-text, and the request ends on EOS, a stop token, a stop string or its length. With async output
-the text of requests that have no stop strings (it cannot end them) is left for later, so that
-the next step can be launched first. A streamed request's outputs are held while it has fewer
-than the engine's ``stream_interval`` tokens it has not sent (its first and last are never held).
+A token is checked against the request's grammar and appended with its logprob, and the request
+ends on EOS, a stop token, a stop string or its length. Only a request with stop strings has its
+text decoded as its tokens are committed (the text can end it); the others' text is decoded when an
+output reads it (with async output, after the next step is launched), a final-only output's all at
+once. A streamed request's outputs are held while it has fewer than the engine's
+``stream_interval`` tokens it has not sent (its first and last are never held).
 """
 
 import logging
@@ -25,9 +26,6 @@ from spyglass.core.engine.sched.scheduler import Scheduler, SchedulerOutput
 from spyglass.core.tokenizer import Tokenizer
 
 log = logging.getLogger("spyglass.engine")
-
-DeferredText = list[tuple[IncrementalDetokenizer, int]]
-"""Tokens whose text is still to be decoded, with their request's detokenizer."""
 
 OutputBuilder = Callable[[Request, str, list[int], list | None, bool, list | None], object]
 """Builds a request's output from the request and what the output carries: its text, token ids
@@ -65,6 +63,10 @@ def request_output(
         prompt_logprobs,
         request.pooled,
     )
+
+
+_STREAMED = (RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE)
+"""The output kinds whose requests read their text at every step."""
 
 
 @dataclass(slots=True)
@@ -113,11 +115,10 @@ class OutputProcessor:
         )
 
     def commit_tokens(
-        self, out: SchedulerOutput, runner_out: RunnerOutput, deferred: DeferredText | None
+        self, out: SchedulerOutput, runner_out: RunnerOutput
     ) -> tuple[list[Request], int]:
         """Advance each scheduled request by its sampled tokens; the requests that progressed or
-        ended, and the tokens they took. With ``deferred``, text that cannot end a request (it has
-        no stop strings) is left there for `emit`.
+        ended, and the tokens they took.
 
         A request preempted since the step's launch (async scheduling) keeps its new token, but not
         the computed count: it is recomputed from its first token."""
@@ -153,23 +154,27 @@ class OutputProcessor:
                 continue
             before = request.num_output_tokens
             for token_id, logprob in zip(token_ids, logprobs):
-                self._append_token(request, token_id, logprob, now, deferred)
+                self._append_token(request, token_id, logprob, now)
                 if request.is_finished:
                     break
             num_generated += request.num_output_tokens - before
             progressed.append(request)
         return progressed, num_generated
 
-    def emit(self, progressed: list[Request], deferred: DeferredText) -> list[RequestOutput]:
-        """The deferred text decoded, and the outputs of the requests that progressed."""
-        for detokenizer, token_id in deferred:
-            detokenizer.add_token(token_id)
+    def emit(self, progressed: list[Request]) -> list[RequestOutput]:
+        """The outputs of the requests that progressed, and the text they read."""
         # A request the scheduler failed since its tokens were committed has had its final output.
-        return self._outputs(r for r in progressed if r.req_id in self.detokenizers)
+        live = [r for r in progressed if r.req_id in self.detokenizers]
+        # Streamed requests' text first, in one pass (the tokenizer's tables stay in cache); the
+        # others' is decoded when an output reads it.
+        for request in live:
+            if request.sampling_params.output_kind in _STREAMED:
+                self._decode_new_tokens(request, self.detokenizers[request.req_id])
+        return self._outputs(live)
 
     def update(self, out: SchedulerOutput, runner_out: RunnerOutput) -> list[RequestOutput]:
         """`commit_tokens` and `emit` at once: the outputs of a step run in turn."""
-        return self._outputs(self.commit_tokens(out, runner_out, None)[0])
+        return self._outputs(self.commit_tokens(out, runner_out)[0])
 
     def _outputs(self, requests: Iterable[Request]) -> list[RequestOutput]:
         return [output for r in requests if (output := self.output(r)) is not None]
@@ -230,6 +235,7 @@ class OutputProcessor:
         ):
             return None
         detokenizer = self.detokenizers[req_id]
+        self._decode_new_tokens(request, detokenizer)
         prompt_logprobs = request.prompt_logprobs
         if kind.is_delta:
             if sent.num_tokens:  # the first output carried them
@@ -256,6 +262,17 @@ class OutputProcessor:
         return self.build(request, text, token_ids, logprobs, finished, prompt_logprobs)
 
     @staticmethod
+    def _decode_new_tokens(request: Request, detokenizer: IncrementalDetokenizer) -> None:
+        """The text of the request's tokens committed since its detokenizer last took any: a
+        streamed request's one, else a run (all of them for a final-only output's)."""
+        token_ids = request.output_token_ids
+        unread = len(token_ids) - detokenizer.num_tokens
+        if unread == 1:
+            detokenizer.add_token(token_ids[-1])
+        elif unread:
+            detokenizer.add_tokens(token_ids[-unread:])
+
+    @staticmethod
     def _add_pool_part(request: Request, part: PoolPart) -> None:
         """Add a step's sum of a pooling request's final hidden states to the request's own."""
         request.pool_sum = add_sums(request.pool_sum, part.hidden_sum)
@@ -278,7 +295,6 @@ class OutputProcessor:
         token_id: int,
         logprob,
         now: float,
-        deferred: DeferredText | None,
     ) -> None:
         if request.constraint is not None and not request.constraint.accept(token_id):
             self.finish(
@@ -293,9 +309,7 @@ class OutputProcessor:
             request.times.first_token = now
             self._hooks.spyglass_request_first_token(request=request)
         detokenizer = self.detokenizers[request.req_id]
-        if deferred is not None and not detokenizer.stop:
-            deferred.append((detokenizer, token_id))
-        else:
+        if detokenizer.stop:  # its text may end it: decoded now (other text waits for a read)
             detokenizer.add_token(token_id)
         # Sampling holds stop tokens off under min_tokens unless nothing else was allowed: one
         # sampled ends the request.

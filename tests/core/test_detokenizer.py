@@ -271,3 +271,78 @@ def test_a_delta_read_at_every_token_adds_up_to_the_text(tokenizer, stop, includ
             num_matched += 1
             assert not include_stop or whole.endswith(detokenizer.matched_stop)
     assert (num_matched > 0) == bool(stop)  # the stop strings were met, and cut the text
+
+
+class CountingDetokenizer(IncrementalDetokenizer):
+    """Counts the stream's steps (one per token it decodes on its own)."""
+
+    num_steps = 0
+
+    def _step(self, token_id):
+        self.num_steps += 1
+        return super()._step(token_id)
+
+
+def _read_in_runs(tokenizer, prompt_ids, token_ids, runs, generator, **options) -> list[str]:
+    """Each run of tokens fed with `add_tokens` (lengths from ``runs``), and the visible text read
+    after each; the final text last."""
+    detokenizer = CountingDetokenizer(tokenizer, prompt_ids, [], **options)
+    reads, at = [], 0
+    while at < len(token_ids):
+        length = generator.choice(runs)
+        detokenizer.add_tokens(token_ids[at : at + length])
+        at += length
+        reads.append(detokenizer.visible_text(False))
+    return reads + [detokenizer.visible_text(True), detokenizer.num_steps]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_a_run_of_tokens_read_at_once_reads_as_streamed(tokenizer, prompt, skip_special_tokens):
+    # A final-only output reads all its tokens at once, a stream interval's several: one decode of
+    # the run, where it is clean, must give the text that a stream's step per token gives.
+    strays = [t for t in range(tokenizer.vocab_size) if tokenizer.decode([t]) == "\ufffd"]
+    specials = tokenizer.encode("<|im_start|>assistant\n<|im_end|>", add_special_tokens=False)
+    # Whole texts (characters of several tokens among them), special tokens, and stray bytes.
+    pieces = [tokenizer.encode(text, add_special_tokens=False) for text in TEXTS]
+    pieces += [[token] for token in specials]
+    generator = random.Random(prompt + str(skip_special_tokens))
+    prompt_ids = tokenizer.encode(prompt)
+    num_decoded_at_once = 0
+    for stray_share in (0.0, 0.1, 0.5):
+        for _ in range(10):
+            token_ids = []
+            while len(token_ids) < 120:
+                stray = generator.random() < stray_share
+                token_ids += [generator.choice(strays)] if stray else generator.choice(pieces)
+            options = {"skip_special_tokens": skip_special_tokens}
+            streamed = _read_in_runs(tokenizer, prompt_ids, token_ids, [1], generator, **options)
+            for runs in ([len(token_ids)], [2, 3, 17], [1, 5]):
+                *texts, num_steps = _read_in_runs(
+                    tokenizer, prompt_ids, token_ids, runs, generator, **options
+                )
+                assert texts[-1] == streamed[-2]
+                assert all(streamed[-2].startswith(text) for text in texts)
+                num_decoded_at_once += num_steps < len(token_ids)
+    assert num_decoded_at_once > 30  # the one-call decode was taken, not only the fallback
+
+
+def test_a_run_with_a_stray_byte_falls_back_to_the_stream(tokenizer):
+    stray = _stray_byte(tokenizer)
+    token_ids = tokenizer.encode("ok then", add_special_tokens=False) + [stray]
+    token_ids += tokenizer.encode(" more 你好", add_special_tokens=False)
+    detokenizer = CountingDetokenizer(tokenizer, tokenizer.encode("Say:"), [])
+    detokenizer.add_tokens(token_ids)
+    assert detokenizer.num_steps == len(token_ids)
+    assert detokenizer.visible_text(True) == tokenizer.decode(token_ids)
+
+
+def test_a_byte_token_run_read_at_once_is_survived_as_streamed():
+    # The run that made the stream restart (`test_a_byte_token_that_turns_shown_text_invalid_is_
+    # survived`) decodes to U+FFFD as a whole: it goes token by token, to the same text.
+    tokenizer = _byte_fallback_tokenizer()
+    letter_a, g, e2, plus = 259, 3 + ord("g"), 3 + 0xE2, 260
+    detokenizer = IncrementalDetokenizer(tokenizer, [letter_a], [])
+    detokenizer.add_tokens([letter_a, g, e2, plus, letter_a])
+    assert detokenizer.visible_text(True) == " ag\ufffd+ a"
+    assert detokenizer.num_restarts == 1
