@@ -109,6 +109,43 @@ def attention_table(bandwidth: float, quick: bool) -> list[str]:
     return rows
 
 
+def mixed_inputs(chunk: int, decodes: int, context: int, device: str = "cuda") -> tuple:
+    """`paged_attention`'s arguments for a step of one prompt chunk of ``chunk`` new tokens (the
+    last of ``context``) among ``decodes`` decodes over ``context`` positions each."""
+    batch = decodes + 1
+    query, k_cache, v_cache, tables, lens, _, _, _, scale = decode_inputs(context, batch, device)
+    q_lens = torch.tensor([chunk] + [1] * decodes, dtype=torch.int32, device=device)
+    starts = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    starts[1:] = q_lens.cumsum(0)
+    query = torch.randn(chunk + decodes, HEADS, DIM, dtype=torch.bfloat16, device=device)
+    return query, k_cache, v_cache, tables, lens, starts, chunk, context, scale
+
+
+def mixed_step_table() -> list[str]:
+    """A prompt chunk among decodes (`HEADS`, `KV_HEADS` ...; context 2048 each): the unified
+    kernel's time with every request given the chunk's query tiles, and with the tiles packed
+    (`query_tile_grid`), eager and in a CUDA graph."""
+    rows = [
+        "| chunk | decodes | padded eager ms | packed eager ms | padded in graph ms | "
+        "packed in graph ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    padded = triton_attention.Tiling(pack_query_tiles=False)
+    for chunk, decodes in ((512, 63), (2000, 63), (512, 255), (2000, 255)):
+        inputs = mixed_inputs(chunk, decodes, 2048)
+        cells = []
+        for tiling in (padded, triton_attention.DEFAULT_TILING):
+            attend = functools.partial(triton_attention.unified_attention, *inputs, tiling=tiling)
+            cells.append((timed(attend), timed_in_graph(attend)))
+        eager, in_graph = zip(*cells)
+        rows.append(
+            f"| {chunk} | {decodes} | "
+            + " | ".join(f"{seconds * 1e3:.3f}" for seconds in eager + in_graph)
+            + " |"
+        )
+    return rows
+
+
 # What the sweep tries: tiles of 32, 64 (the default at head_dim 128 in bf16) and 128 positions,
 # 4 or 8 warps, 2 or 3 pipeline stages (3 and 4 warps are Triton's defaults).
 SWEEP = tuple(

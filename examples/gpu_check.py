@@ -36,10 +36,12 @@ from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutpu
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "gpu_model"))
 import random_model
+from gpu_arrivals import arrival_table
 from gpu_attention import (
     attention_table,
     bandwidth_rows,
     kernel_error_against_torch,
+    mixed_step_table,
     split_count_table,
     tiling_sweep_table,
 )
@@ -328,6 +330,10 @@ def main() -> int:
         ),
     )
     report.section(
+        "steps while requests arrive (a 128-token prompt a step): eager vs packed CUDA graphs",
+        lambda: arrival_table(models),
+    )
+    report.section(
         "Llama-3.2-1B shape: decode step at batch 64 against its weights' read",
         lambda: weight_read_rows(models["Llama-3.2-1B shape"], "cuda", measured["bandwidth"]),
     )
@@ -369,6 +375,10 @@ def main() -> int:
     report.section(
         "split-K partitions at small batches (partitions: of copy bw)",
         lambda: split_count_table(measured["bandwidth"]),
+    )
+    report.section(
+        "attention of a prompt chunk among decodes (query tiles padded vs packed)",
+        mixed_step_table,
     )
     report.section("decode step, eager vs CUDA graphs", lambda: decode_step_rows(args.quick))
     print("\n# every table\n")

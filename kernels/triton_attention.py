@@ -1,8 +1,10 @@
 """Triton paged attention: the CUDA twin of `torch_attention.paged_attention`, same signature and semantics.
 
 Two kernels share the work. `unified_attention` handles any mix of prefill chunks, drafts and decode: one
-program per (request, tile of query tokens, KV head), whose rows are every (token, query head) pair of the
-tile that shares that KV head, so each cached page is read once per group. `split_k_decode_attention`
+program per (tile of one request's query tokens, KV head), whose rows are every (token, query head) pair of
+the tile that shares that KV head, so each cached page is read once per group. Each request has as many
+tiles as the longest one, or, where a few long prompts share a step with many decodes, the tiles are
+packed by where each request's queries start (`query_tile_grid`). `split_k_decode_attention`
 (flash-decoding) serves decode-only steps with few requests and long contexts, where the unified grid would
 leave most SMs idle: each request's context is cut into partitions attended in parallel, and the last
 partition of each (request, KV head) to finish merges the partial results by their log-sum-exp.
@@ -44,12 +46,14 @@ _MERGE_CHUNK_ROWS = 64
 class Tiling:
     """How an attention kernel is launched: context positions per inner-loop tile (None: as many as
     make ``tile_bytes`` of keys, `_kv_tile`), and Triton's warps per program and software-pipeline
-    stages. `examples/gpu_check.py` sweeps these on a GPU."""
+    stages; whether the unified kernel may pack its query tiles (`query_tile_grid`).
+    `examples/gpu_check.py` sweeps these on a GPU."""
 
     kv_tile: int | None = None
     num_warps: int = 4
     num_stages: int = 3
     tile_bytes: int = _KV_TILE_BYTES
+    pack_query_tiles: bool = True
 
     def __post_init__(self):
         if self.kv_tile is not None and (
@@ -141,9 +145,26 @@ def _attend_tile(
 # Triton would compile a variant whenever it became 1 or a multiple of 16 (a recompilation while
 # serving, after capture). Values that vary at run time are therefore not specialised on.
 _VARYING = ("stride_bt",)
+# So are the unified kernel's request count and tiles per request (0 when the tiles are packed).
+_VARYING_TILES = _VARYING + ("num_reqs", "tiles_per_req")
 
 
-@triton.jit(do_not_specialize=_VARYING)
+@triton.jit
+def _request_of_tile(query_start_loc_ptr, tile_index, num_reqs, BLOCK_Q: tl.constexpr):
+    """The request whose packed query tiles hold tile ``tile_index``: request ``i``'s first tile is
+    ``query_start_loc[i] // BLOCK_Q + i`` (one more than the tiles before it can fill, so a request
+    never shares a tile), which grows with ``i``; a binary search for the last one at or before it."""
+    low = num_reqs * 0
+    high = num_reqs
+    while high - low > 1:
+        mid = (low + high) // 2
+        at_or_before = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= tile_index
+        low = tl.where(at_or_before, mid, low)
+        high = tl.where(at_or_before, high, mid)
+    return low
+
+
+@triton.jit(do_not_specialize=_VARYING_TILES)
 def _unified_kernel(
     q_ptr,
     k_cache_ptr,
@@ -166,6 +187,8 @@ def _unified_kernel(
     head_dim,
     qk_scale,
     softcap,
+    num_reqs,
+    tiles_per_req,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -176,13 +199,21 @@ def _unified_kernel(
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
 ):
-    """One program: a tile of ``BLOCK_Q`` query tokens of one request x the ``GROUP`` heads of one KV head."""
-    req = tl.program_id(0)
-    tile = tl.program_id(1)
-    kv_head = tl.program_id(2)
-    q_start = tl.load(query_start_loc_ptr + req)
+    """One program: a tile of ``BLOCK_Q`` query tokens of one request x the ``GROUP`` heads of one KV
+    head. Program ``p`` of the first grid axis is tile ``p % tiles_per_req`` of request
+    ``p // tiles_per_req``, or with ``tiles_per_req`` 0 the packed tile ``p`` (`_request_of_tile`)."""
+    program = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    if tiles_per_req > 0:
+        req = program // tiles_per_req
+        tile = program % tiles_per_req
+        q_start = tl.load(query_start_loc_ptr + req)
+    else:
+        req = _request_of_tile(query_start_loc_ptr, program, num_reqs, BLOCK_Q)
+        q_start = tl.load(query_start_loc_ptr + req)
+        tile = program - (q_start // BLOCK_Q + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    # The grid is sized by the longest request; shorter ones have nothing to do in their trailing tiles.
+    # A request shorter than the grid allows has nothing to do in its trailing tiles.
     if tile * BLOCK_Q >= q_len:
         return
     context_len = tl.load(context_lens_ptr + req)
@@ -539,6 +570,25 @@ def _head_geometry(query: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int
     return num_heads // num_kv_heads, triton.next_power_of_2(head_dim)
 
 
+def query_tile_grid(
+    num_reqs: int, num_tokens: int, max_query_len: int, block_q: int, pack: bool = True
+) -> tuple[int, int]:
+    """(programs per KV head, tiles per request) of the unified kernel: every request with as many
+    tiles of ``block_q`` query tokens as the longest, or, where fewer and ``pack`` allows, the tiles
+    packed (tiles per request 0: at most ``num_tokens // block_q + num_reqs``, `_request_of_tile`).
+
+    A step of one long prompt chunk among many decodes would otherwise launch the chunk's tile
+    count for every request (a 2,000-token chunk among 255 decodes, 16 rows a tile: 125 tiles each,
+    32,000 programs per KV head, all but 380 of them returning at once; packed, 396); a decode step
+    keeps its one tile per request. From host ints only, so a step's grid never waits for the
+    device."""
+    tiles_per_req = triton.cdiv(max_query_len, block_q)
+    packed = num_tokens // block_q + num_reqs
+    if pack and packed < num_reqs * tiles_per_req:
+        return packed, 0
+    return num_reqs * tiles_per_req, tiles_per_req
+
+
 def unified_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -568,8 +618,10 @@ def unified_attention(
     # (beyond the 16-row minimum) and no more than fits comfortably in registers.
     block_q = min(triton.next_power_of_2(max_query_len), max(1, _MAX_ROWS // group_pad))
     block_q = max(block_q, triton.cdiv(_MIN_ROWS, group_pad))
-    grid = (num_reqs, triton.cdiv(max_query_len, block_q), k_cache.shape[2])
-    _unified_kernel[grid](
+    programs, tiles_per_req = query_tile_grid(
+        num_reqs, query.shape[0], max_query_len, block_q, tiling.pack_query_tiles
+    )
+    _unified_kernel[(programs, k_cache.shape[2])](
         query,
         k_cache,
         v_cache,
@@ -584,6 +636,8 @@ def unified_attention(
         query.shape[2],
         scale * math.log2(math.e),
         softcap or 1.0,
+        num_reqs,
+        tiles_per_req,
         GROUP=group,
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,

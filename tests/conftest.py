@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ if not torch.cuda.is_available():
     # video processor loads triton) does so.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from spyglass.core.engine.engine import LLMEngine
+from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder, GraphShape
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.default_model import default_model_override, ensure_default_model
 from spyglass.core.loaders.gguf_loader import load_gguf
@@ -1027,3 +1030,42 @@ def tiny_mistral3_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
         size={"longest_edge": 64}, patch_size={"height": 8, "width": 8}
     ).save_pretrained(path)
     return path
+
+
+class EagerReplay(CudaGraphDecoder):
+    """CUDA graphs' padding and row mapping on the CPU: a replay runs the captured half of the
+    model (its hidden states) eagerly; the replayed shapes are kept."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.replayed: list[GraphShape] = []
+
+    def _replay(self, shape):
+        self.replayed.append(shape)
+        return self.forward(shape)
+
+
+@pytest.fixture(scope="session")
+def eager_graphs() -> Callable[..., EagerReplay]:
+    """``install(engine, rows_per_request=(1,), token_buckets=())``: the engine's runner replays
+    `EagerReplay` graphs (batch buckets up to its ``max_num_seqs``, and packed ones of those token
+    counts) wherever a step fits one; returns them."""
+
+    def install(
+        engine: LLMEngine,
+        rows_per_request: tuple[int, ...] = (1,),
+        token_buckets: tuple[int, ...] = (),
+    ) -> EagerReplay:
+        runner, config = engine.runner, engine.config
+        runner.graphs = EagerReplay(
+            runner.model,
+            runner.kv_caches,
+            config.max_num_seqs,
+            engine.max_model_len,
+            config.block_size,
+            rows_per_request,
+            token_buckets,
+        )
+        return runner.graphs
+
+    return install

@@ -114,6 +114,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run decode eagerly"
     )
     group.add_argument(
+        "--cuda-graph-tokens",
+        type=int,
+        default=defaults.cuda_graph_tokens,
+        help="replay steps of up to this many new tokens that are not plain decode (a prompt chunk "
+        "among decodes) from CUDA graphs too; 0: eagerly (default)",
+    )
+    group.add_argument(
         "--async-output",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -226,6 +233,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         disabled_plugins=[p for p in args.disable_plugins.split(",") if p],
         num_threads=args.num_threads,
         cuda_graphs=args.cuda_graphs,
+        cuda_graph_tokens=args.cuda_graph_tokens,
         async_output=args.async_output,
         async_scheduling=args.async_scheduling,
         stream_interval=args.stream_interval,

@@ -73,6 +73,10 @@ class EngineConfig:
     ``engine_id`` names the engine in metrics (the ``engine`` label), traces and logs; None gives a
     process-unique one ("0", "1", ...). ``telemetry`` is what the engine's plugins emit, passed to them
     untouched; None means the process default (`spyglass.telemetry.settings.current()`, set by the CLI).
+    ``cuda_graphs`` replays decode steps (and verify steps, with speculation) from CUDA graphs;
+    ``cuda_graph_tokens`` > 0 also replays other steps of up to that many new tokens (a prompt
+    chunk among decodes: any step while requests arrive) from packed graphs of 32, 64, ... tokens,
+    for models without experts (inside a graph the experts run densely); 0 runs them eagerly.
     ``async_output`` detokenizes, builds outputs and runs the step hooks of one step while the
     device runs the next (`LLMEngine.step`); None turns it on for CUDA, where the device runs apart
     from the host (on the CPU there is nothing to overlap). ``async_scheduling`` also schedules and
@@ -116,6 +120,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     attention_backend: str = "auto"
     cuda_graphs: bool = True
+    cuda_graph_tokens: int = 0
     async_output: bool | None = None
     async_scheduling: bool | None = None
     plugins: list[str] | None = None
@@ -156,6 +161,8 @@ class EngineConfig:
             )
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.cuda_graph_tokens < 0:
+            raise ValueError(f"cuda_graph_tokens must be 0 or more, got {self.cuda_graph_tokens}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"

@@ -7,6 +7,7 @@ from dataclasses import replace
 import torch
 
 from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.runner.cuda_graphs import token_buckets
 from spyglass.core.engine.runner.model_runner import ModelRunner
 from spyglass.core.engine.step_stats import EngineInfo
 from spyglass.core.loaders.checkpoint import Checkpoint
@@ -89,7 +90,10 @@ def prepare_device_steps(
     if config.cuda_graphs:
         # Verify steps (a token and its drafts per request) get graphs of their own.
         rows = (1, 1 + config.num_speculative_tokens) if config.speculative else (1,)
-        seconds = runner.enable_cuda_graphs(config.max_num_seqs, max_model_len, rows)
+        # Inside a graph experts run densely: worth it for a decode batch, not a prompt chunk.
+        tokens = 0 if runner.model.arch.num_experts else config.cuda_graph_tokens
+        buckets = token_buckets(tokens, config.max_num_batched_tokens)
+        seconds = runner.enable_cuda_graphs(config.max_num_seqs, max_model_len, rows, buckets)
         log.info("CUDA graph capture took %.2f s", seconds)
 
 

@@ -18,7 +18,6 @@ from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
 from spyglass.core.engine.runner.penalty_counts import PendingTokens
 from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
 from spyglass.core.loaders.checkpoint import Checkpoint
@@ -563,36 +562,3 @@ def k_quant_gguf(tmp_path_factory, default_model_path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
-
-
-class EagerReplay(CudaGraphDecoder):
-    """CUDA graphs' padding and row mapping on the CPU: a replay runs the captured half of the
-    model (its hidden states) eagerly; the replayed shapes are kept."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.replayed: list[tuple[int, int]] = []
-
-    def _replay(self, shape):
-        self.replayed.append(shape)
-        return self.forward(*shape)
-
-
-@pytest.fixture(scope="session")
-def eager_graphs() -> Callable[..., EagerReplay]:
-    """``install(engine, rows_per_request=(1,))``: the engine's runner replays `EagerReplay` graphs
-    (batch buckets up to its ``max_num_seqs``) wherever a step fits one; returns them."""
-
-    def install(engine: LLMEngine, rows_per_request: tuple[int, ...] = (1,)) -> EagerReplay:
-        runner, config = engine.runner, engine.config
-        runner.graphs = EagerReplay(
-            runner.model,
-            runner.kv_caches,
-            config.max_num_seqs,
-            engine.max_model_len,
-            config.block_size,
-            rows_per_request,
-        )
-        return runner.graphs
-
-    return install

@@ -9,7 +9,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.hookspecs import hookimpl
+from spyglass.core.engine.runner.cuda_graphs import token_buckets
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.core.loaders.load import load_checkpoint
 
@@ -174,7 +176,38 @@ def test_padded_graph_shapes(
     # Drafts are proposed only for requests that want no logprobs.
     outputs = run_engine(engine, prompts, replace(GREEDY, logprobs=None))
     shapes = graphs.replayed
-    assert {rows for _, rows in shapes} == {1, 4}
-    assert any(batch > 1 for batch, rows in shapes if rows == 4)
+    assert {shape.rows for shape in shapes} == {1, 4}
+    assert any(shape.batch > 1 for shape in shapes if shape.rows == 4)
     for expected, actual in zip(reference, outputs):
         same_greedy(expected, actual)
+
+
+def test_packed_graph_token_counts():
+    # Powers of two from 32 up to the asked count, never past the step budget; none for 0.
+    assert token_buckets(0, 2048) == ()
+    assert token_buckets(512, 2048) == (32, 64, 128, 256, 512)
+    assert token_buckets(100, 64) == (32, 64)
+    assert token_buckets(48, 2048) == (32, 48)
+    assert token_buckets(16, 2048) == (16,)
+    with pytest.raises(ValueError, match="cuda_graph_tokens must be 0 or more"):
+        EngineConfig(cuda_graph_tokens=-1)
+
+
+def test_packed_graph_shapes(
+    make_tiny_engine, run_engine, prompts, reference, same_greedy, eager_graphs
+):
+    # A 40-token budget: prompt chunks share steps with the decodes of requests already running;
+    # such steps replay packed graphs of 32 or 40 tokens (the step's rows, then padding rows and
+    # requests that no query reaches), decode steps padded ones.
+    engine = make_tiny_engine(max_num_batched_tokens=40, max_num_seqs=16)
+    graphs = eager_graphs(engine, token_buckets=(32, 40))
+    outputs = run_engine(engine, prompts, GREEDY)
+    packed = [shape for shape in graphs.replayed if shape.rows == 0]
+    assert {shape.tokens for shape in packed} == {32, 40}
+    assert all(shape.batch == 16 for shape in packed)
+    # The attention kernel finds a query tile's request by a binary search over the starts.
+    starts = graphs.packed_starts
+    assert bool((starts[1:] >= starts[:-1]).all())
+    for expected, actual in zip(reference, outputs):
+        same_greedy(expected, actual)
+    engine.kv.check_integrity()

@@ -30,6 +30,8 @@ SCENARIOS = {
     "decode": ([1, 1, 1], [17, 40, 5]),
     "mixed": ([7, 1, 12, 1], [7, 33, 45, 16]),
     "drafts": ([3, 4, 4], [20, 9, 37]),
+    # One prompt chunk among decodes: the unified kernel packs its query tiles (`query_tile_grid`).
+    "skewed": ([1, 1, 37, 1, 1, 1, 1, 1], [9, 30, 37, 17, 5, 40, 2, 64]),
 }
 
 
@@ -308,6 +310,41 @@ def test_unified_attention_matches_torch(
         dtype=dtype,
     )
     assert_close(triton_attention.unified_attention(*batch.args), reference_attention(batch), dtype)
+
+
+@needs_triton
+def test_query_tiles_are_packed_only_where_fewer():
+    # Decode, drafts and a lone prompt: every request gets the longest one's tiles, as many
+    # programs as tiles of work. A chunk among decodes: packed, each request's tiles after the last.
+    assert triton_attention.query_tile_grid(256, 256, 1, 4) == (256, 1)
+    assert triton_attention.query_tile_grid(64, 320, 5, 8) == (64, 1)
+    assert triton_attention.query_tile_grid(1, 2048, 2048, 16) == (128, 128)
+    assert triton_attention.query_tile_grid(256, 2255, 2000, 16) == (396, 0)
+    q_lens = SCENARIOS["skewed"][0]
+    assert triton_attention.query_tile_grid(len(q_lens), sum(q_lens), max(q_lens), 16) == (10, 0)
+
+
+@needs_triton
+@pytest.mark.parametrize("group", [3, 4])
+def test_packed_query_tiles_cover_chunks_that_straddle_tiles(poisoned_allocations, group):
+    # Chunks of 5 to 40 tokens starting anywhere in a tile of 16, among decodes and an empty query
+    # (a padding request): every row of every request is attended once, as the reference does.
+    q_lens = [1, 17, 0, 1, 40, 5, 1, 31, 1, 1]
+    ctx_lens = [3, 17, 4, 50, 40, 21, 8, 60, 33, 2]
+    batch = make_batch(
+        q_lens,
+        ctx_lens,
+        num_kv_heads=2,
+        group=group,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+    )
+    # 16 query rows a tile (4 padded heads per KV head): packed.
+    assert triton_attention.query_tile_grid(len(q_lens), 98, 40, 16)[1] == 0
+    assert_close(
+        triton_attention.unified_attention(*batch.args), reference_attention(batch), torch.float32
+    )
 
 
 @needs_triton

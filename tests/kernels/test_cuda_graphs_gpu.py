@@ -5,7 +5,7 @@ import torch
 
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
-from spyglass.core.engine.runner.cuda_graphs import batch_buckets
+from spyglass.core.engine.runner.cuda_graphs import GraphShape, batch_buckets
 from spyglass.core.engine.sampling_params import SamplingParams
 from tests.kernels.mixed_workload import random_prompts, serve_rounds
 
@@ -98,12 +98,43 @@ def test_verify_steps_replay_graphs_and_give_the_same_tokens():
     eager = LLMEngine(EngineConfig(cuda_graphs=False, **options))
     graphs = LLMEngine(EngineConfig(cuda_graphs=True, **options))
     decoder = graphs.runner.graphs
-    assert (16, 5) in decoder.graphs
+    assert GraphShape(16, 5, 80) in decoder.graphs
     replayed = []
     replay = decoder._replay
     decoder._replay = lambda shape: (replayed.append(shape), replay(shape))[1]
     # Counting and copying prompts: the n-gram proposer finds drafts in them.
     prompts = [", ".join(str(n % 7) for n in range(40)), PROMPTS[1] * 3, *PROMPTS]
     assert _greedy(eager, prompts, "a") == _greedy(graphs, prompts, "a")
-    assert any(rows == 5 for _, rows in replayed)
+    assert any(shape.rows == 5 for shape in replayed)
+    graphs.kv.check_integrity()
+
+
+def test_packed_graphs_replay_prompt_chunks_among_decodes_and_compile_nothing():
+    """A 64-token budget: prompts are cut into chunks that share steps with the decodes of the
+    requests before them, replayed from packed graphs of 32 and 64 tokens."""
+    options = {"dtype": "float32", "max_num_seqs": 16, "max_num_batched_tokens": 64}
+    eager = LLMEngine(EngineConfig(cuda_graphs=False, **options))
+    graphs = LLMEngine(EngineConfig(cuda_graphs=True, cuda_graph_tokens=64, **options))
+    decoder = graphs.runner.graphs
+    assert {GraphShape(16, 0, 32), GraphShape(16, 0, 64)} <= set(decoder.graphs)
+    compiled = _compiled_variants()
+    replayed = []
+    replay = decoder._replay
+    decoder._replay = lambda shape: (replayed.append(shape), replay(shape))[1]
+    prompt = random_prompts(20000)
+    prompts = [prompt(n) for n in (3, 40, 9, 100, 17, 65, 1, 33)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    tokens = []
+    for engine in (eager, graphs):
+        for index, token_ids in enumerate(prompts):
+            engine.add_request(str(index), token_ids, params)
+        done = {}
+        while engine.has_unfinished_requests:
+            for output in engine.step():
+                if output.finished:
+                    done[output.request_id] = output.outputs[0].token_ids
+        tokens.append(done)
+    assert tokens[0] == tokens[1]
+    assert any(shape.rows == 0 for shape in replayed)
+    assert _compiled_variants() == compiled
     graphs.kv.check_integrity()

@@ -13,7 +13,13 @@ from packaging.utils import canonicalize_name
 
 _ROOT = Path(__file__).parents[2]
 _SOURCES = ["core", "plugins", "telemetry", "kernels", "examples/gpu_model"]
-_SCRIPTS = ["gpu_check.py", "gpu_serving.py", "gpu_attention.py", "gpu_report.py"]
+_SCRIPTS = [
+    "gpu_check.py",
+    "gpu_serving.py",
+    "gpu_attention.py",
+    "gpu_arrivals.py",
+    "gpu_report.py",
+]
 
 
 @pytest.fixture(scope="module")

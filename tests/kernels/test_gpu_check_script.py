@@ -161,6 +161,30 @@ def test_every_swept_tiling_computes_the_attention_of_the_default(gpu_check, num
     assert len(set(gpu_attention.SWEEP)) == len(gpu_attention.SWEEP) == 12
 
 
+def test_the_arrival_rows_count_every_output_token(gpu_check, tiny_llama_dir):
+    # Here on the CPU (graphs are CUDA's, so the count is ignored): every request's tokens counted.
+    import gpu_arrivals
+
+    run = gpu_arrivals.arrival_run(str(tiny_llama_dir), 512, arrivals=12, device="cpu")
+    assert run.num_output == 12 * gpu_arrivals.OUTPUT_LEN
+    assert 0 < run.step_seconds < 5 and run.output_per_s > 0
+
+
+def test_the_mixed_step_inputs_attend_alike_with_query_tiles_padded_and_packed(gpu_check):
+    # The mixed-step table's inputs (a chunk among decodes), small: both grids give the reference.
+    import gpu_attention
+
+    inputs = gpu_attention.mixed_inputs(40, 5, 64, device="cpu")
+    query = inputs[0]
+    assert query.shape[0] == 45 and inputs[5].tolist() == [0, 40, 41, 42, 43, 44, 45]
+    assert triton_attention.query_tile_grid(6, 45, 40, 16) == (8, 0)  # packed, of 18 padded
+    expected = torch_attention.paged_attention(*inputs).float()
+    for pack in (False, True):
+        tiling = triton_attention.Tiling(pack_query_tiles=pack)
+        actual = triton_attention.unified_attention(*inputs, tiling=tiling).float()
+        assert (actual - expected).abs().max().item() < 2e-2, pack
+
+
 def test_a_failed_section_is_reported_and_the_next_one_still_runs(gpu_check, tmp_path, capsys):
     out = tmp_path / "tables.md"
     report = gpu_check.Report(out)

@@ -1,6 +1,7 @@
 """The whole engine through the Triton kernels (under the interpreter on CPU) gives the torch path's tokens."""
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -16,13 +17,16 @@ from spyglass.core.engine.sampling_params import SamplingParams
 PROMPT_LENGTHS = (5, 23, 40)
 
 
-def _greedy_tokens(model_dir, backend: str, warm_up: bool = False) -> dict[str, list[int]]:
+def _greedy_tokens(
+    model_dir, backend: str, warm_up: bool = False, graphs: Callable | None = None
+) -> dict[str, list[int]]:
     # A small token budget forces chunked prefill mixed with decodes: every attention shape is exercised.
     config = EngineConfig(
         model=str(model_dir),
         dtype="float32",
         attention_backend=backend,
         max_num_batched_tokens=24,
+        max_num_seqs=8,
         block_size=16,
         num_kv_blocks=64,
         cuda_graphs=False,
@@ -31,6 +35,8 @@ def _greedy_tokens(model_dir, backend: str, warm_up: bool = False) -> dict[str, 
     assert engine.backend.name == backend
     if warm_up:  # as the engine does on CUDA
         engine.runner.compile_kernels(config.max_num_batched_tokens, engine.max_model_len)
+    if graphs is not None:
+        graphs(engine)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     for index, length in enumerate(PROMPT_LENGTHS):
         engine.add_request(
@@ -51,6 +57,22 @@ def test_triton_path_matches_torch_path(family, tiny_llama_dir, tiny_family_dir)
     # Gemma 2 adds a 16-token sliding window on alternate layers and soft-capped scores.
     model_dir = tiny_llama_dir if family == "llama" else tiny_family_dir(family)
     assert _greedy_tokens(model_dir, "triton") == _greedy_tokens(model_dir, "torch")
+
+
+@pytest.mark.timeout(900)
+def test_packed_graphs_through_the_triton_kernels_give_the_eager_tokens(
+    tiny_llama_dir, eager_graphs
+):
+    # Prompt chunks among decodes replayed as packed graphs hold them (the step's rows, padding
+    # rows, requests with no query): the attention's packed grid skips what is not the step's.
+    installed = []
+
+    def install(engine):
+        installed.append(eager_graphs(engine, token_buckets=(16, 24)))
+
+    tokens = _greedy_tokens(tiny_llama_dir, "triton", graphs=install)
+    assert tokens == _greedy_tokens(tiny_llama_dir, "torch")
+    assert any(shape.rows == 0 for shape in installed[0].replayed)
 
 
 @pytest.mark.timeout(900)

@@ -221,10 +221,15 @@ class ModelRunner:
         self.model.forward(input_ids, positions, meta, self.kv_caches, last)
 
     def enable_cuda_graphs(
-        self, max_num_seqs: int, max_model_len: int, rows_per_request: tuple[int, ...] = (1,)
+        self,
+        max_num_seqs: int,
+        max_model_len: int,
+        rows_per_request: tuple[int, ...] = (1,),
+        token_buckets: tuple[int, ...] = (),
     ) -> float:
         """Capture graphs for every batch bucket and each count of new tokens per request in
-        ``rows_per_request`` (1 for decode, 1 + drafts for verify steps); the capture time in seconds."""
+        ``rows_per_request`` (1 for decode, 1 + drafts for verify steps), and packed graphs of each
+        token count in ``token_buckets`` (prompt chunks among decodes); the capture time in seconds."""
         self.graphs = CudaGraphDecoder(
             self.model,
             self.kv_caches,
@@ -232,6 +237,7 @@ class ModelRunner:
             max_model_len,
             self.block_size,
             rows_per_request,
+            token_buckets,
         )
         self.graphs.capture()
         return self.graphs.capture_seconds
@@ -431,7 +437,7 @@ class ModelRunner:
             self.graphs
             and not inputs.prompt_rows
             and not (self.lora and self.lora.groups)
-            and self.graphs.shape_for(num_reqs, inputs.meta.max_query_len)
+            and self.graphs.shape_for(num_reqs, inputs.meta.max_query_len, len(inputs.input_ids))
         ):
             return self.graphs.run(
                 inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices
