@@ -330,10 +330,6 @@ def main() -> int:
         ),
     )
     report.section(
-        "steps while requests arrive (a 128-token prompt a step): eager vs packed CUDA graphs",
-        lambda: arrival_table(models),
-    )
-    report.section(
         "Llama-3.2-1B shape: decode step at batch 64 against its weights' read",
         lambda: weight_read_rows(models["Llama-3.2-1B shape"], "cuda", measured["bandwidth"]),
     )
@@ -367,6 +363,10 @@ def main() -> int:
     report.section(
         "speculation: verifying L drafts at batch 1, default shape",
         lambda: verify_cost_rows(models["default shape"], "cuda"),
+    )
+    report.section(
+        "steps while requests arrive (a 128-token prompt a step): eager vs packed CUDA graphs",
+        lambda: arrival_table(models),
     )
     report.section(
         "decode attention tilings (tile positions / warps / stages)",

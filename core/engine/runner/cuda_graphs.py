@@ -171,8 +171,9 @@ class CudaGraphDecoder:
     ) -> torch.Tensor | slice:
         """Copy a step into the static buffers of ``shape``, padded; the rows of the graph's output
         that ``logits_indices`` (indices into the step's own tokens) became."""
-        if shape.rows == 0:
-            return self._load_packed(shape, input_ids, positions, meta, logits_indices)
+        if shape.rows == 0:  # the step's own rows: its logits rows as they are
+            self._load_packed(shape.batch, shape.tokens, input_ids, positions, meta)
+            return logits_indices
         batch, rows, tokens = shape.batch, shape.rows, shape.tokens
         num_reqs, width = meta.block_tables.shape
         if rows == 1:  # one token per request: the step's rows are already the graph's
@@ -205,27 +206,26 @@ class CudaGraphDecoder:
 
     def _load_packed(
         self,
-        shape: GraphShape,
+        batch: int,
+        tokens: int,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        logits_indices: torch.Tensor,
-    ) -> torch.Tensor:
-        """`load` for a packed shape: the step's rows as they are, then padding rows that no
-        request's queries reach (slot -1), and requests past the step's own with none (their
-        query start the step's end, their context empty)."""
+    ) -> None:
+        """`load` for a packed shape of ``batch`` requests and ``tokens`` rows: the step's rows as
+        they are, then padding rows that no request's queries reach (slot -1), and requests past
+        the step's own with none (their query start the step's end, their context empty)."""
         num_reqs, width = meta.block_tables.shape
         num_tokens = input_ids.shape[0]
         self.input_ids[:num_tokens].copy_(input_ids)
         self.positions[:num_tokens].copy_(positions)
         self.slot_mapping[:num_tokens].copy_(meta.slot_mapping)
-        self.slot_mapping[num_tokens : shape.tokens].fill_(-1)
+        self.slot_mapping[num_tokens:tokens].fill_(-1)
         self.packed_starts[: num_reqs + 1].copy_(meta.query_start_loc)
         self.packed_starts[num_reqs + 1 :].fill_(num_tokens)
         self.context_lens[:num_reqs].copy_(meta.context_lens)
-        self.context_lens[num_reqs : shape.batch].fill_(0)
+        self.context_lens[num_reqs:batch].fill_(0)
         self.block_tables[:num_reqs, :width].copy_(meta.block_tables)
-        return logits_indices
 
     def run(
         self,
