@@ -39,7 +39,7 @@ from spyglass.core.engine.sched.scheduler_policy import (
     parse_tenant_values,
     tenant_of,
 )
-from spyglass.core.engine.step_stats import EngineInfo, StepStats
+from spyglass.core.engine.step_stats import STEP_FORWARDS, EngineInfo, StepStats
 from spyglass.core.engine.token_constraint import TokenConstraint
 from spyglass.core.engine.tool_calls import (
     CallObjectScanner,
@@ -74,6 +74,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DTYPE_NAMES",
     "NO_MATCH",
+    "STEP_FORWARDS",
     "BlockPool",
     "CallObjectScanner",
     "Checkpoint",

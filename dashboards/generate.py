@@ -213,6 +213,22 @@ def sections() -> list[tuple[str, list[dict]]]:
             ],
             m.STEPS_SCHEDULED_AHEAD._documentation,
         ),
+        panel(
+            "CUDA graphs: steps by forward, padding rows",
+            "percentunit",
+            [
+                target(
+                    f"{rate(m.ENGINE_STEP_FORWARDS, by='forward')} / "
+                    f"scalar({rate(m.ENGINE_STEP_FORWARDS)})",
+                    "{{forward}} of steps",
+                ),
+                target(
+                    f"{rate(m.CUDA_GRAPH_PADDING_TOKENS)} / {rate(m.CUDA_GRAPH_TOKENS)}",
+                    "padding of graph rows",
+                ),
+            ],
+            f"{m.ENGINE_STEP_FORWARDS._documentation} {m.CUDA_GRAPH_PADDING_TOKENS._documentation}",
+        ),
         latency_panel("Structured outputs: grammar compile time", m.STRUCTURED_OUTPUT_COMPILE_TIME),
         latency_panel("Structured outputs: mask time per step", m.STRUCTURED_OUTPUT_MASK_TIME),
         latency_panel("Vision: encoder time per step", m.VISION_ENCODER_TIME),

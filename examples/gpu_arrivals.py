@@ -4,11 +4,13 @@ the step with the running requests' decodes; run eagerly, and replayed from pack
 
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine import LLMEngine
 from spyglass.core.engine.sampling_params import RequestOutputKind, SamplingParams
+from spyglass.core.plugin_api import StepStats, hookimpl
 
 PROMPT_LEN, OUTPUT_LEN = 128, 64
 # Packed graphs up to the step budget: a prompt of PROMPT_LEN among up to 256 decodes fits.
@@ -18,11 +20,24 @@ BUDGET = 512
 @dataclass(frozen=True)
 class ArrivalRun:
     """The median seconds of an `LLMEngine.step` call while requests arrive (the first 8 left out),
-    and the output tokens of the whole run and their rate."""
+    the output tokens of the whole run and their rate, and the share of its steps that replayed a
+    packed graph (`StepStats.forward`)."""
 
     step_seconds: float
     num_output: int
     output_per_s: float
+    packed_share: float
+
+
+class ForwardTally:
+    """Counts an engine's steps by `StepStats.forward`."""
+
+    def __init__(self) -> None:
+        self.forwards: Counter[str] = Counter()
+
+    @hookimpl
+    def spyglass_step_finished(self, stats: StepStats) -> None:
+        self.forwards[stats.forward] += 1
 
 
 def arrival_run(
@@ -40,6 +55,8 @@ def arrival_run(
             cuda_graph_tokens=graph_tokens,
         )
     )
+    tally = ForwardTally()
+    engine.plugin_manager.register(tally)
     vocab = engine.arch.vocab_size
     params = SamplingParams(
         temperature=0.0,
@@ -61,20 +78,22 @@ def arrival_run(
     seconds = time.perf_counter() - start
     engine.shutdown()
     step = statistics.median(step_seconds[8:] or step_seconds)
-    return ArrivalRun(step, num_output, num_output / seconds)
+    packed = tally.forwards["graph_packed"] / tally.forwards.total()
+    return ArrivalRun(step, num_output, num_output / seconds, packed)
 
 
 def arrival_table(models: dict[str, str]) -> list[str]:
     """`arrival_run` on each shape, eager and with packed graphs up to `BUDGET` tokens."""
     rows = [
         "| shape | eager step ms | eager output tok/s | packed graphs step ms "
-        "| packed graphs output tok/s |",
-        "|---|---|---|---|---|",
+        "| packed graphs output tok/s | steps replaying packed graphs |",
+        "|---|---|---|---|---|---|",
     ]
     for shape, model in models.items():
         cells = []
         for graph_tokens in (0, BUDGET):
             run = arrival_run(model, graph_tokens)
             cells += [f"{run.step_seconds * 1e3:.2f}", f"{run.output_per_s:,.0f}"]
+        cells.append(f"{run.packed_share:.0%}")
         rows.append(f"| {shape} | " + " | ".join(cells) + " |")
     return rows

@@ -291,6 +291,24 @@ STEPS_SCHEDULED_AHEAD = Counter(
     "scheduling off, or after the engine was idle) is not.",
     M,
 )
+ENGINE_STEP_FORWARDS = Counter(
+    "spyglass:engine_step_forwards",
+    "Engine steps by how their forward ran: eager, or replaying a CUDA graph of one new token per "
+    "request (graph_decode), of a few per request padded alike (graph_padded: verify steps, short "
+    "prompts) or of a prompt chunk among decodes (graph_packed, --cuda-graph-tokens).",
+    M + ["forward"],
+)
+CUDA_GRAPH_TOKENS = Counter(
+    "spyglass:cuda_graph_tokens",
+    "Rows the replayed CUDA graphs computed, padding included.",
+    M,
+)
+CUDA_GRAPH_PADDING_TOKENS = Counter(
+    "spyglass:cuda_graph_padding_tokens",
+    "Of spyglass:cuda_graph_tokens, the padding rows: the rows of the smallest captured graph that "
+    "held a step, past the step's own tokens.",
+    M,
+)
 IMAGE_CHUNK_WAITS = Counter(
     "spyglass:image_chunk_waits",
     "Prompt chunks of a model whose image tokens attend to their whole image (Gemma 3) stopped "

@@ -1034,11 +1034,16 @@ def tiny_mistral3_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
 
 class EagerReplay(CudaGraphDecoder):
     """CUDA graphs' padding and row mapping on the CPU: a replay runs the captured half of the
-    model (its hidden states) eagerly; the replayed shapes are kept."""
+    model (its hidden states) eagerly; the replayed shapes and their steps' token counts are kept."""
 
     def __init__(self, *args):
         super().__init__(*args)
         self.replayed: list[GraphShape] = []
+        self.step_tokens: list[int] = []  # each replayed step's own tokens
+
+    def run(self, shape, input_ids, *args):
+        self.step_tokens.append(len(input_ids))
+        return super().run(shape, input_ids, *args)
 
     def _replay(self, shape):
         self.replayed.append(shape)

@@ -572,7 +572,7 @@ class LLMEngine:
         update_time: float,
         end: float,
     ) -> StepStats:
-        out = step.out
+        out, graph = step.out, runner_out.graph
         num_prefill = sum(1 for s in out.scheduled if s.num_new_tokens > 1 + s.num_spec_tokens)
         return StepStats(
             step_id=out.step_id,
@@ -602,6 +602,8 @@ class LLMEngine:
             vision_time=runner_out.vision.seconds,
             num_image_waits=out.num_image_waits,
             scheduled_ahead=step.ahead,
+            forward="eager" if graph is None else f"graph_{graph.kind}",
+            graph_tokens=0 if graph is None else graph.tokens,
         )
 
     def send_wire_outputs(self) -> None:

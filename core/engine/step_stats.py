@@ -40,6 +40,10 @@ class EngineInfo:
     hook_errors: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
 
+STEP_FORWARDS = ("eager", "graph_decode", "graph_padded", "graph_packed")
+"""The values of `StepStats.forward`."""
+
+
 @dataclass(frozen=True, slots=True)
 class StepStats:
     """One engine step: batch composition, tokens, timings (seconds) and the KV cache afterwards."""
@@ -69,3 +73,8 @@ class StepStats:
     num_image_waits: int = 0  # prompt chunks stopped before an image they could not finish
     scheduled_ahead: bool = False  # launched while the step before was on the device
     tensor_parallel_size: int = 1  # the ranks (processes) that ran this step's forward
+    # How the forward ran: "eager", or replaying a CUDA graph of one row per request
+    # ("graph_decode"), of a few per request padded alike ("graph_padded": verify steps, short
+    # prompts) or of a prompt chunk among decodes ("graph_packed"): `STEP_FORWARDS`.
+    forward: str = "eager"
+    graph_tokens: int = 0  # the rows the replayed graph computed, padding included (0 if eager)

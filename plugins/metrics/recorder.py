@@ -2,7 +2,14 @@
 
 from prometheus_client.metrics import MetricWrapperBase
 
-from spyglass.core.plugin_api import EngineConfig, EngineInfo, FinishReason, Request, StepStats
+from spyglass.core.plugin_api import (
+    STEP_FORWARDS,
+    EngineConfig,
+    EngineInfo,
+    FinishReason,
+    Request,
+    StepStats,
+)
 from spyglass.plugins.metrics.lora_series import LoRASeries
 from spyglass.telemetry import metrics as m
 from spyglass.telemetry.request_context import operation_name
@@ -73,6 +80,9 @@ class MetricsRecorder:
         self.image_cache_hits = series.labels(m.IMAGE_CACHE_HITS)
         self.image_chunk_waits = series.labels(m.IMAGE_CHUNK_WAITS)
         self.steps_ahead = series.labels(m.STEPS_SCHEDULED_AHEAD)
+        self.forwards = {f: series.labels(m.ENGINE_STEP_FORWARDS, f) for f in STEP_FORWARDS}
+        self.graph_tokens = series.labels(m.CUDA_GRAPH_TOKENS)
+        self.graph_padding = series.labels(m.CUDA_GRAPH_PADDING_TOKENS)
         self.slo_requests = series.labels(m.SLO_REQUESTS)
         self.slo_ttft_met = series.labels(m.SLO_TTFT_MET)
         self.slo_tpot_met = series.labels(m.SLO_TPOT_MET)
@@ -219,6 +229,10 @@ class MetricsRecorder:
             self.image_chunk_waits.inc(stats.num_image_waits)
         if stats.scheduled_ahead:
             self.steps_ahead.inc()
+        self.forwards[stats.forward].inc()
+        if stats.graph_tokens:
+            self.graph_tokens.inc(stats.graph_tokens)
+            self.graph_padding.inc(stats.graph_tokens - stats.num_scheduled_tokens)
         classes = dict(stats.waiting_by_class)
         for label in self.waiting_classes | classes.keys():
             self.series.labels(m.NUM_REQUESTS_WAITING_BY_CLASS, label).set(classes.get(label, 0))

@@ -81,6 +81,8 @@ def step_attributes(stats: StepStats, model: str) -> dict:
         "spyglass.step.model_time": stats.model_time,
         "spyglass.step.update_time": stats.update_time,
         "spyglass.step.scheduled_ahead": stats.scheduled_ahead,
+        "spyglass.step.forward": stats.forward,
+        "spyglass.step.graph_tokens": stats.graph_tokens,
         "spyglass.tensor_parallel_size": stats.tensor_parallel_size,
         "llm.model_name": model,
     }

@@ -162,12 +162,14 @@ def test_every_swept_tiling_computes_the_attention_of_the_default(gpu_check, num
 
 
 def test_the_arrival_rows_count_every_output_token(gpu_check, tiny_llama_dir):
-    # Here on the CPU (graphs are CUDA's, so the count is ignored): every request's tokens counted.
+    # Here on the CPU (graphs are CUDA's, so the count is ignored): every request's tokens
+    # counted, and every step's forward eager.
     import gpu_arrivals
 
     run = gpu_arrivals.arrival_run(str(tiny_llama_dir), 512, arrivals=12, device="cpu")
     assert run.num_output == 12 * gpu_arrivals.OUTPUT_LEN
     assert 0 < run.step_seconds < 5 and run.output_per_s > 0
+    assert run.packed_share == 0
 
 
 def test_the_mixed_step_inputs_attend_alike_with_query_tiles_padded_and_packed(gpu_check):

@@ -1,6 +1,7 @@
 """The metrics plugin: values in the default registry after a run, exemplars, hook errors, devices."""
 
 import re
+from collections import Counter
 
 import pytest
 from prometheus_client import REGISTRY
@@ -317,6 +318,38 @@ def test_a_dropped_llm_takes_its_series_with_it(use_settings, tiny_llama_dir):
     assert REGISTRY.get_sample_value("spyglass:engine_ready", labels) == 0.0
     engine.shutdown()
     assert REGISTRY.get_sample_value("spyglass:engine_ready", labels) == 0.0
+
+
+def test_steps_are_counted_by_how_their_forward_ran(
+    engine_and_registry, run_to_completion, eager_graphs
+):
+    """Eager steps and each kind of graph replay are counted, with the graphs' rows and padding."""
+    engine, reg = engine_and_registry(
+        speculative="ngram", num_speculative_tokens=3, max_num_batched_tokens=40, max_num_seqs=8
+    )
+    graphs = eager_graphs(engine, rows_per_request=(1, 4), token_buckets=(32,))
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    # A long prompt's first chunk (40 tokens) runs eagerly; the later prompts' chunks meet the
+    # decodes (packed); repeated text gives n-gram drafts (padded verify steps).
+    prompts = [list(range(10, 20)) * 6, list(range(30, 36)) * 3, list(range(40, 44)) * 2]
+    engine.add_request("long", prompts[0], greedy)
+    engine.step()
+    for index, prompt in enumerate(prompts[1:]):
+        engine.add_request(f"short-{index}", prompt, greedy)
+        engine.step()
+    run_to_completion(engine)
+    forwards = {
+        f: reg.delta("spyglass:engine_step_forwards_total", forward=f)
+        for f in ("eager", "graph_decode", "graph_padded", "graph_packed")
+    }
+    replayed = Counter(f"graph_{shape.kind}" for shape in graphs.replayed)
+    assert all(forwards.values()), forwards
+    assert forwards == {"eager": forwards["eager"], **replayed}
+    assert sum(forwards.values()) == reg.delta("spyglass:engine_step_duration_seconds_count")
+    rows = sum(shape.tokens for shape in graphs.replayed)
+    assert reg.delta("spyglass:cuda_graph_tokens_total") == rows
+    padding = rows - sum(graphs.step_tokens)
+    assert 0 < padding == reg.delta("spyglass:cuda_graph_padding_tokens_total")
 
 
 def test_steps_scheduled_ahead_are_counted(engine_and_registry, run_to_completion):

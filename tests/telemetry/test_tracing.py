@@ -169,6 +169,11 @@ def test_request_span_tree_attributes_and_step_links(
     assert sum(s.attributes["spyglass.step.num_generated_tokens"] for s in steps) == 5 + 3
     # Stepping in turn (the CPU's default): no step was launched behind another.
     assert not any(s.attributes["spyglass.step.scheduled_ahead"] for s in steps)
+    # No CUDA graphs on the CPU: every forward ran eagerly.
+    assert {
+        (s.attributes["spyglass.step.forward"], s.attributes["spyglass.step.graph_tokens"])
+        for s in steps
+    } == {("eager", 0)}
 
 
 def test_content_only_when_opted_in(use_settings, span_exporter, make_engine, run_to_completion):

@@ -52,6 +52,12 @@ class GraphShape:
     rows: int
     tokens: int
 
+    @property
+    def kind(self) -> str:
+        """``decode`` (one row per request), ``padded`` (several: verify steps, short prompts) or
+        ``packed``."""
+        return "packed" if self.rows == 0 else "decode" if self.rows == 1 else "padded"
+
 
 class CudaGraphDecoder:
     """Owns the static input buffers and one captured graph per `GraphShape`: each (batch bucket,
@@ -229,13 +235,13 @@ class CudaGraphDecoder:
 
     def run(
         self,
+        shape: GraphShape,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
-        """Replay the smallest graph that holds the step; the logits of ``logits_indices``."""
-        shape = self.shape_for(meta.block_tables.shape[0], meta.max_query_len, input_ids.shape[0])
+        """Replay the graph of ``shape`` (`shape_for` the step); the logits of ``logits_indices``."""
         rows = self.load(shape, input_ids, positions, meta, logits_indices)
         return self.model.logits(*self._replay(shape), rows)
 

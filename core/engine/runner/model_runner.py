@@ -13,7 +13,7 @@ from spyglass.core.engine.kv.host_memory import (
 )
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.runner.block_table_rows import BlockTableRows
-from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder
+from spyglass.core.engine.runner.cuda_graphs import CudaGraphDecoder, GraphShape
 from spyglass.core.engine.runner.image_cache import EncodedImageCache
 from spyglass.core.engine.runner.image_rows import step_image_rows
 from spyglass.core.engine.runner.logprob_rows import LogprobRows, logprob_list
@@ -76,6 +76,8 @@ class RunnerOutput:
     some of the positions it pools without finishing its prompt (empty when none)."""
     vision: VisionWork = VisionWork()
     """The images the step encoded (none for a model that reads no images)."""
+    graph: GraphShape | None = None
+    """The CUDA graph the step's forward replayed (None: it ran eagerly)."""
 
 
 _NO_LOGPROB = (None,)
@@ -93,6 +95,7 @@ class UnsampledStep:
     logits: torch.Tensor
     pooled: PooledWork
     vision: VisionWork
+    graph: GraphShape | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,7 @@ class LaunchedStep:
     """Recorded after the copy to the host: what `collect` waits for."""
     mask_time: float = 0.0
     vision: VisionWork = VisionWork()
+    graph: GraphShape | None = None
     pooled: PooledWork = field(default_factory=PooledWork)
     """The step's pooled answers (on the host, still being copied on a GPU) and sums."""
     logprobs: LogprobRows | None = None
@@ -162,8 +166,10 @@ class ModelRunner:
         self.graphs: CudaGraphDecoder | None = None
         # Set by `enable_lora`: the rows of the step running that use each adapter.
         self.lora: LoRABatch | None = None
-        # The images the step being launched encoded (`_run_model` sets it).
+        # The images the step being launched encoded, and the graph its forward replayed (None:
+        # eager); `_run_model` sets both.
         self._vision = VisionWork()
+        self._graph: GraphShape | None = None
         # Images recently encoded, for other requests with the same image (`enable_image_cache`).
         self.image_cache = EncodedImageCache(0)
 
@@ -299,7 +305,7 @@ class ModelRunner:
             return LaunchedStep(
                 start, inputs.sampled_rows, zeros, copied=copied, vision=self._vision, pooled=pooled
             )
-        unsampled = UnsampledStep(out, inputs, logits, pooled, self._vision)
+        unsampled = UnsampledStep(out, inputs, logits, pooled, self._vision, self._graph)
         sampled = [s for s, is_sampled in zip(out.scheduled, inputs.sampled_rows) if is_sampled]
         if after is not None and any(
             s.request.constraint and s.request.num_pending_tokens for s in sampled
@@ -348,6 +354,7 @@ class ModelRunner:
             copied=_copy_event(self.device),
             mask_time=tokens.mask_time,
             vision=step.vision,
+            graph=step.graph,
             logprobs=logprobs,
             prompt_scores=scores,
             pooled=pooled,
@@ -370,6 +377,7 @@ class ModelRunner:
             () if pooled.answers is None else pooled.answers.answers(),
             pooled.parts,
             launched.vision,
+            launched.graph,
         )
 
     def _run_model(
@@ -386,7 +394,7 @@ class ModelRunner:
         head is not run (a base model or a classifier has none)."""
         if self.lora is not None:
             self.lora.groups = lora_groups(out.scheduled, self.device)
-        images, self._vision = None, VisionWork()
+        images, self._vision, self._graph = None, VisionWork(), None
         try:
             if self.model.arch.vision is not None:
                 start = time.perf_counter()
@@ -433,15 +441,15 @@ class ModelRunner:
         if images is not None:
             hidden, residual = self._hidden_states(inputs, images)
             return self.model.logits(hidden, residual, inputs.logits_indices)
-        if (
-            self.graphs
-            and not inputs.prompt_rows
-            and not (self.lora and self.lora.groups)
-            and self.graphs.shape_for(num_reqs, inputs.meta.max_query_len, len(inputs.input_ids))
-        ):
-            return self.graphs.run(
-                inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices
+        if self.graphs and not inputs.prompt_rows and not (self.lora and self.lora.groups):
+            shape = self.graphs.shape_for(
+                num_reqs, inputs.meta.max_query_len, len(inputs.input_ids)
             )
+            if shape is not None:
+                self._graph = shape
+                return self.graphs.run(
+                    shape, inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices
+                )
         return self.model.forward(
             inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
         )
