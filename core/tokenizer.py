@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 import tokenizers
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -34,10 +35,7 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-@lru_cache(maxsize=32)
-def compile_chat_template(source: str) -> jinja2.Template:
-    """``source`` compiled as transformers compiles chat templates, in a sandbox; the last few
-    are kept (requests may bring their own). jinja2's TemplateSyntaxError where it is not one."""
+def _template_environment() -> ImmutableSandboxedEnvironment:
     # Same environment options as transformers, so templates render byte-identically. Templates come
     # from model files, i.e. untrusted input, hence the sandbox.
     env = ImmutableSandboxedEnvironment(
@@ -46,7 +44,22 @@ def compile_chat_template(source: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    return env
+
+
+@lru_cache(maxsize=32)
+def compile_chat_template(source: str) -> jinja2.Template:
+    """``source`` compiled as transformers compiles chat templates, in a sandbox; the last few
+    are kept (requests may bring their own). jinja2's TemplateSyntaxError where it is not one."""
+    return _template_environment().from_string(source)
+
+
+@lru_cache(maxsize=32)
+def template_variables(source: str) -> frozenset[str]:
+    """The variables a chat template reads that it does not set itself (``messages``,
+    ``enable_thinking``, ...)."""
+    env = _template_environment()
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
 
 
 class Tokenizer:
@@ -147,6 +160,11 @@ class Tokenizer:
         if self._chat_template_source is None:
             return None
         return compile_chat_template(self._chat_template_source)
+
+    def template_reads(self, variable: str) -> bool:
+        """Whether the chat template reads ``variable`` (one it does not set itself)."""
+        source = self._chat_template_source
+        return source is not None and variable in template_variables(source)
 
     @property
     def template_takes_tools(self) -> bool:

@@ -96,6 +96,7 @@ class TemplateOptions:
     kwargs: dict | None = None
     chat_template: str | None = None
     documents: list[dict] | None = None
+    reasoning_effort: str | None = None
 
     @classmethod
     def of(cls, body, server: ServerOptions) -> "TemplateOptions":
@@ -123,6 +124,7 @@ class TemplateOptions:
             body.chat_template_kwargs,
             chat_template,
             getattr(body, "documents", None),
+            getattr(body, "reasoning_effort", None),
         )
 
 
@@ -165,7 +167,7 @@ def render_messages(
         "add_generation_prompt": template.add_generation_prompt,
         "tools": use.tools if use.active and takes_tools else None,
         "continue_final_message": template.continue_final_message,
-        "template_kwargs": template.kwargs,
+        "template_kwargs": _template_kwargs(template, tokenizer),
         "documents": template.documents,
     }
     media = ChatMedia()
@@ -226,6 +228,22 @@ def _check_media_count(
         raise APIError(
             400, f"a prompt may hold at most {limit} {what} (--limit-mm-per-prompt)", param
         )
+
+
+def _template_kwargs(template: TemplateOptions, tokenizer: Tokenizer) -> dict | None:
+    """The template variables beyond the conversation: ``chat_template_kwargs``, and
+    ``reasoning_effort`` where the template reads it (a 400 where it would change nothing)."""
+    if template.reasoning_effort is None:
+        return template.kwargs
+    if not tokenizer.template_reads("reasoning_effort"):
+        raise APIError(
+            400,
+            "reasoning_effort is not read by this model's chat template, so it would change "
+            "nothing; leave it out",
+            "reasoning_effort",
+            "unsupported_parameter",
+        )
+    return {**(template.kwargs or {}), "reasoning_effort": template.reasoning_effort}
 
 
 def _plain(message: ChatMessage, param: str) -> dict:

@@ -20,7 +20,7 @@ from spyglass.core.api.embedding_schemas import MAX_INPUTS, EmbeddingUsage
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.pooling_runs import check_whole, pool_prompts, pooled_usage
 from spyglass.core.api.prompts import count_prompts, parse_prompts
-from spyglass.core.api.schemas import INT32
+from spyglass.core.api.schemas import INT32, Metadata
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.pooling_params import PoolingParams
 from spyglass.core.engine.sampling_params import pooling_request_params
@@ -33,7 +33,7 @@ class ClassificationRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     input: str | list[Any]
     user: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT32)] | None = None
     priority: Annotated[int, Meta(ge=-INT32 - 1, le=INT32)] = 0
     activation: bool = True

@@ -188,6 +188,7 @@ def request_attributes(
         "api_request_id": response_id,
         "n": getattr(body, "n", 1),
         "session_id": (body.metadata or {}).get("session_id"),
+        "metadata": body.metadata,
     }
 
 

@@ -5,7 +5,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from spyglass.core.api.schemas import INT32, ChatMessage
+from spyglass.core.api.schemas import INT32, ChatMessage, Metadata
 
 MAX_INPUTS = 2048  # inputs in one call, as OpenAI allows
 
@@ -27,7 +27,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Meta(ge=1, le=INT32)] | None = None
     user: str | None = None
-    metadata: dict[str, str] | None = None  # ``session_id`` names the trace's session
+    metadata: Metadata | None = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT32)] | None = None
     normalize: bool = True
     add_special_tokens: bool | None = None

@@ -5,7 +5,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from spyglass.core.api.schemas import INT32, StopText
+from spyglass.core.api.schemas import INT32, Metadata, StopText
 
 MAX_STOP_SEQUENCES = 16
 
@@ -117,11 +117,19 @@ class MessagesRequest(Conversation, kw_only=True):
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Meta(ge=0, le=INT32)] | None = None
     stream: bool = False
-    metadata: dict[str, str] | None = (
-        None  # ``user_id`` is the request's user; ``session_id`` its trace's session
-    )
+    metadata: Metadata | None = None  # ``user_id`` is the request's user
+    service_tier: Literal["auto", "standard_only"] | None = None  # both are this server's one tier
+    # Not honoured by this server (Anthropic runs these tools): only absent or neutral values pass.
+    mcp_servers: Annotated[list[Any], Meta(max_length=0)] | None = None
+    container: None = None
+    context_management: None = None
 
     n: ClassVar[int] = 1  # one message per call
+    unsupported: ClassVar[frozenset[str]] = Conversation.unsupported | {
+        "mcp_servers",
+        "container",
+        "context_management",
+    }
 
     @property
     def user(self) -> str | None:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from spyglass.core.api.schemas import PositiveInt
+from spyglass.core.api.schemas import Metadata, PositiveInt
 
 MAX_INPUT_ITEMS = 4096
 
@@ -114,7 +114,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     text: TextConfig | None = None
     stream: bool = False
     user: str | None = None
-    metadata: dict[str, str] | None = None  # ``session_id`` names the trace's session
+    metadata: Metadata | None = None
     # Not honoured by this server: only absent or neutral values pass, else a 400 naming the field.
     store: Literal[False] | None = None
     previous_response_id: None = None

@@ -89,6 +89,28 @@ UNSUPPORTED_SAMPLING = frozenset(
 )
 """Sampling fields of OpenAI's and vLLM's that this server does not implement yet."""
 
+UNSUPPORTED_CHAT = frozenset(
+    {
+        "mm_processor_kwargs",
+        "store",
+        "modalities",
+        "audio",
+        "prediction",
+        "web_search_options",
+        "verbosity",
+        "service_tier",
+    }
+)
+"""Chat fields of OpenAI's (and vLLM's ``mm_processor_kwargs``) that this server does not honour:
+a value other than the neutral one is a 400 naming the field."""
+
+Metadata = Annotated[
+    dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+    Meta(max_length=16),
+]
+"""A call's ``metadata``, within OpenAI's limits (16 pairs, keys of 64 characters, values of 512):
+on the call's trace (``metadata``; Langfuse's trace metadata), ``session_id`` its session."""
+
 
 class SamplingFields(msgspec.Struct, kw_only=True):
     """Sampling settings shared by completions and chat; vLLM's extras included."""
@@ -110,7 +132,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    metadata: dict[str, str] | None = None  # OpenAI's; ``session_id`` names the trace's session
+    metadata: Metadata | None = None
     priority: Annotated[int, Meta(ge=-INT32 - 1, le=INT32)] = 0
     # Time-to-first-token target, read by the slo scheduling policy.
     ttft_slo_s: Annotated[float, Meta(gt=0.0, le=86400.0)] | None = None
@@ -283,10 +305,20 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     # only), and documents for retrieval-augmented templates.
     chat_template: Annotated[str, Meta(max_length=1 << 20)] | None = None
     documents: TemplateDocuments | None = None
-    # Not implemented: only absent values pass.
+    # OpenAI's: passed to the chat template as a variable (as vLLM does), for the templates that
+    # read it (gpt-oss's and others'); a 400 where the template would ignore it.
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    # Not implemented: only absent or neutral values pass (`UNSUPPORTED_CHAT`).
     mm_processor_kwargs: None = None  # the server's own: --mm-processor-kwargs
+    store: Literal[False] | None = None  # stored completions (GET /v1/chat/completions/{id})
+    modalities: list[Literal["text"]] | None = None  # audio output
+    audio: None = None
+    prediction: None = None  # predicted outputs
+    web_search_options: None = None
+    verbosity: None = None
+    service_tier: Literal["auto", "default"] | None = None  # flex and priority processing
 
-    unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | {"mm_processor_kwargs"}
+    unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | UNSUPPORTED_CHAT
 
 
 # -- responses ------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import msgspec
 from msgspec import Meta
 
 from spyglass.core.api.embedding_schemas import EmbeddingUsage
-from spyglass.core.api.schemas import INT32
+from spyglass.core.api.schemas import INT32, Metadata
 
 Text = Annotated[str, Meta(min_length=1)]
 Texts = Annotated[list[Text], Meta(min_length=1, max_length=1024)]
@@ -19,7 +19,7 @@ class ScoringFields(msgspec.Struct, kw_only=True):
 
     model: str | None = None
     user: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT32)] | None = None
     priority: Annotated[int, Meta(ge=-INT32 - 1, le=INT32)] = 0
     cache_salt: Annotated[str, Meta(min_length=1, max_length=256)] | None = None

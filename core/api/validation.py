@@ -13,7 +13,9 @@ from litestar.handlers import BaseRouteHandler
 from spyglass.core.api.errors import APIError
 
 _JSON_TYPES = ("application/json",)
-_FIELD = re.compile(r"missing required field `([^`]+)`|at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
+# The top-level field msgspec names: missing, or where the bad value is (``at `$.stop[2]```), or
+# whose key is (``at `key` in `$.metadata```).
+_FIELD = re.compile(r"missing required field `([^`]+)`|(?:at|in) `\$\.([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _is_json(content_type: str) -> bool:

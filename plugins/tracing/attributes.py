@@ -50,7 +50,8 @@ def request_attributes(request: Request, model: str) -> dict:
 
     Besides the sampling parameters it reads the keys the HTTP API puts in ``request.attributes``:
     ``operation``, ``stream``, ``user``, ``request_model`` (the model the client named),
-    ``api_request_id`` (the response id the client sees), ``tenant``, ``session_id`` and
+    ``api_request_id`` (the response id the client sees), ``tenant``, ``session_id``,
+    ``metadata`` (the call's, as OpenInference's ``metadata``: JSON) and
     ``preprocess_seconds`` (the call's handling before the engine had it), and the
     HTTP request's id, session header and server address from the context the API captured.
     """
@@ -87,6 +88,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "session.id": session_id(request),
         "spyglass.http.request_id": http.request_id if http else None,
         "user.id": extra.get("user"),
+        "metadata": metadata_json(request),
         "spyglass.tenant": extra.get("tenant"),
         "spyglass.lora.name": request.lora_name,
         "spyglass.request.images": sum(image.clip is None for image in request.images) or None,
@@ -131,6 +133,13 @@ def tool_attributes(tools) -> dict:
     attrs = {f"llm.tools.{i}.tool.json_schema": json.dumps(tool) for i, tool in enumerate(tools)}
     attrs["gen_ai.tool.definitions"] = json.dumps(list(tools))
     return attrs
+
+
+def metadata_json(request: Request) -> str | None:
+    """The API call's ``metadata`` as JSON (OpenInference's ``metadata``), or None without any.
+    The client's labels for the call, not its content: recorded without opt-in."""
+    metadata = request.attributes.get("metadata")
+    return json.dumps(metadata, sort_keys=True) if metadata else None
 
 
 def session_id(request: Request) -> str | None:

@@ -8,6 +8,8 @@ request whose context it parents:
 - ``openinference.span.kind`` CHAIN (the LLM span below it stays the one LLM span, so token
   counts and costs are not counted twice) and ``langfuse.trace.name`` ``{operation} {model}``;
 - ``user.id`` and ``session.id`` (the ``X-Session-Id`` header, else ``metadata.session_id``);
+- the call's ``metadata``: OpenInference's ``metadata`` (JSON) and, per key, Langfuse's
+  ``langfuse.trace.metadata.{key}``;
 - with content capture on, the input (messages as JSON, or the prompt) and the first choice's output;
 - on an engine failure, ERROR status, ``error.type`` and the exception, as on the LLM span.
 
@@ -46,7 +48,8 @@ def is_first_choice(request: Request) -> bool:
 
 
 def on_added(span: Span, request: Request, model: str, prompt_text: str | None) -> None:
-    """Kind, trace name, user and session; the input when ``prompt_text`` is given (content capture on)."""
+    """Kind, trace name, user, session and metadata; the input when ``prompt_text`` is given
+    (content capture on)."""
     extra = request.attributes
     values = {
         "openinference.span.kind": "CHAIN",
@@ -55,7 +58,10 @@ def on_added(span: Span, request: Request, model: str, prompt_text: str | None) 
         "langfuse.user.id": extra.get("user"),
         "session.id": attrs.session_id(request),
         "langfuse.session.id": attrs.session_id(request),
+        "metadata": attrs.metadata_json(request),
     }
+    for key, value in (extra.get("metadata") or {}).items():
+        values[f"langfuse.trace.metadata.{key}"] = value
     span.set_attributes({k: v for k, v in values.items() if v is not None})
     if prompt_text is not None:
         messages = extra.get("messages")

@@ -159,3 +159,22 @@ def test_count_tokens_refuses_what_a_message_would(client):
         )
     with pytest.raises(anthropic.BadRequestError, match="messages"):
         client.messages.count_tokens(model=MODEL, messages=[])
+
+
+def test_tools_that_anthropic_runs_are_refused_and_either_service_tier_passes(client):
+    # MCP servers and code-execution containers run on Anthropic's side: a 200 here would
+    # pretend. Both service tiers mean this server's one.
+    refused = {
+        "mcp_servers": [{"type": "url", "url": "https://mcp.example.com/sse", "name": "x"}],
+        "container": "container_1",
+        "context_management": {"edits": []},
+    }
+    for field, value in refused.items():
+        with pytest.raises(anthropic.BadRequestError, match=field) as raised:
+            client.messages.create(
+                model=MODEL, max_tokens=1, messages=ASK, extra_body={field: value}
+            )
+        assert raised.value.status_code == 400
+    for tier in ("auto", "standard_only"):
+        message = client.messages.create(model=MODEL, max_tokens=1, messages=ASK, service_tier=tier)
+        assert message.usage.output_tokens == 1

@@ -119,3 +119,43 @@ def test_offline_templates(tiny_llama_dir, tmp_path, tokenizer):
         LLM(model=str(tiny_llama_dir), device="cpu", chat_template=str(tmp_path / "missing.jinja"))
     with pytest.raises(ValueError, match="--chat-template does not compile"):
         LLM(model=str(tiny_llama_dir), device="cpu", chat_template="{% if %}")
+
+
+def test_reasoning_effort_reaches_a_template_that_reads_it_and_is_refused_elsewhere(
+    servers, tokenizer
+):
+    # OpenAI's reasoning_effort is a template variable (as vLLM passes it to gpt-oss's template);
+    # where the template does not read it, it would change nothing: a 400 naming it.
+    trusting, plain = servers
+    effort_template = (
+        "{% if reasoning_effort %}[effort {{ reasoning_effort }}] {% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    client = openai.OpenAI(base_url=f"{trusting.base_url}/v1", api_key="x", max_retries=0)
+
+    def prompt_tokens(**options) -> int:
+        chat = client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=1,
+            extra_body={"chat_template": effort_template},
+            **options,
+        )
+        return chat.usage.prompt_tokens
+
+    rendered = tokenizer.encode("[effort high] where is the fox?", False)
+    assert prompt_tokens(reasoning_effort="high") == len(rendered)
+    assert prompt_tokens() == len(tokenizer.encode("where is the fox?", False))
+    for server, body in (
+        (plain, {}),
+        (trusting, {}),  # the server's own template does not read it either
+        (trusting, {"chat_template": REQUEST_TEMPLATE}),
+    ):
+        refused = requests.post(
+            f"{server.base_url}/v1/chat/completions",
+            json={"messages": MESSAGES, "reasoning_effort": "low", "max_tokens": 1, **body},
+            timeout=60,
+        )
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "reasoning_effort" and "chat template" in error["message"]

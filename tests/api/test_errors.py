@@ -43,6 +43,23 @@ BAD_INPUTS = [
     (CHAT, {"messages": USER, "temperature": -1, "stream": True}, 400, "temperature"),
     (CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs"),
     (CHAT, {"messages": USER, "max_tokens": 10**6}, 400, "max_tokens"),
+    # OpenAI's fields that this server does not honour: never a 200 that pretends.
+    (CHAT, {"messages": USER, "store": True}, 400, "store"),
+    (CHAT, {"messages": USER, "modalities": ["text", "audio"]}, 400, "modalities"),
+    (CHAT, {"messages": USER, "audio": {"voice": "alloy", "format": "wav"}}, 400, "audio"),
+    (
+        CHAT,
+        {"messages": USER, "prediction": {"type": "content", "content": "x"}},
+        400,
+        "prediction",
+    ),
+    (CHAT, {"messages": USER, "web_search_options": {}}, 400, "web_search_options"),
+    (CHAT, {"messages": USER, "verbosity": "low"}, 400, "verbosity"),
+    (CHAT, {"messages": USER, "service_tier": "priority"}, 400, "service_tier"),
+    (CHAT, {"messages": USER, "reasoning_effort": "high"}, 400, "reasoning_effort"),
+    (CHAT, {"messages": USER, "metadata": {"k": "v" * 513}}, 400, "metadata"),
+    (CHAT, {"messages": USER, "metadata": {str(i): "v" for i in range(17)}}, 400, "metadata"),
+    (COMPLETIONS, {"prompt": "hi", "metadata": {"k" * 65: "v"}}, 400, "metadata"),
 ]
 
 
@@ -86,3 +103,17 @@ def test_model_may_be_omitted(tiny_server):
         f"{tiny_server.base_url}{COMPLETIONS}", json={"prompt": "hi", "max_tokens": 2}, timeout=30
     )
     assert response.status_code == 200 and response.json()["model"] == "tiny"
+
+
+def test_neutral_values_of_fields_not_honoured_pass(tiny_client):
+    # What OpenAI's clients send by default or mean by "nothing special" is a 200.
+    chat = tiny_client.chat.completions.create(
+        model="tiny",
+        messages=USER,
+        max_tokens=2,
+        store=False,
+        modalities=["text"],
+        service_tier="auto",
+        metadata={"team": "search"},
+    )
+    assert chat.usage.completion_tokens == 2

@@ -13,6 +13,7 @@ import pytest
 MODEL = "tiny"
 SERVE_ARGS = ["--served-model-name", MODEL, "--kv-cache-memory", "64MiB", "--num-threads", "1"]
 RATE = "[1m]"  # Grafana's $__rate_interval
+METADATA = {"team": "search", "experiment": "b-7"}  # a chat call's own labels
 SELECTOR = f'{{model_name="{MODEL}"}}'
 
 
@@ -138,7 +139,7 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
         chat = client.post(
             "/v1/chat/completions",
-            json={"messages": messages, "max_tokens": 4, "user": "alice"},
+            json={"messages": messages, "max_tokens": 4, "user": "alice", "metadata": METADATA},
             headers={"X-Request-Id": "phoenix-1", "X-Session-Id": "session-1"},
         )
         missing = client.post("/v1/chat/completions", json={"model": "nope", "messages": messages})
@@ -176,6 +177,14 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(
     assert root["status_code"] != "ERROR" and "error.type" not in a
     (llm,) = [s for s in spans if s["parent_id"] == span_id and s["span_kind"] == "LLM"]
     assert llm["name"] == "chat tiny"
+    # The call's metadata: OpenInference's on both spans (Phoenix reads the JSON into keys),
+    # Langfuse's per key on the root.
+    for span in (root, llm):
+        attributes = span["attributes"]
+        assert {k: v for k, v in attributes.items() if k.startswith("metadata.")} == {
+            f"metadata.{key}": value for key, value in METADATA.items()
+        }
+    assert a["langfuse.trace.metadata.team"] == "search"
     # The call's handling before the engine had it (template, tokens): inside the root span.
     preprocess = llm["attributes"]["spyglass.request.preprocess_seconds"]
     root_to_llm = datetime.fromisoformat(llm["start_time"]) - datetime.fromisoformat(
