@@ -2,7 +2,7 @@
 
 import asyncio
 
-from litestar import MediaType, Request, Response, get
+from litestar import HttpMethod, MediaType, Request, Response, get, route
 from litestar.di import NamedDependency
 from prometheus_client import REGISTRY
 
@@ -16,8 +16,7 @@ from spyglass.telemetry.exposition import MergedRegistry, render_metrics
 from spyglass.telemetry.process_bridge import collect_metric_families
 
 
-@get("/v1/models", summary="List the served model and its LoRA adapters", tags=["openai"])
-async def list_models(serving: NamedDependency[ServingContext]) -> ModelList:
+def _model_cards(serving: ServingContext) -> list[ModelCard]:
     """The model this server serves, then each loaded LoRA adapter (its ``parent`` is the model)."""
     base = ModelCard(serving.model_name, serving.created, serving.max_model_len)
     adapters = [
@@ -30,15 +29,47 @@ async def list_models(serving: NamedDependency[ServingContext]) -> ModelList:
         )
         for info in serving.loras.values()
     ]
-    return ModelList([base, *adapters])
+    return [base, *adapters]
+
+
+@get("/v1/models", summary="List the served model and its LoRA adapters", tags=["openai"])
+async def list_models(serving: NamedDependency[ServingContext]) -> ModelList:
+    """The model this server serves, then each loaded LoRA adapter."""
+    return ModelList(_model_cards(serving))
+
+
+@get("/v1/models/{model:path}", summary="One served model or LoRA adapter", tags=["openai"])
+async def retrieve_model(model: str, serving: NamedDependency[ServingContext]) -> ModelCard:
+    """The card of the served model (under any of its served names) or of a loaded adapter; a 404
+    naming what is served otherwise. Ids may hold slashes (``org/model``)."""
+    adapter = serving.check_model(model.removeprefix("/"))
+    cards = {card.id: card for card in _model_cards(serving)}
+    return cards[adapter or serving.model_name]
+
+
+def _liveness(serving: ServingContext) -> Response:
+    """200 while the engine loop runs (draining included: the process is fine), 503 once it stopped."""
+    if not serving.async_engine.is_running:
+        return Response({"status": "unavailable"}, status_code=503)
+    return Response({"status": "draining" if serving.draining else "ok"}, status_code=200)
 
 
 @get("/health", summary="Liveness", opt={"public": True}, media_type=MediaType.JSON)
 async def health(serving: NamedDependency[ServingContext]) -> Response:
     """200 while the engine loop runs (draining included: the process is fine), 503 once it stopped."""
-    if not serving.async_engine.is_running:
-        return Response({"status": "unavailable"}, status_code=503)
-    return Response({"status": "draining" if serving.draining else "ok"}, status_code=200)
+    return _liveness(serving)
+
+
+@route(
+    "/ping",
+    http_method=[HttpMethod.GET, HttpMethod.POST],
+    summary="Liveness, as SageMaker asks for it",
+    opt={"public": True},
+    media_type=MediaType.JSON,
+)
+async def ping(serving: NamedDependency[ServingContext]) -> Response:
+    """`health` under the path SageMaker's health checks use (as vLLM serves it)."""
+    return _liveness(serving)
 
 
 @get("/ready", summary="Readiness", opt={"public": True}, media_type=MediaType.JSON)
@@ -99,4 +130,14 @@ async def debug_requests(serving: NamedDependency[ServingContext]) -> list[Reque
     return list((await serving.snapshot(with_requests=True)).requests)
 
 
-ROUTES = [list_models, health, ready, version, metrics, debug_kv, debug_requests]
+ROUTES = [
+    list_models,
+    retrieve_model,
+    health,
+    ping,
+    ready,
+    version,
+    metrics,
+    debug_kv,
+    debug_requests,
+]

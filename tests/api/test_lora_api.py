@@ -98,6 +98,12 @@ def test_models_lists_the_adapters_with_their_parent(lora_server, adapters):
     assert cards[0]["parent"] is None
     assert cards[1]["parent"] == "tiny"
     assert cards[1]["root"] == str(adapters["sql"])
+    # One card by id (the official client's models.retrieve), a 404 naming what is served.
+    client = openai.OpenAI(base_url=f"{lora_server.base_url}/v1", api_key="x", max_retries=0)
+    assert client.models.retrieve("sql").parent == "tiny"
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError, match="serves `tiny`, `sql`"):
+        client.models.retrieve("org/other-model")
 
 
 def test_an_adapter_answers_as_peft_and_the_base_as_the_model(lora_server, adapters, peft_text):

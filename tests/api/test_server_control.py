@@ -15,6 +15,8 @@ LONG = {"prompt": "Go on", "max_tokens": 12000, "stream": True, "ignore_eos": Tr
 def test_health_version_metrics_schema(tiny_server):
     base = tiny_server.base_url
     assert httpx.get(f"{base}/health").status_code == 200
+    # SageMaker's health check, as vLLM serves it: GET or POST.
+    assert httpx.get(f"{base}/ping").json() == httpx.post(f"{base}/ping").json() == {"status": "ok"}
     assert httpx.get(f"{base}/version").json()["version"]
     metrics = httpx.get(f"{base}/metrics")
     assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
