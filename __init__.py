@@ -1,6 +1,6 @@
 """Spyglass: an observability-first LLM serving engine.
 
-``LLM``, ``SamplingParams``, ``PoolingParams``, ``BeamSearchParams``, ``LoRARequest`` and the output classes are
+``LLM``, ``SamplingParams`` (and ``StructuredOutputsParams``), ``PoolingParams``, ``BeamSearchParams``, ``LoRARequest`` and the output classes are
 imported on first use, so that the ``spyglass`` command answers ``--help`` without loading torch.
 """
 
@@ -10,6 +10,7 @@ _EXPORTS = {
     "LLM": "spyglass.core.llm",
     "SamplingParams": "spyglass.core.engine.sampling_params",
     "RequestOutputKind": "spyglass.core.engine.sampling_params",
+    "StructuredOutputsParams": "spyglass.core.engine.sampling_params",
     "RequestOutput": "spyglass.core.engine.outputs",
     "CompletionOutput": "spyglass.core.engine.outputs",
     "PoolingParams": "spyglass.core.engine.pooling_params",

@@ -1,11 +1,11 @@
 """Request bodies -> engine inputs, and engine outputs -> response pieces (usage, logprobs)."""
 
-import json
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 from opentelemetry import context as otel_context
 
 from spyglass.core.api.errors import APIError
@@ -25,7 +25,11 @@ from spyglass.core.api.schemas import (
 )
 from spyglass.core.engine.outputs import CompletionOutput, Logprob
 from spyglass.core.engine.sampling_defaults import SamplingDefaults
-from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.engine.sampling_params import (
+    SamplingParams,
+    StructuredOutput,
+    StructuredOutputsParams,
+)
 from spyglass.core.tokenizer import Tokenizer
 
 _SEED_LIMIT = 1 << 63
@@ -128,23 +132,7 @@ def _structured_outputs(body: SamplingFields) -> list[StructuredOutput]:
     spec = body.structured_outputs
     if spec is None:
         return []
-    asked = []
-    if spec.json is not None:
-        schema = spec.json
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as error:
-                raise APIError(
-                    400, f"structured_outputs.json is not JSON: {error}", "structured_outputs"
-                ) from None
-        asked.append(StructuredOutput("json_schema", schema))
-    for field, kind in (("regex", "regex"), ("choice", "choice"), ("grammar", "grammar")):
-        if getattr(spec, field) is not None:
-            asked.append(StructuredOutput(kind, getattr(spec, field)))
-    if spec.json_object:
-        asked.append(StructuredOutput("json_object"))
-    return asked
+    return StructuredOutputsParams(**msgspec.structs.asdict(spec)).constraints()
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -1,8 +1,9 @@
 """Per-request generation settings, with vLLM's names and defaults."""
 
 import enum
+import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,6 +71,40 @@ class InvalidRequestError(ValueError):
         self.param = param
 
 
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """vLLM's spelling of an output constraint (``SamplingParams(structured_outputs=...)``, and
+    the HTTP API's ``structured_outputs`` field): one of ``json`` (a schema, or its JSON text),
+    ``regex``, ``choice``, ``grammar`` or ``json_object``."""
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def constraints(self) -> list[StructuredOutput]:
+        """Each constraint these name, as `StructuredOutput`s (the caller refuses more than one);
+        `InvalidRequestError` for ``json`` text that is not JSON."""
+        asked = []
+        if self.json is not None:
+            schema = self.json
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except json.JSONDecodeError as error:
+                    raise InvalidRequestError(
+                        f"structured_outputs.json is not JSON: {error}", "structured_outputs"
+                    ) from None
+            asked.append(StructuredOutput("json_schema", schema))
+        for kind in ("regex", "choice", "grammar"):
+            if getattr(self, kind) is not None:
+                asked.append(StructuredOutput(kind, getattr(self, kind)))
+        if self.json_object:
+            asked.append(StructuredOutput("json_object"))
+        return asked
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """How to sample one completion; ``temperature`` below `GREEDY_TEMPERATURE` (0 included) means greedy.
@@ -123,8 +158,19 @@ class SamplingParams:
     cache_salt: str | None = None
     pooling: "PoolingParams | None" = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # vLLM's spelling of ``structured_output``: turned into it here, not kept.
+    structured_outputs: InitVar[StructuredOutputsParams | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, structured_outputs: StructuredOutputsParams | None) -> None:
+        if structured_outputs is not None:
+            asked = structured_outputs.constraints()
+            if len(asked) != 1 or self.structured_output is not None:
+                raise InvalidRequestError(
+                    "structured_outputs must name exactly one constraint (json, regex, choice, "
+                    "grammar or json_object), and not beside structured_output",
+                    "structured_outputs",
+                )
+            self.structured_output = asked[0]
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])

@@ -4,12 +4,14 @@ The tiny model has random weights, so its unconstrained output is noise: constra
 still matches shows the mask, not the model, did the work. The default model shows real JSON.
 """
 
+import dataclasses
 import json
 import re
 
 import jsonschema
 import pytest
 
+from spyglass import LLM, StructuredOutputsParams
 from spyglass.core.engine.sampling_params import (
     InvalidRequestError,
     SamplingParams,
@@ -219,3 +221,39 @@ def test_a_constraint_whose_forced_text_the_vocabulary_cannot_spell_is_refused(m
     with pytest.raises(InvalidRequestError, match="cannot spell") as error:
         driver.add(engine, PROMPT, _params(StructuredOutput("regex", "0\U00040000"), 0))
     assert error.value.param == "response_format" and not engine.requests
+
+
+def test_vllms_structured_outputs_spelling_constrains_alike_offline(tiny_llama_dir):
+    # vLLM's SamplingParams(structured_outputs=StructuredOutputsParams(...)) is our
+    # structured_output: the same sampled text, and a constraint that a replace keeps.
+    llm = LLM(model=str(tiny_llama_dir), device="cpu", dtype="float32")
+    pattern = r"[0-9]{3}-[a-z]{2,4}"
+    spellings = {
+        "ours": {"structured_output": StructuredOutput("regex", pattern)},
+        "vllm": {"structured_outputs": StructuredOutputsParams(regex=pattern)},
+    }
+    texts = {}
+    for name, spelling in spellings.items():
+        params = SamplingParams(temperature=1.0, seed=3, max_tokens=40, **spelling)
+        [output] = llm.generate({"prompt_token_ids": PROMPT}, params)
+        texts[name] = output.outputs[0].text
+    assert re.fullmatch(pattern, texts["vllm"]) and texts["ours"] == texts["vllm"]
+    params = SamplingParams(
+        structured_outputs=StructuredOutputsParams(json=json.dumps(CITY_SCHEMA))
+    )
+    assert params.structured_output == StructuredOutput("json_schema", CITY_SCHEMA)
+    kept = dataclasses.replace(params, max_tokens=5)
+    assert kept.structured_output == params.structured_output
+    refused = [
+        {"structured_outputs": StructuredOutputsParams()},
+        {"structured_outputs": StructuredOutputsParams(regex="a", choice=["b"])},
+        {"structured_outputs": StructuredOutputsParams(json="{not json")},
+        {
+            "structured_outputs": StructuredOutputsParams(json_object=True),
+            "structured_output": StructuredOutput("regex", "a"),
+        },
+    ]
+    for options in refused:
+        with pytest.raises(InvalidRequestError) as error:
+            SamplingParams(**options)
+        assert error.value.param == "structured_outputs"
