@@ -1,7 +1,7 @@
 """Spyglass: an observability-first LLM serving engine.
 
-``LLM``, ``SamplingParams`` (and ``StructuredOutputsParams``), ``PoolingParams``, ``BeamSearchParams``, ``LoRARequest`` and the output classes are
-imported on first use, so that the ``spyglass`` command answers ``--help`` without loading torch.
+``LLM``, ``SamplingParams`` (and ``StructuredOutputsParams``), ``PoolingParams``,
+``BeamSearchParams``, ``LoRARequest`` and the output classes are imported on first use, so that the ``spyglass`` command answers ``--help`` without loading torch.
 """
 
 import importlib
