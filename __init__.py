@@ -1,7 +1,8 @@
 """Spyglass: an observability-first LLM serving engine.
 
 ``LLM``, ``SamplingParams`` (and ``StructuredOutputsParams``), ``PoolingParams``,
-``BeamSearchParams``, ``LoRARequest`` and the output classes are imported on first use, so that the ``spyglass`` command answers ``--help`` without loading torch.
+``BeamSearchParams``, ``LoRARequest`` and the output classes are imported on first use, so
+that the ``spyglass`` command answers ``--help`` without loading torch.
 """
 
 import importlib
