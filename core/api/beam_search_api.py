@@ -52,6 +52,7 @@ _NEUTRAL = {
     "echo": (False,),
     "best_of": (None,),
     "tools": (None, []),
+    "prediction": (None,),
 }
 
 

@@ -326,6 +326,9 @@ async def create_chat_completion(
                 400, "prompt_logprobs are not available when streaming", "prompt_logprobs"
             )
         params = dataclasses.replace(params, prompt_logprobs=data.prompt_logprobs)
+    if data.prediction is not None:
+        predicted = serving.tokenizer.encode(data.prediction.text, add_special_tokens=False)
+        params = dataclasses.replace(params, prediction=predicted)
     use = tool_use(data)
     response_id = new_id("chatcmpl")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
@@ -480,7 +483,8 @@ class _ChatWriter:
         reasoning_tokens = None
         if self.reasoning is not None:
             reasoning_tokens = sum(s.reasoning_tokens for s in self._splitters.values())
-        return make_usage(group, self.body.n, reasoning_tokens)
+        predicted = self.body.prediction is not None
+        return make_usage(group, self.body.n, reasoning_tokens, predicted)
 
     def _splitter(self, index: int) -> ChoiceSplitter:
         if index not in self._splitters:

@@ -180,12 +180,22 @@ def request_attributes(
     }
 
 
-def make_usage(group: RequestGroup, n: int, reasoning_tokens: int | None = None) -> Usage:
+def make_usage(
+    group: RequestGroup, n: int, reasoning_tokens: int | None = None, predicted: bool = False
+) -> Usage:
     """Exact token counts of a call's choices (``n`` per prompt); each prompt counts once however
-    many choices it has. ``reasoning_tokens`` (of all choices) where reasoning is split."""
+    many choices it has. ``reasoning_tokens`` (of all choices) where reasoning is split; with
+    ``predicted`` (a call with a ``prediction``) its choices' drafts accepted and rejected."""
     firsts = group.latest[::n]
     prompt_tokens = sum(len(o.prompt_token_ids) for o in firsts)
     completion_tokens = sum(group.num_tokens)
+    details = None
+    if predicted:
+        drafted = sum(o.metrics.get("num_draft_tokens", 0) for o in group.latest)
+        accepted = sum(o.metrics.get("num_accepted_tokens", 0) for o in group.latest)
+        details = CompletionTokensDetails(reasoning_tokens or 0, accepted, drafted - accepted)
+    elif reasoning_tokens is not None:
+        details = CompletionTokensDetails(reasoning_tokens)
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
@@ -193,9 +203,7 @@ def make_usage(group: RequestGroup, n: int, reasoning_tokens: int | None = None)
         prompt_tokens_details=PromptTokensDetails(
             cached_tokens=sum(o.num_cached_tokens for o in firsts)
         ),
-        completion_tokens_details=None
-        if reasoning_tokens is None
-        else CompletionTokensDetails(reasoning_tokens),
+        completion_tokens_details=details,
     )
 
 

@@ -95,7 +95,6 @@ UNSUPPORTED_CHAT = frozenset(
         "store",
         "modalities",
         "audio",
-        "prediction",
         "web_search_options",
         "verbosity",
         "service_tier",
@@ -283,6 +282,21 @@ class ChatMessage(msgspec.Struct):
     tool_call_id: str | None = None  # tool turns: which call this is the result of
 
 
+class PredictedContent(msgspec.Struct):
+    """OpenAI's ``prediction``: text the answer is expected to mostly repeat (a file to edit, say),
+    ``{"type": "content", "content": text or text parts}``."""
+
+    type: Literal["content"]
+    content: Annotated[str, Meta(max_length=1 << 20)] | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        """The predicted text, its parts joined."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     """``POST /v1/chat/completions``."""
 
@@ -308,12 +322,13 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     # OpenAI's: passed to the chat template as a variable (as vLLM does), for the templates that
     # read it (gpt-oss's and others'); a 400 where the template would ignore it.
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    # OpenAI's predicted outputs: n-gram speculation drafts from it (`SamplingParams.prediction`).
+    prediction: PredictedContent | None = None
     # Not implemented: only absent or neutral values pass (`UNSUPPORTED_CHAT`).
     mm_processor_kwargs: None = None  # the server's own: --mm-processor-kwargs
     store: Literal[False] | None = None  # stored completions (GET /v1/chat/completions/{id})
     modalities: list[Literal["text"]] | None = None  # audio output
     audio: None = None
-    prediction: None = None  # predicted outputs
     web_search_options: None = None
     verbosity: None = None
     service_tier: Literal["auto", "default"] | None = None  # flex and priority processing
@@ -330,10 +345,15 @@ class PromptTokensDetails(msgspec.Struct):
     cached_tokens: int = 0
 
 
-class CompletionTokensDetails(msgspec.Struct):
-    """How many completion tokens the model spent reasoning (with ``--reasoning-parser``)."""
+class CompletionTokensDetails(msgspec.Struct, omit_defaults=True):
+    """How many completion tokens the model spent reasoning (with ``--reasoning-parser``), and with
+    a ``prediction`` how many drafted tokens were accepted and rejected (OpenAI's
+    ``accepted_prediction_tokens`` and ``rejected_prediction_tokens``: every draft verified, from
+    the prediction or the n-gram lookup it falls back to)."""
 
-    reasoning_tokens: int = 0
+    reasoning_tokens: int  # always written; the others only with a prediction
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
 
 
 class Usage(msgspec.Struct, omit_defaults=True):

@@ -37,6 +37,7 @@ from spyglass.core.engine.request_intake import (
     check_images,
     check_min_tokens,
     check_pooling,
+    check_prediction,
     output_room,
     pool_range,
     token_constraint,
@@ -305,6 +306,7 @@ class LLMEngine:
             )
         request.pool_range = pool_range(params, self.pooling_type, len(prompt_token_ids))
         check_min_tokens(params, request.eos_token_ids)
+        check_prediction(params, self.config.speculative)
         request.bad_word_ids = bad_word_token_ids(self.tokenizer, params.bad_words or [])
         if params.structured_output is not None:
             request.constraint = token_constraint(

@@ -59,10 +59,20 @@ def request_output(
         [completion],
         finished,
         request.num_cached_tokens,
-        {},
+        draft_counts(request) if finished else {},
         prompt_logprobs,
         request.pooled,
     )
+
+
+def draft_counts(request: Request) -> dict[str, float]:
+    """A finished request's `RequestOutput.metrics`: its drafts verified and accepted, if any."""
+    if not request.num_draft_tokens:
+        return {}
+    return {
+        "num_draft_tokens": request.num_draft_tokens,
+        "num_accepted_tokens": request.num_accepted_tokens,
+    }
 
 
 _STREAMED = (RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE)

@@ -5,13 +5,14 @@ no object per request per step, and a flat tuple of numbers, strings and lists p
 dataclass goes through its ``__reduce_ex__``. The prompt stays behind: the server has it.
 """
 
+from spyglass.core.engine.output_processor import draft_counts
 from spyglass.core.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from spyglass.core.engine.request import Request
 
 WireOutput = tuple
 """``(request_id, finished, num_cached_tokens, text, token_ids, finish_reason, stop_reason,
-logprobs, prompt_logprobs, pooled)``: each logprob ``(token_id, logprob, top)``, each prompt
-logprob None or ``(token_id, logprob, top, rank)``."""
+logprobs, prompt_logprobs, pooled, metrics)``: each logprob ``(token_id, logprob, top)``, each
+prompt logprob None or ``(token_id, logprob, top, rank)``, metrics those of `RequestOutput`."""
 
 
 def wire_output(
@@ -40,6 +41,7 @@ def wire_output(
             for lp in prompt_logprobs
         ],
         request.pooled,
+        draft_counts(request) if finished else {},
     )
 
 
@@ -63,7 +65,7 @@ def from_wire(rows: list[WireOutput]) -> list[RequestOutput]:
             ],
             finished,
             num_cached_tokens,
-            {},
+            metrics,
             None
             if prompt_logprobs is None
             else [None if lp is None else Logprob(*lp) for lp in prompt_logprobs],
@@ -80,5 +82,6 @@ def from_wire(rows: list[WireOutput]) -> list[RequestOutput]:
             logprobs,
             prompt_logprobs,
             pooled,
+            metrics,
         ) in rows
     ]

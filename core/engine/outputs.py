@@ -38,6 +38,8 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    """On the final output of a request that speculation drafted for: ``num_draft_tokens`` (its
+    drafts verified) and ``num_accepted_tokens`` (those accepted); else empty."""
     prompt_logprobs: list[Logprob | None] | None = None
     """With ``SamplingParams.prompt_logprobs``: one per prompt token, None for the first; a delta
     request's first output carries them."""

@@ -110,7 +110,7 @@ def output_room(
         raise InvalidRequestError("the prompt is empty", "prompt")
     if max(prompt_token_ids) >= vocab_size or min(prompt_token_ids) < 0:
         raise InvalidRequestError("the prompt has token ids outside the vocabulary", "prompt")
-    for field in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
+    for field in ("logit_bias", "allowed_token_ids", "stop_token_ids", "prediction"):
         if not all(0 <= token < vocab_size for token in getattr(params, field) or ()):
             raise InvalidRequestError(f"{field} names token ids outside the vocabulary", field)
     room = max_model_len - len(prompt_token_ids)
@@ -196,6 +196,26 @@ def check_dimensions(dimensions: int | None, arch: ModelArchConfig) -> None:
     if dimensions > hidden_size or (allowed != (0,) and dimensions not in allowed):
         sizes = f"at most {hidden_size}" if allowed == (0,) else f"one of {list(allowed)}"
         raise InvalidRequestError(f"dimensions must be {sizes}", "dimensions")
+
+
+def check_prediction(params: SamplingParams, speculative: str | None) -> None:
+    """`InvalidRequestError` naming ``prediction`` where it would change nothing: only n-gram
+    speculation reads it, and requests with logprobs or penalties, or that opted out of
+    speculation, get no drafts."""
+    if params.prediction is None:
+        return
+    if speculative != "ngram":
+        raise InvalidRequestError(
+            "prediction needs a server running n-gram speculation (--speculative ngram); this "
+            f"one runs {speculative or 'none'}",
+            "prediction",
+        )
+    if params.logprobs is not None or params.has_penalties or not params.speculative:
+        raise InvalidRequestError(
+            "prediction does not combine with logprobs, penalties or speculative=false: such "
+            "requests get no drafts",
+            "prediction",
+        )
 
 
 def check_min_tokens(params: SamplingParams, eos_token_ids: tuple[int, ...]) -> None:

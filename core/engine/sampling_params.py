@@ -127,6 +127,9 @@ class SamplingParams:
     those of requests with another salt or none: tenants who do not share a salt cannot learn
     from a cache hit's speed what another one's prompts hold. With ``pooling`` the request is
     an embedding request (`pooling_request_params`): its output is its prompt's embedding, not text.
+    ``prediction`` (OpenAI's predicted outputs) is token ids the output is expected to mostly
+    repeat: with n-gram speculation (``--speculative ngram``) drafts are looked up there first.
+    The output is the same with or without it; only the steps it takes change.
     """
 
     temperature: float = 1.0
@@ -157,6 +160,7 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     cache_salt: str | None = None
     pooling: "PoolingParams | None" = None
+    prediction: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # vLLM's spelling of ``structured_output``: turned into it here, not kept.
     structured_outputs: InitVar[StructuredOutputsParams | None] = None
@@ -178,6 +182,8 @@ class SamplingParams:
         self.bad_words = list(self.bad_words or [])
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if self.prediction is not None:
+            self.prediction = list(self.prediction)
         if self.top_k is None or self.top_k == -1:
             self.top_k = 0
         self.validate()
@@ -234,6 +240,11 @@ class SamplingParams:
                 self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
                 "allowed_token_ids",
                 "allowed_token_ids must not be empty",
+            ),
+            (
+                self.prediction is None or len(self.prediction) > 0,
+                "prediction",
+                "prediction must not be empty",
             ),
             (
                 all(w.strip() for w in self.bad_words or ()),

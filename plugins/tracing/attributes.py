@@ -35,6 +35,8 @@ def invocation_parameters(request: Request) -> dict:
         # Counts, not the lists: either may hold thousands of entries.
         "num_allowed_token_ids": None if p.allowed_token_ids is None else len(p.allowed_token_ids),
         "num_bad_words": len(p.bad_words) or None,
+        # A predicted output's length only: its text is the user's.
+        "num_prediction_tokens": None if p.prediction is None else len(p.prediction),
         "include_stop_str_in_output": p.include_stop_str_in_output or None,
         "skip_special_tokens": False if not p.skip_special_tokens else None,
         "truncate_prompt_tokens": p.truncate_prompt_tokens,

@@ -127,13 +127,13 @@ def test_bench_latency_compares_speculation_and_times_verification_by_draft_coun
     tiny_llama_dir, capsys
 ):
     argv = ["bench", "latency", "--model", str(tiny_llama_dir), *TINY, "--max-tokens", "6",
-            "--repeats", "1", "--speculative", "ngram", "--num-speculative-tokens", "3",
-            "--verify-cost"]  # fmt: skip
+            "--repeats", "1", "--speculative", "ngram,ngram+prediction",
+            "--num-speculative-tokens", "3", "--verify-cost"]  # fmt: skip
     assert run(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in lines if line.startswith(("copy", "open"))]
-    methods = [row[:2] for row in rows]
-    assert methods == [["copy", "none"], ["copy", "ngram"], ["open", "none"], ["open", "ngram"]]
+    methods = [row[1] for row in rows]
+    assert methods == ["none", "ngram", "ngram+prediction"] * 2
     assert all(row[-1] == "yes" for row in rows)  # greedy output unchanged by speculation
     header = next(i for i, line in enumerate(lines) if line.startswith("drafts"))
     costs = [line.split() for line in lines[header + 1 :]]

@@ -2,6 +2,7 @@
 errors and aborts, step spans."""
 
 import itertools
+import dataclasses
 import json
 
 from opentelemetry import trace
@@ -405,3 +406,25 @@ def test_step_spans_rotate_into_a_new_trace_per_interval(
     assert len(steps) == len(groups) == 4
     assert {s.parent.span_id for s in steps} == {g.context.span_id for g in groups}
     assert all(g.parent is None and g.attributes["spyglass.steps.num_steps"] == 1 for g in groups)
+
+
+def test_a_predicted_output_is_traced_by_its_length_and_the_drafts_it_gave(
+    span_exporter, make_engine, run_to_completion
+):
+    engine = make_engine(speculative="ngram", num_speculative_tokens=4)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = engine.tokenizer.encode(PROMPT)
+    engine.add_request("plain", prompt, greedy)
+    answer = run_to_completion(engine)["plain"].outputs[0].token_ids
+    engine.add_request("predicted", prompt, dataclasses.replace(greedy, prediction=answer))
+    final = run_to_completion(engine)["predicted"]
+    (span,) = [
+        s
+        for s in span_exporter.get_finished_spans()
+        if s.attributes.get("spyglass.request.id") == "predicted"
+    ]
+    invocation = json.loads(span.attributes["llm.invocation_parameters"])
+    assert invocation["num_prediction_tokens"] == len(answer)
+    assert not any(str(answer) in str(v) for v in span.attributes.values())
+    accepted = span.attributes["spyglass.spec.num_accepted_tokens"]
+    assert accepted == final.metrics["num_accepted_tokens"] >= len(answer) // 2

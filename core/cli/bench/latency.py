@@ -3,7 +3,9 @@
 Two workloads: one that copies from its input (rewrite a paragraph, edit code) and one open-ended.
 Every method runs the same greedy requests one at a time, interleaved over ``--repeats`` rounds;
 the table gives median ms per output token, the speed-up over no speculation, the acceptance
-rate and whether the output equals the non-speculative output token for token.
+rate and whether the output equals the non-speculative output token for token. The method
+``ngram+prediction`` is n-gram speculation with each copy prompt's text to keep as its predicted
+output (OpenAI's predicted outputs, `SamplingParams.prediction`); open prompts have none.
 """
 
 import statistics
@@ -25,6 +27,7 @@ CODE = (
     "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
     "    return total / len(values)\n"
 )
+PREDICTION = "+prediction"
 WORKLOADS = {
     "copy": [
         f"Rewrite this paragraph, keeping every sentence but fixing nothing:\n\n{PARAGRAPH}",
@@ -35,6 +38,10 @@ WORKLOADS = {
         "Explain how a bicycle stays upright.",
     ],
 }
+
+
+PREDICTED = {WORKLOADS["copy"][0]: PARAGRAPH, WORKLOADS["copy"][1]: CODE}
+"""What each copy prompt's answer is expected to repeat: its prediction under ``ngram+prediction``."""
 
 
 class SpecCounter:
@@ -75,12 +82,22 @@ def _chat_token_ids(engine: LLMEngine, prompt: str) -> list[int]:
     )
 
 
-def _generate(engine: LLMEngine, prompt: str, max_tokens: int) -> tuple[float, list[int]]:
+def _generate(
+    engine: LLMEngine, prompt: str, max_tokens: int, predict: bool
+) -> tuple[float, list[int]]:
+    """Seconds per output token after the first, and the output, of one greedy request (with
+    ``predict``, the prompt's `PREDICTED` text, if any, as its prediction)."""
     token_ids = _chat_token_ids(engine, prompt)
+    predicted = PREDICTED.get(prompt) if predict else None
     engine.add_request(
         f"latency-{time.monotonic_ns()}",
         token_ids,
-        SamplingParams(temperature=0.0, max_tokens=max_tokens, output_kind=RequestOutputKind.DELTA),
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=max_tokens,
+            output_kind=RequestOutputKind.DELTA,
+            prediction=None if predicted is None else engine.tokenizer.encode(predicted, False),
+        ),
     )
     start = time.perf_counter()
     first = None
@@ -101,7 +118,8 @@ def run(args) -> int:
         return 2
     engines, counters = {}, {}
     for method in methods:
-        engines[method] = LLMEngine(engine_config_from_args(args, speculative=method))
+        speculative = None if method is None else method.removesuffix(PREDICTION)
+        engines[method] = LLMEngine(engine_config_from_args(args, speculative=speculative))
         counters[method] = {name: SpecCounter() for name in WORKLOADS}
     samples = {(m, w): [] for m in methods for w in WORKLOADS}
     outputs = {}
@@ -111,7 +129,8 @@ def run(args) -> int:
                 counter = counters[method][workload]
                 engine.plugin_manager.register(counter)
                 for index, prompt in enumerate(prompts):
-                    per_token, ids = _generate(engine, prompt, args.max_tokens)
+                    predict = method is not None and method.endswith(PREDICTION)
+                    per_token, ids = _generate(engine, prompt, args.max_tokens, predict)
                     samples[method, workload].append(per_token)
                     outputs[method, workload, index] = ids
                 engine.plugin_manager.unregister(counter)
@@ -122,7 +141,7 @@ def run(args) -> int:
         f"{args.max_tokens} tokens, median of {args.repeats} rounds"
     )
     print(
-        f"{'workload':<9}{'method':<9}{'ms/token':>10}{'speed-up':>10}{'accepted':>10}{'identical':>11}"
+        f"{'workload':<9}{'method':<17}{'ms/token':>10}{'speed-up':>10}{'accepted':>10}{'identical':>11}"
     )
     for workload, prompts in WORKLOADS.items():
         base = statistics.median(samples[None, workload])
@@ -139,7 +158,7 @@ def run(args) -> int:
                 for i in range(len(prompts))
             )
             print(
-                f"{workload:<9}{method or 'none':<9}{median * 1e3:>10.1f}{base / median:>9.2f}x"
+                f"{workload:<9}{method or 'none':<17}{median * 1e3:>10.1f}{base / median:>9.2f}x"
                 f"{rate:>10.0%}{'yes' if same else 'NO':>11}"
             )
     if args.verify_cost:
