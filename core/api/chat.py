@@ -97,6 +97,7 @@ class TemplateOptions:
     chat_template: str | None = None
     documents: list[dict] | None = None
     reasoning_effort: str | None = None
+    effort_param: str = "reasoning_effort"  # the request field that errors about it name
 
     @classmethod
     def of(cls, body, server: ServerOptions) -> "TemplateOptions":
@@ -238,9 +239,9 @@ def _template_kwargs(template: TemplateOptions, tokenizer: Tokenizer) -> dict | 
     if not tokenizer.template_reads("reasoning_effort"):
         raise APIError(
             400,
-            "reasoning_effort is not read by this model's chat template, so it would change "
-            "nothing; leave it out",
-            "reasoning_effort",
+            f"{template.effort_param} is not read by this model's chat template, so it would "
+            "change nothing; leave it out",
+            template.effort_param,
             "unsupported_parameter",
         )
     return {**(template.kwargs or {}), "reasoning_effort": template.reasoning_effort}

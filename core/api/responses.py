@@ -22,7 +22,7 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from spyglass.core.api.chat import start_chat
+from spyglass.core.api.chat import TemplateOptions, start_chat
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import check_finished, given_or, request_attributes
 from spyglass.core.api.errors import APIError
@@ -168,6 +168,9 @@ async def create_response(
         response_id,
         attributes,
         "input",
+        template=TemplateOptions(
+            reasoning_effort=data.reasoning and data.reasoning.effort, effort_param="reasoning"
+        ),
         lora_name=lora_name,
         kind=output_kind(data.stream, reads_deltas=reasoning is not None),
     )
@@ -393,7 +396,7 @@ class _ResponseWriter:
             "output": items,
             "parallel_tool_calls": self.use.parallel,
             "previous_response_id": None,
-            "reasoning": None,
+            "reasoning": None if body.reasoning is None else {"effort": body.reasoning.effort},
             "store": False,
             # The settings the call ran with (a left-out one: the model's default).
             "temperature": given_or(body.temperature, self.serving.sampling_defaults.temperature),

@@ -1,6 +1,6 @@
 """Request body of OpenAI's Responses API (``POST /v1/responses``), as msgspec Structs.
 
-Fields the server cannot honour (stored conversations, background runs, reasoning settings,
+Fields the server cannot honour (stored conversations, background runs, reasoning summaries,
 built-in tools, ...) admit only their absent or neutral values: anything else is a 400 naming the
 field, never an answer that pretends. Unknown fields are ignored, as elsewhere in the API.
 """
@@ -99,6 +99,15 @@ class TextConfig(msgspec.Struct, kw_only=True):
     verbosity: Literal["medium"] | None = None
 
 
+class ReasoningSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``reasoning``: its ``effort`` reaches the chat template as ``reasoning_effort`` (as chat's
+    field does, a 400 where the template does not read it); summaries are not made: only absent."""
+
+    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    summary: None = None
+    generate_summary: None = None
+
+
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/responses``."""
 
@@ -119,7 +128,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     store: Literal[False] | None = None
     previous_response_id: None = None
     background: Literal[False] | None = None
-    reasoning: None = None
+    reasoning: ReasoningSettings | None = None
     include: Annotated[list[Any], Meta(max_length=0)] | None = None
     conversation: None = None
     prompt: None = None
@@ -132,7 +141,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
             "store",
             "previous_response_id",
             "background",
-            "reasoning",
             "include",
             "conversation",
             "prompt",

@@ -159,3 +159,28 @@ def test_reasoning_effort_reaches_a_template_that_reads_it_and_is_refused_elsewh
         assert refused.status_code == 400, refused.text
         error = refused.json()["error"]
         assert error["param"] == "reasoning_effort" and "chat template" in error["message"]
+
+
+def test_responses_reasoning_effort_reaches_the_servers_template_that_reads_it(
+    tiny_llama_dir, tmp_path, tokenizer
+):
+    # Responses' reasoning.effort is the same template variable, from the server's template.
+    template_file = tmp_path / "effort.jinja"
+    template_file.write_text(
+        "{% if reasoning_effort %}[effort {{ reasoning_effort }}] {% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    server = start_tiny("thread", tiny_llama_dir, tmp_path, "--chat-template", str(template_file))
+    try:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
+        question = MESSAGES[0]["content"]
+        answer = client.responses.create(
+            model="tiny", input=question, max_output_tokens=1, reasoning={"effort": "low"}
+        )
+        expected = tokenizer.encode(f"[effort low] {question}", False)
+        assert answer.usage.input_tokens == len(expected)
+        assert answer.reasoning.effort == "low"
+        plain = client.responses.create(model="tiny", input=question, max_output_tokens=1)
+        assert plain.usage.input_tokens == len(tokenizer.encode(question, False))
+    finally:
+        server.stop()
