@@ -1,8 +1,8 @@
 """The tracing plugin: request span trees, GenAI/OpenInference attributes, content opt-in, the root span,
 errors and aborts, step spans."""
 
-import itertools
 import dataclasses
+import itertools
 import json
 
 from opentelemetry import trace
