@@ -135,6 +135,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     truncation: Literal["disabled"] | None = None
     top_logprobs: Literal[0] | None = None
     max_tool_calls: None = None
+    service_tier: Literal["auto", "default"] | None = None  # flex and priority processing
 
     unsupported: ClassVar[frozenset[str]] = frozenset(
         {
@@ -147,6 +148,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
             "truncation",
             "top_logprobs",
             "max_tool_calls",
+            "service_tier",
         }
     )
     n: ClassVar[int] = 1  # one answer per call

@@ -228,6 +228,7 @@ def test_streamed_function_call_matches_the_whole_one(real_client):
         ({"background": True}, "background"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),  # the tiny model's template ignores it
         ({"reasoning": {"summary": "auto"}}, "reasoning"),
+        ({"service_tier": "flex"}, "service_tier"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"truncation": "auto"}, "truncation"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
