@@ -6,6 +6,11 @@ view of its tokenizer once, when its first constrained request arrives (about a 
 grammar, validated, in a cache, so a schema is compiled once however many requests use it.
 Masks of a step's constrained requests are computed in parallel by llguidance's executor, in Rust,
 without a Python loop over requests. Why llguidance rather than xgrammar: docs/structured_outputs.md.
+
+JSON may hold any whitespace between its tokens (llguidance's default, as vLLM's): a weak model
+can then write whitespace until its tokens run out. ``--plugin-option json_whitespace=compact``
+allows only ``", "`` and ``": "`` between items and after keys (vLLM's
+``disable_any_whitespace``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ from spyglass.telemetry import metrics as m
 from spyglass.telemetry import settings as telemetry_settings
 
 _GRAMMAR_CACHE_SIZE = 256
+JSON_WHITESPACE = ("flexible", "compact")
+"""The values of ``--plugin-option json_whitespace``."""
+_COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""llguidance's JSON options for ``json_whitespace=compact``."""
 
 
 class LLGuidanceConstraint(TokenConstraint):
@@ -74,14 +83,16 @@ class LLGuidanceConstraint(TokenConstraint):
         )
 
 
-def grammar_text(spec: StructuredOutput) -> str:
-    """llguidance's grammar for ``spec``; ``ValueError`` when the spec is malformed."""
-    if spec.kind == "json_object":
-        return llguidance.grammar_from("json_schema", json.dumps({"type": "object"}))
-    if spec.kind == "json_schema":
-        if not isinstance(spec.value, dict):
+def grammar_text(spec: StructuredOutput, compact_json: bool) -> str:
+    """llguidance's grammar for ``spec`` (JSON with only single spaces after separators where
+    ``compact_json``); ``ValueError`` when the spec is malformed."""
+    if spec.kind in ("json_object", "json_schema"):
+        schema = {"type": "object"} if spec.kind == "json_object" else spec.value
+        if not isinstance(schema, dict):
             raise ValueError("the JSON schema must be an object")
-        return llguidance.grammar_from("json_schema", json.dumps(spec.value))
+        if compact_json:
+            schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **_COMPACT}}
+        return llguidance.grammar_from("json_schema", json.dumps(schema))
     if spec.kind == "choice":
         if (
             not isinstance(spec.value, list)
@@ -105,6 +116,13 @@ class StructuredOutputPlugin:
         self._telemetry = telemetry_settings.resolve(context.telemetry if context else None)
         self._series: m.EngineSeries | None = None
         self._compile_seconds = None  # the engine's histogram child, while it runs with metrics on
+        options = context.config.plugin_options if context else {}
+        whitespace = options.get("json_whitespace", "flexible")
+        if whitespace not in JSON_WHITESPACE:
+            raise ValueError(
+                f"--plugin-option json_whitespace must be one of {JSON_WHITESPACE}, got {whitespace!r}"
+            )
+        self._compact_json = whitespace == "compact"
 
     @hookimpl
     def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
@@ -124,7 +142,7 @@ class StructuredOutputPlugin:
 
     def _compile_uncached(self, kind: str, value_json: str) -> str:
         start = time.perf_counter()
-        grammar = grammar_text(StructuredOutput(kind, json.loads(value_json)))
+        grammar = grammar_text(StructuredOutput(kind, json.loads(value_json)), self._compact_json)
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if self._compile_seconds is not None:
             self._compile_seconds.observe(time.perf_counter() - start)

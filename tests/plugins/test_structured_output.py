@@ -257,3 +257,39 @@ def test_vllms_structured_outputs_spelling_constrains_alike_offline(tiny_llama_d
         with pytest.raises(InvalidRequestError) as error:
             SamplingParams(**options)
         assert error.value.param == "structured_outputs"
+
+
+def _loose_whitespace(text: str) -> int:
+    """How many whitespace characters of JSON ``text`` lie outside its strings other than one
+    space after a ``,`` or ``:``."""
+    loose, in_string, escaped = 0, False, False
+    for index, char in enumerate(text):
+        if in_string:
+            in_string = escaped or char != '"'
+            escaped = not escaped and char == "\\"
+        elif char == '"':
+            in_string = True
+        elif char.isspace() and not (char == " " and index and text[index - 1] in ",:"):
+            loose += 1
+    return loose
+
+
+def test_compact_json_whitespace_leaves_a_weak_model_no_room_for_loose_whitespace(
+    make_engine, driver
+):
+    # --plugin-option json_whitespace=compact (vLLM's disable_any_whitespace): only ", " and ": ".
+    # The random model, given any whitespace (the default), writes plenty of it.
+    loose = {}
+    for whitespace in ("flexible", "compact"):
+        engine = make_engine(plugins=PLUGINS, plugin_options={"json_whitespace": whitespace})
+        spec = StructuredOutput("json_schema", CITY_SCHEMA)
+        requests = [driver.add(engine, PROMPT, _params(spec, s, max_tokens=80)) for s in range(8)]
+        outputs = driver.drain(engine)
+        texts = [outputs[r.req_id].outputs[0].text for r in requests]
+        loose[whitespace] = sum(map(_loose_whitespace, texts))
+        for text, request in zip(texts, requests):
+            if outputs[request.req_id].outputs[0].finish_reason == "stop":
+                jsonschema.validate(json.loads(text), CITY_SCHEMA)
+    assert loose["compact"] == 0 < loose["flexible"]
+    with pytest.raises(ValueError, match="json_whitespace must be one of"):
+        make_engine(plugins=PLUGINS, plugin_options={"json_whitespace": "tight"})
