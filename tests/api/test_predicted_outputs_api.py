@@ -56,15 +56,7 @@ def test_the_answer_is_the_same_with_a_prediction(speculating):
         "content": [{"type": "text", "text": plain[:10]}, {"type": "text", "text": plain[10:]}],
     }
     assert _answer(speculating, prediction=parts) == plain
-    streamed = speculating.chat.completions.create(
-        model="tiny",
-        messages=MESSAGES,
-        max_tokens=32,
-        temperature=0,
-        stream=True,
-        prediction=predicted,
-        extra_body={"ignore_eos": True},
-    )
+    streamed = _chat(speculating, stream=True, prediction=predicted)
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == plain
 
 
