@@ -122,12 +122,13 @@ def step_phase_table(
     sampling: dict | None = None,
 ) -> list[str]:
     """Decode steps of ``model`` (bf16, CUDA graphs on ``device``) split into host phases and the
-    wait for the device (`spyglass bench steps`), in each of ``modes``: none, async output, and
+    wait for the device (`spyglass bench steps`), and the share that replayed a graph, in each of
+    ``modes``: none, async output, and
     async scheduling too; greedy unless ``sampling`` says otherwise. ``steps``, when given, gets
     each (mode, batch)'s step seconds."""
     rows = [
-        "| async | batch | step ms | " + " | ".join(step_phases.PHASES) + " |",
-        "|---" * (3 + len(step_phases.PHASES)) + "|",
+        "| async | batch | step ms | " + " | ".join(step_phases.PHASES) + " | graphed |",
+        "|---" * (4 + len(step_phases.PHASES)) + "|",
     ]
     for mode in modes:
         options = STEP_MODES[mode]
@@ -143,7 +144,7 @@ def step_phase_table(
             rows.append(
                 f"| {mode} | {batch} | {ms['step']:.2f} | "
                 + " | ".join(f"{ms[phase]:.2f}" for phase in step_phases.PHASES)
-                + " |"
+                + f" | {seconds['graphed']:.0%} |"
             )
         engine.shutdown()
     return rows

@@ -203,10 +203,11 @@ def test_bench_steps_splits_decode_steps_into_phases_per_batch(tiny_llama_dir, c
         assert run(argv) == 0
         header, columns, *rows = capsys.readouterr().out.splitlines()
         assert f"async output {'on' if overlap == '--async-output' else 'off'}" in header
-        assert columns.split() == ["batch", "outputs", "step", *step_phases.PHASES]
+        assert columns.split() == ["batch", "outputs", "step", *step_phases.PHASES, "graphed"]
         assert [row.split()[:2] for row in rows] == [[b, k] for b in ("1", "4") for k in kinds]
         for row in rows:
-            step, *phases = map(float, row.split()[2:])
+            assert row.split()[-1] == "0%"  # no CUDA graphs on the CPU
+            step, *phases = map(float, row.split()[2:-1])
             # The phases are parts of a step; the model runs inside launch on the CPU.
             assert all(value >= 0 for value in phases) and phases[2] > 0
             assert sum(phases) <= 1.5 * step
@@ -215,6 +216,21 @@ def test_bench_steps_splits_decode_steps_into_phases_per_batch(tiny_llama_dir, c
         "--output-kinds takes cumulative, delta, final-only, first-and-final; got 'part'"
         in capsys.readouterr().out
     )
+
+
+def test_bench_steps_counts_the_decode_steps_that_replayed_graphs(tiny_llama_dir, eager_graphs):
+    # Graphs replayed eagerly on the CPU (`EagerReplay`): every decode step of a batch within the
+    # buckets is graphed, and none once the runner has no graphs.
+    from spyglass.core.engine.config import EngineConfig
+    from spyglass.core.engine.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", max_num_seqs=4))
+    graphs = eager_graphs(engine)
+    assert step_phases.phase_medians(engine, 3, 8, 10)["graphed"] == 1.0
+    assert {shape.kind for shape in graphs.replayed} == {"decode"}
+    engine.runner.graphs = None
+    assert step_phases.phase_medians(engine, 3, 8, 10)["graphed"] == 0.0
+    engine.shutdown()
 
 
 def test_bench_steps_samples_as_asked(tiny_llama_dir, capsys):

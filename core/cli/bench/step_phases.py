@@ -10,7 +10,8 @@ queued), wait (`ModelRunner.collect`: the host waiting for the device's token id
 queued once the step before is committed; 0 where no step defers). On the CPU the
 model and the sampler run inside launch; on a GPU launch is the host's side of them and wait the
 device's time that the host did not hide. Medians over the decode steps of each batch; ``step``
-is the median wall time of an ``LLMEngine.step`` call.
+is the median wall time of an ``LLMEngine.step`` call; ``graphed`` the share of the decode steps
+whose forward replayed a CUDA graph (`StepStats.forward`).
 
 ``--output-kinds`` runs each batch once per output kind (`RequestOutputKind`), one after the
 other: a cumulative output copies each request's tokens so far at every step, which shows in
@@ -77,17 +78,19 @@ class CallTimer:
 
 
 class DecodeSteps:
-    """Keeps the schedule and update seconds of steps without prefill."""
+    """Keeps the schedule and update seconds of steps without prefill, and how their forwards ran."""
 
     def __init__(self):
         self.phases: dict[str, list[float]] = {"schedule": [], "update": []}
+        self.forwards: list[str] = []
 
     @hookimpl
     def spyglass_step_finished(self, stats):
-        """Keep a decode step's host phases."""
+        """Keep a decode step's host phases and its forward."""
         if stats.num_prefill_reqs == 0:
             self.phases["schedule"].append(stats.schedule_time)
             self.phases["update"].append(stats.update_time)
+            self.forwards.append(stats.forward)
 
 
 def phase_medians(
@@ -98,7 +101,8 @@ def phase_medians(
     kind: RequestOutputKind = RequestOutputKind.DELTA,
     sampling: dict | None = None,
 ) -> dict:
-    """Median seconds of each phase, and of a whole step, over one batch's decode steps."""
+    """Median seconds of each phase, and of a whole step, over one batch's decode steps; and
+    ``graphed``, the share of them that replayed a CUDA graph."""
     runner = engine.runner
     timed = ("prepare", "launch", "collect", "sample_deferred")
     timers = {name: CallTimer(runner, name) for name in timed}
@@ -135,7 +139,9 @@ def phase_medians(
         "deferred": timers["sample_deferred"].seconds[trim] or [0.0],
         **decode.phases,
     }
-    return {name: statistics.median(values) for name, values in samples.items()}
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    graphed = sum(forward != "eager" for forward in decode.forwards)
+    return medians | {"graphed": graphed / max(len(decode.forwards), 1)}
 
 
 def sampling_settings(settings: dict) -> dict:
@@ -172,13 +178,18 @@ def run(args) -> int:
         f"{args.max_tokens} tokens, sampling {sampling or 'greedy'}, medians over the decode "
         "steps (ms)"
     )
-    print(f"{'batch':>6}{'outputs':>12}{'step':>9}" + "".join(f"{p:>10}" for p in PHASES))
+    print(
+        f"{'batch':>6}{'outputs':>12}{'step':>9}"
+        + "".join(f"{p:>10}" for p in PHASES)
+        + f"{'graphed':>9}"
+    )
     for batch in batches:
         for name in names:
             medians = phase_medians(
                 engine, batch, args.prompt_len, args.max_tokens, _KIND_NAMES[name], sampling
             )
             row = "".join(f"{medians[phase] * 1e3:>10.2f}" for phase in PHASES)
-            print(f"{batch:>6}{name:>12}{medians['step'] * 1e3:>9.2f}{row}")
+            graphed = f"{medians['graphed']:.0%}"
+            print(f"{batch:>6}{name:>12}{medians['step'] * 1e3:>9.2f}{row}{graphed:>9}")
     engine.shutdown()
     return 0
