@@ -19,6 +19,7 @@ import torch
 from spyglass import LLM, SamplingParams
 from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.runner.parallel import TensorParallelError
+from spyglass.core.engine.runner.parallel.comm import STEP_TIMEOUT
 from spyglass.core.models.parallel.shard import check_tensor_parallel, plan_shard, shard_weights
 from spyglass.tests.core.test_default_model import PROMPTS
 
@@ -190,6 +191,9 @@ def test_a_stopped_worker_fails_the_engine_after_the_step_timeout(make_tiny_engi
             engine.step()
         assert 2 <= time.monotonic() - start < 10
         assert not group.processes[0].is_alive()  # the failed group took its workers down
+        # Rank 0's control sends (the step's inputs) give up within a step's time: a send that pends
+        # forever would hang the group's destructor (it joins gloo's thread) wherever it runs.
+        assert group.control.options._timeout == STEP_TIMEOUT < datetime.timedelta(days=1)
     finally:
         if group.processes[0].is_alive():
             os.kill(group.processes[0].pid, signal.SIGKILL)

@@ -2,7 +2,10 @@
 
 Both are torch.distributed backends built over a private TCP store (not the global default group,
 so several engines, or tests, can come and go in one process). The control group is always gloo
-on the CPU and waits indefinitely (an idle worker waits there for the next step); the data group
+on the CPU; a worker's waits indefinitely there (an idle worker waits for the next step), rank 0's
+sends give up after the step timeout (a send to a worker that stopped taking them would otherwise
+pend in gloo's thread for a year, and the group's destructor, which joins that thread, with it:
+a test session hung so, in a garbage collection long after the failure); the data group
 is gloo on the CPU or NCCL on CUDA and times out after ``step_timeout``. A peer that dies closes
 its sockets, so gloo raises at once instead of waiting for the timeout. Every collective goes
 through `RankGroup._wait`, which rank 0 overrides to watch its workers while it waits.
@@ -45,12 +48,13 @@ class RankGroup:
         world_size: int,
         device: torch.device,
         step_timeout: datetime.timedelta = STEP_TIMEOUT,
+        control_timeout: datetime.timedelta = IDLE_TIMEOUT,
     ):
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.step_timeout = step_timeout
-        self.control = _gloo(dist.PrefixStore("control", store), rank, world_size, IDLE_TIMEOUT)
+        self.control = _gloo(dist.PrefixStore("control", store), rank, world_size, control_timeout)
         if device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = step_timeout

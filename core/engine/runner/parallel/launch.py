@@ -20,7 +20,12 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 from spyglass.core.engine.config import DTYPE_NAMES, dtype_name
-from spyglass.core.engine.runner.parallel.comm import START_TIMEOUT, RankGroup, TensorParallelError
+from spyglass.core.engine.runner.parallel.comm import (
+    START_TIMEOUT,
+    STEP_TIMEOUT,
+    RankGroup,
+    TensorParallelError,
+)
 from spyglass.core.engine.runner.parallel.step_codec import INIT, STOP, encode_step, header
 from spyglass.core.engine.runner.parallel.worker import WorkerSpec, run_worker
 from spyglass.core.models.parallel.layers import TensorParallelLlama
@@ -71,7 +76,9 @@ class LeaderGroup(RankGroup):
         self.failure: TensorParallelError | None = None
         self._finalizer = weakref.finalize(self, _terminate, processes)
         self._wait_until_ready(store)
-        super().__init__(store, 0, world_size, device)
+        # Rank 0 only sends on the control group, to workers waiting for it: a send that does not
+        # finish within a step's time never will.
+        super().__init__(store, 0, world_size, device, control_timeout=STEP_TIMEOUT)
 
     def _wait_until_ready(self, store: dist.Store) -> None:
         deadline = time.monotonic() + START_TIMEOUT.total_seconds()
