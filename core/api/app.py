@@ -22,6 +22,7 @@ from spyglass.core.api.engine_placement import load_engine
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.lora_routes import load_lora_adapter, unload_lora_adapter
 from spyglass.core.api.messages import count_message_tokens, create_message
+from spyglass.core.api.openapi_structs import ClosedStructSchemaPlugin
 from spyglass.core.api.responses import create_response
 from spyglass.core.api.routes import ROUTES
 from spyglass.core.api.scoring import create_rerank, create_score
@@ -103,6 +104,7 @@ def create_app(
         if options.allowed_origins
         else None,
         openapi_config=OpenAPIConfig(title="Spyglass", version=spyglass.__version__),
+        plugins=[ClosedStructSchemaPlugin()],
         debug=False,
         logging_config=None,  # keep the handler `setup_logging` installed (Litestar's would replace it)
     )

@@ -26,7 +26,7 @@ from spyglass.core.engine.pooling_params import PoolingParams
 from spyglass.core.engine.sampling_params import pooling_request_params
 
 
-class ClassificationRequest(msgspec.Struct, kw_only=True):
+class ClassificationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``input`` as a string, a token list, or a list of either; vLLM's ``truncate_prompt_tokens``,
     ``priority`` and ``activation`` (off: raw logits, as a reward model's score is read)."""
 

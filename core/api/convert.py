@@ -164,15 +164,18 @@ def request_attributes(
     headers,
 ) -> dict:
     """What the tracing plugin reads off each engine request (see `AsyncEngine.generate`); an
-    embeddings, scoring or classification body neither streams nor has choices."""
+    embeddings, scoring or classification body neither streams nor has choices. The user is
+    OpenAI's ``safety_identifier`` where given (it replaces ``user``), else ``user``."""
+    user = getattr(body, "safety_identifier", None) or body.user
     return {
         "received_at": time.perf_counter(),  # `RequestGroup` turns it into preprocess_seconds
         "operation": operation,
         "stream": getattr(body, "stream", False),
-        "user": body.user,
+        "user": user,
         "request_model": body.model or model_name,
         "otel_context": otel_context.get_current(),
-        "tenant": headers.get("x-spyglass-tenant") or body.user,
+        "tenant": headers.get("x-spyglass-tenant") or user,
+        "prompt_cache_key": getattr(body, "prompt_cache_key", None),
         "api_request_id": response_id,
         "n": getattr(body, "n", 1),
         "session_id": (body.metadata or {}).get("session_id"),

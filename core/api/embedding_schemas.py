@@ -10,7 +10,7 @@ from spyglass.core.api.schemas import INT32, ChatMessage, Metadata
 MAX_INPUTS = 2048  # inputs in one call, as OpenAI allows
 
 
-class EmbeddingRequest(msgspec.Struct, kw_only=True):
+class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """OpenAI's body: ``input`` is a string, a token list, or a list of either. vLLM's chat form
     sends ``messages`` instead (one conversation, rendered with the chat template, no generation
     prompt by default).

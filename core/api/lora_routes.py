@@ -12,14 +12,14 @@ from spyglass.core.api.errors import APIError
 from spyglass.core.api.validation import json_body_guard
 
 
-class LoadLoRARequest(msgspec.Struct, kw_only=True):
+class LoadLoRARequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The adapter's name (the ``model`` requests then send) and its PEFT directory."""
 
     lora_name: str
     lora_path: str
 
 
-class UnloadLoRARequest(msgspec.Struct, kw_only=True):
+class UnloadLoRARequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The adapter to unload."""
 
     lora_name: str

@@ -3,7 +3,8 @@ chat machinery (template, tools, constraints).
 
 Messages become chat turns (``system`` first, ``tool_use`` blocks as assistant tool calls,
 ``tool_result`` blocks as tool turns); ``tool_choice`` ``auto``, ``any``, ``tool`` and ``none`` map to
-the chat API's ``auto``, ``required``, a named function and ``none``. Streams send Anthropic's
+the chat API's ``auto``, ``required``, a named function and ``none``; ``output_config.format`` is
+the output constraint, as chat's ``response_format``. Streams send Anthropic's
 named events: ``message_start``, a ``content_block_start`` / ``_delta`` / ``_stop`` run per block
 (text deltas as they are generated; a tool call's block starts once its name is generated, and its
 ``input_json_delta``s follow the arguments as they are written), ``message_delta`` with the stop
@@ -56,7 +57,7 @@ from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import CompletionOutput
 from spyglass.core.engine.prompt_images import prompt_with_image_tokens
 from spyglass.core.engine.reasoning import ReasoningParser
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 
 
 def chat_messages(body: Conversation) -> list[ChatMessage]:
@@ -129,6 +130,12 @@ def tool_use(body: Conversation) -> ToolUse:
     return choose_tools(tools, mode, choice.name, parallel=not choice.disable_parallel_tool_use)
 
 
+def output_format(body: MessagesRequest) -> StructuredOutput | None:
+    """``output_config.format`` as the output constraint (Anthropic's structured outputs)."""
+    spec = body.output_config.format if body.output_config else None
+    return None if spec is None else StructuredOutput("json_schema", spec.schema_)
+
+
 @post(
     "/v1/messages",
     summary="Create a message (Anthropic Messages API)",
@@ -153,6 +160,7 @@ async def create_message(
         repetition_penalty=defaults.repetition_penalty,
         max_tokens=data.max_tokens,
         stop=[s for s in data.stop_sequences or [] if s],
+        structured_output=output_format(data),
     )
     response_id = new_id("msg")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)

@@ -94,7 +94,31 @@ class ThinkingDisabled(msgspec.Struct, kw_only=True):
     type: Literal["disabled"]
 
 
-class Conversation(msgspec.Struct, kw_only=True):
+class JSONOutputFormat(msgspec.Struct, tag_field="type", tag="json_schema"):
+    """``output_config.format``: the answer's text is JSON valid against ``schema`` (structured
+    outputs, enforced token by token as chat's ``response_format`` is)."""
+
+    schema_: dict[str, Any] = msgspec.field(name="schema")
+
+
+class OutputConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``output_config``: its ``format`` is honoured; an ``effort`` (how hard Claude thinks) has no
+    counterpart in an open model's sampling: only absent."""
+
+    format: JSONOutputFormat | None = None
+    effort: None = None
+
+
+class CacheControl(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``cache_control: {"type": "ephemeral"}``: what the prefix cache does for every prompt unasked
+    (each full KV block is cached, marked or not). A ``ttl`` asks for a lifetime it does not
+    promise (a block stays until its memory is needed): a 400."""
+
+    type: Literal["ephemeral"]
+    ttl: None = None
+
+
+class Conversation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What a Messages call's prompt is made of: the body of ``POST /v1/messages/count_tokens``."""
 
     model: str
@@ -103,8 +127,13 @@ class Conversation(msgspec.Struct, kw_only=True):
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingDisabled | None = None
+    output_config: OutputConfig | None = None
+    cache_control: CacheControl | None = None
+    speed: Literal["standard"] | None = None  # fast mode
 
-    unsupported: ClassVar[frozenset[str]] = frozenset({"thinking"})
+    unsupported: ClassVar[frozenset[str]] = frozenset(
+        {"thinking", "output_config.effort", "cache_control.ttl", "speed"}
+    )
 
 
 class MessagesRequest(Conversation, kw_only=True):
@@ -123,12 +152,16 @@ class MessagesRequest(Conversation, kw_only=True):
     mcp_servers: Annotated[list[Any], Meta(max_length=0)] | None = None
     container: None = None
     context_management: None = None
+    inference_geo: None = None  # this server runs where it runs
+    diagnostics: None = None  # prompt-cache miss reasons
 
     n: ClassVar[int] = 1  # one message per call
     unsupported: ClassVar[frozenset[str]] = Conversation.unsupported | {
         "mcp_servers",
         "container",
         "context_management",
+        "inference_geo",
+        "diagnostics",
     }
 
     @property

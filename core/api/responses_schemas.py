@@ -10,7 +10,13 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from spyglass.core.api.schemas import Metadata, PositiveInt
+from spyglass.core.api.schemas import (
+    PROMPT_CACHE_UNSUPPORTED,
+    Identifier,
+    Metadata,
+    PositiveInt,
+    PromptCacheOptions,
+)
 
 MAX_INPUT_ITEMS = 4096
 
@@ -108,7 +114,13 @@ class ReasoningSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     generate_summary: None = None
 
 
-class ResponsesRequest(msgspec.Struct, kw_only=True):
+class ResponsesStreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``stream_options``: events carry no ``obfuscation`` padding here, so only ``false`` passes."""
+
+    include_obfuscation: Literal[False] = False
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/responses``."""
 
     input: str | Annotated[list[InputItem], Meta(min_length=1, max_length=MAX_INPUT_ITEMS)]
@@ -136,9 +148,22 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     top_logprobs: Literal[0] | None = None
     max_tool_calls: None = None
     service_tier: Literal["auto", "default"] | None = None  # flex and priority processing
+    stream_options: ResponsesStreamOptions | None = None
+    context_management: None = None
+    # As chat's (`ChatCompletionRequest`).
+    prompt_cache_key: Identifier | None = None
+    safety_identifier: Identifier | None = None
+    prompt_cache_retention: Literal["in_memory"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    moderation: None = None
 
     unsupported: ClassVar[frozenset[str]] = frozenset(
         {
+            *PROMPT_CACHE_UNSUPPORTED,
+            "context_management",
+            "stream_options.include_obfuscation",
+            "reasoning.summary",
+            "reasoning.generate_summary",
             "store",
             "previous_response_id",
             "background",

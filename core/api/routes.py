@@ -4,6 +4,7 @@ import asyncio
 
 from litestar import HttpMethod, MediaType, Request, Response, get, route
 from litestar.di import NamedDependency
+from litestar.params import FromPath
 from prometheus_client import REGISTRY
 
 import spyglass
@@ -39,7 +40,9 @@ async def list_models(serving: NamedDependency[ServingContext]) -> ModelList:
 
 
 @get("/v1/models/{model:path}", summary="One served model or LoRA adapter", tags=["openai"])
-async def retrieve_model(model: str, serving: NamedDependency[ServingContext]) -> ModelCard:
+async def retrieve_model(
+    model: FromPath[str], serving: NamedDependency[ServingContext]
+) -> ModelCard:
     """The card of the served model (under any of its served names) or of a loaded adapter; a 404
     naming what is served otherwise. Ids may hold slashes (``org/model``)."""
     adapter = serving.check_model(model.removeprefix("/"))

@@ -27,12 +27,14 @@ NumLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 StopText = Annotated[str, Meta(max_length=1024)]
 
 
-class StreamOptions(msgspec.Struct):
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     """``stream_options``: whether a streamed response ends with a usage chunk, and (vLLM's
-    ``continuous_usage_stats``, with ``include_usage``) whether every chunk carries the usage so far."""
+    ``continuous_usage_stats``, with ``include_usage``) whether every chunk carries the usage so far.
+    Chunks carry no ``obfuscation`` padding here: ``include_obfuscation`` passes only ``false``."""
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
+    include_obfuscation: Literal[False] = False
 
 
 class TextResponseFormat(msgspec.Struct, tag_field="type", tag="text"):
@@ -89,6 +91,26 @@ UNSUPPORTED_SAMPLING = frozenset(
 )
 """Sampling fields of OpenAI's and vLLM's that this server does not implement yet."""
 
+Identifier = Annotated[str, Meta(min_length=1, max_length=512)]
+"""A caller's stable name for its end user or its prompt family (OpenAI's ``safety_identifier`` and
+``prompt_cache_key``): it goes on the call's trace, so it is bounded like a metadata value."""
+
+
+class PromptCacheOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """OpenAI's ``prompt_cache_options``. The prefix cache here places no breakpoints (every full KV
+    block of every prompt is cached and shared) and promises no lifetime (a block stays until its
+    memory is needed): the implicit mode is what it does; explicit breakpoints or a ``ttl`` are a
+    400."""
+
+    mode: Literal["implicit"] = "implicit"
+    ttl: None = None
+
+
+PROMPT_CACHE_UNSUPPORTED = ("prompt_cache_retention", "prompt_cache_options", "moderation")
+"""OpenAI's prompt-cache and moderation fields (chat's and Responses') that only pass neutral:
+the prefix cache lives in memory (``prompt_cache_retention: "in_memory"``), and no moderation
+model runs here."""
+
 UNSUPPORTED_CHAT = frozenset(
     {
         "mm_processor_kwargs",
@@ -98,6 +120,8 @@ UNSUPPORTED_CHAT = frozenset(
         "web_search_options",
         "verbosity",
         "service_tier",
+        *PROMPT_CACHE_UNSUPPORTED,
+        "stream_options.include_obfuscation",
     }
 )
 """Chat fields of OpenAI's (and vLLM's ``mm_processor_kwargs``) that this server does not honour:
@@ -111,7 +135,7 @@ Metadata = Annotated[
 on the call's trace (``metadata``; Langfuse's trace metadata), ``session_id`` its session."""
 
 
-class SamplingFields(msgspec.Struct, kw_only=True):
+class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Sampling settings shared by completions and chat; vLLM's extras included."""
 
     model: str | None = None
@@ -332,6 +356,12 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     web_search_options: None = None
     verbosity: None = None
     service_tier: Literal["auto", "default"] | None = None  # flex and priority processing
+    # OpenAI's prompt-cache hints and end-user name (`PROMPT_CACHE_UNSUPPORTED`, `Identifier`).
+    prompt_cache_key: Identifier | None = None
+    safety_identifier: Identifier | None = None
+    prompt_cache_retention: Literal["in_memory"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    moderation: None = None
 
     unsupported: ClassVar[frozenset[str]] = UNSUPPORTED_SAMPLING | UNSUPPORTED_CHAT
 

@@ -12,7 +12,7 @@ Text = Annotated[str, Meta(min_length=1)]
 Texts = Annotated[list[Text], Meta(min_length=1, max_length=1024)]
 
 
-class ScoringFields(msgspec.Struct, kw_only=True):
+class ScoringFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What both scoring calls share: the model, each text's truncation, the queue priority and
     the cache salt (as for embeddings). A field that would change the scores and is not
     implemented admits only its neutral value (`unsupported`)."""

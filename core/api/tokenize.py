@@ -19,7 +19,7 @@ from spyglass.core.engine.chat_images import ChatMedia
 from spyglass.core.engine.prompt_images import prompt_with_image_tokens
 
 
-class TokenizeRequest(msgspec.Struct, kw_only=True):
+class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Either ``prompt`` (text) or ``messages`` (rendered with the chat template first)."""
 
     model: str | None = None
@@ -44,7 +44,7 @@ class TokenizeResponse(msgspec.Struct):
     tokens: list[int]
 
 
-class DetokenizeRequest(msgspec.Struct, kw_only=True):
+class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Token ids to turn back into text."""
 
     tokens: Annotated[list[TokenId], Meta(max_length=1 << 20)]

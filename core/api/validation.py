@@ -13,9 +13,13 @@ from litestar.handlers import BaseRouteHandler
 from spyglass.core.api.errors import APIError
 
 _JSON_TYPES = ("application/json",)
-# The top-level field msgspec names: missing, or where the bad value is (``at `$.stop[2]```), or
-# whose key is (``at `key` in `$.metadata```).
-_FIELD = re.compile(r"missing required field `([^`]+)`|(?:at|in) `\$\.([A-Za-z_][A-Za-z0-9_]*)")
+# The field msgspec names: missing, or where the bad value is (``at `$.stop[2]```), or whose key
+# is (``at `key` in `$.metadata```); its top-level name, and its dotted path of object fields.
+_FIELD = re.compile(
+    r"missing required field `([^`]+)`|(?:at|in) `\$\.(([A-Za-z_][A-Za-z0-9_]*)[A-Za-z0-9_.]*)"
+)
+# A top-level field the body's type does not declare (a nested one is named by where it is).
+_UNKNOWN = re.compile(r"^Object contains unknown field `([^`]+)`$")
 
 
 def _is_json(content_type: str) -> bool:
@@ -26,7 +30,8 @@ def _is_json(content_type: str) -> bool:
 
 
 def decode_body(body: bytes, body_type: type[msgspec.Struct]) -> msgspec.Struct:
-    """``body`` strictly decoded as ``body_type``; an `APIError` (400) naming the field otherwise."""
+    """``body`` strictly decoded as ``body_type``; an `APIError` (400) naming the field otherwise
+    (a field the type does not declare included: request types forbid unknown fields)."""
     if not body.strip():
         raise APIError(400, "the request body is empty; send a JSON object")
     try:
@@ -34,11 +39,24 @@ def decode_body(body: bytes, body_type: type[msgspec.Struct]) -> msgspec.Struct:
     except RecursionError:
         raise APIError(400, "the request body is nested too deeply") from None
     except msgspec.ValidationError as error:
-        match = _FIELD.search(str(error))
-        param = next(filter(None, match.groups())) if match else None
-        if param in getattr(body_type, "unsupported", ()):
+        unknown = _UNKNOWN.match(str(error))
+        if unknown:
+            # OpenAI's wording: a field this server does not know is refused, never ignored.
             raise APIError(
-                400, f"`{param}` is not supported by this server", param, "unsupported_parameter"
+                400,
+                f"Unrecognized request argument supplied: {unknown[1]}",
+                unknown[1],
+                "unknown_parameter",
+            ) from None
+        match = _FIELD.search(str(error))
+        missing, path, top = match.groups() if match else (None, None, None)
+        param = missing or top
+        unsupported = getattr(body_type, "unsupported", ())
+        # A refused field, or a refused setting inside one (``stream_options.include_obfuscation``).
+        refused = next((name for name in (path, top) if name in unsupported), None)
+        if refused is not None:
+            raise APIError(
+                400, f"`{refused}` is not supported by this server", param, "unsupported_parameter"
             ) from None
         raise APIError(400, str(error), param) from None
     except msgspec.DecodeError as error:

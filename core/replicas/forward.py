@@ -17,7 +17,7 @@ from opentelemetry import context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from spyglass.core.api.errors import error_body
-from spyglass.core.replicas.prefix import prefix_blocks, routing_text
+from spyglass.core.replicas.prefix import routing_blocks
 from spyglass.telemetry.exposition import render_metrics
 from spyglass.telemetry.request_context import REQUEST_ID_HEADER, info_in
 
@@ -167,7 +167,7 @@ class IngressApp:
             carrier[REQUEST_ID_HEADER] = info.request_id
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _PER_HOP]
         headers += [(k.encode(), v.encode()) for k, v in carrier.items()]
-        blocks = prefix_blocks(routing_text(body)) if scope["method"] == "POST" else ()
+        blocks = routing_blocks(body) if scope["method"] == "POST" else ()
         return ForwardedRequest(
             scope["method"],
             scope["path"],

@@ -32,8 +32,35 @@ def _text(content) -> str:
     return ""
 
 
-def routing_text(body: bytes) -> str:
-    """The prompt of an OpenAI or Anthropic request body, flattened to text; empty for anything else.
+def routing_blocks(body: bytes) -> tuple[int, ...]:
+    """The names the router matches a request body by: its prompt's prefix blocks (`routing_text`).
+
+    With OpenAI's ``prompt_cache_key`` the key's own name comes first and the blocks chain from it,
+    so requests that share a key go where the key went before, however short their prompts, and
+    equal prompts under other keys are routed apart (as OpenAI combines the key with the prefix).
+    """
+    request = _decoded(body)
+    key = request.get("prompt_cache_key")
+    if not isinstance(key, str) or not key:
+        return prefix_blocks(routing_text(request))
+    seed = hashlib.blake2b(f"prompt_cache_key{_NAMESPACE_END}{key}".encode(), digest_size=8)
+    return (
+        int.from_bytes(seed.digest(), "little"),
+        *prefix_blocks(routing_text(request), seed=seed.digest()),
+    )
+
+
+def _decoded(body: bytes) -> dict:
+    """A JSON object body, decoded; ``{}`` for anything else."""
+    try:
+        request = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return {}
+    return request if isinstance(request, dict) else {}
+
+
+def routing_text(request: dict) -> str:
+    """The prompt of a decoded OpenAI or Anthropic request body, flattened to text; empty for anything else.
 
     Chat messages (and Anthropic's ``system``) become ``role: text`` in order; a completion's
     ``prompt`` (an embeddings or Responses call's ``input``) is used as is (the first one of a
@@ -41,12 +68,6 @@ def routing_text(body: bytes) -> str:
     names a ``model`` (a LoRA adapter's keys and values are its own) or a ``cache_salt`` (its blocks
     are its salt's) starts with them, so such requests share names only with their own kind.
     """
-    try:
-        request = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return ""
-    if not isinstance(request, dict):
-        return ""
     text = _prompt_text(request)
     model, salt = (request.get(key) for key in ("model", "cache_salt"))
     model, salt = (part if isinstance(part, str) else "" for part in (model, salt))
@@ -76,10 +97,11 @@ def _prompt_text(request: dict) -> str:
     return prompt if isinstance(prompt, str) else ""
 
 
-def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
-    """The chained 64-bit names of the full ``block_chars`` blocks of ``text`` (a partial last block has none)."""
+def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS, seed: bytes = b"") -> tuple[int, ...]:
+    """The chained 64-bit names of the full ``block_chars`` blocks of ``text`` (a partial last block
+    has none), the first one chained from ``seed``."""
     names = []
-    parent = b""
+    parent = seed
     for start in range(0, len(text) - block_chars + 1, block_chars):
         parent = hashlib.blake2b(
             parent + text[start : start + block_chars].encode(), digest_size=8

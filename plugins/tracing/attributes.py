@@ -53,6 +53,7 @@ def request_attributes(request: Request, model: str) -> dict:
     Besides the sampling parameters it reads the keys the HTTP API puts in ``request.attributes``:
     ``operation``, ``stream``, ``user``, ``request_model`` (the model the client named),
     ``api_request_id`` (the response id the client sees), ``tenant``, ``session_id``,
+    ``prompt_cache_key`` (OpenAI's: the family of prompts the client says share a prefix),
     ``metadata`` (the call's, as OpenInference's ``metadata``: JSON) and
     ``preprocess_seconds`` (the call's handling before the engine had it), and the
     HTTP request's id, session header and server address from the context the API captured.
@@ -92,6 +93,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "user.id": extra.get("user"),
         "metadata": metadata_json(request),
         "spyglass.tenant": extra.get("tenant"),
+        "spyglass.request.prompt_cache_key": extra.get("prompt_cache_key"),
         "spyglass.lora.name": request.lora_name,
         "spyglass.request.images": sum(image.clip is None for image in request.images) or None,
         "spyglass.request.videos": sum(image.clip is not None for image in request.images) or None,

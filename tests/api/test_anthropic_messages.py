@@ -1,7 +1,11 @@
 """Anthropic's Messages API through the official ``anthropic`` client, against the real default model."""
 
+import json
+from typing import Literal
+
 import anthropic
 import jsonschema
+import pydantic
 import pytest
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -124,6 +128,68 @@ def test_streamed_tool_use_matches(client):
         (b.type, b.name, b.input) for b in whole.content
     ]
     assert final.stop_reason == "tool_use"
+
+
+class Place(pydantic.BaseModel):
+    # Anthropic's schemas carry no string or number bounds (the client moves them into
+    # descriptions): choices keep the small model's answer short.
+    city: Literal["Paris", "Rome", "Lyon"]
+    country: Literal["France", "Italy"]
+    is_capital: bool
+
+
+def test_output_config_format_makes_the_answer_json_of_its_schema(client):
+    # Anthropic's structured outputs: the client's parse() sends the model's schema as
+    # output_config.format; the answer parses, greedy and sampled, streamed or not.
+    where = [{"role": "user", "content": "Where is the Eiffel tower? Answer in JSON."}]
+    for temperature in (0, 1):
+        parsed = client.messages.parse(
+            model=MODEL,
+            max_tokens=100,
+            messages=where,
+            output_format=Place,
+            extra_body={"temperature": temperature},
+        )
+        assert parsed.stop_reason == "end_turn", parsed.content
+        assert isinstance(parsed.parsed_output, Place)
+    schema = {**WEATHER["input_schema"], "required": ["city", "unit"]}
+    options = dict(
+        model=MODEL,
+        max_tokens=60,
+        messages=ASK,
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+    with client.messages.stream(**options) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    jsonschema.validate(json.loads(streamed), schema)
+    assert final.stop_reason == "end_turn" and final.content[0].text == streamed
+    with pytest.raises(anthropic.BadRequestError, match="tool_choice"):
+        client.messages.create(
+            **options, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}
+        )
+
+
+def test_fields_anthropic_honours_elsewhere_are_refused_by_name(client):
+    # An effort level, a cache lifetime, fast mode and a region have nothing to act on here; a
+    # field the server does not know is refused too, never ignored.
+    refused = {
+        "output_config": ({"effort": "high"}, "output_config.effort"),
+        "cache_control": ({"type": "ephemeral", "ttl": "1h"}, "cache_control.ttl"),
+        "speed": ("fast", "speed"),
+        "inference_geo": ("us", "inference_geo"),
+        "top_n": (3, "Unrecognized request argument supplied: top_n"),
+    }
+    for field, (value, named) in refused.items():
+        with pytest.raises(anthropic.BadRequestError, match=named):
+            client.messages.create(
+                model=MODEL, max_tokens=1, messages=ASK, extra_body={field: value}
+            )
+    # Marking the prompt for caching is what the prefix cache does unasked.
+    message = client.messages.create(
+        model=MODEL, max_tokens=1, messages=ASK, cache_control={"type": "ephemeral"}
+    )
+    assert message.usage.output_tokens == 1
 
 
 def test_bad_tool_choice_is_a_400(client):

@@ -87,10 +87,14 @@ def test_a_requests_template_renders_its_prompt_where_the_server_trusts_it(serve
         timeout=60,
     )
     assert embedded.json()["usage"]["prompt_tokens"] == len(expected)
-    for path in ("/v1/chat/completions", "/tokenize", "/v1/embeddings"):
+    for path, extra in (
+        ("/v1/chat/completions", {"max_tokens": 1}),
+        ("/tokenize", {}),
+        ("/v1/embeddings", {}),
+    ):
         refused = requests.post(
             f"{plain.base_url}{path}",
-            json={"messages": MESSAGES, "chat_template": REQUEST_TEMPLATE, "max_tokens": 1},
+            json={"messages": MESSAGES, "chat_template": REQUEST_TEMPLATE, **extra},
             timeout=60,
         )
         assert refused.status_code == 400, path

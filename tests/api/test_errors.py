@@ -60,6 +60,22 @@ BAD_INPUTS = [
     (CHAT, {"messages": USER, "metadata": {"k": "v" * 513}}, 400, "metadata"),
     (CHAT, {"messages": USER, "metadata": {str(i): "v" for i in range(17)}}, 400, "metadata"),
     (COMPLETIONS, {"prompt": "hi", "metadata": {"k" * 65: "v"}}, 400, "metadata"),
+    (CHAT, {"messages": USER, "prompt_cache_retention": "24h"}, 400, "prompt_cache_retention"),
+    (CHAT, {"messages": USER, "prompt_cache_options": {"ttl": "30m"}}, 400, "prompt_cache_options"),
+    (CHAT, {"messages": USER, "moderation": {"model": "omni"}}, 400, "moderation"),
+    (
+        CHAT,
+        {"messages": USER, "stream_options": {"include_obfuscation": True}},
+        400,
+        "stream_options",
+    ),
+    (CHAT, {"messages": USER, "safety_identifier": ""}, 400, "safety_identifier"),
+    # A field this server does not know is refused by name, as OpenAI does: a typo never passes.
+    (CHAT, {"messages": USER, "max_token": 5}, 400, "max_token"),
+    (COMPLETIONS, {"prompt": "hi", "guided_jsn": {}}, 400, "guided_jsn"),
+    ("/v1/responses", {"input": "hi", "temprature": 0.2}, 400, "temprature"),
+    ("/v1/embeddings", {"input": "hi", "dimension": 8}, 400, "dimension"),
+    ("/tokenize", {"prompt": "hi", "add_bos": True}, 400, "add_bos"),
 ]
 
 
@@ -115,5 +131,7 @@ def test_neutral_values_of_fields_not_honoured_pass(tiny_client):
         modalities=["text"],
         service_tier="auto",
         metadata={"team": "search"},
+        prompt_cache_retention="in_memory",
+        prompt_cache_options={"mode": "implicit"},
     )
     assert chat.usage.completion_tokens == 2

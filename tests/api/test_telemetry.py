@@ -139,7 +139,14 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
         chat = client.post(
             "/v1/chat/completions",
-            json={"messages": messages, "max_tokens": 4, "user": "alice", "metadata": METADATA},
+            json={
+                "messages": messages,
+                "max_tokens": 4,
+                "user": "legacy-name",
+                "safety_identifier": "alice",  # OpenAI's replacement for user: it wins
+                "prompt_cache_key": "lighthouse-faq",
+                "metadata": METADATA,
+            },
             headers={"X-Request-Id": "phoenix-1", "X-Session-Id": "session-1"},
         )
         missing = client.post("/v1/chat/completions", json={"model": "nope", "messages": messages})
@@ -185,6 +192,8 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(
             f"metadata.{key}": value for key, value in METADATA.items()
         }
     assert a["langfuse.trace.metadata.team"] == "search"
+    assert llm["attributes"]["user.id"] == "alice"
+    assert llm["attributes"]["spyglass.request.prompt_cache_key"] == "lighthouse-faq"
     # The call's handling before the engine had it (template, tokens): inside the root span.
     preprocess = llm["attributes"]["spyglass.request.preprocess_seconds"]
     root_to_llm = datetime.fromisoformat(llm["start_time"]) - datetime.fromisoformat(

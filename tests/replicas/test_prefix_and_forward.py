@@ -15,7 +15,13 @@ from spyglass.core.api.app import create_app
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.replicas.forward import ForwardedRequest, IngressApp, ResponseStart, call_app
-from spyglass.core.replicas.prefix import BLOCK_CHARS, PrefixTable, prefix_blocks, routing_text
+from spyglass.core.replicas.prefix import (
+    BLOCK_CHARS,
+    PrefixTable,
+    prefix_blocks,
+    routing_blocks,
+    routing_text,
+)
 from spyglass.telemetry import tracing
 from spyglass.telemetry.http import TelemetryMiddleware
 
@@ -29,12 +35,10 @@ def _chat(system: str, user: str) -> bytes:
 
 
 def test_requests_sharing_a_system_prompt_share_their_leading_block_names():
-    first, second = (
-        prefix_blocks(routing_text(_chat(SYSTEM, user))) for user in ("hi", "what is 2+2?")
-    )
+    first, second = (routing_blocks(_chat(SYSTEM, user)) for user in ("hi", "what is 2+2?"))
     shared = len("system: " + SYSTEM) // BLOCK_CHARS
     assert first[:shared] == second[:shared] and len(first) >= shared
-    other = prefix_blocks(routing_text(_chat("Be terse. " + SYSTEM, "hi")))
+    other = routing_blocks(_chat("Be terse. " + SYSTEM, "hi"))
     assert not set(other) & set(
         first
     )  # names are chained from the start: no match after a difference
@@ -46,27 +50,46 @@ def test_routing_text_of_each_request_shape():
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}
         ]
     }
-    assert routing_text(json.dumps(parts).encode()) == "user: a"
+    assert routing_text(parts) == "user: a"
     anthropic = {"system": "S", "messages": [{"role": "user", "content": "q"}]}
-    assert routing_text(json.dumps(anthropic).encode()) == "system: S\x1euser: q"
-    assert routing_text(b'{"prompt": ["p1", "p2"]}') == "p1"
-    assert routing_text(b'{"prompt": [1, 2, 3]}') == "1,2,3"
-    assert routing_text(b'{"input": ["e1", "e2"]}') == "e1"  # embeddings
-    assert routing_text(b'{"input": [{"role": "user", "content": "r"}]}') == ""  # Responses items
-    assert routing_text(b"not json") == routing_text(b"[1]") == routing_text(b"{}") == ""
+    assert routing_text(anthropic) == "system: S\x1euser: q"
+    assert routing_text({"prompt": ["p1", "p2"]}) == "p1"
+    assert routing_text({"prompt": [1, 2, 3]}) == "1,2,3"
+    assert routing_text({"input": ["e1", "e2"]}) == "e1"  # embeddings
+    assert routing_text({"input": [{"role": "user", "content": "r"}]}) == ""  # Responses items
+    assert routing_blocks(b"not json") == routing_blocks(b"[1]") == routing_blocks(b"{}") == ()
     assert prefix_blocks("x" * (BLOCK_CHARS - 1)) == ()
 
 
 def test_the_model_and_the_cache_salt_name_their_own_blocks():
     def names(**fields) -> tuple[int, ...]:
         body = {"messages": [{"role": "system", "content": SYSTEM}], **fields}
-        return prefix_blocks(routing_text(json.dumps(body).encode()))
+        return routing_blocks(json.dumps(body).encode())
 
     plain, adapter, salted = names(), names(model="sql-lora"), names(cache_salt="tenant-a")
     assert len({plain[0], adapter[0], salted[0]}) == 3
     assert names(model="sql-lora") == adapter  # the same kind shares names
     assert names(cache_salt="sql-lora") != adapter  # a salt is not a model of the same name
-    assert routing_text(b'{"model": "m"}') == ""  # no prompt, no names
+    assert routing_blocks(b'{"model": "m"}') == ()  # no prompt, no names
+
+
+def test_a_prompt_cache_key_names_its_requests_together_whatever_their_prompts():
+    def names(key: str | None, user: str) -> tuple[int, ...]:
+        body = {"messages": [{"role": "user", "content": user}]}
+        return routing_blocks(
+            json.dumps(body | ({"prompt_cache_key": key} if key else {})).encode()
+        )
+
+    short, other_short = names("docs-bot", "hi"), names("docs-bot", "what is 2+2?")
+    assert names(None, "hi") == ()  # a short prompt alone names nothing: any replica will do
+    assert short == other_short == short[:1]  # the key's own name, and no full block
+    long = names("docs-bot", SYSTEM)
+    assert long[0] == short[0] and len(long) > 1
+    assert not set(names("sql-bot", SYSTEM)) & set(long)  # another key: routed apart
+    assert not set(names(None, SYSTEM)) & set(long)
+    table = PrefixTable()
+    table.insert(long, "r1")
+    assert table.match(short, {"r0", "r1"}) == ("r1", 1)  # the key's replica, prompt unseen
 
 
 def test_table_answers_the_deepest_live_holder_and_evicts_oldest():
@@ -179,6 +202,6 @@ def test_ingress_forwards_with_its_trace_context_and_answers_503_when_no_replica
     forwarded = dict(seen[-1].headers)
     assert forwarded[b"traceparent"] == served.headers["traceparent"].encode()
     assert forwarded[b"x-request-id"] == b"r1"
-    assert seen[-1].prefix_blocks == prefix_blocks(routing_text(_chat(SYSTEM, "hi")))
+    assert seen[-1].prefix_blocks == routing_blocks(_chat(SYSTEM, "hi"))
     assert too_big.status_code == 413 and len(seen) == 3
     assert metrics.status_code == 200 and 'route="/v1/completions"' in metrics.text

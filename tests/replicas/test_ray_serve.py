@@ -186,7 +186,7 @@ def test_router_prefers_the_prefix_holder_unless_its_queue_is_too_long():
     from ray.serve.request_router import PendingRequest, ReplicaID
 
     from spyglass.core.replicas.forward import ForwardedRequest
-    from spyglass.core.replicas.prefix import prefix_blocks, routing_text
+    from spyglass.core.replicas.prefix import routing_blocks
     from spyglass.core.replicas.router import PrefixAffinityRouter
 
     async def scenario():
@@ -198,7 +198,7 @@ def test_router_prefers_the_prefix_holder_unless_its_queue_is_too_long():
         replicas = [SimpleNamespace(replica_id=ReplicaID(f"r{i}", deployment)) for i in range(3)]
         body = json.dumps(_requests()[0]).encode()
         request = ForwardedRequest(
-            "POST", "/v1/chat/completions", b"", [], body, prefix_blocks(routing_text(body))
+            "POST", "/v1/chat/completions", b"", [], body, routing_blocks(body)
         )
         pending = PendingRequest(args=[request], kwargs={}, metadata=None)
         (first,) = await router.choose_replicas(replicas, pending)  # nobody has it: two at random
