@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import jinja2
+import msgspec
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
@@ -24,6 +25,7 @@ from spyglass.core.api.convert import (
     prompt_logprobs,
     request_attributes,
     sampling_params,
+    token_ids_if,
 )
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import (
@@ -380,14 +382,28 @@ async def _beam_search(
     search, best = await run_beam_search(
         serving, response_id, token_ids, beams, params, attributes, lora_name
     )
+    asked = data.return_token_ids
     choices = [
-        ChatChoice(index, AssistantMessage(beam.text), None, beam.finish_reason)
+        ChatChoice(
+            index,
+            AssistantMessage(beam.text),
+            None,
+            beam.finish_reason,
+            token_ids=token_ids_if(asked, search.generated(beam)),
+        )
         for index, beam in enumerate(best)
     ]
     completion_tokens = sum(len(search.generated(beam)) for beam in best)
     usage = Usage(len(token_ids), completion_tokens, len(token_ids) + completion_tokens)
     model = serving.response_model(data.model)
-    return ChatCompletionResponse(response_id, int(time.time()), model, choices, usage)
+    return ChatCompletionResponse(
+        response_id,
+        int(time.time()),
+        model,
+        choices,
+        usage,
+        prompt_token_ids=token_ids_if(asked, token_ids),
+    )
 
 
 async def start_chat(
@@ -474,10 +490,19 @@ class _ChatWriter:
         if body.echo and last is not None and last.role == "assistant":
             self.echo = _plain(last, "messages")["content"]
 
-    def _chunk(self, choices: list[ChatChunkChoice], usage=None) -> ChatCompletionChunk:
+    def _chunk(
+        self, choices: list[ChatChunkChoice], usage=None, prompt_token_ids=msgspec.UNSET
+    ) -> ChatCompletionChunk:
         if usage is None and self._counted is not None:
             usage = self._usage(self._counted)
-        return ChatCompletionChunk(self.id, self.created, self.model, choices, usage=usage)
+        return ChatCompletionChunk(
+            self.id,
+            self.created,
+            self.model,
+            choices,
+            usage=usage,
+            prompt_token_ids=prompt_token_ids,
+        )
 
     def _usage(self, group: RequestGroup):
         """The call's usage; with a reasoning parser, the tokens its choices spent reasoning."""
@@ -525,6 +550,7 @@ class _ChatWriter:
                     logprobs,
                     _finish_reason(completion, len(calls)),
                     completion.stop_reason,
+                    token_ids_if(self.body.return_token_ids, completion.token_ids),
                 )
             )
         usage = self._usage(group)
@@ -532,7 +558,13 @@ class _ChatWriter:
         if self.body.prompt_logprobs is not None:  # the choices share their prompt
             scored = prompt_logprobs(self.names, ordered[0].prompt_logprobs)
         return ChatCompletionResponse(
-            self.id, self.created, self.model, choices, usage, prompt_logprobs=scored
+            self.id,
+            self.created,
+            self.model,
+            choices,
+            usage,
+            prompt_logprobs=scored,
+            prompt_token_ids=token_ids_if(self.body.return_token_ids, ordered[0].prompt_token_ids),
         )
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[ChatCompletionChunk]:
@@ -544,8 +576,12 @@ class _ChatWriter:
         if continuous_usage(self.body):
             self._counted = group
         split = self.use.active or self.reasoning is not None
+        asked = self.body.return_token_ids
         for index in range(self.body.n):
-            yield self._chunk([ChatChunkChoice(index, ChatDelta(role="assistant", content=""))])
+            # The choices share their prompt: its ids ride on the first chunk.
+            prompt_ids = token_ids_if(asked and index == 0, group.latest[0].prompt_token_ids)
+            role = ChatChunkChoice(index, ChatDelta(role="assistant", content=""))
+            yield self._chunk([role], prompt_token_ids=prompt_ids)
             if split:
                 for delta in _deltas(self._splitter(index).feed(self.echo)):
                     yield self._chunk([ChatChunkChoice(index, delta)])
@@ -558,15 +594,15 @@ class _ChatWriter:
                 for chunk in self._split_chunks(index, self._splitter(index), output):
                     yield chunk
                 continue
-            if not (completion.text or completion.logprobs or output.finished):
+            ids = token_ids_if(asked, completion.token_ids)
+            if not (completion.text or completion.logprobs or ids or output.finished):
                 continue
             logprobs = (
                 chat_logprobs(self.names, completion.logprobs or []) if self.body.logprobs else None
             )
             finish = completion.finish_reason if output.finished else None
-            yield self._chunk(
-                [ChatChunkChoice(index, ChatDelta(content=completion.text), logprobs, finish)]
-            )
+            delta = ChatDelta(content=completion.text)
+            yield self._chunk([ChatChunkChoice(index, delta, logprobs, finish, ids)])
         options = self.body.stream_options
         if options is not None and options.include_usage:
             yield self._chunk([], usage=self._usage(group))
@@ -575,16 +611,23 @@ class _ChatWriter:
         self, index: int, splitter: ChoiceSplitter, output: RequestOutput
     ) -> list[ChatCompletionChunk]:
         """The chunks of one delta output split into reasoning, content and tool calls; its
-        logprobs ride on its first chunk."""
+        logprobs and token ids ride on its first chunk."""
         completion = output.outputs[0]
         logprobs = None
         if self.body.logprobs and completion.logprobs:
             logprobs = chat_logprobs(self.names, completion.logprobs)
+        ids = token_ids_if(self.body.return_token_ids, completion.token_ids)
         deltas = _deltas(splitter.advance(output))
-        if logprobs is not None and not deltas:
+        if (logprobs is not None or ids) and not deltas:
             deltas.append(ChatDelta())  # text still held back: the tokens' logprobs go now
         chunks = [
-            self._chunk([ChatChunkChoice(index, delta, logprobs if i == 0 else None)])
+            self._chunk(
+                [
+                    ChatChunkChoice(index, delta)
+                    if i
+                    else ChatChunkChoice(index, delta, logprobs, token_ids=ids)
+                ]
+            )
             for i, delta in enumerate(deltas)
         ]
         if output.finished:

@@ -25,6 +25,7 @@ from spyglass.core.api.convert import (
     prompt_logprobs,
     request_attributes,
     sampling_params,
+    token_ids_if,
 )
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import (
@@ -128,9 +129,19 @@ async def _beam_search(
             lora_name,
         )
         prompt_tokens += len(token_ids)
+        asked = data.return_token_ids
         for beam in best:
-            completion_tokens += len(search.generated(beam))
-            choices.append(CompletionChoice(len(choices), beam.text, None, beam.finish_reason))
+            generated = search.generated(beam)
+            completion_tokens += len(generated)
+            choice = CompletionChoice(
+                len(choices),
+                beam.text,
+                None,
+                beam.finish_reason,
+                prompt_token_ids=token_ids_if(asked, token_ids),
+                token_ids=token_ids_if(asked, generated),
+            )
+            choices.append(choice)
     usage = Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
     model = serving.response_model(data.model)
     return CompletionResponse(response_id, int(time.time()), model, choices, usage=usage)
@@ -208,6 +219,15 @@ class _CompletionWriter:
             return None
         return prompt_logprobs(self.names, output.prompt_logprobs)
 
+    def _token_ids(self, output: RequestOutput, first: bool) -> dict:
+        """With ``return_token_ids``, a choice's ``token_ids`` (a chunk's: its new ones) and, on its
+        first chunk, its ``prompt_token_ids``."""
+        asked = self.body.return_token_ids
+        return {
+            "prompt_token_ids": token_ids_if(asked and first, output.prompt_token_ids),
+            "token_ids": token_ids_if(asked, output.outputs[0].token_ids),
+        }
+
     def _echo(self, output: RequestOutput) -> str:
         """The prompt as the engine saw it (``truncate_prompt_tokens`` applied) when echoing."""
         return (output.prompt or "") if self.body.echo else ""
@@ -234,6 +254,7 @@ class _CompletionWriter:
                     completion.finish_reason,
                     completion.stop_reason,
                     self._prompt_logprobs(output),
+                    **self._token_ids(output, True),
                 )
             )
         return CompletionResponse(
@@ -256,7 +277,8 @@ class _CompletionWriter:
             offset = num_chars.get(index, 0)
             text = (self._echo(output) if first else "") + completion.text
             num_chars[index] = offset + len(text)
-            if not (text or completion.logprobs or output.finished):
+            ids = self.body.return_token_ids and completion.token_ids
+            if not (text or completion.logprobs or ids or output.finished):
                 continue
             logprobs = self._logprobs(output, offset, first)
             finish = completion.finish_reason if output.finished else None
@@ -268,6 +290,7 @@ class _CompletionWriter:
                 finish,
                 stop_reason,
                 self._prompt_logprobs(output) if first else None,
+                **self._token_ids(output, first),
             )
             usage = make_usage(group, self.body.n) if continuous else None
             yield CompletionResponse(self.id, self.created, self.model, [choice], usage=usage)

@@ -20,6 +20,7 @@ from spyglass.core.api.schemas import (
     PromptLogprob,
     PromptTokensDetails,
     SamplingFields,
+    TokenIds,
     TopLogprob,
     Usage,
 )
@@ -181,6 +182,11 @@ def request_attributes(
         "session_id": (body.metadata or {}).get("session_id"),
         "metadata": body.metadata,
     }
+
+
+def token_ids_if(asked: bool, token_ids) -> TokenIds:
+    """``token_ids`` as an answer carries them with ``return_token_ids``; left out otherwise."""
+    return list(token_ids) if asked else msgspec.UNSET
 
 
 def make_usage(

@@ -178,6 +178,9 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     skip_special_tokens: bool = True
     # Logprobs name tokens ``token_id:N`` rather than by their text.
     return_tokens_as_token_ids: bool = False
+    # vLLM's: the prompt's token ids and each choice's generated ones ride on the answer
+    # (`TokenIds`), for callers that must not re-tokenize text (RL rollouts, exact replays).
+    return_token_ids: bool = False
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT32)] | None = None
     # vLLM's: the request's prefix-cache blocks are shared only with requests of the same salt.
     cache_salt: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
@@ -415,6 +418,12 @@ class PromptLogprob(msgspec.Struct):
     decoded_token: str
 
 
+TokenIds = list[int] | msgspec.UnsetType
+"""vLLM's ``token_ids`` and ``prompt_token_ids`` of an answer, with ``return_token_ids``: the
+generated ids (a stream's chunk: those it adds) and the prompt's (a stream's first chunk of each
+choice); left out of the JSON unless asked for."""
+
+
 class CompletionChoice(msgspec.Struct):
     """One completion (or a streamed piece of it)."""
 
@@ -425,6 +434,8 @@ class CompletionChoice(msgspec.Struct):
     stop_reason: str | int | None = None
     # vLLM's: per prompt token (None for the first), the token and the top alternatives by id.
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
+    prompt_token_ids: TokenIds = msgspec.UNSET
+    token_ids: TokenIds = msgspec.UNSET
 
 
 class CompletionResponse(msgspec.Struct):
@@ -479,6 +490,7 @@ class ChatChoice(msgspec.Struct):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    token_ids: TokenIds = msgspec.UNSET
 
 
 class ChatCompletionResponse(msgspec.Struct):
@@ -492,6 +504,7 @@ class ChatCompletionResponse(msgspec.Struct):
     usage: Usage
     object: str = "chat.completion"
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
+    prompt_token_ids: TokenIds = msgspec.UNSET
 
 
 class FunctionCallDelta(msgspec.Struct, omit_defaults=True):
@@ -526,6 +539,7 @@ class ChatChunkChoice(msgspec.Struct):
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: TokenIds = msgspec.UNSET
 
 
 class ChatCompletionChunk(msgspec.Struct):
@@ -537,6 +551,7 @@ class ChatCompletionChunk(msgspec.Struct):
     choices: list[ChatChunkChoice]
     object: str = "chat.completion.chunk"
     usage: Usage | None = None
+    prompt_token_ids: TokenIds = msgspec.UNSET
 
 
 class ModelCard(msgspec.Struct):

@@ -3,6 +3,7 @@ stop_token_ids, allowed_token_ids, bad_words, include_stop_str_in_output, skip_s
 truncate_prompt_tokens, and chat's add_generation_prompt, continue_final_message,
 chat_template_kwargs and echo; on both server layouts."""
 
+import itertools
 import json
 import re
 
@@ -314,3 +315,55 @@ def test_vllms_structured_outputs_field(server):
         assert response.status_code == 400 and response.json()["error"]["param"] == param
     unknown = _chat(server, structured_outputs={"structural_tag": "{}"})
     assert unknown.status_code == 400 and "structural_tag" in unknown.json()["error"]["message"]
+
+
+def _stream(server, path: str, body: dict) -> list[dict]:
+    """The JSON chunks of a streamed call."""
+    with httpx.stream("POST", f"{server.base_url}{path}", json=body, timeout=60) as response:
+        lines = [line.removeprefix("data: ") for line in response.iter_lines()]
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids(server, tokenizer):
+    # vLLM's return_token_ids: the ids behind the text, so that a caller (an RL trainer) never
+    # re-tokenizes it; a stream's pieces add up to the whole answer's, prompt ids sent once.
+    completions = f"{server.base_url}/v1/completions"
+    body = {"prompt": PROMPT, "max_tokens": 6, "ignore_eos": True, "n": 2, "seed": 1}
+    plain = httpx.post(completions, json=body, timeout=60).json()
+    assert not {"token_ids", "prompt_token_ids"} & set(plain["choices"][0])
+    whole = httpx.post(completions, json={**body, "return_token_ids": True}, timeout=60).json()
+    for choice, before in zip(whole["choices"], plain["choices"]):
+        assert choice["prompt_token_ids"] == tokenizer.encode(PROMPT)
+        assert len(choice["token_ids"]) == 6 and choice["text"] == before["text"]
+        assert tokenizer.decode(choice["token_ids"]) == choice["text"]
+    chunks = _stream(server, "/v1/completions", {**body, "return_token_ids": True, "stream": True})
+    for index, choice in enumerate(whole["choices"]):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert [*itertools.chain(*(c["token_ids"] for c in mine))] == choice["token_ids"]
+        assert [c.get("prompt_token_ids") for c in mine[:2]] == [choice["prompt_token_ids"], None]
+
+    messages = [{"role": "user", "content": "hi"}]
+    weather = {"type": "function", "function": {"name": "weather", "parameters": {}}}
+    # Plain content, and content parsed for tool calls as it streams.
+    for extra in ({}, {"tools": [weather]}):
+        chat = {"messages": messages, **GREEDY, "return_token_ids": True, **extra}
+        answer = _chat(server, **chat).json()
+        assert len(answer["prompt_token_ids"]) == answer["usage"]["prompt_tokens"]
+        if not extra:
+            rendered = tokenizer.apply_chat_template(messages)
+            assert answer["prompt_token_ids"] == tokenizer.encode(rendered, False)
+        (choice,) = answer["choices"]
+        assert len(choice["token_ids"]) == answer["usage"]["completion_tokens"]
+        assert tokenizer.decode(choice["token_ids"]) == choice["message"]["content"]
+        chunks = _stream(server, "/v1/chat/completions", {**chat, "stream": True})
+        assert chunks[0]["prompt_token_ids"] == answer["prompt_token_ids"]
+        assert all("prompt_token_ids" not in c for c in chunks[1:])
+        streamed = [c["choices"][0].get("token_ids", []) for c in chunks if c["choices"]]
+        assert [*itertools.chain(*streamed)] == choice["token_ids"]
+
+    beams = _chat(server, n=2, use_beam_search=True, max_tokens=4, return_token_ids=True).json()
+    for choice in beams["choices"]:
+        assert tokenizer.decode(choice["token_ids"]) == choice["message"]["content"]
+    assert beams["prompt_token_ids"] == tokenizer.encode(
+        tokenizer.apply_chat_template(messages), False
+    )
