@@ -355,6 +355,7 @@ async def create_chat_completion(
         template=template,
         lora_name=lora_name,
         kind=output_kind(data.stream, reads_deltas=reasoning is not None),
+        add_special_tokens=data.add_special_tokens,
     )
     writer = _ChatWriter(serving, data, response_id, use, reasoning)
     if data.stream:
@@ -378,7 +379,9 @@ async def _beam_search(
             render_messages, data.messages, serving.tokenizer, template=template
         )
         attributes["messages"] = plain
-        token_ids = await encode_text(serving, prompt, "messages", add_special_tokens=False)
+        token_ids = await encode_text(
+            serving, prompt, "messages", add_special_tokens=data.add_special_tokens
+        )
     search, best = await run_beam_search(
         serving, response_id, token_ids, beams, params, attributes, lora_name
     )
@@ -418,8 +421,12 @@ async def start_chat(
     template: TemplateOptions = TemplateOptions(),
     lora_name: str | None = None,
     kind: RequestOutputKind = RequestOutputKind.DELTA,
+    add_special_tokens: bool = False,
 ) -> RequestGroup:
     """Render the conversation, tokenize it and start its ``params.n`` engine requests (chat, Messages, Responses).
+
+    The rendered text is encoded without the tokenizer's special tokens (the template writes
+    what the model wants), unless ``add_special_tokens`` (vLLM's chat field) asks for them.
 
     ``tool_choice`` required or named becomes the output constraint; a 400 if the request already
     has one. ``param`` is the request field that errors about the conversation name; ``lora_name``
@@ -444,7 +451,7 @@ async def start_chat(
             prompt,
             param,
             must_fit=params.truncate_prompt_tokens is None,
-            add_special_tokens=False,
+            add_special_tokens=add_special_tokens,
         )
         token_ids, placed = await asyncio.to_thread(
             images_in_prompt,

@@ -340,6 +340,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     echo: bool = False
+    # vLLM's: the rendered conversation is encoded with the tokenizer's special tokens (BOS) too.
+    add_special_tokens: bool = False
     # vLLM's: each prompt token's logprob and its top alternatives' (not streamed).
     prompt_logprobs: NumLogprobs | None = None
     # vLLM's: the request's own chat template (a server run with --trust-request-chat-template

@@ -1,5 +1,6 @@
 """A chat template that writes BOS itself (Gemma's, Llama 3's) gets exactly one: the rendered
-text is encoded without special tokens, offline and over HTTP, as transformers encodes it."""
+text is encoded without special tokens, offline and over HTTP, as transformers encodes it, unless
+a chat call asks for them (vLLM's ``add_special_tokens``)."""
 
 import json
 import shutil
@@ -52,7 +53,20 @@ def test_served_chat_and_tokenize_have_one_bos(bos_model_dir, server_factory):
     assert httpx.post(f"{server.base_url}/tokenize", json=bare).json()["tokens"][0] != bos
     chat = httpx.post(
         f"{server.base_url}/v1/chat/completions",
-        json={"messages": MESSAGES, "max_tokens": 2},
+        json={"messages": MESSAGES, "max_tokens": 2, "return_token_ids": True},
         timeout=60,
     ).json()
     assert chat["usage"]["prompt_tokens"] == tokenized["count"]
+    assert chat["prompt_token_ids"] == tokenized["tokens"]
+    # vLLM's add_special_tokens on chat: the tokenizer's BOS as well as the template's.
+    doubled = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={
+            "messages": MESSAGES,
+            "max_tokens": 2,
+            "return_token_ids": True,
+            "add_special_tokens": True,
+        },
+        timeout=60,
+    ).json()
+    assert doubled["prompt_token_ids"] == [bos, *tokenized["tokens"]]
