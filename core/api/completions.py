@@ -87,7 +87,12 @@ async def create_completion(
         data, "text_completion", response_id, serving.model_name, request.headers
     )
     with serving.queue_slots(count_prompts(data.prompt) * best_of):
-        prompts = await parse_prompts(serving, data.prompt, data.truncate_prompt_tokens is None)
+        prompts = await parse_prompts(
+            serving,
+            data.prompt,
+            data.truncate_prompt_tokens is None,
+            add_special_tokens=data.add_special_tokens,
+        )
         group = RequestGroup(
             serving.async_engine,
             response_id,
@@ -117,7 +122,9 @@ async def _beam_search(
     )
     choices, prompt_tokens, completion_tokens = [], 0, 0
     with serving.queue_slots(count_prompts(data.prompt) * beams.beam_width):
-        prompts = await parse_prompts(serving, data.prompt)
+        prompts = await parse_prompts(
+            serving, data.prompt, add_special_tokens=data.add_special_tokens
+        )
     for index, (token_ids, _) in enumerate(prompts):
         search, best = await run_beam_search(
             serving,

@@ -204,6 +204,8 @@ class CompletionRequest(SamplingFields, kw_only=True):
     best_of: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
     # vLLM's: each prompt token's logprob (after the first) and this many top alternatives.
     prompt_logprobs: NumLogprobs | None = None
+    # vLLM's: whether a text prompt is encoded with the tokenizer's special tokens (BOS).
+    add_special_tokens: bool = True
     # Not implemented for completions: only absent or neutral values pass, else a 400.
     suffix: Literal[""] | None = None
     tools: Annotated[list[Any], Meta(max_length=0)] | None = None

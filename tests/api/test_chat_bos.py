@@ -70,3 +70,12 @@ def test_served_chat_and_tokenize_have_one_bos(bos_model_dir, server_factory):
         timeout=60,
     ).json()
     assert doubled["prompt_token_ids"] == [bos, *tokenized["tokens"]]
+    # And on completions (default true): a text prompt without the tokenizer's BOS.
+    for add, expected in ((True, plain["tokens"]), (False, plain["tokens"][1:])):
+        completion = httpx.post(
+            f"{server.base_url}/v1/completions",
+            json={"prompt": "Hi!", "max_tokens": 1, "return_token_ids": True}
+            | ({} if add else {"add_special_tokens": False}),
+            timeout=60,
+        ).json()
+        assert completion["choices"][0]["prompt_token_ids"] == expected
