@@ -60,6 +60,7 @@ from spyglass.core.api.tools import (
     constraint,
     new_call_id,
     prompt_messages,
+    strict_constraint,
     tool_use,
 )
 from spyglass.core.api.validation import json_body_guard
@@ -428,15 +429,18 @@ async def start_chat(
     The rendered text is encoded without the tokenizer's special tokens (the template writes
     what the model wants), unless ``add_special_tokens`` (vLLM's chat field) asks for them.
 
-    ``tool_choice`` required or named becomes the output constraint; a 400 if the request already
-    has one. ``param`` is the request field that errors about the conversation name; ``lora_name``
-    is the LoRA adapter the requests run with.
+    ``tool_choice`` required or named becomes the output constraint, as do ``strict`` functions
+    with ``auto`` (the tool-call format's grammar); a 400 if the request already has one.
+    ``param`` is the request field that errors about the conversation name; ``lora_name`` is the
+    LoRA adapter the requests run with.
     """
-    if (tool_constraint := constraint(use)) is not None:
+    tool_constraint = constraint(use) or strict_constraint(use, serving.tool_parser)
+    if tool_constraint is not None:
         if params.structured_output is not None:
             raise APIError(
                 400,
-                "tool_choice required or named cannot be combined with another output constraint",
+                "tool_choice required or named, or strict functions, cannot be combined with "
+                "another output constraint",
                 "tool_choice",
             )
         params = dataclasses.replace(params, structured_output=tool_constraint)

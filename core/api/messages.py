@@ -123,11 +123,13 @@ def _chat_parts(blocks: list) -> list[TextPart | ImageURLPart]:
 def tool_use(body: Conversation) -> ToolUse:
     """The request's tools and choice in the chat API's terms; a 400 for a choice that cannot be met."""
     tools = [function_tool(t.name, t.description, t.input_schema) for t in body.tools or []]
+    strict = frozenset(t.name for t in body.tools or [] if t.strict)
     choice = body.tool_choice
     if choice is None:
-        return choose_tools(tools, None)
+        return choose_tools(tools, None, strict=strict)
     mode = {"any": "required", "tool": "forced"}.get(choice.type, choice.type)
-    return choose_tools(tools, mode, choice.name, parallel=not choice.disable_parallel_tool_use)
+    parallel = not choice.disable_parallel_tool_use
+    return choose_tools(tools, mode, choice.name, parallel=parallel, strict=strict)
 
 
 def output_format(body: MessagesRequest) -> StructuredOutput | None:

@@ -76,6 +76,7 @@ class Tool(msgspec.Struct, kw_only=True):
     name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
     description: str | None = None
     input_schema: dict[str, Any]
+    strict: bool = False  # its inputs are held to the schema, as OpenAI's strict functions
 
 
 class ToolChoice(msgspec.Struct, kw_only=True):

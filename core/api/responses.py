@@ -115,9 +115,11 @@ def tool_use(body: ResponsesRequest) -> ToolUse:
         if tool.name is None:
             raise APIError(400, "a function tool needs a name", "tools")
         tools.append(function_tool(tool.name, tool.description, tool.parameters))
+    strict = frozenset(tool.name for tool in body.tools or [] if tool.strict)
     choice = body.tool_choice
     if choice is None or isinstance(choice, str):
-        return choose_tools(tools, choice, parallel=body.parallel_tool_calls is not False)
+        parallel = body.parallel_tool_calls is not False
+        return choose_tools(tools, choice, parallel=parallel, strict=strict)
     return choose_tools(tools, "forced", choice.name)
 
 

@@ -57,6 +57,9 @@ class ToolUse:
     mode: str
     forced: str | None = None
     parallel: bool = True
+    strict: frozenset[str] = frozenset()
+    """The functions marked ``strict``: with ``auto`` their calls' arguments are held to their
+    schemas (`strict_constraint`); ``required`` and forced calls always are."""
 
     @property
     def active(self) -> bool:
@@ -70,9 +73,10 @@ def tool_use(body: ChatCompletionRequest) -> ToolUse:
         function_tool(t.function.name, t.function.description, t.function.parameters)
         for t in body.tools or []
     ]
+    strict = frozenset(t.function.name for t in body.tools or [] if t.function.strict)
     choice = body.tool_choice
     if choice is None or isinstance(choice, str):
-        return choose_tools(tools, choice, parallel=body.parallel_tool_calls)
+        return choose_tools(tools, choice, parallel=body.parallel_tool_calls, strict=strict)
     return choose_tools(tools, "forced", choice.function.name)
 
 
@@ -85,7 +89,11 @@ def function_tool(name: str, description: str | None, parameters: dict | None) -
 
 
 def choose_tools(
-    tools: list[dict], mode: str | None, forced: str | None = None, parallel: bool = True
+    tools: list[dict],
+    mode: str | None,
+    forced: str | None = None,
+    parallel: bool = True,
+    strict: frozenset[str] = frozenset(),
 ) -> ToolUse:
     """Tool use with ``mode`` none, auto (the default with tools), required or forced (the function ``forced``);
     a 400 for a choice that names no offered function or asks for calls without tools."""
@@ -94,7 +102,7 @@ def choose_tools(
     if not tools and mode != "none":
         raise APIError(400, "tool_choice needs tools", "tool_choice")
     if mode != "forced":
-        return ToolUse(tools, mode, parallel=parallel)
+        return ToolUse(tools, mode, parallel=parallel, strict=strict)
     if forced not in [tool["function"]["name"] for tool in tools]:
         raise APIError(
             400, f"tool_choice names {forced!r}, which is not among the tools", "tool_choice"
@@ -119,6 +127,28 @@ def constraint(use: ToolUse) -> StructuredOutput | None:
     one_call = calls[0] if len(calls) == 1 else {"anyOf": calls}
     schema = {"type": "array", "items": one_call, "minItems": 1} if use.parallel else one_call
     return StructuredOutput("json_schema", schema)
+
+
+def strict_constraint(use: ToolUse, parser: ToolCallParser) -> StructuredOutput | None:
+    """For ``auto`` with ``strict`` functions: the tool-call format's grammar of content and calls,
+    the strict functions' arguments held to their schemas (the others' to any object), so that a
+    call the model writes always parses and validates, as OpenAI's strict mode promises; None
+    otherwise, and a 400 when the parser has no grammar to give."""
+    if use.mode != "auto" or not use.strict:
+        return None
+    grammar = getattr(parser, "strict_grammar", None)
+    if grammar is None:
+        raise APIError(
+            400,
+            "strict functions with tool_choice auto need a tool-call parser that constrains its "
+            "calls, and this server's has none: leave strict out, or use tool_choice required",
+            "tools",
+        )
+    functions = (tool["function"] for tool in use.tools)
+    arguments = {
+        f["name"]: f["parameters"] if f["name"] in use.strict else _ANY_OBJECT for f in functions
+    }
+    return StructuredOutput("grammar", grammar(arguments, use.parallel))
 
 
 def prompt_messages(messages: list[dict], use: ToolUse, template_takes_tools: bool) -> list[dict]:

@@ -210,5 +210,7 @@ def spyglass_tool_call_parser(name: str) -> "ToolCallParser | None":
     and calls. A parser with ``stream()`` parses incrementally (`ToolCallStream`: ``feed`` each new
     piece of text, ``finish`` at the end, getting `ToolCallPiece`s back), so streamed responses send
     a call's name once it is written and its arguments as they are generated; without it a
-    choice's text is held until it ends.
+    choice's text is held until it ends. A parser with ``strict_grammar(arguments, parallel)``
+    gives its format as a grammar, so that functions marked ``strict`` hold with ``auto`` (their
+    calls' arguments constrained to their schemas); without it such a request is a 400.
     """

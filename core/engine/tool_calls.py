@@ -55,6 +55,13 @@ class ToolCallParser(Protocol):
         """A fresh incremental parse of one output. Optional: without it the API holds a choice's text to its end."""
         ...
 
+    def strict_grammar(self, arguments: dict[str, dict], parallel: bool) -> str:
+        """A grammar (llguidance's Lark dialect) of the outputs this format parses: any content, and
+        calls of the functions named in ``arguments`` whose arguments obey the JSON schema given
+        for each; at most one call unless ``parallel``. Optional: it is what makes OpenAI's
+        ``strict`` functions hold with ``tool_choice`` auto, which without it is a 400."""
+        ...
+
 
 def collect(pieces: list[ToolCallPiece]) -> tuple[str | None, list[ParsedToolCall]]:
     """``(content, calls)`` assembled from pieces, as a client assembles a stream."""

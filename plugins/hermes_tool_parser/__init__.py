@@ -7,7 +7,11 @@ JSON object stays in the content: what cannot be parsed is shown, never dropped.
 Parsing is incremental: once ``<tool_call>{"name": "x", "arguments": `` has been generated the call
 starts, and its arguments stream as the model writes them. The arguments are the model's own text
 (valid JSON when the call is complete; a call cut by ``max_tokens`` keeps what was written).
+``strict_grammar`` is the format as a grammar, for OpenAI's strict functions with ``tool_choice``
+auto: any text, and blocks whose calls obey their functions' schemas.
 """
+
+import json
 
 from spyglass.core.plugin_api import (
     CallObjectScanner,
@@ -32,6 +36,32 @@ class HermesToolCallParser:
     def stream(self) -> "HermesToolCallStream":
         """A fresh incremental parse."""
         return HermesToolCallStream()
+
+    def strict_grammar(self, arguments: dict[str, dict], parallel: bool) -> str:
+        """Any text, with ``<tool_call>`` blocks holding one call each: the text before a block is
+        lazy (it ends at the first ``<tool_call>``, which must open a valid call), and the text
+        after the last block never holds another ``<tool_call>``."""
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": schema},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for name, schema in arguments.items()
+        ]
+        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return "\n".join(
+            [
+                f"start: call{'*' if parallel else '?'} END",
+                f'call: before_call SPACE call_object SPACE "{CLOSE}"',
+                f'before_call[lazy]: TEXT "{OPEN}"',
+                "TEXT: /(?s:.*)/",
+                f"END: TEXT & ~/(?s:.*){OPEN}(?s:.*)/",
+                r"SPACE: /[ \t\n]*/",
+                f"call_object: %json {json.dumps(call)}",
+            ]
+        )
 
 
 class HermesToolCallStream:

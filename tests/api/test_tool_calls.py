@@ -279,3 +279,33 @@ def test_completions_refuse_tools(tiny_client):
         tiny_client.completions.create(
             model="tiny", prompt="x", max_tokens=3, extra_body={"tools": TOOLS}
         )
+
+
+def test_strict_functions_hold_their_calls_with_tool_choice_auto(real_client):
+    # OpenAI's strict: true with tool_choice auto. The model chooses whether to call; every call
+    # it makes parses and obeys its function's schema (Hermes blocks under the parser's grammar).
+    strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
+    response = real_client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=strict, temperature=0.8, seed=3, n=12, max_tokens=200
+    )
+    calls = 0
+    for choice in response.choices:
+        assert choice.finish_reason in ("stop", "tool_calls"), choice.message
+        for call in choice.message.tool_calls or []:
+            schema = next(
+                t["function"]["parameters"]
+                for t in TOOLS
+                if t["function"]["name"] == call.function.name
+            )
+            jsonschema.validate(json.loads(call.function.arguments), schema)
+            calls += 1
+    assert calls >= 6
+    # Strict functions constrain the output: no second constraint beside them.
+    with pytest.raises(openai.BadRequestError, match="strict functions"):
+        real_client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=strict,
+            response_format={"type": "json_object"},
+            max_tokens=5,
+        )

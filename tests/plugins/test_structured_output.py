@@ -17,6 +17,9 @@ from spyglass.core.engine.sampling_params import (
     SamplingParams,
     StructuredOutput,
 )
+from spyglass.core.tokenizer import Tokenizer
+from spyglass.plugins.hermes_tool_parser import HermesToolCallParser
+from spyglass.plugins.structured_output import StructuredOutputPlugin
 
 PLUGINS = ("fcfs", "structured_output")
 PROMPT = list(range(100, 120))
@@ -293,3 +296,45 @@ def test_compact_json_whitespace_leaves_a_weak_model_no_room_for_loose_whitespac
     assert loose["compact"] == 0 < loose["flexible"]
     with pytest.raises(ValueError, match="json_whitespace must be one of"):
         make_engine(plugins=PLUGINS, plugin_options={"json_whitespace": "tight"})
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+def _call(name: str, arguments: dict) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "one call"])
+def test_the_hermes_strict_grammar_holds_calls_and_leaves_text_free(tiny_llama_dir, parallel):
+    # OpenAI's strict functions with tool_choice auto: any text, but a <tool_call> the model
+    # opens must be a call of an offered function whose arguments obey its schema (a function
+    # that is not strict takes any object); after the last call no other opens.
+    tokenizer = Tokenizer.from_hf_dir(tiny_llama_dir)
+    grammar = HermesToolCallParser().strict_grammar(
+        {"get_weather": WEATHER, "get_time": {"type": "object"}}, parallel
+    )
+    plugin = StructuredOutputPlugin()
+
+    def allowed(text: str) -> bool:
+        constraint = plugin.spyglass_token_constraint(
+            StructuredOutput("grammar", grammar), tokenizer, tokenizer.vocab_size
+        )
+        token_ids = tokenizer.encode(text, False)
+        return constraint.num_valid(token_ids) == len(token_ids)
+
+    weather, time = _call("get_weather", {"city": "Rome"}), _call("get_time", {"zone": 1})
+    assert allowed("No call needed: it is sunny.")
+    assert allowed(f"Let me look.\n{weather}")
+    assert allowed(f"{weather}\nThat is all.")
+    assert allowed(f"{weather}{time}") == parallel  # a second call
+    assert not allowed(_call("get_weather", {"town": "Rome"}))  # not its schema
+    assert not allowed(_call("get_weather", {"city": "Rome", "days": "two"}))
+    assert not allowed(_call("get_news", {}))  # no such function
+    assert not allowed("Sure <tool_call>\nget_weather(Rome)")
+    assert not allowed(f"{weather} and then <tool_call> again")
