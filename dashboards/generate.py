@@ -183,6 +183,17 @@ def sections() -> list[tuple[str, list[dict]]]:
                 )
             ],
         ),
+        panel(
+            "HTTP errors by code",
+            "reqps",
+            [
+                target(
+                    f"sum by (route, code) (rate({series(m.HTTP_ERRORS)}{WINDOW}))",
+                    "{{route}} {{code}}",
+                )
+            ],
+            m.HTTP_ERRORS._documentation,
+        ),
         heatmap("Prompt length", m.REQUEST_PROMPT_TOKENS),
         heatmap("Generation length", m.REQUEST_GENERATION_TOKENS),
         mean_panel(

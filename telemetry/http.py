@@ -9,7 +9,9 @@ are counted and logged too. Per request it
   ``opentelemetry.context.get_current()`` carries that span and an `HttpRequestInfo`, which the
   API stores in ``request.attributes["otel_context"]`` so the engine's spans and logs join it;
 - sets ``error.type`` on 4xx and 5xx, and ERROR status on 5xx (OpenTelemetry's HTTP conventions),
-  with the exception that caused a 5xx (`remember_exception`);
+  with the exception that caused a 5xx (`remember_exception`); an error's code and the field it
+  names (``spyglass.error.code``, ``spyglass.error.param``) on the span, and its code on
+  ``spyglass:http_errors_total``;
 - logs one ``spyglass.access`` line with the request id, trace id, status, duration and, for an
   error response, the reason from its OpenAI error body.
 """
@@ -17,6 +19,7 @@ are counted and logged too. Per request it
 import json
 import logging
 import time
+from dataclasses import dataclass
 
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -37,6 +40,7 @@ UNMATCHED_ROUTE = "unmatched"
 ACCESS_LOGGER = "spyglass.access"
 EXCEPTION_KEY = "spyglass.exception"
 MAX_ERROR_BODY = 8192
+MAX_PARAM_CHARS = 128
 _propagator = TraceContextTextMapPropagator()
 access_log = get_logger(ACCESS_LOGGER)
 
@@ -53,13 +57,31 @@ def _route(scope) -> str:
     return scope.get("path_template") or scope.get("route") or UNMATCHED_ROUTE
 
 
-def _error_message(body: bytes) -> str | None:
-    """``error.message`` of an OpenAI error body, or None when the body is something else."""
+@dataclass(frozen=True, slots=True)
+class ErrorBody:
+    """What an OpenAI error body says: why (``message``), its ``code`` (``"none"`` without one: a
+    label value) and the request field it names (``param``, cut to `MAX_PARAM_CHARS`: a field a
+    client made up can be any length)."""
+
+    message: str | None
+    code: str = "none"
+    param: str | None = None
+
+
+def _error_body(body: bytes) -> ErrorBody:
+    """The error an OpenAI error body describes; all unknown when the body is something else."""
     try:
         error = json.loads(body).get("error")
     except (ValueError, AttributeError):
-        return None
-    return str(error.get("message")) if isinstance(error, dict) and error.get("message") else None
+        return ErrorBody(None)
+    if not isinstance(error, dict):
+        return ErrorBody(None)
+    message, code, param = (error.get(key) for key in ("message", "code", "param"))
+    return ErrorBody(
+        str(message) if message else None,
+        str(code) if code else "none",
+        str(param)[:MAX_PARAM_CHARS] if param else None,
+    )
 
 
 def _response_headers(request_id: str, span: trace.Span) -> list[tuple[bytes, bytes]]:
@@ -153,7 +175,8 @@ class TelemetryMiddleware:
             raise
         finally:
             route = _route(scope)
-            reason = _error_message(bytes(error_body)) if error_body else None
+            error = _error_body(bytes(error_body)) if error_body else ErrorBody(None)
+            reason = error.message
             if exception is not None:
                 reason = f"{type(exception).__name__}: {exception}"
             handled = scope.get(EXCEPTION_KEY)
@@ -162,10 +185,12 @@ class TelemetryMiddleware:
             if disconnected and span.is_recording():  # the client left before the response ended
                 span.set_attribute("error.type", "abort")
                 span.add_event("client disconnected")
-            self._end_span(span, method, route, status, reason)
+            self._end_span(span, method, route, status, reason, error)
             context.detach(token)
             duration = time.perf_counter() - start
             metrics.HTTP_REQUESTS.labels(route, str(status)).inc()
+            if status >= 400:
+                metrics.HTTP_ERRORS.labels(route, str(status), error.code).inc()
             metrics.HTTP_REQUEST_DURATION.labels(route).observe(duration)
             if self.access_log and (not quiet or status >= 400):
                 self._log(scope, method, route, status, duration, info, span, reason)
@@ -191,7 +216,12 @@ class TelemetryMiddleware:
 
     @staticmethod
     def _end_span(
-        span: trace.Span, method: str, route: str, status: int, reason: str | None
+        span: trace.Span,
+        method: str,
+        route: str,
+        status: int,
+        reason: str | None,
+        error: ErrorBody,
     ) -> None:
         if span.is_recording():
             if route != UNMATCHED_ROUTE:
@@ -200,6 +230,9 @@ class TelemetryMiddleware:
             span.set_attribute("http.response.status_code", status)
             if status >= 400:
                 span.set_attribute("error.type", str(status))
+                span.set_attribute("spyglass.error.code", error.code)
+                if error.param is not None:
+                    span.set_attribute("spyglass.error.param", error.param)
             if status >= 500:
                 span.set_status(Status(StatusCode.ERROR, reason))
         span.end()

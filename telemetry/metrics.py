@@ -498,6 +498,13 @@ GEN_AI_REQUEST_DURATION = Histogram(
 HTTP_REQUESTS = Counter(
     "spyglass:http_requests", "HTTP requests by route template and status.", ["route", "status"]
 )
+HTTP_ERRORS = Counter(
+    "spyglass:http_errors",
+    "HTTP error responses by route template, status and the error's code (none without one): "
+    "unsupported_parameter and unknown_parameter count calls that sent a field this server refuses "
+    "(the access log and the span name the field).",
+    ["route", "status", "code"],
+)
 HTTP_REQUEST_DURATION = Histogram(
     "spyglass:http_request_duration_seconds",
     "HTTP request handling time (until the response ends).",
@@ -513,7 +520,7 @@ SERVER_CONFIG_INFO = Gauge(
 )
 # Recorded by the HTTP server's process; every other metric by the engine's, which is another
 # process with ``--engine-process`` (`exposition.MergedRegistry`).
-SERVER_METRICS = (HTTP_REQUESTS, HTTP_REQUEST_DURATION, SERVER_CONFIG_INFO)
+SERVER_METRICS = (HTTP_REQUESTS, HTTP_ERRORS, HTTP_REQUEST_DURATION, SERVER_CONFIG_INFO)
 
 
 DEVICE_UTILIZATION = "spyglass:device_utilization_perc"

@@ -103,6 +103,8 @@ def test_metrics_come_from_the_engine_process_and_the_server(process_server):
     client = _client(process_server)
     for _ in range(2):
         client.completions.create(model="tiny", prompt="hi", max_tokens=3)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="hi", extra_body={"max_token": 3})
     text = httpx.get(f"{process_server.base_url}/metrics", timeout=30).text
     families = list(text_string_to_metric_families(text))
     names = [f.name for f in families]
@@ -122,6 +124,7 @@ def test_metrics_come_from_the_engine_process_and_the_server(process_server):
     assert value("spyglass:num_requests_running") == 0
     # Recorded by the HTTP middleware, in the server process.
     assert value("spyglass:http_requests_total", route="/v1/completions", status="200") >= 2
+    assert value("spyglass:http_errors_total", code="unknown_parameter") >= 1
 
 
 def test_the_metrics_say_where_the_engine_runs(process_server, tiny_server):

@@ -2,6 +2,7 @@
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -135,3 +136,25 @@ def test_neutral_values_of_fields_not_honoured_pass(tiny_client):
         prompt_cache_options={"mode": "implicit"},
     )
     assert chat.usage.completion_tokens == 2
+
+
+def test_refused_fields_are_counted_by_their_error_code(tiny_server):
+    # An operator sees how often clients send what the server refuses, and of which kind.
+    def counted() -> dict[str, float]:
+        text = httpx.get(f"{tiny_server.base_url}/metrics", timeout=30).text
+        return {
+            sample.labels["code"]: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "spyglass:http_errors_total"
+            and sample.labels["route"] == CHAT
+            and sample.labels["status"] == "400"
+        }
+
+    before = counted()
+    for body in ({"max_token": 5}, {"store": True}, {"max_token": 5}):
+        response = httpx.post(f"{tiny_server.base_url}{CHAT}", json={"messages": USER, **body})
+        assert response.status_code == 400
+    after = counted()
+    assert after["unknown_parameter"] - before.get("unknown_parameter", 0) == 2
+    assert after["unsupported_parameter"] - before.get("unsupported_parameter", 0) == 1

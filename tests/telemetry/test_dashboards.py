@@ -24,6 +24,7 @@ DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 # nothing here.
 EVENT_ONLY = {
     "spyglass:http_requests",
+    "spyglass:http_errors",
     "spyglass:spec_decode_num_accepted_tokens_per_pos",
 }
 NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of their own

@@ -172,3 +172,31 @@ def test_a_client_that_leaves_mid_response_marks_the_server_span_aborted(span_ex
     )
     assert [event.name for event in span.events] == ["client disconnected"]
     assert span.status.status_code == trace.StatusCode.UNSET  # the server did nothing wrong
+
+
+@get("/refuse", status_code=400)
+async def refuse() -> dict:
+    error = {"type": "invalid_request_error", "code": "unknown_parameter"}
+    return {"error": {**error, "message": "Unrecognized request argument", "param": "x" * 300}}
+
+
+def test_an_error_bodys_code_and_field_go_on_the_span_and_the_code_on_a_counter(span_exporter):
+    app = TelemetryMiddleware(Litestar([refuse], debug=False, logging_config=None))
+    labels = {"route": "/refuse", "status": "400", "code": "unknown_parameter"}
+    missing = {"route": "unmatched", "status": "404", "code": "none"}
+    before = [
+        REGISTRY.get_sample_value("spyglass:http_errors_total", x) or 0 for x in (labels, missing)
+    ]
+
+    async def calls():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            return await client.get("/refuse"), await client.get("/nope")
+
+    refused, not_found = asyncio.run(calls())
+    assert (refused.status_code, not_found.status_code) == (400, 404)
+    after = [REGISTRY.get_sample_value("spyglass:http_errors_total", x) for x in (labels, missing)]
+    assert [a - b for a, b in zip(after, before)] == [1, 1]
+    (span,) = [s for s in span_exporter.get_finished_spans() if s.name == "GET /refuse"]
+    assert span.attributes["spyglass.error.code"] == "unknown_parameter"
+    assert span.attributes["spyglass.error.param"] == "x" * 128  # a made-up field: cut short
