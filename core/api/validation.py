@@ -4,6 +4,7 @@ Litestar converts bodies leniently (``"10"`` becomes 10, ``"true"`` becomes True
 not guess, so `json_body_guard` decodes each body strictly first and answers a precise 4xx.
 """
 
+import difflib
 import re
 
 import msgspec
@@ -20,6 +21,7 @@ _FIELD = re.compile(
 )
 # A top-level field the body's type does not declare (a nested one is named by where it is).
 _UNKNOWN = re.compile(r"^Object contains unknown field `([^`]+)`$")
+_MAX_NAME = 128
 
 
 def _is_json(content_type: str) -> bool:
@@ -41,11 +43,13 @@ def decode_body(body: bytes, body_type: type[msgspec.Struct]) -> msgspec.Struct:
     except msgspec.ValidationError as error:
         unknown = _UNKNOWN.match(str(error))
         if unknown:
-            # OpenAI's wording: a field this server does not know is refused, never ignored.
+            # OpenAI's wording: a field this server does not know is refused, never ignored (its
+            # name cut short: a client can make one up of any length).
+            name = unknown[1][:_MAX_NAME]
             raise APIError(
                 400,
-                f"Unrecognized request argument supplied: {unknown[1]}",
-                unknown[1],
+                f"Unrecognized request argument supplied: {name}{_did_you_mean(name, body_type)}",
+                name,
                 "unknown_parameter",
             ) from None
         match = _FIELD.search(str(error))
@@ -61,6 +65,13 @@ def decode_body(body: bytes, body_type: type[msgspec.Struct]) -> msgspec.Struct:
         raise APIError(400, str(error), param) from None
     except msgspec.DecodeError as error:
         raise APIError(400, f"the request body is not valid JSON: {error}") from None
+
+
+def _did_you_mean(name: str, body_type: type[msgspec.Struct]) -> str:
+    """`` (did you mean `max_tokens`?)`` for a near miss of one of ``body_type``'s fields, else ""."""
+    fields = [field.encode_name for field in msgspec.structs.fields(body_type)]
+    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.8)
+    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 async def json_body_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:

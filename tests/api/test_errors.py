@@ -155,6 +155,10 @@ def test_refused_fields_are_counted_by_their_error_code(tiny_server):
     for body in ({"max_token": 5}, {"store": True}, {"max_token": 5}):
         response = httpx.post(f"{tiny_server.base_url}{CHAT}", json={"messages": USER, **body})
         assert response.status_code == 400
+        if "max_token" in body:  # a near miss of a field gets a hint
+            assert response.json()["error"]["message"] == (
+                "Unrecognized request argument supplied: max_token (did you mean `max_tokens`?)"
+            )
     after = counted()
     assert after["unknown_parameter"] - before.get("unknown_parameter", 0) == 2
     assert after["unsupported_parameter"] - before.get("unsupported_parameter", 0) == 1
