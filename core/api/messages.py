@@ -19,7 +19,7 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from spyglass.core.api.chat import render_conversation, start_chat
+from spyglass.core.api.chat import TemplateOptions, render_conversation, start_chat
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import check_finished, given_or, new_id, request_attributes
 from spyglass.core.api.errors import APIError
@@ -138,6 +138,33 @@ def output_format(body: MessagesRequest) -> StructuredOutput | None:
     return None if spec is None else StructuredOutput("json_schema", spec.schema_)
 
 
+def thinking_template(body: Conversation, serving: ServingContext) -> TemplateOptions:
+    """How ``thinking`` renders the prompt: as the chat template's ``enable_thinking`` (Qwen3's
+    switch) where the template reads it. A 400 where the setting cannot hold: ``disabled`` for a
+    reasoning model whose template has no switch (the server would return its thinking anyway),
+    ``adaptive`` on a server that returns no thinking (no ``--reasoning-parser``)."""
+    if body.thinking is None:
+        return TemplateOptions()
+    thinks = body.thinking.type == "adaptive"
+    if thinks and serving.reasoning_parser is None:
+        raise APIError(
+            400,
+            "thinking adaptive needs a server started with --reasoning-parser: this one returns "
+            "no thinking",
+            "thinking",
+        )
+    if serving.tokenizer.template_reads("enable_thinking"):
+        return TemplateOptions(kwargs={"enable_thinking": thinks})
+    if not thinks and serving.reasoning_parser is not None:
+        raise APIError(
+            400,
+            "thinking cannot be disabled: this model's chat template has no enable_thinking "
+            "switch, and the server returns the model's thinking",
+            "thinking",
+        )
+    return TemplateOptions()
+
+
 @post(
     "/v1/messages",
     summary="Create a message (Anthropic Messages API)",
@@ -174,6 +201,7 @@ async def create_message(
         params,
         response_id,
         attributes,
+        template=thinking_template(data, serving),
         lora_name=lora_name,
         kind=output_kind(data.stream),
     )
@@ -199,7 +227,10 @@ async def count_message_tokens(
     would report: the same template render and tokenizer. Nothing runs on the engine; a
     conversation longer than the context is counted, not refused."""
     serving.check_model(data.model)
-    _, prompt, media = await render_conversation(serving, chat_messages(data), tool_use(data))
+    template = thinking_template(data, serving)
+    _, prompt, media = await render_conversation(
+        serving, chat_messages(data), tool_use(data), template=template
+    )
     token_ids = await encode_text(
         serving, prompt, "messages", must_fit=False, add_special_tokens=False
     )

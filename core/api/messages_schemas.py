@@ -87,12 +87,14 @@ class ToolChoice(msgspec.Struct, kw_only=True):
     disable_parallel_tool_use: bool = False
 
 
-class ThinkingDisabled(msgspec.Struct, kw_only=True):
-    """``thinking: {"type": "disabled"}``: the only setting this server honours. Enabled thinking
-    asks for a budget of thinking tokens, which nothing here enforces: a 400. A server started with
-    ``--reasoning-parser`` returns the model's thinking as ``thinking`` blocks unasked."""
+class ThinkingSetting(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``thinking``: ``disabled``, or ``adaptive`` (the model decides how much to think, as a
+    reasoning model does), through the chat template's ``enable_thinking`` where it reads it
+    (`messages.thinking_template`). ``enabled`` asks for a budget of thinking tokens, which
+    nothing here enforces: a 400. A server started with ``--reasoning-parser`` returns the model's
+    thinking as ``thinking`` blocks."""
 
-    type: Literal["disabled"]
+    type: Literal["disabled", "adaptive"]
 
 
 class JSONOutputFormat(msgspec.Struct, tag_field="type", tag="json_schema"):
@@ -127,13 +129,13 @@ class Conversation(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     system: str | list[TextBlock] | None = None
     tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: ThinkingDisabled | None = None
+    thinking: ThinkingSetting | None = None
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = None
     speed: Literal["standard"] | None = None  # fast mode
 
     unsupported: ClassVar[frozenset[str]] = frozenset(
-        {"thinking", "output_config.effort", "cache_control.ttl", "speed"}
+        {"output_config.effort", "cache_control.ttl", "speed"}
     )
 
 

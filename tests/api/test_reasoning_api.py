@@ -222,7 +222,59 @@ def test_a_thinking_budget_is_refused_by_name(servers):
             thinking={"type": "enabled", "budget_tokens": 1024},
         )
     assert "thinking" in str(error.value)
-    disabled = client.messages.create(
+    # The tiny model's template has no enable_thinking switch: a reasoning model's thinking
+    # could not be turned off, and would come back anyway.
+    with pytest.raises(anthropic.BadRequestError, match="no enable_thinking switch"):
+        client.messages.create(
+            model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": "disabled"}
+        )
+    adaptive = client.messages.create(
+        model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": "adaptive"}
+    )
+    assert adaptive.stop_reason == "max_tokens"
+
+
+# Qwen3's switch, in small: a prompt that closes an empty thought when thinking is off.
+SWITCH_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+)
+
+
+def test_thinking_disabled_and_adaptive_reach_a_template_with_a_switch(
+    tiny_llama_dir, tiny_server, tmp_path
+):
+    template_file = tmp_path / "switch.jinja"
+    template_file.write_text(SWITCH_TEMPLATE)
+    server = start_tiny(
+        "thread", tiny_llama_dir, tmp_path, "--chat-template", str(template_file),
+        "--reasoning-parser", "qwen3",
+    )  # fmt: skip
+    try:
+        client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+
+        def counted(**thinking) -> int:
+            return client.messages.count_tokens(model="tiny", messages=[QUESTION], **thinking)
+
+        off, adaptive, unset = (
+            counted(thinking={"type": "disabled"}).input_tokens,
+            counted(thinking={"type": "adaptive"}).input_tokens,
+            counted().input_tokens,
+        )
+        assert off > adaptive == unset  # the closed empty thought is in the prompt
+        message = client.messages.create(
+            model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": "disabled"}
+        )
+        assert message.usage.input_tokens == off
+    finally:
+        server.stop()
+    # A server without a reasoning parser returns no thinking: adaptive would pretend.
+    plain = anthropic.Anthropic(base_url=tiny_server.base_url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError, match="--reasoning-parser"):
+        plain.messages.create(
+            model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": "adaptive"}
+        )
+    disabled = plain.messages.create(
         model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": "disabled"}
     )
     assert disabled.stop_reason == "max_tokens"
