@@ -256,6 +256,8 @@ def _plain(message: ChatMessage, param: str) -> dict:
     if isinstance(content, list):
         content = _parts(content)
     plain = {"role": _ROLES[message.role], "content": content or ""}
+    if message.name is not None:  # the participant's name, for templates that render it
+        plain["name"] = message.name
     if message.role == "tool":
         plain["tool_call_id"] = message.tool_call_id
     if message.tool_calls:

@@ -111,6 +111,18 @@ def test_a_requests_template_renders_its_prompt_where_the_server_trusts_it(serve
     assert broken.status_code == 400 and broken.json()["error"]["param"] == "chat_template"
 
 
+def test_a_participants_name_reaches_the_template(servers, tokenizer):
+    # OpenAI's message ``name`` is in the message the template renders (as vLLM passes it).
+    trusting, _ = servers
+    named = "{% for m in messages %}{{ m.get('name', 'anon') }}: {{ m['content'] }}\n{% endfor %}"
+    messages = [
+        {"role": "user", "name": "ada", "content": "hi"},
+        {"role": "user", "content": "hello"},
+    ]
+    tokens = _tokens(trusting, chat_template=named, messages=messages)
+    assert tokens == tokenizer.encode("ada: hi\nanon: hello\n", False)
+
+
 def test_offline_templates(tiny_llama_dir, tmp_path, tokenizer):
     llm = LLM(model=str(tiny_llama_dir), device="cpu", chat_template=SERVER_TEMPLATE)
     greedy = SamplingParams(temperature=0, max_tokens=2)
