@@ -92,6 +92,8 @@ def chat_messages(body: Conversation) -> list[ChatMessage]:
                     if isinstance(block.content, str)
                     else "\n".join(b.text for b in block.content)
                 )
+                if block.is_error:  # chat templates have no flag for it: the model reads it
+                    result = f"Error: {result}"
                 turns.append(ChatMessage("tool", result, tool_call_id=block.tool_use_id))
         images = any(isinstance(block, ImageBlock) for block in message.content)
         if images:

@@ -34,7 +34,8 @@ class ToolUseBlock(msgspec.Struct, tag_field="type", tag="tool_use"):
 
 
 class ToolResultBlock(msgspec.Struct, tag_field="type", tag="tool_result", kw_only=True):
-    """What a tool returned for call ``tool_use_id`` (text, or text blocks)."""
+    """What a tool returned for call ``tool_use_id`` (text, or text blocks); an error's text
+    reaches the prompt as ``Error: {text}``."""
 
     tool_use_id: str
     content: str | list[TextBlock] = ""

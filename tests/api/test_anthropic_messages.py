@@ -111,6 +111,20 @@ def test_tool_use_round_trip(client):
     assert final.content[0].type == "text" and final.content[0].text
     assert final.stop_reason in ("end_turn", "max_tokens")
 
+    # A failed call's result tells the model so: its text reaches the prompt as an error.
+    def counted(**flag) -> int:
+        result = {"type": "tool_result", "tool_use_id": use.id, "content": "timeout", **flag}
+        conversation = [
+            *ASK,
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": [result]},
+        ]
+        return client.messages.count_tokens(
+            model=MODEL, tools=[WEATHER], messages=conversation
+        ).input_tokens
+
+    assert counted(is_error=True) > counted()
+
 
 def test_streamed_tool_use_matches(client):
     options = dict(
