@@ -224,14 +224,21 @@ def test_a_thinking_budget_is_refused_by_name(servers):
     assert "thinking" in str(error.value)
     # The tiny model's template has no enable_thinking switch: a reasoning model's thinking
     # could not be turned off, and would come back anyway.
-    with pytest.raises(anthropic.BadRequestError, match="no enable_thinking switch"):
-        client.messages.create(
-            model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": "disabled"}
+    _refuses_then_runs(client, "disabled", "adaptive", "no enable_thinking switch")
+
+
+def _refuses_then_runs(client, refused: str, accepted: str, reason: str) -> None:
+    """A Messages call with ``thinking`` of type ``refused`` is a 400 saying ``reason``; one of
+    type ``accepted`` runs."""
+
+    def create(kind: str):
+        return client.messages.create(
+            model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": kind}
         )
-    adaptive = client.messages.create(
-        model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": "adaptive"}
-    )
-    assert adaptive.stop_reason == "max_tokens"
+
+    with pytest.raises(anthropic.BadRequestError, match=reason):
+        create(refused)
+    assert create(accepted).stop_reason == "max_tokens"
 
 
 # Qwen3's switch, in small: a prompt that closes an empty thought when thinking is off.
@@ -270,11 +277,4 @@ def test_thinking_disabled_and_adaptive_reach_a_template_with_a_switch(
         server.stop()
     # A server without a reasoning parser returns no thinking: adaptive would pretend.
     plain = anthropic.Anthropic(base_url=tiny_server.base_url, api_key="unused", max_retries=0)
-    with pytest.raises(anthropic.BadRequestError, match="--reasoning-parser"):
-        plain.messages.create(
-            model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": "adaptive"}
-        )
-    disabled = plain.messages.create(
-        model="tiny", max_tokens=2, messages=[QUESTION], thinking={"type": "disabled"}
-    )
-    assert disabled.stop_reason == "max_tokens"
+    _refuses_then_runs(plain, "adaptive", "disabled", "--reasoning-parser")
