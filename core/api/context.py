@@ -46,8 +46,15 @@ class ServingContext:
         """Sampling settings for requests that leave them out (``--generation-config``)."""
         # No text longer than this can fit the context: each token covers at most the longest token's bytes.
         self.max_prompt_bytes = model.max_model_len * _longest_token_bytes(self.tokenizer)
-        # Splits text into content and tool calls for chat requests that leave the choice to the model.
-        self.tool_parser = async_engine.tool_call_parser("hermes")
+        # Splits text into content and tool calls for chat requests that leave the choice to the
+        # model (``--tool-call-parser``). The default's absence (its plugin disabled) leaves answers
+        # whole; a format the operator named must exist.
+        self.tool_parser = async_engine.tool_call_parser(options.tool_call_parser)
+        if self.tool_parser is None and options.tool_call_parser != ServerOptions.tool_call_parser:
+            raise ValueError(
+                f"no plugin provides the tool-call parser {options.tool_call_parser!r} "
+                "(--tool-call-parser; built in: hermes)"
+            )
         # Splits answers into the model's reasoning and its content (``--reasoning-parser``).
         self.reasoning_parser = None
         if options.reasoning_parser is not None:

@@ -16,6 +16,8 @@ class ServerOptions:
     ``allow_runtime_lora`` opens ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
     ``reasoning_parser`` names the plugin format that splits chat and Responses answers into
     reasoning and content (``deepseek_r1``, ``qwen3``); None leaves answers whole.
+    ``tool_call_parser`` names the plugin format that splits answers into content and tool calls
+    when a request leaves the choice to the model (``hermes``, built in).
     ``allowed_media_domains`` are the hosts whose http(s) image URLs the server fetches (``*``
     for any; empty: none, only ``data:`` URLs), each within ``media_fetch_timeout`` seconds and
     ``max_media_bytes`` bytes. ``trust_request_chat_template`` lets requests bring a chat template
@@ -34,6 +36,7 @@ class ServerOptions:
     engine_process: bool | None = None
     allow_runtime_lora: bool = False
     reasoning_parser: str | None = None
+    tool_call_parser: str = "hermes"
     allowed_media_domains: list[str] = field(default_factory=list)
     media_fetch_timeout: float = 10.0
     max_media_bytes: int = 20 << 20

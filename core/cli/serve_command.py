@@ -103,6 +103,14 @@ def add_parser(subparsers, argv) -> None:
         help="split chat and Responses answers into reasoning_content and content: deepseek_r1 "
         "or qwen3 (<think>...</think>), or a plugin's format",
     )
+    group.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        metavar="NAME",
+        help="the format tool calls are parsed from when a request leaves the choice to the "
+        "model (tool_choice auto): hermes (<tool_call>{...}</tool_call>; the default), or a "
+        "plugin's format (hook spyglass_tool_call_parser)",
+    )
     replicas = parser.add_argument_group("replicas (Ray Serve; needs the ray extra)")
     replicas.add_argument(
         "--replicas",
@@ -145,6 +153,7 @@ def server_options_from_args(args) -> ServerOptions:
         engine_process=args.engine_process,
         allow_runtime_lora=args.allow_runtime_lora,
         reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
         allowed_media_domains=[
             host.strip() for host in args.allowed_media_domains.split(",") if host.strip()
         ],

@@ -201,15 +201,18 @@ def test_messages_api_returns_a_thinking_block(servers):
     assert again.stop_reason == "max_tokens"
 
 
-def test_an_unknown_reasoning_parser_stops_the_server_with_the_reason(tiny_llama_dir, tmp_path):
+@pytest.mark.parametrize(
+    "option, kind", [("--reasoning-parser", "reasoning"), ("--tool-call-parser", "tool-call")]
+)
+def test_an_unknown_parser_stops_the_server_with_the_reason(tiny_llama_dir, option, kind):
     import subprocess
     import sys
 
     command = [sys.executable, "-m", "spyglass.core.cli.main", "serve", str(tiny_llama_dir),
-               *TINY_ARGS, "--port", "0", "--reasoning-parser", "nope"]  # fmt: skip
+               *TINY_ARGS, "--port", "0", option, "nope"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode != 0
-    assert "no plugin provides the reasoning parser 'nope'" in result.stdout + result.stderr
+    assert f"no plugin provides the {kind} parser 'nope'" in result.stdout + result.stderr
 
 
 def test_a_thinking_budget_is_refused_by_name(servers):
