@@ -284,8 +284,8 @@ class _CompletionWriter:
             offset = num_chars.get(index, 0)
             text = (self._echo(output) if first else "") + completion.text
             num_chars[index] = offset + len(text)
-            ids = self.body.return_token_ids and completion.token_ids
-            if not (text or completion.logprobs or ids or output.finished):
+            ids = self._token_ids(output, first)
+            if not (text or completion.logprobs or ids["token_ids"] or output.finished):
                 continue
             logprobs = self._logprobs(output, offset, first)
             finish = completion.finish_reason if output.finished else None
@@ -297,7 +297,7 @@ class _CompletionWriter:
                 finish,
                 stop_reason,
                 self._prompt_logprobs(output) if first else None,
-                **self._token_ids(output, first),
+                **ids,
             )
             usage = make_usage(group, self.body.n) if continuous else None
             yield CompletionResponse(self.id, self.created, self.model, [choice], usage=usage)
