@@ -28,7 +28,7 @@ class IncrementalDetokenizer:
     could be the start of a stop string is held back too (`visible_text`), and a matched stop
     string ends the text (included only with ``include_stop``). The text of the first
     ``min_tokens`` tokens is not searched for stop strings, and ``skip_special_tokens=False``
-    keeps special tokens' text.
+    keeps special tokens' text (but for the stop token that ends the output, `num_textless`).
 
     The stream decodes every held-back token again at each step, so a long run of tokens that
     complete nothing would cost each step more than the last; after `_MAX_HELD_TOKENS` of them
@@ -67,6 +67,9 @@ class IncrementalDetokenizer:
         # Stop strings are looked for only in the text of tokens after the first ``min_tokens``.
         self.min_tokens = min_tokens
         self.num_tokens = 0
+        self.num_textless = 0
+        """Output tokens at the end that add no text: the stop token that ended the request (an
+        EOS or one of ``stop_token_ids``), unless ``include_stop`` (as vLLM leaves it out)."""
         self.stop_floor = 0
         self._text = GrowingText()
         self._stop_window = ""

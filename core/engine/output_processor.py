@@ -274,13 +274,14 @@ class OutputProcessor:
     @staticmethod
     def _decode_new_tokens(request: Request, detokenizer: IncrementalDetokenizer) -> None:
         """The text of the request's tokens committed since its detokenizer last took any: a
-        streamed request's one, else a run (all of them for a final-only output's)."""
-        token_ids = request.output_token_ids
-        unread = len(token_ids) - detokenizer.num_tokens
+        streamed request's one, else a run (all of them for a final-only output's); never the
+        stop token that ended it (`IncrementalDetokenizer.num_textless`)."""
+        with_text = len(request.output_token_ids) - detokenizer.num_textless
+        unread = with_text - detokenizer.num_tokens
         if unread == 1:
-            detokenizer.add_token(token_ids[-1])
-        elif unread:
-            detokenizer.add_tokens(token_ids[-unread:])
+            detokenizer.add_token(request.output_token_ids[with_text - 1])
+        elif unread > 0:
+            detokenizer.add_tokens(request.output_token_ids[detokenizer.num_tokens : with_text])
 
     @staticmethod
     def _add_pool_part(request: Request, part: PoolPart) -> None:
@@ -319,13 +320,17 @@ class OutputProcessor:
             request.times.first_token = now
             self._hooks.spyglass_request_first_token(request=request)
         detokenizer = self.detokenizers[request.req_id]
-        if detokenizer.stop:  # its text may end it: decoded now (other text waits for a read)
+        params = request.sampling_params
+        stop_token = token_id in request.eos_token_ids or token_id in params.stop_token_ids
+        if stop_token and not params.include_stop_str_in_output:
+            detokenizer.num_textless = 1
+        elif detokenizer.stop:  # its text may end it: decoded now (other text waits for a read)
             detokenizer.add_token(token_id)
         # Sampling holds stop tokens off under min_tokens unless nothing else was allowed: one
         # sampled ends the request.
         if token_id in request.eos_token_ids:
             self.finish(request, FinishReason.STOP)
-        elif token_id in request.sampling_params.stop_token_ids:
+        elif token_id in params.stop_token_ids:
             request.stop_reason = token_id
             self.finish(request, FinishReason.STOP)
         elif detokenizer.matched_stop is not None:

@@ -181,6 +181,30 @@ def test_skip_special_tokens_false_keeps_their_text(engine, run_engine, prompts,
     assert kept.outputs[0].text == tokenizer.decode([special] * 3, skip_special_tokens=False)
 
 
+def test_the_stop_token_that_ends_the_output_adds_no_text_unless_asked(
+    engine, run_engine, prompts, tokenizer
+):
+    # As vLLM: the EOS or stop token id that ends an output is in its token ids, not its text,
+    # even where special tokens' text is kept; include_stop_str_in_output shows it.
+    eos = tokenizer.eos_token_ids[0]
+    comma = tokenizer.encode(",", add_special_tokens=False)[0]
+    for stop_token, extra in ((eos, {}), (comma, {"stop_token_ids": [comma]})):
+        forced = SamplingParams(
+            temperature=0, max_tokens=4, allowed_token_ids=[stop_token], **extra
+        )
+        for skip in (True, False):
+            [hidden] = run_engine(engine, prompts[:1], replace(forced, skip_special_tokens=skip))
+            [shown] = run_engine(
+                engine,
+                prompts[:1],
+                replace(forced, skip_special_tokens=skip, include_stop_str_in_output=True),
+            )
+            assert hidden.outputs[0].token_ids == shown.outputs[0].token_ids == [stop_token]
+            assert hidden.outputs[0].text == ""
+            assert shown.outputs[0].text == tokenizer.decode([stop_token], skip_special_tokens=skip)
+    assert tokenizer.decode([eos], skip_special_tokens=False) and tokenizer.decode([comma])
+
+
 def test_truncate_prompt_tokens_keeps_the_last_tokens(engine, run_engine, prompts, tokenizer):
     long_prompt = tokenizer.encode(" ".join(PROMPTS * 4))
     engine.add_request("cut", long_prompt, replace(GREEDY, truncate_prompt_tokens=10), prompt="x")

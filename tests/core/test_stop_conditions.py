@@ -84,6 +84,7 @@ def test_stop_token_ids(engine, greedy_runs):
     final = run_streaming(engine, prompt, params, "stop-id")[-1].outputs[0]
     assert (final.finish_reason, final.stop_reason) == ("stop", stop_token)
     assert final.token_ids == full[: position + 1]
+    assert final.text == engine.tokenizer.decode(full[:position])  # the stop token's text is not
 
 
 def test_eos_finishes_unless_ignored(engine, greedy_runs):
