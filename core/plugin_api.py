@@ -40,14 +40,18 @@ from spyglass.core.engine.sched.scheduler_policy import (
     tenant_of,
 )
 from spyglass.core.engine.step_stats import STEP_FORWARDS, EngineInfo, StepStats
+from spyglass.core.engine.text_tags import partial_suffix
 from spyglass.core.engine.token_constraint import TokenConstraint
 from spyglass.core.engine.tool_calls import (
     CallObjectScanner,
     ParsedToolCall,
+    StrippedContent,
     ToolCallParser,
     ToolCallPiece,
     ToolCallStream,
+    calls_schema,
     collect,
+    parse_whole,
 )
 from spyglass.core.tokenizer import Tokenizer
 
@@ -97,12 +101,14 @@ __all__ = [
     "SamplingParams",
     "SchedulingPolicy",
     "StepStats",
+    "StrippedContent",
     "StructuredOutput",
     "TokenConstraint",
     "Tokenizer",
     "ToolCallParser",
     "ToolCallPiece",
     "ToolCallStream",
+    "calls_schema",
     "collect",
     "dtype_named",
     "hookimpl",
@@ -110,6 +116,8 @@ __all__ = [
     "implements",
     "load_checkpoint",
     "parse_tenant_values",
+    "parse_whole",
+    "partial_suffix",
     "tenant_of",
 ]
 

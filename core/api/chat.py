@@ -56,12 +56,16 @@ from spyglass.core.api.schemas import (
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import (
+    DEFAULT_TOOL_FORMAT,
+    ToolFormat,
     ToolUse,
+    check_prompted_format,
     constraint,
     new_call_id,
     prompt_messages,
     strict_constraint,
     tool_use,
+    with_prompt_call_ids,
 )
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.beam_search import BeamSearchParams
@@ -141,12 +145,15 @@ def render_messages(
     vision: "VisionConfig | None" = None,
     fetched: dict[str, bytes] | None = None,
     sampling: VideoSampling = DEFAULT_VIDEO_SAMPLING,
+    tool_format: ToolFormat = DEFAULT_TOOL_FORMAT,
 ) -> tuple[list[dict], str, ChatMedia]:
     """Plain message dicts (HF's shape, tool calls and results included; an image part as
     ``{"type": "image"}``, a video's as ``{"type": "video"}``), the prompt the chat template
     makes, and the messages' images and videos. ``vision`` is the served vision model's (images
     are a 400 without it); ``fetched`` holds the bytes of image and video URLs other than data
-    URLs (`media_fetch`); a video file's frames are sampled as ``sampling`` says."""
+    URLs (`media_fetch`); a video file's frames are sampled as ``sampling`` says. ``tool_format``
+    is the server's (`check_prompted_format`; the template sees call ids as its parser writes
+    them, `with_prompt_call_ids`)."""
     if not messages:
         raise APIError(400, f"{param} must not be empty", param)
     if template.chat_template is not None:
@@ -167,6 +174,7 @@ def render_messages(
             param,
         )
     takes_tools = tokenizer.template_takes_tools
+    check_prompted_format(use, takes_tools, tool_format)
     options = {
         "add_generation_prompt": template.add_generation_prompt,
         "tools": use.tools if use.active and takes_tools else None,
@@ -178,7 +186,7 @@ def render_messages(
     if vision is not None:
         plain, media = take_images(plain, param, fetched, sampling)
     try:
-        conversation = prompt_messages(plain, use, takes_tools)
+        conversation = prompt_messages(with_prompt_call_ids(plain, tool_format), use, takes_tools)
         if vision is None:
             prompt = tokenizer.apply_chat_template(conversation, **options)
         else:
@@ -213,6 +221,7 @@ async def render_conversation(
         serving.vision,
         fetched,
         serving.video_sampling,
+        serving.tool_format,
     )
 
 
@@ -432,10 +441,13 @@ async def start_chat(
     what the model wants), unless ``add_special_tokens`` (vLLM's chat field) asks for them.
 
     ``tool_choice`` required or named becomes the output constraint, as do ``strict`` functions
-    with ``auto`` (the tool-call format's grammar); a 400 if the request already has one.
+    with ``auto`` (the tool-call format's grammar); a 400 if the request already has one. With
+    ``auto``, a format whose markers are special tokens keeps their text (`reads_special_tokens`).
     ``param`` is the request field that errors about the conversation name; ``lora_name`` is the
     LoRA adapter the requests run with.
     """
+    if use.mode == "auto" and getattr(serving.tool_parser, "reads_special_tokens", False):
+        params = dataclasses.replace(params, skip_special_tokens=False)
     tool_constraint = constraint(use) or strict_constraint(use, serving.tool_parser)
     if tool_constraint is not None:
         if params.structured_output is not None:

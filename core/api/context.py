@@ -12,6 +12,7 @@ from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.server_options import ServerOptions
+from spyglass.core.api.tools import ToolFormat
 from spyglass.core.engine.engine_client import EngineClient
 from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.snapshot import EngineSnapshot
@@ -53,8 +54,9 @@ class ServingContext:
         if self.tool_parser is None and options.tool_call_parser != ServerOptions.tool_call_parser:
             raise ValueError(
                 f"no plugin provides the tool-call parser {options.tool_call_parser!r} "
-                "(--tool-call-parser; built in: hermes)"
+                "(--tool-call-parser; built in: hermes, llama3_json, mistral)"
             )
+        self.tool_format = ToolFormat(options.tool_call_parser, self.tool_parser)
         # Splits answers into the model's reasoning and its content (``--reasoning-parser``).
         self.reasoning_parser = None
         if options.reasoning_parser is not None:

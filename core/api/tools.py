@@ -29,10 +29,13 @@ from spyglass.core.engine.tool_calls import (
     ToolCallParser,
     ToolCallPiece,
     ToolCallStream,
-    collect,
+    calls_schema,
     merge,
+    parse_whole,
 )
 
+PROMPTED_FORMAT = "hermes"
+"""The tool-call format the system-prompt section for templates without tools asks for."""
 _ANY_OBJECT = {"type": "object"}
 _FALLBACK_PROMPT = """# Tools
 
@@ -114,17 +117,13 @@ def constraint(use: ToolUse) -> StructuredOutput | None:
     """The JSON schema the output must follow for ``required`` and forced choices; None otherwise."""
     if use.mode not in ("required", "forced"):
         return None
-    calls = [
+    one_call = calls_schema(
         {
-            "type": "object",
-            "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
+            f["name"]: f["parameters"]
+            for f in (tool["function"] for tool in use.tools)
+            if use.mode == "required" or f["name"] == use.forced
         }
-        for f in (tool["function"] for tool in use.tools)
-        if use.mode == "required" or f["name"] == use.forced
-    ]
-    one_call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    )
     schema = {"type": "array", "items": one_call, "minItems": 1} if use.parallel else one_call
     return StructuredOutput("json_schema", schema)
 
@@ -149,6 +148,53 @@ def strict_constraint(use: ToolUse, parser: ToolCallParser) -> StructuredOutput 
         f["name"]: f["parameters"] if f["name"] in use.strict else _ANY_OBJECT for f in functions
     }
     return StructuredOutput("grammar", grammar(arguments, use.parallel))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFormat:
+    """The server's tool-call format, as prompts need it: its name (``--tool-call-parser``) and
+    its parser (None where no plugin provides it)."""
+
+    name: str = PROMPTED_FORMAT
+    parser: ToolCallParser | None = None
+
+
+DEFAULT_TOOL_FORMAT = ToolFormat()
+"""The default server's format: the one its prompts for templates without tools ask for."""
+
+
+def check_prompted_format(
+    use: ToolUse, template_takes_tools: bool, tool_format: ToolFormat
+) -> None:
+    """A 400 naming ``tools`` when calls left to the model (``auto``) would be asked for in the
+    Hermes format (the chat template renders no tools, so the server's section lists them) while
+    the server parses another format: every call would come back as content."""
+    if use.mode == "auto" and not template_takes_tools and tool_format.name != PROMPTED_FORMAT:
+        raise APIError(
+            400,
+            f"this chat template does not render tools, so they are offered in the "
+            f"{PROMPTED_FORMAT} format, which the server's tool-call parser ({tool_format.name}) "
+            f"does not read: use tool_choice required or a named function, or a chat template "
+            "that renders tools",
+            "tools",
+        )
+
+
+def with_prompt_call_ids(messages: list[dict], tool_format: ToolFormat) -> list[dict]:
+    """``messages`` with their call ids (of calls and of results alike) as the parser's
+    ``prompt_call_id`` writes them for the template, where it has one."""
+    rename = getattr(tool_format.parser, "prompt_call_id", None)
+    if rename is None:
+        return messages
+    renamed = []
+    for message in messages:
+        if message.get("tool_calls"):
+            calls = [{**call, "id": rename(call["id"])} for call in message["tool_calls"]]
+            message = {**message, "tool_calls": calls}
+        if message.get("tool_call_id") is not None:
+            message = {**message, "tool_call_id": rename(message["tool_call_id"])}
+        renamed.append(message)
+    return renamed
 
 
 def prompt_messages(messages: list[dict], use: ToolUse, template_takes_tools: bool) -> list[dict]:
@@ -247,7 +293,7 @@ def split_output(
     stream = tool_stream(use, parser)
     if stream is None:
         return text, []
-    content, calls = collect(stream.feed(text) + stream.finish())
+    content, calls = parse_whole(stream, text)
     return content, [_tool_call(call) for call in calls]
 
 

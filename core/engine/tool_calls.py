@@ -45,7 +45,12 @@ class ToolCallStream(Protocol):
 
 
 class ToolCallParser(Protocol):
-    """Splits a model's output into plain content and tool calls, for one tool-call format."""
+    """Splits a model's output into plain content and tool calls, for one tool-call format.
+
+    Optional: ``reads_special_tokens = True`` for a format whose markers are special tokens
+    (Mistral's ``[TOOL_CALLS]``): answers it parses keep special tokens' text (vLLM's
+    ``skip_special_tokens: false``), as the markers would otherwise not be in the text.
+    """
 
     def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
         """``(content, calls)``: the text outside the calls (None when there is none) and the calls, in order."""
@@ -61,6 +66,55 @@ class ToolCallParser(Protocol):
         for each; at most one call unless ``parallel``. Optional: it is what makes OpenAI's
         ``strict`` functions hold with ``tool_choice`` auto, which without it is a 400."""
         ...
+
+    def prompt_call_id(self, call_id: str) -> str:
+        """How the chat template should see the id of an earlier call (in the assistant turn
+        and in its result alike), for formats whose templates accept only their own kind of
+        ids (Mistral's: 9 letters and digits). Optional: without it ids reach it unchanged."""
+        ...
+
+
+class StrippedContent:
+    """An output's content pieces, the content stripped as a whole (as a non-streamed parse strips
+    it): leading whitespace is dropped, and whitespace is held until more content follows it."""
+
+    def __init__(self):
+        self._started = False
+        self._pending_space = ""
+
+    def pieces(self, text: str) -> list[ToolCallPiece]:
+        """The content piece ``text`` adds (none while it is only whitespace)."""
+        if not self._started:
+            text = text.lstrip()
+        stripped = text.rstrip()
+        if not stripped:
+            self._pending_space += text
+            return []
+        self._started = True
+        piece = ToolCallPiece("content", self._pending_space + stripped)
+        self._pending_space = text[len(stripped) :]
+        return [piece]
+
+
+def parse_whole(stream: ToolCallStream, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+    """``(content, calls)`` of a whole output: ``stream``'s pieces for it, collected, so that a
+    parser's ``parse`` is what its stream assembles to."""
+    return collect(stream.feed(text) + stream.finish())
+
+
+def calls_schema(arguments: dict[str, dict], key: str = "arguments") -> dict:
+    """The JSON schema of one call of the functions ``arguments`` names: an object holding the
+    function's ``name`` and, under ``key``, arguments obeying its schema (``anyOf`` for several)."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, key: schema},
+            "required": ["name", key],
+            "additionalProperties": False,
+        }
+        for name, schema in arguments.items()
+    ]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
 def collect(pieces: list[ToolCallPiece]) -> tuple[str | None, list[ParsedToolCall]]:

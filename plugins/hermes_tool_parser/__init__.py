@@ -16,10 +16,13 @@ import json
 from spyglass.core.plugin_api import (
     CallObjectScanner,
     ParsedToolCall,
+    StrippedContent,
     ToolCallParser,
     ToolCallPiece,
-    collect,
+    calls_schema,
     hookimpl,
+    parse_whole,
+    partial_suffix,
 )
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -30,8 +33,7 @@ class HermesToolCallParser:
 
     def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
         """The whole output's content and calls: the stream's pieces, collected."""
-        stream = self.stream()
-        return collect(stream.feed(text) + stream.finish())
+        return parse_whole(self.stream(), text)
 
     def stream(self) -> "HermesToolCallStream":
         """A fresh incremental parse."""
@@ -41,16 +43,7 @@ class HermesToolCallParser:
         """Any text, with ``<tool_call>`` blocks holding one call each: the text before a block is
         lazy (it ends at the first ``<tool_call>``, which must open a valid call), and the text
         after the last block never holds another ``<tool_call>``."""
-        calls = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": name}, "arguments": schema},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for name, schema in arguments.items()
-        ]
-        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        call = calls_schema(arguments)
         return "\n".join(
             [
                 f"start: call{'*' if parallel else '?'} END",
@@ -76,8 +69,7 @@ class HermesToolCallStream:
         self._buffer = ""
         self._block: CallObjectScanner | None = None
         self._num_calls = 0
-        self._started = False
-        self._pending_space = ""
+        self._content_text = StrippedContent()
 
     def feed(self, text: str) -> list[ToolCallPiece]:
         """Pieces for the next part of the output."""
@@ -87,7 +79,7 @@ class HermesToolCallStream:
             if self._block is None:
                 at = self._buffer.find(OPEN)
                 if at < 0:
-                    keep = _partial_suffix(self._buffer, OPEN)
+                    keep = partial_suffix(self._buffer, OPEN)
                     self._content(self._buffer[: len(self._buffer) - keep], pieces)
                     self._buffer = self._buffer[len(self._buffer) - keep :]
                     break
@@ -130,25 +122,7 @@ class HermesToolCallStream:
         self._num_calls += 1
 
     def _content(self, text: str, pieces: list[ToolCallPiece]) -> None:
-        if not self._started:
-            text = text.lstrip()
-        if not text:
-            return
-        stripped = text.rstrip()
-        if not stripped:
-            self._pending_space += text
-            return
-        self._started = True
-        pieces.append(ToolCallPiece("content", self._pending_space + stripped))
-        self._pending_space = text[len(stripped) :]
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of ``text`` that begins ``tag``."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
+        pieces += self._content_text.pieces(text)
 
 
 @hookimpl

@@ -13,17 +13,9 @@ The plugin holds no state: its entry point registers the module, as the Hermes t
 
 from dataclasses import dataclass
 
-from spyglass.core.plugin_api import ReasoningPiece, hookimpl
+from spyglass.core.plugin_api import ReasoningPiece, hookimpl, partial_suffix
 
 OPEN, CLOSE = "<think>", "</think>"
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of ``text`` that is a start of ``tag``."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +51,7 @@ class ThinkStream:
         if self._state == "reasoning":
             at = self._buffer.find(CLOSE)
             if at < 0:
-                keep = _partial_suffix(self._buffer, CLOSE)
+                keep = partial_suffix(self._buffer, CLOSE)
                 pieces.append(ReasoningPiece("reasoning", self._buffer[: len(self._buffer) - keep]))
                 self._buffer = self._buffer[len(self._buffer) - keep :]
             else:

@@ -11,6 +11,7 @@ from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
 from spyglass.core.api.tools import JsonCallsStream, ToolUse
 from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallPiece, collect
 from spyglass.plugins.hermes_tool_parser import HermesToolCallParser
+from tests.plugins.conftest import parse_in_pieces
 
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER_PARAMETERS = {
@@ -215,11 +216,7 @@ HERMES_OUTPUTS = [
 def test_hermes_stream_assembles_to_the_whole_parse_however_the_text_is_cut(text):
     whole = HermesToolCallParser().parse(text)
     for size in (1, 2, 3, 7):
-        stream = HermesToolCallParser().stream()
-        pieces = [
-            p for i in range(0, len(text), size) for p in stream.feed(text[i : i + size])
-        ] + stream.finish()
-        assert collect(pieces) == whole
+        assert parse_in_pieces(HermesToolCallParser(), text, size) == whole
 
 
 def test_hermes_stream_names_the_call_before_its_arguments_end():

@@ -12,9 +12,12 @@ from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import create_plugin_manager
 from spyglass.core.engine.request import Request
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.engine.tool_calls import collect
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.load import load_checkpoint
+from spyglass.core.tokenizer import Tokenizer
+from spyglass.plugins.structured_output import StructuredOutputPlugin
 
 _req_ids = itertools.count()
 
@@ -98,3 +101,27 @@ def driver():
     Driver.add = staticmethod(add)
     Driver.drain = staticmethod(drain)
     return Driver
+
+
+@pytest.fixture(scope="session")
+def grammar_accepts(tiny_llama_dir) -> Callable[[str, str], bool]:
+    """``accepts(grammar, text)``: whether an llguidance grammar (Lark) lets every one of the tiny
+    vocabulary's tokens of ``text`` through, token by token, as it would mask a model's."""
+    tokenizer = Tokenizer.from_hf_dir(tiny_llama_dir)
+    plugin = StructuredOutputPlugin()
+
+    def accepts(grammar: str, text: str) -> bool:
+        constraint = plugin.spyglass_token_constraint(
+            StructuredOutput("grammar", grammar), tokenizer, tokenizer.vocab_size
+        )
+        token_ids = tokenizer.encode(text, False)
+        return constraint.num_valid(token_ids) == len(token_ids)
+
+    return accepts
+
+
+def parse_in_pieces(parser, text: str, size: int) -> tuple[str | None, list]:
+    """What ``parser``'s stream assembles to when ``text`` arrives ``size`` characters at a time."""
+    stream = parser.stream()
+    pieces = [p for i in range(0, len(text), size) for p in stream.feed(text[i : i + size])]
+    return collect(pieces + stream.finish())
