@@ -36,7 +36,12 @@ from spyglass.core.api.generation import (
 )
 from spyglass.core.api.media_fetch import fetch_images
 from spyglass.core.api.prompts import encode_text
-from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for, split_choice
+from spyglass.core.api.reasoning_output import (
+    ChoiceSplitter,
+    reads_special_tokens,
+    reasoning_for,
+    split_choice,
+)
 from spyglass.core.api.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -441,13 +446,11 @@ async def start_chat(
     what the model wants), unless ``add_special_tokens`` (vLLM's chat field) asks for them.
 
     ``tool_choice`` required or named becomes the output constraint, as do ``strict`` functions
-    with ``auto`` (the tool-call format's grammar); a 400 if the request already has one. With
-    ``auto``, a format whose markers are special tokens keeps their text (`reads_special_tokens`).
+    with ``auto`` (the tool-call format's grammar); a 400 if the request already has one. A
+    format whose markers are special tokens keeps their text (`reads_special_tokens`).
     ``param`` is the request field that errors about the conversation name; ``lora_name`` is the
     LoRA adapter the requests run with.
     """
-    if use.mode == "auto" and getattr(serving.tool_parser, "reads_special_tokens", False):
-        params = dataclasses.replace(params, skip_special_tokens=False)
     tool_constraint = constraint(use) or strict_constraint(use, serving.tool_parser)
     if tool_constraint is not None:
         if params.structured_output is not None:
@@ -458,6 +461,8 @@ async def start_chat(
                 "tool_choice",
             )
         params = dataclasses.replace(params, structured_output=tool_constraint)
+    if reads_special_tokens(serving.reasoning_parser, serving.tool_parser, params, use):
+        params = dataclasses.replace(params, skip_special_tokens=False)
     with serving.queue_slots(params.n):
         # Rendering and tokenizing a large conversation take a while: off the event loop, like tokenizing.
         plain, prompt, media = await render_conversation(serving, messages, use, param, template)

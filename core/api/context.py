@@ -64,7 +64,7 @@ class ServingContext:
             if self.reasoning_parser is None:
                 raise ValueError(
                     f"no plugin provides the reasoning parser {options.reasoning_parser!r} "
-                    "(--reasoning-parser; built in: deepseek_r1, qwen3)"
+                    "(--reasoning-parser; built in: deepseek_r1, qwen3, mistral)"
                 )
         self.created = int(time.time())
         self.draining = False

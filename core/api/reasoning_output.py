@@ -26,6 +26,19 @@ def reasoning_for(
     return None if constrained else parser
 
 
+def reads_special_tokens(
+    reasoning: ReasoningParser | None,
+    tool_parser: ToolCallParser | None,
+    params: SamplingParams,
+    use: ToolUse,
+) -> bool:
+    """Whether a request's answer must keep special tokens' text for a parser to read it: the
+    reasoning parser's or (with ``tool_choice`` auto) the tool-call parser's markers are special
+    tokens (Magistral's ``[THINK]``, Mistral's ``[TOOL_CALLS]``)."""
+    parsers = (reasoning_for(reasoning, params, use), tool_parser if use.mode == "auto" else None)
+    return any(getattr(parser, "reads_special_tokens", False) for parser in parsers)
+
+
 def split_choice(
     text: str, reasoning: ReasoningParser | None, use: ToolUse, tool_parser: ToolCallParser | None
 ) -> tuple[str | None, str | None, list[ToolCall]]:

@@ -15,7 +15,7 @@ class ServerOptions:
     None does so when the engine runs on CUDA (`engine_placement.in_own_process`).
     ``allow_runtime_lora`` opens ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
     ``reasoning_parser`` names the plugin format that splits chat and Responses answers into
-    reasoning and content (``deepseek_r1``, ``qwen3``); None leaves answers whole.
+    reasoning and content (``deepseek_r1``, ``qwen3``, ``mistral``); None leaves answers whole.
     ``tool_call_parser`` names the plugin format that splits answers into content and tool calls
     when a request leaves the choice to the model (built in: ``hermes`` and ``llama3_json``).
     ``allowed_media_domains`` are the hosts whose http(s) image URLs the server fetches (``*``

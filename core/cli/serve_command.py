@@ -101,7 +101,8 @@ def add_parser(subparsers, argv) -> None:
         default=None,
         metavar="NAME",
         help="split chat and Responses answers into reasoning_content and content: deepseek_r1 "
-        "or qwen3 (<think>...</think>), or a plugin's format",
+        "or qwen3 (<think>...</think>), mistral (Magistral's [THINK]...[/THINK]), or a plugin's "
+        "format",
     )
     group.add_argument(
         "--tool-call-parser",

@@ -189,7 +189,8 @@ def spyglass_token_constraint(
 def spyglass_reasoning_parser(name: str) -> "ReasoningParser | None":
     """Return the parser of the reasoning format called ``name``, or None if this plugin has none.
 
-    ``deepseek_r1`` and ``qwen3`` are built in (``<think>...</think>`` before the answer).
+    ``deepseek_r1`` and ``qwen3`` are built in (``<think>...</think>`` before the answer), and
+    ``mistral`` (Magistral's ``[THINK]...[/THINK]``).
 
     Asked once when the HTTP server starts with ``--reasoning-parser NAME``: chat and Responses
     answers are then split into the model's reasoning and its content (vLLM's

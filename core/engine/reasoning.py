@@ -32,7 +32,12 @@ class ReasoningStream(Protocol):
 
 
 class ReasoningParser(Protocol):
-    """Splits outputs of one reasoning format into reasoning and content."""
+    """Splits outputs of one reasoning format into reasoning and content.
+
+    Optional: ``reads_special_tokens = True`` for a format whose tags are special tokens
+    (Magistral's ``[THINK]``): answers it splits keep special tokens' text, as the tags would
+    otherwise not be in the text.
+    """
 
     def stream(self) -> ReasoningStream:
         """A fresh incremental split of one output."""

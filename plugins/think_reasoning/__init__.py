@@ -1,4 +1,4 @@
-"""Reasoning between ``<think>`` and ``</think>``: the ``deepseek_r1`` and ``qwen3`` formats.
+"""Reasoning between tags: the ``deepseek_r1``, ``qwen3`` (``<think>``) and ``mistral`` (``[THINK]``) formats.
 
 ``deepseek_r1``: DeepSeek-R1's template opens ``<think>`` in the prompt, so the output starts in
 the reasoning (a ``<think>`` the model writes itself is dropped) and everything before
@@ -6,7 +6,9 @@ the reasoning (a ``<think>`` the model writes itself is dropped) and everything 
 reasons only when it starts with ``<think>`` (Qwen3 with thinking on); otherwise, as with
 ``enable_thinking: false`` in ``chat_template_kwargs``, all of it is content. In both, the
 whitespace the model writes at the start of its reasoning and between ``</think>`` and the answer is
-dropped.
+dropped. ``mistral``: as ``qwen3`` with Magistral's ``[THINK]`` and ``[/THINK]`` (Magistral Small
+1.1 and later), which are special tokens: answers it splits keep special tokens' text
+(`ThinkFormat.reads_special_tokens`).
 
 The plugin holds no state: its entry point registers the module, as the Hermes tool parser's does.
 """
@@ -15,26 +17,29 @@ from dataclasses import dataclass
 
 from spyglass.core.plugin_api import ReasoningPiece, hookimpl, partial_suffix
 
-OPEN, CLOSE = "<think>", "</think>"
-
 
 @dataclass(frozen=True, slots=True)
 class ThinkFormat:
-    """A ``<think>`` format: whether the output starts inside the reasoning without writing ``<think>``."""
+    """A format of reasoning between an ``open_tag`` and a ``close_tag``: whether the output starts
+    inside the reasoning without writing ``open_tag``, and whether the tags are special tokens."""
 
     starts_in_reasoning: bool
+    open_tag: str = "<think>"
+    close_tag: str = "</think>"
+    reads_special_tokens: bool = False
 
     def stream(self) -> "ThinkStream":
         """A fresh incremental split."""
-        return ThinkStream(self.starts_in_reasoning)
+        return ThinkStream(self)
 
 
 class ThinkStream:
     """Splits one output as it grows: the opening (whitespace, then ``<think>`` or not), the
     reasoning up to ``</think>``, then content; whitespace at the start of either is dropped."""
 
-    def __init__(self, starts_in_reasoning: bool):
-        self._starts_in_reasoning = starts_in_reasoning
+    def __init__(self, think: ThinkFormat):
+        self._think = think
+        self._starts_in_reasoning = think.starts_in_reasoning
         self._state = "opening"
         self._buffer = ""
 
@@ -49,14 +54,15 @@ class ThinkStream:
             if self._buffer:
                 self._state = "reasoning"
         if self._state == "reasoning":
-            at = self._buffer.find(CLOSE)
+            close = self._think.close_tag
+            at = self._buffer.find(close)
             if at < 0:
-                keep = partial_suffix(self._buffer, CLOSE)
+                keep = partial_suffix(self._buffer, close)
                 pieces.append(ReasoningPiece("reasoning", self._buffer[: len(self._buffer) - keep]))
                 self._buffer = self._buffer[len(self._buffer) - keep :]
             else:
                 pieces.append(ReasoningPiece("reasoning", self._buffer[:at]))
-                self._buffer = self._buffer[at + len(CLOSE) :]
+                self._buffer = self._buffer[at + len(close) :]
                 self._state = "after"
         if self._state == "after":
             self._buffer = self._buffer.lstrip()
@@ -69,11 +75,11 @@ class ThinkStream:
 
     def _open(self) -> None:
         """Leave the opening once it is known whether the output reasons."""
-        stripped = self._buffer.lstrip()
-        if stripped.startswith(OPEN):
-            self._buffer = stripped[len(OPEN) :]
+        stripped, tag = self._buffer.lstrip(), self._think.open_tag
+        if stripped.startswith(tag):
+            self._buffer = stripped[len(tag) :]
             self._state = "reasoning_start"
-        elif OPEN.startswith(stripped):
+        elif tag.startswith(stripped):
             return  # only whitespace, or a start of <think>, so far
         elif self._starts_in_reasoning:
             self._buffer = stripped
@@ -95,10 +101,11 @@ class ThinkStream:
 FORMATS = {
     "deepseek_r1": ThinkFormat(starts_in_reasoning=True),
     "qwen3": ThinkFormat(starts_in_reasoning=False),
+    "mistral": ThinkFormat(False, "[THINK]", "[/THINK]", reads_special_tokens=True),
 }
 
 
 @hookimpl
 def spyglass_reasoning_parser(name: str) -> ThinkFormat | None:
-    """The ``deepseek_r1`` or ``qwen3`` format."""
+    """The ``deepseek_r1``, ``qwen3`` or ``mistral`` format."""
     return FORMATS.get(name)

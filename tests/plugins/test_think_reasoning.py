@@ -23,6 +23,11 @@ CASES = [
     ("qwen3", "<think>cut off", "cut off", None),
     ("qwen3", "<thin", None, "<thin"),  # a partial tag at the very end is text after all
     ("qwen3", "", None, None),
+    ("mistral", "[THINK]Paris is in France.[/THINK]\n\nParis.", "Paris is in France.", "Paris."),
+    ("mistral", "No thinking [THINK] here", None, "No thinking [THINK] here"),
+    ("mistral", "<think>not Magistral's tags</think>", None, "<think>not Magistral's tags</think>"),
+    ("mistral", "  [THINK]cut off", "cut off", None),
+    ("mistral", "[THI", None, "[THI"),
 ]  # fmt: skip
 
 
@@ -56,4 +61,6 @@ def test_reasoning_streams_as_it_is_written():
 
 def test_the_hook_names_the_formats():
     assert spyglass_reasoning_parser(name="qwen3") is FORMATS["qwen3"]
+    assert spyglass_reasoning_parser(name="mistral").reads_special_tokens  # [THINK] is special
+    assert not FORMATS["qwen3"].reads_special_tokens
     assert spyglass_reasoning_parser(name="hermes") is None

@@ -1,5 +1,6 @@
-"""``--tool-call-parser mistral`` on a served model: calls parsed in both layouts, special tokens
-kept for the parser, and earlier calls' ids written as Mistral's templates demand.
+"""``--tool-call-parser mistral`` and ``--reasoning-parser mistral`` on a served model: calls parsed
+in both layouts, Magistral's ``[THINK]`` reasoning split off, special tokens kept for the parsers,
+and earlier calls' ids written as Mistral's templates demand.
 
 The tiny random model writes no calls of its own, so the call is the answer's start: an assistant
 message the model carries on (``continue_final_message``) and that ``echo`` returns, parsed with
@@ -52,7 +53,7 @@ CARRY_ON = {
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir, tmp_path_factory):
-    """The tiny model served with the ``mistral`` parser; requests bring their template."""
+    """The tiny model served with the ``mistral`` tool-call parser; requests bring their template."""
     started = start_server(
         str(tiny_llama_dir),
         tmp_path_factory.mktemp("mistral"),
@@ -66,6 +67,39 @@ def server(tiny_llama_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def magistral_client(tiny_llama_dir, tmp_path_factory):
+    """The same with the ``mistral`` reasoning parser too."""
+    started = start_server(
+        str(tiny_llama_dir),
+        tmp_path_factory.mktemp("magistral"),
+        *TINY_ARGS,
+        "--tool-call-parser", "mistral", "--reasoning-parser", "mistral",
+        "--trust-request-chat-template",
+    )  # fmt: skip
+    yield openai.OpenAI(base_url=f"{started.base_url}/v1", api_key="unused", max_retries=0)
+    started.stop()
+
+
+def _special_token(tokenizer) -> tuple[int, str]:
+    """A special token of the tiny vocabulary (not EOS) and its text."""
+    special = next(t for t in tokenizer.all_special_ids if t != tokenizer.eos_token_id)
+    return special, tokenizer.decode([special], skip_special_tokens=False)
+
+
+def _forced_answer(client, special: int, **extra) -> str | None:
+    """The content of two tokens, both ``special``."""
+    response = client.chat.completions.create(
+        model="tiny",
+        messages=[ASK],
+        max_tokens=2,
+        logit_bias={str(special): 100},
+        extra_body=TEMPLATE,
+        **extra,
+    )
+    return response.choices[0].message.content
 
 
 @pytest.mark.parametrize(
@@ -106,27 +140,36 @@ def test_a_call_in_either_layout_comes_back_as_a_tool_call_streamed_or_whole(cli
 def test_answers_parsed_for_calls_keep_special_tokens_text(client, hf_gguf_tokenizer):
     # [TOOL_CALLS] is a special token in Mistral's vocabularies: skipped, the parser would
     # never see it. A special token of the tiny vocabulary shows the same.
-    special = next(
-        t for t in hf_gguf_tokenizer.all_special_ids if t != hf_gguf_tokenizer.eos_token_id
-    )
-    text = hf_gguf_tokenizer.decode([special], skip_special_tokens=False)
+    special, text = _special_token(hf_gguf_tokenizer)
+    assert _forced_answer(client, special, tools=TOOLS) == text * 2
+    # Answers no tool-call parser reads skip them, as always.
+    assert _forced_answer(client, special) == ""
+    assert _forced_answer(client, special, tools=TOOLS, tool_choice="none") == ""
 
-    def answer(**extra) -> str | None:
-        return (
-            client.chat.completions.create(
-                model="tiny",
-                messages=[ASK],
-                max_tokens=2,
-                logit_bias={str(special): 100},
-                extra_body=TEMPLATE,
-                **extra,
-            )
-            .choices[0]
-            .message.content
+
+def test_magistral_reasoning_is_split_off_and_keeps_special_tokens(
+    magistral_client, hf_gguf_tokenizer
+):
+    # [THINK] and [/THINK] are special tokens too: every answer the reasoning parser splits
+    # keeps their text, with tools or without.
+    special, text = _special_token(hf_gguf_tokenizer)
+    assert _forced_answer(magistral_client, special) == text * 2
+    started = "[THINK]The user wants the weather.[/THINK][TOOL_CALLS]get_weather[ARGS]{}"
+    message = (
+        magistral_client.chat.completions.create(
+            model="tiny",
+            messages=[ASK, {"role": "assistant", "content": started}],
+            tools=TOOLS,
+            max_tokens=1,
+            extra_body=CARRY_ON,
         )
-
-    assert answer(tools=TOOLS) == text * 2
-    assert answer() == answer(tools=TOOLS, tool_choice="none") == ""  # skipped, as always
+        .choices[0]
+        .message
+    )
+    assert message.model_extra["reasoning_content"] == "The user wants the weather."
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [
+        ("get_weather", "{}")
+    ]
 
 
 def test_earlier_calls_reach_the_template_with_ids_it_accepts(client, server, hf_gguf_tokenizer):
