@@ -17,7 +17,8 @@ class ServerOptions:
     ``reasoning_parser`` names the plugin format that splits chat and Responses answers into
     reasoning and content (``deepseek_r1``, ``qwen3``, ``mistral``); None leaves answers whole.
     ``tool_call_parser`` names the plugin format that splits answers into content and tool calls
-    when a request leaves the choice to the model (built in: ``hermes`` and ``llama3_json``).
+    when a request leaves the choice to the model (built in: ``hermes``, ``llama3_json``, ``mistral``, ``qwen3_coder``,
+    ``pythonic``).
     ``allowed_media_domains`` are the hosts whose http(s) image URLs the server fetches (``*``
     for any; empty: none, only ``data:`` URLs), each within ``media_fetch_timeout`` seconds and
     ``max_media_bytes`` bytes. ``trust_request_chat_template`` lets requests bring a chat template

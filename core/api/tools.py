@@ -281,9 +281,34 @@ def tool_stream(use: ToolUse, parser: ToolCallParser | None) -> ToolCallStream |
     if use.mode in ("required", "forced"):
         return JsonCallsStream(use.parallel)
     if use.mode == "auto" and parser is not None:
+        with_tools = getattr(parser, "with_tools", None)
+        if with_tools is not None:
+            parser = with_tools(use.tools)
         stream = getattr(parser, "stream", None)
-        return stream() if stream is not None else BufferedToolCallStream(parser)
+        parsed = stream() if stream is not None else BufferedToolCallStream(parser)
+        return parsed if use.parallel else FirstCallStream(parsed)
     return None
+
+
+class FirstCallStream:
+    """``parallel_tool_calls: false`` with ``auto``: the answer's first call only (OpenAI's promise
+    of at most one), its content whole. A strict grammar holds the model to one call; without
+    one, calls it writes after the first are left out of the response."""
+
+    def __init__(self, stream: ToolCallStream):
+        self.stream = stream
+
+    def feed(self, text: str) -> list[ToolCallPiece]:
+        """The pieces of the next text, but for later calls'."""
+        return self._first(self.stream.feed(text))
+
+    def finish(self) -> list[ToolCallPiece]:
+        """The held pieces, but for later calls'."""
+        return self._first(self.stream.finish())
+
+    @staticmethod
+    def _first(pieces: list[ToolCallPiece]) -> list[ToolCallPiece]:
+        return [piece for piece in pieces if piece.kind == "content" or piece.index == 0]
 
 
 def split_output(

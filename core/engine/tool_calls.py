@@ -67,6 +67,13 @@ class ToolCallParser(Protocol):
         ``strict`` functions hold with ``tool_choice`` auto, which without it is a 400."""
         ...
 
+    def with_tools(self, tools: list[dict]) -> "ToolCallParser":
+        """The parser for one request's offered tools (HF's format: ``{"type": "function",
+        "function": {"name", "parameters", ...}}``), for formats that need their schemas to read
+        calls (Qwen3-Coder's, whose values are written untyped). Optional: without it the same
+        parser reads every request's answers."""
+        ...
+
     def prompt_call_id(self, call_id: str) -> str:
         """How the chat template should see the id of an earlier call (in the assistant turn
         and in its result alike), for formats whose templates accept only their own kind of

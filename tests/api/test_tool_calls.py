@@ -8,7 +8,7 @@ import pytest
 
 from spyglass.core.api.chat import render_messages
 from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
-from spyglass.core.api.tools import JsonCallsStream, ToolUse
+from spyglass.core.api.tools import JsonCallsStream, OutputSplitter, ToolUse, split_output
 from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallPiece, collect
 from spyglass.plugins.hermes_tool_parser import HermesToolCallParser
 from tests.plugins.conftest import parse_in_pieces
@@ -230,6 +230,28 @@ def test_hermes_stream_names_the_call_before_its_arguments_end():
         ToolCallPiece("arguments", 'ty": "Rome"}')
     ]
     assert stream.finish() == []
+
+
+def test_without_parallel_calls_an_answer_holds_its_first_call_only():
+    # OpenAI's parallel_tool_calls: false (Anthropic's disable_parallel_tool_use) promises at
+    # most one call; with auto and no strict grammar the model may write more.
+    text = (
+        'Both.\n<tool_call>{"name": "get_time", "arguments": {"city": "Oslo"}}</tool_call>\n'
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call> Done.'
+    )
+    one = ToolUse(TOOLS, "auto", parallel=False)
+    content, calls = split_output(text, one, HermesToolCallParser())
+    assert content == "Both.\n\n Done."
+    assert [(c.function.name, c.function.arguments) for c in calls] == [
+        ("get_time", '{"city": "Oslo"}')
+    ]
+    splitter = OutputSplitter(one, HermesToolCallParser())
+    pieces = [p for i in range(0, len(text), 5) for p in splitter.feed(text[i : i + 5], False)]
+    assert collect(pieces + splitter.feed("", True)) == (
+        "Both.\n\n Done.",
+        [ParsedToolCall("get_time", '{"city": "Oslo"}')],
+    )
+    assert len(split_output(text, ToolUse(TOOLS, "auto"), HermesToolCallParser())[1]) == 2
 
 
 def test_constrained_calls_stream_like_hermes_blocks():
