@@ -4,6 +4,7 @@ import argparse
 import json
 import sys
 
+from spyglass.core.cli.vllm_flags import add_vllm_arguments, plugin_choice
 from spyglass.core.engine.config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig, parse_bytes
 from spyglass.core.models.model_config import POOLING_TYPES
 
@@ -111,7 +112,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--disable-plugins", default="", help="comma-separated plugin names to disable"
     )
     group.add_argument(
-        "--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run decode eagerly"
+        "--no-cuda-graphs",
+        "--enforce-eager",
+        dest="cuda_graphs",
+        action="store_false",
+        help="run decode eagerly (--enforce-eager: vLLM's name)",
     )
     group.add_argument(
         "--cuda-graph-tokens",
@@ -185,6 +190,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a plugin setting, e.g. draft_model=PATH or self_draft_layers=8 (repeatable)",
     )
+    add_vllm_arguments(parser.add_argument_group("vLLM's options"))
 
 
 def lora_module(value: str) -> tuple[str, str]:
@@ -208,6 +214,11 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
 
     A value the config refuses (``--stream-interval 0``) ends the command as a usage error does:
     its message on stderr and exit status 2, not a traceback."""
+    try:
+        plugins, disabled_plugins = plugin_choice(args)
+    except ValueError as error:
+        print(f"spyglass: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     options = dict(
         model=args.model,
         dtype=args.dtype,
@@ -229,8 +240,8 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         kv_cache_dtype=args.kv_cache_dtype,
         scheduling_policy=args.scheduling_policy,
         attention_backend=args.attention_backend,
-        plugins=[p for p in args.plugins.split(",") if p] if args.plugins is not None else None,
-        disabled_plugins=[p for p in args.disable_plugins.split(",") if p],
+        plugins=plugins,
+        disabled_plugins=disabled_plugins,
         num_threads=args.num_threads,
         cuda_graphs=args.cuda_graphs,
         cuda_graph_tokens=args.cuda_graph_tokens,

@@ -27,7 +27,7 @@ log = logging.getLogger("spyglass.replicas")
 def application_from_args(args: argparse.Namespace, options: ServerOptions):
     """The Serve application that parsed ``spyglass serve`` options describe."""
     return build_application(
-        engine_config_from_args(args),
+        engine_config_from_args(args, seed=args.seed),
         options,
         settings_from_args(args),
         num_replicas=args.replicas,

@@ -7,7 +7,7 @@ import sys
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
 from spyglass.core.cli.startup import collector_paused
-from spyglass.core.engine.config import parse_bytes
+from spyglass.core.engine.config import EngineConfig, parse_bytes
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
 
@@ -115,6 +115,18 @@ def add_parser(subparsers, argv) -> None:
         "plugin's format "
         "(hook spyglass_tool_call_parser)",
     )
+    group.add_argument(
+        "--seed",
+        type=int,
+        default=EngineConfig.seed,
+        help="the seed of the sampling of requests that bring none (vLLM's option)",
+    )
+    group.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accepted for vLLM's command lines: tool_choice auto is always served, its answers "
+        "read by --tool-call-parser",
+    )
     replicas = parser.add_argument_group("replicas (Ray Serve; needs the ray extra)")
     replicas.add_argument(
         "--replicas",
@@ -190,7 +202,7 @@ def run(args) -> int:
     if not args.replicas:
         telemetry = settings_from_args(args)
         telemetry_settings.configure(telemetry)  # the process default: /metrics naming, tracing
-        engine_config = engine_config_from_args(args, telemetry=telemetry)
+        engine_config = engine_config_from_args(args, telemetry=telemetry, seed=args.seed)
         from spyglass.core.api import engine_placement
 
         if engine_placement.in_own_process(options, engine_config):
