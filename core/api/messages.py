@@ -11,6 +11,7 @@ named events: ``message_start``, a ``content_block_start`` / ``_delta`` / ``_sto
 reason and usage, and ``message_stop``. Errors keep this server's OpenAI-shaped body.
 """
 
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -144,15 +145,15 @@ def thinking_template(body: Conversation, serving: ServingContext) -> TemplateOp
     """How ``thinking`` renders the prompt: as the chat template's ``enable_thinking`` (Qwen3's
     switch) where the template reads it. A 400 where the setting cannot hold: ``disabled`` for a
     reasoning model whose template has no switch (the server would return its thinking anyway),
-    ``adaptive`` on a server that returns no thinking (no ``--reasoning-parser``)."""
+    ``adaptive`` or ``enabled`` on a server that returns no thinking (no ``--reasoning-parser``)."""
     if body.thinking is None:
         return TemplateOptions()
-    thinks = body.thinking.type == "adaptive"
+    thinks = body.thinking.type != "disabled"
     if thinks and serving.reasoning_parser is None:
         raise APIError(
             400,
-            "thinking adaptive needs a server started with --reasoning-parser: this one returns "
-            "no thinking",
+            f"thinking {body.thinking.type} needs a server started with --reasoning-parser: this "
+            "one returns no thinking",
             "thinking",
         )
     if serving.tokenizer.template_reads("enable_thinking"):
@@ -165,6 +166,45 @@ def thinking_template(body: Conversation, serving: ServingContext) -> TemplateOp
             "thinking",
         )
     return TemplateOptions()
+
+
+def thinking_budget(
+    body: MessagesRequest, serving: ServingContext, params: SamplingParams
+) -> StructuredOutput | None:
+    """``thinking: {"type": "enabled", "budget_tokens": N}`` as the reasoning format's grammar of
+    answers that think at most N tokens (`ReasoningParser.budget_grammar`); None for the other
+    settings. A 400 where it cannot hold: no budget, one not below ``max_tokens`` (as Anthropic
+    refuses it), a format without such a grammar, or another constraint on the answer."""
+    thinking = body.thinking
+    if thinking is None or thinking.type != "enabled":
+        if thinking is not None and thinking.budget_tokens is not None:
+            raise APIError(
+                400, "budget_tokens goes with thinking type enabled", "thinking.budget_tokens"
+            )
+        return None
+    budget = thinking.budget_tokens
+    if budget is None:
+        raise APIError(400, "thinking enabled needs budget_tokens", "thinking.budget_tokens")
+    if budget >= body.max_tokens:
+        raise APIError(
+            400, "max_tokens must be greater than thinking.budget_tokens", "thinking.budget_tokens"
+        )
+    budget_grammar = getattr(serving.reasoning_parser, "budget_grammar", None)
+    grammar = budget_grammar(budget) if budget_grammar is not None else None
+    if grammar is None:
+        raise APIError(
+            400,
+            "thinking enabled needs a reasoning format whose budget a grammar can hold "
+            "(--reasoning-parser qwen3 or deepseek_r1); use adaptive",
+            "thinking",
+        )
+    if params.structured_output is not None:
+        raise APIError(
+            400,
+            "a thinking budget cannot be combined with output_config.format",
+            "thinking.budget_tokens",
+        )
+    return StructuredOutput("grammar", grammar)
 
 
 @post(
@@ -193,6 +233,11 @@ async def create_message(
         stop=[s for s in data.stop_sequences or [] if s],
         structured_output=output_format(data),
     )
+    template = thinking_template(data, serving)
+    budget = thinking_budget(data, serving, params)
+    reasoning = reasoning_for(serving.reasoning_parser, params, use)
+    if budget is not None:  # the answer's reasoning is still split: the grammar holds its length
+        params = dataclasses.replace(params, structured_output=budget)
     response_id = new_id("msg")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
     group = await start_chat(
@@ -203,11 +248,10 @@ async def create_message(
         params,
         response_id,
         attributes,
-        template=thinking_template(data, serving),
+        template=template,
         lora_name=lora_name,
         kind=output_kind(data.stream),
     )
-    reasoning = reasoning_for(serving.reasoning_parser, params, use)
     writer = _MessageWriter(serving, data, response_id, use, reasoning)
     if data.stream:
         return event_stream(writer.events(group), named=True)

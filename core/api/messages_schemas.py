@@ -89,13 +89,14 @@ class ToolChoice(msgspec.Struct, kw_only=True):
 
 
 class ThinkingSetting(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """``thinking``: ``disabled``, or ``adaptive`` (the model decides how much to think, as a
-    reasoning model does), through the chat template's ``enable_thinking`` where it reads it
-    (`messages.thinking_template`). ``enabled`` asks for a budget of thinking tokens, which
-    nothing here enforces: a 400. A server started with ``--reasoning-parser`` returns the model's
-    thinking as ``thinking`` blocks."""
+    """``thinking``: ``disabled``, ``adaptive`` (the model decides how much to think, as a
+    reasoning model does) or ``enabled`` (at most ``budget_tokens`` of thinking), through the chat
+    template's ``enable_thinking`` where it reads it (`messages.thinking_template`); the budget
+    is held by the reasoning format's grammar (`messages.thinking_budget`). A server started
+    with ``--reasoning-parser`` returns the model's thinking as ``thinking`` blocks."""
 
-    type: Literal["disabled", "adaptive"]
+    type: Literal["disabled", "adaptive", "enabled"]
+    budget_tokens: Annotated[int, Meta(ge=1)] | None = None
 
 
 class JSONOutputFormat(msgspec.Struct, tag_field="type", tag="json_schema"):

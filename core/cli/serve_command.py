@@ -118,7 +118,7 @@ def add_parser(subparsers, argv) -> None:
     group.add_argument(
         "--seed",
         type=int,
-        default=EngineConfig.seed,
+        default=EngineConfig().seed,
         help="the seed of the sampling of requests that bring none (vLLM's option)",
     )
     group.add_argument(

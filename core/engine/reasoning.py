@@ -43,6 +43,12 @@ class ReasoningParser(Protocol):
         """A fresh incremental split of one output."""
         ...
 
+    def budget_grammar(self, budget: int) -> str | None:
+        """A grammar (llguidance's Lark dialect) of answers that reason for at most ``budget``
+        tokens, then answer freely. Optional (None too): it is what holds Anthropic's
+        ``thinking: {"type": "enabled", "budget_tokens": N}``, which without it is a 400."""
+        ...
+
 
 def split_reasoning(parser: ReasoningParser, text: str) -> tuple[str | None, str | None]:
     """``(reasoning, content)`` of a whole output (None for a part that is empty): its stream's

@@ -10,9 +10,13 @@ dropped. ``mistral``: as ``qwen3`` with Magistral's ``[THINK]`` and ``[/THINK]``
 1.1 and later), which are special tokens: answers it splits keep special tokens' text
 (`ThinkFormat.reads_special_tokens`).
 
+A thinking budget (Anthropic's ``budget_tokens``) holds through `ThinkFormat.budget_grammar`: the
+answer's reasoning is closed after that many tokens at the latest (``<think>`` formats only).
+
 The plugin holds no state: its entry point registers the module, as the Hermes tool parser's does.
 """
 
+import json
 from dataclasses import dataclass
 
 from spyglass.core.plugin_api import ReasoningPiece, hookimpl, partial_suffix
@@ -31,6 +35,25 @@ class ThinkFormat:
     def stream(self) -> "ThinkStream":
         """A fresh incremental split."""
         return ThinkStream(self)
+
+    def budget_grammar(self, budget: int) -> str | None:
+        """A grammar (llguidance's Lark) of answers that think at most ``budget`` tokens: the
+        reasoning (opened by the answer unless the format starts in it) ends with the closing tag
+        by then at the latest, any text follows. None for tags that are special tokens, which a
+        grammar of text cannot force."""
+        if self.reads_special_tokens:
+            return None
+        close = json.dumps(self.close_tag)
+        pattern = "".join(f"\\{c}" if c in "/\\.^$*+?()[]{}|" else c for c in self.close_tag)
+        opening = "" if self.starts_in_reasoning else f"{json.dumps(self.open_tag)} "
+        return "\n".join(
+            [
+                f"start: {opening}thought {close} REST",
+                f"thought[max_tokens={budget}]: THOUGHT",
+                f"THOUGHT: /(?s:.*)/ & ~/(?s:.*){pattern}(?s:.*)/",
+                "REST: /(?s:.*)/",
+            ]
+        )
 
 
 class ThinkStream:

@@ -215,18 +215,58 @@ def test_an_unknown_parser_stops_the_server_with_the_reason(tiny_llama_dir, opti
     assert f"no plugin provides the {kind} parser 'nope'" in result.stdout + result.stderr
 
 
-def test_a_thinking_budget_is_refused_by_name(servers):
+@pytest.mark.parametrize("name", ["qwen3", "deepseek_r1"])
+def test_a_thinking_budget_closes_the_reasoning_in_time(servers, name, hf_gguf_tokenizer):
+    # The tiny random model never closes a thought on its own: the text block after the
+    # thinking is there because the budget's grammar closed the thought after 6 tokens at most.
+    client = anthropic.Anthropic(base_url=servers[name].base_url, api_key="unused")
+    request = dict(
+        model="tiny",
+        max_tokens=24,
+        extra_body={"temperature": 0},
+        messages=[QUESTION],
+        thinking={"type": "enabled", "budget_tokens": 6},
+    )
+    message = client.messages.create(**request)
+    assert [block.type for block in message.content] == ["thinking", "text"]
+    thought = message.content[0].thinking
+    assert 0 < len(hf_gguf_tokenizer.encode(thought, add_special_tokens=False)) <= 6
+    assert message.stop_reason == "max_tokens"
+    with client.messages.stream(**request) as stream:
+        streamed = stream.get_final_message()
+    assert [
+        (b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in streamed.content
+    ] == [
+        (b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in message.content
+    ]
+
+
+@pytest.mark.parametrize(
+    "thinking, extra, reason",
+    [
+        ({"type": "enabled", "budget_tokens": 8}, {}, "max_tokens must be greater"),
+        ({"type": "enabled"}, {}, "needs budget_tokens"),
+        ({"type": "adaptive", "budget_tokens": 4}, {}, "goes with thinking type enabled"),
+        (
+            {"type": "enabled", "budget_tokens": 4},
+            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+            "cannot be combined",
+        ),
+    ],
+)
+def test_a_thinking_budget_that_cannot_hold_is_refused_by_name(servers, thinking, extra, reason):
     client = anthropic.Anthropic(base_url=servers["qwen3"].base_url, api_key="unused")
-    with pytest.raises(anthropic.BadRequestError) as error:
+    with pytest.raises(anthropic.BadRequestError, match=reason) as error:
         client.messages.create(
-            model="tiny",
-            max_tokens=8,
-            messages=[QUESTION],
-            thinking={"type": "enabled", "budget_tokens": 1024},
+            model="tiny", max_tokens=8, messages=[QUESTION], thinking=thinking, extra_body=extra
         )
-    assert "thinking" in str(error.value)
+    assert "thinking" in error.value.body["error"]["message"] + str(error.value.body)
+
+
+def test_thinking_cannot_be_turned_off_without_a_switch(servers):
     # The tiny model's template has no enable_thinking switch: a reasoning model's thinking
     # could not be turned off, and would come back anyway.
+    client = anthropic.Anthropic(base_url=servers["qwen3"].base_url, api_key="unused")
     _refuses_then_runs(client, "disabled", "adaptive", "no enable_thinking switch")
 
 
@@ -278,6 +318,13 @@ def test_thinking_disabled_and_adaptive_reach_a_template_with_a_switch(
         assert message.usage.input_tokens == off
     finally:
         server.stop()
-    # A server without a reasoning parser returns no thinking: adaptive would pretend.
+    # A server without a reasoning parser returns no thinking: adaptive (or a budget) would pretend.
     plain = anthropic.Anthropic(base_url=tiny_server.base_url, api_key="unused", max_retries=0)
     _refuses_then_runs(plain, "adaptive", "disabled", "--reasoning-parser")
+    with pytest.raises(anthropic.BadRequestError, match="--reasoning-parser"):
+        plain.messages.create(
+            model="tiny",
+            max_tokens=8,
+            messages=[QUESTION],
+            thinking={"type": "enabled", "budget_tokens": 4},
+        )

@@ -24,6 +24,8 @@ def test_a_vllm_serve_line_carries_over():
         8,
     )
     assert "prefix_cache" not in config.disabled_plugins
+    plain = _serve()
+    assert engine_config_from_args(plain, seed=plain.seed).seed == 0
 
 
 def test_prefix_caching_switches_its_plugin():
