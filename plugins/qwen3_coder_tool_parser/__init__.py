@@ -162,8 +162,9 @@ class Qwen3CoderToolCallStream:
             return True
         if any(tag.startswith(rest) for tag in (FUNCTION_CLOSE, PARAMETER_OPEN)):
             return False
-        self._buffer = rest[1:]  # stray text between parameters: not part of any value
-        return True
+        at = rest.find("<", 1)  # stray text between parameters is part of no value
+        self._buffer = rest[at:] if at > 0 else ""
+        return at > 0
 
     def _in_value(self, pieces: list[ToolCallPiece]) -> bool:
         at = self._buffer.find(PARAMETER_CLOSE)

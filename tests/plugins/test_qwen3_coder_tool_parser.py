@@ -79,6 +79,11 @@ PARSES = [
         [("get_weather", {}), ("other", {"x": "1"})],
     ),
     ("<function=get_weather>\n</function>", None, [("get_weather", {})]),  # no <tool_call>
+    (  # stray text between parameters belongs to no value
+        "<function=get_weather>\nhm\n<parameter=days>\n2\n</parameter>\nok\n</function> x",
+        "x",
+        [("get_weather", {"days": 2})],
+    ),
     ("Text <tool_call> not a call", "Text <tool_call> not a call", []),
     ("Text <tool_ca", "Text <tool_ca", []),
     ("<function=bad\nname>", "<function=bad\nname>", []),
