@@ -38,6 +38,7 @@ from spyglass.core.api.media_fetch import fetch_images
 from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_output import (
     ChoiceSplitter,
+    held_after_reasoning,
     reads_special_tokens,
     reasoning_for,
     split_choice,
@@ -461,6 +462,8 @@ async def start_chat(
                 "tool_choice",
             )
         params = dataclasses.replace(params, structured_output=tool_constraint)
+    after = held_after_reasoning(serving.reasoning_parser, params.structured_output)
+    params = dataclasses.replace(params, structured_output=after)
     if reads_special_tokens(serving.reasoning_parser, serving.tool_parser, params, use):
         params = dataclasses.replace(params, skip_special_tokens=False)
     with serving.queue_slots(params.n):

@@ -168,13 +168,18 @@ def thinking_template(body: Conversation, serving: ServingContext) -> TemplateOp
     return TemplateOptions()
 
 
+ANY_TEXT = "(?s:.*)"
+"""A regular expression of any answer: what follows a thinking budget's reasoning."""
+
+
 def thinking_budget(
     body: MessagesRequest, serving: ServingContext, params: SamplingParams
 ) -> StructuredOutput | None:
-    """``thinking: {"type": "enabled", "budget_tokens": N}`` as the reasoning format's grammar of
-    answers that think at most N tokens (`ReasoningParser.budget_grammar`); None for the other
-    settings. A 400 where it cannot hold: no budget, one not below ``max_tokens`` (as Anthropic
-    refuses it), a format without such a grammar, or another constraint on the answer."""
+    """``thinking: {"type": "enabled", "budget_tokens": N}`` as a constraint: the reasoning
+    format's rules of a thought of at most N tokens (`ReasoningParser.reasoning_rules`), then
+    any text, or the answer ``output_config.format`` asks for; None for the other settings. A 400
+    where it cannot hold: no budget, one not below ``max_tokens`` (as Anthropic refuses it), or a
+    format without such rules."""
     thinking = body.thinking
     if thinking is None or thinking.type != "enabled":
         if thinking is not None and thinking.budget_tokens is not None:
@@ -189,22 +194,17 @@ def thinking_budget(
         raise APIError(
             400, "max_tokens must be greater than thinking.budget_tokens", "thinking.budget_tokens"
         )
-    budget_grammar = getattr(serving.reasoning_parser, "budget_grammar", None)
-    grammar = budget_grammar(budget) if budget_grammar is not None else None
-    if grammar is None:
+    rules_of = getattr(serving.reasoning_parser, "reasoning_rules", None)
+    rules = rules_of(budget, required=True) if rules_of is not None else None
+    if rules is None:
         raise APIError(
             400,
             "thinking enabled needs a reasoning format whose budget a grammar can hold "
             "(--reasoning-parser qwen3 or deepseek_r1); use adaptive",
             "thinking",
         )
-    if params.structured_output is not None:
-        raise APIError(
-            400,
-            "a thinking budget cannot be combined with output_config.format",
-            "thinking.budget_tokens",
-        )
-    return StructuredOutput("grammar", grammar)
+    answer = params.structured_output or StructuredOutput("regex", ANY_TEXT)
+    return dataclasses.replace(answer, after_reasoning=rules)
 
 
 @post(
@@ -236,7 +236,7 @@ async def create_message(
     template = thinking_template(data, serving)
     budget = thinking_budget(data, serving, params)
     reasoning = reasoning_for(serving.reasoning_parser, params, use)
-    if budget is not None:  # the answer's reasoning is still split: the grammar holds its length
+    if budget is not None:  # the answer's reasoning is still split: the constraint holds its length
         params = dataclasses.replace(params, structured_output=budget)
     response_id = new_id("msg")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)

@@ -1,10 +1,14 @@
 """One choice's output split into the model's reasoning, its content and its tool calls.
 
 The reasoning parser (``--reasoning-parser``) sees the output first; only the content after the
-reasoning goes on to the tool-call parser. A request whose output a grammar constrains (a
-response format, ``tool_choice`` required or named) is not split: the grammar leaves no room for
-reasoning.
+reasoning goes on to the tool-call parser. A request whose output is constrained (a response
+format, ``tool_choice`` required or named) reasons first where the reasoning format gives its
+grammar rules: the constraint holds from the end of the reasoning on, as vLLM applies structured
+outputs. A grammar of the client's (or a strict tool format's) leaves no room for reasoning: such
+answers are not split.
 """
+
+import dataclasses
 
 from spyglass.core.api.schemas import ToolCall
 from spyglass.core.api.tools import OutputSplitter, ToolUse, split_output
@@ -14,16 +18,34 @@ from spyglass.core.engine.reasoning import (
     ReasoningPiece,
     split_reasoning,
 )
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.core.engine.tool_calls import ToolCallParser, ToolCallPiece
 
 
 def reasoning_for(
     parser: ReasoningParser | None, params: SamplingParams, use: ToolUse
 ) -> ReasoningParser | None:
-    """The reasoning parser a request's output goes through: None when its output is constrained."""
-    constrained = params.structured_output is not None or use.mode in ("required", "forced")
-    return None if constrained else parser
+    """The reasoning parser a request's output goes through: None when its output is constrained
+    from its first token (a grammar of the client's, or a format without `reasoning_rules`)."""
+    spec = params.structured_output
+    if use.mode in ("required", "forced") and spec is None:
+        spec = StructuredOutput("json_schema", {})  # the calls' schema: any like it will do
+    if spec is not None and held_after_reasoning(parser, spec).after_reasoning is None:
+        return None
+    return parser
+
+
+def held_after_reasoning(
+    parser: ReasoningParser | None, spec: StructuredOutput | None
+) -> StructuredOutput | None:
+    """``spec`` held only once the answer's reasoning is over, where the reasoning format gives
+    its rules (`ReasoningParser.reasoning_rules`) and ``spec`` is not a grammar of its own; else
+    ``spec`` as it is."""
+    if spec is None or spec.kind == "grammar" or spec.after_reasoning is not None:
+        return spec
+    rules_of = getattr(parser, "reasoning_rules", None)
+    rules = rules_of() if rules_of is not None else None
+    return spec if rules is None else dataclasses.replace(spec, after_reasoning=rules)
 
 
 def reads_special_tokens(

@@ -43,10 +43,14 @@ class ReasoningParser(Protocol):
         """A fresh incremental split of one output."""
         ...
 
-    def budget_grammar(self, budget: int) -> str | None:
-        """A grammar (llguidance's Lark dialect) of answers that reason for at most ``budget``
-        tokens, then answer freely. Optional (None too): it is what holds Anthropic's
-        ``thinking: {"type": "enabled", "budget_tokens": N}``, which without it is a 400."""
+    def reasoning_rules(self, budget: int | None = None, required: bool = False) -> str | None:
+        """Grammar rules (llguidance's Lark dialect) defining ``reasoning``: the thought an answer
+        opens with (at most ``budget`` tokens when given; optional unless ``required`` where the
+        format reasons only when the answer opens it) up to and including its closing tag.
+        Optional (None too): with them a constrained answer (a JSON schema, ``tool_choice``
+        required) reasons first and the constraint holds after (`StructuredOutput.after_reasoning`),
+        and Anthropic's ``thinking: {"type": "enabled", "budget_tokens": N}`` holds; without them
+        constrained answers do not reason and a budget is a 400."""
         ...
 
 

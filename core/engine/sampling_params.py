@@ -19,16 +19,24 @@ class StructuredOutput:
     ``kind`` is one of `STRUCTURED_OUTPUT_KINDS`; ``value`` is the JSON schema (a dict) for
     ``json_schema``, None for ``json_object``, the pattern for ``regex``, the list of strings for
     ``choice``, and the grammar text (Lark or GBNF) for ``grammar``.
+
+    ``after_reasoning`` (not with ``grammar``) lets the answer reason first, unconstrained: Lark
+    rules defining ``reasoning``, the text the answer may open with before the constraint holds
+    (a reasoning format's, `ReasoningParser.reasoning_rules`), as vLLM applies structured outputs
+    after a reasoning model's thinking.
     """
 
     kind: str
     value: object = None
+    after_reasoning: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_OUTPUT_KINDS:
             raise ValueError(
                 f"structured output kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}"
             )
+        if self.kind == "grammar" and self.after_reasoning is not None:
+            raise ValueError("a grammar cannot follow reasoning: it names its own start")
 
 
 class RequestOutputKind(enum.Enum):

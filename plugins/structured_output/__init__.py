@@ -85,25 +85,56 @@ class LLGuidanceConstraint(TokenConstraint):
 
 def grammar_text(spec: StructuredOutput, compact_json: bool) -> str:
     """llguidance's grammar for ``spec`` (JSON with only single spaces after separators where
-    ``compact_json``); ``ValueError`` when the spec is malformed."""
+    ``compact_json``), after its ``reasoning`` rules when it has some; ``ValueError`` when the
+    spec is malformed."""
+    if spec.after_reasoning is not None:
+        return "\n".join(
+            [
+                "start: reasoning answer",
+                spec.after_reasoning,
+                f"answer: {_answer_rule(spec, compact_json)}",
+            ]
+        )
     if spec.kind in ("json_object", "json_schema"):
-        schema = {"type": "object"} if spec.kind == "json_object" else spec.value
-        if not isinstance(schema, dict):
-            raise ValueError("the JSON schema must be an object")
-        if compact_json:
-            schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **_COMPACT}}
-        return llguidance.grammar_from("json_schema", json.dumps(schema))
+        return llguidance.grammar_from("json_schema", json.dumps(_schema(spec, compact_json)))
     if spec.kind == "choice":
-        if (
-            not isinstance(spec.value, list)
-            or not spec.value
-            or not all(isinstance(c, str) for c in spec.value)
-        ):
-            raise ValueError("choice must be a non-empty list of strings")
+        _check_choices(spec)
         return llguidance.grammar_from("choice", json.dumps(spec.value))
     if not isinstance(spec.value, str) or not spec.value:
         raise ValueError(f"{spec.kind} must be a non-empty string")
     return llguidance.grammar_from("regex" if spec.kind == "regex" else "grammar", spec.value)
+
+
+def _schema(spec: StructuredOutput, compact_json: bool) -> dict:
+    """The JSON schema of a ``json_object`` or ``json_schema`` spec, llguidance's whitespace
+    options in it."""
+    schema = {"type": "object"} if spec.kind == "json_object" else spec.value
+    if not isinstance(schema, dict):
+        raise ValueError("the JSON schema must be an object")
+    if compact_json:
+        schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **_COMPACT}}
+    return schema
+
+
+def _answer_rule(spec: StructuredOutput, compact_json: bool) -> str:
+    """The body of a Lark rule holding the answer to ``spec`` (not a ``grammar``)."""
+    if spec.kind in ("json_object", "json_schema"):
+        return f"%json {json.dumps(_schema(spec, compact_json))}"
+    if spec.kind == "choice":
+        _check_choices(spec)
+        return " | ".join(json.dumps(choice) for choice in spec.value)
+    if not isinstance(spec.value, str) or not spec.value:
+        raise ValueError(f"{spec.kind} must be a non-empty string")
+    return "/" + spec.value.replace("/", "\\/") + "/"
+
+
+def _check_choices(spec: StructuredOutput) -> None:
+    if (
+        not isinstance(spec.value, list)
+        or not spec.value
+        or not all(isinstance(c, str) for c in spec.value)
+    ):
+        raise ValueError("choice must be a non-empty list of strings")
 
 
 class StructuredOutputPlugin:
@@ -140,9 +171,10 @@ class StructuredOutputPlugin:
             self._series.remove()
             self._series = self._compile_seconds = None
 
-    def _compile_uncached(self, kind: str, value_json: str) -> str:
+    def _compile_uncached(self, kind: str, value_json: str, after_reasoning: str | None) -> str:
         start = time.perf_counter()
-        grammar = grammar_text(StructuredOutput(kind, json.loads(value_json)), self._compact_json)
+        spec = StructuredOutput(kind, json.loads(value_json), after_reasoning)
+        grammar = grammar_text(spec, self._compact_json)
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if self._compile_seconds is not None:
             self._compile_seconds.observe(time.perf_counter() - start)
@@ -163,7 +195,7 @@ class StructuredOutputPlugin:
             )
             self._executor = llguidance.LLExecutor(num_threads=2)
         # Keys keep their order: a schema's property order is the order the JSON is generated in.
-        grammar = self._compile(spec.kind, json.dumps(spec.value))
+        grammar = self._compile(spec.kind, json.dumps(spec.value), spec.after_reasoning)
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(matcher.get_error())

@@ -10,8 +10,9 @@ dropped. ``mistral``: as ``qwen3`` with Magistral's ``[THINK]`` and ``[/THINK]``
 1.1 and later), which are special tokens: answers it splits keep special tokens' text
 (`ThinkFormat.reads_special_tokens`).
 
-A thinking budget (Anthropic's ``budget_tokens``) holds through `ThinkFormat.budget_grammar`: the
-answer's reasoning is closed after that many tokens at the latest (``<think>`` formats only).
+`ThinkFormat.reasoning_rules` gives the reasoning as grammar rules (``<think>`` formats only), so
+that a constrained answer (a JSON schema, say) may reason first, and a thinking budget (Anthropic's
+``budget_tokens``) closes the reasoning after that many tokens at the latest.
 
 The plugin holds no state: its entry point registers the module, as the Hermes tool parser's does.
 """
@@ -36,22 +37,38 @@ class ThinkFormat:
         """A fresh incremental split."""
         return ThinkStream(self)
 
-    def budget_grammar(self, budget: int) -> str | None:
-        """A grammar (llguidance's Lark) of answers that think at most ``budget`` tokens: the
-        reasoning (opened by the answer unless the format starts in it) ends with the closing tag
-        by then at the latest, any text follows. None for tags that are special tokens, which a
-        grammar of text cannot force."""
+    def reasoning_rules(self, budget: int | None = None, required: bool = False) -> str | None:
+        """Lark rules (llguidance's) of the reasoning an answer may open with: ``reasoning`` is
+        the thought (at most ``budget`` tokens when given) and its closing tag, optional unless
+        ``required`` where the format reasons only when the answer opens the tag. None for tags
+        that are special tokens, which a grammar of text cannot write.
+
+        The thought may hold anything but the closing tag. Its lexeme is greedy, so it could
+        swallow the tag's start before the tag's last character shows it closes: a second lexeme,
+        the thought ending with all of the tag but its last character, lets the parser take that
+        reading when the last character comes. A budget ends the thought where it is, and the tag
+        follows."""
         if self.reads_special_tokens:
             return None
-        close = json.dumps(self.close_tag)
-        pattern = "".join(f"\\{c}" if c in "/\\.^$*+?()[]{}|" else c for c in self.close_tag)
-        opening = "" if self.starts_in_reasoning else f"{json.dumps(self.open_tag)} "
+        close = self.close_tag
+        limit = "" if budget is None else f"[max_tokens={budget}]"
+        thought = "reasoning_thought SPACE"
+        if self.starts_in_reasoning:
+            reasoning = f"reasoning: {thought}"
+        else:
+            opened = f"{json.dumps(self.open_tag)} {thought}"
+            reasoning = f"reasoning: {opened}" if required else f"reasoning: ({opened})?"
+        never_closed = f"~/(?s:.*){_pattern(close)}(?s:.*)/"
         return "\n".join(
             [
-                f"start: {opening}thought {close} REST",
-                f"thought[max_tokens={budget}]: THOUGHT",
-                f"THOUGHT: /(?s:.*)/ & ~/(?s:.*){pattern}(?s:.*)/",
-                "REST: /(?s:.*)/",
+                reasoning,
+                f"reasoning_thought: thought_text {json.dumps(close)} "
+                f"| thought_closing {json.dumps(close[-1])}",
+                f"thought_text{limit}: THOUGHT_TEXT",
+                f"thought_closing{limit}: THOUGHT_CLOSING",
+                f"THOUGHT_TEXT: /(?s:.*)/ & {never_closed}",
+                f"THOUGHT_CLOSING: /(?s:.*){_pattern(close[:-1])}/ & {never_closed}",
+                r"SPACE: /[ \t\n]{0,4}/",  # what models write after the thought; never a run
             ]
         )
 
@@ -119,6 +136,11 @@ class ThinkStream:
         kind = "reasoning" if self._state in ("reasoning", "reasoning_start") else "content"
         text, self._buffer = self._buffer, ""
         return [ReasoningPiece(kind, text)] if text and self._state != "after" else []
+
+
+def _pattern(text: str) -> str:
+    """``text`` as a regular expression inside llguidance's ``/.../``."""
+    return "".join(f"\\{c}" if c in "/\\.^$*+?()[]{}|" else c for c in text)
 
 
 FORMATS = {

@@ -7,6 +7,8 @@ returns as the answer's beginning, which is split with the rest. With ``deepseek
 starts in the reasoning, so a plain answer is all reasoning.
 """
 
+import json
+
 import anthropic
 import openai
 import pytest
@@ -28,6 +30,9 @@ def servers(request, tiny_llama_dir, tmp_path_factory):
             tmp_path_factory.mktemp(f"reasoning_{name}"),
             "--reasoning-parser",
             name,
+            # JSON with single spaces only: the random model cannot stall in whitespace
+            "--plugin-option",
+            "json_whitespace=compact",
         )
         for name in ("qwen3", "deepseek_r1")
     }
@@ -141,18 +146,22 @@ def test_deepseek_r1_output_starts_in_the_reasoning(servers):
     assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == GREEDY["max_tokens"]
 
 
-def test_constrained_answers_are_not_split(servers):
+def test_constrained_answers_reason_first_unless_their_grammar_is_their_own(servers):
+    # As vLLM: a response format holds from the end of the reasoning on. The tiny model never
+    # closes its thought, so the JSON never starts: all of it is reasoning, none of it JSON.
     client = _openai(servers["deepseek_r1"])
-    response = client.chat.completions.create(
-        model="tiny",
-        messages=[QUESTION],
-        max_tokens=12,
-        temperature=0,
-        response_format={"type": "json_object"},
-    )
-    message = response.choices[0].message
-    assert message.content.startswith("{")
-    assert message.model_extra["reasoning_content"] is None
+
+    def ask(**extra):
+        response = client.chat.completions.create(
+            model="tiny", messages=[QUESTION], max_tokens=12, temperature=0, **extra
+        )
+        return response.choices[0].message
+
+    reasoned = ask(response_format={"type": "json_object"})
+    assert reasoned.model_extra["reasoning_content"] and reasoned.content is None
+    # A grammar of the client's names its own start: it holds from the first token, unsplit.
+    grammar = ask(extra_body={"structured_outputs": {"grammar": 'start: "yes" | "no"'}})
+    assert grammar.content in ("yes", "no") and grammar.model_extra["reasoning_content"] is None
 
 
 def test_responses_api_returns_a_reasoning_item(servers):
@@ -241,17 +250,37 @@ def test_a_thinking_budget_closes_the_reasoning_in_time(servers, name, hf_gguf_t
     ]
 
 
+def test_a_thinking_budget_then_a_json_answer(servers):
+    # The budget closes the thought; the format then holds the answer.
+    client = anthropic.Anthropic(base_url=servers["qwen3"].base_url, api_key="unused")
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"enum": ["Paris", "Lyon"]}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    message = client.messages.create(
+        model="tiny",
+        max_tokens=48,
+        messages=[QUESTION],
+        thinking={"type": "enabled", "budget_tokens": 5},
+        extra_body={
+            "temperature": 0,
+            "output_config": {"format": {"type": "json_schema", "schema": schema}},
+        },
+    )
+    thinking, text = message.content
+    assert thinking.type == "thinking" and thinking.thinking
+    assert text.type == "text" and message.stop_reason == "end_turn"
+    assert json.loads(text.text)["answer"] in ("Paris", "Lyon")
+
+
 @pytest.mark.parametrize(
     "thinking, extra, reason",
     [
         ({"type": "enabled", "budget_tokens": 8}, {}, "max_tokens must be greater"),
         ({"type": "enabled"}, {}, "needs budget_tokens"),
         ({"type": "adaptive", "budget_tokens": 4}, {}, "goes with thinking type enabled"),
-        (
-            {"type": "enabled", "budget_tokens": 4},
-            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
-            "cannot be combined",
-        ),
     ],
 )
 def test_a_thinking_budget_that_cannot_hold_is_refused_by_name(servers, thinking, extra, reason):

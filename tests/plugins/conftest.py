@@ -13,6 +13,7 @@ from spyglass.core.engine.plugin_context import PluginContext
 from spyglass.core.engine.plugin_manager import create_plugin_manager
 from spyglass.core.engine.request import Request
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.engine.token_constraint import allowed_tokens, bitmask_words
 from spyglass.core.engine.tool_calls import collect
 from spyglass.core.loaders.checkpoint import Checkpoint
 from spyglass.core.loaders.load import load_checkpoint
@@ -106,7 +107,8 @@ def driver():
 @pytest.fixture(scope="session")
 def grammar_accepts(tiny_llama_dir) -> Callable[[str, str], bool]:
     """``accepts(grammar, text)``: whether an llguidance grammar (Lark) lets every one of the tiny
-    vocabulary's tokens of ``text`` through, token by token, as it would mask a model's."""
+    vocabulary's tokens of ``text`` through, token by token, as it masks a model's: each token
+    allowed by the step's mask, then accepted."""
     tokenizer = Tokenizer.from_hf_dir(tiny_llama_dir)
     plugin = StructuredOutputPlugin()
 
@@ -114,8 +116,14 @@ def grammar_accepts(tiny_llama_dir) -> Callable[[str, str], bool]:
         constraint = plugin.spyglass_token_constraint(
             StructuredOutput("grammar", grammar), tokenizer, tokenizer.vocab_size
         )
-        token_ids = tokenizer.encode(text, False)
-        return constraint.num_valid(token_ids) == len(token_ids)
+        for token_id in tokenizer.encode(text, False):
+            mask = torch.zeros((1, bitmask_words(tokenizer.vocab_size)), dtype=torch.int32)
+            constraint.fill_bitmask(mask, 0)
+            if not allowed_tokens(mask, tokenizer.vocab_size)[0, token_id]:
+                return False
+            if not constraint.accept(token_id):
+                return False
+        return True
 
     return accepts
 

@@ -8,6 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spyglass.core.engine.reasoning import split_reasoning
+from spyglass.core.engine.sampling_params import StructuredOutput
+from spyglass.plugins.structured_output import grammar_text
 from spyglass.plugins.think_reasoning import FORMATS, spyglass_reasoning_parser
 
 CASES = [
@@ -64,3 +66,40 @@ def test_the_hook_names_the_formats():
     assert spyglass_reasoning_parser(name="mistral").reads_special_tokens  # [THINK] is special
     assert not FORMATS["qwen3"].reads_special_tokens
     assert spyglass_reasoning_parser(name="hermes") is None
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["Paris", "Lyon"]}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("name", ["qwen3", "deepseek_r1"])
+def test_a_constraint_holds_from_the_end_of_the_reasoning_on(grammar_accepts, name):
+    # As vLLM applies structured outputs to a reasoning model: the thought is free (anything
+    # but its closing tag), the answer after it obeys the schema.
+    think = FORMATS[name]
+    spec = StructuredOutput("json_schema", ANSWER, after_reasoning=think.reasoning_rules())
+    grammar = grammar_text(spec, compact_json=False)
+    opening = "" if think.starts_in_reasoning else "<think>"
+    thought = (
+        f'{opening}Lyon? No: {{"answer": "Paris"}}, if a < b, </div> or </thin, then.</think>\n\n'
+    )
+    assert grammar_accepts(grammar, thought + '{"answer": "Paris"}')
+    assert not grammar_accepts(grammar, thought + "Paris")
+    assert not grammar_accepts(grammar, thought + '{"answer": "Nice"}')
+    # qwen3 reasons only when the answer opens <think>: otherwise the schema holds at once;
+    # deepseek_r1's answer starts in its thought, where anything goes.
+    assert grammar_accepts(grammar, '{"answer": "Nice"}') == (name == "deepseek_r1")
+
+
+def test_a_budget_closes_the_thought_and_magistral_tags_give_no_rules(grammar_accepts):
+    rules = FORMATS["deepseek_r1"].reasoning_rules(budget=4)
+    grammar = grammar_text(StructuredOutput("regex", "(?s:.*)", after_reasoning=rules), False)
+    # The tag's tokens, as the model writes it, count in the thought: " a", "</", "think".
+    assert grammar_accepts(grammar, " a</think> then anything")
+    assert grammar_accepts(grammar, " a b c d</think> then anything")  # the tag forced at 4
+    assert not grammar_accepts(grammar, " a b c d e</think>")
+    assert FORMATS["mistral"].reasoning_rules() is None  # [THINK] is a special token
