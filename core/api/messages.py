@@ -240,6 +240,8 @@ async def create_message(
         params = dataclasses.replace(params, structured_output=budget)
     response_id = new_id("msg")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
+    if budget is not None:
+        attributes["thinking_budget"] = data.thinking.budget_tokens
     group = await start_chat(
         serving,
         request,

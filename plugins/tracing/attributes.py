@@ -54,6 +54,7 @@ def request_attributes(request: Request, model: str) -> dict:
     ``operation``, ``stream``, ``user``, ``request_model`` (the model the client named),
     ``api_request_id`` (the response id the client sees), ``tenant``, ``session_id``,
     ``prompt_cache_key`` (OpenAI's: the family of prompts the client says share a prefix),
+    ``thinking_budget`` (Anthropic's ``budget_tokens``: the most tokens the answer may think),
     ``metadata`` (the call's, as OpenInference's ``metadata``: JSON) and
     ``preprocess_seconds`` (the call's handling before the engine had it), and the
     HTTP request's id, session header and server address from the context the API captured.
@@ -94,6 +95,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "metadata": metadata_json(request),
         "spyglass.tenant": extra.get("tenant"),
         "spyglass.request.prompt_cache_key": extra.get("prompt_cache_key"),
+        "spyglass.request.thinking_budget": extra.get("thinking_budget"),
         "spyglass.lora.name": request.lora_name,
         "spyglass.request.images": sum(image.clip is None for image in request.images) or None,
         "spyglass.request.videos": sum(image.clip is not None for image in request.images) or None,
@@ -123,6 +125,8 @@ def response_format_attributes(request: Request) -> dict:
         attrs["spyglass.response_format.spec"] = (
             spec.value if isinstance(spec.value, str) else json.dumps(spec.value)
         )
+    if spec.after_reasoning is not None:  # the constraint holds once the model's thought ends
+        attrs["spyglass.response_format.after_reasoning"] = True
     return attrs
 
 
