@@ -514,9 +514,10 @@ HTTP_REQUEST_DURATION = Histogram(
 SERVER_CONFIG_INFO = Gauge(
     "spyglass:server_config_info",
     "How the HTTP server runs, in labels: engine_placement (thread: the engine steps in a thread "
-    "of the server's process; process: in a process of its own, --engine-process); the value is "
-    "always 1.",
-    ["engine_placement"],
+    "of the server's process; process: in a process of its own, --engine-process), "
+    "tool_call_parser (the format auto tool calls are read in, --tool-call-parser) and "
+    "reasoning_parser (--reasoning-parser; none without); the value is always 1.",
+    ["engine_placement", "tool_call_parser", "reasoning_parser"],
 )
 # Recorded by the HTTP server's process; every other metric by the engine's, which is another
 # process with ``--engine-process`` (`exposition.MergedRegistry`).

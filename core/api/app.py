@@ -57,19 +57,25 @@ def create_app(
             load_engine, engine_config, options, on_engine_crash, loading
         )
         async_engine.start()
-        metrics.SERVER_CONFIG_INFO.labels(async_engine.placement).set(1)
         try:
             app.state.serving = ServingContext(async_engine, options, engine_config.model)
         except ValueError:  # an option the engine's plugins cannot meet (--reasoning-parser)
             await asyncio.to_thread(async_engine.stop, 0)
             raise
+        reasoning = options.reasoning_parser or "none"
+        metrics.SERVER_CONFIG_INFO.labels(
+            async_engine.placement, options.tool_call_parser, reasoning
+        ).set(1)
         log.info(
-            "Serving %s on http://%s:%d (engine in a %s, loaded in %.1f s; OpenAPI at /schema)",
+            "Serving %s on http://%s:%d (engine in a %s, loaded in %.1f s; tool calls read as %s, "
+            "reasoning as %s; OpenAPI at /schema)",
             app.state.serving.model_name,
             options.host,
             options.port,
             async_engine.placement,
             time.perf_counter() - start,
+            options.tool_call_parser,
+            reasoning,
         )
         try:
             yield

@@ -53,6 +53,7 @@ _NEUTRAL = {
     "best_of": (None,),
     "tools": (None, []),
     "prediction": (None,),
+    "thinking_token_budget": (None,),
 }
 
 

@@ -42,6 +42,7 @@ from spyglass.core.api.reasoning_output import (
     reads_special_tokens,
     reasoning_for,
     split_choice,
+    thinking_constraint,
 )
 from spyglass.core.api.schemas import (
     AssistantMessage,
@@ -362,6 +363,16 @@ async def create_chat_completion(
         )
         return Response(await unless_disconnected(request, search))
     reasoning = reasoning_for(serving.reasoning_parser, params, use)
+    if data.thinking_token_budget is not None:  # the reasoning is still split: it only has a limit
+        spec = thinking_constraint(
+            serving.reasoning_parser,
+            params.structured_output,
+            data.thinking_token_budget,
+            required=False,
+            param="thinking_token_budget",
+        )
+        params = dataclasses.replace(params, structured_output=spec)
+        attributes["thinking_budget"] = data.thinking_token_budget
     group = await start_chat(
         serving,
         request,

@@ -39,7 +39,12 @@ from spyglass.core.api.messages_schemas import (
     Usage,
 )
 from spyglass.core.api.prompts import encode_text
-from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for, split_choice
+from spyglass.core.api.reasoning_output import (
+    ChoiceSplitter,
+    reasoning_for,
+    split_choice,
+    thinking_constraint,
+)
 from spyglass.core.api.schemas import (
     ChatMessage,
     FunctionCall,
@@ -168,10 +173,6 @@ def thinking_template(body: Conversation, serving: ServingContext) -> TemplateOp
     return TemplateOptions()
 
 
-ANY_TEXT = "(?s:.*)"
-"""A regular expression of any answer: what follows a thinking budget's reasoning."""
-
-
 def thinking_budget(
     body: MessagesRequest, serving: ServingContext, params: SamplingParams
 ) -> StructuredOutput | None:
@@ -194,17 +195,13 @@ def thinking_budget(
         raise APIError(
             400, "max_tokens must be greater than thinking.budget_tokens", "thinking.budget_tokens"
         )
-    rules_of = getattr(serving.reasoning_parser, "reasoning_rules", None)
-    rules = rules_of(budget, required=True) if rules_of is not None else None
-    if rules is None:
-        raise APIError(
-            400,
-            "thinking enabled needs a reasoning format whose budget a grammar can hold "
-            "(--reasoning-parser qwen3 or deepseek_r1); use adaptive",
-            "thinking",
-        )
-    answer = params.structured_output or StructuredOutput("regex", ANY_TEXT)
-    return dataclasses.replace(answer, after_reasoning=rules)
+    return thinking_constraint(
+        serving.reasoning_parser,
+        params.structured_output,
+        budget,
+        required=True,
+        param="thinking.budget_tokens",
+    )
 
 
 @post(

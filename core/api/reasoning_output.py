@@ -10,6 +10,7 @@ answers are not split.
 
 import dataclasses
 
+from spyglass.core.api.errors import APIError
 from spyglass.core.api.schemas import ToolCall
 from spyglass.core.api.tools import OutputSplitter, ToolUse, split_output
 from spyglass.core.engine.outputs import RequestOutput
@@ -59,6 +60,33 @@ def reads_special_tokens(
     tokens (Magistral's ``[THINK]``, Mistral's ``[TOOL_CALLS]``)."""
     parsers = (reasoning_for(reasoning, params, use), tool_parser if use.mode == "auto" else None)
     return any(getattr(parser, "reads_special_tokens", False) for parser in parsers)
+
+
+def thinking_constraint(
+    parser: ReasoningParser | None,
+    spec: StructuredOutput | None,
+    budget: int,
+    required: bool,
+    param: str,
+) -> StructuredOutput:
+    """A thinking budget as the answer's constraint: at most ``budget`` tokens of thought (one
+    required if ``required``), then ``spec``'s answer, or any text without one. A 400 naming
+    ``param`` where it cannot hold: no reasoning parser, a format whose tags a grammar cannot
+    write, or a grammar of the client's, which names its own start."""
+    rules_of = getattr(parser, "reasoning_rules", None)
+    rules = rules_of(budget, required) if rules_of is not None else None
+    if rules is None:
+        raise APIError(
+            400,
+            "a thinking budget needs a server started with a --reasoning-parser whose tags a "
+            "grammar can hold (qwen3 or deepseek_r1)",
+            param,
+        )
+    if spec is None:
+        return StructuredOutput("grammar", parser.budget_grammar(budget, required))
+    if spec.kind == "grammar":
+        raise APIError(400, "a thinking budget cannot precede a grammar of its own", param)
+    return dataclasses.replace(spec, after_reasoning=rules)
 
 
 def split_choice(

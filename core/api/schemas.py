@@ -353,6 +353,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     # OpenAI's: passed to the chat template as a variable (as vLLM does), for the templates that
     # read it (gpt-oss's and others'); a 400 where the template would ignore it.
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    # vLLM's: at most this many tokens of thought, then the closing tag is forced
+    # (`reasoning_output.thinking_constraint`; needs a --reasoning-parser whose tags a grammar holds).
+    thinking_token_budget: PositiveInt | None = None
     # OpenAI's predicted outputs: n-gram speculation drafts from it (`SamplingParams.prediction`).
     prediction: PredictedContent | None = None
     # Not implemented: only absent or neutral values pass (`UNSUPPORTED_CHAT`).

@@ -49,8 +49,13 @@ class ReasoningParser(Protocol):
         format reasons only when the answer opens it) up to and including its closing tag.
         Optional (None too): with them a constrained answer (a JSON schema, ``tool_choice``
         required) reasons first and the constraint holds after (`StructuredOutput.after_reasoning`),
-        and Anthropic's ``thinking: {"type": "enabled", "budget_tokens": N}`` holds; without them
-        constrained answers do not reason and a budget is a 400."""
+        and a thinking budget holds (with `budget_grammar` for unconstrained answers); without
+        them constrained answers do not reason and a budget is a 400."""
+        ...
+
+    def budget_grammar(self, budget: int, required: bool = False) -> str | None:
+        """A grammar (the same dialect) of whole answers that reason at most ``budget`` tokens
+        (and must, if ``required``), then say anything. Optional (None too), as `reasoning_rules`."""
         ...
 
 

@@ -72,6 +72,19 @@ class ThinkFormat:
             ]
         )
 
+    def budget_grammar(self, budget: int, required: bool = False) -> str | None:
+        """A grammar of whole answers that reason at most ``budget`` tokens (and must, if
+        ``required``), then say anything; where the answer opens the thought, what follows an
+        answer that did not open it never opens it either (else a thought could run unbounded
+        as answer text). None where `reasoning_rules` is."""
+        rules = self.reasoning_rules(budget, required)
+        if rules is None:
+            return None
+        rest = "REST: /(?s:.*)/"
+        if not (self.starts_in_reasoning or required):
+            rest += f" & ~/{_pattern(self.open_tag)}(?s:.*)/"
+        return "\n".join(["start: reasoning REST", rules, rest])
+
 
 class ThinkStream:
     """Splits one output as it grows: the opening (whitespace, then ``<think>`` or not), the

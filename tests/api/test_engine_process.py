@@ -136,7 +136,14 @@ def test_the_metrics_say_where_the_engine_runs(process_server, tiny_server):
             if f.name == "spyglass:server_config_info"
         )
         assert [(s.labels, s.value) for s in family.samples] == [
-            ({"engine_placement": placement}, 1.0)
+            (
+                {
+                    "engine_placement": placement,
+                    "tool_call_parser": "hermes",
+                    "reasoning_parser": "none",
+                },
+                1.0,
+            )
         ]
 
 

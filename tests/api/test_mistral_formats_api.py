@@ -13,6 +13,7 @@ import json
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.api.conftest import TINY_ARGS, start_server
 
@@ -170,6 +171,18 @@ def test_magistral_reasoning_is_split_off_and_keeps_special_tokens(
     assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [
         ("get_weather", "{}")
     ]
+
+
+def test_the_formats_read_are_in_the_metrics(server):
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    [family] = [
+        f for f in text_string_to_metric_families(text) if f.name == "spyglass:server_config_info"
+    ]
+    [sample] = family.samples
+    assert (sample.labels["tool_call_parser"], sample.labels["reasoning_parser"]) == (
+        "mistral",
+        "none",
+    )
 
 
 def test_earlier_calls_reach_the_template_with_ids_it_accepts(client, server, hf_gguf_tokenizer):

@@ -275,6 +275,29 @@ def test_a_thinking_budget_then_a_json_answer(servers):
     assert json.loads(text.text)["answer"] in ("Paris", "Lyon")
 
 
+def test_vllms_thinking_token_budget_limits_a_chat_answers_thought(servers, tiny_client):
+    # deepseek_r1 answers start in the thought, which the tiny model never closes by itself.
+    client = _openai(servers["deepseek_r1"])
+
+    def ask(**extra):
+        response = client.chat.completions.create(
+            model="tiny", messages=[QUESTION], max_tokens=40, temperature=0, extra_body=extra
+        )
+        return response.choices[0].message
+
+    unlimited = ask()
+    assert unlimited.content is None  # all of it thought
+    limited = ask(thinking_token_budget=5)
+    assert limited.model_extra["reasoning_content"] and limited.content
+    as_json = ask(thinking_token_budget=5, response_format={"type": "json_object"})
+    assert as_json.model_extra["reasoning_content"] and as_json.content.startswith("{")
+    with pytest.raises(openai.BadRequestError, match="--reasoning-parser") as error:
+        tiny_client.chat.completions.create(
+            model="tiny", messages=[QUESTION], max_tokens=4, extra_body={"thinking_token_budget": 5}
+        )
+    assert error.value.body["param"] == "thinking_token_budget"
+
+
 @pytest.mark.parametrize(
     "thinking, extra, reason",
     [
