@@ -122,7 +122,7 @@ def _answer_rule(spec: StructuredOutput, compact_json: bool) -> str:
         return f"%json {json.dumps(_schema(spec, compact_json))}"
     if spec.kind == "choice":
         _check_choices(spec)
-        return " | ".join(json.dumps(choice) for choice in spec.value)
+        return " | ".join(json.dumps(choice, ensure_ascii=False) for choice in spec.value)
     if not isinstance(spec.value, str) or not spec.value:
         raise ValueError(f"{spec.kind} must be a non-empty string")
     return "/" + spec.value.replace("/", "\\/") + "/"
@@ -199,8 +199,13 @@ class StructuredOutputPlugin:
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(matcher.get_error())
-        # The text the grammar forces from the start must be spelled by tokens the matcher then
-        # accepts: a vocabulary missing a byte token (a GGUF's, say) cannot write some characters.
+        # Each choice, and the text the grammar forces from the start, must be spelled by tokens
+        # the matcher then accepts: a vocabulary missing a byte token (a GGUF's, say) cannot
+        # write some characters, and a grammar that needed one would end in a dead end.
+        if spec.kind == "choice":
+            for choice in spec.value:
+                if tokenizer.decode(tokenizer.encode(choice, False)) != choice:
+                    raise ValueError(f"this model's vocabulary cannot spell the choice {choice!r}")
         forced = matcher.compute_ff_tokens()
         if matcher.validate_tokens(forced) < len(forced):
             raise ValueError(

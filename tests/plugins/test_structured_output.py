@@ -224,6 +224,25 @@ def test_a_constraint_whose_forced_text_the_vocabulary_cannot_spell_is_refused(m
     assert error.value.param == "response_format" and not engine.requests
 
 
+def test_choices_beyond_the_bmp_are_written_and_unspellable_ones_refused(make_engine, driver):
+    # Found by fuzzing: a choice the vocabulary cannot spell led the grammar into a dead end after
+    # its first character (its mask offered a continuation byte, then it rejected it: a 500).
+    engine = make_engine(plugins=PLUGINS)
+    choices = ["a\U0001f600", "b\U0001d518"]  # an emoji and a mathematical letter
+    requests = [
+        driver.add(engine, PROMPT, _params(StructuredOutput("choice", choices), seed))
+        for seed in range(10)
+    ]
+    outputs = driver.drain(engine)
+    assert {outputs[r.req_id].outputs[0].finish_reason for r in requests} == {"stop"}
+    assert {outputs[r.req_id].outputs[0].text for r in requests} <= set(choices)
+    # SmolLM2's vocabulary has no token for U+4EF1E's lead byte: "0" could start that choice,
+    # but nothing could finish it.
+    with pytest.raises(InvalidRequestError, match="cannot spell the choice") as error:
+        driver.add(engine, PROMPT, _params(StructuredOutput("choice", ["a", "0\U0004ef1e"]), 0))
+    assert error.value.param == "response_format"
+
+
 def test_vllms_structured_outputs_spelling_constrains_alike_offline(tiny_llama_dir):
     # vLLM's SamplingParams(structured_outputs=StructuredOutputsParams(...)) is our
     # structured_output: the same sampled text, and a constraint that a replace keeps.
