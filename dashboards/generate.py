@@ -194,6 +194,17 @@ def sections() -> list[tuple[str, list[dict]]]:
             ],
             m.HTTP_ERRORS._documentation,
         ),
+        panel(
+            "Tool calls by format",
+            "reqps",
+            [
+                target(
+                    f"sum by (format) (rate({series(m.TOOL_CALLS)}{WINDOW}))",
+                    "{{format}}",
+                )
+            ],
+            m.TOOL_CALLS._documentation,
+        ),
         heatmap("Prompt length", m.REQUEST_PROMPT_TOKENS),
         heatmap("Generation length", m.REQUEST_GENERATION_TOKENS),
         mean_panel(

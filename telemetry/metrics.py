@@ -505,6 +505,14 @@ HTTP_ERRORS = Counter(
     "(the access log and the span name the field).",
     ["route", "status", "code"],
 )
+TOOL_CALLS = Counter(
+    "spyglass:tool_calls",
+    "Tool calls returned to clients, by the format they were read in: the --tool-call-parser "
+    "format (hermes, llama3_json, mistral, qwen3_coder, pythonic, or a plugin's) for tool_choice "
+    "auto, json for required and named calls, which the grammar writes. A rate of zero beside "
+    "tool requests means the model's calls are not being read.",
+    ["format"],
+)
 HTTP_REQUEST_DURATION = Histogram(
     "spyglass:http_request_duration_seconds",
     "HTTP request handling time (until the response ends).",
@@ -521,7 +529,7 @@ SERVER_CONFIG_INFO = Gauge(
 )
 # Recorded by the HTTP server's process; every other metric by the engine's, which is another
 # process with ``--engine-process`` (`exposition.MergedRegistry`).
-SERVER_METRICS = (HTTP_REQUESTS, HTTP_ERRORS, HTTP_REQUEST_DURATION, SERVER_CONFIG_INFO)
+SERVER_METRICS = (HTTP_REQUESTS, HTTP_ERRORS, TOOL_CALLS, HTTP_REQUEST_DURATION, SERVER_CONFIG_INFO)
 
 
 DEVICE_UTILIZATION = "spyglass:device_utilization_perc"

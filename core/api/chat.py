@@ -559,7 +559,7 @@ class _ChatWriter:
     def _splitter(self, index: int) -> ChoiceSplitter:
         if index not in self._splitters:
             self._splitters[index] = ChoiceSplitter(
-                self.reasoning, self.use, self.serving.tool_parser
+                self.reasoning, self.use, self.serving.tool_format
             )
         return self._splitters[index]
 
@@ -584,7 +584,7 @@ class _ChatWriter:
             )
             # An echoed message is the answer's start: split with it.
             thought, content, calls = split_choice(
-                self.echo + completion.text, self.reasoning, self.use, self.serving.tool_parser
+                self.echo + completion.text, self.reasoning, self.use, self.serving.tool_format
             )
             message = AssistantMessage(content, tool_calls=calls, reasoning_content=thought)
             choices.append(

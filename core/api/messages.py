@@ -306,7 +306,7 @@ class _MessageWriter:
         completion = output.outputs[0]
         check_finished(completion)
         thought, content, calls = split_choice(
-            completion.text, self.reasoning, self.use, self.serving.tool_parser
+            completion.text, self.reasoning, self.use, self.serving.tool_format
         )
         uses = [
             ToolUseBlock(_tool_use_id(), call.function.name, _input(call.function.arguments))
@@ -327,7 +327,7 @@ class _MessageWriter:
 
     async def events(self, group: RequestGroup) -> AsyncIterator[tuple[str, dict]]:
         """Anthropic's event sequence for one message: a block per run of text and per tool call, as generated."""
-        splitter = ChoiceSplitter(self.reasoning, self.use, self.serving.tool_parser)
+        splitter = ChoiceSplitter(self.reasoning, self.use, self.serving.tool_format)
         index, open_kind, output = -1, None, None
         async for _, output in group.outputs():
             completion = output.outputs[0]

@@ -12,7 +12,7 @@ import dataclasses
 
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.schemas import ToolCall
-from spyglass.core.api.tools import OutputSplitter, ToolUse, split_output
+from spyglass.core.api.tools import OutputSplitter, ToolFormat, ToolUse, split_output
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.reasoning import (
     ReasoningParser,
@@ -90,7 +90,7 @@ def thinking_constraint(
 
 
 def split_choice(
-    text: str, reasoning: ReasoningParser | None, use: ToolUse, tool_parser: ToolCallParser | None
+    text: str, reasoning: ReasoningParser | None, use: ToolUse, tool_format: ToolFormat
 ) -> tuple[str | None, str | None, list[ToolCall]]:
     """``(reasoning, content, tool_calls)`` of a whole output: what its stream assembles to."""
     thought = None
@@ -98,7 +98,7 @@ def split_choice(
         thought, text = split_reasoning(reasoning, text)
         if text is None:  # all of it was reasoning
             return thought, None, []
-    content, calls = split_output(text, use, tool_parser)
+    content, calls = split_output(text, use, tool_format)
     return thought, content, calls
 
 
@@ -108,11 +108,9 @@ class ChoiceSplitter:
     answer (the tokens of ``</think>`` and the whitespace after it included), once the choice has
     reasoned at all."""
 
-    def __init__(
-        self, reasoning: ReasoningParser | None, use: ToolUse, tool_parser: ToolCallParser | None
-    ):
+    def __init__(self, reasoning: ReasoningParser | None, use: ToolUse, tool_format: ToolFormat):
         self.reasoning = reasoning.stream() if reasoning is not None else None
-        self.tools = OutputSplitter(use, tool_parser)
+        self.tools = OutputSplitter(use, tool_format)
         self._answered = False
         self._reasoned = False
         self._tokens_before_answer = 0

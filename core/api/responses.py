@@ -364,7 +364,7 @@ class _ResponseWriter:
         self.body = body
         self.id = response_id
         self.use = use
-        self.splitter = ChoiceSplitter(reasoning, use, serving.tool_parser)
+        self.splitter = ChoiceSplitter(reasoning, use, serving.tool_format)
         """The answer's split into reasoning, content and calls (its reasoning tokens counted)."""
         self.created_at = int(time.time())
 

@@ -33,6 +33,7 @@ from spyglass.core.engine.tool_calls import (
     merge,
     parse_whole,
 )
+from spyglass.telemetry import metrics
 
 PROMPTED_FORMAT = "hermes"
 """The tool-call format the system-prompt section for templates without tools asks for."""
@@ -276,10 +277,11 @@ class JsonCallsStream:
         return call.finish(text) or []
 
 
-def tool_stream(use: ToolUse, parser: ToolCallParser | None) -> ToolCallStream | None:
+def tool_stream(use: ToolUse, tool_format: ToolFormat) -> ToolCallStream | None:
     """The incremental parse of one choice's output: None when it is plain text (no tools, or no parser)."""
     if use.mode in ("required", "forced"):
         return JsonCallsStream(use.parallel)
+    parser = tool_format.parser
     if use.mode == "auto" and parser is not None:
         with_tools = getattr(parser, "with_tools", None)
         if with_tools is not None:
@@ -312,21 +314,33 @@ class FirstCallStream:
 
 
 def split_output(
-    text: str, use: ToolUse, parser: ToolCallParser | None
+    text: str, use: ToolUse, tool_format: ToolFormat
 ) -> tuple[str | None, list[ToolCall]]:
-    """The response's ``content`` and ``tool_calls`` for one generated text: what a stream of it assembles to."""
-    stream = tool_stream(use, parser)
+    """The response's ``content`` and ``tool_calls`` for one generated text: what a stream of it
+    assembles to (its calls counted in ``spyglass:tool_calls``)."""
+    stream = tool_stream(use, tool_format)
     if stream is None:
         return text, []
     content, calls = parse_whole(stream, text)
+    count_calls(use, tool_format, len(calls))
     return content, [_tool_call(call) for call in calls]
+
+
+def count_calls(use: ToolUse, tool_format: ToolFormat, num_calls: int) -> None:
+    """Count calls returned to a client by the format they were read in: the parser's with
+    ``auto``, ``json`` for required and named calls (the grammar writes them)."""
+    if num_calls:
+        name = "json" if use.mode in ("required", "forced") else tool_format.name
+        metrics.TOOL_CALLS.labels(name).inc(num_calls)
 
 
 class OutputSplitter:
     """Turns one choice's outputs into content and tool-call pieces as they are generated."""
 
-    def __init__(self, use: ToolUse, parser: ToolCallParser | None):
-        self.stream = tool_stream(use, parser)
+    def __init__(self, use: ToolUse, tool_format: ToolFormat):
+        self.use = use
+        self.tool_format = tool_format
+        self.stream = tool_stream(use, tool_format)
         self.num_calls = 0
 
     def advance(self, output: RequestOutput) -> list[ToolCallPiece]:
@@ -339,7 +353,9 @@ class OutputSplitter:
             pieces = [ToolCallPiece("content", text)] if text else []
         else:
             pieces = self.stream.feed(text) + (self.stream.finish() if finished else [])
-        self.num_calls += sum(piece.kind == "call" for piece in pieces)
+        started = sum(piece.kind == "call" for piece in pieces)
+        count_calls(self.use, self.tool_format, started)
+        self.num_calls += started
         return merge(pieces)
 
 

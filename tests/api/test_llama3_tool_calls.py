@@ -8,8 +8,10 @@ Llama 3.1's manner (tools listed up front, calls written as JSON objects), sent 
 
 import json
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.api.conftest import start_server
 
@@ -84,7 +86,19 @@ def _ask(client, **extra):
     )
 
 
+def _tool_calls_counted(client, format_name: str) -> float:
+    """``spyglass:tool_calls_total`` for ``format_name``, read from the server's /metrics."""
+    text = httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics", timeout=30).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "spyglass:tool_calls_total" and sample.labels["format"] == format_name
+    )
+
+
 def test_the_model_finishes_a_json_call_that_comes_back_as_a_tool_call(client):
+    counted = _tool_calls_counted(client, "llama3_json")
     choice = _ask(client).choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
@@ -99,6 +113,8 @@ def test_the_model_finishes_a_json_call_that_comes_back_as_a_tool_call(client):
             fragments.append(delta.function.arguments or "")
     assert [name for name in names if name] == ["get_weather"]
     assert "".join(fragments) == call.function.arguments
+    # Both answers' calls are counted by the format they were read in.
+    assert _tool_calls_counted(client, "llama3_json") == counted + 2
 
 
 def test_tools_a_template_cannot_show_in_the_parsed_format_are_a_400(client):
@@ -112,3 +128,4 @@ def test_tools_a_template_cannot_show_in_the_parsed_format_are_a_400(client):
         model="smol", messages=[ASK], tools=TOOLS, tool_choice="required", max_tokens=60
     )  # the grammar writes calls whatever format the prompt asks for
     assert forced.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert _tool_calls_counted(client, "json") >= 1  # written by the grammar

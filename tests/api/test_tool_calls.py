@@ -8,7 +8,13 @@ import pytest
 
 from spyglass.core.api.chat import render_messages
 from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
-from spyglass.core.api.tools import JsonCallsStream, OutputSplitter, ToolUse, split_output
+from spyglass.core.api.tools import (
+    JsonCallsStream,
+    OutputSplitter,
+    ToolFormat,
+    ToolUse,
+    split_output,
+)
 from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallPiece, collect
 from spyglass.plugins.hermes_tool_parser import HermesToolCallParser
 from tests.plugins.conftest import parse_in_pieces
@@ -48,6 +54,7 @@ TOOLS = [
     },
 ]
 ASK = [{"role": "user", "content": "What will the weather be in Paris tomorrow?"}]
+HERMES = ToolFormat("hermes", HermesToolCallParser())
 
 
 def test_required_calls_parse_and_validate_twenty_times_of_twenty(real_client):
@@ -240,18 +247,18 @@ def test_without_parallel_calls_an_answer_holds_its_first_call_only():
         '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call> Done.'
     )
     one = ToolUse(TOOLS, "auto", parallel=False)
-    content, calls = split_output(text, one, HermesToolCallParser())
+    content, calls = split_output(text, one, HERMES)
     assert content == "Both.\n\n Done."
     assert [(c.function.name, c.function.arguments) for c in calls] == [
         ("get_time", '{"city": "Oslo"}')
     ]
-    splitter = OutputSplitter(one, HermesToolCallParser())
+    splitter = OutputSplitter(one, HERMES)
     pieces = [p for i in range(0, len(text), 5) for p in splitter.feed(text[i : i + 5], False)]
     assert collect(pieces + splitter.feed("", True)) == (
         "Both.\n\n Done.",
         [ParsedToolCall("get_time", '{"city": "Oslo"}')],
     )
-    assert len(split_output(text, ToolUse(TOOLS, "auto"), HermesToolCallParser())[1]) == 2
+    assert len(split_output(text, ToolUse(TOOLS, "auto"), HERMES)[1]) == 2
 
 
 def test_constrained_calls_stream_like_hermes_blocks():

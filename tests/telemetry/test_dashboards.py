@@ -25,6 +25,7 @@ DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 EVENT_ONLY = {
     "spyglass:http_requests",
     "spyglass:http_errors",
+    "spyglass:tool_calls",
     "spyglass:spec_decode_num_accepted_tokens_per_pos",
 }
 NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of their own
