@@ -508,7 +508,8 @@ HTTP_ERRORS = Counter(
 TOOL_CALLS = Counter(
     "spyglass:tool_calls",
     "Tool calls returned to clients, by the format they were read in: the --tool-call-parser "
-    "format (hermes, llama3_json, mistral, qwen3_coder, pythonic, or a plugin's) for tool_choice "
+    "format (hermes, llama3_json, mistral, qwen3_coder, pythonic, phi4_mini_json, or a plugin's) "
+    "for tool_choice "
     "auto, json for required and named calls, which the grammar writes. A rate of zero beside "
     "tool requests means the model's calls are not being read.",
     ["format"],

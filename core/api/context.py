@@ -54,7 +54,8 @@ class ServingContext:
         if self.tool_parser is None and options.tool_call_parser != ServerOptions.tool_call_parser:
             raise ValueError(
                 f"no plugin provides the tool-call parser {options.tool_call_parser!r} "
-                "(--tool-call-parser; built in: hermes, llama3_json, mistral, qwen3_coder, pythonic)"
+                "(--tool-call-parser; built in: hermes, llama3_json, mistral, qwen3_coder, pythonic, "
+                "phi4_mini_json)"
             )
         self.tool_format = ToolFormat(options.tool_call_parser, self.tool_parser)
         # Splits answers into the model's reasoning and its content (``--reasoning-parser``).

@@ -18,7 +18,7 @@ class ServerOptions:
     reasoning and content (``deepseek_r1``, ``qwen3``, ``mistral``); None leaves answers whole.
     ``tool_call_parser`` names the plugin format that splits answers into content and tool calls
     when a request leaves the choice to the model (built in: ``hermes``, ``llama3_json``, ``mistral``, ``qwen3_coder``,
-    ``pythonic``).
+    ``pythonic``, ``phi4_mini_json``).
     ``allowed_media_domains`` are the hosts whose http(s) image URLs the server fetches (``*``
     for any; empty: none, only ``data:`` URLs), each within ``media_fetch_timeout`` seconds and
     ``max_media_bytes`` bytes. ``trust_request_chat_template`` lets requests bring a chat template

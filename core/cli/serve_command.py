@@ -111,7 +111,8 @@ def add_parser(subparsers, argv) -> None:
         help="the format tool calls are parsed from when a request leaves the choice to the "
         "model (tool_choice auto): hermes (<tool_call>{...}</tool_call>; the default), "
         'llama3_json (Llama 3.1-3.3: {"name": ..., "parameters": {...}}), mistral '
-        "([TOOL_CALLS]...), qwen3_coder (<function=...><parameter=...>), pythonic ([f(a=1), ...]), or a "
+        "([TOOL_CALLS]...), qwen3_coder (<function=...><parameter=...>), pythonic ([f(a=1), ...]), "
+        "phi4_mini_json (functools[...]), or a "
         "plugin's format "
         "(hook spyglass_tool_call_parser)",
     )

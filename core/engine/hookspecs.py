@@ -206,8 +206,8 @@ def spyglass_tool_call_parser(name: str) -> "ToolCallParser | None":
 
     Built in: ``hermes`` (``<tool_call>{...}</tool_call>``), ``llama3_json`` (Llama 3.1's
     ``{"name": ..., "parameters": {...}}`` answers), ``mistral`` (``[TOOL_CALLS]`` and a JSON
-    array, or ``name[ARGS]{...}``), ``qwen3_coder`` (``<function=name><parameter=key>``) and
-    ``pythonic`` (``[f(a=1), ...]``).
+    array, or ``name[ARGS]{...}``), ``qwen3_coder`` (``<function=name><parameter=key>``),
+    ``pythonic`` (``[f(a=1), ...]``) and ``phi4_mini_json`` (``functools[{...}]``).
 
     Asked by the HTTP API when a chat, Messages or Responses request offers tools and leaves the
     choice to the model (``tool_choice`` auto): the parser splits the generated text into content
