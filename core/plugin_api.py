@@ -45,6 +45,7 @@ from spyglass.core.engine.token_constraint import TokenConstraint
 from spyglass.core.engine.tool_calls import (
     CallObjectScanner,
     ParsedToolCall,
+    StreamingToolCallParser,
     StrippedContent,
     ToolCallParser,
     ToolCallPiece,
@@ -101,6 +102,7 @@ __all__ = [
     "SamplingParams",
     "SchedulingPolicy",
     "StepStats",
+    "StreamingToolCallParser",
     "StrippedContent",
     "StructuredOutput",
     "TokenConstraint",

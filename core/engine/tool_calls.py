@@ -103,6 +103,19 @@ class StrippedContent:
         return [piece]
 
 
+class StreamingToolCallParser:
+    """A base for parsers that parse incrementally: a subclass gives ``stream``, and ``parse`` is
+    what its stream assembles to (so a streamed answer always matches the whole one)."""
+
+    def stream(self) -> ToolCallStream:
+        """A fresh incremental parse of one output."""
+        raise NotImplementedError
+
+    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        """The whole output's content and calls: the stream's pieces, collected."""
+        return parse_whole(self.stream(), text)
+
+
 def parse_whole(stream: ToolCallStream, text: str) -> tuple[str | None, list[ParsedToolCall]]:
     """``(content, calls)`` of a whole output: ``stream``'s pieces for it, collected, so that a
     parser's ``parse`` is what its stream assembles to."""

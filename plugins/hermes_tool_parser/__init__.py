@@ -15,25 +15,20 @@ import json
 
 from spyglass.core.plugin_api import (
     CallObjectScanner,
-    ParsedToolCall,
+    StreamingToolCallParser,
     StrippedContent,
     ToolCallParser,
     ToolCallPiece,
     calls_schema,
     hookimpl,
-    parse_whole,
     partial_suffix,
 )
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
-class HermesToolCallParser:
+class HermesToolCallParser(StreamingToolCallParser):
     """Finds ``<tool_call>`` blocks (an unterminated last one too, as a length cut leaves it)."""
-
-    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        """The whole output's content and calls: the stream's pieces, collected."""
-        return parse_whole(self.stream(), text)
 
     def stream(self) -> "HermesToolCallStream":
         """A fresh incremental parse."""

@@ -17,13 +17,12 @@ import json
 
 from spyglass.core.plugin_api import (
     CallObjectScanner,
-    ParsedToolCall,
+    StreamingToolCallParser,
     StrippedContent,
     ToolCallParser,
     ToolCallPiece,
     calls_schema,
     hookimpl,
-    parse_whole,
     partial_suffix,
 )
 
@@ -32,12 +31,8 @@ _ARGUMENT_KEYS = ("parameters", "arguments")
 _CALL_KEYS = {"name", "type", *_ARGUMENT_KEYS}
 
 
-class Llama3JsonToolCallParser:
+class Llama3JsonToolCallParser(StreamingToolCallParser):
     """Finds the call objects an answer consists of (an unterminated last one too, as a length cut leaves it)."""
-
-    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        """The whole output's content and calls: the stream's pieces, collected."""
-        return parse_whole(self.stream(), text)
 
     def stream(self) -> "Llama3JsonToolCallStream":
         """A fresh incremental parse."""

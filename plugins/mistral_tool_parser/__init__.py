@@ -17,12 +17,11 @@ import re
 
 from spyglass.core.plugin_api import (
     CallObjectScanner,
-    ParsedToolCall,
+    StreamingToolCallParser,
     StrippedContent,
     ToolCallParser,
     ToolCallPiece,
     hookimpl,
-    parse_whole,
     partial_suffix,
 )
 
@@ -33,14 +32,10 @@ _LONGEST_NAME = 128
 _NOT_ID = re.compile(r"[^A-Za-z0-9]")
 
 
-class MistralToolCallParser:
+class MistralToolCallParser(StreamingToolCallParser):
     """Finds ``[TOOL_CALLS]`` and the calls after it (an unterminated last one too, as a length cut leaves it)."""
 
     reads_special_tokens = True
-
-    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        """The whole output's content and calls: the stream's pieces, collected."""
-        return parse_whole(self.stream(), text)
 
     def stream(self) -> "MistralToolCallStream":
         """A fresh incremental parse."""

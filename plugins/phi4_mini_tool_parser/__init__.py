@@ -9,24 +9,19 @@ written. No strict grammar: strict functions with ``tool_choice`` auto are a 400
 
 from spyglass.core.plugin_api import (
     CallObjectScanner,
-    ParsedToolCall,
+    StreamingToolCallParser,
     StrippedContent,
     ToolCallParser,
     ToolCallPiece,
     hookimpl,
-    parse_whole,
     partial_suffix,
 )
 
 MARKER = "functools["
 
 
-class Phi4MiniToolCallParser:
+class Phi4MiniToolCallParser(StreamingToolCallParser):
     """Finds the ``functools[...]`` array (an unterminated last call too, as a length cut leaves it)."""
-
-    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        """The whole output's content and calls: the stream's pieces, collected."""
-        return parse_whole(self.stream(), text)
 
     def stream(self) -> "Phi4MiniToolCallStream":
         """A fresh incremental parse."""

@@ -16,24 +16,19 @@ import json
 import re
 
 from spyglass.core.plugin_api import (
-    ParsedToolCall,
+    StreamingToolCallParser,
     StrippedContent,
     ToolCallParser,
     ToolCallPiece,
     hookimpl,
-    parse_whole,
 )
 
 _CALL_START = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
 _NAME_SO_FAR = re.compile(r"[A-Za-z_][\w.]*\s*")
 
 
-class PythonicToolCallParser:
+class PythonicToolCallParser(StreamingToolCallParser):
     """Finds the list of calls an answer consists of (a call cut short is left as content)."""
-
-    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        """The whole output's content and calls: the stream's pieces, collected."""
-        return parse_whole(self.stream(), text)
 
     def stream(self) -> "PythonicToolCallStream":
         """A fresh incremental parse."""

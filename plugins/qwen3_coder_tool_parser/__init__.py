@@ -22,12 +22,11 @@ import json
 import re
 
 from spyglass.core.plugin_api import (
-    ParsedToolCall,
+    StreamingToolCallParser,
     StrippedContent,
     ToolCallParser,
     ToolCallPiece,
     hookimpl,
-    parse_whole,
     partial_suffix,
 )
 
@@ -37,7 +36,7 @@ PARAMETER_OPEN, PARAMETER_CLOSE = "<parameter=", "</parameter>"
 _NAME = re.compile(r"[^<>\n]{1,256}")
 
 
-class Qwen3CoderToolCallParser:
+class Qwen3CoderToolCallParser(StreamingToolCallParser):
     """Finds ``<tool_call><function=...>`` blocks (and bare ``<function=...>`` ones), typing values by
     the offered functions' schemas."""
 
@@ -52,10 +51,6 @@ class Qwen3CoderToolCallParser:
             function = tool["function"]
             schemas[function["name"]] = (function.get("parameters") or {}).get("properties") or {}
         return Qwen3CoderToolCallParser(schemas)
-
-    def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        """The whole output's content and calls: the stream's pieces, collected."""
-        return parse_whole(self.stream(), text)
 
     def stream(self) -> "Qwen3CoderToolCallStream":
         """A fresh incremental parse."""
