@@ -23,6 +23,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
 
 from spyglass.core.engine import hookspecs
+from spyglass.core.engine.answer_reading import (
+    AnswerReading,
+    ParserLookup,
+    ReadAnswer,
+    answer_text,
+)
 from spyglass.core.engine.config import DTYPE_NAMES, EngineConfig, dtype_named
 from spyglass.core.engine.draft_proposer import DraftEngineProposer
 from spyglass.core.engine.hookspecs import hookimpl
@@ -80,6 +86,7 @@ __all__ = [
     "DTYPE_NAMES",
     "NO_MATCH",
     "STEP_FORWARDS",
+    "AnswerReading",
     "BlockPool",
     "CallObjectScanner",
     "Checkpoint",
@@ -89,10 +96,12 @@ __all__ = [
     "EngineInfo",
     "FinishReason",
     "ParsedToolCall",
+    "ParserLookup",
     "PluginContext",
     "PoolingParams",
     "PreemptingPolicy",
     "PrefixMatch",
+    "ReadAnswer",
     "ReasoningParser",
     "ReasoningPiece",
     "ReasoningStream",
@@ -110,6 +119,7 @@ __all__ = [
     "ToolCallParser",
     "ToolCallPiece",
     "ToolCallStream",
+    "answer_text",
     "calls_schema",
     "collect",
     "dtype_named",

@@ -38,6 +38,7 @@ from spyglass.core.api.media_fetch import fetch_images
 from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_output import (
     ChoiceSplitter,
+    answer_reading,
     held_after_reasoning,
     reads_special_tokens,
     reasoning_for,
@@ -385,6 +386,7 @@ async def create_chat_completion(
         lora_name=lora_name,
         kind=output_kind(data.stream, reads_deltas=reasoning is not None),
         add_special_tokens=data.add_special_tokens,
+        reasoning=reasoning,
     )
     writer = _ChatWriter(serving, data, response_id, use, reasoning)
     if data.stream:
@@ -451,6 +453,7 @@ async def start_chat(
     lora_name: str | None = None,
     kind: RequestOutputKind = RequestOutputKind.DELTA,
     add_special_tokens: bool = False,
+    reasoning: ReasoningParser | None = None,
 ) -> RequestGroup:
     """Render the conversation, tokenize it and start its ``params.n`` engine requests (chat, Messages, Responses).
 
@@ -461,7 +464,8 @@ async def start_chat(
     with ``auto`` (the tool-call format's grammar); a 400 if the request already has one. A
     format whose markers are special tokens keeps their text (`reads_special_tokens`).
     ``param`` is the request field that errors about the conversation name; ``lora_name`` is the
-    LoRA adapter the requests run with.
+    LoRA adapter the requests run with; ``reasoning`` the reasoning parser their answers go
+    through (`reasoning_for`), which with the tool format makes the requests' `AnswerReading`.
     """
     tool_constraint = constraint(use) or strict_constraint(use, serving.tool_parser)
     if tool_constraint is not None:
@@ -483,6 +487,11 @@ async def start_chat(
         attributes["messages"] = plain
         if use.active:
             attributes["tools"] = use.tools  # for the LLM span's llm.tools.* attributes
+        reading = answer_reading(
+            reasoning, serving.options.reasoning_parser, use, serving.tool_format
+        )
+        if reading is not None:  # for plugins that read the answer (the LLM span's messages)
+            attributes["answer_reading"] = reading
         token_ids = await encode_text(
             serving,
             prompt,

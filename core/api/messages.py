@@ -250,6 +250,7 @@ async def create_message(
         template=template,
         lora_name=lora_name,
         kind=output_kind(data.stream),
+        reasoning=reasoning,
     )
     writer = _MessageWriter(serving, data, response_id, use, reasoning)
     if data.stream:

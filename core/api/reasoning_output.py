@@ -12,13 +12,17 @@ import dataclasses
 
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.schemas import ToolCall
-from spyglass.core.api.tools import OutputSplitter, ToolFormat, ToolUse, split_output
-from spyglass.core.engine.outputs import RequestOutput
-from spyglass.core.engine.reasoning import (
-    ReasoningParser,
-    ReasoningPiece,
-    split_reasoning,
+from spyglass.core.api.tools import (
+    OutputSplitter,
+    ToolFormat,
+    ToolUse,
+    count_calls,
+    response_tool_call,
+    tool_stream,
 )
+from spyglass.core.engine.answer_reading import JSON_CALLS, AnswerReading, read_answer
+from spyglass.core.engine.outputs import RequestOutput
+from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.core.engine.tool_calls import ToolCallParser, ToolCallPiece
 
@@ -89,17 +93,33 @@ def thinking_constraint(
     return dataclasses.replace(spec, after_reasoning=rules)
 
 
+def answer_reading(
+    reasoning: ReasoningParser | None,
+    reasoning_name: str | None,
+    use: ToolUse,
+    tool_format: ToolFormat,
+) -> AnswerReading | None:
+    """How the API reads a request's answer (for plugins: `AnswerReading`), given the reasoning
+    parser it goes through (`reasoning_for`) and that parser's name: None for plain text."""
+    calls = None
+    if use.mode in ("required", "forced"):
+        calls = JSON_CALLS
+    elif use.mode == "auto" and tool_format.parser is not None:
+        calls = tool_format.name
+    thought = reasoning_name if reasoning is not None else None
+    if calls is None and thought is None:
+        return None
+    return AnswerReading(thought, calls, use.parallel)
+
+
 def split_choice(
     text: str, reasoning: ReasoningParser | None, use: ToolUse, tool_format: ToolFormat
 ) -> tuple[str | None, str | None, list[ToolCall]]:
-    """``(reasoning, content, tool_calls)`` of a whole output: what its stream assembles to."""
-    thought = None
-    if reasoning is not None:
-        thought, text = split_reasoning(reasoning, text)
-        if text is None:  # all of it was reasoning
-            return thought, None, []
-    content, calls = split_output(text, use, tool_format)
-    return thought, content, calls
+    """``(reasoning, content, tool_calls)`` of a whole output: what its stream assembles to (its
+    calls counted in ``spyglass:tool_calls``)."""
+    answer = read_answer(text, reasoning, tool_stream(use, tool_format))
+    count_calls(use, tool_format, len(answer.tool_calls))
+    return answer.reasoning, answer.content, [response_tool_call(c) for c in answer.tool_calls]
 
 
 class ChoiceSplitter:

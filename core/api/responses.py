@@ -175,6 +175,7 @@ async def create_response(
         ),
         lora_name=lora_name,
         kind=output_kind(data.stream, reads_deltas=reasoning is not None),
+        reasoning=reasoning,
     )
     writer = _ResponseWriter(serving, data, response_id, use, reasoning)
     if data.stream:

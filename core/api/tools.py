@@ -20,18 +20,16 @@ from dataclasses import dataclass
 
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.schemas import ChatCompletionRequest, FunctionCall, ToolCall
+from spyglass.core.engine.call_streams import answer_calls_stream
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import StructuredOutput
 from spyglass.core.engine.tool_calls import (
-    BufferedToolCallStream,
-    CallObjectScanner,
     ParsedToolCall,
     ToolCallParser,
     ToolCallPiece,
     ToolCallStream,
     calls_schema,
     merge,
-    parse_whole,
 )
 from spyglass.telemetry import metrics
 
@@ -236,94 +234,13 @@ def prompt_messages(messages: list[dict], use: ToolUse, template_takes_tools: bo
     return [{"role": "system", "content": section}, *written]
 
 
-class JsonCallsStream:
-    """The incremental parse of a constrained answer: one call object, or a JSON array of them (``parallel``).
-
-    The grammar fixes the shape, so each object's name and arguments stream like a Hermes block's.
-    """
-
-    def __init__(self, parallel: bool):
-        self.parallel = parallel
-        self._buffer = ""
-        self._call: CallObjectScanner | None = None
-        self._num_calls = 0
-
-    def feed(self, text: str) -> list[ToolCallPiece]:
-        """Pieces for the next part of the answer."""
-        self._buffer += text
-        pieces: list[ToolCallPiece] = []
-        while self._buffer:
-            if self._call is None:
-                self._buffer = self._buffer.lstrip(" \t\n\r[,]")
-                if not self._buffer.startswith("{"):
-                    self._buffer = ""  # nothing else may appear between calls
-                    break
-                self._call = CallObjectScanner(self._num_calls)
-            call, new_text, self._buffer = self._call, self._buffer, ""
-            pieces += call.feed(new_text)
-            if not call.closed:
-                break
-            pieces += self._end_call(call.text[: call.end])
-            self._buffer = call.text[call.end :]
-        return pieces
-
-    def finish(self) -> list[ToolCallPiece]:
-        """A call cut short keeps what was written."""
-        return self._end_call(self._call.text) if self._call is not None else []
-
-    def _end_call(self, text: str) -> list[ToolCallPiece]:
-        call, self._call = self._call, None
-        self._num_calls += 1
-        return call.finish(text) or []
-
-
 def tool_stream(use: ToolUse, tool_format: ToolFormat) -> ToolCallStream | None:
     """The incremental parse of one choice's output: None when it is plain text (no tools, or no parser)."""
     if use.mode in ("required", "forced"):
-        return JsonCallsStream(use.parallel)
-    parser = tool_format.parser
-    if use.mode == "auto" and parser is not None:
-        with_tools = getattr(parser, "with_tools", None)
-        if with_tools is not None:
-            parser = with_tools(use.tools)
-        stream = getattr(parser, "stream", None)
-        parsed = stream() if stream is not None else BufferedToolCallStream(parser)
-        return parsed if use.parallel else FirstCallStream(parsed)
+        return answer_calls_stream(None, use.parallel, use.tools)
+    if use.mode == "auto" and tool_format.parser is not None:
+        return answer_calls_stream(tool_format.parser, use.parallel, use.tools)
     return None
-
-
-class FirstCallStream:
-    """``parallel_tool_calls: false`` with ``auto``: the answer's first call only (OpenAI's promise
-    of at most one), its content whole. A strict grammar holds the model to one call; without
-    one, calls it writes after the first are left out of the response."""
-
-    def __init__(self, stream: ToolCallStream):
-        self.stream = stream
-
-    def feed(self, text: str) -> list[ToolCallPiece]:
-        """The pieces of the next text, but for later calls'."""
-        return self._first(self.stream.feed(text))
-
-    def finish(self) -> list[ToolCallPiece]:
-        """The held pieces, but for later calls'."""
-        return self._first(self.stream.finish())
-
-    @staticmethod
-    def _first(pieces: list[ToolCallPiece]) -> list[ToolCallPiece]:
-        return [piece for piece in pieces if piece.kind == "content" or piece.index == 0]
-
-
-def split_output(
-    text: str, use: ToolUse, tool_format: ToolFormat
-) -> tuple[str | None, list[ToolCall]]:
-    """The response's ``content`` and ``tool_calls`` for one generated text: what a stream of it
-    assembles to (its calls counted in ``spyglass:tool_calls``)."""
-    stream = tool_stream(use, tool_format)
-    if stream is None:
-        return text, []
-    content, calls = parse_whole(stream, text)
-    count_calls(use, tool_format, len(calls))
-    return content, [_tool_call(call) for call in calls]
 
 
 def count_calls(use: ToolUse, tool_format: ToolFormat, num_calls: int) -> None:
@@ -364,5 +281,6 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _tool_call(call: ParsedToolCall) -> ToolCall:
+def response_tool_call(call: ParsedToolCall) -> ToolCall:
+    """A parsed call as the response's ``tool_calls`` entry, with a fresh id."""
     return ToolCall(id=new_call_id(), function=FunctionCall(call.name, call.arguments))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from spyglass.core.engine.answer_reading import ParserLookup
 from spyglass.core.engine.chat_template_option import with_chat_template
 from spyglass.core.engine.config import EngineConfig, dtype_name
 from spyglass.core.engine.draft_collection import DraftCollection
@@ -211,6 +212,10 @@ class LLMEngine:
             pooling_type=self.pooling_type,
             tokenizer=self.tokenizer,
             hook_errors=self.hooks.num_errors,
+            parsers=ParserLookup(
+                lambda name: self.hooks.spyglass_tool_call_parser(name=name),
+                lambda name: self.hooks.spyglass_reasoning_parser(name=name),
+            ),
         )
         log_started(self.info, dtype_reason, checkpoint.weights, config.block_size)
         if config.mm_processor_kwargs:

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from spyglass.core.engine.answer_reading import ParserLookup
     from spyglass.core.tokenizer import Tokenizer
 
 
@@ -34,10 +35,13 @@ class EngineInfo:
     stream_interval: int = 1  # tokens per streamed output at most (--stream-interval)
     tasks: tuple[str, ...] = ("generate", "embed")  # what the model answers (its head decides)
     pooling_type: str = "last"  # how embeddings pool the prompt (last, mean, cls)
-    # Live views for plugins: the tokenizer (to decode output for traces) and the hook relay's
-    # error counts by "plugin.hook" (exported as a metric). Not part of equality or the repr.
+    # Live views for plugins: the tokenizer (to decode output for traces), the hook relay's
+    # error counts by "plugin.hook" (exported as a metric) and the parsers the engine's plugins
+    # provide (to read an answer as the API does: `AnswerReading.read`). Not part of equality or
+    # the repr.
     tokenizer: "Tokenizer | None" = field(default=None, compare=False, repr=False)
     hook_errors: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    parsers: "ParserLookup | None" = field(default=None, compare=False, repr=False)
 
 
 STEP_FORWARDS = ("eager", "graph_decode", "graph_padded", "graph_packed")

@@ -13,6 +13,7 @@ from spyglass.core.plugin_api import (
     FinishReason,
     PluginContext,
     Request,
+    answer_text,
     hookimpl,
 )
 from spyglass.telemetry import settings as telemetry_settings
@@ -85,5 +86,5 @@ class RequestLogPlugin:
         if self.log_content:
             fields["prompt"] = request.prompt
             if self.tokenizer is not None:
-                fields["output"] = self.tokenizer.decode(request.output_token_ids)
+                fields["output"] = answer_text(request, self.tokenizer)  # as the client got it
         log.log(level, "request finished", **fields)

@@ -5,7 +5,8 @@ Per request, a span ``{operation} {model}`` (parented on the HTTP server span ca
 goes through: ``queue``, ``prefill`` (one event per chunk), ``decode``, and ``preempted`` (from
 losing its blocks until it is scheduled again, after which a resumed ``prefill`` recomputes
 them). The HTTP server span above it gets the generation's kind, user, session and (with
-content capture) input and output (`root_span`). With ``trace_steps``, ``engine_step`` spans,
+content capture) input and output (`root_span`); a chat answer's tool calls and reasoning are
+read as the API read them (`answer_attributes`). With ``trace_steps``, ``engine_step`` spans,
 grouped per busy interval (`step_spans`), link to the request spans they served. Content
 (prompt and completion text) is recorded only with ``trace_content``. Every request span carries
 ``spyglass.engine.id``; the entry point names `TracingPlugin`, so each engine traces only its own

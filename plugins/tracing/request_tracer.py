@@ -7,9 +7,15 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind
 
-from spyglass.core.plugin_api import EngineInfo, FinishReason, Request, StepStats
+from spyglass.core.plugin_api import EngineInfo, FinishReason, Request, StepStats, answer_text
 from spyglass.plugins.tracing import attributes as attrs
 from spyglass.plugins.tracing import root_span
+from spyglass.plugins.tracing.answer_attributes import (
+    answer_attributes,
+    answer_content_attributes,
+    answer_message,
+    answer_of,
+)
 from spyglass.plugins.tracing.pooling_attributes import pooling_output_attributes
 from spyglass.plugins.tracing.step_spans import StepSpans
 from spyglass.telemetry import tracing
@@ -39,6 +45,7 @@ class RequestTracer:
         self.engine_id = info.engine_id
         self.model = settings.served_model_name or info.model_name
         self.tokenizer = getattr(info, "tokenizer", None)
+        self.parsers = getattr(info, "parsers", None)
         self.settings = settings
         self.traces: dict[str, RequestTrace] = {}
         self.step_links: list[Link] = []
@@ -173,19 +180,41 @@ class RequestTracer:
             "finished", {"gen_ai.response.finish_reasons": [reason.value]}, timestamp=end
         )
         span.set_attributes(attrs.finish_attributes(request, reason))
-        output_text = None
-        if self.settings.trace_content and request.pooled is not None:
-            span.set_attributes(pooling_output_attributes(request))
-        elif self.settings.trace_content and self.tokenizer is not None:
-            output_text = self.tokenizer.decode(request.output_token_ids)
-            span.set_attributes(attrs.output_content_attributes(output_text, reason))
+        output = self._record_output(span, request, reason)
         if reason is FinishReason.ERROR:
             root_span.record_failure(span, request.error)
         if rt.root is not None and root_end is None:
             first = root_span.is_first_choice(request)
             if first or reason is FinishReason.ERROR:
-                root_span.on_finished(rt.root, request, reason, output_text if first else None)
+                root_span.on_finished(rt.root, request, reason, output if first else None)
         span.end(end_time=end)
+
+    def _record_output(
+        self, span: Span, request: Request, reason: FinishReason
+    ) -> root_span.Output | None:
+        """The output on the request span: a chat answer's tool calls (always) and, with content
+        capture, its text and messages. Returns the output for the HTTP span (content capture
+        on): the text, or the assistant message where the answer reasoned or called tools."""
+        content = self.settings.trace_content
+        if content and request.pooled is not None:
+            span.set_attributes(pooling_output_attributes(request))
+            return None
+        reads_answer = "answer_reading" in request.attributes
+        if self.tokenizer is None or not (content or reads_answer):
+            return None
+        text = answer_text(request, self.tokenizer)
+        answer = answer_of(request, text, self.parsers)
+        if answer is not None:
+            span.set_attributes(answer_attributes(request, answer))
+        if not content:
+            return None
+        span.set_attributes(attrs.output_content_attributes(text, reason))
+        if answer is None:
+            return root_span.Output(text)
+        span.set_attributes(answer_content_attributes(answer, reason))
+        if answer.reasoning or answer.tool_calls:
+            return root_span.Output(answer_message(answer), "application/json")
+        return root_span.Output(answer.content or "")
 
     def step_started(self, step_id: int, scheduled: tuple[Request, ...]) -> None:
         self.step_links = []

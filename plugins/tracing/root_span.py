@@ -10,13 +10,16 @@ request whose context it parents:
 - ``user.id`` and ``session.id`` (the ``X-Session-Id`` header, else ``metadata.session_id``);
 - the call's ``metadata``: OpenInference's ``metadata`` (JSON) and, per key, Langfuse's
   ``langfuse.trace.metadata.{key}``;
-- with content capture on, the input (messages as JSON, or the prompt) and the first choice's output;
+- with content capture on, the input (messages as JSON, or the prompt) and the first choice's
+  output: its text, or, for a chat answer that reasoned or called tools, its assistant message
+  as JSON (the calls parsed, as the client got them);
 - on an engine failure, ERROR status, ``error.type`` and the exception, as on the LLM span.
 
 A call with several choices touches the root once, through its first choice.
 """
 
 import json
+from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -73,12 +76,18 @@ def on_added(span: Span, request: Request, model: str, prompt_text: str | None) 
             span.set_attributes({"input.value": prompt_text, "input.mime_type": "text/plain"})
 
 
-def on_finished(
-    span: Span, request: Request, reason: FinishReason, output_text: str | None
-) -> None:
+@dataclass(frozen=True, slots=True)
+class Output:
+    """What the trace shows as the call's output: the text, or a chat answer's message as JSON."""
+
+    value: str
+    mime_type: str = "text/plain"
+
+
+def on_finished(span: Span, request: Request, reason: FinishReason, output: Output | None) -> None:
     """The output (content capture on) and, for an engine failure, the error."""
-    if output_text is not None:
-        span.set_attributes({"output.value": output_text, "output.mime_type": "text/plain"})
+    if output is not None:
+        span.set_attributes({"output.value": output.value, "output.mime_type": output.mime_type})
     if reason is FinishReason.ERROR:
         record_failure(span, request.error)
 

@@ -7,14 +7,10 @@ import openai
 import pytest
 
 from spyglass.core.api.chat import render_messages
+from spyglass.core.api.reasoning_output import split_choice
 from spyglass.core.api.schemas import ChatMessage, FunctionCall, ToolCall
-from spyglass.core.api.tools import (
-    JsonCallsStream,
-    OutputSplitter,
-    ToolFormat,
-    ToolUse,
-    split_output,
-)
+from spyglass.core.api.tools import OutputSplitter, ToolFormat, ToolUse
+from spyglass.core.engine.call_streams import JsonCallsStream
 from spyglass.core.engine.tool_calls import ParsedToolCall, ToolCallPiece, collect
 from spyglass.plugins.hermes_tool_parser import HermesToolCallParser
 from tests.plugins.conftest import parse_in_pieces
@@ -247,7 +243,7 @@ def test_without_parallel_calls_an_answer_holds_its_first_call_only():
         '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call> Done.'
     )
     one = ToolUse(TOOLS, "auto", parallel=False)
-    content, calls = split_output(text, one, HERMES)
+    _, content, calls = split_choice(text, None, one, HERMES)
     assert content == "Both.\n\n Done."
     assert [(c.function.name, c.function.arguments) for c in calls] == [
         ("get_time", '{"city": "Oslo"}')
@@ -258,7 +254,7 @@ def test_without_parallel_calls_an_answer_holds_its_first_call_only():
         "Both.\n\n Done.",
         [ParsedToolCall("get_time", '{"city": "Oslo"}')],
     )
-    assert len(split_output(text, ToolUse(TOOLS, "auto"), HERMES)[1]) == 2
+    assert len(split_choice(text, None, ToolUse(TOOLS, "auto"), HERMES)[2]) == 2
 
 
 def test_constrained_calls_stream_like_hermes_blocks():

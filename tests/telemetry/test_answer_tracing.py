@@ -1,0 +1,152 @@
+"""A chat answer's tool calls and reasoning on its trace, read as the API reads them: the LLM
+span's output messages and the HTTP span's output match what the client received."""
+
+import json
+import re
+
+import pytest
+from litestar.testing import TestClient
+
+from spyglass.core.api.app import create_app
+from spyglass.core.api.server_options import ServerOptions
+from spyglass.core.engine.answer_reading import AnswerReading
+from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from tests.telemetry.test_tracing import PROMPT, by_name, server_context
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+# A unit is all the forced call may say: its arguments end, whatever the random model writes.
+UNIT = {
+    "type": "function",
+    "function": {
+        "name": "get_unit",
+        "parameters": {
+            "type": "object",
+            "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ARGUMENTS = '{"city": "Oslo"}'
+CALL = f'{{"name": "get_weather", "arguments": {ARGUMENTS}}}'
+ANSWER = f"<think>cold?</think>Let me look.<tool_call>{CALL}</tool_call>"
+TOOL_CALL_KEY = "llm.output_messages.0.message.tool_calls.0.tool_call.function"
+
+
+def _written(engine, req_id: str, text: str, attributes: dict) -> None:
+    """Add a chat request whose answer is ``text`` exactly (a regex of it holds the random model)."""
+    spec = StructuredOutput("regex", re.escape(text))
+    params = SamplingParams(max_tokens=64, temperature=0, structured_output=spec)
+    engine.add_request(req_id, engine.tokenizer.encode(PROMPT), params, PROMPT, attributes)
+
+
+@pytest.mark.parametrize("content", [True, False])
+def test_a_reasoned_answer_with_a_call_is_traced_as_its_message(
+    content, use_settings, span_exporter, make_engine, run_to_completion
+):
+    use_settings(trace_content=content, served_model_name="tiny")
+    engine = make_engine()
+    server, context = server_context(span_exporter)
+    reading = AnswerReading(reasoning_parser="qwen3", tool_call_parser="hermes")
+    attributes = {"operation": "chat", "tools": [WEATHER]}
+    _written(
+        engine, "called", ANSWER, attributes | {"answer_reading": reading, "otel_context": context}
+    )
+    _written(engine, "unread", ANSWER, attributes)  # a request the API does not split
+    outputs = run_to_completion(engine)
+    server.end()
+    assert outputs["called"].outputs[0].text == ANSWER
+    spans = span_exporter.get_finished_spans()
+    llm = {s.attributes["spyglass.request.id"]: s.attributes for s in by_name(spans, "chat tiny")}
+    called, unread = llm["called"], llm["unread"]
+    assert called["spyglass.response.num_tool_calls"] == 1
+    assert tuple(called["spyglass.response.tool_names"]) == ("get_weather",)
+    assert "spyglass.response.num_tool_calls" not in unread
+    if not content:
+        assert not any(
+            key.startswith(("llm.output_messages", "gen_ai.output.messages")) for key in called
+        )
+        (root,) = by_name(spans, "POST /v1/chat/completions")
+        assert "output.value" not in root.attributes
+        return
+    assert called["output.value"] == ANSWER  # what the model wrote
+    assert called["llm.output_messages.0.message.content"] == "Let me look."
+    assert called[f"{TOOL_CALL_KEY}.name"] == "get_weather"
+    assert json.loads(called[f"{TOOL_CALL_KEY}.arguments"]) == {"city": "Oslo"}
+    (message,) = json.loads(called["gen_ai.output.messages"])
+    assert message["finish_reason"] == "tool_call"
+    assert message["parts"] == [
+        {"type": "reasoning", "content": "cold?"},
+        {"type": "text", "content": "Let me look."},
+        {"type": "tool_call", "name": "get_weather", "arguments": {"city": "Oslo"}},
+    ]
+    assert unread["llm.output_messages.0.message.content"] == ANSWER
+    (root,) = by_name(spans, "POST /v1/chat/completions")
+    assert root.attributes["output.mime_type"] == "application/json"
+    assert json.loads(root.attributes["output.value"]) == {
+        "role": "assistant",
+        "content": "Let me look.",
+        "reasoning_content": "cold?",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": ARGUMENTS}}
+        ],
+    }
+
+
+def test_a_name_outside_the_offered_tools_is_counted_not_recorded(
+    use_settings, span_exporter, make_engine, run_to_completion
+):
+    use_settings(served_model_name="tiny")
+    engine = make_engine()
+    reading = AnswerReading(tool_call_parser="hermes")
+    made_up = "<tool_call>" + CALL.replace("get_weather", "tell_secret") + "</tool_call>"
+    _written(
+        engine,
+        "made-up",
+        made_up,
+        {"operation": "chat", "tools": [WEATHER], "answer_reading": reading},
+    )
+    run_to_completion(engine)
+    (span,) = by_name(span_exporter.get_finished_spans(), "chat tiny")
+    assert span.attributes["spyglass.response.num_tool_calls"] == 1
+    assert "spyglass.response.tool_names" not in span.attributes
+
+
+def test_served_forced_calls_reach_the_llm_span_as_the_client_got_them(
+    use_settings, span_exporter, tiny_llama_dir
+):
+    use_settings(trace_content=True, served_model_name="tiny")
+    config = EngineConfig(
+        model=str(tiny_llama_dir),
+        kv_cache_memory=16 << 20,
+        num_threads=1,
+        plugin_options={"json_whitespace": "compact"},  # the random model writes no padding
+    )
+    with TestClient(create_app(config, ServerOptions(served_model_name="tiny"))) as client:
+        response = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "Which unit?"}],
+                "tools": [WEATHER, UNIT],
+                "tool_choice": {"type": "function", "function": {"name": "get_unit"}},
+                "max_tokens": 40,
+                "temperature": 0,
+            },
+        )
+    assert response.status_code == 200, response.text
+    (choice,) = response.json()["choices"]
+    (call,) = choice["message"]["tool_calls"]
+    (span,) = by_name(span_exporter.get_finished_spans(), "chat tiny")
+    assert span.attributes["spyglass.response.num_tool_calls"] == 1
+    assert tuple(span.attributes["spyglass.response.tool_names"]) == ("get_unit",)
+    assert span.attributes[f"{TOOL_CALL_KEY}.name"] == call["function"]["name"] == "get_unit"
+    assert span.attributes[f"{TOOL_CALL_KEY}.arguments"] == call["function"]["arguments"]
+    assert json.loads(call["function"]["arguments"])["unit"] in ("celsius", "fahrenheit")
