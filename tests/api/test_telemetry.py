@@ -8,6 +8,7 @@ import uuid
 from datetime import datetime
 
 import httpx
+import openai
 import pytest
 
 MODEL = "tiny"
@@ -219,3 +220,61 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(
         if r["event"] == "request finished" and r["request_id"] == "phoenix-1"
     ]
     assert (line["trace_id"], line["span_id"]) == (trace_id, llm["context"]["span_id"])
+
+
+UNIT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_unit",
+        "parameters": {
+            "type": "object",
+            "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@ENGINE_PLACES
+def test_phoenix_shows_a_call_as_the_client_got_it(
+    tiny_llama_dir, server_factory, phoenix, engine_place
+):
+    project = f"spyglass-calls-{uuid.uuid4().hex[:8]}"
+    server = server_factory(
+        str(tiny_llama_dir),
+        *SERVE_ARGS,
+        *engine_place,
+        "--otlp-traces-endpoint",
+        phoenix.http_traces,
+        "--trace-content",
+        "--plugin-option",
+        "json_whitespace=compact",  # the random model's forced call writes no padding
+        env={"OTEL_SERVICE_NAME": project},
+    )
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Which unit?"}],
+        tools=[UNIT_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_unit"}},
+        max_tokens=40,
+        temperature=0,
+    )
+    (call,) = reply.choices[0].message.tool_calls
+    assert server.stop() == 0  # flushes the spans
+
+    spans = phoenix.spans(project, expected=5)  # root, LLM, queue, prefill, decode
+    (root,) = [s for s in spans if not s["parent_id"]]
+    (llm,) = [s for s in spans if s["span_kind"] == "LLM"]
+    a = llm["attributes"]
+    assert a["spyglass.response.num_tool_calls"] == 1
+    assert list(a["spyglass.response.tool_names"]) == ["get_unit"]
+    traced = "llm.output_messages.0.message.tool_calls.0.tool_call.function"
+    assert (a[f"{traced}.name"], a[f"{traced}.arguments"]) == (
+        call.function.name,
+        call.function.arguments,
+    )
+    assert root["attributes"]["output.mime_type"] == "application/json"
+    (answered,) = json.loads(root["attributes"]["output.value"])["tool_calls"]
+    assert answered["function"] == {"name": "get_unit", "arguments": call.function.arguments}
