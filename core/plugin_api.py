@@ -46,7 +46,7 @@ from spyglass.core.engine.sched.scheduler_policy import (
     tenant_of,
 )
 from spyglass.core.engine.step_stats import STEP_FORWARDS, EngineInfo, StepStats
-from spyglass.core.engine.text_tags import partial_suffix
+from spyglass.core.engine.text_tags import TagSplit, partial_suffix, split_at_tag
 from spyglass.core.engine.token_constraint import TokenConstraint
 from spyglass.core.engine.tool_calls import (
     CallObjectScanner,
@@ -114,6 +114,7 @@ __all__ = [
     "StreamingToolCallParser",
     "StrippedContent",
     "StructuredOutput",
+    "TagSplit",
     "TokenConstraint",
     "Tokenizer",
     "ToolCallParser",
@@ -130,6 +131,7 @@ __all__ = [
     "parse_tenant_values",
     "parse_whole",
     "partial_suffix",
+    "split_at_tag",
     "tenant_of",
 ]
 

@@ -21,7 +21,7 @@ from spyglass.core.plugin_api import (
     ToolCallPiece,
     calls_schema,
     hookimpl,
-    partial_suffix,
+    split_at_tag,
 )
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -72,14 +72,11 @@ class HermesToolCallStream:
         pieces: list[ToolCallPiece] = []
         while self._buffer:
             if self._block is None:
-                at = self._buffer.find(OPEN)
-                if at < 0:
-                    keep = partial_suffix(self._buffer, OPEN)
-                    self._content(self._buffer[: len(self._buffer) - keep], pieces)
-                    self._buffer = self._buffer[len(self._buffer) - keep :]
+                split = split_at_tag(self._buffer, OPEN)
+                self._content(split.before, pieces)
+                self._buffer = split.after
+                if not split.found:
                     break
-                self._content(self._buffer[:at], pieces)
-                self._buffer = self._buffer[at + len(OPEN) :]
                 self._block = CallObjectScanner(self._num_calls)
                 continue
             block, new_text, self._buffer = self._block, self._buffer, ""

@@ -22,7 +22,7 @@ from spyglass.core.plugin_api import (
     ToolCallParser,
     ToolCallPiece,
     hookimpl,
-    partial_suffix,
+    split_at_tag,
 )
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -87,16 +87,12 @@ class MistralToolCallStream:
 
     def _take_content(self, pieces: list[ToolCallPiece]) -> bool:
         """Content up to the marker (True once it is found), holding what may be its start."""
-        at = self._buffer.find(TOOL_CALLS)
-        if at < 0:
-            keep = partial_suffix(self._buffer, TOOL_CALLS)
-            pieces += self._content.pieces(self._buffer[: len(self._buffer) - keep])
-            self._buffer = self._buffer[len(self._buffer) - keep :]
-            return False
-        pieces += self._content.pieces(self._buffer[:at])
-        self._buffer = self._buffer[at + len(TOOL_CALLS) :]
-        self._state = "marker"
-        return True
+        split = split_at_tag(self._buffer, TOOL_CALLS)
+        pieces += self._content.pieces(split.before)
+        self._buffer = split.after
+        if split.found:
+            self._state = "marker"
+        return split.found
 
     def _open_call(self, pieces: list[ToolCallPiece]) -> bool:
         """After the marker, or between an array's calls: open the next call, or go back to

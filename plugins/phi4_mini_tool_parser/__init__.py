@@ -14,7 +14,7 @@ from spyglass.core.plugin_api import (
     ToolCallParser,
     ToolCallPiece,
     hookimpl,
-    partial_suffix,
+    split_at_tag,
 )
 
 MARKER = "functools["
@@ -63,14 +63,11 @@ class Phi4MiniToolCallStream:
                     pieces += self._content.pieces(MARKER)
                     self._buffer, self._in_array = rest, False
             else:
-                at = self._buffer.find(MARKER)
-                if at < 0:
-                    keep = partial_suffix(self._buffer, MARKER)
-                    pieces += self._content.pieces(self._buffer[: len(self._buffer) - keep])
-                    self._buffer = self._buffer[len(self._buffer) - keep :]
+                split = split_at_tag(self._buffer, MARKER)
+                pieces += self._content.pieces(split.before)
+                self._buffer, self._in_array = split.after, split.found
+                if not split.found:
                     break
-                pieces += self._content.pieces(self._buffer[:at])
-                self._buffer, self._in_array = self._buffer[at + len(MARKER) :], True
         return pieces
 
     def finish(self) -> list[ToolCallPiece]:

@@ -20,7 +20,7 @@ The plugin holds no state: its entry point registers the module, as the Hermes t
 import json
 from dataclasses import dataclass
 
-from spyglass.core.plugin_api import ReasoningPiece, hookimpl, partial_suffix
+from spyglass.core.plugin_api import ReasoningPiece, hookimpl, split_at_tag
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +107,10 @@ class ThinkStream:
             if self._buffer:
                 self._state = "reasoning"
         if self._state == "reasoning":
-            close = self._think.close_tag
-            at = self._buffer.find(close)
-            if at < 0:
-                keep = partial_suffix(self._buffer, close)
-                pieces.append(ReasoningPiece("reasoning", self._buffer[: len(self._buffer) - keep]))
-                self._buffer = self._buffer[len(self._buffer) - keep :]
-            else:
-                pieces.append(ReasoningPiece("reasoning", self._buffer[:at]))
-                self._buffer = self._buffer[at + len(close) :]
+            split = split_at_tag(self._buffer, self._think.close_tag)
+            pieces.append(ReasoningPiece("reasoning", split.before))
+            self._buffer = split.after
+            if split.found:
                 self._state = "after"
         if self._state == "after":
             self._buffer = self._buffer.lstrip()
