@@ -5,6 +5,7 @@ import re
 from datetime import UTC, datetime
 
 from spyglass.core.plugin_api import FinishReason, Request
+from spyglass.plugins.tracing.message_tools import genai_parts, tool_message_attributes
 from spyglass.plugins.tracing.pooling_attributes import (
     pooling_finish_attributes,
     pooling_input_attributes,
@@ -173,8 +174,9 @@ def input_content_attributes(request: Request, prompt_text: str) -> dict:
             attrs[f"llm.input_messages.{i}.message.role"] = str(message.get("role", ""))
             attrs[f"llm.input_messages.{i}.message.content"] = _text(message.get("content"))
             attrs.update(_content_parts(i, message.get("content")))
+            attrs.update(tool_message_attributes(i, message))
         genai = [
-            {"role": m.get("role"), "parts": [{"type": "text", "content": _text(m.get("content"))}]}
+            {"role": m.get("role"), "parts": genai_parts(m, _text(m.get("content")))}
             for m in messages
         ]
     else:

@@ -119,7 +119,7 @@ def test_a_name_outside_the_offered_tools_is_counted_not_recorded(
     assert "spyglass.response.tool_names" not in span.attributes
 
 
-def test_served_forced_calls_reach_the_llm_span_as_the_client_got_them(
+def test_served_calls_and_their_results_are_on_the_llm_spans(
     use_settings, span_exporter, tiny_llama_dir
 ):
     use_settings(trace_content=True, served_model_name="tiny")
@@ -129,24 +129,49 @@ def test_served_forced_calls_reach_the_llm_span_as_the_client_got_them(
         num_threads=1,
         plugin_options={"json_whitespace": "compact"},  # the random model writes no padding
     )
+    question = {"role": "user", "content": "Which unit?"}
+    body = {"model": "tiny", "tools": [WEATHER, UNIT], "max_tokens": 40, "temperature": 0}
     with TestClient(create_app(config, ServerOptions(served_model_name="tiny"))) as client:
+        forced = {"type": "function", "function": {"name": "get_unit"}}
         response = client.post(
-            "/v1/chat/completions",
-            json={
-                "model": "tiny",
-                "messages": [{"role": "user", "content": "Which unit?"}],
-                "tools": [WEATHER, UNIT],
-                "tool_choice": {"type": "function", "function": {"name": "get_unit"}},
-                "max_tokens": 40,
-                "temperature": 0,
-            },
+            "/v1/chat/completions", json=body | {"messages": [question], "tool_choice": forced}
         )
-    assert response.status_code == 200, response.text
-    (choice,) = response.json()["choices"]
-    (call,) = choice["message"]["tool_calls"]
-    (span,) = by_name(span_exporter.get_finished_spans(), "chat tiny")
-    assert span.attributes["spyglass.response.num_tool_calls"] == 1
-    assert tuple(span.attributes["spyglass.response.tool_names"]) == ("get_unit",)
-    assert span.attributes[f"{TOOL_CALL_KEY}.name"] == call["function"]["name"] == "get_unit"
-    assert span.attributes[f"{TOOL_CALL_KEY}.arguments"] == call["function"]["arguments"]
+        assert response.status_code == 200, response.text
+        (choice,) = response.json()["choices"]
+        (call,) = choice["message"]["tool_calls"]
+        result = {"role": "tool", "tool_call_id": call["id"], "content": "celsius it is"}
+        messages = [question, choice["message"], result]
+        response = client.post(
+            "/v1/chat/completions", json=body | {"messages": messages, "max_tokens": 2}
+        )
+        assert response.status_code == 200, response.text
+    first, second = sorted(
+        by_name(span_exporter.get_finished_spans(), "chat tiny"), key=lambda s: s.start_time
+    )
+    a = first.attributes
+    assert a["spyglass.response.num_tool_calls"] == 1
+    assert tuple(a["spyglass.response.tool_names"]) == ("get_unit",)
+    assert a[f"{TOOL_CALL_KEY}.name"] == call["function"]["name"] == "get_unit"
+    assert a[f"{TOOL_CALL_KEY}.arguments"] == call["function"]["arguments"]
     assert json.loads(call["function"]["arguments"])["unit"] in ("celsius", "fahrenheit")
+    # The round trip: the call the assistant turn made and the result that answers it, by id.
+    b = second.attributes
+    made = "llm.input_messages.1.message.tool_calls.0.tool_call"
+    assert (b[f"{made}.id"], b[f"{made}.function.name"]) == (call["id"], "get_unit")
+    assert json.loads(b[f"{made}.function.arguments"]) == json.loads(call["function"]["arguments"])
+    assert b["llm.input_messages.2.message.tool_call_id"] == call["id"]
+    assert b["llm.input_messages.2.message.content"] == "celsius it is"
+    genai = json.loads(b["gen_ai.input.messages"])
+    assert genai[1]["parts"] == [
+        {
+            "type": "tool_call",
+            "id": call["id"],
+            "name": "get_unit",
+            "arguments": json.loads(call["function"]["arguments"]),
+        }
+    ]
+    assert genai[2] == {
+        "role": "tool",
+        "parts": [{"type": "tool_call_response", "id": call["id"], "response": "celsius it is"}],
+    }
+    assert "spyglass.response.num_tool_calls" not in b  # tools offered, no call made
