@@ -20,6 +20,7 @@ from spyglass.core.api.schemas import (
     PromptLogprob,
     PromptTokensDetails,
     SamplingFields,
+    StructuralTagResponseFormat,
     TokenIds,
     TopLogprob,
     Usage,
@@ -108,6 +109,9 @@ def structured_output(body: SamplingFields) -> StructuredOutput | None:
         )
     elif isinstance(body.response_format, JsonObjectResponseFormat):
         asked.append(("response_format", StructuredOutput("json_object")))
+    elif isinstance(body.response_format, StructuralTagResponseFormat):
+        tags = StructuredOutput("structural_tag", body.response_format.spec())
+        asked.append(("response_format", tags))
     extras = {
         "guided_json": "json_schema",
         "guided_regex": "regex",

@@ -23,7 +23,11 @@ from spyglass.core.api.tools import (
 from spyglass.core.engine.answer_reading import JSON_CALLS, AnswerReading, read_answer
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
-from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.engine.sampling_params import (
+    FREE_TEXT_KINDS,
+    SamplingParams,
+    StructuredOutput,
+)
 from spyglass.core.engine.tool_calls import ToolCallParser, ToolCallPiece
 
 
@@ -31,11 +35,14 @@ def reasoning_for(
     parser: ReasoningParser | None, params: SamplingParams, use: ToolUse
 ) -> ReasoningParser | None:
     """The reasoning parser a request's output goes through: None when its output is constrained
-    from its first token (a grammar of the client's, or a format without `reasoning_rules`)."""
+    from its first token (a grammar of the client's, or a format without `reasoning_rules`).
+    Structural tags allow any text but their structures, a thought's too: it is split."""
     spec = params.structured_output
     if use.mode in ("required", "forced") and spec is None:
         spec = StructuredOutput("json_schema", {})  # the calls' schema: any like it will do
-    if spec is not None and held_after_reasoning(parser, spec).after_reasoning is None:
+    if spec is None or spec.kind == "structural_tag":
+        return parser
+    if held_after_reasoning(parser, spec).after_reasoning is None:
         return None
     return parser
 
@@ -46,7 +53,7 @@ def held_after_reasoning(
     """``spec`` held only once the answer's reasoning is over, where the reasoning format gives
     its rules (`ReasoningParser.reasoning_rules`) and ``spec`` is not a grammar of its own; else
     ``spec`` as it is."""
-    if spec is None or spec.kind == "grammar" or spec.after_reasoning is not None:
+    if spec is None or spec.kind in FREE_TEXT_KINDS or spec.after_reasoning is not None:
         return spec
     rules_of = getattr(parser, "reasoning_rules", None)
     rules = rules_of() if rules_of is not None else None
@@ -88,8 +95,10 @@ def thinking_constraint(
         )
     if spec is None:
         return StructuredOutput("grammar", parser.budget_grammar(budget, required))
-    if spec.kind == "grammar":
-        raise APIError(400, "a thinking budget cannot precede a grammar of its own", param)
+    if (
+        spec.kind in FREE_TEXT_KINDS
+    ):  # a grammar names its own start; tags hold from the first token
+        raise APIError(400, f"a thinking budget cannot precede a {spec.kind}", param)
     return dataclasses.replace(spec, after_reasoning=rules)
 
 

@@ -60,19 +60,54 @@ class JsonSchemaResponseFormat(msgspec.Struct, tag_field="type", tag="json_schem
     json_schema: JsonSchemaSpec
 
 
-ResponseFormat = TextResponseFormat | JsonObjectResponseFormat | JsonSchemaResponseFormat
+class StructuralTagStructure(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One structure of a structural tag: the text that opens it, its JSON's schema, the text that closes it."""
+
+    begin: Annotated[str, Meta(min_length=1, max_length=1024)]
+    schema_: dict[str, Any] = msgspec.field(name="schema")
+    end: Annotated[str, Meta(max_length=1024)]
+
+
+class StructuralTagResponseFormat(msgspec.Struct, tag_field="type", tag="structural_tag"):
+    """``response_format: {"type": "structural_tag", "structures": [...], "triggers": [...]}``
+    (vLLM's and xgrammar's): any text, but a trigger opens one of the structures whose ``begin``
+    starts with it, whose JSON obeys its schema. xgrammar's newer ``format`` form is not served."""
+
+    structures: Annotated[list[StructuralTagStructure], Meta(min_length=1, max_length=256)]
+    triggers: Annotated[
+        list[Annotated[str, Meta(min_length=1, max_length=1024)]], Meta(min_length=1, max_length=16)
+    ]
+
+    def spec(self) -> dict:
+        """The structural tag as `StructuredOutput`'s value."""
+        return {
+            "structures": [
+                {"begin": s.begin, "schema": s.schema_, "end": s.end} for s in self.structures
+            ],
+            "triggers": list(self.triggers),
+        }
+
+
+ResponseFormat = (
+    TextResponseFormat
+    | JsonObjectResponseFormat
+    | JsonSchemaResponseFormat
+    | StructuralTagResponseFormat
+)
 
 
 class StructuredOutputsSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """vLLM's ``structured_outputs`` (the newer spelling of its ``guided_*`` fields): at most one
-    of ``json`` (a schema, or its JSON text), ``regex``, ``choice``, ``grammar``, ``json_object``.
-    Its other options (``structural_tag``, ``whitespace_pattern``, ...) are refused by name."""
+    of ``json`` (a schema, or its JSON text), ``regex``, ``choice``, ``grammar``, ``json_object``,
+    ``structural_tag`` (its spec, or its JSON text). Its other options (``whitespace_pattern``,
+    ...) are refused by name."""
 
     json: dict[str, Any] | str | None = None
     regex: Annotated[str, Meta(max_length=4096)] | None = None
     choice: Annotated[list[str], Meta(min_length=1, max_length=1024)] | None = None
     grammar: Annotated[str, Meta(max_length=65536)] | None = None
     json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
 
 
 LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]

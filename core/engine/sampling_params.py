@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from spyglass.core.engine.pooling_params import PoolingParams
 
-STRUCTURED_OUTPUT_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+STRUCTURED_OUTPUT_KINDS = (
+    "json_schema",
+    "json_object",
+    "regex",
+    "choice",
+    "grammar",
+    "structural_tag",
+)
+FREE_TEXT_KINDS = ("grammar", "structural_tag")
+"""Kinds that hold from the answer's first token, never after a thought: a grammar names its own
+start, and structural tags allow any text (a thought's too) but the structures they open."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,9 +28,12 @@ class StructuredOutput:
 
     ``kind`` is one of `STRUCTURED_OUTPUT_KINDS`; ``value`` is the JSON schema (a dict) for
     ``json_schema``, None for ``json_object``, the pattern for ``regex``, the list of strings for
-    ``choice``, and the grammar text (Lark or GBNF) for ``grammar``.
+    ``choice``, the grammar text (Lark or GBNF) for ``grammar``, and for ``structural_tag``
+    (vLLM's) ``{"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}``: any text,
+    but each trigger it writes opens a structure whose ``begin`` starts with it, then JSON
+    obeying its ``schema``, then its ``end``.
 
-    ``after_reasoning`` (not with ``grammar``) lets the answer reason first, unconstrained: Lark
+    ``after_reasoning`` (not with `FREE_TEXT_KINDS`) lets the answer reason first, unconstrained: Lark
     rules defining ``reasoning``, the text the answer may open with before the constraint holds
     (a reasoning format's, `ReasoningParser.reasoning_rules`), as vLLM applies structured outputs
     after a reasoning model's thinking.
@@ -35,8 +48,8 @@ class StructuredOutput:
             raise ValueError(
                 f"structured output kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}"
             )
-        if self.kind == "grammar" and self.after_reasoning is not None:
-            raise ValueError("a grammar cannot follow reasoning: it names its own start")
+        if self.kind in FREE_TEXT_KINDS and self.after_reasoning is not None:
+            raise ValueError(f"a {self.kind} cannot follow reasoning: it holds from the start")
 
 
 class RequestOutputKind(enum.Enum):
@@ -83,34 +96,43 @@ class InvalidRequestError(ValueError):
 class StructuredOutputsParams:
     """vLLM's spelling of an output constraint (``SamplingParams(structured_outputs=...)``, and
     the HTTP API's ``structured_outputs`` field): one of ``json`` (a schema, or its JSON text),
-    ``regex``, ``choice``, ``grammar`` or ``json_object``."""
+    ``regex``, ``choice``, ``grammar``, ``json_object`` or ``structural_tag`` (its spec, or its
+    JSON text, as vLLM takes it)."""
 
     json: dict | str | None = None
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: dict | str | None = None
 
     def constraints(self) -> list[StructuredOutput]:
         """Each constraint these name, as `StructuredOutput`s (the caller refuses more than one);
         `InvalidRequestError` for ``json`` text that is not JSON."""
         asked = []
         if self.json is not None:
-            schema = self.json
-            if isinstance(schema, str):
-                try:
-                    schema = json.loads(schema)
-                except json.JSONDecodeError as error:
-                    raise InvalidRequestError(
-                        f"structured_outputs.json is not JSON: {error}", "structured_outputs"
-                    ) from None
-            asked.append(StructuredOutput("json_schema", schema))
+            asked.append(StructuredOutput("json_schema", _json_value(self.json, "json")))
         for kind in ("regex", "choice", "grammar"):
             if getattr(self, kind) is not None:
                 asked.append(StructuredOutput(kind, getattr(self, kind)))
         if self.json_object:
             asked.append(StructuredOutput("json_object"))
+        if self.structural_tag is not None:
+            tags = _json_value(self.structural_tag, "structural_tag")
+            asked.append(StructuredOutput("structural_tag", tags))
         return asked
+
+
+def _json_value(value: dict | str, name: str) -> object:
+    """``value``, parsed where it is JSON text; `InvalidRequestError` for text that is not JSON."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as error:
+        raise InvalidRequestError(
+            f"structured_outputs.{name} is not JSON: {error}", "structured_outputs"
+        ) from None
 
 
 @dataclass(slots=True)

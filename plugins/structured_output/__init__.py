@@ -36,6 +36,7 @@ from spyglass.core.plugin_api import (
     Tokenizer,
     hookimpl,
 )
+from spyglass.plugins.structured_output.structural_tag import structural_tag_rules
 from spyglass.telemetry import metrics as m
 from spyglass.telemetry import settings as telemetry_settings
 
@@ -87,6 +88,13 @@ def grammar_text(spec: StructuredOutput, compact_json: bool) -> str:
     """llguidance's grammar for ``spec`` (JSON with only single spaces after separators where
     ``compact_json``), after its ``reasoning`` rules when it has some; ``ValueError`` when the
     spec is malformed."""
+    if spec.kind == "structural_tag":
+        rules = structural_tag_rules(spec.value, lambda schema: _compact(schema, compact_json))
+        if spec.after_reasoning is None:
+            return f"start: st_text\n{rules}"
+        return "\n".join(
+            ["start: reasoning answer", spec.after_reasoning, "answer: st_text", rules]
+        )
     if spec.after_reasoning is not None:
         return "\n".join(
             [
@@ -111,8 +119,13 @@ def _schema(spec: StructuredOutput, compact_json: bool) -> dict:
     schema = {"type": "object"} if spec.kind == "json_object" else spec.value
     if not isinstance(schema, dict):
         raise ValueError("the JSON schema must be an object")
+    return _compact(schema, compact_json)
+
+
+def _compact(schema: dict, compact_json: bool) -> dict:
+    """``schema`` with llguidance's compact whitespace options where ``compact_json``."""
     if compact_json:
-        schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **_COMPACT}}
+        return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **_COMPACT}}
     return schema
 
 

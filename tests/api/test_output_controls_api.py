@@ -313,8 +313,10 @@ def test_vllms_structured_outputs_field(server):
     ):
         response = _chat(server, **body)
         assert response.status_code == 400 and response.json()["error"]["param"] == param
-    unknown = _chat(server, structured_outputs={"structural_tag": "{}"})
-    assert unknown.status_code == 400 and "structural_tag" in unknown.json()["error"]["message"]
+    empty = _chat(server, structured_outputs={"structural_tag": "{}"})
+    assert empty.status_code == 400 and "list of structures" in empty.json()["error"]["message"]
+    unknown = _chat(server, structured_outputs={"whitespace_pattern": " "})
+    assert unknown.status_code == 400 and "whitespace_pattern" in unknown.json()["error"]["message"]
 
 
 def _stream(server, path: str, body: dict) -> list[dict]:
