@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.schemas import ChatCompletionRequest, FunctionCall, ToolCall
+from spyglass.core.engine.answer_reading import JSON_CALLS
 from spyglass.core.engine.call_streams import answer_calls_stream
 from spyglass.core.engine.outputs import RequestOutput
 from spyglass.core.engine.sampling_params import StructuredOutput
@@ -247,7 +248,7 @@ def count_calls(use: ToolUse, tool_format: ToolFormat, num_calls: int) -> None:
     """Count calls returned to a client by the format they were read in: the parser's with
     ``auto``, ``json`` for required and named calls (the grammar writes them)."""
     if num_calls:
-        name = "json" if use.mode in ("required", "forced") else tool_format.name
+        name = JSON_CALLS if use.mode in ("required", "forced") else tool_format.name
         metrics.TOOL_CALLS.labels(name).inc(num_calls)
 
 
