@@ -7,10 +7,18 @@ import logging
 import re
 
 from litestar import Request, Response
-from litestar.exceptions import ClientException, HTTPException, ValidationException
+from litestar.exceptions import (
+    ClientException,
+    HTTPException,
+    InternalServerException,
+    ValidationException,
+)
 
 from spyglass.core.engine.engine_loop import EngineDeadError
 from spyglass.core.engine.sampling_params import InvalidRequestError
+
+BODY_CUT_SHORT = "client disconnected prematurely"
+"""What Litestar raises (as a 500) when the client leaves before its request body has arrived."""
 
 log = logging.getLogger("spyglass.api")
 
@@ -93,6 +101,9 @@ def _validation(_: Request, exc: ValidationException) -> Response:
 def _http(_: Request, exc: HTTPException) -> Response:
     headers = dict(exc.headers or {})
     message = exc.detail
+    if type(exc) is InternalServerException and message == BODY_CUT_SHORT:
+        # The client left before its body arrived: no server error, and nobody reads the answer.
+        return _respond(499, "the client closed the connection", code="client_disconnected")
     if exc.status_code == 413:
         message = "the request body is too large"
     elif type(exc) is ClientException and exc.status_code == 400:

@@ -224,4 +224,28 @@ class StructuredOutputPlugin:
             raise ValueError(
                 f"this model's vocabulary cannot spell the text it forces ({matcher.compute_ff_bytes()!r})"
             )
+        _check_first_token(matcher, set(tokenizer.eos_token_ids))
         return LLGuidanceConstraint(matcher, self._executor)
+
+
+def _check_first_token(matcher: llguidance.LLMatcher, eos_token_ids: set[int]) -> None:
+    """Consume a token the first mask allows, then undo it: llguidance's limits on a grammar's
+    size (a regex's repetitions, a parser row's items) show when a token is consumed, not when it
+    compiles, and a grammar beyond them is a ``ValueError`` here (a 400 when the request is
+    added), not a generation that fails at its first token (a 500)."""
+    mask = matcher.compute_bitmask()
+    token = next(_allowed(mask, eos_token_ids), None)
+    if token is None:  # only the end is allowed: nothing to consume
+        return
+    if not matcher.consume_token(token):
+        raise ValueError(matcher.get_error() or "the grammar refuses the first token it allows")
+    matcher.rollback(1)
+
+
+def _allowed(mask: bytes, skipped: set[int]):
+    """The token ids ``mask`` (a little-endian bitmask) allows, but ``skipped``, in order."""
+    for index, byte in enumerate(mask):
+        for bit in range(8) if byte else ():
+            token = index * 8 + bit
+            if byte >> bit & 1 and token not in skipped:
+                yield token

@@ -2,6 +2,7 @@
 
 import json
 import signal
+import socket
 import threading
 
 import httpx
@@ -92,6 +93,17 @@ def test_a_client_that_leaves_a_non_streamed_call_aborts_it(tiny_server, wait_fo
     wait_for(lambda: _kv(tiny_server)["num_requests"] == 0, timeout=5)
     stats = _kv(tiny_server)
     assert stats["num_free_blocks"] == stats["num_blocks"]
+
+
+def test_a_client_that_leaves_before_its_body_arrives_is_no_server_error(tiny_server, wait_for):
+    host, port = tiny_server.base_url.removeprefix("http://").split(":")
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(f'{head}Content-Length: 100\r\n\r\n{{"prompt":'.encode())
+    counted = 'spyglass:http_requests_total{route="/v1/completions",status="499"}'
+    wait_for(lambda: counted in httpx.get(f"{tiny_server.base_url}/metrics").text)
+    metrics = httpx.get(f"{tiny_server.base_url}/metrics").text
+    assert 'route="/v1/completions",status="500"' not in metrics  # it was counted a server error
 
 
 def test_fan_out_counts_against_the_queue_limit(tiny_server):

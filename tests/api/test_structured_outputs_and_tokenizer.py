@@ -148,6 +148,13 @@ def test_logit_bias_is_honoured(tiny_client):
             "response_format",
         ),
         ({"guided_regex": "(unclosed"}, "response_format"),
+        # Beyond llguidance's limits, which show only when a token is consumed (the fuzzer's).
+        ({"guided_regex": "a{99999999}"}, "response_format"),
+        ({"guided_grammar": 'root ::= "a" root'}, "response_format"),
+        (
+            {"guided_grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(3000))},
+            "response_format",
+        ),
         ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
         ({"logit_bias": {"not-a-token": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 500}}, "logit_bias"),
