@@ -308,9 +308,9 @@ class OutputProcessor:
         now: float,
     ) -> None:
         if request.constraint is not None and not request.constraint.accept(token_id):
-            self.finish(
-                request, FinishReason.ERROR, f"the grammar rejected sampled token {token_id}"
-            )
+            reason = request.constraint.refusal()
+            error = f"the grammar rejected sampled token {token_id}"
+            self.finish(request, FinishReason.ERROR, f"{error}: {reason}" if reason else error)
             return
         request.output_token_ids.append(token_id)
         if request.logprobs is not None:

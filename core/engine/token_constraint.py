@@ -22,7 +22,8 @@ class TokenConstraint:
     """One request's grammar matcher. Plugins subclass this; the engine calls it from its own thread.
 
     A subclass implements `fill_bitmask`, `accept`, `rollback` and `num_valid`, and may override
-    `fill_bitmasks` to fill many rows at once (in parallel, without a Python loop over requests).
+    `fill_bitmasks` to fill many rows at once (in parallel, without a Python loop over requests)
+    and `refusal` to say why a token was refused.
     """
 
     #: the backend's name, for logs, metrics and traces
@@ -41,6 +42,11 @@ class TokenConstraint:
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens."""
         raise NotImplementedError
+
+    def refusal(self) -> str | None:
+        """Why the last refused token was refused, if the backend says (a limit of its own hit
+        mid-answer, say): the request's error names it. Optional: None by default."""
+        return None
 
     def num_valid(self, token_ids: Sequence[int]) -> int:
         """How many leading tokens of ``token_ids`` the grammar allows in a row from the current state."""

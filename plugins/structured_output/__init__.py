@@ -70,6 +70,9 @@ class LLGuidanceConstraint(TokenConstraint):
     def rollback(self, num_tokens: int) -> None:
         self.matcher.rollback(num_tokens)
 
+    def refusal(self) -> str | None:
+        return self.matcher.get_error() if self.matcher.is_error() else None
+
     def num_valid(self, token_ids: Sequence[int]) -> int:
         return self.matcher.validate_tokens(list(token_ids))
 

@@ -41,10 +41,10 @@ _POOLING_TAMES = {
 }
 
 
-# Fields a valid body may hold that this server refuses whatever their value: another model, a
-# second length, a reasoning effort (the tiny model's template does not read it) and a prediction
-# (it runs no n-gram speculation).
-_UNTAMED = ("model", "max_completion_tokens", "reasoning_effort", "reasoning", "prediction")
+# Fields a valid body may hold that this server refuses whatever their value: a second length, a
+# reasoning effort (the tiny model's template does not read it) and a prediction (it runs no
+# n-gram speculation).
+_UNTAMED = ("max_completion_tokens", "reasoning_effort", "reasoning", "prediction")
 
 
 def _tamed(body, path: str):
@@ -56,6 +56,8 @@ def _tamed(body, path: str):
     if not isinstance(body, dict):
         return body
     tamed = {key: value for key, value in body.items() if key not in _UNTAMED}
+    if "model" in tamed:  # the served one (Messages requires a model, the others take it)
+        tamed["model"] = "tiny"
     if path in _POOLING_TAMES:
         overrides, dropped = _POOLING_TAMES[path]
         for field in ("text_1", "text_2", "documents"):  # a few texts: each is a request

@@ -3,7 +3,8 @@
 import pytest
 
 from spyglass.core.engine.hookspecs import hookimpl
-from spyglass.core.engine.sampling_params import SamplingParams
+from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
+from spyglass.core.engine.token_constraint import TokenConstraint
 from spyglass.plugins.fcfs import FcfsPolicy
 from spyglass.plugins.priority import PriorityPolicy
 
@@ -294,3 +295,48 @@ def test_a_bad_proposer_costs_speculation_not_requests(make_engine, driver, draf
 def test_an_unknown_draft_proposer_fails_the_start(make_engine):
     with pytest.raises(ValueError, match="no plugin provides the draft proposer 'nosuch'"):
         make_engine(plugins=["fcfs", "ngram"], speculative="nosuch")
+
+
+class GivesOut(TokenConstraint):
+    """Allows every token, then refuses the third and says why (a backend's limit hit mid-answer)."""
+
+    def __init__(self):
+        self.accepted = 0
+
+    def fill_bitmask(self, bitmask, row):
+        bitmask[row] = -1
+
+    def accept(self, token_id):
+        if self.accepted == 2:
+            return False
+        self.accepted += 1
+        return True
+
+    def num_valid(self, token_ids):
+        return min(len(token_ids), 2 - self.accepted)
+
+    def refusal(self):
+        return "too many items (the backend's limit)" if self.accepted == 2 else None
+
+
+class GivingOutGrammars:
+    @hookimpl
+    def spyglass_token_constraint(self, spec, tokenizer, vocab_size):
+        return GivesOut()
+
+
+def test_a_grammar_that_gives_out_mid_answer_fails_its_request_saying_why(make_engine, driver):
+    engine = make_engine(plugins=["fcfs"], extra=[GivingOutGrammars()])
+    healthy = [driver.add(engine, [20 + i] * 6, greedy()) for i in range(2)]
+    constrained = greedy(8, structured_output=StructuredOutput("regex", ".*"))
+    poisoned = driver.add(engine, [POISON] * 6, constrained)
+    outputs = driver.drain(engine)
+    assert_failed_alone(
+        engine,
+        driver,
+        poisoned,
+        healthy,
+        outputs,
+        "the grammar rejected sampled token",
+    )
+    assert poisoned.error.endswith(": too many items (the backend's limit)")
