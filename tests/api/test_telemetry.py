@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from tests.telemetry.test_answer_tracing import UNIT
+
 MODEL = "tiny"
 SERVE_ARGS = ["--served-model-name", MODEL, "--kv-cache-memory", "64MiB", "--num-threads", "1"]
 RATE = "[1m]"  # Grafana's $__rate_interval
@@ -222,20 +224,6 @@ def test_traces_in_phoenix_show_root_spans_errors_and_aborts(
     assert (line["trace_id"], line["span_id"]) == (trace_id, llm["context"]["span_id"])
 
 
-UNIT_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_unit",
-        "parameters": {
-            "type": "object",
-            "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-
-
 @ENGINE_PLACES
 def test_phoenix_shows_a_call_as_the_client_got_it(
     tiny_llama_dir, server_factory, phoenix, engine_place
@@ -256,7 +244,7 @@ def test_phoenix_shows_a_call_as_the_client_got_it(
     reply = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Which unit?"}],
-        tools=[UNIT_TOOL],
+        tools=[UNIT],
         tool_choice={"type": "function", "function": {"name": "get_unit"}},
         max_tokens=40,
         temperature=0,
