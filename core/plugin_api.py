@@ -28,6 +28,7 @@ from spyglass.core.engine.answer_reading import (
     ParserLookup,
     ReadAnswer,
     answer_text,
+    read_request_answer,
 )
 from spyglass.core.engine.config import DTYPE_NAMES, EngineConfig, dtype_named
 from spyglass.core.engine.draft_proposer import DraftEngineProposer
@@ -131,6 +132,7 @@ __all__ = [
     "parse_tenant_values",
     "parse_whole",
     "partial_suffix",
+    "read_request_answer",
     "split_at_tag",
     "tenant_of",
 ]

@@ -73,6 +73,18 @@ class AnswerReading:
         return read_answer(text, reasoning, calls)
 
 
+def read_request_answer(
+    request: "Request", text: str, parsers: ParserLookup | None
+) -> ReadAnswer | None:
+    """The answer the API read out of ``text`` (the finished request's `answer_text`), by the
+    `AnswerReading` it left on the request; None for a request it does not split, or without
+    ``parsers`` (`EngineInfo.parsers`)."""
+    reading = request.attributes.get("answer_reading")
+    if not isinstance(reading, AnswerReading) or parsers is None:
+        return None
+    return reading.read(text, parsers, request.attributes.get("tools") or ())
+
+
 def read_answer(
     text: str, reasoning: ReasoningParser | None, calls: ToolCallStream | None
 ) -> ReadAnswer:

@@ -2,7 +2,9 @@
 
 Lines go to the ``spyglass.requests`` logger with ``req_id``, ``trace_id``, ``span_id`` and
 ``engine`` (the engine's id); prompt and completion text appear only with the engine's
-``TelemetrySettings.log_content``. The entry point names `RequestLogPlugin`: one per engine.
+``TelemetrySettings.log_content``. A chat answer's ``tool_calls`` (how many it made, read as the
+API read them) are on its line without opt-in. The entry point names `RequestLogPlugin`: one per
+engine.
 """
 
 import logging
@@ -15,6 +17,7 @@ from spyglass.core.plugin_api import (
     Request,
     answer_text,
     hookimpl,
+    read_request_answer,
 )
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry.logging import get_logger, request_fields
@@ -58,17 +61,20 @@ def summary(request: Request, reason: FinishReason, engine_id: str = "") -> dict
 
 
 class RequestLogPlugin:
-    """One engine's request log: its id on every line, its tokenizer for completion text."""
+    """One engine's request log: its id on every line, its tokenizer and parsers for completion
+    text and tool calls."""
 
     def __init__(self, context: PluginContext):
         self.engine_id = context.engine_id
         self.log_content = telemetry_settings.resolve(context.telemetry).log_content
         self.tokenizer = None
+        self.parsers = None
 
     @hookimpl
     def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
-        """Keep the tokenizer, to log completion text when content logging is on."""
+        """Keep the tokenizer and parsers: completion text (content logging on) and tool calls."""
         self.tokenizer = info.tokenizer
+        self.parsers = info.parsers
 
     @hookimpl
     def spyglass_request_preempted(self, request: Request) -> None:
@@ -83,8 +89,16 @@ class RequestLogPlugin:
         if not logging.getLogger(LOGGER_NAME).isEnabledFor(level):
             return
         fields = summary(request, reason, self.engine_id)
+        text = None
+        if self.tokenizer is not None and (
+            self.log_content or "answer_reading" in request.attributes
+        ):
+            text = answer_text(request, self.tokenizer)  # as the client got it
+            answer = read_request_answer(request, text, self.parsers)
+            if answer is not None and answer.tool_calls:  # read as the API read it
+                fields["tool_calls"] = len(answer.tool_calls)
         if self.log_content:
             fields["prompt"] = request.prompt
-            if self.tokenizer is not None:
-                fields["output"] = answer_text(request, self.tokenizer)  # as the client got it
+            if text is not None:
+                fields["output"] = text
         log.log(level, "request finished", **fields)

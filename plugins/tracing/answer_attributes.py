@@ -1,7 +1,8 @@
 """A chat answer's reasoning, content and tool calls on its spans, as the client received them.
 
 The API leaves an `AnswerReading` on chat requests whose answers it splits (tools offered, or a
-reasoning parser); the tracing plugin reads the finished answer the same way (`answer_of`), so a
+reasoning parser); the tracing plugin reads the finished answer the same way
+(`read_request_answer`), so a
 trace shows the calls the model made, not only the text they were written in:
 
 - always: ``spyglass.response.num_tool_calls`` and ``spyglass.response.tool_names``, the offered
@@ -14,16 +15,7 @@ trace shows the calls the model made, not only the text they were written in:
 
 import json
 
-from spyglass.core.plugin_api import AnswerReading, FinishReason, ParserLookup, ReadAnswer, Request
-
-
-def answer_of(request: Request, text: str, parsers: ParserLookup | None) -> ReadAnswer | None:
-    """The answer the API read out of ``text`` (the request's output text), or None for a
-    request it does not split."""
-    reading = request.attributes.get("answer_reading")
-    if not isinstance(reading, AnswerReading) or parsers is None:
-        return None
-    return reading.read(text, parsers, request.attributes.get("tools") or ())
+from spyglass.core.plugin_api import FinishReason, ReadAnswer, Request
 
 
 def answer_attributes(request: Request, answer: ReadAnswer) -> dict:

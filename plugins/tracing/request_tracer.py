@@ -7,14 +7,20 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind
 
-from spyglass.core.plugin_api import EngineInfo, FinishReason, Request, StepStats, answer_text
+from spyglass.core.plugin_api import (
+    EngineInfo,
+    FinishReason,
+    Request,
+    StepStats,
+    answer_text,
+    read_request_answer,
+)
 from spyglass.plugins.tracing import attributes as attrs
 from spyglass.plugins.tracing import root_span
 from spyglass.plugins.tracing.answer_attributes import (
     answer_attributes,
     answer_content_attributes,
     answer_message,
-    answer_of,
 )
 from spyglass.plugins.tracing.pooling_attributes import pooling_output_attributes
 from spyglass.plugins.tracing.step_spans import StepSpans
@@ -203,7 +209,7 @@ class RequestTracer:
         if self.tokenizer is None or not (content or reads_answer):
             return None
         text = answer_text(request, self.tokenizer)
-        answer = answer_of(request, text, self.parsers)
+        answer = read_request_answer(request, text, self.parsers)
         if answer is not None:
             span.set_attributes(answer_attributes(request, answer))
         if not content:

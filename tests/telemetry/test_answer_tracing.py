@@ -40,7 +40,7 @@ ANSWER = f"<think>cold?</think>Let me look.<tool_call>{CALL}</tool_call>"
 TOOL_CALL_KEY = "llm.output_messages.0.message.tool_calls.0.tool_call.function"
 
 
-def _written(engine, req_id: str, text: str, attributes: dict) -> None:
+def written(engine, req_id: str, text: str, attributes: dict) -> None:
     """Add a chat request whose answer is ``text`` exactly (a regex of it holds the random model)."""
     spec = StructuredOutput("regex", re.escape(text))
     params = SamplingParams(max_tokens=64, temperature=0, structured_output=spec)
@@ -56,10 +56,10 @@ def test_a_reasoned_answer_with_a_call_is_traced_as_its_message(
     server, context = server_context(span_exporter)
     reading = AnswerReading(reasoning_parser="qwen3", tool_call_parser="hermes")
     attributes = {"operation": "chat", "tools": [WEATHER]}
-    _written(
+    written(
         engine, "called", ANSWER, attributes | {"answer_reading": reading, "otel_context": context}
     )
-    _written(engine, "unread", ANSWER, attributes)  # a request the API does not split
+    written(engine, "unread", ANSWER, attributes)  # a request the API does not split
     outputs = run_to_completion(engine)
     server.end()
     assert outputs["called"].outputs[0].text == ANSWER
@@ -107,7 +107,7 @@ def test_a_name_outside_the_offered_tools_is_counted_not_recorded(
     engine = make_engine()
     reading = AnswerReading(tool_call_parser="hermes")
     made_up = "<tool_call>" + CALL.replace("get_weather", "tell_secret") + "</tool_call>"
-    _written(
+    written(
         engine,
         "made-up",
         made_up,

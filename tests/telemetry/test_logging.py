@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
+from spyglass.core.engine.answer_reading import AnswerReading
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry.logging import setup_logging
+from tests.telemetry.test_answer_tracing import ANSWER, WEATHER, written
 
 PROMPT = "a secret prompt"
 
@@ -96,3 +98,18 @@ def test_cli_commands_log_json_to_stderr_and_keep_stdout(tiny_llama_dir):
     assert (
         "request finished" not in result.stdout and "engine started" not in result.stdout
     )  # the completion only
+
+
+def test_an_answers_tool_calls_are_counted_on_its_line(
+    log_stream, use_settings, make_engine, run_to_completion
+):
+    use_settings()
+    engine = make_engine()
+    reading = AnswerReading(reasoning_parser="qwen3", tool_call_parser="hermes")
+    chat = {"operation": "chat", "tools": [WEATHER], "answer_reading": reading}
+    written(engine, "called", ANSWER, chat)
+    written(engine, "plain", ANSWER, {"operation": "chat"})  # an answer the API does not split
+    run_to_completion(engine)
+    records = {r["req_id"]: r for r in lines(log_stream, "request finished")}
+    assert records["called"]["tool_calls"] == 1 and "tool_calls" not in records["plain"]
+    assert "output" not in records["called"]  # the count needs no content opt-in
