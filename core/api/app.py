@@ -23,7 +23,7 @@ from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.lora_routes import load_lora_adapter, unload_lora_adapter
 from spyglass.core.api.messages import count_message_tokens, create_message
 from spyglass.core.api.openapi_structs import ClosedStructSchemaPlugin
-from spyglass.core.api.responses import create_response
+from spyglass.core.api.responses import create_response, delete_response, retrieve_response
 from spyglass.core.api.routes import ROUTES
 from spyglass.core.api.scoring import create_rerank, create_score
 from spyglass.core.api.server_options import ServerOptions
@@ -88,6 +88,8 @@ def create_app(
             create_completion,
             create_chat_completion,
             create_response,
+            retrieve_response,
+            delete_response,
             create_embedding,
             create_score,
             create_rerank,

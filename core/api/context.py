@@ -11,6 +11,7 @@ from litestar.datastructures import State
 from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.errors import APIError
+from spyglass.core.api.response_store import ResponseStore
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.tools import ToolFormat
 from spyglass.core.engine.engine_client import EngineClient
@@ -28,6 +29,8 @@ class ServingContext:
         self.async_engine = async_engine
         self.options = options
         self.tokenizer = async_engine.tokenizer
+        self.responses = ResponseStore(options.responses_store_size)
+        """The Responses API's kept responses (``previous_response_id``, ``GET /v1/responses/{id}``)."""
         self.model_name = options.served_model_name or model.model_name
         self.model_aliases = {self.model_name, model.model_name} | (
             {model_path} if model_path else set()

@@ -9,8 +9,9 @@ splits reasoning (``--reasoning-parser``); ``status`` is ``incomplete`` when ``m
 send the named events ``response.created``, ``response.in_progress``, per item
 ``response.output_item.added`` ... ``response.output_item.done`` (text and arguments deltas as they
 are generated; ``response.reasoning_text.delta`` for reasoning), then ``response.completed``
-(``response.incomplete`` when cut). Nothing is stored:
-``previous_response_id`` and ``store: true`` are 400s.
+(``response.incomplete`` when cut). Responses are kept in the server's memory unless ``store``
+is false (`response_store`): ``previous_response_id`` continues one, and ``GET`` and ``DELETE
+/v1/responses/{id}`` read and drop one.
 """
 
 import copy
@@ -18,9 +19,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from litestar import Request, Response, post
+from litestar import Request, Response, delete, get, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody
+from litestar.params import FromPath, JSONBody
 
 from spyglass.core.api.chat import TemplateOptions, start_chat
 from spyglass.core.api.context import ServingContext
@@ -28,6 +29,11 @@ from spyglass.core.api.convert import check_finished, given_or, request_attribut
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, output_kind, unless_disconnected
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
+from spyglass.core.api.response_store import (
+    ResponseStore,
+    StoredResponse,
+    output_items,
+)
 from spyglass.core.api.responses_schemas import (
     InputImage,
     InputItem,
@@ -57,12 +63,48 @@ from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutpu
 from spyglass.core.engine.tool_calls import ToolCallPiece
 
 
-def conversation(body: ResponsesRequest) -> list[ChatMessage]:
-    """The instructions and input as chat turns; a 400 naming ``input`` for an item that misses a field."""
-    turns = [ChatMessage("system", body.instructions)] if body.instructions else []
-    if isinstance(body.input, str):
-        return [*turns, ChatMessage("user", body.input)]
-    for item in body.input:
+def input_items(body: ResponsesRequest, store: ResponseStore) -> list[InputItem]:
+    """The call's input as items, after the conversation of the response it continues
+    (``previous_response_id``: a 400 naming it when that response is not kept)."""
+    items = body.input
+    if isinstance(items, str):
+        items = [InputItem(type="message", role="user", content=items)]
+    if body.previous_response_id is None:
+        return list(items)
+    previous = store.get(body.previous_response_id)
+    if previous is None:
+        reason = (
+            f"is not kept here (unknown, deleted, or older than the last {store.capacity} "
+            "responses this server keeps)"
+            if store.capacity
+            else "cannot be continued: this server keeps no responses (--responses-store-size 0)"
+        )
+        raise APIError(
+            400,
+            f"previous_response_id {body.previous_response_id!r} {reason}",
+            "previous_response_id",
+            "previous_response_not_found",
+        )
+    return [*previous.items, *items]
+
+
+def stores(body: ResponsesRequest, store: ResponseStore) -> bool:
+    """Whether the call's response is kept: ``store`` (true when left out, as OpenAI's default)
+    where the server keeps responses; ``store: true`` is a 400 where it keeps none."""
+    if body.store and not store.capacity:
+        raise APIError(
+            400,
+            "this server keeps no responses: start it with --responses-store-size N",
+            "store",
+            "unsupported_parameter",
+        )
+    return body.store is not False and store.capacity > 0
+
+
+def conversation(instructions: str | None, items: list[InputItem]) -> list[ChatMessage]:
+    """The instructions and input items as chat turns; a 400 naming ``input`` for an item that misses a field."""
+    turns = [ChatMessage("system", instructions)] if instructions else []
+    for item in items:
         if item.type == "message":
             _require(item, "role", "content")
             turns.append(ChatMessage(item.role, _content(item.content)))
@@ -161,10 +203,12 @@ async def create_response(
     response_id = f"resp_{uuid.uuid4().hex}"
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
     reasoning = reasoning_for(serving.reasoning_parser, params, use)
+    items = input_items(data, serving.responses)
+    kept = items if stores(data, serving.responses) else None
     group = await start_chat(
         serving,
         request,
-        conversation(data),
+        conversation(data.instructions, items),
         use,
         params,
         response_id,
@@ -177,10 +221,44 @@ async def create_response(
         kind=output_kind(data.stream, reads_deltas=reasoning is not None),
         reasoning=reasoning,
     )
-    writer = _ResponseWriter(serving, data, response_id, use, reasoning)
+    writer = _ResponseWriter(serving, data, response_id, use, reasoning, kept)
     if data.stream:
         return event_stream(writer.events(group), named=True)
     return Response(await unless_disconnected(request, writer.collect(group)))
+
+
+@get(
+    "/v1/responses/{response_id:str}",
+    summary="A stored response (OpenAI Responses API)",
+    tags=["openai"],
+)
+async def retrieve_response(
+    response_id: FromPath[str], serving: NamedDependency[ServingContext]
+) -> dict:
+    """The response as it was returned; a 404 for one the server does not keep."""
+    return _stored(serving, response_id).response
+
+
+@delete(
+    "/v1/responses/{response_id:str}",
+    summary="Drop a stored response (OpenAI Responses API)",
+    tags=["openai"],
+    status_code=200,
+)
+async def delete_response(
+    response_id: FromPath[str], serving: NamedDependency[ServingContext]
+) -> dict:
+    """Drop a kept response: it can no longer be read or continued."""
+    _stored(serving, response_id)
+    serving.responses.delete(response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+def _stored(serving: ServingContext, response_id: str) -> StoredResponse:
+    stored = serving.responses.get(response_id)
+    if stored is None:
+        raise APIError(404, f"no response {response_id!r} is kept here", "response_id")
+    return stored
 
 
 class _OutputItems:
@@ -359,8 +437,11 @@ class _ResponseWriter:
         response_id: str,
         use: ToolUse,
         reasoning: ReasoningParser | None,
+        kept: list[InputItem] | None = None,
     ):
         self.serving = serving
+        self.kept = kept
+        """The conversation's input items, when the response is to be stored (None: it is not)."""
         self.model = serving.response_model(body.model)
         self.body = body
         self.id = response_id
@@ -398,9 +479,9 @@ class _ResponseWriter:
             "model": self.model,
             "output": items,
             "parallel_tool_calls": self.use.parallel,
-            "previous_response_id": None,
+            "previous_response_id": body.previous_response_id,
             "reasoning": None if body.reasoning is None else {"effort": body.reasoning.effort},
-            "store": False,
+            "store": self.kept is not None,
             # The settings the call ran with (a left-out one: the model's default).
             "temperature": given_or(body.temperature, self.serving.sampling_defaults.temperature),
             "top_p": given_or(body.top_p, self.serving.sampling_defaults.top_p),
@@ -424,7 +505,14 @@ class _ResponseWriter:
         (output,) = await group.final_outputs(split)
         check_finished(output.outputs[0])
         items.close(_item_status(output))
-        return self._response(items.items, group)
+        return self._finished(self._response(items.items, group))
+
+    def _finished(self, response: dict) -> dict:
+        """``response``, stored with its conversation when the call asked to keep it."""
+        if self.kept is not None:
+            conversation = (*self.kept, *output_items(response["output"]))
+            self.serving.responses.put(StoredResponse(copy.deepcopy(response), conversation))
+        return response
 
     async def events(self, group: RequestGroup) -> AsyncIterator[tuple[str, dict]]:
         """The Responses API's event sequence, numbered."""
@@ -445,7 +533,7 @@ class _ResponseWriter:
                     yield numbered(event)
         for event in items.close(_item_status(output)):
             yield numbered(event)
-        response = self._response(items.items, group)
+        response = self._finished(self._response(items.items, group))
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         yield numbered({"type": kind, "response": response})
 

@@ -136,9 +136,9 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     stream: bool = False
     user: str | None = None
     metadata: Metadata | None = None
+    store: bool | None = None  # kept unless false, where the server keeps responses
+    previous_response_id: Annotated[str, Meta(max_length=256)] | None = None
     # Not honoured by this server: only absent or neutral values pass, else a 400 naming the field.
-    store: Literal[False] | None = None
-    previous_response_id: None = None
     background: Literal[False] | None = None
     reasoning: ReasoningSettings | None = None
     include: Annotated[list[Any], Meta(max_length=0)] | None = None
@@ -164,8 +164,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             "stream_options.include_obfuscation",
             "reasoning.summary",
             "reasoning.generate_summary",
-            "store",
-            "previous_response_id",
             "background",
             "include",
             "conversation",

@@ -23,6 +23,9 @@ class ServerOptions:
     for any; empty: none, only ``data:`` URLs), each within ``media_fetch_timeout`` seconds and
     ``max_media_bytes`` bytes. ``trust_request_chat_template`` lets requests bring a chat template
     of their own (vLLM's option; templates run sandboxed, but they are code).
+    ``responses_store_size`` is how many Responses API responses the server keeps in memory for
+    ``previous_response_id`` and ``GET /v1/responses/{id}`` (the oldest dropped first; 0 keeps
+    none).
     """
 
     host: str = "127.0.0.1"
@@ -42,3 +45,4 @@ class ServerOptions:
     media_fetch_timeout: float = 10.0
     max_media_bytes: int = 20 << 20
     trust_request_chat_template: bool = False
+    responses_store_size: int = 256

@@ -223,8 +223,7 @@ def test_streamed_function_call_matches_the_whole_one(real_client):
 @pytest.mark.parametrize(
     "extra, param",
     [
-        ({"previous_response_id": "resp_123"}, "previous_response_id"),
-        ({"store": True}, "store"),
+        ({"previous_response_id": "resp_123"}, "previous_response_id"),  # not kept
         ({"background": True}, "background"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),  # the tiny model's template ignores it
         ({"reasoning": {"summary": "auto"}}, "reasoning"),

@@ -1,0 +1,151 @@
+"""Responses kept by the server: ``previous_response_id`` continues one as if its conversation had
+been sent again, ``GET`` and ``DELETE /v1/responses/{id}`` read and drop one, and the oldest go
+first. Through the official ``openai`` client."""
+
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+
+from spyglass.core.cli.main import build_parser
+from spyglass.core.cli.serve_command import server_options_from_args
+from tests.api.conftest import TINY_ARGS, start_server
+
+GREEDY = {"model": "tiny", "temperature": 0, "max_output_tokens": 6}
+# A unit is all a forced call may say: its arguments end, whatever the random model writes.
+UNIT = {
+    "type": "function",
+    "name": "get_unit",
+    "parameters": {
+        "type": "object",
+        "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["unit"],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_client(tiny_llama_dir, tmp_path_factory):
+    """A server keeping the default number of responses; compact JSON, so forced calls end."""
+    args = [*TINY_ARGS, "--plugin-option", "json_whitespace=compact"]
+    server = start_server(str(tiny_llama_dir), tmp_path_factory.mktemp("responses_store"), *args)
+    yield openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+    server.stop()
+
+
+def _same_answer(a, b) -> None:
+    assert a.usage.input_tokens == b.usage.input_tokens and a.output_text == b.output_text
+
+
+def test_a_continuation_is_the_conversation_sent_again(tiny_client):
+    first = tiny_client.responses.create(instructions="Be brief.", input="Name a city.", **GREEDY)
+    assert first.store is True
+    kept = tiny_client.responses.retrieve(first.id)
+    assert (kept.id, kept.output_text, kept.usage) == (first.id, first.output_text, first.usage)
+    follow = tiny_client.responses.create(
+        input="And another?", previous_response_id=first.id, **GREEDY
+    )
+    assert follow.previous_response_id == first.id
+    # The same as sending the turns (the first call's instructions are not carried over).
+    explicit = tiny_client.responses.create(
+        input=[
+            {"role": "user", "content": "Name a city."},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "And another?"},
+        ],
+        store=False,
+        **GREEDY,
+    )
+    _same_answer(follow, explicit)
+    # And a continuation of the continuation holds all three turns.
+    third = tiny_client.responses.create(
+        input="Last one.", previous_response_id=follow.id, **GREEDY
+    )
+    assert third.usage.input_tokens > follow.usage.input_tokens + follow.usage.output_tokens
+
+
+def test_a_function_call_is_answered_by_continuing_its_response(tiny_client):
+    asked = tiny_client.responses.create(
+        input="Which unit?",
+        tools=[UNIT],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        **GREEDY | {"max_output_tokens": 40},
+    )
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24C"}
+    follow = tiny_client.responses.create(
+        input=[result], previous_response_id=asked.id, tools=[UNIT], **GREEDY
+    )
+    made = {"type": "function_call", "call_id": call.call_id, "name": call.name}
+    explicit = tiny_client.responses.create(
+        input=[
+            {"role": "user", "content": "Which unit?"},
+            made | {"arguments": call.arguments},
+            result,
+        ],
+        tools=[UNIT],
+        store=False,
+        **GREEDY,
+    )
+    _same_answer(follow, explicit)
+
+
+def test_streamed_responses_are_kept_and_unkept_ones_are_not(tiny_client):
+    events = list(tiny_client.responses.create(input="Stream it.", stream=True, **GREEDY))
+    streamed = events[-1].response  # completed, or incomplete at max_output_tokens
+    assert tiny_client.responses.retrieve(streamed.id).output_text == streamed.output_text
+    unkept = tiny_client.responses.create(input="Forget it.", store=False, **GREEDY)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        tiny_client.responses.retrieve(unkept.id)
+
+
+def test_a_deleted_response_is_gone_and_cannot_be_continued(tiny_client):
+    kept = tiny_client.responses.create(input="Keep it.", **GREEDY)
+    deleted = httpx.delete(f"{tiny_client.base_url}responses/{kept.id}", timeout=30)
+    assert deleted.json() == {"id": kept.id, "object": "response", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        tiny_client.responses.retrieve(kept.id)
+    with pytest.raises(openai.NotFoundError):
+        tiny_client.responses.delete(kept.id)
+    with pytest.raises(openai.BadRequestError) as error:
+        tiny_client.responses.create(input="More.", previous_response_id=kept.id, **GREEDY)
+    assert error.value.body["code"] == "previous_response_not_found"
+    assert error.value.body["param"] == "previous_response_id"
+
+
+def test_the_oldest_go_first_and_a_server_may_keep_none(tiny_llama_dir, server_factory):
+    one = server_factory(
+        str(tiny_llama_dir), "--served-model-name", "tiny", "--responses-store-size", "1"
+    )
+    client = openai.OpenAI(base_url=f"{one.base_url}/v1", api_key="unused")
+    older = client.responses.create(input="First.", **GREEDY)
+    newer = client.responses.create(input="Second.", **GREEDY)
+    assert client.responses.retrieve(newer.id).id == newer.id
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(older.id)
+    none = server_factory(
+        str(tiny_llama_dir), "--served-model-name", "tiny", "--responses-store-size", "0"
+    )
+    client = openai.OpenAI(base_url=f"{none.base_url}/v1", api_key="unused")
+    assert client.responses.create(input="Hi.", **GREEDY).store is False
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.create(input="Hi.", store=True, **GREEDY)
+    assert error.value.body["param"] == "store"
+
+
+def test_replicas_keep_no_responses():
+    # Each replica would keep its own: a continuation could reach another.
+    serve = [sys.executable, "-m", "spyglass.core.cli.main", "serve", "--replicas", "2"]
+    refused = subprocess.run(
+        [*serve, "--responses-store-size", "8"], capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2 and "--responses-store-size" in refused.stderr
+    for flags, kept in ((["--replicas", "2"], 0), ([], 256)):
+        argv = ["serve", *flags]
+        options = server_options_from_args(build_parser(argv).parse_args(argv))
+        assert options.responses_store_size == kept
