@@ -202,6 +202,8 @@ async def create_response(
     )
     response_id = f"resp_{uuid.uuid4().hex}"
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
+    if data.previous_response_id is not None:  # the turn before, on the trace
+        attributes["previous_response_id"] = data.previous_response_id
     reasoning = reasoning_for(serving.reasoning_parser, params, use)
     items = input_items(data, serving.responses)
     kept = items if stores(data, serving.responses) else None

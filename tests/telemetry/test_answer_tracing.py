@@ -175,3 +175,20 @@ def test_served_calls_and_their_results_are_on_the_llm_spans(
         "parts": [{"type": "tool_call_response", "id": call["id"], "response": "celsius it is"}],
     }
     assert "spyglass.response.num_tool_calls" not in b  # tools offered, no call made
+
+
+def test_a_continued_response_names_the_one_it_continues(
+    use_settings, span_exporter, tiny_llama_dir
+):
+    use_settings(served_model_name="tiny")
+    config = EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1)
+    body = {"model": "tiny", "max_output_tokens": 2, "temperature": 0}
+    with TestClient(create_app(config, ServerOptions(served_model_name="tiny"))) as client:
+        first = client.post("/v1/responses", json=body | {"input": "Hi."}).json()
+        continued = {"input": "Again.", "previous_response_id": first["id"]}
+        assert client.post("/v1/responses", json=body | continued).status_code == 200
+    first_span, second_span = sorted(
+        by_name(span_exporter.get_finished_spans(), "chat tiny"), key=lambda s: s.start_time
+    )
+    assert "spyglass.request.previous_response_id" not in first_span.attributes
+    assert second_span.attributes["spyglass.request.previous_response_id"] == first["id"]
