@@ -94,7 +94,11 @@ class RequestLogPlugin:
             self.log_content or "answer_reading" in request.attributes
         ):
             text = answer_text(request, self.tokenizer)  # as the client got it
-            answer = read_request_answer(request, text, self.parsers)
+            try:
+                answer = read_request_answer(request, text, self.parsers)
+            except Exception as error:  # a parser's fault must not cost the line
+                fields["read_error"] = type(error).__name__
+                answer = None
             if answer is not None and answer.tool_calls:  # read as the API read it
                 fields["tool_calls"] = len(answer.tool_calls)
         if self.log_content:

@@ -209,7 +209,11 @@ class RequestTracer:
         if self.tokenizer is None or not (content or reads_answer):
             return None
         text = answer_text(request, self.tokenizer)
-        answer = read_request_answer(request, text, self.parsers)
+        try:
+            answer = read_request_answer(request, text, self.parsers)
+        except Exception as error:  # a parser's fault must not keep the span from ending
+            span.set_attribute("spyglass.response.read_error", type(error).__name__)
+            answer = None
         if answer is not None:
             span.set_attributes(answer_attributes(request, answer))
         if not content:

@@ -11,6 +11,7 @@ from spyglass.core.api.app import create_app
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.engine.answer_reading import AnswerReading
 from spyglass.core.engine.config import EngineConfig
+from spyglass.core.engine.hookspecs import hookimpl
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from tests.telemetry.test_tracing import PROMPT, by_name, server_context
 
@@ -192,3 +193,30 @@ def test_a_continued_response_names_the_one_it_continues(
     )
     assert "spyglass.request.previous_response_id" not in first_span.attributes
     assert second_span.attributes["spyglass.request.previous_response_id"] == first["id"]
+
+
+class BrokenParsers:
+    """A tool-call parser plugin whose parser fails on every answer."""
+
+    @hookimpl
+    def spyglass_tool_call_parser(self, name):
+        return BrokenParser() if name == "broken" else None
+
+
+class BrokenParser:
+    def parse(self, text):
+        raise KeyError("a parser's bug")
+
+
+def test_an_answer_the_parser_fails_on_still_ends_its_span(
+    use_settings, span_exporter, make_engine, run_to_completion
+):
+    use_settings(trace_content=True, served_model_name="tiny")
+    engine = make_engine()
+    engine.plugin_manager.register(BrokenParsers())
+    reading = AnswerReading(tool_call_parser="broken")
+    written(engine, "broken", ANSWER, {"operation": "chat", "answer_reading": reading})
+    run_to_completion(engine)
+    (span,) = by_name(span_exporter.get_finished_spans(), "chat tiny")
+    assert span.attributes["spyglass.response.read_error"] == "KeyError"
+    assert span.attributes["output.value"] == ANSWER  # the text is still there

@@ -11,7 +11,7 @@ import pytest
 from spyglass.core.engine.answer_reading import AnswerReading
 from spyglass.core.engine.sampling_params import SamplingParams
 from spyglass.telemetry.logging import setup_logging
-from tests.telemetry.test_answer_tracing import ANSWER, WEATHER, written
+from tests.telemetry.test_answer_tracing import ANSWER, WEATHER, BrokenParsers, written
 
 PROMPT = "a secret prompt"
 
@@ -113,3 +113,16 @@ def test_an_answers_tool_calls_are_counted_on_its_line(
     records = {r["req_id"]: r for r in lines(log_stream, "request finished")}
     assert records["called"]["tool_calls"] == 1 and "tool_calls" not in records["plain"]
     assert "output" not in records["called"]  # the count needs no content opt-in
+
+
+def test_an_answer_the_parser_fails_on_keeps_its_line(
+    log_stream, use_settings, make_engine, run_to_completion
+):
+    use_settings()
+    engine = make_engine()
+    engine.plugin_manager.register(BrokenParsers())
+    reading = AnswerReading(tool_call_parser="broken")
+    written(engine, "broken", ANSWER, {"operation": "chat", "answer_reading": reading})
+    run_to_completion(engine)
+    (record,) = lines(log_stream, "request finished")
+    assert record["read_error"] == "KeyError" and "tool_calls" not in record
