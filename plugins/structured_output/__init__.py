@@ -232,17 +232,15 @@ class StructuredOutputPlugin:
 
 
 def _check_first_token(matcher: llguidance.LLMatcher, eos_token_ids: set[int]) -> None:
-    """Consume a token the first mask allows, then undo it: llguidance's limits on a grammar's
-    size (a regex's repetitions, a parser row's items) show when a token is consumed, not when it
-    compiles, and a grammar beyond them is a ``ValueError`` here (a 400 when the request is
-    added), not a generation that fails at its first token (a 500)."""
-    mask = matcher.compute_bitmask()
-    token = next(_allowed(mask, eos_token_ids), None)
-    if token is None:  # only the end is allowed: nothing to consume
-        return
-    if not matcher.consume_token(token):
-        raise ValueError(matcher.get_error() or "the grammar refuses the first token it allows")
-    matcher.rollback(1)
+    """Consume a token the first mask allows, on a copy of the matcher: llguidance's limits on a
+    grammar's size (a regex's repetitions, a parser row's items) show when a token is consumed,
+    not when it compiles, and a grammar beyond them is a ``ValueError`` here (a 400 when the
+    request is added), not a generation that fails at its first token (a 500). A copy, as a
+    grammar with a token budget cannot roll a token back."""
+    scratch = matcher.deep_copy()
+    token = next(_allowed(scratch.compute_bitmask(), eos_token_ids), None)
+    if token is not None and not scratch.consume_token(token):
+        raise ValueError(scratch.get_error() or "the grammar refuses the first token it allows")
 
 
 def _allowed(mask: bytes, skipped: set[int]):
