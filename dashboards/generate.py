@@ -205,6 +205,12 @@ def sections() -> list[tuple[str, list[dict]]]:
             ],
             m.TOOL_CALLS._documentation,
         ),
+        panel(
+            "Responses kept for continuation",
+            "short",
+            [target(f"sum({series(m.RESPONSES_KEPT)})", "kept")],
+            m.RESPONSES_KEPT._documentation,
+        ),
         heatmap("Prompt length", m.REQUEST_PROMPT_TOKENS),
         heatmap("Generation length", m.REQUEST_GENERATION_TOKENS),
         mean_panel(

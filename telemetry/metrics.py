@@ -514,6 +514,11 @@ TOOL_CALLS = Counter(
     "tool requests means the model's calls are not being read.",
     ["format"],
 )
+RESPONSES_KEPT = Gauge(
+    "spyglass:responses_kept",
+    "Responses API responses the server keeps in memory for previous_response_id and GET "
+    "/v1/responses/{id} (the last --responses-store-size; each holds its conversation).",
+)
 HTTP_REQUEST_DURATION = Histogram(
     "spyglass:http_request_duration_seconds",
     "HTTP request handling time (until the response ends).",
@@ -530,7 +535,14 @@ SERVER_CONFIG_INFO = Gauge(
 )
 # Recorded by the HTTP server's process; every other metric by the engine's, which is another
 # process with ``--engine-process`` (`exposition.MergedRegistry`).
-SERVER_METRICS = (HTTP_REQUESTS, HTTP_ERRORS, TOOL_CALLS, HTTP_REQUEST_DURATION, SERVER_CONFIG_INFO)
+SERVER_METRICS = (
+    HTTP_REQUESTS,
+    HTTP_ERRORS,
+    TOOL_CALLS,
+    RESPONSES_KEPT,
+    HTTP_REQUEST_DURATION,
+    SERVER_CONFIG_INFO,
+)
 
 
 DEVICE_UTILIZATION = "spyglass:device_utilization_perc"

@@ -6,13 +6,15 @@ a continuation of a dropped or unknown response is a 400 naming ``previous_respo
 OpenAI answers one it does not have. Each keeps the response object the client got and the
 conversation it ended, as Responses input items: the items it continued, its own input, and its
 output (messages and function calls; reasoning is not carried into a continuation). Its
-``instructions`` are not: a continuation gives its own, as OpenAI's do.
+``instructions`` are not: a continuation gives its own, as OpenAI's do. How many are kept is
+``spyglass:responses_kept``.
 """
 
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from spyglass.core.api.responses_schemas import InputItem
+from spyglass.telemetry import metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,7 @@ class ResponseStore:
         self._responses[stored.response["id"]] = stored
         while len(self._responses) > self.capacity:
             self._responses.popitem(last=False)
+        metrics.RESPONSES_KEPT.set(len(self._responses))
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response ``response_id``, if it is still kept."""
@@ -42,7 +45,9 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> bool:
         """Drop the response ``response_id``; whether it was kept."""
-        return self._responses.pop(response_id, None) is not None
+        kept = self._responses.pop(response_id, None) is not None
+        metrics.RESPONSES_KEPT.set(len(self._responses))
+        return kept
 
 
 def output_items(output: list[dict]) -> list[InputItem]:

@@ -128,6 +128,7 @@ def test_the_oldest_go_first_and_a_server_may_keep_none(tiny_llama_dir, server_f
     assert client.responses.retrieve(newer.id).id == newer.id
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(older.id)
+    assert "spyglass:responses_kept 1.0" in httpx.get(f"{one.base_url}/metrics").text
     none = server_factory(
         str(tiny_llama_dir), "--served-model-name", "tiny", "--responses-store-size", "0"
     )
