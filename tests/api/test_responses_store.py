@@ -12,19 +12,11 @@ import pytest
 from spyglass.core.cli.main import build_parser
 from spyglass.core.cli.serve_command import server_options_from_args
 from tests.api.conftest import TINY_ARGS, start_server
+from tests.telemetry.test_answer_tracing import UNIT as CHAT_UNIT
 
 GREEDY = {"model": "tiny", "temperature": 0, "max_output_tokens": 6}
 # A unit is all a forced call may say: its arguments end, whatever the random model writes.
-UNIT = {
-    "type": "function",
-    "name": "get_unit",
-    "parameters": {
-        "type": "object",
-        "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
-        "required": ["unit"],
-        "additionalProperties": False,
-    },
-}
+UNIT = {"type": "function", **CHAT_UNIT["function"]}  # the Responses API's flat shape
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,10 @@ from spyglass.core.api.tools import ToolUse
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.plugins.think_reasoning import FORMATS
 from tests.api.conftest import TINY_ARGS, start_server
+from tests.telemetry.test_answer_tracing import UNIT as CHAT_UNIT
 
-UNITS = ("celsius", "fahrenheit")
-UNIT = {
-    "type": "object",
-    "properties": {"unit": {"enum": list(UNITS)}},
-    "required": ["unit"],
-    "additionalProperties": False,
-}
+UNIT = CHAT_UNIT["function"]["parameters"]  # a unit: JSON that ends, whatever the model writes
+UNITS = tuple(UNIT["properties"]["unit"]["enum"])
 TAGS = {
     "type": "structural_tag",
     "structures": [{"begin": "<u>", "schema": UNIT, "end": "</u>"}],
