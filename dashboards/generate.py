@@ -206,10 +206,14 @@ def sections() -> list[tuple[str, list[dict]]]:
             m.TOOL_CALLS._documentation,
         ),
         panel(
-            "Responses kept for continuation",
+            "Responses kept, and running in the background",
             "short",
-            [target(f"sum({series(m.RESPONSES_KEPT)})", "kept")],
-            m.RESPONSES_KEPT._documentation,
+            [
+                target(f"sum({series(m.RESPONSES_KEPT)})", "kept"),
+                target(f"sum({series(m.RESPONSES_IN_BACKGROUND)})", "in background"),
+            ],
+            f"Kept: {m.RESPONSES_KEPT._documentation} "
+            f"In background: {m.RESPONSES_IN_BACKGROUND._documentation}",
         ),
         heatmap("Prompt length", m.REQUEST_PROMPT_TOKENS),
         heatmap("Generation length", m.REQUEST_GENERATION_TOKENS),

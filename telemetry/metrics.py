@@ -519,6 +519,12 @@ RESPONSES_KEPT = Gauge(
     "Responses API responses the server keeps in memory for previous_response_id and GET "
     "/v1/responses/{id} (the last --responses-store-size; each holds its conversation).",
 )
+RESPONSES_IN_BACKGROUND = Gauge(
+    "spyglass:responses_in_background",
+    "Responses API calls made with background: true whose answer is being generated now "
+    "(each an engine request no client connection waits on; POST /v1/responses/{id}/cancel "
+    "stops one).",
+)
 HTTP_REQUEST_DURATION = Histogram(
     "spyglass:http_request_duration_seconds",
     "HTTP request handling time (until the response ends).",
@@ -540,6 +546,7 @@ SERVER_METRICS = (
     HTTP_ERRORS,
     TOOL_CALLS,
     RESPONSES_KEPT,
+    RESPONSES_IN_BACKGROUND,
     HTTP_REQUEST_DURATION,
     SERVER_CONFIG_INFO,
 )

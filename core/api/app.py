@@ -23,10 +23,16 @@ from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.lora_routes import load_lora_adapter, unload_lora_adapter
 from spyglass.core.api.messages import count_message_tokens, create_message
 from spyglass.core.api.openapi_structs import ClosedStructSchemaPlugin
-from spyglass.core.api.responses import create_response, delete_response, retrieve_response
+from spyglass.core.api.responses import create_response
 from spyglass.core.api.routes import ROUTES
 from spyglass.core.api.scoring import create_rerank, create_score
 from spyglass.core.api.server_options import ServerOptions
+from spyglass.core.api.stored_responses import (
+    cancel_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from spyglass.core.api.tokenize import detokenize, tokenize
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.engine.engine_process import LoadingEngineProcess
@@ -81,6 +87,7 @@ def create_app(
             yield
         finally:
             await asyncio.to_thread(async_engine.stop, options.shutdown_timeout)
+            await app.state.serving.background.close()  # what the engine could not finish
             log.info("engine stopped")
 
     return Litestar(
@@ -89,6 +96,8 @@ def create_app(
             create_chat_completion,
             create_response,
             retrieve_response,
+            list_input_items,
+            cancel_response,
             delete_response,
             create_embedding,
             create_score,

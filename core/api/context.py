@@ -10,6 +10,7 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers import BaseRouteHandler
 
+from spyglass.core.api.background_responses import BackgroundResponses
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.response_store import ResponseStore
 from spyglass.core.api.server_options import ServerOptions
@@ -31,6 +32,8 @@ class ServingContext:
         self.tokenizer = async_engine.tokenizer
         self.responses = ResponseStore(options.responses_store_size)
         """The Responses API's kept responses (``previous_response_id``, ``GET /v1/responses/{id}``)."""
+        self.background = BackgroundResponses()
+        """The Responses API's calls being answered in the background (``background: true``)."""
         self.model_name = options.served_model_name or model.model_name
         self.model_aliases = {self.model_name, model.model_name} | (
             {model_path} if model_path else set()

@@ -1,17 +1,21 @@
 """The Responses API's stored responses: what ``previous_response_id`` continues and
-``GET /v1/responses/{id}`` returns.
+``GET /v1/responses/{id}`` (and ``.../input_items``) return.
 
 Kept in the server's memory, the most recent ``capacity`` of them (the oldest is dropped first):
 a continuation of a dropped or unknown response is a 400 naming ``previous_response_id``, as
 OpenAI answers one it does not have. Each keeps the response object the client got and the
-conversation it ended, as Responses input items: the items it continued, its own input, and its
-output (messages and function calls; reasoning is not carried into a continuation). Its
-``instructions`` are not: a continuation gives its own, as OpenAI's do. How many are kept is
+conversation it was given, as Responses input items, each with an id: the items it continued,
+then its own input. Its conversation as a continuation sees it adds its output (messages and
+function calls; reasoning is not carried into a continuation). Its ``instructions`` are not
+kept in the conversation: a continuation gives its own, as OpenAI's do. How many are kept is
 ``spyglass:responses_kept``.
 """
 
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import msgspec
 
 from spyglass.core.api.responses_schemas import InputItem
 from spyglass.telemetry import metrics
@@ -19,10 +23,15 @@ from spyglass.telemetry import metrics
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
-    """A stored response: the object the client got, and its conversation as input items."""
+    """A stored response: the object the client got, and the input items it was given."""
 
     response: dict
-    items: tuple[InputItem, ...]
+    inputs: tuple[InputItem, ...]
+
+    @property
+    def conversation(self) -> tuple[InputItem, ...]:
+        """What a continuation of it sends before its own input: its inputs, then its output."""
+        return (*self.inputs, *output_items(self.response["output"]))
 
 
 class ResponseStore:
@@ -50,14 +59,28 @@ class ResponseStore:
         return kept
 
 
+# The prefix of a generated item id, by item type (as OpenAI's ids begin).
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def with_ids(items: list[InputItem]) -> list[InputItem]:
+    """``items``, each with an ``id``: the client's where it gave one, else a new one."""
+    return [
+        item
+        if item.id is not None
+        else msgspec.structs.replace(item, id=f"{_ID_PREFIXES[item.type]}_{uuid.uuid4().hex}")
+        for item in items
+    ]
+
+
 def output_items(output: list[dict]) -> list[InputItem]:
-    """A response's output items as the input items that continue it: its messages' text and
-    its function calls (reasoning items are left out)."""
+    """A response's output items as the input items that continue it, with their ids: its
+    messages' text and its function calls (reasoning items are left out)."""
     items = []
     for item in output:
         if item["type"] == "message":
             text = "".join(part["text"] for part in item["content"])
-            items.append(InputItem(type="message", role="assistant", content=text))
+            items.append(InputItem(type="message", role="assistant", content=text, id=item["id"]))
         elif item["type"] == "function_call":
             items.append(
                 InputItem(
@@ -65,6 +88,7 @@ def output_items(output: list[dict]) -> list[InputItem]:
                     call_id=item["call_id"],
                     name=item["name"],
                     arguments=item["arguments"],
+                    id=item["id"],
                 )
             )
     return items

@@ -5,23 +5,28 @@
 mean for chat, and ``text.format`` is the output constraint (``json_schema`` or ``json_object``).
 The answer's ``output`` is a message item for text and a ``function_call`` item per call, in the
 order they were generated, after a ``reasoning`` item (its ``reasoning_text``) when the server
-splits reasoning (``--reasoning-parser``); ``status`` is ``incomplete`` when ``max_output_tokens`` cut it. Streams
-send the named events ``response.created``, ``response.in_progress``, per item
-``response.output_item.added`` ... ``response.output_item.done`` (text and arguments deltas as they
-are generated; ``response.reasoning_text.delta`` for reasoning), then ``response.completed``
-(``response.incomplete`` when cut). Responses are kept in the server's memory unless ``store``
-is false (`response_store`): ``previous_response_id`` continues one, and ``GET`` and ``DELETE
-/v1/responses/{id}`` read and drop one.
+splits reasoning (``--reasoning-parser``); ``status`` is ``incomplete`` when ``max_output_tokens``
+cut it, ``cancelled`` when the server aborted it (stopping). Streams send the named events
+``response.created``, ``response.in_progress``, per item ``response.output_item.added`` ...
+``response.output_item.done`` (text and arguments deltas as they are generated;
+``response.reasoning_text.delta`` for reasoning), then ``response.completed`` (or
+``response.incomplete``, ``response.cancelled``). Responses are kept in the server's memory
+unless ``store`` is false (`response_store`; `stored_responses` reads, lists, cancels and drops
+them): ``previous_response_id`` continues one. With ``background`` the call returns once its
+request has started, and the answer is generated with no client waiting
+(`background_responses`).
 """
 
+import asyncio
 import copy
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 
-from litestar import Request, Response, delete, get, post
+from litestar import Request, Response, post
 from litestar.di import NamedDependency
-from litestar.params import FromPath, JSONBody
+from litestar.params import JSONBody
 
 from spyglass.core.api.chat import TemplateOptions, start_chat
 from spyglass.core.api.context import ServingContext
@@ -29,11 +34,8 @@ from spyglass.core.api.convert import check_finished, given_or, request_attribut
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, output_kind, unless_disconnected
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
-from spyglass.core.api.response_store import (
-    ResponseStore,
-    StoredResponse,
-    output_items,
-)
+from spyglass.core.api.response_output import OutputItems
+from spyglass.core.api.response_store import ResponseStore, StoredResponse, with_ids
 from spyglass.core.api.responses_schemas import (
     InputImage,
     InputItem,
@@ -54,23 +56,33 @@ from spyglass.core.api.tools import (
     ToolUse,
     choose_tools,
     function_tool,
-    new_call_id,
 )
 from spyglass.core.api.validation import json_body_guard
 from spyglass.core.engine.outputs import RequestOutput
-from spyglass.core.engine.reasoning import ReasoningParser, ReasoningPiece
+from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
-from spyglass.core.engine.tool_calls import ToolCallPiece
+
+log = logging.getLogger("spyglass.api")
 
 
-def input_items(body: ResponsesRequest, store: ResponseStore) -> list[InputItem]:
-    """The call's input as items, after the conversation of the response it continues
-    (``previous_response_id``: a 400 naming it when that response is not kept)."""
+def input_items(body: ResponsesRequest, serving: ServingContext) -> list[InputItem]:
+    """The call's input as items, each with an id, after the conversation of the response it
+    continues (``previous_response_id``: a 400 naming it when that response is not kept, or
+    still running in the background)."""
     items = body.input
     if isinstance(items, str):
         items = [InputItem(type="message", role="user", content=items)]
+    items = with_ids(list(items))
     if body.previous_response_id is None:
-        return list(items)
+        return items
+    if serving.background.snapshot(body.previous_response_id) is not None:
+        raise APIError(
+            400,
+            f"previous_response_id {body.previous_response_id!r} is still being generated in "
+            "the background: continue it once GET /v1/responses/{id} says it is completed",
+            "previous_response_id",
+        )
+    store = serving.responses
     previous = store.get(body.previous_response_id)
     if previous is None:
         reason = (
@@ -85,12 +97,13 @@ def input_items(body: ResponsesRequest, store: ResponseStore) -> list[InputItem]
             "previous_response_id",
             "previous_response_not_found",
         )
-    return [*previous.items, *items]
+    return [*previous.conversation, *items]
 
 
 def stores(body: ResponsesRequest, store: ResponseStore) -> bool:
     """Whether the call's response is kept: ``store`` (true when left out, as OpenAI's default)
-    where the server keeps responses; ``store: true`` is a 400 where it keeps none."""
+    where the server keeps responses; ``store: true`` is a 400 where it keeps none, as is
+    ``background`` with a response that is not kept, or streamed."""
     if body.store and not store.capacity:
         raise APIError(
             400,
@@ -98,7 +111,22 @@ def stores(body: ResponsesRequest, store: ResponseStore) -> bool:
             "store",
             "unsupported_parameter",
         )
-    return body.store is not False and store.capacity > 0
+    kept = body.store is not False and store.capacity > 0
+    if body.background and not kept:
+        reason = "with store: false" if store.capacity else "on a server that keeps no responses"
+        raise APIError(
+            400,
+            f"a background response is read back once it is done, so it cannot run {reason}",
+            "background",
+        )
+    if body.background and body.stream:
+        raise APIError(
+            400,
+            "background responses are not streamed here: poll GET /v1/responses/{id} instead",
+            "stream",
+            "unsupported_parameter",
+        )
+    return kept
 
 
 def conversation(instructions: str | None, items: list[InputItem]) -> list[ChatMessage]:
@@ -204,8 +232,10 @@ async def create_response(
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
     if data.previous_response_id is not None:  # the turn before, on the trace
         attributes["previous_response_id"] = data.previous_response_id
+    if data.background:
+        attributes["background"] = True
     reasoning = reasoning_for(serving.reasoning_parser, params, use)
-    items = input_items(data, serving.responses)
+    items = input_items(data, serving)
     kept = items if stores(data, serving.responses) else None
     group = await start_chat(
         serving,
@@ -220,213 +250,17 @@ async def create_response(
             reasoning_effort=data.reasoning and data.reasoning.effort, effort_param="reasoning"
         ),
         lora_name=lora_name,
-        kind=output_kind(data.stream, reads_deltas=reasoning is not None),
+        # A background run is read while it runs (GET), so it takes every delta.
+        kind=output_kind(data.stream, reads_deltas=reasoning is not None or data.background),
         reasoning=reasoning,
     )
     writer = _ResponseWriter(serving, data, response_id, use, reasoning, kept)
+    if data.background:
+        serving.background.start(response_id, writer.run_in_background(group), writer.so_far)
+        return Response(writer.so_far())
     if data.stream:
         return event_stream(writer.events(group), named=True)
     return Response(await unless_disconnected(request, writer.collect(group)))
-
-
-@get(
-    "/v1/responses/{response_id:str}",
-    summary="A stored response (OpenAI Responses API)",
-    tags=["openai"],
-)
-async def retrieve_response(
-    response_id: FromPath[str], serving: NamedDependency[ServingContext]
-) -> dict:
-    """The response as it was returned; a 404 for one the server does not keep."""
-    return _stored(serving, response_id).response
-
-
-@delete(
-    "/v1/responses/{response_id:str}",
-    summary="Drop a stored response (OpenAI Responses API)",
-    tags=["openai"],
-    status_code=200,
-)
-async def delete_response(
-    response_id: FromPath[str], serving: NamedDependency[ServingContext]
-) -> dict:
-    """Drop a kept response: it can no longer be read or continued."""
-    _stored(serving, response_id)
-    serving.responses.delete(response_id)
-    return {"id": response_id, "object": "response", "deleted": True}
-
-
-def _stored(serving: ServingContext, response_id: str) -> StoredResponse:
-    stored = serving.responses.get(response_id)
-    if stored is None:
-        raise APIError(404, f"no response {response_id!r} is kept here", "response_id")
-    return stored
-
-
-class _OutputItems:
-    """The response's output items, built from the pieces of the generated text; each change is also an event
-    (a dict with its ``type``; the writer numbers them)."""
-
-    def __init__(self):
-        self.items: list[dict] = []
-        self._open: dict | None = None
-        self._open_text: list[str] = []
-        """The open item's text (or arguments) so far, joined when it closes: a string grown by
-        ``+=`` at every token would copy all of a long answer at each."""
-
-    def add(self, piece: ReasoningPiece | ToolCallPiece) -> list[dict]:
-        """The events one piece makes: a new item when the kind of output changes, then a delta."""
-        events = []
-        opening = (
-            self._open is None
-            or piece.kind == "call"
-            or self._open["type"] != _ITEM_TYPES[piece.kind]
-        )
-        if opening:
-            events += self.close("completed")
-            events += self._start(piece)
-        item, position = self._open, len(self.items) - 1
-        if piece.kind in ("reasoning", "content"):
-            self._open_text.append(piece.text)
-            reasoning = piece.kind == "reasoning"
-            events.append(
-                {
-                    "type": "response.reasoning_text.delta"
-                    if reasoning
-                    else "response.output_text.delta",
-                    "item_id": item["id"],
-                    "output_index": position,
-                    "content_index": 0,
-                    "delta": piece.text,
-                    **({} if reasoning else {"logprobs": []}),
-                }
-            )
-        elif piece.kind == "arguments":
-            self._open_text.append(piece.text)
-            events.append(
-                {
-                    "type": "response.function_call_arguments.delta",
-                    "item_id": item["id"],
-                    "output_index": position,
-                    "delta": piece.text,
-                }
-            )
-        return events
-
-    def _start(self, piece: ReasoningPiece | ToolCallPiece) -> list[dict]:
-        if piece.kind == "reasoning":
-            item = {
-                "id": f"rs_{uuid.uuid4().hex}",
-                "type": "reasoning",
-                "summary": [],
-                "status": "in_progress",
-                "content": [],
-            }
-        elif piece.kind == "content":
-            item = {
-                "id": f"msg_{uuid.uuid4().hex}",
-                "type": "message",
-                "role": "assistant",
-                "status": "in_progress",
-                "content": [],
-            }
-        else:
-            name = piece.text if piece.kind == "call" else ""
-            item = {
-                "id": f"fc_{uuid.uuid4().hex}",
-                "type": "function_call",
-                "status": "in_progress",
-                "call_id": new_call_id(),
-                "name": name,
-                "arguments": "",
-            }
-        self.items.append(item)
-        self._open, self._open_text = item, []
-        position = len(self.items) - 1
-        events = [
-            {
-                "type": "response.output_item.added",
-                "output_index": position,
-                "item": copy.deepcopy(item),
-            }
-        ]
-        if piece.kind in ("content", "reasoning"):
-            part = (
-                {"type": "reasoning_text", "text": ""}
-                if piece.kind == "reasoning"
-                else {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            )
-            item["content"].append(part)
-            events.append(
-                {
-                    "type": "response.content_part.added",
-                    "item_id": item["id"],
-                    "output_index": position,
-                    "content_index": 0,
-                    "part": copy.deepcopy(item["content"][0]),
-                }
-            )
-        return events
-
-    def close(self, status: str) -> list[dict]:
-        """Finish the open item, if any, with ``status`` (``completed``, or ``incomplete`` when cut)."""
-        item, self._open = self._open, None
-        if item is None:
-            return []
-        position = len(self.items) - 1
-        item["status"] = status
-        if item["type"] in ("reasoning", "message"):
-            part = item["content"][0]
-            part["text"] = "".join(self._open_text)
-            reasoning = item["type"] == "reasoning"
-            done = {
-                "type": "response.reasoning_text.done"
-                if reasoning
-                else "response.output_text.done",
-                "item_id": item["id"],
-                "output_index": position,
-                "content_index": 0,
-                "text": part["text"],
-                **({} if reasoning else {"logprobs": []}),
-            }
-            events = [
-                done,
-                {
-                    "type": "response.content_part.done",
-                    "item_id": item["id"],
-                    "output_index": position,
-                    "content_index": 0,
-                    "part": copy.deepcopy(part),
-                },
-            ]
-        else:
-            item["arguments"] = "".join(self._open_text)
-            events = [
-                {
-                    "type": "response.function_call_arguments.done",
-                    "item_id": item["id"],
-                    "output_index": position,
-                    "name": item["name"],
-                    "arguments": item["arguments"],
-                }
-            ]
-        return [
-            *events,
-            {
-                "type": "response.output_item.done",
-                "output_index": position,
-                "item": copy.deepcopy(item),
-            },
-        ]
-
-
-# The output item each kind of piece belongs to.
-_ITEM_TYPES = {
-    "reasoning": "reasoning",
-    "content": "message",
-    "call": "function_call",
-    "arguments": "function_call",
-}
 
 
 class _ResponseWriter:
@@ -450,16 +284,26 @@ class _ResponseWriter:
         self.use = use
         self.splitter = ChoiceSplitter(reasoning, use, serving.tool_format)
         """The answer's split into reasoning, content and calls (its reasoning tokens counted)."""
+        self.items = OutputItems()
         self.created_at = int(time.time())
 
-    def _response(self, items: list[dict], group: RequestGroup | None) -> dict:
-        """The response object: in progress, or that of the finished ``group``."""
+    def _response(
+        self,
+        items: list[dict],
+        group: RequestGroup | None,
+        ended: str | None = None,
+        error: dict | None = None,
+    ) -> dict:
+        """The response object: in progress, or that of ``group`` once it ended: as its finish
+        reason says, or as ``ended`` says (``cancelled``, ``failed`` with ``error``)."""
         status, incomplete, usage = "in_progress", None, None
         if group is not None:
             output = group.latest[0]
-            cut = output.outputs[0].finish_reason == "length"
-            status = "incomplete" if cut else "completed"
-            incomplete = {"reason": "max_output_tokens"} if cut else None
+            reason = output.outputs[0].finish_reason
+            cut = reason == "length"
+            # Aborted by the server (stopping, its engine draining): ``cancelled``, not an answer.
+            status = ended or _STATUSES.get(reason, "completed")
+            incomplete = {"reason": "max_output_tokens"} if cut and not ended else None
             num_input, num_output = len(output.prompt_token_ids), group.num_tokens[0]
             usage = {
                 "input_tokens": num_input,
@@ -474,7 +318,8 @@ class _ResponseWriter:
             "object": "response",
             "created_at": self.created_at,
             "status": status,
-            "error": None,
+            "background": bool(body.background),
+            "error": error,
             "incomplete_details": incomplete,
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
@@ -498,7 +343,7 @@ class _ResponseWriter:
 
     async def collect(self, group: RequestGroup) -> dict:
         """Run to the end and build the response."""
-        items = _OutputItems()
+        items = self.items
 
         def split(_: int, delta: RequestOutput) -> None:
             for piece in self.splitter.advance(delta):
@@ -509,11 +354,35 @@ class _ResponseWriter:
         items.close(_item_status(output))
         return self._finished(self._response(items.items, group))
 
+    def so_far(self) -> dict:
+        """The response while it is generated in the background: the output so far."""
+        return self._response(self.items.so_far(), None)
+
+    async def run_in_background(self, group: RequestGroup) -> None:
+        """Run to the end with no client waiting, and keep the response however it ends:
+        completed or incomplete, ``cancelled`` (its engine request aborted) with the output so
+        far, or ``failed`` with the reason."""
+        try:
+            await self.collect(group)
+        except asyncio.CancelledError:
+            self.items.close("incomplete")
+            self._finished(self._response(self.items.items, group, "cancelled"))
+        except APIError as failure:
+            self._failed(group, failure.code or "server_error", failure.message)
+        except Exception as failure:  # kept as the response's error, not lost with the task
+            log.exception("background response %s failed", self.id)
+            self._failed(group, "server_error", f"{type(failure).__name__}: {failure}")
+
+    def _failed(self, group: RequestGroup, code: str, message: str) -> None:
+        self.items.close("incomplete")
+        error = {"code": code, "message": message}
+        self._finished(self._response(self.items.items, group, "failed", error))
+
     def _finished(self, response: dict) -> dict:
-        """``response``, stored with its conversation when the call asked to keep it."""
+        """``response``, stored with its input items when the call asked to keep it."""
         if self.kept is not None:
-            conversation = (*self.kept, *output_items(response["output"]))
-            self.serving.responses.put(StoredResponse(copy.deepcopy(response), conversation))
+            stored = StoredResponse(copy.deepcopy(response), tuple(self.kept))
+            self.serving.responses.put(stored)
         return response
 
     async def events(self, group: RequestGroup) -> AsyncIterator[tuple[str, dict]]:
@@ -527,7 +396,7 @@ class _ResponseWriter:
 
         yield numbered({"type": "response.created", "response": self._response([], None)})
         yield numbered({"type": "response.in_progress", "response": self._response([], None)})
-        items, output = _OutputItems(), None
+        items, output = self.items, None
         async for _, output in group.outputs():
             check_finished(output.outputs[0])
             for piece in self.splitter.advance(output):
@@ -536,12 +405,17 @@ class _ResponseWriter:
         for event in items.close(_item_status(output)):
             yield numbered(event)
         response = self._finished(self._response(items.items, group))
-        kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-        yield numbered({"type": kind, "response": response})
+        # response.completed, .incomplete, or .cancelled (aborted by a stopping server).
+        yield numbered({"type": f"response.{response['status']}", "response": response})
+
+
+# A response's status by its request's finish reason, where it is not ``completed``.
+_STATUSES = {"length": "incomplete", "abort": "cancelled"}
 
 
 def _item_status(output: RequestOutput) -> str:
-    return "incomplete" if output.outputs[0].finish_reason == "length" else "completed"
+    cut = output.outputs[0].finish_reason in _STATUSES
+    return "incomplete" if cut else "completed"
 
 
 def _text_config(body: ResponsesRequest) -> dict:

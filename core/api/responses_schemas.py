@@ -1,8 +1,8 @@
 """Request body of OpenAI's Responses API (``POST /v1/responses``), as msgspec Structs.
 
-Fields the server cannot honour (stored conversations, background runs, reasoning summaries,
-built-in tools, ...) admit only their absent or neutral values: anything else is a 400 naming the
-field, never an answer that pretends. Unknown fields are ignored, as elsewhere in the API.
+Fields the server cannot honour (reasoning summaries, built-in tools, ``include``, ...) admit
+only their absent or neutral values: anything else is a 400 naming the field, never an answer
+that pretends.
 """
 
 from typing import Annotated, Any, ClassVar, Literal
@@ -138,8 +138,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     metadata: Metadata | None = None
     store: bool | None = None  # kept unless false, where the server keeps responses
     previous_response_id: Annotated[str, Meta(max_length=256)] | None = None
+    background: bool | None = None  # answered in a task of its own, read back by GET
     # Not honoured by this server: only absent or neutral values pass, else a 400 naming the field.
-    background: Literal[False] | None = None
     reasoning: ReasoningSettings | None = None
     include: Annotated[list[Any], Meta(max_length=0)] | None = None
     conversation: None = None
@@ -164,7 +164,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             "stream_options.include_obfuscation",
             "reasoning.summary",
             "reasoning.generate_summary",
-            "background",
             "include",
             "conversation",
             "prompt",

@@ -224,7 +224,7 @@ def test_streamed_function_call_matches_the_whole_one(real_client):
     "extra, param",
     [
         ({"previous_response_id": "resp_123"}, "previous_response_id"),  # not kept
-        ({"background": True}, "background"),
+        ({"background": True, "store": False}, "background"),  # nothing to read it back from
         ({"reasoning": {"effort": "low"}}, "reasoning"),  # the tiny model's template ignores it
         ({"reasoning": {"summary": "auto"}}, "reasoning"),
         ({"service_tier": "flex"}, "service_tier"),

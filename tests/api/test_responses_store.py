@@ -142,3 +142,56 @@ def test_replicas_keep_no_responses():
         argv = ["serve", *flags]
         options = server_options_from_args(build_parser(argv).parse_args(argv))
         assert options.responses_store_size == kept
+
+
+def test_input_items_list_the_conversation_a_response_was_given(tiny_client):
+    first = tiny_client.responses.create(input="Name a city.", **GREEDY)
+    (asked,) = tiny_client.responses.input_items.list(first.id).data
+    assert (asked.type, asked.role, asked.id.startswith("msg_")) == ("message", "user", True)
+    assert [(part.type, part.text) for part in asked.content] == [("input_text", "Name a city.")]
+    follow = tiny_client.responses.create(
+        input=[{"role": "user", "content": "And another?", "id": "msg_mine"}],
+        previous_response_id=first.id,
+        **GREEDY,
+    )
+    # The turns it continued (the first call's input and answer, by their ids), then its own.
+    listed = tiny_client.responses.input_items.list(follow.id, order="asc").data
+    answer = next(item for item in first.output if item.type == "message")
+    assert [item.id for item in listed] == [asked.id, answer.id, "msg_mine"]
+    assert listed[1].role == "assistant" and listed[1].content[0].type == "output_text"
+    assert listed[1].content[0].text == first.output_text
+    # Newest first by default, in pages.
+    page = tiny_client.responses.input_items.list(follow.id, limit=2)
+    assert [item.id for item in page.data] == ["msg_mine", answer.id] and page.has_more
+    rest = tiny_client.responses.input_items.list(follow.id, limit=2, after=answer.id)
+    assert [item.id for item in rest.data] == [asked.id] and not rest.has_more
+    url = f"{tiny_client.base_url}responses/{follow.id}/input_items"
+    refused = httpx.get(url, params={"include": "reasoning.encrypted_content"}, timeout=30)
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, "include")
+    assert httpx.get(url, params={"limit": 0}, timeout=30).status_code == 400
+    with pytest.raises(openai.NotFoundError):
+        tiny_client.responses.input_items.list("resp_unknown")
+
+
+def test_input_items_list_function_calls_and_their_outputs(tiny_client):
+    asked = tiny_client.responses.create(
+        input="Which unit?",
+        tools=[UNIT],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        **GREEDY | {"max_output_tokens": 40},
+    )
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
+    follow = tiny_client.responses.create(
+        input=[result], previous_response_id=asked.id, tools=[UNIT], **GREEDY
+    )
+    _, made, answered = tiny_client.responses.input_items.list(follow.id, order="asc").data
+    assert (made.type, made.id, made.call_id) == ("function_call", call.id, call.call_id)
+    assert (made.name, made.arguments) == (call.name, call.arguments)
+    assert (answered.type, answered.call_id, answered.output) == (
+        "function_call_output",
+        call.call_id,
+        "Sunny",
+    )
+    assert answered.id.startswith("fco_")

@@ -3,6 +3,7 @@ span's output messages and the HTTP span's output match what the client received
 
 import json
 import re
+import time
 
 import pytest
 from litestar.testing import TestClient
@@ -188,11 +189,18 @@ def test_a_continued_response_names_the_one_it_continues(
         first = client.post("/v1/responses", json=body | {"input": "Hi."}).json()
         continued = {"input": "Again.", "previous_response_id": first["id"]}
         assert client.post("/v1/responses", json=body | continued).status_code == 200
-    first_span, second_span = sorted(
+        background = {"input": "Later.", "background": True}
+        started = client.post("/v1/responses", json=body | background).json()
+        while client.get(f"/v1/responses/{started['id']}").json()["status"] == "in_progress":
+            time.sleep(0.05)
+    first_span, second_span, third_span = sorted(
         by_name(span_exporter.get_finished_spans(), "chat tiny"), key=lambda s: s.start_time
     )
     assert "spyglass.request.previous_response_id" not in first_span.attributes
     assert second_span.attributes["spyglass.request.previous_response_id"] == first["id"]
+    # A background call's span says no client connection waited on it.
+    assert "spyglass.request.background" not in second_span.attributes
+    assert third_span.attributes["spyglass.request.background"] is True
 
 
 class BrokenParsers:

@@ -1,0 +1,74 @@
+"""``GET /v1/responses/{id}/input_items``: the conversation a kept response was given, as the
+Responses API lists items.
+
+The list holds the items it continued (with ``previous_response_id``: the earlier turns' inputs
+and answers) and its own input, each with its id; newest first unless ``order`` is ``asc``, at
+most ``limit`` (1 to 100) after the item ``after`` names, as OpenAI pages them. An image part's
+URL is listed only when ``include`` asks for ``message.input_image.image_url``.
+"""
+
+from dataclasses import dataclass
+
+from spyglass.core.api.errors import APIError
+from spyglass.core.api.responses_schemas import InputImage, InputItem, OutputText
+
+INCLUDE_IMAGE_URLS = "message.input_image.image_url"
+
+
+@dataclass(frozen=True, slots=True)
+class ItemPage:
+    """Which items of a list to return: ``order`` (``asc`` or ``desc``), at most ``limit`` of
+    them, after the item whose id is ``after`` (from the start when None)."""
+
+    order: str = "desc"
+    limit: int = 20
+    after: str | None = None
+    image_urls: bool = False
+
+
+def page_of_items(items: tuple[InputItem, ...], page: ItemPage) -> dict:
+    """The Responses API's list object for one page of ``items`` (given oldest first)."""
+    ordered = list(items) if page.order == "asc" else list(reversed(items))
+    start = 0
+    if page.after is not None:
+        ids = [item.id for item in ordered]
+        if page.after not in ids:
+            raise APIError(400, f"no input item {page.after!r} in this response", "after")
+        start = ids.index(page.after) + 1
+    chosen = ordered[start : start + page.limit]
+    return {
+        "object": "list",
+        "data": [listed_item(item, page.image_urls) for item in chosen],
+        "first_id": chosen[0].id if chosen else None,
+        "last_id": chosen[-1].id if chosen else None,
+        "has_more": start + page.limit < len(ordered),
+    }
+
+
+def listed_item(item: InputItem, image_urls: bool = False) -> dict:
+    """One input item as the list shows it."""
+    listed = {"id": item.id, "type": item.type, "status": "completed"}
+    if item.type == "message":
+        return listed | {"role": item.role, "content": _parts(item, image_urls)}
+    if item.type == "function_call":
+        return listed | {"call_id": item.call_id, "name": item.name, "arguments": item.arguments}
+    output = item.output
+    text = output if isinstance(output, str) else "\n".join(part.text for part in output)
+    return listed | {"call_id": item.call_id, "output": text}
+
+
+def _parts(item: InputItem, image_urls: bool) -> list[dict]:
+    """A message's content as typed parts (text given as a string: ``output_text`` for the
+    assistant's, else ``input_text``)."""
+    if isinstance(item.content, str):
+        text_type = "output_text" if item.role == "assistant" else "input_text"
+        return [{"type": text_type, "text": item.content}]
+    parts = []
+    for part in item.content:
+        if isinstance(part, InputImage):
+            image = {"type": "input_image", "detail": "auto", "file_id": None}
+            parts.append(image | {"image_url": part.image_url if image_urls else None})
+        else:
+            text_type = "output_text" if isinstance(part, OutputText) else "input_text"
+            parts.append({"type": text_type, "text": part.text})
+    return parts

@@ -1,0 +1,96 @@
+"""The Responses API's routes for responses the server keeps: read one (``GET``), list the input
+items it was given (``GET .../input_items``), cancel one running in the background (``POST
+.../cancel``) and drop one (``DELETE``). A response the server does not keep is a 404."""
+
+from typing import Annotated, Literal
+
+from litestar import delete, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, QueryParameter
+
+from spyglass.core.api.context import ServingContext
+from spyglass.core.api.errors import APIError
+from spyglass.core.api.response_items import INCLUDE_IMAGE_URLS, ItemPage, page_of_items
+from spyglass.core.api.response_store import StoredResponse
+
+
+@get(
+    "/v1/responses/{response_id:str}",
+    summary="A stored response (OpenAI Responses API)",
+    tags=["openai"],
+)
+async def retrieve_response(
+    response_id: FromPath[str], serving: NamedDependency[ServingContext]
+) -> dict:
+    """The response as it was returned, or so far while it runs in the background."""
+    running = serving.background.snapshot(response_id)
+    return running if running is not None else _stored(serving, response_id).response
+
+
+@get(
+    "/v1/responses/{response_id:str}/input_items",
+    summary="The input items of a stored response (OpenAI Responses API)",
+    tags=["openai"],
+)
+async def list_input_items(
+    response_id: FromPath[str],
+    serving: NamedDependency[ServingContext],
+    limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
+    order: Annotated[Literal["asc", "desc"], QueryParameter()] = "desc",
+    after: Annotated[str | None, QueryParameter(max_length=256)] = None,
+    include: Annotated[list[str] | None, QueryParameter(max_items=8)] = None,
+) -> dict:
+    """The items the response was given (the turns it continued, then its own input), paged."""
+    unknown = sorted(set(include or ()) - {INCLUDE_IMAGE_URLS})
+    if unknown:
+        raise APIError(
+            400,
+            f"include {unknown[0]!r} is not supported here (only {INCLUDE_IMAGE_URLS!r})",
+            "include",
+            "unsupported_parameter",
+        )
+    page = ItemPage(order, limit, after, image_urls=bool(include))
+    return page_of_items(_stored(serving, response_id).inputs, page)
+
+
+@post(
+    "/v1/responses/{response_id:str}/cancel",
+    summary="Cancel a background response (OpenAI Responses API)",
+    tags=["openai"],
+    status_code=200,
+)
+async def cancel_response(
+    response_id: FromPath[str], serving: NamedDependency[ServingContext]
+) -> dict:
+    """Stop a response running in the background: it is kept as ``cancelled`` with the output
+    it had. Cancelling a cancelled one returns it again; any other finished one is a 400."""
+    await serving.background.cancel(response_id)
+    response = _stored(serving, response_id).response
+    if response["status"] == "cancelled":
+        return response
+    reason = "it was not made in the background" if not response["background"] else "it ended"
+    raise APIError(400, f"response {response_id!r} cannot be cancelled: {reason}", "response_id")
+
+
+@delete(
+    "/v1/responses/{response_id:str}",
+    summary="Drop a stored response (OpenAI Responses API)",
+    tags=["openai"],
+    status_code=200,
+)
+async def delete_response(
+    response_id: FromPath[str], serving: NamedDependency[ServingContext]
+) -> dict:
+    """Drop a kept response (cancelling it first if it runs in the background): it can no
+    longer be read or continued."""
+    await serving.background.cancel(response_id)
+    _stored(serving, response_id)
+    serving.responses.delete(response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+def _stored(serving: ServingContext, response_id: str) -> StoredResponse:
+    stored = serving.responses.get(response_id)
+    if stored is None:
+        raise APIError(404, f"no response {response_id!r} is kept here", "response_id")
+    return stored
