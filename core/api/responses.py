@@ -28,14 +28,16 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from spyglass.core.api.chat import TemplateOptions, start_chat
+from spyglass.core.api.chat import TemplateOptions, render_conversation, start_chat
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import check_finished, given_or, request_attributes
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, output_kind, unless_disconnected
+from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
 from spyglass.core.api.response_output import OutputItems
 from spyglass.core.api.response_store import ResponseStore, StoredResponse, with_ids
+from spyglass.core.api.response_truncation import fit_conversation
 from spyglass.core.api.responses_schemas import (
     InputImage,
     InputItem,
@@ -237,6 +239,13 @@ async def create_response(
     reasoning = reasoning_for(serving.reasoning_parser, params, use)
     items = input_items(data, serving)
     kept = items if stores(data, serving.responses) else None
+    template = TemplateOptions(
+        reasoning_effort=data.reasoning and data.reasoning.effort, effort_param="reasoning"
+    )
+    if data.truncation == "auto":
+        items, dropped = await _fitted(serving, data, items, use, template)
+        if dropped:  # what the model did not see, on the trace
+            attributes["truncated_items"] = dropped
     group = await start_chat(
         serving,
         request,
@@ -246,9 +255,7 @@ async def create_response(
         response_id,
         attributes,
         "input",
-        template=TemplateOptions(
-            reasoning_effort=data.reasoning and data.reasoning.effort, effort_param="reasoning"
-        ),
+        template=template,
         lora_name=lora_name,
         # A background run is read while it runs (GET), so it takes every delta.
         kind=output_kind(data.stream, reads_deltas=reasoning is not None or data.background),
@@ -261,6 +268,25 @@ async def create_response(
     if data.stream:
         return event_stream(writer.events(group), named=True)
     return Response(await unless_disconnected(request, writer.collect(group)))
+
+
+async def _fitted(
+    serving: ServingContext,
+    body: ResponsesRequest,
+    items: list[InputItem],
+    use: ToolUse,
+    template: TemplateOptions,
+) -> tuple[list[InputItem], int]:
+    """``truncation: "auto"``: the items whose prompt fits the context beside the answer, and
+    how many were dropped (`fit_conversation`)."""
+
+    async def count_tokens(candidate: list[InputItem]) -> int:
+        turns = conversation(body.instructions, candidate)
+        _, prompt, _ = await render_conversation(serving, turns, use, "input", template)
+        return len(await encode_text(serving, prompt, "input", False, add_special_tokens=False))
+
+    budget = serving.max_model_len - (body.max_output_tokens or 1)
+    return await fit_conversation(items, count_tokens, budget)
 
 
 class _ResponseWriter:
@@ -335,7 +361,7 @@ class _ResponseWriter:
             "text": _text_config(body),
             "tool_choice": _tool_choice(body),
             "tools": [_tool(tool) for tool in self.use.tools],
-            "truncation": "disabled",
+            "truncation": body.truncation or "disabled",
             "usage": usage,
             "user": body.user,
             "metadata": body.metadata or {},

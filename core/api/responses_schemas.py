@@ -144,7 +144,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     include: Annotated[list[Any], Meta(max_length=0)] | None = None
     conversation: None = None
     prompt: None = None
-    truncation: Literal["disabled"] | None = None
+    truncation: Literal["disabled", "auto"] | None = None  # auto: drop the oldest turns to fit
     top_logprobs: Literal[0] | None = None
     max_tool_calls: None = None
     service_tier: Literal["auto", "default"] | None = None  # flex and priority processing
@@ -167,7 +167,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             "include",
             "conversation",
             "prompt",
-            "truncation",
             "top_logprobs",
             "max_tool_calls",
             "service_tier",

@@ -64,8 +64,7 @@ async def cancel_response(
 ) -> dict:
     """Stop a response running in the background: it is kept as ``cancelled`` with the output
     it had. Cancelling a cancelled one returns it again; any other finished one is a 400."""
-    await serving.background.cancel(response_id)
-    response = _stored(serving, response_id).response
+    response = (await _stopped(serving, response_id)).response
     if response["status"] == "cancelled":
         return response
     reason = "it was not made in the background" if not response["background"] else "it ended"
@@ -83,8 +82,7 @@ async def delete_response(
 ) -> dict:
     """Drop a kept response (cancelling it first if it runs in the background): it can no
     longer be read or continued."""
-    await serving.background.cancel(response_id)
-    _stored(serving, response_id)
+    await _stopped(serving, response_id)
     serving.responses.delete(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
@@ -94,3 +92,9 @@ def _stored(serving: ServingContext, response_id: str) -> StoredResponse:
     if stored is None:
         raise APIError(404, f"no response {response_id!r} is kept here", "response_id")
     return stored
+
+
+async def _stopped(serving: ServingContext, response_id: str) -> StoredResponse:
+    """The kept response, once a run of it in the background has been cancelled."""
+    await serving.background.cancel(response_id)
+    return _stored(serving, response_id)

@@ -7,9 +7,10 @@ grammar, validated, in a cache, so a schema is compiled once however many reques
 Masks of a step's constrained requests are computed in parallel by llguidance's executor, in Rust,
 without a Python loop over requests. Why llguidance rather than xgrammar: docs/structured_outputs.md.
 
-JSON may hold any whitespace between its tokens (llguidance's default, as vLLM's): a weak model
-can then write whitespace until its tokens run out. ``--plugin-option json_whitespace=compact``
-allows only ``", "`` and ``": "`` between items and after keys (vLLM's
+JSON may hold any whitespace between its tokens, as vLLM's, but at most
+``--plugin-option json_max_whitespace`` characters (64) between two of them: given unbounded
+whitespace a weak model can write it until its tokens run out. ``--plugin-option
+json_whitespace=compact`` allows only ``", "`` and ``": "`` between items and after keys (vLLM's
 ``disable_any_whitespace``).
 """
 
@@ -45,6 +46,20 @@ JSON_WHITESPACE = ("flexible", "compact")
 """The values of ``--plugin-option json_whitespace``."""
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """llguidance's JSON options for ``json_whitespace=compact``."""
+DEFAULT_MAX_WHITESPACE = 64
+"""The most whitespace characters flexible JSON holds between two tokens: room for a deeply
+indented line, none for a model that would write nothing else."""
+
+
+def json_options(
+    whitespace: str = "flexible", max_whitespace: int = DEFAULT_MAX_WHITESPACE
+) -> dict:
+    """llguidance's JSON options (a schema's ``x-guidance``) for ``json_whitespace`` and
+    ``json_max_whitespace``."""
+    if whitespace == "compact":
+        return _COMPACT
+    pattern = rf"[\x20\x0A\x0D\x09]{{1,{max_whitespace}}}"
+    return {"whitespace_flexible": True, "whitespace_pattern": pattern}
 
 
 class LLGuidanceConstraint(TokenConstraint):
@@ -87,12 +102,13 @@ class LLGuidanceConstraint(TokenConstraint):
         )
 
 
-def grammar_text(spec: StructuredOutput, compact_json: bool) -> str:
-    """llguidance's grammar for ``spec`` (JSON with only single spaces after separators where
-    ``compact_json``), after its ``reasoning`` rules when it has some; ``ValueError`` when the
-    spec is malformed."""
+def grammar_text(spec: StructuredOutput, json_whitespace: dict | None = None) -> str:
+    """llguidance's grammar for ``spec`` (its JSON's whitespace as ``json_whitespace``, llguidance's
+    options from `json_options`; flexible and bounded when None), after its ``reasoning`` rules
+    when it has some; ``ValueError`` when the spec is malformed."""
+    json_whitespace = json_whitespace or json_options()
     if spec.kind == "structural_tag":
-        rules = structural_tag_rules(spec.value, lambda schema: _compact(schema, compact_json))
+        rules = structural_tag_rules(spec.value, lambda schema: _spaced(schema, json_whitespace))
         if spec.after_reasoning is None:
             return f"start: st_text\n{rules}"
         return "\n".join(
@@ -103,11 +119,11 @@ def grammar_text(spec: StructuredOutput, compact_json: bool) -> str:
             [
                 "start: reasoning answer",
                 spec.after_reasoning,
-                f"answer: {_answer_rule(spec, compact_json)}",
+                f"answer: {_answer_rule(spec, json_whitespace)}",
             ]
         )
     if spec.kind in ("json_object", "json_schema"):
-        return llguidance.grammar_from("json_schema", json.dumps(_schema(spec, compact_json)))
+        return llguidance.grammar_from("json_schema", json.dumps(_schema(spec, json_whitespace)))
     if spec.kind == "choice":
         _check_choices(spec)
         return llguidance.grammar_from("choice", json.dumps(spec.value))
@@ -116,26 +132,28 @@ def grammar_text(spec: StructuredOutput, compact_json: bool) -> str:
     return llguidance.grammar_from("regex" if spec.kind == "regex" else "grammar", spec.value)
 
 
-def _schema(spec: StructuredOutput, compact_json: bool) -> dict:
+def _schema(spec: StructuredOutput, json_whitespace: dict) -> dict:
     """The JSON schema of a ``json_object`` or ``json_schema`` spec, llguidance's whitespace
     options in it."""
     schema = {"type": "object"} if spec.kind == "json_object" else spec.value
     if not isinstance(schema, dict):
         raise ValueError("the JSON schema must be an object")
-    return _compact(schema, compact_json)
+    return _spaced(schema, json_whitespace)
 
 
-def _compact(schema: dict, compact_json: bool) -> dict:
-    """``schema`` with llguidance's compact whitespace options where ``compact_json``."""
-    if compact_json:
-        return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **_COMPACT}}
-    return schema
+def _spaced(schema: dict, json_whitespace: dict) -> dict:
+    """``schema`` with llguidance's whitespace options: compact ones over the schema's own
+    ``x-guidance``, flexible ones under it (a schema may set its own pattern)."""
+    own = schema.get("x-guidance", {})
+    if json_whitespace.get("whitespace_flexible"):
+        return {**schema, "x-guidance": {**json_whitespace, **own}}
+    return {**schema, "x-guidance": {**own, **json_whitespace}}
 
 
-def _answer_rule(spec: StructuredOutput, compact_json: bool) -> str:
+def _answer_rule(spec: StructuredOutput, json_whitespace: dict) -> str:
     """The body of a Lark rule holding the answer to ``spec`` (not a ``grammar``)."""
     if spec.kind in ("json_object", "json_schema"):
-        return f"%json {json.dumps(_schema(spec, compact_json))}"
+        return f"%json {json.dumps(_schema(spec, json_whitespace))}"
     if spec.kind == "choice":
         _check_choices(spec)
         return " | ".join(json.dumps(choice, ensure_ascii=False) for choice in spec.value)
@@ -169,7 +187,13 @@ class StructuredOutputPlugin:
             raise ValueError(
                 f"--plugin-option json_whitespace must be one of {JSON_WHITESPACE}, got {whitespace!r}"
             )
-        self._compact_json = whitespace == "compact"
+        max_whitespace = str(options.get("json_max_whitespace", DEFAULT_MAX_WHITESPACE))
+        if not max_whitespace.isdigit() or not 0 < int(max_whitespace) <= 4096:
+            raise ValueError(
+                "--plugin-option json_max_whitespace must be a whole number from 1 to 4096, "
+                f"got {max_whitespace!r}"
+            )
+        self._json_whitespace = json_options(whitespace, int(max_whitespace))
 
     @hookimpl
     def spyglass_engine_started(self, info: EngineInfo, config: EngineConfig) -> None:
@@ -190,7 +214,7 @@ class StructuredOutputPlugin:
     def _compile_uncached(self, kind: str, value_json: str, after_reasoning: str | None) -> str:
         start = time.perf_counter()
         spec = StructuredOutput(kind, json.loads(value_json), after_reasoning)
-        grammar = grammar_text(spec, self._compact_json)
+        grammar = grammar_text(spec, self._json_whitespace)
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if self._compile_seconds is not None:
             self._compile_seconds.observe(time.perf_counter() - start)

@@ -57,6 +57,7 @@ def request_attributes(request: Request, model: str) -> dict:
     ``prompt_cache_key`` (OpenAI's: the family of prompts the client says share a prefix),
     ``previous_response_id`` (the Responses API's: the kept response this call continues),
     ``background`` (the Responses API's: no client connection waits on the answer),
+    ``truncated_items`` (the Responses API's: input items ``truncation: "auto"`` dropped),
     ``thinking_budget`` (Anthropic's ``budget_tokens``: the most tokens the answer may think),
     ``metadata`` (the call's, as OpenInference's ``metadata``: JSON) and
     ``preprocess_seconds`` (the call's handling before the engine had it), and the
@@ -100,6 +101,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "spyglass.request.prompt_cache_key": extra.get("prompt_cache_key"),
         "spyglass.request.previous_response_id": extra.get("previous_response_id"),
         "spyglass.request.background": extra.get("background"),
+        "spyglass.request.truncated_items": extra.get("truncated_items"),
         "spyglass.request.thinking_budget": extra.get("thinking_budget"),
         "spyglass.lora.name": request.lora_name,
         "spyglass.request.images": sum(image.clip is None for image in request.images) or None,

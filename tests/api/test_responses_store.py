@@ -84,6 +84,20 @@ def test_a_function_call_is_answered_by_continuing_its_response(tiny_client):
         **GREEDY,
     )
     _same_answer(follow, explicit)
+    # Its input items: the question, the call (by its output item's id), the result.
+    _, listed_call, answered = tiny_client.responses.input_items.list(follow.id, order="asc").data
+    assert (listed_call.type, listed_call.id, listed_call.call_id) == (
+        "function_call",
+        call.id,
+        call.call_id,
+    )
+    assert (listed_call.name, listed_call.arguments) == (call.name, call.arguments)
+    assert (answered.type, answered.call_id, answered.output) == (
+        "function_call_output",
+        call.call_id,
+        "Sunny, 24C",
+    )
+    assert answered.id.startswith("fco_")
 
 
 def test_streamed_responses_are_kept_and_unkept_ones_are_not(tiny_client):
@@ -171,27 +185,3 @@ def test_input_items_list_the_conversation_a_response_was_given(tiny_client):
     assert httpx.get(url, params={"limit": 0}, timeout=30).status_code == 400
     with pytest.raises(openai.NotFoundError):
         tiny_client.responses.input_items.list("resp_unknown")
-
-
-def test_input_items_list_function_calls_and_their_outputs(tiny_client):
-    asked = tiny_client.responses.create(
-        input="Which unit?",
-        tools=[UNIT],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        **GREEDY | {"max_output_tokens": 40},
-    )
-    (call,) = [item for item in asked.output if item.type == "function_call"]
-    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
-    follow = tiny_client.responses.create(
-        input=[result], previous_response_id=asked.id, tools=[UNIT], **GREEDY
-    )
-    _, made, answered = tiny_client.responses.input_items.list(follow.id, order="asc").data
-    assert (made.type, made.id, made.call_id) == ("function_call", call.id, call.call_id)
-    assert (made.name, made.arguments) == (call.name, call.arguments)
-    assert (answered.type, answered.call_id, answered.output) == (
-        "function_call_output",
-        call.call_id,
-        "Sunny",
-    )
-    assert answered.id.startswith("fco_")

@@ -31,7 +31,7 @@ TAGS = StructuredOutput("structural_tag", SPEC)
 @pytest.fixture(scope="module")
 def allows(grammar_accepts):
     def check(text: str, spec: StructuredOutput = TAGS) -> bool:
-        return grammar_accepts(grammar_text(spec, compact_json=False), text)
+        return grammar_accepts(grammar_text(spec), text)
 
     return check
 
@@ -84,4 +84,4 @@ def test_tags_hold_from_the_first_token_never_after_a_thought():
 )
 def test_a_malformed_spec_says_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):
-        grammar_text(StructuredOutput("structural_tag", spec), compact_json=False)
+        grammar_text(StructuredOutput("structural_tag", spec))

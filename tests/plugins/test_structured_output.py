@@ -18,6 +18,7 @@ from spyglass.core.engine.sampling_params import (
     StructuredOutput,
 )
 from spyglass.plugins.hermes_tool_parser import HermesToolCallParser
+from spyglass.plugins.structured_output import grammar_text, json_options
 
 PLUGINS = ("fcfs", "structured_output")
 PROMPT = list(range(100, 120))
@@ -313,6 +314,46 @@ def test_compact_json_whitespace_leaves_a_weak_model_no_room_for_loose_whitespac
     assert loose["compact"] == 0 < loose["flexible"]
     with pytest.raises(ValueError, match="json_whitespace must be one of"):
         make_engine(plugins=PLUGINS, plugin_options={"json_whitespace": "tight"})
+
+
+def _longest_gap(text: str) -> int:
+    """The longest run of whitespace between two tokens of JSON ``text`` (outside its strings)."""
+    longest = run = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            in_string = escaped or char != '"'
+            escaped = not escaped and char == "\\"
+            continue
+        in_string = char == '"'
+        run = run + 1 if char.isspace() else 0
+        longest = max(longest, run)
+    return longest
+
+
+def test_flexible_json_whitespace_is_bounded_between_two_tokens(
+    make_engine, driver, grammar_accepts
+):
+    # Any whitespace, as vLLM allows, but a weak model cannot write it for ever: at most
+    # json_max_whitespace characters (64) between two tokens, then it must go on.
+    # Walked through the masks inside a structural tag (a Lark grammar) holding the JSON.
+    structure = {"begin": "<a>", "schema": {"type": "object"}, "end": "</a>"}
+    spec = StructuredOutput("structural_tag", {"structures": [structure], "triggers": ["<a>"]})
+    grammar = grammar_text(spec)
+    assert grammar_accepts(grammar, "<a>{\n" + " " * 63 + '"a": 1}</a>')
+    assert not grammar_accepts(grammar, "<a>{\n" + " " * 64 + '"a": 1}</a>')
+    narrow = grammar_text(spec, json_options("flexible", 4))
+    assert grammar_accepts(narrow, '<a>{"a":    1}</a>')
+    assert not grammar_accepts(narrow, '<a>{"a":     1}</a>')
+    # The random model, which pads JSON with all the whitespace it may, stays within the bound.
+    engine = make_engine(plugins=PLUGINS, plugin_options={"json_max_whitespace": "6"})
+    spec = StructuredOutput("json_schema", CITY_SCHEMA)
+    requests = [driver.add(engine, PROMPT, _params(spec, s, max_tokens=80)) for s in range(8)]
+    outputs = driver.drain(engine)
+    gaps = [_longest_gap(outputs[r.req_id].outputs[0].text) for r in requests]
+    assert max(gaps) == 6  # reached, never passed
+    with pytest.raises(ValueError, match="json_max_whitespace must be a whole number"):
+        make_engine(plugins=PLUGINS, plugin_options={"json_max_whitespace": "0"})
 
 
 WEATHER = {

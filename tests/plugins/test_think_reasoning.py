@@ -82,7 +82,7 @@ def test_a_constraint_holds_from_the_end_of_the_reasoning_on(grammar_accepts, na
     # but its closing tag), the answer after it obeys the schema.
     think = FORMATS[name]
     spec = StructuredOutput("json_schema", ANSWER, after_reasoning=think.reasoning_rules())
-    grammar = grammar_text(spec, compact_json=False)
+    grammar = grammar_text(spec)
     opening = "" if think.starts_in_reasoning else "<think>"
     thought = (
         f'{opening}Lyon? No: {{"answer": "Paris"}}, if a < b, </div> or </thin, then.</think>\n\n'
@@ -97,7 +97,7 @@ def test_a_constraint_holds_from_the_end_of_the_reasoning_on(grammar_accepts, na
 
 def test_a_budget_closes_the_thought_and_magistral_tags_give_no_rules(grammar_accepts):
     rules = FORMATS["deepseek_r1"].reasoning_rules(budget=4)
-    grammar = grammar_text(StructuredOutput("regex", "(?s:.*)", after_reasoning=rules), False)
+    grammar = grammar_text(StructuredOutput("regex", "(?s:.*)", after_reasoning=rules))
     # The tag's tokens, as the model writes it, count in the thought: " a", "</", "think".
     assert grammar_accepts(grammar, " a</think> then anything")
     assert grammar_accepts(grammar, " a b c d</think> then anything")  # the tag forced at 4

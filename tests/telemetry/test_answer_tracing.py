@@ -203,6 +203,30 @@ def test_a_continued_response_names_the_one_it_continues(
     assert third_span.attributes["spyglass.request.background"] is True
 
 
+def test_a_truncated_conversation_says_how_many_items_went(
+    use_settings, span_exporter, tiny_llama_dir
+):
+    use_settings(served_model_name="tiny")
+    config = EngineConfig(
+        model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1, max_model_len=64
+    )
+    turns = [
+        {"role": role, "content": "Tell me about the weather in Lisbon, please."}
+        for role in ("user", "assistant") * 3
+    ]
+    body = {"model": "tiny", "max_output_tokens": 2, "truncation": "auto"}
+    with TestClient(create_app(config, ServerOptions(served_model_name="tiny"))) as client:
+        cut = client.post("/v1/responses", json=body | {"input": [*turns, turns[0]]})
+        assert cut.status_code == 200, cut.text
+        whole = client.post("/v1/responses", json=body | {"input": "Hi."})
+        assert whole.status_code == 200, whole.text
+    cut_span, whole_span = sorted(
+        by_name(span_exporter.get_finished_spans(), "chat tiny"), key=lambda s: s.start_time
+    )
+    assert cut_span.attributes["spyglass.request.truncated_items"] in (2, 4, 6)
+    assert "spyglass.request.truncated_items" not in whole_span.attributes
+
+
 class BrokenParsers:
     """A tool-call parser plugin whose parser fails on every answer."""
 
