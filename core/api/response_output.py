@@ -1,11 +1,16 @@
 """A Responses API answer's output items, built from the pieces of the generated text: a
 ``reasoning`` item for reasoning, a ``message`` for text, a ``function_call`` per call, in the
-order they were generated; and the stream events each change makes."""
+order they were generated; and the stream events each change makes. With logprobs asked for, a
+message's text carries its tokens' (`PieceLogprobs`)."""
 
 import copy
 import uuid
 
+import msgspec
+
+from spyglass.core.api.convert import TokenNames, chat_logprobs
 from spyglass.core.api.tools import new_call_id
+from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.reasoning import ReasoningPiece
 from spyglass.core.engine.tool_calls import ToolCallPiece
 
@@ -21,8 +26,9 @@ class OutputItems:
         """The open item's text (or arguments) so far, joined when it closes: a string grown by
         ``+=`` at every token would copy all of a long answer at each."""
 
-    def add(self, piece: ReasoningPiece | ToolCallPiece) -> list[dict]:
-        """The events one piece makes: a new item when the kind of output changes, then a delta."""
+    def add(self, piece: ReasoningPiece | ToolCallPiece, logprobs: list[dict] = ()) -> list[dict]:
+        """The events one piece makes: a new item when the kind of output changes, then a delta
+        (a content piece's with the ``logprobs`` of its tokens)."""
         events = []
         opening = (
             self._open is None
@@ -36,6 +42,8 @@ class OutputItems:
         if piece.kind in ("reasoning", "content"):
             self._open_text.append(piece.text)
             reasoning = piece.kind == "reasoning"
+            if not reasoning:
+                item["content"][0]["logprobs"] += logprobs
             events.append(
                 {
                     "type": "response.reasoning_text.delta"
@@ -45,7 +53,7 @@ class OutputItems:
                     "output_index": position,
                     "content_index": 0,
                     "delta": piece.text,
-                    **({} if reasoning else {"logprobs": []}),
+                    **({} if reasoning else {"logprobs": list(logprobs)}),
                 }
             )
         elif piece.kind == "arguments":
@@ -145,7 +153,7 @@ class OutputItems:
                 "output_index": position,
                 "content_index": 0,
                 "text": part["text"],
-                **({} if reasoning else {"logprobs": []}),
+                **({} if reasoning else {"logprobs": copy.deepcopy(part["logprobs"])}),
             }
             events = [
                 done,
@@ -185,3 +193,24 @@ _ITEM_TYPES = {
     "call": "function_call",
     "arguments": "function_call",
 }
+
+
+class PieceLogprobs:
+    """Which generated tokens' logprobs go with which piece of the answer: each token's with the
+    first piece its text went into (a token whose text is held back waits for it), kept only for
+    the message's text, as the Responses API gives them (``output_text`` parts' ``logprobs``)."""
+
+    def __init__(self, names: TokenNames):
+        self.names = names
+        self._pending: list[Logprob] = []
+
+    def split(
+        self, logprobs: list[Logprob] | None, pieces: list[ReasoningPiece | ToolCallPiece]
+    ) -> list[list[dict]]:
+        """Per piece of one delta output, the logprob entries it carries."""
+        self._pending += logprobs or []
+        if not pieces:
+            return []
+        tokens, self._pending = self._pending, []
+        first = chat_logprobs(self.names, tokens).content if pieces[0].kind == "content" else []
+        return [msgspec.to_builtins(first), *([] for _ in pieces[1:])]

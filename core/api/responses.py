@@ -30,15 +30,16 @@ from litestar.params import JSONBody
 
 from spyglass.core.api.chat import TemplateOptions, render_conversation, start_chat
 from spyglass.core.api.context import ServingContext
-from spyglass.core.api.convert import check_finished, given_or, request_attributes
+from spyglass.core.api.convert import TokenNames, check_finished, given_or, request_attributes
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, output_kind, unless_disconnected
 from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
-from spyglass.core.api.response_output import OutputItems
+from spyglass.core.api.response_output import OutputItems, PieceLogprobs
 from spyglass.core.api.response_store import ResponseStore, StoredResponse, with_ids
 from spyglass.core.api.response_truncation import fit_conversation
 from spyglass.core.api.responses_schemas import (
+    LOGPROBS_INCLUDE,
     InputImage,
     InputItem,
     ResponsesRequest,
@@ -195,6 +196,12 @@ def tool_use(body: ResponsesRequest) -> ToolUse:
     return choose_tools(tools, "forced", choice.name)
 
 
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    """Whether the message's text carries its tokens' logprobs: ``include`` asks for them, or
+    ``top_logprobs`` for their alternatives."""
+    return LOGPROBS_INCLUDE in (body.include or ()) or bool(body.top_logprobs)
+
+
 def text_format(body: ResponsesRequest) -> StructuredOutput | None:
     """``text.format`` as the output constraint."""
     spec = body.text.format if body.text else None
@@ -229,6 +236,7 @@ async def create_response(
         repetition_penalty=defaults.repetition_penalty,
         max_tokens=given_or(data.max_output_tokens, defaults.max_tokens),
         structured_output=text_format(data),
+        logprobs=(data.top_logprobs or 0) if wants_logprobs(data) else None,
     )
     response_id = f"resp_{uuid.uuid4().hex}"
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
@@ -257,8 +265,11 @@ async def create_response(
         "input",
         template=template,
         lora_name=lora_name,
-        # A background run is read while it runs (GET), so it takes every delta.
-        kind=output_kind(data.stream, reads_deltas=reasoning is not None or data.background),
+        # Read delta by delta: a background run while it runs (GET), logprobs by their pieces.
+        kind=output_kind(
+            data.stream,
+            reads_deltas=reasoning is not None or data.background or wants_logprobs(data),
+        ),
         reasoning=reasoning,
     )
     writer = _ResponseWriter(serving, data, response_id, use, reasoning, kept)
@@ -311,7 +322,23 @@ class _ResponseWriter:
         self.splitter = ChoiceSplitter(reasoning, use, serving.tool_format)
         """The answer's split into reasoning, content and calls (its reasoning tokens counted)."""
         self.items = OutputItems()
+        self.logprobs = (
+            PieceLogprobs(TokenNames(serving.tokenizer)) if wants_logprobs(body) else None
+        )
+        """Where the tokens' logprobs go, when the call asked for them."""
         self.created_at = int(time.time())
+
+    def _add(self, delta: RequestOutput) -> list[dict]:
+        """The events of one delta output: its pieces, the message's text with its tokens' logprobs."""
+        pieces = self.splitter.advance(delta)
+        if self.logprobs is None:
+            return [event for piece in pieces for event in self.items.add(piece)]
+        carried = self.logprobs.split(delta.outputs[0].logprobs, pieces)
+        return [
+            event
+            for piece, logprobs in zip(pieces, carried)
+            for event in self.items.add(piece, logprobs)
+        ]
 
     def _response(
         self,
@@ -357,6 +384,7 @@ class _ResponseWriter:
             "store": self.kept is not None,
             # The settings the call ran with (a left-out one: the model's default).
             "temperature": given_or(body.temperature, self.serving.sampling_defaults.temperature),
+            "top_logprobs": body.top_logprobs or 0,
             "top_p": given_or(body.top_p, self.serving.sampling_defaults.top_p),
             "text": _text_config(body),
             "tool_choice": _tool_choice(body),
@@ -370,12 +398,7 @@ class _ResponseWriter:
     async def collect(self, group: RequestGroup) -> dict:
         """Run to the end and build the response."""
         items = self.items
-
-        def split(_: int, delta: RequestOutput) -> None:
-            for piece in self.splitter.advance(delta):
-                items.add(piece)
-
-        (output,) = await group.final_outputs(split)
+        (output,) = await group.final_outputs(lambda _, delta: self._add(delta))
         check_finished(output.outputs[0])
         items.close(_item_status(output))
         return self._finished(self._response(items.items, group))
@@ -425,9 +448,8 @@ class _ResponseWriter:
         items, output = self.items, None
         async for _, output in group.outputs():
             check_finished(output.outputs[0])
-            for piece in self.splitter.advance(output):
-                for event in items.add(piece):
-                    yield numbered(event)
+            for event in self._add(output):
+                yield numbered(event)
         for event in items.close(_item_status(output)):
             yield numbered(event)
         response = self._finished(self._response(items.items, group))

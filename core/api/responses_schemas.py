@@ -1,8 +1,8 @@
 """Request body of OpenAI's Responses API (``POST /v1/responses``), as msgspec Structs.
 
-Fields the server cannot honour (reasoning summaries, built-in tools, ``include``, ...) admit
-only their absent or neutral values: anything else is a 400 naming the field, never an answer
-that pretends.
+Fields the server cannot honour (reasoning summaries, built-in tools, other ``include`` values,
+...) admit only their absent or neutral values: anything else is a 400 naming the field, never an
+answer that pretends.
 """
 
 from typing import Annotated, Any, ClassVar, Literal
@@ -14,11 +14,15 @@ from spyglass.core.api.schemas import (
     PROMPT_CACHE_UNSUPPORTED,
     Identifier,
     Metadata,
+    NumLogprobs,
     PositiveInt,
     PromptCacheOptions,
 )
 
 MAX_INPUT_ITEMS = 4096
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+"""The ``include`` value that asks for the logprobs of the message's tokens."""
+Includable = Literal["message.output_text.logprobs"]
 
 
 class InputText(msgspec.Struct, tag_field="type", tag="input_text"):
@@ -139,13 +143,14 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     store: bool | None = None  # kept unless false, where the server keeps responses
     previous_response_id: Annotated[str, Meta(max_length=256)] | None = None
     background: bool | None = None  # answered in a task of its own, read back by GET
+    # The one include honoured: the logprobs of the message's tokens (others: a 400 naming it).
+    include: Annotated[list[Includable], Meta(max_length=8)] | None = None
+    top_logprobs: NumLogprobs | None = None  # alternatives per token (logprobs without include)
     # Not honoured by this server: only absent or neutral values pass, else a 400 naming the field.
     reasoning: ReasoningSettings | None = None
-    include: Annotated[list[Any], Meta(max_length=0)] | None = None
     conversation: None = None
     prompt: None = None
     truncation: Literal["disabled", "auto"] | None = None  # auto: drop the oldest turns to fit
-    top_logprobs: Literal[0] | None = None
     max_tool_calls: None = None
     service_tier: Literal["auto", "default"] | None = None  # flex and priority processing
     stream_options: ResponsesStreamOptions | None = None
@@ -167,7 +172,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             "include",
             "conversation",
             "prompt",
-            "top_logprobs",
             "max_tool_calls",
             "service_tier",
         }

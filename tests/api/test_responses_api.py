@@ -125,6 +125,50 @@ def test_stream_helper_assembles_the_final_response(real_client):
     assert text == final.output_text == whole.output_text
 
 
+def test_logprobs_are_the_ones_chat_gives_the_same_answer(real_client):
+    options = dict(model=MODEL, temperature=0, max_output_tokens=12)
+    included = ["message.output_text.logprobs"]
+    answer = real_client.responses.create(
+        input="Name a colour.", include=included, top_logprobs=2, **options
+    )
+    chat = real_client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name a colour."}],
+        temperature=0,
+        max_tokens=12,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    (part,) = answer.output[0].content
+    assert answer.top_logprobs == 2 and part.text == chat.choices[0].message.content
+    expected = chat.choices[0].logprobs.content
+    assert len(part.logprobs) == len(expected) == answer.usage.output_tokens
+    for got, want in zip(part.logprobs, expected):
+        assert (got.token, got.bytes) == (want.token, want.bytes)
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+        assert [top.token for top in got.top_logprobs] == [top.token for top in want.top_logprobs]
+    # Streamed: each delta carries its tokens' logprobs, and together they are the whole's.
+    events = list(
+        real_client.responses.create(
+            input="Name a colour.", include=included, top_logprobs=2, stream=True, **options
+        )
+    )
+    streamed = [
+        entry.token
+        for event in events
+        if event.type == "response.output_text.delta"
+        for entry in event.logprobs
+    ]
+    assert streamed == [entry.token for entry in part.logprobs]
+    done = next(event for event in events if event.type == "response.output_text.done")
+    assert [entry.token for entry in done.logprobs] == streamed
+    # Asked for by include alone: no alternatives; not asked for: none.
+    bare = real_client.responses.create(input="Name a colour.", include=included, **options)
+    assert bare.output[0].content[0].logprobs[0].top_logprobs == []
+    plain = real_client.responses.create(input="Name a colour.", **options)
+    assert plain.output[0].content[0].logprobs == []
+
+
 def test_parse_with_a_pydantic_model(real_client):
     response = real_client.responses.parse(
         model=MODEL,
@@ -228,7 +272,7 @@ def test_streamed_function_call_matches_the_whole_one(real_client):
         ({"reasoning": {"effort": "low"}}, "reasoning"),  # the tiny model's template ignores it
         ({"reasoning": {"summary": "auto"}}, "reasoning"),
         ({"service_tier": "flex"}, "service_tier"),
-        ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"truncation": "middle"}, "truncation"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
