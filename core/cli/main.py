@@ -16,6 +16,10 @@ from spyglass.core.cli.startup import collector_paused
 COMMANDS = {
     "generate": ("spyglass.core.cli.generate", "stream a chat answer to one prompt"),
     "serve": ("spyglass.core.cli.serve_command", "serve the OpenAI-compatible HTTP API"),
+    "run-batch": (
+        "spyglass.core.cli.run_batch",
+        "answer a JSONL file of requests in OpenAI's batch format",
+    ),
     "bench": ("spyglass.core.cli.bench.cli_bench", "run a benchmark"),
     "plugins": ("spyglass.core.cli.plugins", "list loaded plugins and their hooks"),
 }

@@ -1,0 +1,123 @@
+"""Batches in OpenAI's batch file format, answered by the API in this process (``spyglass
+run-batch``, as vLLM's ``run-batch``).
+
+Each input line is ``{"custom_id", "method": "POST", "url": "/v1/...", "body": {...}}``; each
+output line is ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}``,
+in the input's order, written as soon as the lines before it are done. A request goes through the
+same routes, checks and engine as one sent to ``spyglass serve``: a bad body is a 4xx in its line's
+``response``, as OpenAI's batches report it, and never stops the others. A line that cannot be
+sent at all (not JSON, not a POST to ``/v1/``, a streamed body) has ``response`` null and its
+reason in ``error``. At most ``max_concurrency`` requests are in flight at once.
+"""
+
+import asyncio
+import json
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TextIO
+
+import httpx
+from litestar import Litestar
+
+from spyglass.telemetry.http import TelemetryMiddleware
+from spyglass.telemetry.request_context import REQUEST_ID_HEADER
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLine:
+    """One input line: the request it asks for, or why it cannot be sent (``problem``)."""
+
+    custom_id: object
+    url: str = ""
+    body: dict | None = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSummary:
+    """How a batch went: lines answered 2xx, answered with an error status, and not sent."""
+
+    succeeded: int
+    failed: int
+    not_sent: int
+
+
+def read_line(text: str) -> BatchLine:
+    """The request one line of a batch file asks for."""
+    try:
+        line = json.loads(text)
+    except json.JSONDecodeError as error:
+        return BatchLine(None, problem=f"the line is not JSON: {error}")
+    if not isinstance(line, dict):
+        return BatchLine(None, problem="the line is not a JSON object")
+    custom_id, url, body = line.get("custom_id"), line.get("url"), line.get("body")
+    if line.get("method", "POST") != "POST":
+        return BatchLine(custom_id, problem="only POST requests can be batched")
+    if not isinstance(url, str) or not url.startswith("/v1/"):
+        return BatchLine(custom_id, problem="url must be an API path such as /v1/chat/completions")
+    if not isinstance(body, dict):
+        return BatchLine(custom_id, problem="body must be a JSON object")
+    if body.get("stream"):
+        return BatchLine(custom_id, problem="a batched request cannot be streamed")
+    return BatchLine(custom_id, url, body)
+
+
+async def run_batch(
+    app: Litestar,
+    lines: Iterable[str],
+    out: TextIO,
+    max_concurrency: int = 256,
+    on_done: Callable[[int], None] | None = None,
+) -> BatchSummary:
+    """Answer every non-blank line of ``lines`` through ``app`` (started and stopped here) and
+    write the output lines to ``out``; ``on_done(count)`` after each line is written."""
+    requests = [read_line(text) for text in lines if text.strip()]
+    limit = asyncio.Semaphore(max_concurrency)
+    results: list[dict | None] = [None] * len(requests)
+    written = 0
+    async with app.lifespan():
+        transport = httpx.ASGITransport(app=TelemetryMiddleware(app, access_log=False))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://spyglass-batch", timeout=None
+        ) as client:
+
+            async def answer(index: int) -> None:
+                nonlocal written
+                async with limit:
+                    results[index] = await _answered(client, requests[index])
+                while written < len(results) and results[written] is not None:
+                    out.write(json.dumps(results[written]) + "\n")
+                    written += 1
+                    if on_done is not None:
+                        on_done(written)
+
+            await asyncio.gather(*(answer(index) for index in range(len(requests))))
+    out.flush()
+    statuses = [result["response"] and result["response"]["status_code"] for result in results]
+    return BatchSummary(
+        succeeded=sum(1 for status in statuses if status and status < 400),
+        failed=sum(1 for status in statuses if status and status >= 400),
+        not_sent=statuses.count(None),
+    )
+
+
+async def _answered(client: httpx.AsyncClient, line: BatchLine) -> dict:
+    """The output line for one input line."""
+    record = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id}
+    if line.problem is not None:
+        return record | {
+            "response": None,
+            "error": {"code": "invalid_request", "message": line.problem},
+        }
+    reply = await client.post(line.url, json=line.body)
+    try:
+        body = reply.json()
+    except ValueError:
+        body = reply.text
+    response = {
+        "status_code": reply.status_code,
+        "request_id": reply.headers.get(REQUEST_ID_HEADER),
+        "body": body,
+    }
+    return record | {"response": response, "error": None}

@@ -1,0 +1,134 @@
+"""``spyglass run-batch -i requests.jsonl -o results.jsonl [MODEL]``: answer a file of requests in
+OpenAI's batch format offline, with the server's routes and checks but no server (vLLM's
+``run-batch``)."""
+
+import asyncio
+import logging
+import sys
+from contextlib import ExitStack
+
+from spyglass.core.api.server_options import ServerOptions
+from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.cli.startup import collector_paused
+from spyglass.telemetry import settings as telemetry_settings
+from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
+
+log = logging.getLogger("spyglass.batch")
+
+
+def add_parser(subparsers, argv) -> None:
+    """Register the command."""
+    parser = subparsers.add_parser(
+        "run-batch", help="answer a JSONL file of requests in OpenAI's batch format"
+    )
+    parser.add_argument(
+        "model_positional",
+        nargs="?",
+        metavar="MODEL",
+        help="GGUF file or HF directory (overrides --model)",
+    )
+    parser.add_argument(
+        "-i",
+        "--input-file",
+        required=True,
+        help='the batch file: one {"custom_id", "method", "url", "body"} per line (- for stdin)',
+    )
+    parser.add_argument(
+        "-o",
+        "--output-file",
+        required=True,
+        help="where the answers go, one line per request, in the input's order (- for stdout)",
+    )
+    defaults = ServerOptions()
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=256,
+        help="the most requests in flight at once (the others wait their turn)",
+    )
+    parser.add_argument("--served-model-name", default=None, help="the model name bodies use")
+    parser.add_argument(
+        "--tool-call-parser", default=defaults.tool_call_parser, metavar="NAME", help="as serve's"
+    )
+    parser.add_argument("--reasoning-parser", default=None, metavar="NAME", help="as serve's")
+    parser.add_argument(
+        "--log-requests",
+        dest="quiet_loggers",
+        action="store_const",
+        const=(),
+        default=("spyglass.requests",),
+        help="keep the per-request log lines (off by default: one per line of the batch)",
+    )
+    add_engine_arguments(parser)
+    add_telemetry_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    """Load the engine, answer every line, and say how many succeeded."""
+    if args.model_positional:
+        args.model = args.model_positional
+    if args.max_concurrency < 1:
+        print("spyglass run-batch: --max-concurrency must be at least 1", file=sys.stderr)
+        return 2
+    telemetry = settings_from_args(args)
+    telemetry_settings.configure(telemetry)
+    options = ServerOptions(
+        served_model_name=args.served_model_name,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        max_queued_requests=max(args.max_concurrency, ServerOptions().max_queued_requests),
+        responses_store_size=0,  # nothing continues a batch's responses
+    )
+    engine_config = engine_config_from_args(args, telemetry=telemetry)
+    with collector_paused():
+        from spyglass.core.api.app import create_app
+        from spyglass.core.api.batch_file import run_batch
+        from spyglass.core.loaders.hf_loader import check_supported
+
+    try:  # a model that cannot load is a one-line answer, as serve's
+        if args.model:
+            check_supported(args.model)
+    except ValueError as error:
+        print(f"spyglass run-batch: {error}", file=sys.stderr)
+        return 2
+
+    with ExitStack() as files:
+        source = sys.stdin if args.input_file == "-" else files.enter_context(open(args.input_file))
+        sink = (
+            sys.stdout
+            if args.output_file == "-"
+            else files.enter_context(open(args.output_file, "w"))
+        )
+        lines = source.readlines()
+        total = sum(1 for line in lines if line.strip())
+        step = max(1, total // 10)
+
+        def progress(count: int) -> None:
+            if count % step == 0 or count == total:
+                log.info("batch: %d of %d requests answered", count, total)
+
+        app = create_app(engine_config, options)
+        try:
+            summary = asyncio.run(run_batch(app, lines, sink, args.max_concurrency, progress))
+        except (ValueError, OSError, BaseExceptionGroup) as failed:
+            cause = _first_cause(failed)
+            if not isinstance(cause, (ValueError, OSError)):
+                raise
+            # The engine could not load (the model, its files): one line, as serve's.
+            print(f"spyglass run-batch: {cause}", file=sys.stderr)
+            return 2
+    log.info(
+        "batch done: %d succeeded, %d failed, %d not sent",
+        summary.succeeded,
+        summary.failed,
+        summary.not_sent,
+    )
+    return 0
+
+
+def _first_cause(error: BaseException) -> BaseException:
+    """``error``, or the first error of a group (the app's start-up raises its error in one)."""
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error

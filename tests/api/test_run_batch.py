@@ -1,0 +1,83 @@
+"""``spyglass run-batch``: a file of requests in OpenAI's batch format answered offline, line for
+line in the input's order, each as ``spyglass serve`` answers it (the same greedy text), bad
+lines reported in their own output line without stopping the others."""
+
+import json
+import subprocess
+import sys
+
+import httpx
+
+GREEDY_CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
+GREEDY_TEXT = {"prompt": "Once upon", "max_tokens": 6, "temperature": 0}
+
+
+def _run_batch(model, tmp_path, lines: list, *extra: str) -> subprocess.CompletedProcess:
+    source, sink = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text(
+        "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines)
+    )
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "run-batch", str(model)]
+    command += ["--served-model-name", "tiny", "--num-threads", "1", "--kv-cache-memory", "64MiB"]
+    command += ["-i", str(source), "-o", str(sink), *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def _request(custom_id: str, url: str, body: dict) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def test_each_line_is_answered_as_the_server_answers_it(tiny_llama_dir, tiny_server, tmp_path):
+    lines = [
+        _request("chat", "/v1/chat/completions", GREEDY_CHAT),
+        _request("text", "/v1/completions", GREEDY_TEXT),
+        _request("empty", "/v1/chat/completions", {"messages": [], "max_tokens": 2}),
+        "not json",
+        _request("embed", "/v1/embeddings", {"input": "hello"}),
+        {"custom_id": "get", "method": "GET", "url": "/v1/models"},
+        _request("streamed", "/v1/completions", GREEDY_TEXT | {"stream": True}),
+    ]
+    done = _run_batch(tiny_llama_dir, tmp_path, lines)
+    assert done.returncode == 0, done.stderr
+    assert "3 succeeded, 1 failed, 3 not sent" in done.stderr
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["custom_id"] for line in out] == [
+        "chat", "text", "empty", None, "embed", "get", "streamed",
+    ]  # fmt: skip
+    assert all(line["id"].startswith("batch_req_") for line in out)
+    chat, text, empty, garbled, embed, get, streamed = out
+    # The server's answers to the same bodies: the same greedy text.
+    served = httpx.post(f"{tiny_server.base_url}/v1/chat/completions", json=GREEDY_CHAT).json()
+    assert chat["response"]["status_code"] == 200 and chat["error"] is None
+    assert (
+        chat["response"]["body"]["choices"][0]["message"]["content"]
+        == (served["choices"][0]["message"]["content"])
+    )
+    assert chat["response"]["request_id"]
+    served = httpx.post(f"{tiny_server.base_url}/v1/completions", json=GREEDY_TEXT).json()
+    assert text["response"]["body"]["choices"][0]["text"] == served["choices"][0]["text"]
+    assert len(embed["response"]["body"]["data"][0]["embedding"]) > 0
+    # A bad body is the API's 4xx, in its line; a line that cannot be sent says why.
+    assert empty["response"]["status_code"] == 400
+    assert empty["response"]["body"]["error"]["param"] == "messages"
+    for line, reason in ((garbled, "not JSON"), (get, "only POST"), (streamed, "streamed")):
+        assert line["response"] is None and reason in line["error"]["message"]
+
+
+def test_many_lines_keep_their_order_under_a_concurrency_limit(tiny_llama_dir, tmp_path):
+    lines = [
+        _request(f"n{i}", "/v1/completions", GREEDY_TEXT | {"max_tokens": 1 + i % 7})
+        for i in range(40)
+    ]
+    done = _run_batch(tiny_llama_dir, tmp_path, lines, "--max-concurrency", "4")
+    assert done.returncode == 0, done.stderr
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["custom_id"] for line in out] == [f"n{i}" for i in range(40)]
+    usage = [line["response"]["body"]["usage"]["completion_tokens"] for line in out]
+    assert all(tokens <= 1 + i % 7 for i, tokens in enumerate(usage))
+
+
+def test_a_model_that_cannot_load_is_one_line(tmp_path):
+    done = _run_batch(tmp_path / "no-model", tmp_path, [_request("a", "/v1/completions", {})])
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("spyglass run-batch: Cannot load model")
