@@ -62,6 +62,7 @@ from spyglass.core.api.schemas import (
     VideoURLPart,
 )
 from spyglass.core.api.server_options import ServerOptions
+from spyglass.core.api.service_tiers import tier_priority, tier_served
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import (
     DEFAULT_TOOL_FORMAT,
@@ -343,6 +344,8 @@ async def create_chat_completion(
         max_tokens = serving.sampling_defaults.max_tokens
     logprobs = (data.top_logprobs or 0) if data.logprobs else None
     params = sampling_params(data, max_tokens, logprobs, serving.sampling_defaults)
+    priority = tier_priority(data.service_tier, params.priority, serving.orders_by_priority)
+    params = dataclasses.replace(params, priority=priority)
     if data.prompt_logprobs is not None:
         if data.stream:
             raise APIError(
@@ -437,6 +440,7 @@ async def _beam_search(
         choices,
         usage,
         prompt_token_ids=token_ids_if(asked, token_ids),
+        service_tier=tier_served(data.service_tier),
     )
 
 
@@ -555,6 +559,7 @@ class _ChatWriter:
             choices,
             usage=usage,
             prompt_token_ids=prompt_token_ids,
+            service_tier=tier_served(self.body.service_tier),
         )
 
     def _usage(self, group: RequestGroup):
@@ -618,6 +623,7 @@ class _ChatWriter:
             usage,
             prompt_logprobs=scored,
             prompt_token_ids=token_ids_if(self.body.return_token_ids, ordered[0].prompt_token_ids),
+            service_tier=tier_served(self.body.service_tier),
         )
 
     async def chunks(self, group: RequestGroup) -> AsyncIterator[ChatCompletionChunk]:

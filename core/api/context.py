@@ -51,6 +51,8 @@ class ServingContext:
         self.video_sampling = model.video_sampling
         self.sampling_defaults = model.sampling_defaults
         """Sampling settings for requests that leave them out (``--generation-config``)."""
+        self.orders_by_priority = model.orders_by_priority
+        """Whether the scheduling policy orders requests by priority (``service_tier``)."""
         # No text longer than this can fit the context: each token covers at most the longest token's bytes.
         self.max_prompt_bytes = model.max_model_len * _longest_token_bytes(self.tokenizer)
         # Splits text into content and tool calls for chat requests that leave the choice to the

@@ -181,6 +181,7 @@ def request_attributes(
         "otel_context": otel_context.get_current(),
         "tenant": headers.get("x-spyglass-tenant") or user,
         "prompt_cache_key": getattr(body, "prompt_cache_key", None),
+        "service_tier": getattr(body, "service_tier", None),
         "api_request_id": response_id,
         "n": getattr(body, "n", 1),
         "session_id": (body.metadata or {}).get("session_id"),

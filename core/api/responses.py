@@ -54,6 +54,7 @@ from spyglass.core.api.schemas import (
     TextPart,
     ToolCall,
 )
+from spyglass.core.api.service_tiers import tier_priority, tier_served
 from spyglass.core.api.streaming import event_stream
 from spyglass.core.api.tools import (
     ToolUse,
@@ -237,6 +238,7 @@ async def create_response(
         max_tokens=given_or(data.max_output_tokens, defaults.max_tokens),
         structured_output=text_format(data),
         logprobs=(data.top_logprobs or 0) if wants_logprobs(data) else None,
+        priority=tier_priority(data.service_tier, 0, serving.orders_by_priority),
     )
     response_id = f"resp_{uuid.uuid4().hex}"
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
@@ -390,6 +392,7 @@ class _ResponseWriter:
             "tool_choice": _tool_choice(body),
             "tools": [_tool(tool) for tool in self.use.tools],
             "truncation": body.truncation or "disabled",
+            "service_tier": tier_served(body.service_tier) or "default",
             "usage": usage,
             "user": body.user,
             "metadata": body.metadata or {},

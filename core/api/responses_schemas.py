@@ -17,6 +17,7 @@ from spyglass.core.api.schemas import (
     NumLogprobs,
     PositiveInt,
     PromptCacheOptions,
+    ServiceTier,
 )
 
 MAX_INPUT_ITEMS = 4096
@@ -146,13 +147,13 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     # The one include honoured: the logprobs of the message's tokens (others: a 400 naming it).
     include: Annotated[list[Includable], Meta(max_length=8)] | None = None
     top_logprobs: NumLogprobs | None = None  # alternatives per token (logprobs without include)
+    service_tier: ServiceTier | None = None  # flex and priority: queue priorities (`service_tiers`)
     # Not honoured by this server: only absent or neutral values pass, else a 400 naming the field.
     reasoning: ReasoningSettings | None = None
     conversation: None = None
     prompt: None = None
     truncation: Literal["disabled", "auto"] | None = None  # auto: drop the oldest turns to fit
     max_tool_calls: None = None
-    service_tier: Literal["auto", "default"] | None = None  # flex and priority processing
     stream_options: ResponsesStreamOptions | None = None
     context_management: None = None
     # As chat's (`ChatCompletionRequest`).
@@ -173,7 +174,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             "conversation",
             "prompt",
             "max_tool_calls",
-            "service_tier",
         }
     )
     n: ClassVar[int] = 1  # one answer per call

@@ -146,6 +146,9 @@ PROMPT_CACHE_UNSUPPORTED = ("prompt_cache_retention", "prompt_cache_options", "m
 the prefix cache lives in memory (``prompt_cache_retention: "in_memory"``), and no moderation
 model runs here."""
 
+ServiceTier = Literal["auto", "default", "flex", "priority"]
+"""OpenAI's processing tiers (`spyglass.core.api.service_tiers`)."""
+
 UNSUPPORTED_CHAT = frozenset(
     {
         "mm_processor_kwargs",
@@ -154,7 +157,6 @@ UNSUPPORTED_CHAT = frozenset(
         "audio",
         "web_search_options",
         "verbosity",
-        "service_tier",
         *PROMPT_CACHE_UNSUPPORTED,
         "stream_options.include_obfuscation",
     }
@@ -393,6 +395,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     thinking_token_budget: PositiveInt | None = None
     # OpenAI's predicted outputs: n-gram speculation drafts from it (`SamplingParams.prediction`).
     prediction: PredictedContent | None = None
+    service_tier: ServiceTier | None = None  # flex and priority: queue priorities (`service_tiers`)
     # Not implemented: only absent or neutral values pass (`UNSUPPORTED_CHAT`).
     mm_processor_kwargs: None = None  # the server's own: --mm-processor-kwargs
     store: Literal[False] | None = None  # stored completions (GET /v1/chat/completions/{id})
@@ -400,7 +403,6 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     audio: None = None
     web_search_options: None = None
     verbosity: None = None
-    service_tier: Literal["auto", "default"] | None = None  # flex and priority processing
     # OpenAI's prompt-cache hints and end-user name (`PROMPT_CACHE_UNSUPPORTED`, `Identifier`).
     prompt_cache_key: Identifier | None = None
     safety_identifier: Identifier | None = None
@@ -547,6 +549,7 @@ class ChatCompletionResponse(msgspec.Struct):
     object: str = "chat.completion"
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
     prompt_token_ids: TokenIds = msgspec.UNSET
+    service_tier: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class FunctionCallDelta(msgspec.Struct, omit_defaults=True):
@@ -594,6 +597,7 @@ class ChatCompletionChunk(msgspec.Struct):
     object: str = "chat.completion.chunk"
     usage: Usage | None = None
     prompt_token_ids: TokenIds = msgspec.UNSET
+    service_tier: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ModelCard(msgspec.Struct):

@@ -664,6 +664,7 @@ class LLMEngine:
             max_videos_per_prompt=self.config.limit_mm_per_prompt.get("video"),
             video_sampling=model_sampling(self.config.video_frames, self.arch.vision),
             sampling_defaults=self.sampling_defaults,
+            orders_by_priority=getattr(self.scheduler.policy, "reads_priority", False),
         )
 
     def _request_snapshot(self, request: Request) -> RequestSnapshot:

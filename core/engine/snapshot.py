@@ -83,3 +83,5 @@ class ModelDescription:
     """Which frames of a video file are read (``--media-io-kwargs``, the model's own rate)."""
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     """What a request that leaves sampling settings out gets (``--generation-config``)."""
+    orders_by_priority: bool = False
+    """Whether the scheduling policy orders requests by their ``priority`` (``reads_priority``)."""

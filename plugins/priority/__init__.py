@@ -19,6 +19,7 @@ class PriorityPolicy:
     """Admit by (priority, arrival); preempt the least important (highest number, newest)."""
 
     name = "priority"
+    reads_priority = True  # the API may map OpenAI's service_tier onto the priority
     waiting_classes = (
         "priority_0",
     )  # the default priority; others appear with their first request

@@ -41,6 +41,7 @@ def invocation_parameters(request: Request) -> dict:
         "include_stop_str_in_output": p.include_stop_str_in_output or None,
         "skip_special_tokens": False if not p.skip_special_tokens else None,
         "truncate_prompt_tokens": p.truncate_prompt_tokens,
+        "priority": p.priority or None,  # its place in a priority policy's queue
         # Whether a salt kept the prefix cache apart (why a repeated prompt missed), not the salt.
         "cache_salted": True if p.cache_salt is not None else None,
     }
@@ -57,6 +58,7 @@ def request_attributes(request: Request, model: str) -> dict:
     ``prompt_cache_key`` (OpenAI's: the family of prompts the client says share a prefix),
     ``previous_response_id`` (the Responses API's: the kept response this call continues),
     ``background`` (the Responses API's: no client connection waits on the answer),
+    ``service_tier`` (OpenAI's processing tier: GenAI's ``openai.request.service_tier``),
     ``truncated_items`` (the Responses API's: input items ``truncation: "auto"`` dropped),
     ``thinking_budget`` (Anthropic's ``budget_tokens``: the most tokens the answer may think),
     ``metadata`` (the call's, as OpenInference's ``metadata``: JSON) and
@@ -101,6 +103,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "spyglass.request.prompt_cache_key": extra.get("prompt_cache_key"),
         "spyglass.request.previous_response_id": extra.get("previous_response_id"),
         "spyglass.request.background": extra.get("background"),
+        "openai.request.service_tier": extra.get("service_tier"),
         "spyglass.request.truncated_items": extra.get("truncated_items"),
         "spyglass.request.thinking_budget": extra.get("thinking_budget"),
         "spyglass.lora.name": request.lora_name,

@@ -227,6 +227,25 @@ def test_a_truncated_conversation_says_how_many_items_went(
     assert "spyglass.request.truncated_items" not in whole_span.attributes
 
 
+def test_the_span_says_the_tier_and_the_priority_it_ran_at(
+    use_settings, span_exporter, tiny_llama_dir
+):
+    use_settings(served_model_name="tiny")
+    config = EngineConfig(
+        model=str(tiny_llama_dir),
+        kv_cache_memory=16 << 20,
+        num_threads=1,
+        scheduling_policy="priority",
+    )
+    with TestClient(create_app(config, ServerOptions(served_model_name="tiny"))) as client:
+        answer = client.post("/v1/responses", json={"model": "tiny", "input": "Hi",
+                                                    "max_output_tokens": 2, "service_tier": "flex"})  # fmt: skip
+        assert answer.status_code == 200 and answer.json()["service_tier"] == "flex"
+    (span,) = by_name(span_exporter.get_finished_spans(), "chat tiny")
+    assert span.attributes["openai.request.service_tier"] == "flex"
+    assert json.loads(span.attributes["llm.invocation_parameters"])["priority"] == 1
+
+
 class BrokenParsers:
     """A tool-call parser plugin whose parser fails on every answer."""
 

@@ -12,7 +12,10 @@ class SchedulingPolicy(Protocol):
 
     Policies see requests read-only and keep any state of their own (per-tenant credit, ...).
     A policy may also name the ``waiting_classes`` it knows before any request arrives (a tuple
-    of strings; optional), so their waiting-request series exist, at zero, from the start.
+    of strings; optional), so their waiting-request series exist, at zero, from the start. And
+    it may say that it orders requests by ``SamplingParams.priority`` (``reads_priority = True``;
+    optional): the HTTP API then serves OpenAI's ``service_tier`` ``priority`` and ``flex`` as
+    priorities, which it refuses where the policy would not read them.
     """
 
     name: str
