@@ -70,36 +70,41 @@ async def run_batch(
     max_concurrency: int = 256,
     on_done: Callable[[int], None] | None = None,
 ) -> BatchSummary:
-    """Answer every non-blank line of ``lines`` through ``app`` (started and stopped here) and
-    write the output lines to ``out``; ``on_done(count)`` after each line is written."""
-    requests = [read_line(text) for text in lines if text.strip()]
-    limit = asyncio.Semaphore(max_concurrency)
-    results: list[dict | None] = [None] * len(requests)
+    """Answer every non-blank line of ``lines`` (read as they are needed) through ``app``
+    (started and stopped here) and write the output lines to ``out``; ``on_done(count)`` after
+    each line is written."""
+    numbered = enumerate(text for text in lines if text.strip())
+    done: dict[int, dict] = {}  # answered, waiting for the lines before them
+    counts = {"succeeded": 0, "failed": 0, "not_sent": 0}
     written = 0
+
+    def write_ready() -> None:
+        nonlocal written
+        while written in done:
+            result = done.pop(written)
+            out.write(json.dumps(result) + "\n")
+            written += 1
+            status = result["response"] and result["response"]["status_code"]
+            counts[
+                "not_sent" if status is None else "failed" if status >= 400 else "succeeded"
+            ] += 1
+            if on_done is not None:
+                on_done(written)
+
     async with app.lifespan():
         transport = httpx.ASGITransport(app=TelemetryMiddleware(app, access_log=False))
         async with httpx.AsyncClient(
             transport=transport, base_url="http://spyglass-batch", timeout=None
         ) as client:
 
-            async def answer(index: int) -> None:
-                nonlocal written
-                async with limit:
-                    results[index] = await _answered(client, requests[index])
-                while written < len(results) and results[written] is not None:
-                    out.write(json.dumps(results[written]) + "\n")
-                    written += 1
-                    if on_done is not None:
-                        on_done(written)
+            async def worker() -> None:
+                for index, text in numbered:  # shared: each worker takes the next line
+                    done[index] = await _answered(client, read_line(text))
+                    write_ready()
 
-            await asyncio.gather(*(answer(index) for index in range(len(requests))))
+            await asyncio.gather(*(worker() for _ in range(max_concurrency)))
     out.flush()
-    statuses = [result["response"] and result["response"]["status_code"] for result in results]
-    return BatchSummary(
-        succeeded=sum(1 for status in statuses if status and status < 400),
-        failed=sum(1 for status in statuses if status and status >= 400),
-        not_sent=statuses.count(None),
-    )
+    return BatchSummary(**counts)
 
 
 async def _answered(client: httpx.AsyncClient, line: BatchLine) -> dict:

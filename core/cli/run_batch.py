@@ -100,17 +100,16 @@ def run(args) -> int:
             if args.output_file == "-"
             else files.enter_context(open(args.output_file, "w"))
         )
-        lines = source.readlines()
-        total = sum(1 for line in lines if line.strip())
-        step = max(1, total // 10)
+        total = _count_lines(source)
+        step = max(1, (total or 10_000) // 10)
 
         def progress(count: int) -> None:
             if count % step == 0 or count == total:
-                log.info("batch: %d of %d requests answered", count, total)
+                log.info("batch: %d of %s requests answered", count, total or "?")
 
         app = create_app(engine_config, options)
-        try:
-            summary = asyncio.run(run_batch(app, lines, sink, args.max_concurrency, progress))
+        try:  # the lines are read as workers take them: a large file is never held whole
+            summary = asyncio.run(run_batch(app, source, sink, args.max_concurrency, progress))
         except (ValueError, OSError, BaseExceptionGroup) as failed:
             cause = _first_cause(failed)
             if not isinstance(cause, (ValueError, OSError)):
@@ -132,3 +131,12 @@ def _first_cause(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup):
         error = error.exceptions[0]
     return error
+
+
+def _count_lines(source) -> int | None:
+    """How many requests a batch file holds (None for a stream that cannot be read twice)."""
+    if not source.seekable():
+        return None
+    total = sum(1 for line in source if line.strip())
+    source.seek(0)
+    return total

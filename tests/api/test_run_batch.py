@@ -81,3 +81,15 @@ def test_a_model_that_cannot_load_is_one_line(tmp_path):
     done = _run_batch(tmp_path / "no-model", tmp_path, [_request("a", "/v1/completions", {})])
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("spyglass run-batch: Cannot load model")
+
+
+def test_stdin_to_stdout(tiny_llama_dir):
+    lines = [_request(f"s{i}", "/v1/completions", GREEDY_TEXT) for i in range(3)]
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "run-batch", str(tiny_llama_dir)]
+    command += ["--num-threads", "1", "--kv-cache-memory", "64MiB", "-i", "-", "-o", "-"]
+    stdin = "\n".join(json.dumps(line) for line in lines)
+    done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line["custom_id"] for line in out] == ["s0", "s1", "s2"]
+    assert len({line["response"]["body"]["choices"][0]["text"] for line in out}) == 1  # greedy
