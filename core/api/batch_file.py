@@ -7,17 +7,22 @@ in the input's order, written as soon as the lines before it are done. A request
 same routes, checks and engine as one sent to ``spyglass serve``: a bad body is a 4xx in its line's
 ``response``, as OpenAI's batches report it, and never stops the others. A line that cannot be
 sent at all (not JSON, not a POST to ``/v1/``, a streamed body) has ``response`` null and its
-reason in ``error``. At most ``max_concurrency`` requests are in flight at once.
+reason in ``error``. At most ``max_concurrency`` requests are in flight at once. With ``listen``
+(a host and port) the same app also answers HTTP there while the batch runs, for Prometheus to
+scrape its ``/metrics`` and an operator to read ``/debug/kv`` (vLLM's ``--enable-metrics``).
 """
 
 import asyncio
 import json
+import socket
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TextIO
 
 import httpx
+import uvicorn
 from litestar import Litestar
 
 from spyglass.telemetry.http import TelemetryMiddleware
@@ -69,10 +74,11 @@ async def run_batch(
     out: TextIO,
     max_concurrency: int = 256,
     on_done: Callable[[int], None] | None = None,
+    listen: tuple[str, int] | None = None,
 ) -> BatchSummary:
     """Answer every non-blank line of ``lines`` (read as they are needed) through ``app``
     (started and stopped here) and write the output lines to ``out``; ``on_done(count)`` after
-    each line is written."""
+    each line is written; ``listen``: also serve the app on that host and port meanwhile."""
     numbered = enumerate(text for text in lines if text.strip())
     done: dict[int, dict] = {}  # answered, waiting for the lines before them
     counts = {"succeeded": 0, "failed": 0, "not_sent": 0}
@@ -91,7 +97,7 @@ async def run_batch(
             if on_done is not None:
                 on_done(written)
 
-    async with app.lifespan():
+    async with app.lifespan(), _listening(app, listen):
         transport = httpx.ASGITransport(app=TelemetryMiddleware(app, access_log=False))
         async with httpx.AsyncClient(
             transport=transport, base_url="http://spyglass-batch", timeout=None
@@ -105,6 +111,36 @@ async def run_batch(
             await asyncio.gather(*(worker() for _ in range(max_concurrency)))
     out.flush()
     return BatchSummary(**counts)
+
+
+@asynccontextmanager
+async def _listening(app: Litestar, listen: tuple[str, int] | None) -> AsyncIterator[None]:
+    """Serve ``app`` (started already: no lifespan of its own) on ``listen`` while in the block."""
+    if listen is None:
+        yield
+        return
+    host, port = listen
+    config = uvicorn.Config(
+        TelemetryMiddleware(app, access_log=False),
+        host=host,
+        port=port,
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    # Bound here, so a taken port is this call's OSError (uvicorn would exit the process).
+    listener = socket.create_server((host, port))
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.01)
+    if not server.started:
+        raise OSError(f"could not serve on {host}:{port}")
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await serving
 
 
 async def _answered(client: httpx.AsyncClient, line: BatchLine) -> dict:

@@ -46,6 +46,14 @@ def add_parser(subparsers, argv) -> None:
         default=256,
         help="the most requests in flight at once (the others wait their turn)",
     )
+    parser.add_argument(
+        "--enable-metrics",
+        action="store_true",
+        help="serve the API on --host:--port while the batch runs, for Prometheus to scrape "
+        "/metrics (vLLM's option)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="with --enable-metrics")
+    parser.add_argument("--port", type=int, default=8000, help="with --enable-metrics")
     parser.add_argument("--served-model-name", default=None, help="the model name bodies use")
     parser.add_argument(
         "--tool-call-parser", default=defaults.tool_call_parser, metavar="NAME", help="as serve's"
@@ -109,12 +117,15 @@ def run(args) -> int:
 
         app = create_app(engine_config, options)
         try:  # the lines are read as workers take them: a large file is never held whole
-            summary = asyncio.run(run_batch(app, source, sink, args.max_concurrency, progress))
+            listen = (args.host, args.port) if args.enable_metrics else None
+            summary = asyncio.run(
+                run_batch(app, source, sink, args.max_concurrency, progress, listen)
+            )
         except (ValueError, OSError, BaseExceptionGroup) as failed:
             cause = _first_cause(failed)
             if not isinstance(cause, (ValueError, OSError)):
                 raise
-            # The engine could not load (the model, its files): one line, as serve's.
+            # The engine could not load (the model, its files), or the port is taken: one line.
             print(f"spyglass run-batch: {cause}", file=sys.stderr)
             return 2
     log.info(

@@ -3,6 +3,7 @@ line in the input's order, each as ``spyglass serve`` answers it (the same greed
 lines reported in their own output line without stopping the others."""
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -93,3 +94,47 @@ def test_stdin_to_stdout(tiny_llama_dir):
     out = [json.loads(line) for line in done.stdout.splitlines()]
     assert [line["custom_id"] for line in out] == ["s0", "s1", "s2"]
     assert len({line["response"]["body"]["choices"][0]["text"] for line in out}) == 1  # greedy
+
+
+def test_metrics_are_served_while_the_batch_runs(tiny_llama_dir, tmp_path, wait_for):
+    # One long answer keeps the batch going while Prometheus' scrape would come.
+    long = GREEDY_TEXT | {"max_tokens": 3000, "ignore_eos": True}
+    source, sink = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text(json.dumps(_request("long", "/v1/completions", long)))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "spyglass.core.cli.main", "run-batch", str(tiny_llama_dir)]
+    command += [
+        "--num-threads",
+        "1",
+        "--kv-cache-memory",
+        "64MiB",
+        "-i",
+        str(source),
+        "-o",
+        str(sink),
+    ]
+    command += ["--enable-metrics", "--port", str(port)]
+    batch = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+
+        def running() -> bool:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            except httpx.TransportError:
+                return False
+            return any(
+                line.startswith("spyglass:num_requests_running{") and line.endswith(" 1.0")
+                for line in text.splitlines()
+            )
+
+        wait_for(running, timeout=120)
+        assert batch.wait(timeout=300) == 0, batch.stderr.read()
+    finally:
+        batch.kill()
+    (line,) = [json.loads(text) for text in sink.read_text().splitlines()]
+    assert line["response"]["body"]["usage"]["completion_tokens"] == 3000
+    # The port is taken by then no more: the batch stopped serving when it ended.
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))
