@@ -109,6 +109,21 @@ def tiny_server(tiny_llama_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_compact_server(tiny_llama_dir, tmp_path_factory):
+    """The tiny server with compact JSON (``json_whitespace=compact``): the random model's forced
+    calls and structures end instead of padding with whitespace."""
+    server = start_server(
+        str(tiny_llama_dir),
+        tmp_path_factory.mktemp("tiny_compact_server"),
+        *TINY_ARGS,
+        "--plugin-option",
+        "json_whitespace=compact",
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def tiny_process_server(tiny_llama_dir, tmp_path_factory):
     """The same server with its engine in a process of its own (``--engine-process``)."""
     server = start_server(

@@ -11,7 +11,6 @@ import pytest
 
 from spyglass.core.cli.main import build_parser
 from spyglass.core.cli.serve_command import server_options_from_args
-from tests.api.conftest import TINY_ARGS, start_server
 from tests.telemetry.test_answer_tracing import UNIT as CHAT_UNIT
 
 GREEDY = {"model": "tiny", "temperature": 0, "max_output_tokens": 6}
@@ -20,12 +19,9 @@ UNIT = {"type": "function", **CHAT_UNIT["function"]}  # the Responses API's flat
 
 
 @pytest.fixture(scope="module")
-def tiny_client(tiny_llama_dir, tmp_path_factory):
-    """A server keeping the default number of responses; compact JSON, so forced calls end."""
-    args = [*TINY_ARGS, "--plugin-option", "json_whitespace=compact"]
-    server = start_server(str(tiny_llama_dir), tmp_path_factory.mktemp("responses_store"), *args)
-    yield openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
-    server.stop()
+def tiny_client(tiny_compact_server):
+    """The compact-JSON server (forced calls end), keeping the default number of responses."""
+    return openai.OpenAI(base_url=f"{tiny_compact_server.base_url}/v1", api_key="unused")
 
 
 def _same_answer(a, b) -> None:

@@ -16,7 +16,6 @@ from spyglass.core.api.reasoning_output import (
 from spyglass.core.api.tools import ToolUse
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
 from spyglass.plugins.think_reasoning import FORMATS
-from tests.api.conftest import TINY_ARGS, start_server
 from tests.telemetry.test_answer_tracing import UNIT as CHAT_UNIT
 
 UNIT = CHAT_UNIT["function"]["parameters"]  # a unit: JSON that ends, whatever the model writes
@@ -31,17 +30,8 @@ STRUCTURE = re.compile(r'<u>\{"unit": ?"(celsius|fahrenheit)"\}</u>')
 
 
 @pytest.fixture(scope="module")
-def client(tiny_llama_dir, tmp_path_factory):
-    # Compact JSON: the random model's structures end instead of padding with whitespace.
-    server = start_server(
-        str(tiny_llama_dir),
-        tmp_path_factory.mktemp("structural_tag"),
-        *TINY_ARGS,
-        "--plugin-option",
-        "json_whitespace=compact",
-    )
-    yield openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
-    server.stop()
+def client(tiny_compact_server):
+    return openai.OpenAI(base_url=f"{tiny_compact_server.base_url}/v1", api_key="unused")
 
 
 def _ask(client, **extra) -> str:
