@@ -680,4 +680,5 @@ class LLMEngine:
             arrival_time=request.times.arrival,
             lora_name=request.lora_name,
             num_images=len(request.images),
+            priority=request.sampling_params.priority,
         )

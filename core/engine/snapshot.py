@@ -34,6 +34,8 @@ class RequestSnapshot:
     """The LoRA adapter the request runs with (None: the base model)."""
     num_images: int = 0
     """Images in the prompt (a vision model's)."""
+    priority: int = 0
+    """Its place in a priority policy's queue (lower first; OpenAI's ``service_tier`` maps here)."""
 
 
 @dataclass(frozen=True, slots=True)

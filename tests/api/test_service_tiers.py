@@ -55,7 +55,9 @@ def test_priority_is_admitted_ahead_of_flex(server_factory, tiny_llama_dir, wait
     wait_for(lambda: waiting() == 1)
     threads.append(threading.Thread(target=ask, args=("priority", "priority", 4)))
     threads[2].start()
-    wait_for(lambda: waiting() == 2)  # both queued behind the running one
+    wait_for(lambda: waiting() == 2)  # both queued behind the running one, at their priorities
+    queue = httpx.get(f"{server.base_url}/debug/requests", timeout=10).json()
+    assert sorted(request["priority"] for request in queue) == [-1, 0, 1]
     for thread in threads:
         thread.join(timeout=180)
     assert finished == ["default", "priority", "flex"]
