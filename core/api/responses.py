@@ -9,11 +9,10 @@ splits reasoning (``--reasoning-parser``); ``status`` is ``incomplete`` when ``m
 cut it, ``cancelled`` when the server aborted it (stopping). Streams send the named events
 ``response.created``, ``response.in_progress``, per item ``response.output_item.added`` ...
 ``response.output_item.done`` (text and arguments deltas as they are generated;
-``response.reasoning_text.delta`` for reasoning), then ``response.completed`` (or
-``response.incomplete``, ``response.cancelled``). Responses are kept in the server's memory
-unless ``store`` is false (`response_store`; `stored_responses` reads, lists, cancels and drops
-them): ``previous_response_id`` continues one. With ``background`` the call returns once its
-request has started, and the answer is generated with no client waiting
+``response.reasoning_text.delta`` for reasoning), then `last_event`. Responses are kept in the
+server's memory unless ``store`` is false (`response_store`; `stored_responses` reads, lists,
+cancels and drops them): ``previous_response_id`` continues one. With ``background`` the call
+returns once its request has started, and the answer is generated with no client waiting
 (`background_responses`).
 """
 
@@ -22,7 +21,7 @@ import copy
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
@@ -107,7 +106,7 @@ def input_items(body: ResponsesRequest, serving: ServingContext) -> list[InputIt
 def stores(body: ResponsesRequest, store: ResponseStore) -> bool:
     """Whether the call's response is kept: ``store`` (true when left out, as OpenAI's default)
     where the server keeps responses; ``store: true`` is a 400 where it keeps none, as is
-    ``background`` with a response that is not kept, or streamed."""
+    ``background`` with a response that is not kept."""
     if body.store and not store.capacity:
         raise APIError(
             400,
@@ -122,13 +121,6 @@ def stores(body: ResponsesRequest, store: ResponseStore) -> bool:
             400,
             f"a background response is read back once it is done, so it cannot run {reason}",
             "background",
-        )
-    if body.background and body.stream:
-        raise APIError(
-            400,
-            "background responses are not streamed here: poll GET /v1/responses/{id} instead",
-            "stream",
-            "unsupported_parameter",
         )
     return kept
 
@@ -276,7 +268,11 @@ async def create_response(
     )
     writer = _ResponseWriter(serving, data, response_id, use, reasoning, kept)
     if data.background:
-        serving.background.start(response_id, writer.run_in_background(group), writer.so_far)
+        run = serving.background.start(
+            response_id, lambda record: writer.run_in_background(group, record), writer.so_far
+        )
+        if data.stream:  # the run's events; the run goes on if the client leaves
+            return event_stream(run.follow(), named=True)
         return Response(writer.so_far())
     if data.stream:
         return event_stream(writer.events(group), named=True)
@@ -324,6 +320,8 @@ class _ResponseWriter:
         self.splitter = ChoiceSplitter(reasoning, use, serving.tool_format)
         """The answer's split into reasoning, content and calls (its reasoning tokens counted)."""
         self.items = OutputItems()
+        self._sequence = 0
+        """The stream events numbered so far (``sequence_number``)."""
         self.logprobs = (
             PieceLogprobs(TokenNames(serving.tokenizer)) if wants_logprobs(body) else None
         )
@@ -410,25 +408,38 @@ class _ResponseWriter:
         """The response while it is generated in the background: the output so far."""
         return self._response(self.items.so_far(), None)
 
-    async def run_in_background(self, group: RequestGroup) -> None:
-        """Run to the end with no client waiting, and keep the response however it ends:
-        completed or incomplete, ``cancelled`` (its engine request aborted) with the output so
-        far, or ``failed`` with the reason."""
+    async def run_in_background(
+        self, group: RequestGroup, record: Callable[[tuple[str, dict]], None]
+    ) -> None:
+        """Run to the end with no client waiting, ``record``-ing each event of its stream, and
+        keep the response however it ends: completed or incomplete, ``cancelled`` (its engine
+        request aborted) with the output so far, or ``failed`` with the reason."""
         try:
-            await self.collect(group)
+            async for event in self.events(group):
+                record(event)
         except asyncio.CancelledError:
-            self.items.close("incomplete")
-            self._finished(self._response(self.items.items, group, "cancelled"))
+            self._end(group, record, "cancelled")
         except APIError as failure:
-            self._failed(group, failure.code or "server_error", failure.message)
+            error = {"code": failure.code or "server_error", "message": failure.message}
+            self._end(group, record, "failed", error)
         except Exception as failure:  # kept as the response's error, not lost with the task
             log.exception("background response %s failed", self.id)
-            self._failed(group, "server_error", f"{type(failure).__name__}: {failure}")
+            error = {"code": "server_error", "message": f"{type(failure).__name__}: {failure}"}
+            self._end(group, record, "failed", error)
 
-    def _failed(self, group: RequestGroup, code: str, message: str) -> None:
-        self.items.close("incomplete")
-        error = {"code": code, "message": message}
-        self._finished(self._response(self.items.items, group, "failed", error))
+    def _end(
+        self,
+        group: RequestGroup,
+        record: Callable[[tuple[str, dict]], None],
+        status: str,
+        error: dict | None = None,
+    ) -> None:
+        """Close the open item (cut short), keep the response as ``status`` says, and record the
+        events that say so (`last_event`'s last)."""
+        for event in self.items.close("incomplete"):
+            record(self._numbered(event))
+        response = self._finished(self._response(self.items.items, group, status, error))
+        record(self._numbered({"type": last_event(response), "response": response}))
 
     def _finished(self, response: dict) -> dict:
         """``response``, stored with its input items when the call asked to keep it."""
@@ -437,15 +448,14 @@ class _ResponseWriter:
             self.serving.responses.put(stored)
         return response
 
+    def _numbered(self, event: dict) -> tuple[str, dict]:
+        """``event`` as a named stream event, with the next ``sequence_number``."""
+        self._sequence += 1
+        return event["type"], {**event, "sequence_number": self._sequence - 1}
+
     async def events(self, group: RequestGroup) -> AsyncIterator[tuple[str, dict]]:
         """The Responses API's event sequence, numbered."""
-        sequence = 0
-
-        def numbered(event: dict) -> tuple[str, dict]:
-            nonlocal sequence
-            sequence += 1
-            return event["type"], {**event, "sequence_number": sequence - 1}
-
+        numbered = self._numbered
         yield numbered({"type": "response.created", "response": self._response([], None)})
         yield numbered({"type": "response.in_progress", "response": self._response([], None)})
         items, output = self.items, None
@@ -456,8 +466,15 @@ class _ResponseWriter:
         for event in items.close(_item_status(output)):
             yield numbered(event)
         response = self._finished(self._response(items.items, group))
-        # response.completed, .incomplete, or .cancelled (aborted by a stopping server).
-        yield numbered({"type": f"response.{response['status']}", "response": response})
+        yield numbered({"type": last_event(response), "response": response})
+
+
+def last_event(response: dict) -> str:
+    """The event a stream ends with: ``response.completed``, ``response.failed``, or
+    ``response.incomplete`` for an answer cut short (by its limit, or ``cancelled``: the
+    Responses API has no event of its own for that; the response's ``status`` says which)."""
+    status = response["status"]
+    return f"response.{status}" if status in ("completed", "failed") else "response.incomplete"
 
 
 # A response's status by its request's finish reason, where it is not ``completed``.

@@ -1,10 +1,12 @@
-"""The Responses API's routes for responses the server keeps: read one (``GET``), list the input
-items it was given (``GET .../input_items``), cancel one running in the background (``POST
-.../cancel``) and drop one (``DELETE``). A response the server does not keep is a 404."""
+"""The Responses API's routes for responses the server keeps: read one (``GET``, or follow a
+background run's events with ``stream=true``), list the input items it was given (``GET
+.../input_items``), cancel one running in the background (``POST .../cancel``) and drop one
+(``DELETE``). A response the server does not keep is a 404."""
 
+from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
-from litestar import delete, get, post
+from litestar import Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, QueryParameter
 
@@ -12,6 +14,8 @@ from spyglass.core.api.context import ServingContext
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.response_items import INCLUDE_IMAGE_URLS, ItemPage, page_of_items
 from spyglass.core.api.response_store import StoredResponse
+from spyglass.core.api.responses import last_event
+from spyglass.core.api.streaming import event_stream
 
 
 @get(
@@ -20,11 +24,32 @@ from spyglass.core.api.response_store import StoredResponse
     tags=["openai"],
 )
 async def retrieve_response(
-    response_id: FromPath[str], serving: NamedDependency[ServingContext]
-) -> dict:
-    """The response as it was returned, or so far while it runs in the background."""
-    running = serving.background.snapshot(response_id)
-    return running if running is not None else _stored(serving, response_id).response
+    response_id: FromPath[str],
+    serving: NamedDependency[ServingContext],
+    stream: Annotated[bool, QueryParameter()] = False,
+    starting_after: Annotated[int, QueryParameter(ge=-1)] = -1,
+) -> Response:
+    """The response as it was returned, or so far while it runs in the background. With
+    ``stream``, a background run's events after ``starting_after`` as they come (a stream
+    resumed); a response that is no longer running sends its last event only, whole."""
+    run = serving.background.get(response_id)
+    if not stream:
+        return Response(
+            run.snapshot() if run is not None else _stored(serving, response_id).response
+        )
+    if run is not None:
+        return event_stream(run.follow(starting_after), named=True)
+    response = _stored(serving, response_id).response
+    last = {
+        "type": last_event(response),
+        "response": response,
+        "sequence_number": starting_after + 1,
+    }
+    return event_stream(_one(last), named=True)
+
+
+async def _one(event: dict) -> AsyncIterator[tuple[str, dict]]:
+    yield event["type"], event
 
 
 @get(

@@ -1,6 +1,7 @@
 """Responses run in the background (``background: true``): the call returns at once, ``GET``
-reads the answer so far and then the finished one, ``POST .../cancel`` stops one and frees its
-blocks, and a server that stops cancels what it could not finish. Through the ``openai`` client."""
+reads the answer so far and then the finished one, a background stream can be resumed, ``POST
+.../cancel`` stops one and frees its blocks, and a server that stops cancels what it could not
+finish. Through the ``openai`` client."""
 
 import httpx
 import openai
@@ -86,9 +87,47 @@ def test_what_cannot_be_cancelled_or_run_in_background(client):
     with pytest.raises(openai.BadRequestError) as error:
         client.responses.create(input="Hi.", background=True, store=False, **GREEDY)
     assert error.value.body["param"] == "background"
-    with pytest.raises(openai.BadRequestError) as error:
-        client.responses.create(input="Hi.", background=True, stream=True, **GREEDY)
-    assert error.value.body["param"] == "stream"
+
+
+def test_a_background_stream_is_the_run_s_events_and_can_be_resumed(client, tiny_server, wait_for):
+    whole = list(
+        client.responses.create(
+            input="Name a city.", max_output_tokens=8, background=True, stream=True, **GREEDY
+        )
+    )
+    assert [event.sequence_number for event in whole] == list(range(len(whole)))
+    assert whole[0].type == "response.created" and whole[0].response.background is True
+    done = whole[-1].response
+    assert client.responses.retrieve(done.id).output_text == done.output_text
+    # A client that loses its stream resumes it where it left off; the run went on meanwhile.
+    events = client.responses.create(background=True, stream=True, **LONG)
+    seen = []
+    for event in events:
+        seen.append(event)
+        if event.type == "response.output_text.delta" and len(seen) > 5:
+            break
+    events.close()
+    response_id = seen[0].response.id
+    resumed = client.responses.retrieve(
+        response_id, stream=True, starting_after=seen[-1].sequence_number
+    )
+    first = next(iter(resumed))
+    assert first.sequence_number == seen[-1].sequence_number + 1
+    assert client.responses.retrieve(response_id).status == "in_progress"
+    client.responses.cancel(response_id)
+    rest = [first, *resumed]
+    assert rest[-1].type == "response.incomplete" and rest[-1].response.status == "cancelled"
+    assert [event.sequence_number for event in rest] == list(
+        range(first.sequence_number, first.sequence_number + len(rest))
+    )
+    text = "".join(
+        event.delta for event in [*seen, *rest] if event.type == "response.output_text.delta"
+    )
+    assert text == rest[-1].response.output_text
+    # Streamed again once it ended: its last event, whole.
+    (last,) = list(client.responses.retrieve(response_id, stream=True))
+    assert last.type == "response.incomplete" and last.response.output_text == text
+    wait_for(lambda: _all_free(tiny_server))
 
 
 def test_deleting_a_running_response_cancels_it(client, tiny_server, wait_for):
