@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 
+import msgspec
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
@@ -60,7 +61,7 @@ from spyglass.core.api.tools import (
     function_tool,
 )
 from spyglass.core.api.validation import json_body_guard
-from spyglass.core.engine.outputs import CompletionOutput
+from spyglass.core.engine.outputs import CompletionOutput, RequestOutput
 from spyglass.core.engine.prompt_images import prompt_with_image_tokens
 from spyglass.core.engine.reasoning import ReasoningParser
 from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutput
@@ -316,7 +317,7 @@ class _MessageWriter:
         thinking = [ThinkingBlock(thought)] if thought else []
         blocks = [*thinking, *([TextBlock(content)] if content else []), *uses]
         reason, sequence = _stop(completion, len(uses))
-        usage = Usage(len(output.prompt_token_ids), len(completion.token_ids))
+        usage = _usage(output, len(completion.token_ids))
         return MessageResponse(
             id=self.id,
             model=self.body.model,
@@ -347,10 +348,7 @@ class _MessageWriter:
                             "content": [],
                             "stop_reason": None,
                             "stop_sequence": None,
-                            "usage": {
-                                "input_tokens": len(output.prompt_token_ids),
-                                "output_tokens": 0,
-                            },
+                            "usage": msgspec.structs.asdict(_usage(output, 0)),
                         },
                     },
                 )
@@ -409,6 +407,12 @@ class _MessageWriter:
             },
         )
         yield "message_stop", {"type": "message_stop"}
+
+
+def _usage(output: RequestOutput, output_tokens: int) -> Usage:
+    """The message's usage: its prompt's tokens computed afresh and read from the prefix cache."""
+    cached = output.num_cached_tokens
+    return Usage(len(output.prompt_token_ids) - cached, output_tokens, 0, cached)
 
 
 def _tool_use_id() -> str:

@@ -182,10 +182,14 @@ class TokenCount(msgspec.Struct):
 
 
 class Usage(msgspec.Struct):
-    """Token counts."""
+    """Token counts, as Anthropic splits the prompt's: ``input_tokens`` computed afresh,
+    ``cache_read_input_tokens`` read from the prefix cache (which caches every prompt unasked,
+    so nothing counts as a cache write: ``cache_creation_input_tokens`` is 0)."""
 
     input_tokens: int
     output_tokens: int
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
 
 
 class MessageResponse(msgspec.Struct, kw_only=True):

@@ -48,6 +48,28 @@ def test_message_with_system_and_usage(client):
     assert message.usage.input_tokens > 10 and 0 < message.usage.output_tokens <= 24
 
 
+def test_usage_splits_the_prompt_read_from_the_prefix_cache(client):
+    system = "You answer questions about European capitals. " * 12
+    options = dict(
+        model=MODEL,
+        max_tokens=4,
+        system=system,
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "What is the capital of Spain?"}],
+    )
+    first = client.messages.create(**options).usage
+    again = client.messages.create(**options).usage
+    prompt = first.input_tokens + first.cache_read_input_tokens
+    # The repeat's shared prompt comes from the cache; Anthropic counts it apart from input.
+    assert again.input_tokens + again.cache_read_input_tokens == prompt
+    assert again.cache_read_input_tokens >= 64 and again.input_tokens < prompt / 2
+    assert again.cache_creation_input_tokens == 0
+    with client.messages.stream(**options) as stream:
+        streamed = stream.get_final_message().usage
+    assert streamed.input_tokens + streamed.cache_read_input_tokens == prompt
+    assert streamed.cache_read_input_tokens >= 64
+
+
 def test_stream_text_equals_the_whole_message(client):
     options = dict(
         model=MODEL,
@@ -227,7 +249,8 @@ def test_count_tokens_equals_the_input_tokens_a_message_reports(client, tools):
     )
     counted = client.messages.count_tokens(**options)
     message = client.messages.create(max_tokens=1, extra_body={"temperature": 0}, **options)
-    assert counted.input_tokens == message.usage.input_tokens > 10
+    usage = message.usage  # the prompt's tokens: computed afresh, and read from the cache
+    assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens > 10
 
 
 def test_count_tokens_refuses_what_a_message_would(client):
