@@ -278,6 +278,8 @@ def _plain(message: ChatMessage, param: str) -> dict:
         plain["name"] = message.name
     if message.role == "tool":
         plain["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content is not None:  # Qwen3's template renders the latest turn's
+        plain["reasoning_content"] = message.reasoning_content
     if message.tool_calls:
         plain["tool_calls"] = [
             {

@@ -52,6 +52,8 @@ def listed_item(item: InputItem, image_urls: bool = False) -> dict:
         return listed | {"role": item.role, "content": _parts(item, image_urls)}
     if item.type == "function_call":
         return listed | {"call_id": item.call_id, "name": item.name, "arguments": item.arguments}
+    if item.type == "reasoning":
+        return listed | {"summary": [], "content": _reasoning_parts(item)}
     output = item.output
     text = output if isinstance(output, str) else "\n".join(part.text for part in output)
     return listed | {"call_id": item.call_id, "output": text}
@@ -72,3 +74,10 @@ def _parts(item: InputItem, image_urls: bool) -> list[dict]:
             text_type = "output_text" if isinstance(part, OutputText) else "input_text"
             parts.append({"type": text_type, "text": part.text})
     return parts
+
+
+def _reasoning_parts(item: InputItem) -> list[dict]:
+    """A reasoning item's text as it was given: its parts, or none when only encrypted."""
+    if isinstance(item.content, list):
+        return [{"type": "reasoning_text", "text": part.text} for part in item.content]
+    return []

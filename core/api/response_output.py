@@ -9,6 +9,7 @@ import uuid
 import msgspec
 
 from spyglass.core.api.convert import TokenNames, chat_logprobs
+from spyglass.core.api.reasoning_items import encrypted_reasoning
 from spyglass.core.api.tools import new_call_id
 from spyglass.core.engine.outputs import Logprob
 from spyglass.core.engine.reasoning import ReasoningPiece
@@ -17,9 +18,11 @@ from spyglass.core.engine.tool_calls import ToolCallPiece
 
 class OutputItems:
     """The response's output items, built from the pieces of the generated text; each change is also an event
-    (a dict with its ``type``; the writer numbers them)."""
+    (a dict with its ``type``; the writer numbers them). With ``encrypt_reasoning`` a reasoning
+    item gains its ``encrypted_content`` when it closes (`reasoning_items`)."""
 
-    def __init__(self):
+    def __init__(self, encrypt_reasoning: bool = False):
+        self.encrypt_reasoning = encrypt_reasoning
         self.items: list[dict] = []
         self._open: dict | None = None
         self._open_text: list[str] = []
@@ -145,6 +148,8 @@ class OutputItems:
             part = item["content"][0]
             part["text"] = "".join(self._open_text)
             reasoning = item["type"] == "reasoning"
+            if reasoning and self.encrypt_reasoning:
+                item["encrypted_content"] = encrypted_reasoning(part["text"])
             done = {
                 "type": "response.reasoning_text.done"
                 if reasoning

@@ -5,9 +5,10 @@ Kept in the server's memory, the most recent ``capacity`` of them (the oldest is
 a continuation of a dropped or unknown response is a 400 naming ``previous_response_id``, as
 OpenAI answers one it does not have. Each keeps the response object the client got and the
 conversation it was given, as Responses input items, each with an id: the items it continued,
-then its own input. Its conversation as a continuation sees it adds its output (messages and
-function calls; reasoning is not carried into a continuation). Its ``instructions`` are not
-kept in the conversation: a continuation gives its own, as OpenAI's do. How many are kept is
+then its own input. Its conversation as a continuation sees it adds its output (reasoning,
+messages and function calls; reasoning reaches the template as the next assistant turn's
+``reasoning_content``). Its ``instructions`` are not kept in the conversation: a continuation
+gives its own, as OpenAI's do. How many are kept is
 ``spyglass:responses_kept``.
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from spyglass.core.api.responses_schemas import InputItem
+from spyglass.core.api.responses_schemas import InputItem, ReasoningText
 from spyglass.telemetry import metrics
 
 
@@ -60,7 +61,12 @@ class ResponseStore:
 
 
 # The prefix of a generated item id, by item type (as OpenAI's ids begin).
-_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+_ID_PREFIXES = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}
 
 
 def with_ids(items: list[InputItem]) -> list[InputItem]:
@@ -75,10 +81,13 @@ def with_ids(items: list[InputItem]) -> list[InputItem]:
 
 def output_items(output: list[dict]) -> list[InputItem]:
     """A response's output items as the input items that continue it, with their ids: its
-    messages' text and its function calls (reasoning items are left out)."""
+    reasoning, its messages' text and its function calls."""
     items = []
     for item in output:
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            thought = [ReasoningText(part["text"]) for part in item["content"]]
+            items.append(InputItem(type="reasoning", content=thought, id=item["id"]))
+        elif item["type"] == "message":
             text = "".join(part["text"] for part in item["content"])
             items.append(InputItem(type="message", role="assistant", content=text, id=item["id"]))
         elif item["type"] == "function_call":

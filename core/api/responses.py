@@ -33,11 +33,13 @@ from spyglass.core.api.convert import TokenNames, check_finished, given_or, requ
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, output_kind, unless_disconnected
 from spyglass.core.api.prompts import encode_text
+from spyglass.core.api.reasoning_items import reasoning_of
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
 from spyglass.core.api.response_output import OutputItems, PieceLogprobs
 from spyglass.core.api.response_store import ResponseStore, StoredResponse, with_ids
 from spyglass.core.api.response_truncation import fit_conversation
 from spyglass.core.api.responses_schemas import (
+    ENCRYPTED_REASONING_INCLUDE,
     LOGPROBS_INCLUDE,
     InputImage,
     InputItem,
@@ -128,20 +130,34 @@ def stores(body: ResponsesRequest, store: ResponseStore) -> bool:
 def conversation(instructions: str | None, items: list[InputItem]) -> list[ChatMessage]:
     """The instructions and input items as chat turns; a 400 naming ``input`` for an item that misses a field."""
     turns = [ChatMessage("system", instructions)] if instructions else []
+    thought = None  # a reasoning item's text, for the assistant turn after it
     for item in items:
+        if item.type == "reasoning":
+            thought = reasoning_of(item)
+            continue
+        if thought is not None and item.role != "assistant" and item.type != "function_call":
+            # An answer that reasoned and said nothing: its turn holds the reasoning alone.
+            turns.append(ChatMessage("assistant", "", reasoning_content=thought))
+            thought = None
         if item.type == "message":
             _require(item, "role", "content")
             turns.append(ChatMessage(item.role, _content(item.content)))
+            if item.role == "assistant":
+                turns[-1].reasoning_content, thought = thought, None
         elif item.type == "function_call":
             _require(item, "call_id", "name", "arguments")
             call = ToolCall(id=item.call_id, function=FunctionCall(item.name, item.arguments))
-            if turns and turns[-1].role == "assistant":  # calls made in the same turn as its text
+            if turns and turns[-1].role == "assistant" and thought is None:
+                # calls made in the same turn as its text
                 turns[-1].tool_calls = [*(turns[-1].tool_calls or []), call]
             else:
                 turns.append(ChatMessage("assistant", None, tool_calls=[call]))
+                turns[-1].reasoning_content, thought = thought, None
         else:
             _require(item, "call_id", "output")
             turns.append(ChatMessage("tool", _text(item.output), tool_call_id=item.call_id))
+    if thought is not None:  # the last answer reasoned and said nothing
+        turns.append(ChatMessage("assistant", "", reasoning_content=thought))
     return turns
 
 
@@ -319,7 +335,7 @@ class _ResponseWriter:
         self.use = use
         self.splitter = ChoiceSplitter(reasoning, use, serving.tool_format)
         """The answer's split into reasoning, content and calls (its reasoning tokens counted)."""
-        self.items = OutputItems()
+        self.items = OutputItems(ENCRYPTED_REASONING_INCLUDE in (body.include or ()))
         self._sequence = 0
         """The stream events numbered so far (``sequence_number``)."""
         self.logprobs = (

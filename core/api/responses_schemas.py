@@ -23,7 +23,9 @@ from spyglass.core.api.schemas import (
 MAX_INPUT_ITEMS = 4096
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 """The ``include`` value that asks for the logprobs of the message's tokens."""
-Includable = Literal["message.output_text.logprobs"]
+ENCRYPTED_REASONING_INCLUDE = "reasoning.encrypted_content"
+"""The ``include`` value that asks for reasoning items' ``encrypted_content``."""
+Includable = Literal["message.output_text.logprobs", "reasoning.encrypted_content"]
 
 
 class InputText(msgspec.Struct, tag_field="type", tag="input_text"):
@@ -47,17 +49,34 @@ class InputImage(msgspec.Struct, tag_field="type", tag="input_image", kw_only=Tr
     file_id: None = None
 
 
+class ReasoningText(msgspec.Struct, tag_field="type", tag="reasoning_text"):
+    """A reasoning item's text, sent back."""
+
+    text: str
+
+
+class SummaryText(msgspec.Struct, tag_field="type", tag="summary_text"):
+    """A reasoning item's summary part (this server writes none; one sent back is not read)."""
+
+    text: str
+
+
 ItemText = str | Annotated[list[InputText | OutputText], Meta(max_length=MAX_INPUT_ITEMS)]
 ItemContent = (
-    str | Annotated[list[InputText | OutputText | InputImage], Meta(max_length=MAX_INPUT_ITEMS)]
+    str
+    | Annotated[
+        list[InputText | OutputText | InputImage | ReasoningText], Meta(max_length=MAX_INPUT_ITEMS)
+    ]
 )
 
 
 class InputItem(msgspec.Struct, kw_only=True):
     """One input item: a ``message`` (``role`` and ``content``), a ``function_call`` the model made earlier
-    (``call_id``, ``name``, ``arguments``), or a ``function_call_output`` (``call_id``, ``output``)."""
+    (``call_id``, ``name``, ``arguments``), a ``function_call_output`` (``call_id``, ``output``),
+    or a ``reasoning`` item an earlier answer gave (its ``reasoning_text`` ``content``, or its
+    ``encrypted_content``; `reasoning_items`)."""
 
-    type: Literal["message", "function_call", "function_call_output"] = "message"
+    type: Literal["message", "function_call", "function_call_output", "reasoning"] = "message"
     role: Literal["user", "system", "developer", "assistant"] | None = None
     content: ItemContent | None = None
     call_id: Annotated[str, Meta(max_length=256)] | None = None
@@ -66,6 +85,8 @@ class InputItem(msgspec.Struct, kw_only=True):
     output: ItemText | None = None
     id: str | None = None
     status: str | None = None
+    summary: Annotated[list[SummaryText], Meta(max_length=MAX_INPUT_ITEMS)] | None = None
+    encrypted_content: Annotated[str, Meta(max_length=1 << 24)] | None = None
 
 
 class FunctionTool(msgspec.Struct, kw_only=True):
@@ -144,7 +165,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     store: bool | None = None  # kept unless false, where the server keeps responses
     previous_response_id: Annotated[str, Meta(max_length=256)] | None = None
     background: bool | None = None  # answered in a task of its own, read back by GET
-    # The one include honoured: the logprobs of the message's tokens (others: a 400 naming it).
+    # Honoured: the message's tokens' logprobs, reasoning as encrypted_content (others: a 400).
     include: Annotated[list[Includable], Meta(max_length=8)] | None = None
     top_logprobs: NumLogprobs | None = None  # alternatives per token (logprobs without include)
     service_tier: ServiceTier | None = None  # flex and priority: queue priorities (`service_tiers`)

@@ -346,6 +346,8 @@ class ChatMessage(msgspec.Struct):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: which call this is the result of
+    # Assistant turns: the reasoning before the answer, for templates that render it (vLLM's field).
+    reasoning_content: str | None = None
 
 
 class PredictedContent(msgspec.Struct):

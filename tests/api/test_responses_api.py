@@ -272,7 +272,7 @@ def test_streamed_function_call_matches_the_whole_one(real_client):
         ({"reasoning": {"effort": "low"}}, "reasoning"),  # the tiny model's template ignores it
         ({"reasoning": {"summary": "auto"}}, "reasoning"),
         ({"service_tier": "flex"}, "service_tier"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"include": ["message.input_image.image_url"]}, "include"),
         ({"truncation": "middle"}, "truncation"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
