@@ -41,6 +41,19 @@ def add_subcommands(subparsers, commands: dict[str, tuple[str, str]], argv: Sequ
             subparsers.add_parser(name, help=help_text, add_help=False)
 
 
+def add_log_requests_argument(parser: argparse.ArgumentParser, why_off: str) -> None:
+    """``--log-requests``: keep the per-request log lines, which the command quiets by default
+    (``why_off`` says why, in its help)."""
+    parser.add_argument(
+        "--log-requests",
+        dest="quiet_loggers",
+        action="store_const",
+        const=(),
+        default=("spyglass.requests",),
+        help=f"keep the per-request log lines (off by default: {why_off})",
+    )
+
+
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The top-level parser, with the full subparser of the command ``argv`` names."""
     parser = argparse.ArgumentParser(

@@ -9,6 +9,7 @@ from contextlib import ExitStack
 
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.cli.engine_args import add_engine_arguments, engine_config_from_args
+from spyglass.core.cli.main import add_log_requests_argument
 from spyglass.core.cli.startup import collector_paused
 from spyglass.telemetry import settings as telemetry_settings
 from spyglass.telemetry.cli_options import add_telemetry_arguments, settings_from_args
@@ -59,14 +60,7 @@ def add_parser(subparsers, argv) -> None:
         "--tool-call-parser", default=defaults.tool_call_parser, metavar="NAME", help="as serve's"
     )
     parser.add_argument("--reasoning-parser", default=None, metavar="NAME", help="as serve's")
-    parser.add_argument(
-        "--log-requests",
-        dest="quiet_loggers",
-        action="store_const",
-        const=(),
-        default=("spyglass.requests",),
-        help="keep the per-request log lines (off by default: one per line of the batch)",
-    )
+    add_log_requests_argument(parser, "one per line of the batch")
     add_engine_arguments(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(run=run)

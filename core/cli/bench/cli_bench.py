@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from spyglass.core.cli.main import add_subcommands
+from spyglass.core.cli.main import add_log_requests_argument, add_subcommands
 
 BENCHMARKS = {
     "throughput": ("spyglass.core.cli.bench.throughput", "offline throughput on W1 / W3"),
@@ -48,12 +48,5 @@ BENCHMARKS = {
 def add_parser(subparsers, argv: Sequence[str]) -> None:
     """Register ``bench`` and its benchmarks."""
     parser = subparsers.add_parser("bench", help="run a benchmark")
-    parser.add_argument(
-        "--log-requests",
-        dest="quiet_loggers",
-        action="store_const",
-        const=(),
-        default=("spyglass.requests",),
-        help="keep the per-request log lines (off by default: they would drown the tables)",
-    )
+    add_log_requests_argument(parser, "they would drown the tables")
     add_subcommands(parser.add_subparsers(dest="benchmark", required=True), BENCHMARKS, argv)
