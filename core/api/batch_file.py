@@ -6,14 +6,16 @@ output line is ``{"id", "custom_id", "response": {"status_code", "request_id", "
 in the input's order, written as soon as the lines before it are done. A request goes through the
 same routes, checks and engine as one sent to ``spyglass serve``: a bad body is a 4xx in its line's
 ``response``, as OpenAI's batches report it, and never stops the others. A line that cannot be
-sent at all (not JSON, not a POST to ``/v1/``, a streamed body) has ``response`` null and its
-reason in ``error``. At most ``max_concurrency`` requests are in flight at once. With ``listen``
-(a host and port) the same app also answers HTTP there while the batch runs, for Prometheus to
-scrape its ``/metrics`` and an operator to read ``/debug/kv`` (vLLM's ``--enable-metrics``).
+sent at all (not JSON, not a POST to ``/v1/``, a streamed body), or whose call failed outside
+the API's error handling, has ``response`` null and its reason in ``error``. At most
+``max_concurrency`` requests are in flight at once. With ``listen`` (a host and port) the same
+app also answers HTTP there while the batch runs, for Prometheus to scrape its ``/metrics`` and
+an operator to read ``/debug/kv`` (vLLM's ``--enable-metrics``).
 """
 
 import asyncio
 import json
+import logging
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -27,6 +29,8 @@ from litestar import Litestar
 
 from spyglass.telemetry.http import TelemetryMiddleware
 from spyglass.telemetry.request_context import REQUEST_ID_HEADER
+
+log = logging.getLogger("spyglass.batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +155,12 @@ async def _answered(client: httpx.AsyncClient, line: BatchLine) -> dict:
             "response": None,
             "error": {"code": "invalid_request", "message": line.problem},
         }
-    reply = await client.post(line.url, json=line.body)
+    try:
+        reply = await client.post(line.url, json=line.body)
+    except Exception as error:  # the app failed outside its error handling: this line only
+        log.exception("batch line %r failed", line.custom_id)
+        message = f"the request failed: {type(error).__name__}: {error}"
+        return record | {"response": None, "error": {"code": "server_error", "message": message}}
     try:
         body = reply.json()
     except ValueError:

@@ -2,12 +2,18 @@
 line in the input's order, each as ``spyglass serve`` answers it (the same greedy text), bad
 lines reported in their own output line without stopping the others."""
 
+import asyncio
+import io
 import json
 import socket
 import subprocess
 import sys
 
 import httpx
+from litestar import Litestar, post
+from litestar.response import Stream
+
+from spyglass.core.api.batch_file import run_batch
 
 GREEDY_CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
 GREEDY_TEXT = {"prompt": "Once upon", "max_tokens": 6, "temperature": 0}
@@ -138,3 +144,28 @@ def test_metrics_are_served_while_the_batch_runs(tiny_llama_dir, tmp_path, wait_
     # The port is taken by then no more: the batch stopped serving when it ended.
     with socket.socket() as again:
         again.bind(("127.0.0.1", port))
+
+
+def test_a_line_whose_call_breaks_is_reported_and_the_others_go_on():
+    # An app whose answer breaks after it began (past the API's error handling).
+    @post("/v1/breaks")
+    async def breaks() -> Stream:
+        async def chunks():
+            yield b"{"
+            raise RuntimeError("the answer broke")
+
+        return Stream(chunks())
+
+    @post("/v1/works")
+    async def works() -> dict:
+        return {"ok": True}
+
+    lines = [json.dumps(_request(name, f"/v1/{name}", {})) for name in ("breaks", "works")]
+    out = io.StringIO()
+    summary = asyncio.run(run_batch(Litestar([breaks, works]), lines, out))
+    broke, worked = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert broke["response"] is None and broke["error"]["message"].startswith("the request failed")
+    assert broke["error"]["code"] == "server_error"
+    assert worked["response"] == {"status_code": 201, "request_id": worked["response"]["request_id"],
+                                  "body": {"ok": True}}  # fmt: skip
+    assert (summary.succeeded, summary.failed, summary.not_sent) == (1, 0, 1)
