@@ -28,10 +28,23 @@ async def retrieve_response(
     serving: NamedDependency[ServingContext],
     stream: Annotated[bool, QueryParameter()] = False,
     starting_after: Annotated[int, QueryParameter(ge=-1)] = -1,
+    include: Annotated[list[str] | None, QueryParameter(max_items=8)] = None,
+    include_obfuscation: Annotated[bool, QueryParameter()] = False,
 ) -> Response:
     """The response as it was returned, or so far while it runs in the background. With
     ``stream``, a background run's events after ``starting_after`` as they come (a stream
-    resumed); a response that is no longer running sends its last event only, whole."""
+    resumed); a response that is no longer running sends its last event only, whole. It is
+    returned as it was made: ``include`` (ask when creating it) and ``include_obfuscation`` are
+    400s naming them."""
+    for name, asked in (("include", include), ("include_obfuscation", include_obfuscation)):
+        if asked:
+            raise APIError(
+                400,
+                f"`{name}` is not supported here: a response is returned as it was made "
+                "(ask for its includes when creating it)",
+                name,
+                "unsupported_parameter",
+            )
     run = serving.background.get(response_id)
     if not stream:
         return Response(

@@ -179,5 +179,10 @@ def test_input_items_list_the_conversation_a_response_was_given(tiny_client):
     refused = httpx.get(url, params={"include": "reasoning.encrypted_content"}, timeout=30)
     assert (refused.status_code, refused.json()["error"]["param"]) == (400, "include")
     assert httpx.get(url, params={"limit": 0}, timeout=30).status_code == 400
+    for asked in ({"include": "message.output_text.logprobs"}, {"include_obfuscation": "true"}):
+        refused = httpx.get(
+            f"{tiny_client.base_url}responses/{follow.id}", params=asked, timeout=30
+        )
+        assert (refused.status_code, refused.json()["error"]["param"]) == (400, *asked)
     with pytest.raises(openai.NotFoundError):
         tiny_client.responses.input_items.list("resp_unknown")
