@@ -45,7 +45,8 @@ def test_message_with_system_and_usage(client):
     )
     assert message.content[0].type == "text" and "Paris" in message.content[0].text
     assert message.stop_reason in ("end_turn", "max_tokens")
-    assert message.usage.input_tokens > 10 and 0 < message.usage.output_tokens <= 24
+    usage = message.usage  # the prompt: computed afresh, and read from the prefix cache
+    assert usage.input_tokens + usage.cache_read_input_tokens > 10 and 0 < usage.output_tokens <= 24
 
 
 def test_usage_splits_the_prompt_read_from_the_prefix_cache(client):
