@@ -215,6 +215,17 @@ def sections() -> list[tuple[str, list[dict]]]:
             f"Kept: {m.RESPONSES_KEPT._documentation} "
             f"In background: {m.RESPONSES_IN_BACKGROUND._documentation}",
         ),
+        panel(
+            "Replica routing: why each request went where it did",
+            "reqps",
+            [
+                target(
+                    f"sum by (reason) (rate({series(m.REPLICA_ROUTES)}{WINDOW}))",
+                    "{{reason}}",
+                )
+            ],
+            m.REPLICA_ROUTES._documentation,
+        ),
         heatmap("Prompt length", m.REQUEST_PROMPT_TOKENS),
         heatmap("Generation length", m.REQUEST_GENERATION_TOKENS),
         mean_panel(

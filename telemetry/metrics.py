@@ -514,6 +514,14 @@ TOOL_CALLS = Counter(
     "tool requests means the model's calls are not being read.",
     ["format"],
 )
+REPLICA_ROUTES = Counter(
+    "spyglass:replica_routes",
+    "Requests the replica router (spyglass serve --replicas) sent on, by why it chose their "
+    "replica: kept_response (the one keeping the Responses API response the call continues or "
+    "names), prefix (one that was sent part of the prompt's prefix, so it likely has its KV "
+    "blocks cached), load (the shorter queue of two). Exported by the ingress's /metrics.",
+    ["reason"],
+)
 RESPONSES_KEPT = Gauge(
     "spyglass:responses_kept",
     "Responses API responses the server keeps in memory for previous_response_id and GET "

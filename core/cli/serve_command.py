@@ -60,11 +60,12 @@ def add_parser(subparsers, argv) -> None:
     group.add_argument(
         "--responses-store-size",
         type=int,
-        default=None,
+        default=defaults.responses_store_size,
         metavar="N",
         help=f"keep the last N Responses API responses in memory, for previous_response_id and "
-        f"GET /v1/responses/{{id}} (default {defaults.responses_store_size}; 0 keeps none; none "
-        "behind --replicas, where a continuation could reach another replica)",
+        f"GET /v1/responses/{{id}} (default {defaults.responses_store_size}; 0 keeps none; behind "
+        "--replicas, each replica keeps N of its own and the router sends what follows a response "
+        "to the replica that keeps it)",
     )
     group.add_argument(
         "--shutdown-timeout",
@@ -186,16 +187,8 @@ def server_options_from_args(args) -> ServerOptions:
         media_fetch_timeout=args.media_fetch_timeout,
         max_media_bytes=parse_bytes(args.max_media_bytes),
         trust_request_chat_template=args.trust_request_chat_template,
-        responses_store_size=_responses_store_size(args),
+        responses_store_size=args.responses_store_size,
     )
-
-
-def _responses_store_size(args) -> int:
-    """``--responses-store-size``, or its default: none behind the replica router, where each
-    replica would keep its own and a continuation could reach another."""
-    if args.responses_store_size is not None:
-        return args.responses_store_size
-    return 0 if args.replicas else ServerOptions().responses_store_size
 
 
 def run(args) -> int:
@@ -207,13 +200,6 @@ def run(args) -> int:
         print(
             "spyglass serve: --engine-process and --replicas do not combine (each replica is a "
             "process of its own already)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.replicas and options.responses_store_size:
-        print(
-            "spyglass serve: --responses-store-size does not combine with --replicas (each "
-            "replica would keep its own responses, and a continuation could reach another)",
             file=sys.stderr,
         )
         return 2

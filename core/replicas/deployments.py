@@ -20,6 +20,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from spyglass.core.api.app import create_app
+from spyglass.core.api.response_ids import safe_tag
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.replicas.forward import ForwardedRequest, IngressApp, call_app
@@ -58,9 +59,10 @@ class EngineReplica:
         _configure_telemetry(telemetry, rank)
         self.crash: BaseException | None = None
         port = replica_port + int(rank) if replica_port else 0
-        self.app = create_app(
-            engine_config, dataclasses.replace(options, port=port), self._engine_crashed
-        )
+        own = dataclasses.replace(
+            options, port=port, response_id_tag=safe_tag(context.replica_tag)
+        )  # the ids of the responses it keeps name it, for the router
+        self.app = create_app(engine_config, own, self._engine_crashed)
         self.http_app = TelemetryMiddleware(self.app, access_log=access_log)
         self.headers = [
             (REPLICA_HEADER, rank.encode()),

@@ -39,7 +39,7 @@ def routing_blocks(body: bytes) -> tuple[int, ...]:
     so requests that share a key go where the key went before, however short their prompts, and
     equal prompts under other keys are routed apart (as OpenAI combines the key with the prefix).
     """
-    request = _decoded(body)
+    request = json_object(body)
     key = request.get("prompt_cache_key")
     if not isinstance(key, str) or not key:
         return prefix_blocks(routing_text(request))
@@ -50,7 +50,7 @@ def routing_blocks(body: bytes) -> tuple[int, ...]:
     )
 
 
-def _decoded(body: bytes) -> dict:
+def json_object(body: bytes) -> dict:
     """A JSON object body, decoded; ``{}`` for anything else."""
     try:
         request = msgspec.json.decode(body)

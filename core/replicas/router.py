@@ -6,6 +6,10 @@ routing process and reads the block names the ingress put on the `ForwardedReque
 
 Policy, per request:
 
+0. A call about a kept Responses API response (its ``previous_response_id``, or a
+   ``/v1/responses/{id}`` path) goes to the live replica whose tag the id names, the only one that
+   keeps it, however busy; with that replica gone, the policy below picks one, which answers that
+   it keeps no such response.
 1. The live replica that was sent the deepest of the request's leading prompt blocks is preferred,
    unless its queue (Serve's cached count of its ongoing requests) is longer than the shortest
    one by more than ``max_load_gap``: a busy replica is worth a recomputed prefix.
@@ -14,24 +18,38 @@ Policy, per request:
 
 Serve then tries the first rank of candidates, and the next rank if they are full
 (``max_ongoing_requests``). The blocks of every routed request are recorded for the replica it
-went to; a replica that dies is forgotten.
+went to; a replica that dies is forgotten. ``spyglass:replica_routes_total`` counts the routed
+requests by the reason their replica was chosen.
 """
 
 import random
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from spyglass.core.api.response_ids import safe_tag
 from spyglass.core.replicas.forward import ForwardedRequest
 from spyglass.core.replicas.prefix import PrefixTable
+from spyglass.telemetry.metrics import REPLICA_ROUTES
+
+
+def _forwarded(pending_request: PendingRequest | None) -> ForwardedRequest | None:
+    args = pending_request.args if pending_request is not None else ()
+    return args[0] if args and isinstance(args[0], ForwardedRequest) else None
 
 
 def _blocks(pending_request: PendingRequest | None) -> tuple[int, ...]:
-    args = pending_request.args if pending_request is not None else ()
-    return args[0].prefix_blocks if args and isinstance(args[0], ForwardedRequest) else ()
+    forwarded = _forwarded(pending_request)
+    return forwarded.prefix_blocks if forwarded is not None else ()
+
+
+def _keeper(pending_request: PendingRequest | None) -> str | None:
+    forwarded = _forwarded(pending_request)
+    return forwarded.response_keeper if forwarded is not None else None
 
 
 class PrefixAffinityRouter(RequestRouter):
-    """Send a request where its prompt's prefix is cached; fall back on the shorter of two queues."""
+    """Send a call about a kept response to its keeper, a request where its prompt's prefix is
+    cached; fall back on the shorter of two queues."""
 
     def initialize_state(self, max_load_gap: int = 4, capacity: int = 1 << 16) -> None:
         """``request_router_kwargs``: the queue-length gap that overrides affinity, and the table's size in blocks."""
@@ -43,9 +61,14 @@ class PrefixAffinityRouter(RequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        """Ranks of candidates: the prefix holder first (if any and not overloaded), else two at random."""
+        """Ranks of candidates: the keeper of the response the call is about alone, else the prefix
+        holder first (if any and not overloaded), else two at random."""
         if not candidate_replicas:
             return []
+        keeper = _keeper(pending_request)
+        for replica in candidate_replicas if keeper else ():
+            if safe_tag(replica.replica_id.unique_id) == keeper:
+                return [[replica]]
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         match = self.table.match(_blocks(pending_request), by_id)
         if match is not None and not self._overloaded(by_id[match.replica], candidate_replicas):
@@ -64,8 +87,15 @@ class PrefixAffinityRouter(RequestRouter):
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result
     ) -> None:
-        """Remember that ``replica_id`` now holds the request's prefix blocks."""
+        """Count why ``replica_id`` was chosen; remember that it now holds the request's prefix blocks."""
         blocks = _blocks(pending_request)
+        if _keeper(pending_request) == safe_tag(replica_id.unique_id):
+            reason = "kept_response"
+        elif self.table.match(blocks, {replica_id.unique_id}) is not None:
+            reason = "prefix"
+        else:
+            reason = "load"
+        REPLICA_ROUTES.labels(reason).inc()
         if blocks:
             self.table.insert(blocks, replica_id.unique_id)
 

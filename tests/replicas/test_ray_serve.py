@@ -22,9 +22,11 @@ serve = pytest.importorskip("ray.serve")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
 from spyglass.core.api.app import create_app  # noqa: E402
+from spyglass.core.api.response_ids import safe_tag  # noqa: E402
 from spyglass.core.api.server_options import ServerOptions  # noqa: E402
 from spyglass.core.engine.config import EngineConfig  # noqa: E402
 from spyglass.core.replicas.deployments import build_application  # noqa: E402
+from spyglass.core.replicas.router import PrefixAffinityRouter  # noqa: E402
 from spyglass.telemetry import settings as telemetry_settings  # noqa: E402
 
 APP = "spyglass-test"
@@ -187,7 +189,6 @@ def test_router_prefers_the_prefix_holder_unless_its_queue_is_too_long():
 
     from spyglass.core.replicas.forward import ForwardedRequest
     from spyglass.core.replicas.prefix import routing_blocks
-    from spyglass.core.replicas.router import PrefixAffinityRouter
 
     async def scenario():
         deployment = DeploymentID("EngineReplica", APP)
@@ -217,6 +218,62 @@ def test_router_prefers_the_prefix_holder_unless_its_queue_is_too_long():
         ]  # 2 - 0 <= 2: affinity
         router.on_replica_actor_died(replicas[1].replica_id)
         assert len(router.table) == 0
+
+    asyncio.run(scenario())
+
+
+def test_router_sends_a_call_about_a_kept_response_to_its_keeper_alone():
+    """Stand-in replicas: the keeper wins over the prefix holder and however long its queue; a
+    dead keeper's calls go by the usual policy; each routed request is counted by its reason."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+    from ray.serve.request_router import PendingRequest, ReplicaID
+
+    from spyglass.core.api.response_ids import new_response_id
+    from spyglass.core.replicas.forward import ForwardedRequest
+    from spyglass.core.replicas.kept_responses import response_keeper
+    from spyglass.core.replicas.prefix import routing_blocks
+    from spyglass.telemetry.metrics import REPLICA_ROUTES
+
+    def routed(reason: str) -> float:
+        return REPLICA_ROUTES.labels(reason)._value.get()
+
+    async def scenario():
+        deployment = DeploymentID("EngineReplica", APP)
+        router = PrefixAffinityRouter(
+            deployment, DeploymentHandleSource.UNKNOWN, use_replica_queue_len_cache=True
+        )
+        router.initialize_state(max_load_gap=2)
+        replicas = [SimpleNamespace(replica_id=ReplicaID(f"r{i}", deployment)) for i in range(3)]
+        kept = new_response_id(safe_tag("r2"))
+        body = json.dumps({"input": SYSTEM_PROMPTS[0], "previous_response_id": kept}).encode()
+        continuation = ForwardedRequest(
+            "POST",
+            "/v1/responses",
+            b"",
+            [],
+            body,
+            routing_blocks(body),
+            response_keeper=response_keeper("POST", "/v1/responses", body),
+        )
+        pending = PendingRequest(args=[continuation], kwargs={}, metadata=None)
+        before = {reason: routed(reason) for reason in ("kept_response", "prefix", "load")}
+        router.table.insert(continuation.prefix_blocks, "r0")  # r0 has the prompt's prefix
+        for replica, queue_len in zip(replicas, (0, 0, 9)):  # and the keeper, r2, is busy
+            router._replica_queue_len_cache.update(replica.replica_id, queue_len)
+        # With the keeper gone from the live ones: the prefix holder, as for any other request.
+        assert (await router.choose_replicas(replicas[:2], pending))[0] == [replicas[0]]
+        router.on_request_routed(pending, replicas[0].replica_id, None)
+        assert await router.choose_replicas(replicas, pending) == [[replicas[2]]]
+        router.on_request_routed(pending, replicas[2].replica_id, None)
+        fresh = ForwardedRequest("POST", "/v1/responses", b"", [], b"{}")
+        router.on_request_routed(
+            PendingRequest(args=[fresh], kwargs={}, metadata=None), replicas[1].replica_id, None
+        )
+        after = {reason: routed(reason) - before[reason] for reason in before}
+        assert after == {"kept_response": 1, "prefix": 1, "load": 1}
 
     asyncio.run(scenario())
 
@@ -302,6 +359,45 @@ def test_the_trace_continues_from_the_ingress_into_the_replica(cluster):
     ingresses, replicas, _ = found
     (ingress,), (replica,) = ingresses, replicas
     assert ingress.name == replica.name == "POST /v1/chat/completions"
+
+
+def test_a_responses_conversation_stays_with_the_replica_that_keeps_it(cluster):
+    """Each turn continues the last through the ingress: every call, and the stored-response
+    routes, reach the one replica that keeps it (by chance, 4 turns on 2 replicas would all land
+    there one time in 16); the ingress counts them by that reason."""
+    openai = pytest.importorskip("openai")
+
+    def kept_routes() -> float:
+        text = httpx.get(f"{cluster.base_url}/metrics").text
+        families = text_string_to_metric_families(text)
+        return sum(
+            s.value
+            for f in families
+            for s in f.samples
+            if s.name == "spyglass:replica_routes_total" and s.labels["reason"] == "kept_response"
+        )
+
+    client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", timeout=120)
+    greedy = dict(model="tiny", max_output_tokens=3, temperature=0)
+    before = kept_routes()
+    raw = client.responses.with_raw_response.create(input="Name a colour.", **greedy)
+    keeper = raw.headers["x-spyglass-replica-id"]
+    turns = [raw.parse()]
+    assert turns[0].id.startswith(f"resp_{safe_tag(keeper)}_")
+    for turn in range(4):
+        raw = client.responses.with_raw_response.create(
+            input=f"And another, number {turn}?", previous_response_id=turns[-1].id, **greedy
+        )
+        assert raw.headers["x-spyglass-replica-id"] == keeper
+        turns.append(raw.parse())
+    last = turns[-1]
+    assert client.responses.retrieve(last.id).output_text == last.output_text
+    items = client.responses.input_items.list(last.id, order="asc", limit=100).data
+    assert len(items) == 2 * len(turns) - 1  # each turn's question, each earlier answer
+    client.responses.delete(last.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(last.id)
+    assert kept_routes() - before >= 4 + 3  # the continuations, then retrieve, list, delete
 
 
 def test_ingress_metrics_are_labelled_ingress(cluster):

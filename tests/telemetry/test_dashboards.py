@@ -26,6 +26,7 @@ EVENT_ONLY = {
     "spyglass:http_requests",
     "spyglass:http_errors",
     "spyglass:tool_calls",
+    "spyglass:replica_routes",  # exported by a --replicas ingress only
     "spyglass:spec_decode_num_accepted_tokens_per_pos",
 }
 NOT_CHARTED = {  # exported for alerts and ad-hoc queries, not worth a panel of their own
