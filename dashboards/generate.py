@@ -206,13 +206,15 @@ def sections() -> list[tuple[str, list[dict]]]:
             m.TOOL_CALLS._documentation,
         ),
         panel(
-            "Responses kept, and running in the background",
+            "Responses and chat completions kept; responses running in the background",
             "short",
             [
-                target(f"sum({series(m.RESPONSES_KEPT)})", "kept"),
+                target(f"sum({series(m.RESPONSES_KEPT)})", "responses kept"),
+                target(f"sum({series(m.CHAT_COMPLETIONS_KEPT)})", "chat completions kept"),
                 target(f"sum({series(m.RESPONSES_IN_BACKGROUND)})", "in background"),
             ],
-            f"Kept: {m.RESPONSES_KEPT._documentation} "
+            f"Responses kept: {m.RESPONSES_KEPT._documentation} "
+            f"Chat completions kept: {m.CHAT_COMPLETIONS_KEPT._documentation} "
             f"In background: {m.RESPONSES_IN_BACKGROUND._documentation}",
         ),
         panel(

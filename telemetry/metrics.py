@@ -527,6 +527,12 @@ RESPONSES_KEPT = Gauge(
     "Responses API responses the server keeps in memory for previous_response_id and GET "
     "/v1/responses/{id} (the last --responses-store-size; each holds its conversation).",
 )
+CHAT_COMPLETIONS_KEPT = Gauge(
+    "spyglass:chat_completions_kept",
+    "Chat completions made with store: true that the server keeps in memory for GET "
+    "/v1/chat/completions (the last --chat-completions-store-size; each holds its messages and "
+    "answer).",
+)
 RESPONSES_IN_BACKGROUND = Gauge(
     "spyglass:responses_in_background",
     "Responses API calls made with background: true whose answer is being generated now "
@@ -554,6 +560,7 @@ SERVER_METRICS = (
     HTTP_ERRORS,
     TOOL_CALLS,
     RESPONSES_KEPT,
+    CHAT_COMPLETIONS_KEPT,
     RESPONSES_IN_BACKGROUND,
     HTTP_REQUEST_DURATION,
     SERVER_CONFIG_INFO,

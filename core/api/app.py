@@ -27,6 +27,13 @@ from spyglass.core.api.responses import create_response
 from spyglass.core.api.routes import ROUTES
 from spyglass.core.api.scoring import create_rerank, create_score
 from spyglass.core.api.server_options import ServerOptions
+from spyglass.core.api.stored_chat_completions import (
+    delete_chat_completion,
+    list_chat_completion_messages,
+    list_chat_completions,
+    retrieve_chat_completion,
+    update_chat_completion,
+)
 from spyglass.core.api.stored_responses import (
     cancel_response,
     delete_response,
@@ -94,6 +101,11 @@ def create_app(
         route_handlers=[
             create_completion,
             create_chat_completion,
+            list_chat_completions,
+            retrieve_chat_completion,
+            list_chat_completion_messages,
+            update_chat_completion,
+            delete_chat_completion,
             create_response,
             retrieve_response,
             list_input_items,

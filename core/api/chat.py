@@ -14,6 +14,8 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
 from spyglass.core.api.beam_search_api import check_beam_search, run_beam_search
+from spyglass.core.api.chat_store import StoredChatCompletion
+from spyglass.core.api.chunk_fold import ChunkFold
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import (
     TokenNames,
@@ -360,6 +362,11 @@ async def create_chat_completion(
     use = tool_use(data)
     response_id = new_id("chatcmpl")
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
+    if data.store:
+        if not serving.chat_completions.capacity:
+            message = "this server keeps no chat completions (--chat-completions-store-size 0)"
+            raise APIError(400, message, "store")
+        attributes["stored"] = True
     template = TemplateOptions.of(data, serving.options)
     # Without max_tokens the beams may grow to the context (the search stops there).
     beams = check_beam_search(data, max_tokens or serving.max_model_len)
@@ -367,7 +374,7 @@ async def create_chat_completion(
         search = _beam_search(
             serving, data, beams, params, response_id, attributes, template, lora_name
         )
-        return Response(await unless_disconnected(request, search))
+        return Response(_kept(serving, data, await unless_disconnected(request, search)))
     reasoning = reasoning_for(serving.reasoning_parser, params, use)
     if data.thinking_token_budget is not None:  # the reasoning is still split: it only has a limit
         spec = thinking_constraint(
@@ -395,8 +402,31 @@ async def create_chat_completion(
     )
     writer = _ChatWriter(serving, data, response_id, use, reasoning)
     if data.stream:
-        return event_stream(writer.chunks(group))
-    return Response(await unless_disconnected(request, writer.collect(group)))
+        kept = data.store
+        return event_stream(_kept_stream(data, writer, group) if kept else writer.chunks(group))
+    return Response(_kept(serving, data, await unless_disconnected(request, writer.collect(group))))
+
+
+def _kept(
+    serving: ServingContext, body: ChatCompletionRequest, completion: ChatCompletionResponse
+) -> ChatCompletionResponse:
+    """``completion``, stored first when the call asked (``store: true``) with its metadata and
+    messages."""
+    if body.store:
+        kept = msgspec.to_builtins(completion) | {"metadata": dict(body.metadata or {})}
+        serving.chat_completions.put(StoredChatCompletion(kept, tuple(body.messages)))
+    return completion
+
+
+async def _kept_stream(
+    body: ChatCompletionRequest, writer: "_ChatWriter", group: RequestGroup
+) -> AsyncIterator[ChatCompletionChunk]:
+    """The call's chunks; once they have all gone out, the completion they add up to is stored."""
+    fold = ChunkFold()
+    async for chunk in writer.chunks(group):
+        fold.add(chunk)
+        yield chunk
+    _kept(writer.serving, body, fold.completion(writer.usage(group)))
 
 
 async def _beam_search(
@@ -553,7 +583,7 @@ class _ChatWriter:
         self, choices: list[ChatChunkChoice], usage=None, prompt_token_ids=msgspec.UNSET
     ) -> ChatCompletionChunk:
         if usage is None and self._counted is not None:
-            usage = self._usage(self._counted)
+            usage = self.usage(self._counted)
         return ChatCompletionChunk(
             self.id,
             self.created,
@@ -564,7 +594,7 @@ class _ChatWriter:
             service_tier=tier_served(self.body.service_tier),
         )
 
-    def _usage(self, group: RequestGroup):
+    def usage(self, group: RequestGroup):
         """The call's usage; with a reasoning parser, the tokens its choices spent reasoning."""
         reasoning_tokens = None
         if self.reasoning is not None:
@@ -613,7 +643,7 @@ class _ChatWriter:
                     token_ids_if(self.body.return_token_ids, completion.token_ids),
                 )
             )
-        usage = self._usage(group)
+        usage = self.usage(group)
         scored = None
         if self.body.prompt_logprobs is not None:  # the choices share their prompt
             scored = prompt_logprobs(self.names, ordered[0].prompt_logprobs)
@@ -666,7 +696,7 @@ class _ChatWriter:
             yield self._chunk([ChatChunkChoice(index, delta, logprobs, finish, ids)])
         options = self.body.stream_options
         if options is not None and options.include_usage:
-            yield self._chunk([], usage=self._usage(group))
+            yield self._chunk([], usage=self.usage(group))
 
     def _split_chunks(
         self, index: int, splitter: ChoiceSplitter, output: RequestOutput

@@ -11,6 +11,7 @@ from litestar.datastructures import State
 from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.background_responses import BackgroundResponses
+from spyglass.core.api.chat_store import ChatCompletionStore
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.response_store import ResponseStore
 from spyglass.core.api.server_options import ServerOptions
@@ -32,6 +33,8 @@ class ServingContext:
         self.tokenizer = async_engine.tokenizer
         self.responses = ResponseStore(options.responses_store_size)
         """The Responses API's kept responses (``previous_response_id``, ``GET /v1/responses/{id}``)."""
+        self.chat_completions = ChatCompletionStore(options.chat_completions_store_size)
+        """OpenAI's stored chat completions (``store: true``; ``GET /v1/chat/completions/{id}``)."""
         self.background = BackgroundResponses()
         """The Responses API's calls being answered in the background (``background: true``)."""
         self.model_name = options.served_model_name or model.model_name

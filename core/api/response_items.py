@@ -7,42 +7,16 @@ most ``limit`` (1 to 100) after the item ``after`` names, as OpenAI pages them. 
 URL is listed only when ``include`` asks for ``message.input_image.image_url``.
 """
 
-from dataclasses import dataclass
-
-from spyglass.core.api.errors import APIError
+from spyglass.core.api.cursor_pages import CursorPage, page_of
 from spyglass.core.api.responses_schemas import InputImage, InputItem, OutputText
 
 INCLUDE_IMAGE_URLS = "message.input_image.image_url"
 
 
-@dataclass(frozen=True, slots=True)
-class ItemPage:
-    """Which items of a list to return: ``order`` (``asc`` or ``desc``), at most ``limit`` of
-    them, after the item whose id is ``after`` (from the start when None)."""
-
-    order: str = "desc"
-    limit: int = 20
-    after: str | None = None
-    image_urls: bool = False
-
-
-def page_of_items(items: tuple[InputItem, ...], page: ItemPage) -> dict:
+def page_of_items(items: tuple[InputItem, ...], page: CursorPage, image_urls: bool) -> dict:
     """The Responses API's list object for one page of ``items`` (given oldest first)."""
-    ordered = list(items) if page.order == "asc" else list(reversed(items))
-    start = 0
-    if page.after is not None:
-        ids = [item.id for item in ordered]
-        if page.after not in ids:
-            raise APIError(400, f"no input item {page.after!r} in this response", "after")
-        start = ids.index(page.after) + 1
-    chosen = ordered[start : start + page.limit]
-    return {
-        "object": "list",
-        "data": [listed_item(item, page.image_urls) for item in chosen],
-        "first_id": chosen[0].id if chosen else None,
-        "last_id": chosen[-1].id if chosen else None,
-        "has_more": start + page.limit < len(ordered),
-    }
+    listed = lambda item: listed_item(item, image_urls)
+    return page_of(items, page, lambda item: item.id, listed, "input item {!r} in this response")
 
 
 def listed_item(item: InputItem, image_urls: bool = False) -> dict:

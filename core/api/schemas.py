@@ -152,7 +152,6 @@ ServiceTier = Literal["auto", "default", "flex", "priority"]
 UNSUPPORTED_CHAT = frozenset(
     {
         "mm_processor_kwargs",
-        "store",
         "modalities",
         "audio",
         "web_search_options",
@@ -398,9 +397,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     # OpenAI's predicted outputs: n-gram speculation drafts from it (`SamplingParams.prediction`).
     prediction: PredictedContent | None = None
     service_tier: ServiceTier | None = None  # flex and priority: queue priorities (`service_tiers`)
+    store: bool | None = None  # kept for GET /v1/chat/completions/{id} (`chat_store`)
     # Not implemented: only absent or neutral values pass (`UNSUPPORTED_CHAT`).
     mm_processor_kwargs: None = None  # the server's own: --mm-processor-kwargs
-    store: Literal[False] | None = None  # stored completions (GET /v1/chat/completions/{id})
     modalities: list[Literal["text"]] | None = None  # audio output
     audio: None = None
     web_search_options: None = None

@@ -28,6 +28,8 @@ class ServerOptions:
     none). ``response_id_tag`` (a `response_ids.safe_tag`), set on each replica behind the router,
     names the server in the ids of the responses it makes, so that the router sends what follows
     a response to the replica that keeps it; empty for a server of its own.
+    ``chat_completions_store_size`` is how many chat completions made with ``store: true`` the
+    server keeps for ``GET /v1/chat/completions`` (the oldest dropped first; 0 keeps none).
     """
 
     host: str = "127.0.0.1"
@@ -49,3 +51,4 @@ class ServerOptions:
     trust_request_chat_template: bool = False
     responses_store_size: int = 256
     response_id_tag: str = ""
+    chat_completions_store_size: int = 256

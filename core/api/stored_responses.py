@@ -11,8 +11,9 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, QueryParameter
 
 from spyglass.core.api.context import ServingContext
+from spyglass.core.api.cursor_pages import CursorPage
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.response_items import INCLUDE_IMAGE_URLS, ItemPage, page_of_items
+from spyglass.core.api.response_items import INCLUDE_IMAGE_URLS, page_of_items
 from spyglass.core.api.response_store import StoredResponse
 from spyglass.core.api.responses import last_event
 from spyglass.core.api.streaming import event_stream
@@ -87,8 +88,8 @@ async def list_input_items(
             "include",
             "unsupported_parameter",
         )
-    page = ItemPage(order, limit, after, image_urls=bool(include))
-    return page_of_items(_stored(serving, response_id).inputs, page)
+    page = CursorPage(order, limit, after)
+    return page_of_items(_stored(serving, response_id).inputs, page, bool(include))
 
 
 @post(

@@ -81,6 +81,7 @@ def run(args) -> int:
         reasoning_parser=args.reasoning_parser,
         max_queued_requests=max(args.max_concurrency, ServerOptions().max_queued_requests),
         responses_store_size=0,  # nothing continues a batch's responses
+        chat_completions_store_size=0,  # nor lists its chat completions
     )
     engine_config = engine_config_from_args(args, telemetry=telemetry)
     with collector_paused():

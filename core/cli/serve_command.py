@@ -68,6 +68,16 @@ def add_parser(subparsers, argv) -> None:
         "to the replica that keeps it)",
     )
     group.add_argument(
+        "--chat-completions-store-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep the last N chat completions made with store: true in memory, for GET "
+        f"/v1/chat/completions (default {defaults.chat_completions_store_size}; 0 keeps none, and "
+        "store: true is then a 400; none behind --replicas, where a list would show one "
+        "replica's)",
+    )
+    group.add_argument(
         "--shutdown-timeout",
         type=float,
         default=defaults.shutdown_timeout,
@@ -188,7 +198,16 @@ def server_options_from_args(args) -> ServerOptions:
         max_media_bytes=parse_bytes(args.max_media_bytes),
         trust_request_chat_template=args.trust_request_chat_template,
         responses_store_size=args.responses_store_size,
+        chat_completions_store_size=_chat_completions_store_size(args),
     )
+
+
+def _chat_completions_store_size(args) -> int:
+    """``--chat-completions-store-size``, or its default: none behind the replica router, where
+    each replica would keep its own and a list could show one replica's only."""
+    if args.chat_completions_store_size is not None:
+        return args.chat_completions_store_size
+    return 0 if args.replicas else ServerOptions().chat_completions_store_size
 
 
 def run(args) -> int:
@@ -200,6 +219,13 @@ def run(args) -> int:
         print(
             "spyglass serve: --engine-process and --replicas do not combine (each replica is a "
             "process of its own already)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.replicas and options.chat_completions_store_size:
+        print(
+            "spyglass serve: --chat-completions-store-size does not combine with --replicas (each "
+            "replica would keep its own, and a list could show one replica's only)",
             file=sys.stderr,
         )
         return 2

@@ -203,6 +203,21 @@ def test_a_continued_response_names_the_one_it_continues(
     assert third_span.attributes["spyglass.request.background"] is True
 
 
+def test_a_stored_chat_completion_says_so(use_settings, span_exporter, tiny_llama_dir):
+    use_settings(served_model_name="tiny")
+    config = EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1)
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi."}]}
+    with TestClient(create_app(config, ServerOptions(served_model_name="tiny"))) as client:
+        kept = client.post("/v1/chat/completions", json=body | {"store": True}).json()
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+    stored, plain = sorted(
+        by_name(span_exporter.get_finished_spans(), "chat tiny"), key=lambda s: s.start_time
+    )
+    assert stored.attributes["spyglass.request.stored"] is True
+    assert stored.attributes["gen_ai.response.id"] == kept["id"]  # what GET reads it back by
+    assert "spyglass.request.stored" not in plain.attributes
+
+
 def test_a_truncated_conversation_says_how_many_items_went(
     use_settings, span_exporter, tiny_llama_dir
 ):
