@@ -119,6 +119,27 @@ def tiny_llama_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_fim_dir(tmp_path_factory, tiny_llama_dir) -> Path:
+    """`tiny_llama_dir` with StarCoder's fill-in-the-middle tokens: the default tokenizer's unused
+    special tokens 8 to 10 (``<issue_start>`` ...) renamed ``<fim_prefix>``, ``<fim_suffix>`` and
+    ``<fim_middle>``, as a code model's vocabulary has them; the weights are the same files."""
+    path = tmp_path_factory.mktemp("tiny_fim")
+    renamed = ("tokenizer.json", "tokenizer_config.json")
+    for item in tiny_llama_dir.iterdir():
+        if item.name not in renamed:
+            (path / item.name).symlink_to(item)
+    for name in renamed:
+        text = (tiny_llama_dir / name).read_text()
+        for old, new in zip(FIM_RENAMED, ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")):
+            text = text.replace(json.dumps(old), json.dumps(new))
+        (path / name).write_text(text)
+    return path
+
+
+FIM_RENAMED = ("<issue_start>", "<issue_comment>", "<issue_closed>")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory, hf_gguf_tokenizer) -> Path:
     """A random 2-layer Qwen2ForCausalLM (q/k/v biases, tied embeddings, two eos ids), saved in several shards."""
     from transformers import Qwen2Config, Qwen2ForCausalLM

@@ -2,7 +2,8 @@
 
 ``best_of`` generates that many candidates per prompt (engine requests like ``n``'s) and returns
 the ``n`` whose tokens have the highest summed logprob, as OpenAI and vLLM do; streamed calls need
-``best_of == n``.
+``best_of == n``. ``suffix`` fills in the middle between the prompt and it, on a code model whose
+vocabulary has the tokens (`fill_in_middle`).
 """
 
 import dataclasses
@@ -34,7 +35,7 @@ from spyglass.core.api.generation import (
     output_kind,
     unless_disconnected,
 )
-from spyglass.core.api.prompts import count_prompts, parse_prompts
+from spyglass.core.api.prompts import count_prompts, encode_text, parse_prompts
 from spyglass.core.api.schemas import (
     INT64,
     CompletionChoice,
@@ -67,8 +68,11 @@ async def create_completion(
     max_tokens = data.max_tokens
     if max_tokens is None:
         max_tokens = serving.sampling_defaults.max_tokens or DEFAULT_MAX_TOKENS
+    _check_suffix(serving, data)
     beams = check_beam_search(data, max_tokens)
     if beams is not None:
+        if data.suffix:
+            raise APIError(400, "suffix does not combine with beam search", "suffix")
         return Response(
             await unless_disconnected(
                 request, _beam_search(serving, request, data, beams, lora_name)
@@ -86,13 +90,17 @@ async def create_completion(
     attributes = request_attributes(
         data, "text_completion", response_id, serving.model_name, request.headers
     )
+    if data.suffix:
+        attributes["fill_in_middle"] = True
     with serving.queue_slots(count_prompts(data.prompt) * best_of):
         prompts = await parse_prompts(
             serving,
             data.prompt,
             data.truncate_prompt_tokens is None,
-            add_special_tokens=data.add_special_tokens,
+            add_special_tokens=data.add_special_tokens and not data.suffix,
         )
+        if data.suffix:
+            prompts = await _filled_in(serving, data, prompts)
         group = RequestGroup(
             serving.async_engine,
             response_id,
@@ -152,6 +160,39 @@ async def _beam_search(
     usage = Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
     model = serving.response_model(data.model)
     return CompletionResponse(response_id, int(time.time()), model, choices, usage=usage)
+
+
+def _check_suffix(serving: ServingContext, body: CompletionRequest) -> None:
+    """A 400 for a ``suffix`` the model cannot fill in before, or that another field contradicts."""
+    if not body.suffix:
+        return
+    if serving.fim is None:
+        message = (
+            "suffix needs a model trained to fill in the middle: this model's vocabulary has no "
+            "fill-in-the-middle tokens (such as <fim_prefix> or <|fim_prefix|>)"
+        )
+        raise APIError(400, message, "suffix", "unsupported_parameter")
+    if body.echo:
+        raise APIError(400, "echo does not combine with suffix", "echo")
+    if body.truncate_prompt_tokens is not None:  # it would cut the prompt's markers
+        message = "truncate_prompt_tokens does not combine with suffix"
+        raise APIError(400, message, "truncate_prompt_tokens")
+
+
+async def _filled_in(
+    serving: ServingContext, body: CompletionRequest, prompts: list[tuple[list[int], str]]
+) -> list[tuple[list[int], str]]:
+    """Each prompt (its ids without BOS) as the model's fill-in-the-middle prompt before
+    ``suffix``, with BOS first where the model wants one (``add_special_tokens``)."""
+    after = await encode_text(serving, body.suffix, "suffix", add_special_tokens=False)
+    tokenizer = serving.tokenizer
+    wants_bos = body.add_special_tokens and tokenizer.add_bos_token
+    head = [tokenizer.bos_token_id] if wants_bos and tokenizer.bos_token_id is not None else []
+    filled = []
+    for before, _ in prompts:
+        token_ids = serving.fim.prompt(head, before, after)
+        filled.append((token_ids, tokenizer.decode(token_ids, skip_special_tokens=False)))
+    return filled
 
 
 def _best_of(body: CompletionRequest) -> int:

@@ -242,8 +242,9 @@ class CompletionRequest(SamplingFields, kw_only=True):
     prompt_logprobs: NumLogprobs | None = None
     # vLLM's: whether a text prompt is encoded with the tokenizer's special tokens (BOS).
     add_special_tokens: bool = True
+    # Fill in the middle: the text after the completion (a code model's; `fill_in_middle`).
+    suffix: str | None = None
     # Not implemented for completions: only absent or neutral values pass, else a 400.
-    suffix: Literal[""] | None = None
     tools: Annotated[list[Any], Meta(max_length=0)] | None = None
     tool_choice: Literal["none"] | None = None
     parallel_tool_calls: None = None
@@ -252,7 +253,6 @@ class CompletionRequest(SamplingFields, kw_only=True):
         "tools",
         "tool_choice",
         "parallel_tool_calls",
-        "suffix",
     }
 
 

@@ -104,6 +104,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "spyglass.request.previous_response_id": extra.get("previous_response_id"),
         "spyglass.request.background": extra.get("background"),
         "spyglass.request.stored": extra.get("stored"),
+        "spyglass.request.fill_in_middle": extra.get("fill_in_middle"),
         "openai.request.service_tier": extra.get("service_tier"),
         "spyglass.request.truncated_items": extra.get("truncated_items"),
         "spyglass.request.thinking_budget": extra.get("thinking_budget"),

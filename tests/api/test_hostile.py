@@ -169,7 +169,6 @@ def test_only_json_bodies_are_read(tiny_server):
         (CHAT, "function_call", "auto"),
         (COMPLETIONS, "tools", [{"type": "function", "function": {"name": "f"}}]),
         (COMPLETIONS, "tool_choice", "auto"),
-        (COMPLETIONS, "suffix", "end"),
         (CHAT, "logits_processors", ["my.module:Processor"]),
         (CHAT, "spaces_between_special_tokens", False),
     ],

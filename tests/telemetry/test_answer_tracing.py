@@ -218,6 +218,21 @@ def test_a_stored_chat_completion_says_so(use_settings, span_exporter, tiny_llam
     assert "spyglass.request.stored" not in plain.attributes
 
 
+def test_a_filled_in_middle_says_so(use_settings, span_exporter, tiny_fim_dir):
+    use_settings(served_model_name="tiny")
+    config = EngineConfig(model=str(tiny_fim_dir), kv_cache_memory=16 << 20, num_threads=1)
+    body = {"model": "tiny", "max_tokens": 2, "prompt": "def f():"}
+    with TestClient(create_app(config, ServerOptions(served_model_name="tiny"))) as client:
+        for extra in ({"suffix": "\n    return 1"}, {}):
+            assert client.post("/v1/completions", json=body | extra).status_code == 200
+    filled, plain = sorted(
+        by_name(span_exporter.get_finished_spans(), "text_completion tiny"),
+        key=lambda s: s.start_time,
+    )
+    assert filled.attributes["spyglass.request.fill_in_middle"] is True
+    assert "spyglass.request.fill_in_middle" not in plain.attributes
+
+
 def test_a_truncated_conversation_says_how_many_items_went(
     use_settings, span_exporter, tiny_llama_dir
 ):
