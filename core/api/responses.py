@@ -31,10 +31,10 @@ from spyglass.core.api.context import ServingContext
 from spyglass.core.api.convert import TokenNames, check_finished, given_or, request_attributes
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, output_kind, unless_disconnected
+from spyglass.core.api.kept_ids import RESPONSE, new_kept_id
 from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_items import reasoning_of
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
-from spyglass.core.api.response_ids import new_response_id
 from spyglass.core.api.response_output import OutputItems, PieceLogprobs
 from spyglass.core.api.response_store import ResponseStore, StoredResponse, with_ids
 from spyglass.core.api.response_truncation import fit_conversation
@@ -248,7 +248,7 @@ async def create_response(
         logprobs=(data.top_logprobs or 0) if wants_logprobs(data) else None,
         priority=tier_priority(data.service_tier, 0, serving.orders_by_priority),
     )
-    response_id = new_response_id(serving.options.response_id_tag)
+    response_id = new_kept_id(RESPONSE, serving.options.response_id_tag)
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
     if data.previous_response_id is not None:  # the turn before, on the trace
         attributes["previous_response_id"] = data.previous_response_id

@@ -25,7 +25,7 @@ class ServerOptions:
     of their own (vLLM's option; templates run sandboxed, but they are code).
     ``responses_store_size`` is how many Responses API responses the server keeps in memory for
     ``previous_response_id`` and ``GET /v1/responses/{id}`` (the oldest dropped first; 0 keeps
-    none). ``response_id_tag`` (a `response_ids.safe_tag`), set on each replica behind the router,
+    none). ``response_id_tag`` (a `kept_ids.safe_tag`), set on each replica behind the router,
     names the server in the ids of the responses it makes, so that the router sends what follows
     a response to the replica that keeps it; empty for a server of its own.
     ``chat_completions_store_size`` is how many chat completions made with ``store: true`` the

@@ -20,7 +20,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from spyglass.core.api.app import create_app
-from spyglass.core.api.response_ids import safe_tag
+from spyglass.core.api.kept_ids import safe_tag
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.replicas.forward import ForwardedRequest, IngressApp, call_app

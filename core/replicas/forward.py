@@ -17,7 +17,7 @@ from opentelemetry import context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from spyglass.core.api.errors import error_body
-from spyglass.core.replicas.kept_responses import response_keeper
+from spyglass.core.replicas.kept_affinity import kept_keeper
 from spyglass.core.replicas.prefix import routing_blocks
 from spyglass.telemetry.exposition import render_metrics
 from spyglass.telemetry.request_context import REQUEST_ID_HEADER, info_in
@@ -33,7 +33,7 @@ log = logging.getLogger("spyglass.replicas")
 class ForwardedRequest:
     """One HTTP request as the ingress received it, with what the router chooses its replica by:
     its prompt's prefix block names, and the tag of the replica that keeps the Responses API
-    response it continues or is about (`kept_responses`), if any."""
+    response it continues or is about (`kept_affinity`), if any."""
 
     method: str
     path: str
@@ -43,7 +43,7 @@ class ForwardedRequest:
     prefix_blocks: tuple[int, ...] = ()
     client: tuple[str, int] | None = None
     server: tuple[str, int] | None = None
-    response_keeper: str | None = None
+    keeper: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +181,7 @@ class IngressApp:
             blocks,
             tuple(scope["client"]) if scope.get("client") else None,
             tuple(scope["server"]) if scope.get("server") else None,
-            response_keeper(scope["method"], scope["path"], body),
+            kept_keeper(scope["method"], scope["path"], body),
         )
 
     async def _start(self, request: ForwardedRequest) -> tuple[AsyncIterator, ResponseStart]:

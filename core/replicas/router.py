@@ -26,10 +26,13 @@ import random
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from spyglass.core.api.response_ids import safe_tag
+from spyglass.core.api.kept_ids import safe_tag
 from spyglass.core.replicas.forward import ForwardedRequest
 from spyglass.core.replicas.prefix import PrefixTable
-from spyglass.telemetry.metrics import REPLICA_ROUTES
+
+# Ray pickles this module by value into the ingress: its counter is reached through the metrics
+# module (pickled by name), so the ingress's own registry counts the routes.
+from spyglass.telemetry import metrics
 
 
 def _forwarded(pending_request: PendingRequest | None) -> ForwardedRequest | None:
@@ -44,7 +47,7 @@ def _blocks(pending_request: PendingRequest | None) -> tuple[int, ...]:
 
 def _keeper(pending_request: PendingRequest | None) -> str | None:
     forwarded = _forwarded(pending_request)
-    return forwarded.response_keeper if forwarded is not None else None
+    return forwarded.keeper if forwarded is not None else None
 
 
 class PrefixAffinityRouter(RequestRouter):
@@ -95,7 +98,7 @@ class PrefixAffinityRouter(RequestRouter):
             reason = "prefix"
         else:
             reason = "load"
-        REPLICA_ROUTES.labels(reason).inc()
+        metrics.REPLICA_ROUTES.labels(reason).inc()
         if blocks:
             self.table.insert(blocks, replica_id.unique_id)
 

@@ -12,11 +12,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from uvicorn.lifespan.on import LifespanOn
 
 from spyglass.core.api.app import create_app
-from spyglass.core.api.response_ids import keeper_of, new_response_id, safe_tag
+from spyglass.core.api.kept_ids import RESPONSE, keeper_of, new_kept_id, safe_tag
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.replicas.forward import ForwardedRequest, IngressApp, ResponseStart, call_app
-from spyglass.core.replicas.kept_responses import response_keeper
+from spyglass.core.replicas.kept_affinity import kept_keeper
 from spyglass.core.replicas.prefix import (
     BLOCK_CHARS,
     PrefixTable,
@@ -211,25 +211,25 @@ def test_ingress_forwards_with_its_trace_context_and_answers_503_when_no_replica
 
 def test_response_ids_name_their_keeper_and_calls_about_them_name_it_back():
     tag = safe_tag("aB3xY9")
-    plain, tagged = new_response_id(), new_response_id(tag)
+    plain, tagged = new_kept_id(RESPONSE), new_kept_id(RESPONSE, tag)
     assert plain.startswith("resp_") and keeper_of(plain) is None
     assert tagged.startswith(f"resp_{tag}_") and keeper_of(tagged) == tag
     assert safe_tag("r-1") == b"r-1".hex()  # only letters and digits go in as they are
     for foreign in (None, 7, "", "resp_", "resp_x_", "resp__abc", "resp_a-b_c", "msg_a_b"):
         assert keeper_of(foreign) is None, foreign
     continued = json.dumps({"input": "and then?", "previous_response_id": tagged}).encode()
-    assert response_keeper("POST", "/v1/responses", continued) == tag
-    assert response_keeper("POST", "/v1/responses", b'{"input": "hi"}') is None
-    assert response_keeper("POST", "/v1/responses", b"not json") is None
+    assert kept_keeper("POST", "/v1/responses", continued) == tag
+    assert kept_keeper("POST", "/v1/responses", b'{"input": "hi"}') is None
+    assert kept_keeper("POST", "/v1/responses", b"not json") is None
     for method, path in (
         ("GET", f"/v1/responses/{tagged}"),
         ("GET", f"/v1/responses/{tagged}/input_items"),
         ("POST", f"/v1/responses/{tagged}/cancel"),
         ("DELETE", f"/v1/responses/{tagged}"),
     ):
-        assert response_keeper(method, path, b"") == tag, path
-    assert response_keeper("GET", f"/v1/responses/{plain}", b"") is None
-    assert response_keeper("POST", "/v1/chat/completions", continued) is None
+        assert kept_keeper(method, path, b"") == tag, path
+    assert kept_keeper("GET", f"/v1/responses/{plain}", b"") is None
+    assert kept_keeper("POST", "/v1/chat/completions", continued) is None
 
 
 def test_the_ingress_tells_the_router_which_replica_keeps_a_continued_response():
@@ -239,9 +239,9 @@ def test_the_ingress_tells_the_router_which_replica_keeps_a_continued_response()
         seen.append(request)
         yield ResponseStart(200)
 
-    tagged = new_response_id("k1")
+    tagged = new_kept_id(RESPONSE, "k1")
     with TestClient(IngressApp(open_stream, 1 << 20)) as client:
         client.post("/v1/responses", json={"input": "more", "previous_response_id": tagged})
         client.get(f"/v1/responses/{tagged}", params={"stream": "true"})
         client.post("/v1/responses", json={"input": "new"})
-    assert [request.response_keeper for request in seen] == ["k1", "k1", None]
+    assert [request.keeper for request in seen] == ["k1", "k1", None]

@@ -22,7 +22,7 @@ serve = pytest.importorskip("ray.serve")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
 from spyglass.core.api.app import create_app  # noqa: E402
-from spyglass.core.api.response_ids import safe_tag  # noqa: E402
+from spyglass.core.api.kept_ids import safe_tag  # noqa: E402
 from spyglass.core.api.server_options import ServerOptions  # noqa: E402
 from spyglass.core.engine.config import EngineConfig  # noqa: E402
 from spyglass.core.replicas.deployments import build_application  # noqa: E402
@@ -231,9 +231,9 @@ def test_router_sends_a_call_about_a_kept_response_to_its_keeper_alone():
     from ray.serve._private.common import DeploymentHandleSource, DeploymentID
     from ray.serve.request_router import PendingRequest, ReplicaID
 
-    from spyglass.core.api.response_ids import new_response_id
+    from spyglass.core.api.kept_ids import RESPONSE, new_kept_id
     from spyglass.core.replicas.forward import ForwardedRequest
-    from spyglass.core.replicas.kept_responses import response_keeper
+    from spyglass.core.replicas.kept_affinity import kept_keeper
     from spyglass.core.replicas.prefix import routing_blocks
     from spyglass.telemetry.metrics import REPLICA_ROUTES
 
@@ -247,7 +247,7 @@ def test_router_sends_a_call_about_a_kept_response_to_its_keeper_alone():
         )
         router.initialize_state(max_load_gap=2)
         replicas = [SimpleNamespace(replica_id=ReplicaID(f"r{i}", deployment)) for i in range(3)]
-        kept = new_response_id(safe_tag("r2"))
+        kept = new_kept_id(RESPONSE, safe_tag("r2"))
         body = json.dumps({"input": SYSTEM_PROMPTS[0], "previous_response_id": kept}).encode()
         continuation = ForwardedRequest(
             "POST",
@@ -256,7 +256,7 @@ def test_router_sends_a_call_about_a_kept_response_to_its_keeper_alone():
             [],
             body,
             routing_blocks(body),
-            response_keeper=response_keeper("POST", "/v1/responses", body),
+            keeper=kept_keeper("POST", "/v1/responses", body),
         )
         pending = PendingRequest(args=[continuation], kwargs={}, metadata=None)
         before = {reason: routed(reason) for reason in ("kept_response", "prefix", "load")}
