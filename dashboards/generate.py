@@ -206,15 +206,17 @@ def sections() -> list[tuple[str, list[dict]]]:
             m.TOOL_CALLS._documentation,
         ),
         panel(
-            "Responses and chat completions kept; responses running in the background",
+            "Responses, chat completions and conversations kept; responses in the background",
             "short",
             [
                 target(f"sum({series(m.RESPONSES_KEPT)})", "responses kept"),
                 target(f"sum({series(m.CHAT_COMPLETIONS_KEPT)})", "chat completions kept"),
+                target(f"sum({series(m.CONVERSATIONS_KEPT)})", "conversations kept"),
                 target(f"sum({series(m.RESPONSES_IN_BACKGROUND)})", "in background"),
             ],
             f"Responses kept: {m.RESPONSES_KEPT._documentation} "
             f"Chat completions kept: {m.CHAT_COMPLETIONS_KEPT._documentation} "
+            f"Conversations kept: {m.CONVERSATIONS_KEPT._documentation} "
             f"In background: {m.RESPONSES_IN_BACKGROUND._documentation}",
         ),
         panel(

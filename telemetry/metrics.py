@@ -533,6 +533,11 @@ CHAT_COMPLETIONS_KEPT = Gauge(
     "/v1/chat/completions (the last --chat-completions-store-size; each holds its messages and "
     "answer).",
 )
+CONVERSATIONS_KEPT = Gauge(
+    "spyglass:conversations_kept",
+    "Conversations (POST /v1/conversations) the server keeps in memory, each with its items, "
+    "for Responses API calls that continue them (the last --conversations-store-size used).",
+)
 RESPONSES_IN_BACKGROUND = Gauge(
     "spyglass:responses_in_background",
     "Responses API calls made with background: true whose answer is being generated now "
@@ -561,6 +566,7 @@ SERVER_METRICS = (
     TOOL_CALLS,
     RESPONSES_KEPT,
     CHAT_COMPLETIONS_KEPT,
+    CONVERSATIONS_KEPT,
     RESPONSES_IN_BACKGROUND,
     HTTP_REQUEST_DURATION,
     SERVER_CONFIG_INFO,

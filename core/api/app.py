@@ -17,6 +17,16 @@ from spyglass.core.api.chat import create_chat_completion
 from spyglass.core.api.classification import create_classification
 from spyglass.core.api.completions import create_completion
 from spyglass.core.api.context import ServingContext, api_key_guard, provide_serving
+from spyglass.core.api.conversations import (
+    create_conversation,
+    create_conversation_items,
+    delete_conversation,
+    delete_conversation_item,
+    list_conversation_items,
+    retrieve_conversation,
+    retrieve_conversation_item,
+    update_conversation,
+)
 from spyglass.core.api.embeddings import create_embedding
 from spyglass.core.api.engine_placement import load_engine
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
@@ -111,6 +121,14 @@ def create_app(
             list_input_items,
             cancel_response,
             delete_response,
+            create_conversation,
+            retrieve_conversation,
+            update_conversation,
+            delete_conversation,
+            create_conversation_items,
+            list_conversation_items,
+            retrieve_conversation_item,
+            delete_conversation_item,
             create_embedding,
             create_score,
             create_rerank,

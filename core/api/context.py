@@ -12,6 +12,7 @@ from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.background_responses import BackgroundResponses
 from spyglass.core.api.chat_store import ChatCompletionStore
+from spyglass.core.api.conversation_store import ConversationStore
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.fill_in_middle import fim_tokens
 from spyglass.core.api.response_store import ResponseStore
@@ -36,6 +37,8 @@ class ServingContext:
         """The Responses API's kept responses (``previous_response_id``, ``GET /v1/responses/{id}``)."""
         self.fim = fim_tokens(self.tokenizer)
         """The model's fill-in-the-middle tokens (completions' ``suffix``); None without them."""
+        self.conversations = ConversationStore(options.conversations_store_size)
+        """OpenAI's conversations (``POST /v1/conversations``; a Responses call's ``conversation``)."""
         self.chat_completions = ChatCompletionStore(options.chat_completions_store_size)
         """OpenAI's stored chat completions (``store: true``; ``GET /v1/chat/completions/{id}``)."""
         self.background = BackgroundResponses()

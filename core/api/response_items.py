@@ -8,9 +8,20 @@ URL is listed only when ``include`` asks for ``message.input_image.image_url``.
 """
 
 from spyglass.core.api.cursor_pages import CursorPage, page_of
+from spyglass.core.api.errors import APIError
 from spyglass.core.api.responses_schemas import InputImage, InputItem, OutputText
 
 INCLUDE_IMAGE_URLS = "message.input_image.image_url"
+
+
+def image_urls_included(include: list[str] | None) -> bool:
+    """Whether a list's image parts show their URL (``include``); a 400 naming ``include`` for
+    anything else it asks."""
+    unknown = sorted(set(include or ()) - {INCLUDE_IMAGE_URLS})
+    if unknown:
+        message = f"include {unknown[0]!r} is not supported here (only {INCLUDE_IMAGE_URLS!r})"
+        raise APIError(400, message, "include", "unsupported_parameter")
+    return bool(include)
 
 
 def page_of_items(items: tuple[InputItem, ...], page: CursorPage, image_urls: bool) -> dict:

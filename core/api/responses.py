@@ -20,7 +20,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
@@ -36,7 +36,12 @@ from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_items import reasoning_of
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
 from spyglass.core.api.response_output import OutputItems, PieceLogprobs
-from spyglass.core.api.response_store import ResponseStore, StoredResponse, with_ids
+from spyglass.core.api.response_store import (
+    ResponseStore,
+    StoredResponse,
+    output_items,
+    with_ids,
+)
 from spyglass.core.api.response_truncation import fit_conversation
 from spyglass.core.api.responses_schemas import (
     ENCRYPTED_REASONING_INCLUDE,
@@ -70,16 +75,37 @@ from spyglass.core.engine.sampling_params import SamplingParams, StructuredOutpu
 log = logging.getLogger("spyglass.api")
 
 
-def input_items(body: ResponsesRequest, serving: ServingContext) -> list[InputItem]:
-    """The call's input as items, each with an id, after the conversation of the response it
-    continues (``previous_response_id``: a 400 naming it when that response is not kept, or
-    still running in the background)."""
+def own_items(body: ResponsesRequest) -> list[InputItem]:
+    """The call's own input as items, each with an id."""
     items = body.input
     if isinstance(items, str):
         items = [InputItem(type="message", role="user", content=items)]
-    items = with_ids(list(items))
+    return with_ids(list(items))
+
+
+def conversation_id(body: ResponsesRequest) -> str | None:
+    """The id of the conversation the call continues (``conversation``, as an id or an object)."""
+    named = body.conversation
+    return named if isinstance(named, str) or named is None else named.id
+
+
+def history_items(body: ResponsesRequest, serving: ServingContext) -> list[InputItem]:
+    """The items the call continues: a conversation's (``conversation``: a 404 naming it when
+    the server does not keep it), or those of the response it continues
+    (``previous_response_id``: a 400 naming it when that response is not kept, or still running
+    in the background); the two do not combine."""
+    named = conversation_id(body)
+    if named is not None:
+        if body.previous_response_id is not None:
+            message = "conversation does not combine with previous_response_id"
+            raise APIError(400, message, "conversation")
+        conversation = serving.conversations.get(named)
+        if conversation is None:
+            message = f"no conversation {named!r} is kept here"
+            raise APIError(404, message, "conversation", "conversation_not_found")
+        return list(conversation.items)
     if body.previous_response_id is None:
-        return items
+        return []
     if serving.background.snapshot(body.previous_response_id) is not None:
         raise APIError(
             400,
@@ -102,7 +128,7 @@ def input_items(body: ResponsesRequest, serving: ServingContext) -> list[InputIt
             "previous_response_id",
             "previous_response_not_found",
         )
-    return [*previous.conversation, *items]
+    return list(previous.conversation)
 
 
 def stores(body: ResponsesRequest, store: ResponseStore) -> bool:
@@ -255,8 +281,11 @@ async def create_response(
     if data.background:
         attributes["background"] = True
     reasoning = reasoning_for(serving.reasoning_parser, params, use)
-    items = input_items(data, serving)
+    own = own_items(data)
+    items = [*history_items(data, serving), *own]
     kept = items if stores(data, serving.responses) else None
+    if conversation_id(data) is not None:  # the conversation's turns link up in the trace list
+        attributes["conversation_id"] = conversation_id(data)
     template = TemplateOptions(
         reasoning_effort=data.reasoning and data.reasoning.effort, effort_param="reasoning"
     )
@@ -282,7 +311,7 @@ async def create_response(
         ),
         reasoning=reasoning,
     )
-    writer = _ResponseWriter(serving, data, response_id, use, reasoning, kept)
+    writer = _ResponseWriter(serving, data, response_id, use, reasoning, kept, own)
     if data.background:
         run = serving.background.start(
             response_id, lambda record: writer.run_in_background(group, record), writer.so_far
@@ -325,10 +354,13 @@ class _ResponseWriter:
         use: ToolUse,
         reasoning: ReasoningParser | None,
         kept: list[InputItem] | None = None,
+        own: Sequence[InputItem] = (),
     ):
         self.serving = serving
         self.kept = kept
         """The conversation's input items, when the response is to be stored (None: it is not)."""
+        self.own = own
+        """The call's own input items: a conversation it continues gets them with its output."""
         self.model = serving.response_model(body.model)
         self.body = body
         self.id = response_id
@@ -396,6 +428,7 @@ class _ResponseWriter:
             "output": items,
             "parallel_tool_calls": self.use.parallel,
             "previous_response_id": body.previous_response_id,
+            "conversation": None if body.conversation is None else {"id": conversation_id(body)},
             "reasoning": None if body.reasoning is None else {"effort": body.reasoning.effort},
             "store": self.kept is not None,
             # The settings the call ran with (a left-out one: the model's default).
@@ -458,10 +491,15 @@ class _ResponseWriter:
         record(self._numbered({"type": last_event(response), "response": response}))
 
     def _finished(self, response: dict) -> dict:
-        """``response``, stored with its input items when the call asked to keep it."""
+        """``response``, stored with its input items when the call asked to keep it; a
+        conversation it continues gets its input and output items once it is answered."""
         if self.kept is not None:
             stored = StoredResponse(copy.deepcopy(response), tuple(self.kept))
             self.serving.responses.put(stored)
+        named = conversation_id(self.body)
+        conversation = None if named is None else self.serving.conversations.get(named)
+        if conversation is not None and response["status"] in ("completed", "incomplete"):
+            conversation.items.extend([*self.own, *output_items(response["output"])])
         return response
 
     def _numbered(self, event: dict) -> tuple[str, dict]:

@@ -146,6 +146,12 @@ class ResponsesStreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields
     include_obfuscation: Literal[False] = False
 
 
+class ConversationRef(msgspec.Struct, forbid_unknown_fields=True):
+    """``conversation: {"id": ...}``, the object form of a conversation's id."""
+
+    id: Annotated[str, Meta(max_length=256)]
+
+
 class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/responses``."""
 
@@ -164,6 +170,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     metadata: Metadata | None = None
     store: bool | None = None  # kept unless false, where the server keeps responses
     previous_response_id: Annotated[str, Meta(max_length=256)] | None = None
+    # A kept conversation the call continues, and which its input and output then join.
+    conversation: Annotated[str, Meta(max_length=256)] | ConversationRef | None = None
     background: bool | None = None  # answered in a task of its own, read back by GET
     # Honoured: the message's tokens' logprobs, reasoning as encrypted_content (others: a 400).
     include: Annotated[list[Includable], Meta(max_length=8)] | None = None
@@ -171,7 +179,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     service_tier: ServiceTier | None = None  # flex and priority: queue priorities (`service_tiers`)
     # Not honoured by this server: only absent or neutral values pass, else a 400 naming the field.
     reasoning: ReasoningSettings | None = None
-    conversation: None = None
     prompt: None = None
     truncation: Literal["disabled", "auto"] | None = None  # auto: drop the oldest turns to fit
     max_tool_calls: None = None
@@ -192,7 +199,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             "reasoning.summary",
             "reasoning.generate_summary",
             "include",
-            "conversation",
             "prompt",
             "max_tool_calls",
         }

@@ -30,6 +30,8 @@ class ServerOptions:
     a response to the replica that keeps it; empty for a server of its own.
     ``chat_completions_store_size`` is how many chat completions made with ``store: true`` the
     server keeps for ``GET /v1/chat/completions`` (the oldest dropped first; 0 keeps none).
+    ``conversations_store_size`` is how many conversations (``POST /v1/conversations``) it keeps
+    (the least recently used dropped first; 0 keeps none).
     """
 
     host: str = "127.0.0.1"
@@ -52,3 +54,4 @@ class ServerOptions:
     responses_store_size: int = 256
     response_id_tag: str = ""
     chat_completions_store_size: int = 256
+    conversations_store_size: int = 256

@@ -13,7 +13,7 @@ from litestar.params import FromPath, QueryParameter
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.cursor_pages import CursorPage
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.response_items import INCLUDE_IMAGE_URLS, page_of_items
+from spyglass.core.api.response_items import image_urls_included, page_of_items
 from spyglass.core.api.response_store import StoredResponse
 from spyglass.core.api.responses import last_event
 from spyglass.core.api.streaming import event_stream
@@ -80,16 +80,9 @@ async def list_input_items(
     include: Annotated[list[str] | None, QueryParameter(max_items=8)] = None,
 ) -> dict:
     """The items the response was given (the turns it continued, then its own input), paged."""
-    unknown = sorted(set(include or ()) - {INCLUDE_IMAGE_URLS})
-    if unknown:
-        raise APIError(
-            400,
-            f"include {unknown[0]!r} is not supported here (only {INCLUDE_IMAGE_URLS!r})",
-            "include",
-            "unsupported_parameter",
-        )
+    image_urls = image_urls_included(include)
     page = CursorPage(order, limit, after)
-    return page_of_items(_stored(serving, response_id).inputs, page, bool(include))
+    return page_of_items(_stored(serving, response_id).inputs, page, image_urls)
 
 
 @post(

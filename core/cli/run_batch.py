@@ -82,6 +82,7 @@ def run(args) -> int:
         max_queued_requests=max(args.max_concurrency, ServerOptions().max_queued_requests),
         responses_store_size=0,  # nothing continues a batch's responses
         chat_completions_store_size=0,  # nor lists its chat completions
+        conversations_store_size=0,  # nor continues conversations
     )
     engine_config = engine_config_from_args(args, telemetry=telemetry)
     with collector_paused():

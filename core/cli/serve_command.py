@@ -68,6 +68,16 @@ def add_parser(subparsers, argv) -> None:
         "to the replica that keeps it)",
     )
     group.add_argument(
+        "--conversations-store-size",
+        type=int,
+        default=defaults.conversations_store_size,
+        metavar="N",
+        help="keep the last N conversations used (POST /v1/conversations, a Responses call's "
+        f"conversation) in memory (default {defaults.conversations_store_size}; 0 keeps none; "
+        "behind --replicas, each replica keeps N of its own and the router sends every call about "
+        "one to the replica that keeps it)",
+    )
+    group.add_argument(
         "--chat-completions-store-size",
         type=int,
         default=None,
@@ -199,6 +209,7 @@ def server_options_from_args(args) -> ServerOptions:
         trust_request_chat_template=args.trust_request_chat_template,
         responses_store_size=args.responses_store_size,
         chat_completions_store_size=_chat_completions_store_size(args),
+        conversations_store_size=args.conversations_store_size,
     )
 
 

@@ -102,6 +102,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "spyglass.tenant": extra.get("tenant"),
         "spyglass.request.prompt_cache_key": extra.get("prompt_cache_key"),
         "spyglass.request.previous_response_id": extra.get("previous_response_id"),
+        "gen_ai.conversation.id": extra.get("conversation_id"),
         "spyglass.request.background": extra.get("background"),
         "spyglass.request.stored": extra.get("stored"),
         "spyglass.request.fill_in_middle": extra.get("fill_in_middle"),

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from uvicorn.lifespan.on import LifespanOn
 
 from spyglass.core.api.app import create_app
-from spyglass.core.api.kept_ids import RESPONSE, keeper_of, new_kept_id, safe_tag
+from spyglass.core.api.kept_ids import CONVERSATION, RESPONSE, keeper_of, new_kept_id, safe_tag
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.engine.config import EngineConfig
 from spyglass.core.replicas.forward import ForwardedRequest, IngressApp, ResponseStart, call_app
@@ -209,7 +209,7 @@ def test_ingress_forwards_with_its_trace_context_and_answers_503_when_no_replica
     assert metrics.status_code == 200 and 'route="/v1/completions"' in metrics.text
 
 
-def test_response_ids_name_their_keeper_and_calls_about_them_name_it_back():
+def test_kept_ids_name_their_keeper_and_calls_about_them_name_it_back():
     tag = safe_tag("aB3xY9")
     plain, tagged = new_kept_id(RESPONSE), new_kept_id(RESPONSE, tag)
     assert plain.startswith("resp_") and keeper_of(plain) is None
@@ -230,6 +230,19 @@ def test_response_ids_name_their_keeper_and_calls_about_them_name_it_back():
         assert kept_keeper(method, path, b"") == tag, path
     assert kept_keeper("GET", f"/v1/responses/{plain}", b"") is None
     assert kept_keeper("POST", "/v1/chat/completions", continued) is None
+    # Conversations: by their id in the path, or in a Responses call's body (a string or an object).
+    conversation = new_kept_id(CONVERSATION, tag)
+    assert conversation.startswith(f"conv_{tag}_") and keeper_of(conversation) == tag
+    for named in (conversation, {"id": conversation}):
+        body = json.dumps({"input": "more", "conversation": named}).encode()
+        assert kept_keeper("POST", "/v1/responses", body) == tag
+    for method, path in (
+        ("GET", f"/v1/conversations/{conversation}"),
+        ("POST", f"/v1/conversations/{conversation}/items"),
+        ("DELETE", f"/v1/conversations/{conversation}/items/msg_1"),
+    ):
+        assert kept_keeper(method, path, b"") == tag, path
+    assert kept_keeper("POST", "/v1/conversations", b"{}") is None  # a new one: any replica
 
 
 def test_the_ingress_tells_the_router_which_replica_keeps_a_continued_response():

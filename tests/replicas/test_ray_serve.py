@@ -364,7 +364,8 @@ def test_the_trace_continues_from_the_ingress_into_the_replica(cluster):
 def test_a_responses_conversation_stays_with_the_replica_that_keeps_it(cluster):
     """Each turn continues the last through the ingress: every call, and the stored-response
     routes, reach the one replica that keeps it (by chance, 4 turns on 2 replicas would all land
-    there one time in 16); the ingress counts them by that reason."""
+    there one time in 16); the ingress counts them by that reason. The same for a conversation's
+    turns."""
     openai = pytest.importorskip("openai")
 
     def kept_routes() -> float:
@@ -398,6 +399,15 @@ def test_a_responses_conversation_stays_with_the_replica_that_keeps_it(cluster):
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(last.id)
     assert kept_routes() - before >= 4 + 3  # the continuations, then retrieve, list, delete
+    # A conversation: kept by the replica that made it, which answers every call in it.
+    made = client.conversations.with_raw_response.create()
+    keeper, conversation = made.headers["x-spyglass-replica-id"], made.parse()
+    for turn in range(4):
+        raw = client.responses.with_raw_response.create(
+            input=f"Turn {turn}.", conversation=conversation.id, **greedy
+        )
+        assert raw.headers["x-spyglass-replica-id"] == keeper
+    assert len(client.conversations.items.list(conversation.id, limit=100).data) == 8
 
 
 def test_ingress_metrics_are_labelled_ingress(cluster):

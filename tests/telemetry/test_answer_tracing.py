@@ -189,13 +189,19 @@ def test_a_continued_response_names_the_one_it_continues(
         first = client.post("/v1/responses", json=body | {"input": "Hi."}).json()
         continued = {"input": "Again.", "previous_response_id": first["id"]}
         assert client.post("/v1/responses", json=body | continued).status_code == 200
+        conversation = client.post("/v1/conversations", json={}).json()["id"]
+        named = {"input": "Within.", "conversation": conversation}
+        assert client.post("/v1/responses", json=body | named).status_code == 200
         background = {"input": "Later.", "background": True}
         started = client.post("/v1/responses", json=body | background).json()
         while client.get(f"/v1/responses/{started['id']}").json()["status"] == "in_progress":
             time.sleep(0.05)
-    first_span, second_span, third_span = sorted(
+    first_span, second_span, in_conversation, third_span = sorted(
         by_name(span_exporter.get_finished_spans(), "chat tiny"), key=lambda s: s.start_time
     )
+    # A conversation's calls carry its id (GenAI's attribute): its turns link up in the trace list.
+    assert in_conversation.attributes["gen_ai.conversation.id"] == conversation
+    assert "gen_ai.conversation.id" not in second_span.attributes
     assert "spyglass.request.previous_response_id" not in first_span.attributes
     assert second_span.attributes["spyglass.request.previous_response_id"] == first["id"]
     # A background call's span says no client connection waited on it.

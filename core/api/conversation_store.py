@@ -1,0 +1,67 @@
+"""OpenAI's conversations: items kept by the server across Responses API calls.
+
+A conversation holds Responses input items, each with an id (messages, function calls and their
+outputs, reasoning); a Responses call that names it (``conversation``) is given its items before
+its own input, and once its answer is done its input and output items are added to it. Clients
+also add, read and delete items directly (`conversations`). Kept in the server's memory, the most
+recent ``capacity`` conversations (the least recently used is dropped first); how many are kept
+is ``spyglass:conversations_kept``.
+"""
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from spyglass.core.api.responses_schemas import InputItem
+from spyglass.telemetry import metrics
+
+
+@dataclass(slots=True)
+class Conversation:
+    """A kept conversation: its id, creation time, metadata and items, oldest first."""
+
+    id: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    items: list[InputItem] = field(default_factory=list)
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def card(self) -> dict:
+        """The conversation object the API returns."""
+        return {
+            "id": self.id,
+            "object": "conversation",
+            "created_at": self.created_at,
+            "metadata": self.metadata,
+        }
+
+    def item(self, item_id: str) -> InputItem | None:
+        """The item ``item_id``, if the conversation has it."""
+        return next((item for item in self.items if item.id == item_id), None)
+
+
+class ConversationStore:
+    """The last ``capacity`` conversations used, by id."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._conversations: OrderedDict[str, Conversation] = OrderedDict()
+
+    def put(self, conversation: Conversation) -> None:
+        """Keep ``conversation``, dropping the least recently used beyond the capacity."""
+        self._conversations[conversation.id] = conversation
+        while len(self._conversations) > self.capacity:
+            self._conversations.popitem(last=False)
+        metrics.CONVERSATIONS_KEPT.set(len(self._conversations))
+
+    def get(self, conversation_id: str) -> Conversation | None:
+        """The conversation ``conversation_id``, if it is still kept (now the most recently used)."""
+        conversation = self._conversations.get(conversation_id)
+        if conversation is not None:
+            self._conversations.move_to_end(conversation_id)
+        return conversation
+
+    def delete(self, conversation_id: str) -> bool:
+        """Drop the conversation ``conversation_id``; whether it was kept."""
+        kept = self._conversations.pop(conversation_id, None) is not None
+        metrics.CONVERSATIONS_KEPT.set(len(self._conversations))
+        return kept
