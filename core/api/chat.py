@@ -414,7 +414,8 @@ def _kept(
     messages."""
     if body.store:
         kept = msgspec.to_builtins(completion) | {"metadata": dict(body.metadata or {})}
-        serving.chat_completions.put(StoredChatCompletion(kept, tuple(body.messages)))
+        stored = StoredChatCompletion(kept, tuple(body.messages))
+        serving.chat_completions.put(stored.id, stored)
     return completion
 
 

@@ -8,13 +8,11 @@ the call's ``metadata``, and the messages it was sent. How many are kept is
 ``spyglass:chat_completions_kept``.
 """
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import msgspec
 
 from spyglass.core.api.schemas import ChatMessage, TextPart
-from spyglass.telemetry import metrics
 
 
 @dataclass(slots=True)
@@ -34,35 +32,6 @@ class StoredChatCompletion:
         kept = self.completion["metadata"]
         same_model = model is None or self.completion["model"] == model
         return same_model and all(kept.get(key) == value for key, value in metadata.items())
-
-
-class ChatCompletionStore:
-    """The last ``capacity`` stored chat completions, by id, oldest first."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._completions: OrderedDict[str, StoredChatCompletion] = OrderedDict()
-
-    def put(self, stored: StoredChatCompletion) -> None:
-        """Keep ``stored``, dropping the oldest beyond the capacity."""
-        self._completions[stored.id] = stored
-        while len(self._completions) > self.capacity:
-            self._completions.popitem(last=False)
-        metrics.CHAT_COMPLETIONS_KEPT.set(len(self._completions))
-
-    def get(self, completion_id: str) -> StoredChatCompletion | None:
-        """The stored completion ``completion_id``, if it is still kept."""
-        return self._completions.get(completion_id)
-
-    def delete(self, completion_id: str) -> bool:
-        """Drop the completion ``completion_id``; whether it was kept."""
-        kept = self._completions.pop(completion_id, None) is not None
-        metrics.CHAT_COMPLETIONS_KEPT.set(len(self._completions))
-        return kept
-
-    def matching(self, model: str | None, metadata: dict[str, str]) -> list[StoredChatCompletion]:
-        """The kept completions `StoredChatCompletion.matches` takes, oldest first."""
-        return [c for c in self._completions.values() if c.matches(model, metadata)]
 
 
 def listed_message(completion_id: str, index: int, message: ChatMessage) -> dict:

@@ -11,16 +11,18 @@ from litestar.datastructures import State
 from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.background_responses import BackgroundResponses
-from spyglass.core.api.chat_store import ChatCompletionStore
-from spyglass.core.api.conversation_store import ConversationStore
+from spyglass.core.api.chat_store import StoredChatCompletion
+from spyglass.core.api.conversation_store import Conversation
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.fill_in_middle import fim_tokens
-from spyglass.core.api.response_store import ResponseStore
+from spyglass.core.api.kept_store import KeptStore
+from spyglass.core.api.response_store import StoredResponse
 from spyglass.core.api.server_options import ServerOptions
 from spyglass.core.api.tools import ToolFormat
 from spyglass.core.engine.engine_client import EngineClient
 from spyglass.core.engine.lora_info import LoRAInfo
 from spyglass.core.engine.snapshot import EngineSnapshot
+from spyglass.telemetry import metrics
 
 
 class ServingContext:
@@ -33,13 +35,19 @@ class ServingContext:
         self.async_engine = async_engine
         self.options = options
         self.tokenizer = async_engine.tokenizer
-        self.responses = ResponseStore(options.responses_store_size)
+        self.responses: KeptStore[StoredResponse] = KeptStore(
+            options.responses_store_size, metrics.RESPONSES_KEPT
+        )
         """The Responses API's kept responses (``previous_response_id``, ``GET /v1/responses/{id}``)."""
         self.fim = fim_tokens(self.tokenizer)
         """The model's fill-in-the-middle tokens (completions' ``suffix``); None without them."""
-        self.conversations = ConversationStore(options.conversations_store_size)
+        self.conversations: KeptStore[Conversation] = KeptStore(
+            options.conversations_store_size, metrics.CONVERSATIONS_KEPT, touch=True
+        )
         """OpenAI's conversations (``POST /v1/conversations``; a Responses call's ``conversation``)."""
-        self.chat_completions = ChatCompletionStore(options.chat_completions_store_size)
+        self.chat_completions: KeptStore[StoredChatCompletion] = KeptStore(
+            options.chat_completions_store_size, metrics.CHAT_COMPLETIONS_KEPT
+        )
         """OpenAI's stored chat completions (``store: true``; ``GET /v1/chat/completions/{id}``)."""
         self.background = BackgroundResponses()
         """The Responses API's calls being answered in the background (``background: true``)."""

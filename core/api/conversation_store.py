@@ -9,11 +9,9 @@ is ``spyglass:conversations_kept``.
 """
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from spyglass.core.api.responses_schemas import InputItem
-from spyglass.telemetry import metrics
 
 
 @dataclass(slots=True)
@@ -37,31 +35,3 @@ class Conversation:
     def item(self, item_id: str) -> InputItem | None:
         """The item ``item_id``, if the conversation has it."""
         return next((item for item in self.items if item.id == item_id), None)
-
-
-class ConversationStore:
-    """The last ``capacity`` conversations used, by id."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._conversations: OrderedDict[str, Conversation] = OrderedDict()
-
-    def put(self, conversation: Conversation) -> None:
-        """Keep ``conversation``, dropping the least recently used beyond the capacity."""
-        self._conversations[conversation.id] = conversation
-        while len(self._conversations) > self.capacity:
-            self._conversations.popitem(last=False)
-        metrics.CONVERSATIONS_KEPT.set(len(self._conversations))
-
-    def get(self, conversation_id: str) -> Conversation | None:
-        """The conversation ``conversation_id``, if it is still kept (now the most recently used)."""
-        conversation = self._conversations.get(conversation_id)
-        if conversation is not None:
-            self._conversations.move_to_end(conversation_id)
-        return conversation
-
-    def delete(self, conversation_id: str) -> bool:
-        """Drop the conversation ``conversation_id``; whether it was kept."""
-        kept = self._conversations.pop(conversation_id, None) is not None
-        metrics.CONVERSATIONS_KEPT.set(len(self._conversations))
-        return kept

@@ -69,7 +69,7 @@ async def create_conversation(
         dict(data.metadata or {}),
         with_ids(list(data.items or ())),
     )
-    store.put(conversation)
+    store.put(conversation.id, conversation)
     return conversation.card()
 
 

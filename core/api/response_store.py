@@ -13,13 +13,11 @@ gives its own, as OpenAI's do. How many are kept is
 """
 
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import msgspec
 
 from spyglass.core.api.responses_schemas import InputItem, ReasoningText
-from spyglass.telemetry import metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,31 +31,6 @@ class StoredResponse:
     def conversation(self) -> tuple[InputItem, ...]:
         """What a continuation of it sends before its own input: its inputs, then its output."""
         return (*self.inputs, *output_items(self.response["output"]))
-
-
-class ResponseStore:
-    """The last ``capacity`` stored responses, by id."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._responses: OrderedDict[str, StoredResponse] = OrderedDict()
-
-    def put(self, stored: StoredResponse) -> None:
-        """Keep ``stored``, dropping the oldest beyond the capacity."""
-        self._responses[stored.response["id"]] = stored
-        while len(self._responses) > self.capacity:
-            self._responses.popitem(last=False)
-        metrics.RESPONSES_KEPT.set(len(self._responses))
-
-    def get(self, response_id: str) -> StoredResponse | None:
-        """The stored response ``response_id``, if it is still kept."""
-        return self._responses.get(response_id)
-
-    def delete(self, response_id: str) -> bool:
-        """Drop the response ``response_id``; whether it was kept."""
-        kept = self._responses.pop(response_id, None) is not None
-        metrics.RESPONSES_KEPT.set(len(self._responses))
-        return kept
 
 
 # The prefix of a generated item id, by item type (as OpenAI's ids begin).

@@ -32,12 +32,12 @@ from spyglass.core.api.convert import TokenNames, check_finished, given_or, requ
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, output_kind, unless_disconnected
 from spyglass.core.api.kept_ids import RESPONSE, new_kept_id
+from spyglass.core.api.kept_store import KeptStore
 from spyglass.core.api.prompts import encode_text
 from spyglass.core.api.reasoning_items import reasoning_of
 from spyglass.core.api.reasoning_output import ChoiceSplitter, reasoning_for
 from spyglass.core.api.response_output import OutputItems, PieceLogprobs
 from spyglass.core.api.response_store import (
-    ResponseStore,
     StoredResponse,
     output_items,
     with_ids,
@@ -131,7 +131,7 @@ def history_items(body: ResponsesRequest, serving: ServingContext) -> list[Input
     return list(previous.conversation)
 
 
-def stores(body: ResponsesRequest, store: ResponseStore) -> bool:
+def stores(body: ResponsesRequest, store: KeptStore) -> bool:
     """Whether the call's response is kept: ``store`` (true when left out, as OpenAI's default)
     where the server keeps responses; ``store: true`` is a 400 where it keeps none, as is
     ``background`` with a response that is not kept."""
@@ -495,7 +495,7 @@ class _ResponseWriter:
         conversation it continues gets its input and output items once it is answered."""
         if self.kept is not None:
             stored = StoredResponse(copy.deepcopy(response), tuple(self.kept))
-            self.serving.responses.put(stored)
+            self.serving.responses.put(response["id"], stored)
         named = conversation_id(self.body)
         conversation = None if named is None else self.serving.conversations.get(named)
         if conversation is not None and response["status"] in ("completed", "incomplete"):

@@ -44,7 +44,7 @@ async def list_chat_completions(
         for key, value in request.query_params.items()
         if key.startswith("metadata[") and key.endswith("]")
     }
-    kept = serving.chat_completions.matching(model, metadata)
+    kept = [c for c in serving.chat_completions.entries() if c.matches(model, metadata)]
     page = CursorPage(order, limit, after)
     where = "stored chat completion {!r} among those listed"
     return page_of(kept, page, lambda stored: stored.id, lambda stored: stored.completion, where)

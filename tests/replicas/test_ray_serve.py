@@ -179,24 +179,32 @@ def single_engine_hit_rate(model_dir) -> float:
     return hits / queries
 
 
-def test_router_prefers_the_prefix_holder_unless_its_queue_is_too_long():
-    """The router alone, with stand-in replicas: affinity, the load fallback, and a dead replica forgotten."""
-    import asyncio
+def _stand_in_router():
+    """A `PrefixAffinityRouter` (``max_load_gap`` 2) outside Ray Serve, and three stand-in replicas."""
     from types import SimpleNamespace
 
     from ray.serve._private.common import DeploymentHandleSource, DeploymentID
-    from ray.serve.request_router import PendingRequest, ReplicaID
+    from ray.serve.request_router import ReplicaID
+
+    deployment = DeploymentID("EngineReplica", APP)
+    router = PrefixAffinityRouter(
+        deployment, DeploymentHandleSource.UNKNOWN, use_replica_queue_len_cache=True
+    )
+    router.initialize_state(max_load_gap=2)
+    return router, [SimpleNamespace(replica_id=ReplicaID(f"r{i}", deployment)) for i in range(3)]
+
+
+def test_router_prefers_the_prefix_holder_unless_its_queue_is_too_long():
+    """The router alone, with stand-in replicas: affinity, the load fallback, and a dead replica forgotten."""
+    import asyncio
+
+    from ray.serve.request_router import PendingRequest
 
     from spyglass.core.replicas.forward import ForwardedRequest
     from spyglass.core.replicas.prefix import routing_blocks
 
     async def scenario():
-        deployment = DeploymentID("EngineReplica", APP)
-        router = PrefixAffinityRouter(
-            deployment, DeploymentHandleSource.UNKNOWN, use_replica_queue_len_cache=True
-        )
-        router.initialize_state(max_load_gap=2)
-        replicas = [SimpleNamespace(replica_id=ReplicaID(f"r{i}", deployment)) for i in range(3)]
+        router, replicas = _stand_in_router()
         body = json.dumps(_requests()[0]).encode()
         request = ForwardedRequest(
             "POST", "/v1/chat/completions", b"", [], body, routing_blocks(body)
@@ -226,10 +234,8 @@ def test_router_sends_a_call_about_a_kept_response_to_its_keeper_alone():
     """Stand-in replicas: the keeper wins over the prefix holder and however long its queue; a
     dead keeper's calls go by the usual policy; each routed request is counted by its reason."""
     import asyncio
-    from types import SimpleNamespace
 
-    from ray.serve._private.common import DeploymentHandleSource, DeploymentID
-    from ray.serve.request_router import PendingRequest, ReplicaID
+    from ray.serve.request_router import PendingRequest
 
     from spyglass.core.api.kept_ids import RESPONSE, new_kept_id
     from spyglass.core.replicas.forward import ForwardedRequest
@@ -241,12 +247,7 @@ def test_router_sends_a_call_about_a_kept_response_to_its_keeper_alone():
         return REPLICA_ROUTES.labels(reason)._value.get()
 
     async def scenario():
-        deployment = DeploymentID("EngineReplica", APP)
-        router = PrefixAffinityRouter(
-            deployment, DeploymentHandleSource.UNKNOWN, use_replica_queue_len_cache=True
-        )
-        router.initialize_state(max_load_gap=2)
-        replicas = [SimpleNamespace(replica_id=ReplicaID(f"r{i}", deployment)) for i in range(3)]
+        router, replicas = _stand_in_router()
         kept = new_kept_id(RESPONSE, safe_tag("r2"))
         body = json.dumps({"input": SYSTEM_PROMPTS[0], "previous_response_id": kept}).encode()
         continuation = ForwardedRequest(

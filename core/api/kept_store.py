@@ -1,0 +1,45 @@
+"""What the server keeps in memory for later calls, by id: the most recent ``capacity`` entries,
+the oldest dropped first, and a gauge that says how many are kept."""
+
+from collections import OrderedDict
+from typing import Generic, TypeVar
+
+from prometheus_client import Gauge
+
+Entry = TypeVar("Entry")
+
+
+class KeptStore(Generic[Entry]):
+    """The last ``capacity`` entries put (or, with ``touch``, read), by id; ``gauge`` counts them."""
+
+    def __init__(self, capacity: int, gauge: Gauge, touch: bool = False):
+        self.capacity = capacity
+        self.gauge = gauge
+        self.touch = touch
+        """Whether a read makes an entry the most recent (kept the longest)."""
+        self._entries: OrderedDict[str, Entry] = OrderedDict()
+
+    def put(self, entry_id: str, entry: Entry) -> None:
+        """Keep ``entry``, dropping the oldest beyond the capacity."""
+        self._entries[entry_id] = entry
+        self._entries.move_to_end(entry_id)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        self.gauge.set(len(self._entries))
+
+    def get(self, entry_id: str) -> Entry | None:
+        """The entry ``entry_id``, if it is still kept."""
+        entry = self._entries.get(entry_id)
+        if entry is not None and self.touch:
+            self._entries.move_to_end(entry_id)
+        return entry
+
+    def delete(self, entry_id: str) -> bool:
+        """Drop the entry ``entry_id``; whether it was kept."""
+        kept = self._entries.pop(entry_id, None) is not None
+        self.gauge.set(len(self._entries))
+        return kept
+
+    def entries(self) -> list[Entry]:
+        """Every kept entry, oldest first."""
+        return list(self._entries.values())
