@@ -365,7 +365,7 @@ async def create_chat_completion(
     if data.store:
         if not serving.chat_completions.capacity:
             message = "this server keeps no chat completions (--chat-completions-store-size 0)"
-            raise APIError(400, message, "store")
+            raise APIError(400, message, "store", "unsupported_parameter")
         attributes["stored"] = True
     template = TemplateOptions.of(data, serving.options)
     # Without max_tokens the beams may grow to the context (the search stops there).

@@ -278,14 +278,14 @@ async def create_response(
     attributes = request_attributes(data, "chat", response_id, serving.model_name, request.headers)
     if data.previous_response_id is not None:  # the turn before, on the trace
         attributes["previous_response_id"] = data.previous_response_id
+    if conversation_id(data) is not None:  # the conversation's turns link up in the trace list
+        attributes["conversation_id"] = conversation_id(data)
     if data.background:
         attributes["background"] = True
     reasoning = reasoning_for(serving.reasoning_parser, params, use)
     own = own_items(data)
     items = [*history_items(data, serving), *own]
     kept = items if stores(data, serving.responses) else None
-    if conversation_id(data) is not None:  # the conversation's turns link up in the trace list
-        attributes["conversation_id"] = conversation_id(data)
     template = TemplateOptions(
         reasoning_effort=data.reasoning and data.reasoning.effort, effort_param="reasoning"
     )
