@@ -138,8 +138,9 @@ def test_the_oldest_go_first_and_a_server_may_keep_none(tiny_llama_dir, server_f
     assert error.value.body["param"] == "store"
 
 
-def test_each_replica_keeps_its_own_responses():
-    # The router sends what follows a response to the replica that keeps it (tests/replicas).
+def test_each_replica_keeps_its_own_responses_and_conversations():
+    # The router sends what follows a response or a conversation to the replica that keeps it
+    # (tests/replicas).
     for flags, kept in (
         (["--replicas", "2"], 256),
         (["--replicas", "2", "--responses-store-size", "8"], 8),
@@ -148,6 +149,7 @@ def test_each_replica_keeps_its_own_responses():
         argv = ["serve", *flags]
         options = server_options_from_args(build_parser(argv).parse_args(argv))
         assert (options.responses_store_size, options.response_id_tag) == (kept, "")
+        assert options.conversations_store_size == 256
 
 
 def test_input_items_list_the_conversation_a_response_was_given(tiny_client):
