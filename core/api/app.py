@@ -33,6 +33,7 @@ from spyglass.core.api.errors import EXCEPTION_HANDLERS
 from spyglass.core.api.lora_routes import load_lora_adapter, unload_lora_adapter
 from spyglass.core.api.messages import count_message_tokens, create_message
 from spyglass.core.api.openapi_structs import ClosedStructSchemaPlugin
+from spyglass.core.api.response_input_tokens import count_input_tokens
 from spyglass.core.api.responses import create_response
 from spyglass.core.api.routes import ROUTES
 from spyglass.core.api.scoring import create_rerank, create_score
@@ -117,6 +118,7 @@ def create_app(
             update_chat_completion,
             delete_chat_completion,
             create_response,
+            count_input_tokens,
             retrieve_response,
             list_input_items,
             cancel_response,

@@ -286,11 +286,9 @@ async def create_response(
     own = own_items(data)
     items = [*history_items(data, serving), *own]
     kept = items if stores(data, serving.responses) else None
-    template = TemplateOptions(
-        reasoning_effort=data.reasoning and data.reasoning.effort, effort_param="reasoning"
-    )
+    template = response_template(data)
     if data.truncation == "auto":
-        items, dropped = await _fitted(serving, data, items, use, template)
+        items, dropped = await fitted_items(serving, data, items, use, template)
         if dropped:  # what the model did not see, on the trace
             attributes["truncated_items"] = dropped
     group = await start_chat(
@@ -324,7 +322,13 @@ async def create_response(
     return Response(await unless_disconnected(request, writer.collect(group)))
 
 
-async def _fitted(
+def response_template(body: ResponsesRequest) -> TemplateOptions:
+    """How the call's conversation is rendered: its ``reasoning.effort`` for templates that read it."""
+    effort = body.reasoning and body.reasoning.effort
+    return TemplateOptions(reasoning_effort=effort, effort_param="reasoning")
+
+
+async def fitted_items(
     serving: ServingContext,
     body: ResponsesRequest,
     items: list[InputItem],

@@ -85,6 +85,10 @@ def test_a_conversation_over_the_context_loses_its_oldest_turns(short_client):
         input="Once more?", previous_response_id=cut.id, truncation="auto", **GREEDY
     )
     assert follow.usage.input_tokens + GREEDY["max_output_tokens"] <= CONTEXT
+    # Counted without running: the whole conversation, over the context, and what auto keeps.
+    count = lambda **fields: short_client.responses.input_tokens.count(model="tiny", **fields)
+    assert count(input=turns).input_tokens > CONTEXT
+    assert count(input=turns, truncation="auto").input_tokens == cut.usage.input_tokens
 
 
 def _fits(client, turns) -> bool:

@@ -219,6 +219,7 @@ def test_kept_ids_name_their_keeper_and_calls_about_them_name_it_back():
         assert keeper_of(foreign) is None, foreign
     continued = json.dumps({"input": "and then?", "previous_response_id": tagged}).encode()
     assert kept_keeper("POST", "/v1/responses", continued) == tag
+    assert kept_keeper("POST", "/v1/responses/input_tokens", continued) == tag  # its count
     assert kept_keeper("POST", "/v1/responses", b'{"input": "hi"}') is None
     assert kept_keeper("POST", "/v1/responses", b"not json") is None
     for method, path in (
