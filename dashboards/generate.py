@@ -206,17 +206,21 @@ def sections() -> list[tuple[str, list[dict]]]:
             m.TOOL_CALLS._documentation,
         ),
         panel(
-            "Responses, chat completions and conversations kept; responses in the background",
+            "Kept state (responses, chat completions, conversations, files), and work in the background",
             "short",
             [
                 target(f"sum({series(m.RESPONSES_KEPT)})", "responses kept"),
                 target(f"sum({series(m.CHAT_COMPLETIONS_KEPT)})", "chat completions kept"),
                 target(f"sum({series(m.CONVERSATIONS_KEPT)})", "conversations kept"),
+                target(f"sum({series(m.FILES_KEPT)})", "files kept"),
+                target(f"sum({series(m.BATCHES_RUNNING)})", "batches running"),
                 target(f"sum({series(m.RESPONSES_IN_BACKGROUND)})", "in background"),
             ],
             f"Responses kept: {m.RESPONSES_KEPT._documentation} "
             f"Chat completions kept: {m.CHAT_COMPLETIONS_KEPT._documentation} "
             f"Conversations kept: {m.CONVERSATIONS_KEPT._documentation} "
+            f"Files kept: {m.FILES_KEPT._documentation} "
+            f"Batches running: {m.BATCHES_RUNNING._documentation} "
             f"In background: {m.RESPONSES_IN_BACKGROUND._documentation}",
         ),
         panel(

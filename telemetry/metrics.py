@@ -538,6 +538,16 @@ CONVERSATIONS_KEPT = Gauge(
     "Conversations (POST /v1/conversations) the server keeps in memory, each with its items, "
     "for Responses API calls that continue them (the last --conversations-store-size used).",
 )
+FILES_KEPT = Gauge(
+    "spyglass:files_kept",
+    "Files the server keeps in memory for OpenAI's batches: uploaded batch inputs, and the output "
+    "and error files batches wrote (the last --batches-store-size).",
+)
+BATCHES_RUNNING = Gauge(
+    "spyglass:batches_running",
+    "OpenAI batches (POST /v1/batches) whose lines are being answered now; each sends at most 64 "
+    "calls at once through the API, and its calls' spans carry spyglass.request.batch_id.",
+)
 RESPONSES_IN_BACKGROUND = Gauge(
     "spyglass:responses_in_background",
     "Responses API calls made with background: true whose answer is being generated now "
@@ -567,6 +577,8 @@ SERVER_METRICS = (
     RESPONSES_KEPT,
     CHAT_COMPLETIONS_KEPT,
     CONVERSATIONS_KEPT,
+    FILES_KEPT,
+    BATCHES_RUNNING,
     RESPONSES_IN_BACKGROUND,
     HTTP_REQUEST_DURATION,
     SERVER_CONFIG_INFO,

@@ -13,6 +13,13 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
 import spyglass
+from spyglass.core.api.batches import (
+    cancel_batch,
+    close_batches,
+    create_batch,
+    list_batches,
+    retrieve_batch,
+)
 from spyglass.core.api.chat import create_chat_completion
 from spyglass.core.api.classification import create_classification
 from spyglass.core.api.completions import create_completion
@@ -30,6 +37,13 @@ from spyglass.core.api.conversations import (
 from spyglass.core.api.embeddings import create_embedding
 from spyglass.core.api.engine_placement import load_engine
 from spyglass.core.api.errors import EXCEPTION_HANDLERS
+from spyglass.core.api.files import (
+    create_file,
+    delete_file,
+    list_files,
+    retrieve_file,
+    retrieve_file_content,
+)
 from spyglass.core.api.lora_routes import load_lora_adapter, unload_lora_adapter
 from spyglass.core.api.messages import count_message_tokens, create_message
 from spyglass.core.api.openapi_structs import ClosedStructSchemaPlugin
@@ -104,6 +118,7 @@ def create_app(
         try:
             yield
         finally:
+            await close_batches(app.state.serving)  # a batch may run for hours: it stops now
             await asyncio.to_thread(async_engine.stop, options.shutdown_timeout)
             await app.state.serving.background.close()  # what the engine could not finish
             log.info("engine stopped")
@@ -123,6 +138,15 @@ def create_app(
             list_input_items,
             cancel_response,
             delete_response,
+            create_file,
+            list_files,
+            retrieve_file,
+            retrieve_file_content,
+            delete_file,
+            create_batch,
+            list_batches,
+            retrieve_batch,
+            cancel_batch,
             create_conversation,
             retrieve_conversation,
             update_conversation,

@@ -72,6 +72,54 @@ def read_line(text: str) -> BatchLine:
     return BatchLine(custom_id, url, body)
 
 
+def outcome(result: dict) -> str:
+    """How an output line went: ``succeeded`` (a 2xx), ``failed`` (an error status) or
+    ``not_sent``."""
+    status = result["response"] and result["response"]["status_code"]
+    return "not_sent" if status is None else "failed" if status >= 400 else "succeeded"
+
+
+@asynccontextmanager
+async def in_process_client(
+    app: Litestar, headers: dict[str, str] | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client that calls ``app`` (already started) in this process, through the same
+    telemetry as a served call (its spans and metrics), sending ``headers`` with every call."""
+    transport = httpx.ASGITransport(app=TelemetryMiddleware(app, access_log=False))
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://spyglass-batch", timeout=None, headers=headers
+    ) as client:
+        yield client
+
+
+async def answer_lines(
+    client: httpx.AsyncClient,
+    lines: Iterable[str],
+    max_concurrency: int,
+    on_result: Callable[[dict], None],
+    read: Callable[[str], BatchLine] = read_line,
+) -> None:
+    """Answer every non-blank line of ``lines`` (each ``read`` as it is needed) through
+    ``client``, at most ``max_concurrency`` at once; ``on_result(output line)`` in the input's
+    order, each as soon as the lines before it are done."""
+    numbered = enumerate(text for text in lines if text.strip())
+    done: dict[int, dict] = {}  # answered, waiting for the lines before them
+    released = 0
+
+    def release_ready() -> None:
+        nonlocal released
+        while released in done:
+            on_result(done.pop(released))
+            released += 1
+
+    async def worker() -> None:
+        for index, text in numbered:  # shared: each worker takes the next line
+            done[index] = await _answered(client, read(text))
+            release_ready()
+
+    await asyncio.gather(*(worker() for _ in range(max_concurrency)))
+
+
 async def run_batch(
     app: Litestar,
     lines: Iterable[str],
@@ -83,36 +131,16 @@ async def run_batch(
     """Answer every non-blank line of ``lines`` (read as they are needed) through ``app``
     (started and stopped here) and write the output lines to ``out``; ``on_done(count)`` after
     each line is written; ``listen``: also serve the app on that host and port meanwhile."""
-    numbered = enumerate(text for text in lines if text.strip())
-    done: dict[int, dict] = {}  # answered, waiting for the lines before them
     counts = {"succeeded": 0, "failed": 0, "not_sent": 0}
-    written = 0
 
-    def write_ready() -> None:
-        nonlocal written
-        while written in done:
-            result = done.pop(written)
-            out.write(json.dumps(result) + "\n")
-            written += 1
-            status = result["response"] and result["response"]["status_code"]
-            counts[
-                "not_sent" if status is None else "failed" if status >= 400 else "succeeded"
-            ] += 1
-            if on_done is not None:
-                on_done(written)
+    def write(result: dict) -> None:
+        out.write(json.dumps(result) + "\n")
+        counts[outcome(result)] += 1
+        if on_done is not None:
+            on_done(sum(counts.values()))
 
-    async with app.lifespan(), _listening(app, listen):
-        transport = httpx.ASGITransport(app=TelemetryMiddleware(app, access_log=False))
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://spyglass-batch", timeout=None
-        ) as client:
-
-            async def worker() -> None:
-                for index, text in numbered:  # shared: each worker takes the next line
-                    done[index] = await _answered(client, read_line(text))
-                    write_ready()
-
-            await asyncio.gather(*(worker() for _ in range(max_concurrency)))
+    async with app.lifespan(), _listening(app, listen), in_process_client(app) as client:
+        await answer_lines(client, lines, max_concurrency, write)
     out.flush()
     return BatchSummary(**counts)
 

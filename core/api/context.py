@@ -11,6 +11,7 @@ from litestar.datastructures import State
 from litestar.handlers import BaseRouteHandler
 
 from spyglass.core.api.background_responses import BackgroundResponses
+from spyglass.core.api.batch_records import BatchRun, StoredFile
 from spyglass.core.api.chat_store import StoredChatCompletion
 from spyglass.core.api.conversation_store import Conversation
 from spyglass.core.api.errors import APIError
@@ -49,6 +50,12 @@ class ServingContext:
             options.chat_completions_store_size, metrics.CHAT_COMPLETIONS_KEPT
         )
         """OpenAI's stored chat completions (``store: true``; ``GET /v1/chat/completions/{id}``)."""
+        self.files: KeptStore[StoredFile] = KeptStore(
+            options.batches_store_size, metrics.FILES_KEPT
+        )
+        """OpenAI's files: batch inputs, and the output and error files batches write."""
+        self.batches: KeptStore[BatchRun] = KeptStore(options.batches_store_size)
+        """OpenAI's batches (``POST /v1/batches``), running or ended."""
         self.background = BackgroundResponses()
         """The Responses API's calls being answered in the background (``background: true``)."""
         self.model_name = options.served_model_name or model.model_name

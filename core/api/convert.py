@@ -8,6 +8,7 @@ from typing import Protocol
 import msgspec
 from opentelemetry import context as otel_context
 
+from spyglass.core.api.batch_records import BATCH_ID_HEADER
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup
 from spyglass.core.api.schemas import (
@@ -180,6 +181,7 @@ def request_attributes(
         "request_model": body.model or model_name,
         "otel_context": otel_context.get_current(),
         "tenant": headers.get("x-spyglass-tenant") or user,
+        "batch_id": headers.get(BATCH_ID_HEADER),
         "prompt_cache_key": getattr(body, "prompt_cache_key", None),
         "service_tier": getattr(body, "service_tier", None),
         "api_request_id": response_id,

@@ -10,9 +10,10 @@ Entry = TypeVar("Entry")
 
 
 class KeptStore(Generic[Entry]):
-    """The last ``capacity`` entries put (or, with ``touch``, read), by id; ``gauge`` counts them."""
+    """The last ``capacity`` entries put (or, with ``touch``, read), by id; ``gauge`` (if any)
+    counts them."""
 
-    def __init__(self, capacity: int, gauge: Gauge, touch: bool = False):
+    def __init__(self, capacity: int, gauge: Gauge | None = None, touch: bool = False):
         self.capacity = capacity
         self.gauge = gauge
         self.touch = touch
@@ -25,7 +26,7 @@ class KeptStore(Generic[Entry]):
         self._entries.move_to_end(entry_id)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
-        self.gauge.set(len(self._entries))
+        self._count()
 
     def get(self, entry_id: str) -> Entry | None:
         """The entry ``entry_id``, if it is still kept."""
@@ -37,8 +38,12 @@ class KeptStore(Generic[Entry]):
     def delete(self, entry_id: str) -> bool:
         """Drop the entry ``entry_id``; whether it was kept."""
         kept = self._entries.pop(entry_id, None) is not None
-        self.gauge.set(len(self._entries))
+        self._count()
         return kept
+
+    def _count(self) -> None:
+        if self.gauge is not None:
+            self.gauge.set(len(self._entries))
 
     def entries(self) -> list[Entry]:
         """Every kept entry, oldest first."""

@@ -31,7 +31,9 @@ class ServerOptions:
     ``chat_completions_store_size`` is how many chat completions made with ``store: true`` the
     server keeps for ``GET /v1/chat/completions`` (the oldest dropped first; 0 keeps none).
     ``conversations_store_size`` is how many conversations (``POST /v1/conversations``) it keeps
-    (the least recently used dropped first; 0 keeps none).
+    (the least recently used dropped first; 0 keeps none). ``batches_store_size`` is how many
+    files (batch inputs and results) and how many batches (``POST /v1/batches``) it keeps, each
+    (the oldest dropped first; 0 keeps none).
     """
 
     host: str = "127.0.0.1"
@@ -55,3 +57,4 @@ class ServerOptions:
     response_id_tag: str = ""
     chat_completions_store_size: int = 256
     conversations_store_size: int = 256
+    batches_store_size: int = 64

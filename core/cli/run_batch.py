@@ -83,6 +83,7 @@ def run(args) -> int:
         responses_store_size=0,  # nothing continues a batch's responses
         chat_completions_store_size=0,  # nor lists its chat completions
         conversations_store_size=0,  # nor continues conversations
+        batches_store_size=0,  # it is the batch
     )
     engine_config = engine_config_from_args(args, telemetry=telemetry)
     with collector_paused():

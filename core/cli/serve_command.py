@@ -78,6 +78,16 @@ def add_parser(subparsers, argv) -> None:
         "one to the replica that keeps it)",
     )
     group.add_argument(
+        "--batches-store-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep the last N files (batch inputs and results) and the last N batches of OpenAI's "
+        f"Batch API in memory (default {defaults.batches_store_size}; 0 keeps none; an upload is "
+        "at most --max-body-bytes; none behind --replicas, where a file and its batch could "
+        "reach different replicas)",
+    )
+    group.add_argument(
         "--chat-completions-store-size",
         type=int,
         default=None,
@@ -208,17 +218,24 @@ def server_options_from_args(args) -> ServerOptions:
         max_media_bytes=parse_bytes(args.max_media_bytes),
         trust_request_chat_template=args.trust_request_chat_template,
         responses_store_size=args.responses_store_size,
-        chat_completions_store_size=_chat_completions_store_size(args),
+        chat_completions_store_size=_unless_replicated(args, "chat_completions_store_size"),
         conversations_store_size=args.conversations_store_size,
+        batches_store_size=_unless_replicated(args, "batches_store_size"),
     )
 
 
-def _chat_completions_store_size(args) -> int:
-    """``--chat-completions-store-size``, or its default: none behind the replica router, where
-    each replica would keep its own and a list could show one replica's only."""
-    if args.chat_completions_store_size is not None:
-        return args.chat_completions_store_size
-    return 0 if args.replicas else ServerOptions().chat_completions_store_size
+def _unless_replicated(args, name: str) -> int:
+    """A store size option's value, or its default: none behind the replica router, where each
+    replica would keep its own, a list could show one replica's only and a batch could miss its
+    file (`REPLICATED_STORES`)."""
+    given = getattr(args, name)
+    if given is not None:
+        return given
+    return 0 if args.replicas else getattr(ServerOptions(), name)
+
+
+REPLICATED_STORES = ("chat_completions_store_size", "batches_store_size")
+"""The stores no replica keeps: their options are refused with ``--replicas``."""
 
 
 def run(args) -> int:
@@ -233,13 +250,15 @@ def run(args) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.replicas and options.chat_completions_store_size:
-        print(
-            "spyglass serve: --chat-completions-store-size does not combine with --replicas (each "
-            "replica would keep its own, and a list could show one replica's only)",
-            file=sys.stderr,
-        )
-        return 2
+    for name in REPLICATED_STORES if args.replicas else ():
+        if getattr(options, name):
+            flag = "--" + name.replace("_", "-")
+            print(
+                f"spyglass serve: {flag} does not combine with --replicas (each replica would "
+                "keep its own: a list could show one replica's only)",
+                file=sys.stderr,
+            )
+            return 2
     if args.replicas and options.allow_runtime_lora:
         print(
             "spyglass serve: --allow-runtime-lora does not combine with --replicas (a load would "

@@ -105,6 +105,7 @@ def request_attributes(request: Request, model: str) -> dict:
         "gen_ai.conversation.id": extra.get("conversation_id"),
         "spyglass.request.background": extra.get("background"),
         "spyglass.request.stored": extra.get("stored"),
+        "spyglass.request.batch_id": extra.get("batch_id"),
         "spyglass.request.fill_in_middle": extra.get("fill_in_middle"),
         "openai.request.service_tier": extra.get("service_tier"),
         "spyglass.request.truncated_items": extra.get("truncated_items"),

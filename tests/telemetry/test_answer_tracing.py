@@ -224,6 +224,27 @@ def test_a_stored_chat_completion_says_so(use_settings, span_exporter, tiny_llam
     assert "spyglass.request.stored" not in plain.attributes
 
 
+def test_a_batchs_calls_name_their_batch(use_settings, span_exporter, tiny_llama_dir):
+    use_settings(served_model_name="tiny")
+    config = EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=16 << 20, num_threads=1)
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi."}]}
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    with TestClient(create_app(config, ServerOptions(served_model_name="tiny"))) as client:
+        upload = client.post(
+            "/v1/files", files={"file": ("in.jsonl", json.dumps(line))}, data={"purpose": "batch"}
+        )
+        asked = {"input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions"}
+        batch = client.post("/v1/batches", json=asked | {"completion_window": "24h"}).json()
+        while client.get(f"/v1/batches/{batch['id']}").json()["status"] != "completed":
+            time.sleep(0.05)
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+    batched, plain = sorted(
+        by_name(span_exporter.get_finished_spans(), "chat tiny"), key=lambda s: s.start_time
+    )
+    assert batched.attributes["spyglass.request.batch_id"] == batch["id"]
+    assert "spyglass.request.batch_id" not in plain.attributes
+
+
 def test_a_filled_in_middle_says_so(use_settings, span_exporter, tiny_fim_dir):
     use_settings(served_model_name="tiny")
     config = EngineConfig(model=str(tiny_fim_dir), kv_cache_memory=16 << 20, num_threads=1)
