@@ -7,7 +7,8 @@ in the input's order, written as soon as the lines before it are done. A request
 same routes, checks and engine as one sent to ``spyglass serve``: a bad body is a 4xx in its line's
 ``response``, as OpenAI's batches report it, and never stops the others. A line that cannot be
 sent at all (not JSON, not a POST to ``/v1/``, a streamed body), or whose call failed outside
-the API's error handling, has ``response`` null and its reason in ``error``. At most
+the API's error handling, has ``response`` null and its reason in ``error``. A line the server
+turns away while its queue is full (429) waits and is sent again. At most
 ``max_concurrency`` requests are in flight at once. With ``listen`` (a host and port) the same
 app also answers HTTP there while the batch runs, for Prometheus to scrape its ``/metrics`` and
 an operator to read ``/debug/kv`` (vLLM's ``--enable-metrics``).
@@ -185,6 +186,9 @@ async def _answered(client: httpx.AsyncClient, line: BatchLine) -> dict:
         }
     try:
         reply = await client.post(line.url, json=line.body)
+        while reply.status_code == 429:  # the queue is full (interactive calls): wait, send again
+            await asyncio.sleep(float(reply.headers.get("retry-after", 1)))
+            reply = await client.post(line.url, json=line.body)
     except Exception as error:  # the app failed outside its error handling: this line only
         log.exception("batch line %r failed", line.custom_id)
         message = f"the request failed: {type(error).__name__}: {error}"

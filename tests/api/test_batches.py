@@ -115,6 +115,22 @@ def test_files_are_listed_read_and_deleted(client):
     assert error.value.body["param"] == "purpose"
 
 
+def test_a_full_queue_holds_a_batchs_lines_back_instead_of_failing_them(
+    tiny_llama_dir, server_factory
+):
+    # Two places in the queue, 64 lines sent at once: the rest are turned away (429) and sent again.
+    server = server_factory(
+        str(tiny_llama_dir), "--served-model-name", "tiny", "--max-queued-requests", "2"
+    )
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    lines = "\n".join(_line(f"q{i}", _ask(f"Count to {i}.")) for i in range(12))
+    upload = client.files.create(file=("many.jsonl", lines.encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h")
+    batch = _finished(client, batch.id)
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (12, 0)
+    assert batch.error_file_id is None
+
+
 def test_replicas_keep_no_files_or_batches():
     for flags, kept in ((["--replicas", "2"], 0), ([], 64)):
         argv = ["serve", *flags]
