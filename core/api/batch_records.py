@@ -37,7 +37,7 @@ class StoredFile:
         }
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # by identity: a set holds the running ones
 class BatchRun:
     """One batch: what it answers, how far it got, and the files it wrote. ``status`` goes
     ``in_progress``, ``finalizing``, then ``completed``, or ``cancelling`` then ``cancelled``;

@@ -109,7 +109,7 @@ async def list_batches(
 
 async def close_batches(serving: ServingContext) -> None:
     """Cancel every batch still running (the server is stopping)."""
-    await asyncio.gather(*(_stop(run) for run in serving.batches.entries()))
+    await asyncio.gather(*(_stop(run) for run in list(serving.running_batches)))
 
 
 async def _stop(run: BatchRun) -> None:
@@ -138,6 +138,7 @@ async def _answer(run: BatchRun, lines: list[str], app, serving: ServingContext)
         return line
 
     metrics.BATCHES_RUNNING.inc()
+    serving.running_batches.add(run)
     ended = "completed"
     try:
         async with in_process_client(app, {BATCH_ID_HEADER: run.id}) as client:
@@ -146,6 +147,7 @@ async def _answer(run: BatchRun, lines: list[str], app, serving: ServingContext)
         ended = "cancelled"
     finally:
         metrics.BATCHES_RUNNING.dec()
+        serving.running_batches.discard(run)
         if ended == "completed":
             run.enter("finalizing")
         for kind, results in answered.items():

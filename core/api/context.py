@@ -56,6 +56,8 @@ class ServingContext:
         """OpenAI's files: batch inputs, and the output and error files batches write."""
         self.batches: KeptStore[BatchRun] = KeptStore(options.batches_store_size)
         """OpenAI's batches (``POST /v1/batches``), running or ended."""
+        self.running_batches: set[BatchRun] = set()
+        """The batches being answered, kept or not: a stopping server cancels them."""
         self.background = BackgroundResponses()
         """The Responses API's calls being answered in the background (``background: true``)."""
         self.model_name = options.served_model_name or model.model_name
