@@ -28,7 +28,6 @@ from spyglass.core.api.batch_records import BATCH_ID_HEADER, BatchRun, StoredFil
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.cursor_pages import CursorPage, page_of
 from spyglass.core.api.errors import APIError
-from spyglass.core.api.files import kept_file
 from spyglass.core.api.schemas import Metadata
 from spyglass.core.api.validation import json_body_guard
 from spyglass.telemetry import metrics
@@ -61,7 +60,7 @@ async def create_batch(
     data: JSONBody[BatchCreate], request: Request, serving: NamedDependency[ServingContext]
 ) -> dict:
     """Start answering the input file's lines in the background: the batch ``in_progress``."""
-    source = kept_file(serving, data.input_file_id, "input_file_id")
+    source = serving.files.require(data.input_file_id, "input_file_id")
     try:
         lines = [line for line in source.content.decode().splitlines() if line.strip()]
     except UnicodeDecodeError:
@@ -78,7 +77,7 @@ async def create_batch(
 @get("/v1/batches/{batch_id:str}", summary="A batch (OpenAI Batch API)", tags=["openai"])
 async def retrieve_batch(batch_id: FromPath[str], serving: NamedDependency[ServingContext]) -> dict:
     """Where the batch stands: its status, ``request_counts`` so far, and its files once done."""
-    return _kept_batch(serving, batch_id).card()
+    return serving.batches.require(batch_id, "batch_id").card()
 
 
 @post(
@@ -90,7 +89,7 @@ async def retrieve_batch(batch_id: FromPath[str], serving: NamedDependency[Servi
 async def cancel_batch(batch_id: FromPath[str], serving: NamedDependency[ServingContext]) -> dict:
     """Stop the batch: its calls in flight are aborted, the lines answered so far kept in its
     files; ``cancelled``. A batch that ended already is returned as it is."""
-    run = _kept_batch(serving, batch_id)
+    run = serving.batches.require(batch_id, "batch_id")
     await _stop(run)
     return run.card()
 
@@ -160,10 +159,3 @@ async def _answer(run: BatchRun, lines: list[str], app, serving: ServingContext)
 
 def _jsonl(lines: list[str]) -> bytes:
     return "".join(line + "\n" for line in lines).encode()
-
-
-def _kept_batch(serving: ServingContext, batch_id: str) -> BatchRun:
-    run = serving.batches.get(batch_id)
-    if run is None:
-        raise APIError(404, f"no batch {batch_id!r} is kept here", "batch_id")
-    return run

@@ -37,24 +37,24 @@ class ServingContext:
         self.options = options
         self.tokenizer = async_engine.tokenizer
         self.responses: KeptStore[StoredResponse] = KeptStore(
-            options.responses_store_size, metrics.RESPONSES_KEPT
+            "response", options.responses_store_size, metrics.RESPONSES_KEPT
         )
         """The Responses API's kept responses (``previous_response_id``, ``GET /v1/responses/{id}``)."""
         self.fim = fim_tokens(self.tokenizer)
         """The model's fill-in-the-middle tokens (completions' ``suffix``); None without them."""
         self.conversations: KeptStore[Conversation] = KeptStore(
-            options.conversations_store_size, metrics.CONVERSATIONS_KEPT, touch=True
+            "conversation", options.conversations_store_size, metrics.CONVERSATIONS_KEPT, touch=True
         )
         """OpenAI's conversations (``POST /v1/conversations``; a Responses call's ``conversation``)."""
         self.chat_completions: KeptStore[StoredChatCompletion] = KeptStore(
-            options.chat_completions_store_size, metrics.CHAT_COMPLETIONS_KEPT
+            "chat completion", options.chat_completions_store_size, metrics.CHAT_COMPLETIONS_KEPT
         )
         """OpenAI's stored chat completions (``store: true``; ``GET /v1/chat/completions/{id}``)."""
         self.files: KeptStore[StoredFile] = KeptStore(
-            options.batches_store_size, metrics.FILES_KEPT
+            "file", options.batches_store_size, metrics.FILES_KEPT
         )
         """OpenAI's files: batch inputs, and the output and error files batches write."""
-        self.batches: KeptStore[BatchRun] = KeptStore(options.batches_store_size)
+        self.batches: KeptStore[BatchRun] = KeptStore("batch", options.batches_store_size)
         """OpenAI's batches (``POST /v1/batches``), running or ended."""
         self.running_batches: set[BatchRun] = set()
         """The batches being answered, kept or not: a stopping server cancels them."""

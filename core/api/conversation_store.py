@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 from spyglass.core.api.responses_schemas import InputItem
 
+NOT_FOUND = "conversation_not_found"
+"""The error code of a call naming a conversation the server does not keep."""
+
 
 @dataclass(slots=True)
 class Conversation:

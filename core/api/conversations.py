@@ -12,7 +12,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 from msgspec import Meta
 
 from spyglass.core.api.context import ServingContext
-from spyglass.core.api.conversation_store import Conversation
+from spyglass.core.api.conversation_store import NOT_FOUND, Conversation
 from spyglass.core.api.cursor_pages import CursorPage
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.kept_ids import CONVERSATION, new_kept_id
@@ -195,11 +195,7 @@ async def delete_conversation_item(
 
 def kept_conversation(serving: ServingContext, conversation_id: str) -> Conversation:
     """The conversation ``conversation_id``; a 404 naming it when the server does not keep it."""
-    conversation = serving.conversations.get(conversation_id)
-    if conversation is None:
-        message = f"no conversation {conversation_id!r} is kept here"
-        raise APIError(404, message, "conversation_id", "conversation_not_found")
-    return conversation
+    return serving.conversations.require(conversation_id, "conversation_id", NOT_FOUND)
 
 
 def _kept_item(conversation: Conversation, item_id: str) -> InputItem:

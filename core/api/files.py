@@ -61,7 +61,7 @@ async def list_files(
 @get("/v1/files/{file_id:str}", summary="A kept file (OpenAI Files API)", tags=["openai"])
 async def retrieve_file(file_id: FromPath[str], serving: NamedDependency[ServingContext]) -> dict:
     """The file object."""
-    return kept_file(serving, file_id).card()
+    return serving.files.require(file_id, "file_id").card()
 
 
 @get(
@@ -74,7 +74,7 @@ async def retrieve_file_content(
     file_id: FromPath[str], serving: NamedDependency[ServingContext]
 ) -> bytes:
     """The file's bytes, as uploaded or written by a batch."""
-    return kept_file(serving, file_id).content
+    return serving.files.require(file_id, "file_id").content
 
 
 @delete(
@@ -85,14 +85,6 @@ async def retrieve_file_content(
 )
 async def delete_file(file_id: FromPath[str], serving: NamedDependency[ServingContext]) -> dict:
     """Drop the file: ``{"id", "object": "file", "deleted": true}``."""
-    kept_file(serving, file_id)
+    serving.files.require(file_id, "file_id")
     serving.files.delete(file_id)
     return {"id": file_id, "object": "file", "deleted": True}
-
-
-def kept_file(serving: ServingContext, file_id: str, param: str = "file_id") -> StoredFile:
-    """The file ``file_id``; a 404 naming ``param`` when the server does not keep it."""
-    stored = serving.files.get(file_id)
-    if stored is None:
-        raise APIError(404, f"no file {file_id!r} is kept here", param)
-    return stored

@@ -6,6 +6,8 @@ from typing import Generic, TypeVar
 
 from prometheus_client import Gauge
 
+from spyglass.core.api.errors import APIError
+
 Entry = TypeVar("Entry")
 
 
@@ -13,7 +15,9 @@ class KeptStore(Generic[Entry]):
     """The last ``capacity`` entries put (or, with ``touch``, read), by id; ``gauge`` (if any)
     counts them."""
 
-    def __init__(self, capacity: int, gauge: Gauge | None = None, touch: bool = False):
+    def __init__(self, noun: str, capacity: int, gauge: Gauge | None = None, touch: bool = False):
+        self.noun = noun
+        """What an entry is, in errors: ``response``, ``file``, ..."""
         self.capacity = capacity
         self.gauge = gauge
         self.touch = touch
@@ -33,6 +37,13 @@ class KeptStore(Generic[Entry]):
         entry = self._entries.get(entry_id)
         if entry is not None and self.touch:
             self._entries.move_to_end(entry_id)
+        return entry
+
+    def require(self, entry_id: str, param: str, code: str | None = None) -> Entry:
+        """The entry ``entry_id``; a 404 naming ``param`` (with ``code``) when it is not kept."""
+        entry = self.get(entry_id)
+        if entry is None:
+            raise APIError(404, f"no {self.noun} {entry_id!r} is kept here", param, code)
         return entry
 
     def delete(self, entry_id: str) -> bool:

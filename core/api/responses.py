@@ -28,6 +28,7 @@ from litestar.params import JSONBody
 
 from spyglass.core.api.chat import TemplateOptions, render_conversation, start_chat
 from spyglass.core.api.context import ServingContext
+from spyglass.core.api.conversation_store import NOT_FOUND
 from spyglass.core.api.convert import TokenNames, check_finished, given_or, request_attributes
 from spyglass.core.api.errors import APIError
 from spyglass.core.api.generation import RequestGroup, output_kind, unless_disconnected
@@ -99,11 +100,7 @@ def history_items(body: ResponsesRequest, serving: ServingContext) -> list[Input
         if body.previous_response_id is not None:
             message = "conversation does not combine with previous_response_id"
             raise APIError(400, message, "conversation")
-        conversation = serving.conversations.get(named)
-        if conversation is None:
-            message = f"no conversation {named!r} is kept here"
-            raise APIError(404, message, "conversation", "conversation_not_found")
-        return list(conversation.items)
+        return list(serving.conversations.require(named, "conversation", NOT_FOUND).items)
     if body.previous_response_id is None:
         return []
     if serving.background.snapshot(body.previous_response_id) is not None:

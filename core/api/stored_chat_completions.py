@@ -10,10 +10,9 @@ from litestar import Request, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from spyglass.core.api.chat_store import StoredChatCompletion, listed_message
+from spyglass.core.api.chat_store import listed_message
 from spyglass.core.api.context import ServingContext
 from spyglass.core.api.cursor_pages import CursorPage, page_of
-from spyglass.core.api.errors import APIError
 from spyglass.core.api.schemas import Metadata
 from spyglass.core.api.validation import json_body_guard
 
@@ -59,7 +58,7 @@ async def retrieve_chat_completion(
     completion_id: FromPath[str], serving: NamedDependency[ServingContext]
 ) -> dict:
     """The completion as it was returned (a streamed one as its chunks add up), with its metadata."""
-    return _stored(serving, completion_id).completion
+    return serving.chat_completions.require(completion_id, "completion_id").completion
 
 
 @get(
@@ -77,7 +76,9 @@ async def list_chat_completion_messages(
     """The messages the completion was sent, each with an id, in order unless ``order`` is ``desc``."""
     messages = [
         listed_message(completion_id, index, message)
-        for index, message in enumerate(_stored(serving, completion_id).messages)
+        for index, message in enumerate(
+            serving.chat_completions.require(completion_id, "completion_id").messages
+        )
     ]
     where = "message {!r} in this chat completion"
     return page_of(messages, CursorPage(order, limit, after), lambda m: m["id"], dict, where)
@@ -97,7 +98,7 @@ async def update_chat_completion(
     serving: NamedDependency[ServingContext],
 ) -> dict:
     """The completion with its ``metadata`` replaced by the body's (``null`` empties it)."""
-    stored = _stored(serving, completion_id)
+    stored = serving.chat_completions.require(completion_id, "completion_id")
     stored.completion["metadata"] = dict(data.metadata or {})
     return stored.completion
 
@@ -112,13 +113,6 @@ async def delete_chat_completion(
     completion_id: FromPath[str], serving: NamedDependency[ServingContext]
 ) -> dict:
     """Drop the completion: ``{"id", "object": "chat.completion.deleted", "deleted": true}``."""
-    _stored(serving, completion_id)
+    serving.chat_completions.require(completion_id, "completion_id")
     serving.chat_completions.delete(completion_id)
     return {"id": completion_id, "object": "chat.completion.deleted", "deleted": True}
-
-
-def _stored(serving: ServingContext, completion_id: str) -> StoredChatCompletion:
-    stored = serving.chat_completions.get(completion_id)
-    if stored is None:
-        raise APIError(404, f"no chat completion {completion_id!r} is kept here", "completion_id")
-    return stored

@@ -49,11 +49,13 @@ async def retrieve_response(
     run = serving.background.get(response_id)
     if not stream:
         return Response(
-            run.snapshot() if run is not None else _stored(serving, response_id).response
+            run.snapshot()
+            if run is not None
+            else serving.responses.require(response_id, "response_id").response
         )
     if run is not None:
         return event_stream(run.follow(starting_after), named=True)
-    response = _stored(serving, response_id).response
+    response = serving.responses.require(response_id, "response_id").response
     last = {
         "type": last_event(response),
         "response": response,
@@ -82,7 +84,9 @@ async def list_input_items(
     """The items the response was given (the turns it continued, then its own input), paged."""
     image_urls = image_urls_included(include)
     page = CursorPage(order, limit, after)
-    return page_of_items(_stored(serving, response_id).inputs, page, image_urls)
+    return page_of_items(
+        serving.responses.require(response_id, "response_id").inputs, page, image_urls
+    )
 
 
 @post(
@@ -119,14 +123,7 @@ async def delete_response(
     return {"id": response_id, "object": "response", "deleted": True}
 
 
-def _stored(serving: ServingContext, response_id: str) -> StoredResponse:
-    stored = serving.responses.get(response_id)
-    if stored is None:
-        raise APIError(404, f"no response {response_id!r} is kept here", "response_id")
-    return stored
-
-
 async def _stopped(serving: ServingContext, response_id: str) -> StoredResponse:
     """The kept response, once a run of it in the background has been cancelled."""
     await serving.background.cancel(response_id)
-    return _stored(serving, response_id)
+    return serving.responses.require(response_id, "response_id")
