@@ -7,7 +7,7 @@ does not keep is a 404."""
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from litestar import Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
 from litestar.di import NamedDependency
 from litestar.enums import RequestEncodingType
@@ -30,9 +30,16 @@ class FileUpload:
 @post("/v1/files", summary="Upload a batch input file (OpenAI Files API)", tags=["openai"])
 async def create_file(
     data: Annotated[FileUpload, Body(media_type=RequestEncodingType.MULTI_PART)],
+    request: Request,
     serving: NamedDependency[ServingContext],
 ) -> Response:
-    """Keep the uploaded file (``purpose`` must be ``batch``): its file object."""
+    """Keep the uploaded file (``purpose`` must be ``batch``): its file object. Another form
+    field (OpenAI's ``expires_after``: files here are kept until newer ones push them out) is a
+    400 naming it."""
+    unknown = sorted(set((await request.form()).keys()) - {"file", "purpose"})
+    if unknown:
+        message = f"`{unknown[0]}` is not supported by this server"
+        raise APIError(400, message, unknown[0][:64], "unsupported_parameter")
     if data.purpose != "batch":
         message = f"purpose {data.purpose!r} is not kept here: only batch input files ('batch')"
         raise APIError(400, message, "purpose", "unsupported_parameter")

@@ -113,6 +113,13 @@ def test_files_are_listed_read_and_deleted(client):
     with pytest.raises(openai.BadRequestError) as error:
         client.files.create(file=("x.jsonl", b"{}"), purpose="fine-tune")
     assert error.value.body["param"] == "purpose"
+    with pytest.raises(openai.BadRequestError) as error:  # files here do not expire
+        client.files.create(
+            file=("x.jsonl", b"{}"),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": 3600},
+        )
+    assert error.value.body["param"].startswith("expires_after")
 
 
 def test_a_full_queue_holds_a_batchs_lines_back_instead_of_failing_them(
